@@ -1,0 +1,466 @@
+/*
+ * kiln.h: the public C API of kiln, a static-graph compiler for neural nets.
+ *
+ * A model is traced into a graph: each builder call appends one node and
+ * returns a value handle, so ordinary C loops and ifs run at trace time and
+ * the graph that comes out is static.  Layers register parameters under
+ * PyTorch's names, so a state_dict saved as safetensors loads by name.
+ *
+ *     kiln_graph *g = kiln_graph_new("mlp");
+ *     int64_t N = kiln_sym(g, "N");                  // symbolic batch
+ *     kiln_value x = kiln_input(g, "x", KILN_F32, 2, (int64_t[]){N, 784});
+ *     kiln_value h = kiln_relu(g, kiln_linear(g, "fc1", x, 256, true));
+ *     kiln_value y = kiln_linear(g, "fc2", h, 10, true);
+ *     kiln_output(g, "logits", y);
+ *     if (kiln_graph_status(g) != KILN_OK)           // sticky first error
+ *         fprintf(stderr, "%s\n", kiln_graph_errmsg(g));
+ *     kiln_tensor *in[1] = {x_batch}, *out[1];
+ *     kiln_graph_run(g, in, 1, out, 1, &err);        // reference interpreter
+ *     kiln_graph_free(g);                            // frees everything
+ *
+ * Errors: every call that can fail returns a kiln_status, or records one in
+ * the graph.  A graph keeps its first error (op, node, shapes and the caller's
+ * file:line); builder calls after it do nothing and return KILN_NONE until
+ * kiln_graph_clear_error().  Nothing in the library aborts or exits.
+ */
+#ifndef KILN_H
+#define KILN_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(KILN_BUILD)
+#define KILN_API __attribute__((visibility("default")))
+#else
+#define KILN_API
+#endif
+
+#define KILN_VERSION "0.1.0"
+#define KILN_MAX_RANK 8
+
+/* ---- status codes ---------------------------------------------------- */
+
+typedef enum kiln_status {
+	KILN_OK = 0,       /* success */
+	KILN_EINVAL,       /* bad argument: null pointer, unknown name, bad attr */
+	KILN_ESHAPE,       /* shapes or dtypes that do not fit the op */
+	KILN_EUNSUPPORTED, /* valid input that kiln cannot handle (yet) */
+	KILN_EPARSE,       /* malformed text or file */
+	KILN_ENOMEM,       /* allocation failed */
+	KILN_EIO,          /* file could not be read or written */
+	KILN_EVERIFY,      /* graph violates an IR invariant */
+} kiln_status;
+
+KILN_API const char *kiln_status_str(kiln_status st);
+
+/* A caller-owned error: code plus one message.  Any function taking a
+ * kiln_error * accepts NULL when the caller only wants the code. */
+typedef struct kiln_error {
+	kiln_status code;
+	char msg[1024];
+} kiln_error;
+
+/* Where a DSL call came from; every node remembers it for messages. */
+typedef struct kiln_loc {
+	const char *file; /* static string or interned in the graph */
+	int line;
+} kiln_loc;
+#define KILN_HERE ((kiln_loc){__FILE__, __LINE__})
+
+/* ---- dtypes and tensors ---------------------------------------------- */
+
+typedef enum kiln_dtype {
+	KILN_DT_INVALID = 0,
+	KILN_F32,  /* IEEE binary32 */
+	KILN_F64,  /* IEEE binary64 */
+	KILN_F16,  /* IEEE binary16 */
+	KILN_BF16, /* bfloat16: top half of a binary32 */
+	KILN_I8,
+	KILN_U8,
+	KILN_I32,
+	KILN_I64,
+	KILN_BOOL, /* one byte, 0 or 1 */
+	KILN_DT_COUNT
+} kiln_dtype;
+
+KILN_API size_t kiln_dtype_size(kiln_dtype dt);
+KILN_API const char *kiln_dtype_name(kiln_dtype dt); /* "f32", "i64", ... */
+KILN_API kiln_dtype kiln_dtype_from_name(const char *name);
+KILN_API bool kiln_dtype_is_float(kiln_dtype dt);
+
+/* A dense, row-major tensor with a concrete shape.  kiln_tensor_new makes
+ * one allocation: header plus 64-byte aligned, zeroed data. */
+typedef struct kiln_tensor {
+	kiln_dtype dtype;
+	int rank;
+	int64_t shape[KILN_MAX_RANK];
+	void *data;
+} kiln_tensor;
+
+KILN_API kiln_tensor *kiln_tensor_new(kiln_dtype dt, int rank, const int64_t *shape);
+KILN_API void kiln_tensor_free(kiln_tensor *t);
+KILN_API int64_t kiln_tensor_numel(const kiln_tensor *t);
+KILN_API size_t kiln_tensor_nbytes(const kiln_tensor *t);
+KILN_API kiln_tensor *kiln_tensor_clone(const kiln_tensor *t);
+
+/* Named tensors, as in a safetensors file or a state_dict. */
+typedef struct kiln_named_tensor {
+	char *name;
+	kiln_tensor *tensor;
+} kiln_named_tensor;
+
+typedef struct kiln_tensor_set {
+	int count;
+	kiln_named_tensor *items;
+} kiln_tensor_set;
+
+KILN_API kiln_tensor_set *kiln_tensor_set_new(void);
+/* Adds a copy of t under name (replacing any tensor of that name). */
+KILN_API kiln_status kiln_tensor_set_add(kiln_tensor_set *s, const char *name,
+                                         const kiln_tensor *t);
+KILN_API const kiln_tensor *kiln_tensor_set_get(const kiln_tensor_set *s,
+                                                const char *name);
+KILN_API void kiln_tensor_set_free(kiln_tensor_set *s);
+
+/* ---- tensor files (runtime/) ----------------------------------------- */
+
+KILN_API kiln_status kiln_npy_read(const char *path, kiln_tensor **out, kiln_error *err);
+KILN_API kiln_status kiln_npy_write(const char *path, const kiln_tensor *t, kiln_error *err);
+KILN_API kiln_status kiln_safetensors_read(const char *path, kiln_tensor_set **out,
+                                           kiln_error *err);
+/* Written atomically: temporary file, fsync, rename. */
+KILN_API kiln_status kiln_safetensors_write(const char *path, const kiln_tensor_set *s,
+                                            kiln_error *err);
+
+/* ---- graphs ---------------------------------------------------------- */
+
+typedef struct kiln_graph kiln_graph;
+
+/* A value handle: a small index into its graph.  0 is "no value". */
+typedef uint32_t kiln_value;
+#define KILN_NONE ((kiln_value)0)
+
+KILN_API kiln_graph *kiln_graph_new(const char *name);
+KILN_API void kiln_graph_free(kiln_graph *g);
+KILN_API const char *kiln_graph_name(const kiln_graph *g);
+KILN_API kiln_status kiln_graph_status(const kiln_graph *g);
+KILN_API const char *kiln_graph_errmsg(const kiln_graph *g); /* "" when OK */
+KILN_API void kiln_graph_clear_error(kiln_graph *g);
+/* Seeds the generator behind parameter initialisation (default 0). */
+KILN_API void kiln_graph_seed(kiln_graph *g, uint64_t seed);
+/* Train mode changes what BatchNorm and Dropout layers trace. */
+KILN_API void kiln_graph_set_training(kiln_graph *g, bool training);
+
+/* A dimension: >= 0 is a fixed size, < 0 a handle to a symbolic size. */
+KILN_API int64_t kiln_sym(kiln_graph *g, const char *name);
+
+KILN_API kiln_value kiln_input_at(kiln_graph *g, kiln_loc loc, const char *name,
+                                  kiln_dtype dt, int rank, const int64_t *dims);
+KILN_API void kiln_output_at(kiln_graph *g, kiln_loc loc, const char *name, kiln_value v);
+/* A parameter owned by the graph; data copied from init (NULL: zeros). */
+KILN_API kiln_value kiln_param_at(kiln_graph *g, kiln_loc loc, const char *name,
+                                  const kiln_tensor *init);
+/* A constant folded into the graph (a Constant node). */
+KILN_API kiln_value kiln_constant_at(kiln_graph *g, kiln_loc loc, const kiln_tensor *t);
+KILN_API kiln_value kiln_scalar_at(kiln_graph *g, kiln_loc loc, kiln_dtype dt, double v);
+#define kiln_input(g, name, dt, rank, dims) kiln_input_at(g, KILN_HERE, name, dt, rank, dims)
+#define kiln_output(g, name, v) kiln_output_at(g, KILN_HERE, name, v)
+#define kiln_param(g, name, init) kiln_param_at(g, KILN_HERE, name, init)
+#define kiln_constant(g, t) kiln_constant_at(g, KILN_HERE, t)
+#define kiln_scalar(g, dt, v) kiln_scalar_at(g, KILN_HERE, dt, v)
+
+/* Introspection of a value (shape dims may be symbolic handles). */
+KILN_API kiln_dtype kiln_value_dtype(const kiln_graph *g, kiln_value v);
+KILN_API int kiln_value_rank(const kiln_graph *g, kiln_value v);
+KILN_API int64_t kiln_value_dim(const kiln_graph *g, kiln_value v, int axis);
+/* Prints a value's type, e.g. "f32[N,784]", into buf. */
+KILN_API const char *kiln_value_type_str(const kiln_graph *g, kiln_value v, char *buf,
+                                         size_t size);
+
+KILN_API int kiln_graph_num_inputs(const kiln_graph *g);
+KILN_API int kiln_graph_num_outputs(const kiln_graph *g);
+KILN_API kiln_value kiln_graph_input(const kiln_graph *g, int i);
+KILN_API kiln_value kiln_graph_output(const kiln_graph *g, int i);
+KILN_API const char *kiln_value_name(const kiln_graph *g, kiln_value v);
+
+/* Parameters (initializers) by name, and loading a state_dict into them:
+ * a missing, extra or mis-shaped tensor is an error naming it. */
+KILN_API kiln_value kiln_graph_find_param(const kiln_graph *g, const char *name);
+KILN_API kiln_status kiln_graph_load_params(kiln_graph *g, const kiln_tensor_set *s,
+                                            kiln_error *err);
+KILN_API kiln_tensor_set *kiln_graph_params(const kiln_graph *g); /* a copy */
+
+/* ---- textual IR (.kir) ----------------------------------------------- */
+
+/* Returns a malloc'd string; the caller frees it. */
+KILN_API char *kiln_graph_to_kir(const kiln_graph *g);
+KILN_API kiln_status kiln_graph_from_kir(const char *text, const char *filename,
+                                         kiln_graph **out, kiln_error *err);
+/* FILE.kir plus its weights in FILE.safetensors (when it has parameters). */
+KILN_API kiln_status kiln_graph_save(const kiln_graph *g, const char *kir_path,
+                                     kiln_error *err);
+KILN_API kiln_status kiln_graph_load(const char *kir_path, kiln_graph **out,
+                                     kiln_error *err);
+KILN_API kiln_status kiln_graph_verify(const kiln_graph *g, kiln_error *err);
+
+/* ---- passes and the interpreter -------------------------------------- */
+
+/* Runs a comma-separated pass list ("fold,cse,dce"); NULL: the default. */
+KILN_API kiln_status kiln_graph_optimize(kiln_graph *g, const char *passes, kiln_error *err);
+
+/* Runs the graph through the reference interpreter.  inputs are in graph
+ * input order; outputs are allocated here and owned by the caller. */
+KILN_API kiln_status kiln_graph_run(const kiln_graph *g, kiln_tensor *const *inputs,
+                                    int ninputs, kiln_tensor **outputs, int noutputs,
+                                    kiln_error *err);
+
+/* ---- ops (the tracing DSL) ------------------------------------------- */
+/* Each is a macro passing the caller's location to the _at function. */
+
+#define KILN_UNARY_OPS(X) X(neg) X(abs) X(exp) X(log) X(sqrt) X(reciprocal) \
+	X(relu) X(sigmoid) X(tanh) X(erf) X(not) X(identity) X(floor) X(ceil) X(sin) X(cos)
+#define KILN_BINARY_OPS(X) X(add) X(sub) X(mul) X(div) X(pow) X(max) X(min) \
+	X(equal) X(less) X(greater) X(and) X(or)
+
+#define KILN_DECL_UNARY(op) \
+	KILN_API kiln_value kiln_##op##_at(kiln_graph *g, kiln_loc loc, kiln_value x);
+#define KILN_DECL_BINARY(op) \
+	KILN_API kiln_value kiln_##op##_at(kiln_graph *g, kiln_loc loc, kiln_value a, kiln_value b);
+KILN_UNARY_OPS(KILN_DECL_UNARY)
+KILN_BINARY_OPS(KILN_DECL_BINARY)
+#define kiln_neg(g, x) kiln_neg_at(g, KILN_HERE, x)
+#define kiln_abs(g, x) kiln_abs_at(g, KILN_HERE, x)
+#define kiln_exp(g, x) kiln_exp_at(g, KILN_HERE, x)
+#define kiln_log(g, x) kiln_log_at(g, KILN_HERE, x)
+#define kiln_sqrt(g, x) kiln_sqrt_at(g, KILN_HERE, x)
+#define kiln_reciprocal(g, x) kiln_reciprocal_at(g, KILN_HERE, x)
+#define kiln_relu(g, x) kiln_relu_at(g, KILN_HERE, x)
+#define kiln_sigmoid(g, x) kiln_sigmoid_at(g, KILN_HERE, x)
+#define kiln_tanh(g, x) kiln_tanh_at(g, KILN_HERE, x)
+#define kiln_erf(g, x) kiln_erf_at(g, KILN_HERE, x)
+#define kiln_not(g, x) kiln_not_at(g, KILN_HERE, x)
+#define kiln_identity(g, x) kiln_identity_at(g, KILN_HERE, x)
+#define kiln_floor(g, x) kiln_floor_at(g, KILN_HERE, x)
+#define kiln_ceil(g, x) kiln_ceil_at(g, KILN_HERE, x)
+#define kiln_sin(g, x) kiln_sin_at(g, KILN_HERE, x)
+#define kiln_cos(g, x) kiln_cos_at(g, KILN_HERE, x)
+#define kiln_add(g, a, b) kiln_add_at(g, KILN_HERE, a, b)
+#define kiln_sub(g, a, b) kiln_sub_at(g, KILN_HERE, a, b)
+#define kiln_mul(g, a, b) kiln_mul_at(g, KILN_HERE, a, b)
+#define kiln_div(g, a, b) kiln_div_at(g, KILN_HERE, a, b)
+#define kiln_pow(g, a, b) kiln_pow_at(g, KILN_HERE, a, b)
+#define kiln_max(g, a, b) kiln_max_at(g, KILN_HERE, a, b)
+#define kiln_min(g, a, b) kiln_min_at(g, KILN_HERE, a, b)
+#define kiln_equal(g, a, b) kiln_equal_at(g, KILN_HERE, a, b)
+#define kiln_less(g, a, b) kiln_less_at(g, KILN_HERE, a, b)
+#define kiln_greater(g, a, b) kiln_greater_at(g, KILN_HERE, a, b)
+#define kiln_and(g, a, b) kiln_and_at(g, KILN_HERE, a, b)
+#define kiln_or(g, a, b) kiln_or_at(g, KILN_HERE, a, b)
+
+KILN_API kiln_value kiln_leaky_relu_at(kiln_graph *g, kiln_loc loc, kiln_value x, double alpha);
+KILN_API kiln_value kiln_gelu_at(kiln_graph *g, kiln_loc loc, kiln_value x, bool tanh_approx);
+KILN_API kiln_value kiln_clip_at(kiln_graph *g, kiln_loc loc, kiln_value x, double lo, double hi);
+KILN_API kiln_value kiln_cast_at(kiln_graph *g, kiln_loc loc, kiln_value x, kiln_dtype to);
+KILN_API kiln_value kiln_where_at(kiln_graph *g, kiln_loc loc, kiln_value cond, kiln_value a,
+                                  kiln_value b);
+#define kiln_leaky_relu(g, x, alpha) kiln_leaky_relu_at(g, KILN_HERE, x, alpha)
+#define kiln_gelu(g, x, approx) kiln_gelu_at(g, KILN_HERE, x, approx)
+#define kiln_clip(g, x, lo, hi) kiln_clip_at(g, KILN_HERE, x, lo, hi)
+#define kiln_cast(g, x, to) kiln_cast_at(g, KILN_HERE, x, to)
+#define kiln_where(g, c, a, b) kiln_where_at(g, KILN_HERE, c, a, b)
+
+/* Reductions over naxes axes (negative counts from the end; 0 axes: all). */
+KILN_API kiln_value kiln_reduce_sum_at(kiln_graph *g, kiln_loc loc, kiln_value x, int naxes,
+                                       const int64_t *axes, bool keepdims);
+KILN_API kiln_value kiln_reduce_mean_at(kiln_graph *g, kiln_loc loc, kiln_value x, int naxes,
+                                        const int64_t *axes, bool keepdims);
+KILN_API kiln_value kiln_reduce_max_at(kiln_graph *g, kiln_loc loc, kiln_value x, int naxes,
+                                       const int64_t *axes, bool keepdims);
+KILN_API kiln_value kiln_argmax_at(kiln_graph *g, kiln_loc loc, kiln_value x, int64_t axis,
+                                   bool keepdims);
+#define kiln_reduce_sum(g, x, n, axes, kd) kiln_reduce_sum_at(g, KILN_HERE, x, n, axes, kd)
+#define kiln_reduce_mean(g, x, n, axes, kd) kiln_reduce_mean_at(g, KILN_HERE, x, n, axes, kd)
+#define kiln_reduce_max(g, x, n, axes, kd) kiln_reduce_max_at(g, KILN_HERE, x, n, axes, kd)
+#define kiln_argmax(g, x, axis, kd) kiln_argmax_at(g, KILN_HERE, x, axis, kd)
+
+KILN_API kiln_value kiln_matmul_at(kiln_graph *g, kiln_loc loc, kiln_value a, kiln_value b);
+/* Y = alpha * op(A) op(B) + beta * C; c may be KILN_NONE. */
+KILN_API kiln_value kiln_gemm_at(kiln_graph *g, kiln_loc loc, kiln_value a, kiln_value b,
+                                 kiln_value c, double alpha, double beta, bool trans_a,
+                                 bool trans_b);
+#define kiln_matmul(g, a, b) kiln_matmul_at(g, KILN_HERE, a, b)
+#define kiln_gemm(g, a, b, c, alpha, beta, ta, tb) \
+	kiln_gemm_at(g, KILN_HERE, a, b, c, alpha, beta, ta, tb)
+
+/* Convolution and pooling geometry, for 1-D and 2-D (nsp spatial dims).
+ * Zero fields take ONNX defaults: stride 1, dilation 1, pads 0, group 1. */
+typedef struct kiln_conv_opts {
+	int64_t kernel[3];
+	int64_t stride[3];
+	int64_t pad[6]; /* begin for each spatial dim, then end for each */
+	int64_t dilation[3];
+	int64_t output_padding[3]; /* ConvTranspose only */
+	int64_t group;
+	bool ceil_mode;         /* pooling only */
+	bool count_include_pad; /* AveragePool only */
+} kiln_conv_opts;
+
+/* w: [C_out, C_in/group, k...]; b may be KILN_NONE.  Kernel size from w. */
+KILN_API kiln_value kiln_conv_at(kiln_graph *g, kiln_loc loc, kiln_value x, kiln_value w,
+                                 kiln_value b, const kiln_conv_opts *o);
+/* w: [C_in, C_out/group, k...] */
+KILN_API kiln_value kiln_conv_transpose_at(kiln_graph *g, kiln_loc loc, kiln_value x,
+                                           kiln_value w, kiln_value b, const kiln_conv_opts *o);
+KILN_API kiln_value kiln_max_pool_at(kiln_graph *g, kiln_loc loc, kiln_value x,
+                                     const kiln_conv_opts *o);
+KILN_API kiln_value kiln_avg_pool_at(kiln_graph *g, kiln_loc loc, kiln_value x,
+                                     const kiln_conv_opts *o);
+KILN_API kiln_value kiln_global_avg_pool_at(kiln_graph *g, kiln_loc loc, kiln_value x);
+#define kiln_conv(g, x, w, b, o) kiln_conv_at(g, KILN_HERE, x, w, b, o)
+#define kiln_conv_transpose(g, x, w, b, o) kiln_conv_transpose_at(g, KILN_HERE, x, w, b, o)
+#define kiln_max_pool(g, x, o) kiln_max_pool_at(g, KILN_HERE, x, o)
+#define kiln_avg_pool(g, x, o) kiln_avg_pool_at(g, KILN_HERE, x, o)
+#define kiln_global_avg_pool(g, x) kiln_global_avg_pool_at(g, KILN_HERE, x)
+
+/* Inference-mode batch norm with running statistics. */
+KILN_API kiln_value kiln_batch_norm_at(kiln_graph *g, kiln_loc loc, kiln_value x,
+                                       kiln_value scale, kiln_value bias, kiln_value mean,
+                                       kiln_value var, double eps);
+/* Normalises over the axes from axis to the end; scale/bias may be NONE. */
+KILN_API kiln_value kiln_layer_norm_at(kiln_graph *g, kiln_loc loc, kiln_value x,
+                                       kiln_value scale, kiln_value bias, int64_t axis,
+                                       double eps);
+KILN_API kiln_value kiln_softmax_at(kiln_graph *g, kiln_loc loc, kiln_value x, int64_t axis);
+KILN_API kiln_value kiln_log_softmax_at(kiln_graph *g, kiln_loc loc, kiln_value x,
+                                        int64_t axis);
+KILN_API kiln_value kiln_dropout_at(kiln_graph *g, kiln_loc loc, kiln_value x, double p,
+                                    bool training, uint64_t seed);
+#define kiln_batch_norm(g, x, s, b, m, v, eps) kiln_batch_norm_at(g, KILN_HERE, x, s, b, m, v, eps)
+#define kiln_layer_norm(g, x, s, b, axis, eps) kiln_layer_norm_at(g, KILN_HERE, x, s, b, axis, eps)
+#define kiln_softmax(g, x, axis) kiln_softmax_at(g, KILN_HERE, x, axis)
+#define kiln_log_softmax(g, x, axis) kiln_log_softmax_at(g, KILN_HERE, x, axis)
+#define kiln_dropout(g, x, p, training, seed) kiln_dropout_at(g, KILN_HERE, x, p, training, seed)
+
+/* Shape ops.  Reshape dims: -1 infers one dim, 0 copies the input's. */
+KILN_API kiln_value kiln_reshape_at(kiln_graph *g, kiln_loc loc, kiln_value x, int rank,
+                                    const int64_t *dims);
+KILN_API kiln_value kiln_transpose_at(kiln_graph *g, kiln_loc loc, kiln_value x, int rank,
+                                      const int64_t *perm);
+KILN_API kiln_value kiln_concat_at(kiln_graph *g, kiln_loc loc, int n, const kiln_value *xs,
+                                   int64_t axis);
+/* Splits into n parts of the given sizes (NULL: equal parts) into out[]. */
+KILN_API kiln_status kiln_split_at(kiln_graph *g, kiln_loc loc, kiln_value x, int64_t axis,
+                                   int n, const int64_t *sizes, kiln_value *out);
+KILN_API kiln_value kiln_slice_at(kiln_graph *g, kiln_loc loc, kiln_value x, int n,
+                                  const int64_t *starts, const int64_t *ends,
+                                  const int64_t *axes, const int64_t *steps);
+KILN_API kiln_value kiln_gather_at(kiln_graph *g, kiln_loc loc, kiln_value x,
+                                   kiln_value indices, int64_t axis);
+KILN_API kiln_value kiln_flatten_at(kiln_graph *g, kiln_loc loc, kiln_value x, int64_t axis);
+KILN_API kiln_value kiln_squeeze_at(kiln_graph *g, kiln_loc loc, kiln_value x, int n,
+                                    const int64_t *axes);
+KILN_API kiln_value kiln_unsqueeze_at(kiln_graph *g, kiln_loc loc, kiln_value x, int n,
+                                      const int64_t *axes);
+KILN_API kiln_value kiln_expand_at(kiln_graph *g, kiln_loc loc, kiln_value x, int rank,
+                                   const int64_t *dims);
+/* pads: begin for each axis, then end for each axis (ONNX order). */
+KILN_API kiln_value kiln_pad_at(kiln_graph *g, kiln_loc loc, kiln_value x, int rank,
+                                const int64_t *pads, const char *mode, double value);
+KILN_API kiln_value kiln_shape_of_at(kiln_graph *g, kiln_loc loc, kiln_value x);
+#define kiln_reshape(g, x, rank, dims) kiln_reshape_at(g, KILN_HERE, x, rank, dims)
+#define kiln_transpose(g, x, rank, perm) kiln_transpose_at(g, KILN_HERE, x, rank, perm)
+#define kiln_concat(g, n, xs, axis) kiln_concat_at(g, KILN_HERE, n, xs, axis)
+#define kiln_split(g, x, axis, n, sizes, out) kiln_split_at(g, KILN_HERE, x, axis, n, sizes, out)
+#define kiln_slice(g, x, n, st, en, ax, sp) kiln_slice_at(g, KILN_HERE, x, n, st, en, ax, sp)
+#define kiln_gather(g, x, idx, axis) kiln_gather_at(g, KILN_HERE, x, idx, axis)
+#define kiln_flatten(g, x, axis) kiln_flatten_at(g, KILN_HERE, x, axis)
+#define kiln_squeeze(g, x, n, axes) kiln_squeeze_at(g, KILN_HERE, x, n, axes)
+#define kiln_unsqueeze(g, x, n, axes) kiln_unsqueeze_at(g, KILN_HERE, x, n, axes)
+#define kiln_expand(g, x, rank, dims) kiln_expand_at(g, KILN_HERE, x, rank, dims)
+#define kiln_pad(g, x, rank, pads, mode, v) kiln_pad_at(g, KILN_HERE, x, rank, pads, mode, v)
+#define kiln_shape_of(g, x) kiln_shape_of_at(g, KILN_HERE, x)
+
+/* Losses over logits [N,C,...] and integer targets [N,...]; reduction is
+ * "mean", "sum" or "none"; ignore_index < 0 with has_ignore false: none. */
+KILN_API kiln_value kiln_softmax_cross_entropy_at(kiln_graph *g, kiln_loc loc,
+                                                  kiln_value logits, kiln_value target,
+                                                  kiln_value weight, const char *reduction,
+                                                  bool has_ignore, int64_t ignore_index);
+KILN_API kiln_value kiln_nll_loss_at(kiln_graph *g, kiln_loc loc, kiln_value logp,
+                                     kiln_value target, kiln_value weight,
+                                     const char *reduction, bool has_ignore,
+                                     int64_t ignore_index);
+KILN_API kiln_value kiln_mse_loss_at(kiln_graph *g, kiln_loc loc, kiln_value pred,
+                                     kiln_value target, const char *reduction);
+#define kiln_softmax_cross_entropy(g, x, t, w, red, hi, ii) \
+	kiln_softmax_cross_entropy_at(g, KILN_HERE, x, t, w, red, hi, ii)
+#define kiln_nll_loss(g, x, t, w, red, hi, ii) kiln_nll_loss_at(g, KILN_HERE, x, t, w, red, hi, ii)
+#define kiln_mse_loss(g, p, t, red) kiln_mse_loss_at(g, KILN_HERE, p, t, red)
+
+/* ---- layers ----------------------------------------------------------- */
+/* Each registers its parameters as "<name>.weight" etc., initialised as
+ * PyTorch initialises them, from the graph's seeded generator.  Input
+ * feature/channel counts are read from x's shape. */
+
+KILN_API kiln_value kiln_linear_at(kiln_graph *g, kiln_loc loc, const char *name, kiln_value x,
+                                   int64_t out_features, bool bias);
+/* Conv1d/Conv2d: kernel, stride, pad (symmetric), dilation, group in o. */
+KILN_API kiln_value kiln_conv1d_at(kiln_graph *g, kiln_loc loc, const char *name, kiln_value x,
+                                   int64_t out_channels, const kiln_conv_opts *o, bool bias);
+KILN_API kiln_value kiln_conv2d_at(kiln_graph *g, kiln_loc loc, const char *name, kiln_value x,
+                                   int64_t out_channels, const kiln_conv_opts *o, bool bias);
+/* BatchNorm1d/2d: running stats in eval mode, batch stats in train mode. */
+KILN_API kiln_value kiln_batchnorm_at(kiln_graph *g, kiln_loc loc, const char *name,
+                                      kiln_value x, double eps, double momentum);
+KILN_API kiln_value kiln_layernorm_at(kiln_graph *g, kiln_loc loc, const char *name,
+                                      kiln_value x, int nnorm, double eps);
+KILN_API kiln_value kiln_embedding_at(kiln_graph *g, kiln_loc loc, const char *name,
+                                      kiln_value idx, int64_t num, int64_t dim);
+#define kiln_linear(g, name, x, out, bias) kiln_linear_at(g, KILN_HERE, name, x, out, bias)
+#define kiln_conv1d(g, name, x, out, o, bias) kiln_conv1d_at(g, KILN_HERE, name, x, out, o, bias)
+#define kiln_conv2d(g, name, x, out, o, bias) kiln_conv2d_at(g, KILN_HERE, name, x, out, o, bias)
+#define kiln_batchnorm(g, name, x, eps, mom) kiln_batchnorm_at(g, KILN_HERE, name, x, eps, mom)
+#define kiln_layernorm(g, name, x, nnorm, eps) kiln_layernorm_at(g, KILN_HERE, name, x, nnorm, eps)
+#define kiln_embedding(g, name, idx, num, dim) kiln_embedding_at(g, KILN_HERE, name, idx, num, dim)
+
+/* A Sequential: layers named "<name>.<index>" as torch.nn.Sequential does. */
+typedef enum kiln_layer_kind {
+	KILN_L_END = 0,    /* terminates a layer list */
+	KILN_L_LINEAR,     /* n = out_features */
+	KILN_L_CONV1D,     /* n = out_channels, conv = geometry */
+	KILN_L_CONV2D,     /* n = out_channels, conv = geometry */
+	KILN_L_BATCHNORM,  /* 1d or 2d from the input rank */
+	KILN_L_LAYERNORM,  /* over the last dim */
+	KILN_L_DROPOUT,    /* p */
+	KILN_L_MAXPOOL2D,  /* conv = geometry */
+	KILN_L_AVGPOOL2D,  /* conv = geometry */
+	KILN_L_ADAPTIVEAVGPOOL2D_1, /* output size 1 */
+	KILN_L_FLATTEN,    /* from dim 1 */
+	KILN_L_RELU,
+	KILN_L_GELU,
+	KILN_L_SIGMOID,
+	KILN_L_TANH,
+	KILN_L_SOFTMAX,    /* over dim 1 */
+} kiln_layer_kind;
+
+typedef struct kiln_layer {
+	kiln_layer_kind kind;
+	int64_t n;
+	double p;
+	bool no_bias;
+	kiln_conv_opts conv;
+} kiln_layer;
+
+KILN_API kiln_value kiln_sequential_at(kiln_graph *g, kiln_loc loc, const char *name,
+                                       kiln_value x, const kiln_layer *layers);
+#define kiln_sequential(g, name, x, layers) kiln_sequential_at(g, KILN_HERE, name, x, layers)
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* KILN_H */

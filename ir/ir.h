@@ -1,0 +1,297 @@
+/*
+ * ir.h: the graph IR, private to the library; one section per file that
+ * owns each part (ir.c, shape.c, verify.c, kir_print.c, kir_parse.c,
+ * interp.c).
+ *
+ * A graph owns an arena.  Values and nodes are arena objects reached
+ * through two pointer arrays, so an ir_node * or ir_value * stays valid
+ * until ir_compact(); nodes refer to values by 32-bit id (QBE's Ref), id 0
+ * being "no value".  The node array is the schedule: every node comes after
+ * the nodes defining its inputs (SSA order; the verifier checks it).
+ *
+ * A dimension is an int64_t: >= 0 is a fixed size; < 0 is -(k+1) for entry
+ * k of the graph's hash-consed dimension expressions (a symbol, or a sum,
+ * product or floor quotient), so equal expressions compare equal as ints.
+ */
+#ifndef KILN_IR_H
+#define KILN_IR_H
+
+#include <stdarg.h>
+#include <stdint.h>
+
+#include "kiln/kiln.h"
+
+/* ---- the op table ------------------------------------------------------ */
+
+#define IR_VARIADIC 255
+
+enum {
+	IR_ELEM = 1 << 0,   /* elementwise: output[i] depends on inputs[i] */
+	IR_BCAST = 1 << 1,  /* inputs broadcast NumPy-style */
+	IR_COMM = 1 << 2,   /* commutative */
+	IR_INTOK = 1 << 3,  /* accepts integer dtypes (floats always) */
+	IR_CMP = 1 << 4,    /* comparison: output is bool */
+	IR_LOGIC = 1 << 5,  /* bool in, bool out */
+	IR_REDUCE = 1 << 6, /* reduction over axes */
+	IR_MOVE = 1 << 7,   /* pure data movement, no arithmetic */
+	IR_NODIFF = 1 << 8, /* output is not differentiable */
+	IR_RANDOM = 1 << 9, /* draws random numbers (in training mode) */
+};
+
+typedef enum kiln_op {
+#define OP(id, ...) KILN_OP_##id,
+#include "ops.def"
+#undef OP
+	KILN_OP_COUNT
+} kiln_op;
+
+typedef struct ir_op_info {
+	const char *onnx;  /* ONNX op_type */
+	const char *kir;   /* .kir mnemonic */
+	uint8_t in_min, in_max, out_min, out_max; /* IR_VARIADIC: unbounded */
+	uint32_t flags;
+	const char *attrs; /* schema, see ops.def */
+} ir_op_info;
+
+extern const ir_op_info ir_op_info_table[KILN_OP_COUNT];
+#define ir_op(op) (&ir_op_info_table[(op)])
+
+/* ---- arena and strings (ir.c) ------------------------------------------ */
+
+typedef struct ir_arena ir_arena;
+ir_arena *ir_arena_new(void);
+void ir_arena_free(ir_arena *a);
+/* Zeroed memory aligned to 16 bytes (64 for requests of 64 bytes or more);
+ * NULL when out of memory. */
+void *ir_alloc(ir_arena *a, size_t n);
+char *ir_arena_strdup(ir_arena *a, const char *s);
+
+/* ---- types and dimensions (ir.c) -------------------------------------- */
+
+typedef struct ir_type {
+	kiln_dtype dtype;
+	int rank;
+	int64_t dim[KILN_MAX_RANK];
+} ir_type;
+
+typedef enum { IR_DSYM, IR_DADD, IR_DMUL, IR_DDIV } ir_dim_op;
+
+typedef struct ir_dimexpr {
+	ir_dim_op op;
+	int64_t a, b;     /* operands (dims); DDIV: b is a constant > 0 */
+	const char *sym;  /* IR_DSYM: interned name */
+} ir_dimexpr;
+
+int64_t ir_dim_sym(kiln_graph *g, const char *name);
+int64_t ir_dim_add(kiln_graph *g, int64_t a, int64_t b);
+int64_t ir_dim_mul(kiln_graph *g, int64_t a, int64_t b);
+int64_t ir_dim_div(kiln_graph *g, int64_t a, int64_t b); /* floor; b > 0 const */
+const ir_dimexpr *ir_dim_expr(const kiln_graph *g, int64_t d); /* NULL if fixed */
+/* Prints a dim ("N", "N+1", "(N+2)/2", "3") into buf; returns buf. */
+char *ir_dim_str(const kiln_graph *g, int64_t d, char *buf, size_t size);
+/* Evaluates a dim given a value for each symbol (symval indexed like
+ * ir_dim_symbols); returns -1 if a symbol is unbound (symval < 0). */
+int64_t ir_dim_eval(const kiln_graph *g, int64_t d, const int64_t *symval);
+/* Index of the symbol a dim is, or -1 when it is not a bare symbol. */
+int ir_dim_symbol_index(const kiln_graph *g, int64_t d);
+int ir_dim_nsym(const kiln_graph *g);           /* symbols 0..n-1 */
+const char *ir_dim_symname(const kiln_graph *g, int k);
+/* "f32[N,3,224,224]" */
+char *ir_type_str(const kiln_graph *g, const ir_type *t, char *buf, size_t size);
+bool ir_type_eq(const ir_type *a, const ir_type *b);
+bool ir_type_concrete(const ir_type *t); /* no symbolic dim */
+
+/* ---- values, nodes, attributes (ir.c) --------------------------------- */
+
+typedef enum {
+	IR_V_NONE = 0, /* id 0, or a value whose node was removed */
+	IR_V_INPUT,    /* graph input */
+	IR_V_PARAM,    /* named initializer with data (weight or buffer) */
+	IR_V_NODE,     /* result of a node */
+} ir_value_kind;
+
+typedef struct ir_node ir_node;
+
+typedef struct ir_value {
+	uint32_t id;
+	ir_value_kind kind;
+	ir_type type;
+	const char *name;   /* interned; NULL: printed by number */
+	ir_node *def;       /* IR_V_NODE: defining node */
+	int def_out;        /* which output of def */
+	kiln_tensor *data;  /* IR_V_PARAM: initial data (arena-owned) */
+	bool trainable;     /* IR_V_PARAM: a weight (true) or a buffer */
+	ir_node **uses;     /* one entry per operand slot that reads this */
+	uint32_t nuse, capuse;
+} ir_value;
+
+typedef enum { IR_A_INT, IR_A_FLOAT, IR_A_INTS, IR_A_FLOATS, IR_A_STRING,
+	       IR_A_TENSOR, IR_A_DTYPE } ir_attr_kind;
+
+typedef struct ir_attr {
+	const char *name; /* interned */
+	ir_attr_kind kind;
+	uint32_t n;       /* element count for INTS/FLOATS */
+	union {
+		int64_t i;    /* INT, DTYPE */
+		double f;
+		int64_t *ints;
+		double *floats;
+		const char *s;
+		kiln_tensor *t;
+	} u;
+} ir_attr;
+
+struct ir_node {
+	uint32_t idx;     /* position in the schedule (g->node[idx] == this) */
+	kiln_op op;
+	uint32_t nin, nout;
+	uint32_t *in, *out; /* value ids */
+	ir_attr *attr;
+	uint32_t nattr, capattr;
+	const char *name; /* interned, may be NULL */
+	kiln_loc loc;     /* where it came from: DSL caller, .kir line, model */
+	bool dead;
+};
+
+struct kiln_graph {
+	ir_arena *arena;
+	const char *name;
+	ir_value **val;   /* val[0] is the "no value" placeholder */
+	uint32_t nval, capval;
+	ir_node **node;   /* the schedule */
+	uint32_t nnode, capnode;
+	uint32_t *input, ninput, capinput;
+	uint32_t *output, noutput, capoutput;
+	ir_dimexpr *dexp;
+	uint32_t ndexp, capdexp;
+	const char **sym; /* symbol names in order of creation */
+	uint32_t nsym, capsym;
+	const char **strtab; /* open-addressing intern table */
+	uint32_t nstr, capstr;
+	kiln_status status;
+	char errmsg[1024];
+	uint64_t rng;       /* parameter initialisation generator state */
+	bool training;
+};
+
+const char *ir_intern(kiln_graph *g, const char *s);
+ir_value *ir_val(const kiln_graph *g, uint32_t id); /* NULL if out of range */
+/* A new value; kind and type set by the caller. 0 on ENOMEM. */
+uint32_t ir_value_new(kiln_graph *g, ir_value_kind kind, const ir_type *t, const char *name);
+uint32_t ir_input_new(kiln_graph *g, const char *name, const ir_type *t);
+uint32_t ir_param_new(kiln_graph *g, const char *name, const kiln_tensor *data, bool trainable);
+kiln_status ir_output_add(kiln_graph *g, uint32_t v, const char *name);
+/* Appends a node reading in[0..nin) with nout fresh output values whose
+ * types are unset (dtype invalid); NULL on error (recorded in g). */
+ir_node *ir_node_new(kiln_graph *g, kiln_op op, uint32_t nin, const uint32_t *in,
+                     uint32_t nout, kiln_loc loc);
+void ir_set_input(kiln_graph *g, ir_node *n, uint32_t i, uint32_t v); /* fixes uses */
+/* Every use of from now reads to (graph outputs included). */
+void ir_replace_uses(kiln_graph *g, uint32_t from, uint32_t to);
+/* Detaches n from its inputs and marks it and its outputs dead. */
+void ir_node_remove(kiln_graph *g, ir_node *n);
+/* Drops dead nodes and unused dead values, renumbering value ids; value ids
+ * held outside the graph are invalid afterwards. */
+kiln_status ir_compact(kiln_graph *g);
+/* Reorders the schedule topologically (stable); ESHAPE-free, EVERIFY on a cycle. */
+kiln_status ir_toposort(kiln_graph *g);
+/* A deep copy; NULL on ENOMEM. */
+kiln_graph *ir_graph_clone(const kiln_graph *g);
+
+/* attributes: set replaces; get returns the default when absent */
+kiln_status ir_attr_set_int(kiln_graph *g, ir_node *n, const char *name, int64_t v);
+kiln_status ir_attr_set_float(kiln_graph *g, ir_node *n, const char *name, double v);
+kiln_status ir_attr_set_ints(kiln_graph *g, ir_node *n, const char *name, uint32_t cnt,
+                             const int64_t *v);
+kiln_status ir_attr_set_floats(kiln_graph *g, ir_node *n, const char *name, uint32_t cnt,
+                               const double *v);
+kiln_status ir_attr_set_string(kiln_graph *g, ir_node *n, const char *name, const char *s);
+kiln_status ir_attr_set_tensor(kiln_graph *g, ir_node *n, const char *name,
+                               const kiln_tensor *t); /* copies into the arena */
+kiln_status ir_attr_set_dtype(kiln_graph *g, ir_node *n, const char *name, kiln_dtype dt);
+const ir_attr *ir_attr_get(const ir_node *n, const char *name);
+int64_t ir_attr_int(const ir_node *n, const char *name, int64_t dflt);
+double ir_attr_float(const ir_node *n, const char *name, double dflt);
+const char *ir_attr_str(const ir_node *n, const char *name, const char *dflt);
+/* Ints attribute: count (0 when absent) and pointer through *v. */
+uint32_t ir_attr_ints(const ir_node *n, const char *name, const int64_t **v);
+/* Parsed schema entry for one attribute of an op; false if not in schema. */
+typedef struct ir_attr_schema {
+	char name[48];
+	ir_attr_kind kind;
+	bool required, has_default;
+	char dflt[48];
+} ir_attr_schema;
+int ir_op_schema(kiln_op op, ir_attr_schema *out, int max); /* count */
+kiln_op ir_op_from_kir(const char *mnemonic);  /* KILN_OP_COUNT if unknown */
+kiln_op ir_op_from_onnx(const char *op_type);  /* KILN_OP_COUNT if unknown */
+
+/* Errors: keeps the first (sticky), returns code.  The message is
+ * "file:line: Op 'node': text" when loc and n are given. */
+kiln_status ir_errorf(kiln_graph *g, const ir_node *n, kiln_status code, const char *fmt,
+                      ...) __attribute__((format(printf, 4, 5)));
+kiln_status ir_errorf_at(kiln_graph *g, kiln_loc loc, kiln_status code, const char *fmt,
+                         ...) __attribute__((format(printf, 4, 5)));
+/* Fill a caller's kiln_error (may be NULL); returns code. */
+kiln_status ir_seterr(kiln_error *err, kiln_status code, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
+/* "Conv 'conv1/Conv'" or "Conv" into buf, for messages. */
+const char *ir_node_desc(const ir_node *n, char *buf, size_t size);
+
+/* Seeded generator for initialisation: uniform in [0,1), and normal. */
+double ir_rand_uniform(kiln_graph *g);
+double ir_rand_normal(kiln_graph *g);
+
+/* tensors in the graph's arena (freed with it) */
+kiln_tensor *ir_tensor_new(kiln_graph *g, kiln_dtype dt, int rank, const int64_t *shape);
+kiln_tensor *ir_tensor_copy(kiln_graph *g, const kiln_tensor *t);
+
+/* ---- shape.c ------------------------------------------------------------ */
+
+/* Infers the output types of n from its input types and attributes and
+ * stores them in its output values; errors name node, op and shapes. */
+kiln_status ir_infer_node(kiln_graph *g, ir_node *n);
+/* Computes n's output types into out[] without storing them. */
+kiln_status ir_infer_types(kiln_graph *g, const ir_node *n, ir_type *out);
+/* NumPy broadcast of two types' shapes into *out (dtype from a). */
+kiln_status ir_broadcast(kiln_graph *g, const ir_node *n, const ir_type *a, const ir_type *b,
+                         ir_type *out);
+typedef kiln_status (*ir_shape_fn)(kiln_graph *g, const ir_node *n, const ir_type *in,
+                                   ir_type *out);
+extern const ir_shape_fn ir_shape_table[KILN_OP_COUNT];
+
+/* ---- verify.c ----------------------------------------------------------- */
+
+/* Checks SSA order, arity, attribute schema, use lists, and that every
+ * output type equals what inference gives; the message names the node. */
+kiln_status ir_verify(const kiln_graph *g, kiln_error *err);
+
+/* ---- kir_print.c / kir_parse.c ----------------------------------------- */
+
+char *ir_print(const kiln_graph *g); /* malloc'd */
+kiln_status ir_parse(const char *text, const char *filename, kiln_graph **out,
+                     kiln_error *err);
+
+/* ---- interp.c ----------------------------------------------------------- */
+
+typedef struct ir_interp {
+	const kiln_graph *g;
+	kiln_error *err;
+	uint64_t seed;   /* mixed into Dropout's counter-based generator */
+} ir_interp;
+
+/* Computes one node: in[] and out[] are concrete; out[] is preallocated
+ * with the node's output dtypes and concrete shapes. */
+typedef kiln_status (*ir_interp_fn)(ir_interp *c, const ir_node *n, kiln_tensor *const *in,
+                                    kiln_tensor *const *out);
+extern const ir_interp_fn ir_interp_table[KILN_OP_COUNT];
+kiln_status ir_interp_node(ir_interp *c, const ir_node *n, kiln_tensor *const *in,
+                           kiln_tensor *const *out);
+/* dtype-generic element access used by kernels (and constant folding) */
+double ir_load(const kiln_tensor *t, int64_t i);
+void ir_store(kiln_tensor *t, int64_t i, double v);
+int64_t ir_load_i64(const kiln_tensor *t, int64_t i);
+void ir_store_i64(kiln_tensor *t, int64_t i, int64_t v);
+
+#endif /* KILN_IR_H */
