@@ -1,0 +1,177 @@
+/*
+ * file.c: the file I/O under the tensor formats: atomic replacement on
+ * write, bounded reads on read.
+ *
+ * A write goes to a fresh temporary beside the target (same directory, so
+ * same file system, so rename is atomic), is fsynced, renamed over the
+ * target, and the directory is fsynced so the rename itself survives a
+ * crash.  Until the rename the old file is untouched; any failure before it
+ * unlinks the temporary.  The temporary is opened with O_EXCL and mode 0666,
+ * letting the umask decide permissions as for any new file (mkstemp would
+ * force 0600).
+ *
+ * Reads use pread on a descriptor whose size was taken once with fstat:
+ * parsers check every length from a file against that size before they
+ * allocate or read, so a hostile file cannot make them allocate more memory
+ * than the file holds.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "rt.h"
+
+static kiln_status ioerr(kiln_error *err, const char *path, const char *what, int e)
+{
+	return rt_seterr(err, KILN_EIO, "%s: %s: %s", path, what, strerror(e));
+}
+
+/* Creates a temporary named path.tmp<pid>.<seq>; NULL with errno on failure. */
+static char *open_temp(const char *path, int *fd)
+{
+	static atomic_uint seq;
+	size_t size = strlen(path) + 48;
+	char *tmp = malloc(size);
+	if (!tmp) {
+		errno = ENOMEM;
+		return NULL;
+	}
+	for (int tries = 0; tries < 100; tries++) {
+		snprintf(tmp, size, "%s.tmp%ld.%u", path, (long)getpid(),
+		         atomic_fetch_add(&seq, 1));
+		*fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+		if (*fd >= 0)
+			return tmp;
+		if (errno != EEXIST)
+			break;
+	}
+	int e = errno;
+	free(tmp);
+	errno = e;
+	return NULL;
+}
+
+static int write_all(int fd, const void *data, size_t n)
+{
+	const char *p = data;
+	while (n > 0) {
+		ssize_t w = write(fd, p, n);
+		if (w < 0 && errno == EINTR)
+			continue;
+		if (w <= 0)
+			return w < 0 ? errno : EIO;
+		p += w;
+		n -= (size_t)w;
+	}
+	return 0;
+}
+
+/* Best effort: a directory we cannot open (no read permission) still got
+ * the rename; only a failing fsync is reported. */
+static int sync_dir(const char *path)
+{
+	char *dir = strdup(path);
+	if (!dir)
+		return ENOMEM;
+	char *slash = strrchr(dir, '/');
+	if (!slash)
+		strcpy(dir, ".");
+	else if (slash == dir)
+		dir[1] = '\0';
+	else
+		*slash = '\0';
+	int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	free(dir);
+	if (fd < 0)
+		return 0;
+	int e = fsync(fd) < 0 && errno != EINVAL ? errno : 0;
+	close(fd);
+	return e;
+}
+
+kiln_status rt_write_atomicv(const char *path, const rt_chunk *chunks, int nchunks,
+                             kiln_error *err)
+{
+	if (!path || !*path || nchunks < 0 || (nchunks > 0 && !chunks))
+		return rt_seterr(err, KILN_EINVAL, "write: bad arguments");
+	int fd;
+	char *tmp = open_temp(path, &fd);
+	if (!tmp)
+		return ioerr(err, path, "cannot create temporary file", errno);
+	int e = 0;
+	const char *what = "write";
+	for (int i = 0; i < nchunks && !e; i++)
+		e = write_all(fd, chunks[i].data, chunks[i].n);
+	if (!e && fsync(fd) < 0)
+		e = errno, what = "fsync";
+	if (close(fd) < 0 && !e)
+		e = errno, what = "close";
+	if (!e && rename(tmp, path) < 0)
+		e = errno, what = "rename";
+	if (e) {
+		unlink(tmp);
+		free(tmp);
+		return ioerr(err, path, what, e);
+	}
+	free(tmp);
+	if ((e = sync_dir(path)) != 0)
+		return ioerr(err, path, "fsync of directory", e);
+	return KILN_OK;
+}
+
+kiln_status rt_write_atomic(const char *path, const void *data, size_t n, kiln_error *err)
+{
+	rt_chunk c = {data, n};
+	return rt_write_atomicv(path, &c, 1, err);
+}
+
+kiln_status rt_open_read(const char *path, int *fd, uint64_t *size, kiln_error *err)
+{
+	if (!path)
+		return rt_seterr(err, KILN_EINVAL, "read: path is NULL");
+	/* O_NONBLOCK: opening a FIFO must not hang; it is rejected below. */
+	*fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+	if (*fd < 0)
+		return ioerr(err, path, "cannot open", errno);
+	struct stat st;
+	if (fstat(*fd, &st) < 0) {
+		int e = errno;
+		close(*fd);
+		*fd = -1;
+		return ioerr(err, path, "cannot stat", e);
+	}
+	if (!S_ISREG(st.st_mode)) {
+		close(*fd);
+		*fd = -1;
+		return rt_seterr(err, KILN_EIO, "%s: not a regular file", path);
+	}
+	*size = (uint64_t)st.st_size;
+	return KILN_OK;
+}
+
+kiln_status rt_pread(int fd, void *buf, size_t n, uint64_t off, const char *path,
+                     kiln_error *err)
+{
+	char *p = buf;
+	while (n > 0) {
+		/* Linux moves at most about 2 GiB per call; ask for less. */
+		size_t want = n < ((size_t)1 << 30) ? n : ((size_t)1 << 30);
+		ssize_t r = pread(fd, p, want, (off_t)off);
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r < 0)
+			return ioerr(err, path, "read", errno);
+		if (r == 0)
+			return rt_seterr(err, KILN_EIO, "%s: file ended early (changed while read?)",
+			                 path);
+		p += r;
+		off += (uint64_t)r;
+		n -= (size_t)r;
+	}
+	return KILN_OK;
+}
