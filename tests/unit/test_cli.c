@@ -1,0 +1,412 @@
+/*
+ * test_cli.c: the `kiln` command-line tool, run as a child process.
+ *
+ * Each test runs KILN_BIN/kiln through popen in a fresh temporary
+ * directory, with stderr sent to a file, and checks the exit code, what was
+ * printed, and the files written (outputs read back and compared with
+ * kiln_graph_run on the same graph).
+ */
+#include <check.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "ir/ir.h"
+
+static char dir[64];
+
+static void setup(void)
+{
+	strcpy(dir, "/tmp/kiln_cli_XXXXXX");
+	ck_assert_ptr_nonnull(mkdtemp(dir));
+}
+
+/* KILN_KEEP=1 keeps the directory, to look at what a failing test saw. */
+static void teardown(void)
+{
+	char cmd[128];
+	snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+	if (!getenv("KILN_KEEP"))
+		ck_assert_int_eq(system(cmd), 0);
+}
+
+static char *slurp(const char *path)
+{
+	FILE *f = fopen(path, "rb");
+	if (!f)
+		return strdup("");
+	char *s = NULL;
+	size_t n = 0, cap = 0;
+	for (int c; (c = fgetc(f)) != EOF;) {
+		if (n + 2 > cap)
+			s = realloc(s, cap = cap * 2 + 256);
+		s[n++] = (char)c;
+	}
+	fclose(f);
+	if (!s)
+		return strdup("");
+	s[n] = 0;
+	return s;
+}
+
+typedef struct result {
+	int rc;
+	char *out, *err;
+} result;
+
+/* Runs `kiln ARGS` in dir; ARGS is a shell fragment. */
+static result kiln(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static result kiln(const char *fmt, ...)
+{
+	char args[2048], cmd[4096], errpath[128];
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(args, sizeof args, fmt, ap);
+	va_end(ap);
+	snprintf(errpath, sizeof errpath, "%s/stderr.txt", dir);
+	snprintf(cmd, sizeof cmd, "cd '%s' && '%s/kiln' %s 2>'%s'", dir, KILN_BIN, args, errpath);
+	FILE *p = popen(cmd, "r");
+	ck_assert_ptr_nonnull(p);
+	result r = {0};
+	size_t n = 0, cap = 256;
+	r.out = malloc(cap);
+	for (int c; (c = fgetc(p)) != EOF;) {
+		if (n + 2 > cap)
+			r.out = realloc(r.out, cap *= 2);
+		r.out[n++] = (char)c;
+	}
+	r.out[n] = 0;
+	int st = pclose(p);
+	r.rc = WIFEXITED(st) ? WEXITSTATUS(st) : 128;
+	r.err = slurp(errpath);
+	return r;
+}
+
+static void result_free(result *r)
+{
+	free(r->out);
+	free(r->err);
+}
+
+static int lines(const char *s)
+{
+	int n = 0;
+	for (; *s; s++)
+		n += *s == '\n';
+	return n;
+}
+
+/* A failure: non-zero exit, one "kiln: error: " line containing want. */
+static void assert_fails(result r, const char *want)
+{
+	ck_assert_int_ne(r.rc, 0);
+	ck_assert_msg(strncmp(r.err, "kiln: error: ", 13) == 0, "stderr: %s", r.err);
+	ck_assert_msg(strstr(r.err, want) != NULL, "'%s' not in stderr: %s", want, r.err);
+	ck_assert_int_eq(lines(r.err), 1);
+}
+
+#define contains(s, sub) ck_assert_msg(strstr((s), (sub)) != NULL, "'%s' not in:\n%s", (sub), (s))
+
+/* y = relu(x*w + b) + relu(x*w + b): w trainable, b a buffer. */
+static void save_model(const char *name)
+{
+	kiln_graph *g = kiln_graph_new("m");
+	ir_type xt = {KILN_F32, 2, {ir_dim_sym(g, "N"), 3}};
+	uint32_t x = ir_input_new(g, "x", &xt);
+	kiln_tensor *t = kiln_tensor_new(KILN_F32, 1, (int64_t[]){3});
+	memcpy(t->data, (float[]){0.5f, -1, 2}, 3 * sizeof(float));
+	uint32_t w = ir_param_new(g, "w", t, true);
+	memcpy(t->data, (float[]){1, 1, -1}, 3 * sizeof(float));
+	uint32_t b = ir_param_new(g, "b", t, false);
+	kiln_tensor_free(t);
+	uint32_t h[2];
+	for (int i = 0; i < 2; i++) {
+		ir_node *m = ir_node_new(g, KILN_OP_MUL, 2, (uint32_t[]){x, w}, 1, KILN_HERE);
+		ck_assert_int_eq(ir_infer_node(g, m), KILN_OK);
+		ir_node *a = ir_node_new(g, KILN_OP_ADD, 2, (uint32_t[]){m->out[0], b}, 1, KILN_HERE);
+		ck_assert_int_eq(ir_infer_node(g, a), KILN_OK);
+		ir_node *r = ir_node_new(g, KILN_OP_RELU, 1, a->out, 1, KILN_HERE);
+		ck_assert_int_eq(ir_infer_node(g, r), KILN_OK);
+		h[i] = r->out[0];
+	}
+	ir_node *y = ir_node_new(g, KILN_OP_ADD, 2, h, 1, KILN_HERE);
+	ck_assert_int_eq(ir_infer_node(g, y), KILN_OK);
+	ir_output_add(g, y->out[0], "y");
+	char path[128];
+	snprintf(path, sizeof path, "%s/%s", dir, name);
+	kiln_error e = {0};
+	ck_assert_msg(kiln_graph_save(g, path, &e) == KILN_OK, "%s", e.msg);
+	kiln_graph_free(g);
+}
+
+static void write_file(const char *name, const char *text)
+{
+	char path[128];
+	snprintf(path, sizeof path, "%s/%s", dir, name);
+	FILE *f = fopen(path, "w");
+	ck_assert_ptr_nonnull(f);
+	fputs(text, f);
+	fclose(f);
+}
+
+/* ---- help and version --------------------------------------------------- */
+
+START_TEST(version_prints_the_version)
+{
+	result r = kiln("--version");
+	ck_assert_int_eq(r.rc, 0);
+	contains(r.out, "kiln " KILN_VERSION);
+	result_free(&r);
+}
+END_TEST
+
+START_TEST(help_lists_every_command)
+{
+	result r = kiln("--help");
+	ck_assert_int_eq(r.rc, 0);
+	contains(r.out, "inspect");
+	contains(r.out, "run");
+	contains(r.out, "opt");
+	result_free(&r);
+}
+END_TEST
+
+START_TEST(help_cmd_and_cmd_help_print_the_same)
+{
+	result a = kiln("help opt"), b = kiln("opt --help");
+	ck_assert_int_eq(a.rc, 0);
+	ck_assert_int_eq(b.rc, 0);
+	ck_assert_str_eq(a.out, b.out);
+	contains(a.out, "--passes");
+	contains(a.out, "cse"); /* the pass list */
+	result_free(&a);
+	result_free(&b);
+	for (const char *const *c = (const char *const[]){"inspect", "run", "help", NULL}; *c; c++) {
+		result h = kiln("%s --help", *c);
+		ck_assert_int_eq(h.rc, 0);
+		contains(h.out, "usage: kiln ");
+		result_free(&h);
+	}
+}
+END_TEST
+
+START_TEST(no_command_prints_usage_and_fails)
+{
+	result r = kiln("%s", "");
+	ck_assert_int_ne(r.rc, 0);
+	contains(r.err, "usage: kiln");
+	result_free(&r);
+}
+END_TEST
+
+/* ---- errors ------------------------------------------------------------- */
+
+START_TEST(unknown_subcommand_fails)
+{
+	result r = kiln("frobnicate x.kir");
+	assert_fails(r, "unknown command 'frobnicate'");
+	result_free(&r);
+}
+END_TEST
+
+START_TEST(unknown_flag_fails)
+{
+	save_model("m.kir");
+	result r = kiln("inspect --bogus m.kir");
+	assert_fails(r, "unknown option '--bogus'");
+	ck_assert_int_eq(r.rc, 2);
+	result_free(&r);
+}
+END_TEST
+
+START_TEST(missing_file_fails)
+{
+	result r = kiln("inspect nosuch.kir");
+	assert_fails(r, "nosuch.kir");
+	result_free(&r);
+	r = kiln("run nosuch.kir -i x=x.npy");
+	assert_fails(r, "nosuch.kir");
+	result_free(&r);
+}
+END_TEST
+
+START_TEST(parse_error_names_file_and_line)
+{
+	write_file("bad.kir", "graph @f(%x: f32[2]) -> (%y: f32[2]) {\n"
+	                      "  %y = frobnicate %x : f32[2]\n"
+	                      "  ret %y\n}\n");
+	result r = kiln("opt bad.kir");
+	assert_fails(r, "bad.kir:2:");
+	result_free(&r);
+}
+END_TEST
+
+/* ---- inspect ------------------------------------------------------------ */
+
+START_TEST(inspect_prints_signature_params_and_histogram)
+{
+	save_model("m.kir");
+	result r = kiln("inspect m.kir");
+	ck_assert_msg(r.rc == 0, "%s", r.err);
+	contains(r.out, "graph: m");
+	contains(r.out, "x: f32[N,3]");
+	contains(r.out, "y: f32[N,3]");
+	contains(r.out, "parameters: 2 tensors, 6 elements, 24 bytes");
+	contains(r.out, "trainable: 1 tensors, 3 elements, 12 bytes");
+	contains(r.out, "buffers: 1 tensors, 3 elements, 12 bytes");
+	contains(r.out, "nodes: 7");
+	/* sorted by count: 3 adds, then 2 muls and 2 relus by name */
+	contains(r.out, "       3  add\n       2  mul\n       2  relu\n");
+	contains(r.out, "graph @m");
+	result_free(&r);
+	r = kiln("inspect --no-ir m.kir");
+	ck_assert_int_eq(r.rc, 0);
+	ck_assert_ptr_null(strstr(r.out, "graph @m"));
+	result_free(&r);
+}
+END_TEST
+
+/* ---- run ---------------------------------------------------------------- */
+
+static void write_x(const char *name, const float *v, int64_t rows)
+{
+	char path[128];
+	snprintf(path, sizeof path, "%s/%s", dir, name);
+	kiln_tensor *t = kiln_tensor_new(KILN_F32, 2, (int64_t[]){rows, 3});
+	memcpy(t->data, v, rows * 3 * sizeof *v);
+	kiln_error e = {0};
+	ck_assert_msg(kiln_npy_write(path, t, &e) == KILN_OK, "%s", e.msg);
+	kiln_tensor_free(t);
+}
+
+START_TEST(run_writes_outputs_matching_the_interpreter)
+{
+	save_model("m.kir");
+	float xs[6] = {1, 2, 3, -4, 5, -6};
+	write_x("x.npy", xs, 2);
+	result r = kiln("run m.kir -i x=x.npy -o out");
+	ck_assert_msg(r.rc == 0, "%s", r.err);
+	contains(r.out, "y: f32[2,3]");
+	result_free(&r);
+
+	char path[128];
+	kiln_error e = {0};
+	kiln_graph *g = NULL;
+	kiln_tensor *x = NULL, *want = NULL, *got = NULL;
+	snprintf(path, sizeof path, "%s/m.kir", dir);
+	ck_assert_int_eq(kiln_graph_load(path, &g, &e), KILN_OK);
+	snprintf(path, sizeof path, "%s/x.npy", dir);
+	ck_assert_int_eq(kiln_npy_read(path, &x, &e), KILN_OK);
+	ck_assert_msg(kiln_graph_run(g, &x, 1, &want, 1, &e) == KILN_OK, "%s", e.msg);
+	snprintf(path, sizeof path, "%s/out/y.npy", dir);
+	ck_assert_msg(kiln_npy_read(path, &got, &e) == KILN_OK, "%s", e.msg);
+	ck_assert_int_eq(kiln_tensor_numel(got), 6);
+	for (int i = 0; i < 6; i++)
+		ck_assert_float_eq(((float *)got->data)[i], ((float *)want->data)[i]);
+	/* y[0] = 2*relu([0.5+1, -2+1, 6-1]) = [3, 0, 10] */
+	ck_assert_float_eq(((float *)got->data)[0], 3);
+	ck_assert_float_eq(((float *)got->data)[1], 0);
+	ck_assert_float_eq(((float *)got->data)[2], 10);
+	kiln_tensor_free(x);
+	kiln_tensor_free(want);
+	kiln_tensor_free(got);
+	kiln_graph_free(g);
+}
+END_TEST
+
+START_TEST(run_rejects_bad_inputs)
+{
+	save_model("m.kir");
+	write_x("x.npy", (float[]){1, 2, 3}, 1);
+	result r = kiln("run m.kir -i x");
+	assert_fails(r, "bad -i 'x': expected NAME=FILE.npy");
+	result_free(&r);
+	r = kiln("run m.kir -i nosuch=x.npy");
+	assert_fails(r, "unknown input 'nosuch'; graph 'm' has inputs: x");
+	result_free(&r);
+	r = kiln("run m.kir");
+	assert_fails(r, "missing input 'x' (f32[N,3])");
+	result_free(&r);
+	r = kiln("run m.kir -i x=missing.npy");
+	assert_fails(r, "missing.npy");
+	result_free(&r);
+}
+END_TEST
+
+/* ---- opt ---------------------------------------------------------------- */
+
+START_TEST(opt_without_passes_round_trips)
+{
+	save_model("m.kir");
+	result r = kiln("opt m.kir");
+	ck_assert_msg(r.rc == 0, "%s", r.err);
+	char path[128];
+	snprintf(path, sizeof path, "%s/m.kir", dir);
+	char *saved = slurp(path);
+	ck_assert_str_eq(r.out, saved);
+	free(saved);
+	result_free(&r);
+}
+END_TEST
+
+START_TEST(opt_runs_passes_and_dumps_to_stderr)
+{
+	save_model("m.kir");
+	result r = kiln("opt m.kir --passes=cse,dce --dump-after=cse");
+	ck_assert_msg(r.rc == 0, "%s", r.err);
+	contains(r.err, "IR after cse");
+	ck_assert_ptr_null(strstr(r.err, "IR after dce"));
+	int relus = 0;
+	for (const char *p = r.out; (p = strstr(p, "= relu")); p++)
+		relus++;
+	ck_assert_int_eq(relus, 1);
+	result_free(&r);
+}
+END_TEST
+
+START_TEST(opt_rejects_an_unknown_pass_listing_the_known_ones)
+{
+	save_model("m.kir");
+	result r = kiln("opt m.kir --passes=fold,bogus");
+	assert_fails(r, "unknown pass 'bogus' (known passes: infer, fold, cse, dce");
+	result_free(&r);
+	r = kiln("opt m.kir --dump-after=bogus");
+	assert_fails(r, "unknown pass 'bogus'");
+	result_free(&r);
+}
+END_TEST
+
+static Suite *cli_suite(void)
+{
+	Suite *s = suite_create("cli");
+	TCase *help = tcase_create("help"), *err = tcase_create("errors");
+	TCase *ins = tcase_create("inspect"), *run = tcase_create("run"), *opt = tcase_create("opt");
+	TCase *all[] = {help, err, ins, run, opt};
+	for (int i = 0; i < 5; i++) {
+		tcase_add_checked_fixture(all[i], setup, teardown);
+		tcase_set_timeout(all[i], 60);
+	}
+	tcase_add_test(help, version_prints_the_version);
+	tcase_add_test(help, help_lists_every_command);
+	tcase_add_test(help, help_cmd_and_cmd_help_print_the_same);
+	tcase_add_test(help, no_command_prints_usage_and_fails);
+	tcase_add_test(err, unknown_subcommand_fails);
+	tcase_add_test(err, unknown_flag_fails);
+	tcase_add_test(err, missing_file_fails);
+	tcase_add_test(err, parse_error_names_file_and_line);
+	tcase_add_test(ins, inspect_prints_signature_params_and_histogram);
+	tcase_add_test(run, run_writes_outputs_matching_the_interpreter);
+	tcase_add_test(run, run_rejects_bad_inputs);
+	tcase_add_test(opt, opt_without_passes_round_trips);
+	tcase_add_test(opt, opt_runs_passes_and_dumps_to_stderr);
+	tcase_add_test(opt, opt_rejects_an_unknown_pass_listing_the_known_ones);
+	for (int i = 0; i < 5; i++)
+		suite_add_tcase(s, all[i]);
+	return s;
+}
+
+#include "check_main.h"
+KILN_CHECK_MAIN(cli_suite)

@@ -1,0 +1,509 @@
+/*
+ * kiln.c: the `kiln` command-line tool: inspect, run and optimize .kir
+ * graphs.
+ *
+ * Each subcommand is one function in a table with its usage text, so
+ * `kiln help CMD`, `kiln CMD --help` and the usage error all print the same
+ * lines.  Failures print exactly one line, "kiln: error: ...", on stderr,
+ * carrying the library's own message (which names the file, line and op),
+ * and exit non-zero: 1 when the work failed, 2 when the command line was
+ * wrong.  The tool links the library statically and so may use its private
+ * headers: `opt` drives the pass pipeline directly to get --dump-after.
+ */
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "kiln/kiln.h"
+#include "ir/ir.h"
+#include "passes/passes.h"
+
+enum { EXIT_USAGE = 2 };
+
+typedef struct command {
+	const char *name;
+	int (*run)(int argc, char **argv);
+	const char *usage;   /* first line: synopsis; then option lines */
+	const char *summary; /* one line for `kiln --help` */
+} command;
+
+static const command *find_command(const char *name);
+
+static int fail(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static int fail(int code, const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	fputs("kiln: error: ", stderr);
+	vfprintf(stderr, fmt, ap);
+	fputc('\n', stderr);
+	va_end(ap);
+	return code;
+}
+
+/* One message from a library error, falling back on the status name. */
+static int fail_err(const kiln_error *e, kiln_status st)
+{
+	return fail(1, "%s", e->msg[0] ? e->msg : kiln_status_str(st));
+}
+
+static int usage_error(const char *cmd, const char *fmt, const char *arg)
+{
+	char msg[512];
+	snprintf(msg, sizeof msg, fmt, arg);
+	return fail(EXIT_USAGE, "%s (see 'kiln %s --help')", msg, cmd);
+}
+
+static bool is_help(const char *a)
+{
+	return strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0;
+}
+
+static void print_usage(const command *c, FILE *f)
+{
+	fprintf(f, "usage: kiln %s\n", c->usage);
+	if (strcmp(c->name, "opt") == 0) {
+		fprintf(f, "\npasses (--passes=default is %s):\n", PASS_DEFAULT);
+		for (int i = 0; i < pass_count; i++)
+			fprintf(f, "  %-10s %s\n", pass_table[i].name, pass_table[i].desc);
+	}
+}
+
+/* Loads FILE.kir (and FILE.safetensors beside it) and verifies it. */
+static int load(const char *path, kiln_graph **g)
+{
+	kiln_error e = {0};
+	kiln_status st = kiln_graph_load(path, g, &e);
+	if (st == KILN_OK && (st = kiln_graph_verify(*g, &e)) != KILN_OK) {
+		kiln_graph_free(*g);
+		*g = NULL;
+	}
+	if (st == KILN_OK)
+		return 0;
+	/* parse errors carry file:line:col already; others get the file */
+	if (!strstr(e.msg, path))
+		return fail(1, "%s: %s", path, e.msg[0] ? e.msg : kiln_status_str(st));
+	return fail_err(&e, st);
+}
+
+/* An option's value: "--name=V", or "--name V" / "-x V" from the next arg. */
+static const char *optval(int argc, char **argv, int *i, const char *lng, const char *shrt)
+{
+	size_t n = strlen(lng);
+	if (strncmp(argv[*i], lng, n) == 0 && argv[*i][n] == '=')
+		return argv[*i] + n + 1;
+	if ((strcmp(argv[*i], lng) == 0 || (shrt && strcmp(argv[*i], shrt) == 0)) && *i + 1 < argc)
+		return argv[++*i];
+	return NULL;
+}
+
+static bool is_opt(const char *a, const char *lng, const char *shrt)
+{
+	size_t n = strlen(lng);
+	return strcmp(a, lng) == 0 || (strncmp(a, lng, n) == 0 && a[n] == '=') ||
+	       (shrt && strcmp(a, shrt) == 0);
+}
+
+/* Takes the single FILE argument; *file stays set on a second one. */
+static int positional(const char *cmd, const char *arg, const char **file)
+{
+	if (arg[0] == '-' && arg[1])
+		return usage_error(cmd, "unknown option '%s'", arg);
+	if (*file)
+		return usage_error(cmd, "unexpected argument '%s'", arg);
+	*file = arg;
+	return 0;
+}
+
+/* ---- inspect ------------------------------------------------------------ */
+
+typedef struct hist {
+	kiln_op op;
+	int count;
+} hist;
+
+static int by_count(const void *a, const void *b)
+{
+	const hist *x = a, *y = b;
+	if (x->count != y->count)
+		return y->count - x->count;
+	return strcmp(ir_op(x->op)->kir, ir_op(y->op)->kir);
+}
+
+static void print_values(const kiln_graph *g, const char *title, const uint32_t *ids, uint32_t n)
+{
+	char buf[512];
+	printf("%s: %u\n", title, n);
+	for (uint32_t i = 0; i < n; i++) {
+		const ir_value *v = g->val[ids[i]];
+		printf("  %s: %s\n", v->name ? v->name : "?", ir_type_str(g, &v->type, buf, sizeof buf));
+	}
+}
+
+static void print_params(const kiln_graph *g)
+{
+	int64_t cnt[2] = {0}, elems[2] = {0}, bytes[2] = {0}; /* [buffer, trainable] */
+	for (uint32_t i = 1; i < g->nval; i++) {
+		const ir_value *v = g->val[i];
+		if (v->kind != IR_V_PARAM || !v->data)
+			continue;
+		cnt[v->trainable]++;
+		elems[v->trainable] += kiln_tensor_numel(v->data);
+		bytes[v->trainable] += (int64_t)kiln_tensor_nbytes(v->data);
+	}
+	printf("parameters: %lld tensors, %lld elements, %lld bytes\n",
+	       (long long)(cnt[0] + cnt[1]), (long long)(elems[0] + elems[1]),
+	       (long long)(bytes[0] + bytes[1]));
+	printf("  trainable: %lld tensors, %lld elements, %lld bytes\n", (long long)cnt[1],
+	       (long long)elems[1], (long long)bytes[1]);
+	printf("  buffers: %lld tensors, %lld elements, %lld bytes\n", (long long)cnt[0],
+	       (long long)elems[0], (long long)bytes[0]);
+}
+
+static void print_histogram(const kiln_graph *g)
+{
+	hist h[KILN_OP_COUNT];
+	int live = 0;
+	for (int i = 0; i < KILN_OP_COUNT; i++)
+		h[i] = (hist){(kiln_op)i, 0};
+	for (uint32_t i = 0; i < g->nnode; i++)
+		if (!g->node[i]->dead) {
+			h[g->node[i]->op].count++;
+			live++;
+		}
+	qsort(h, KILN_OP_COUNT, sizeof *h, by_count);
+	printf("nodes: %d\nop histogram:\n", live);
+	for (int i = 0; i < KILN_OP_COUNT && h[i].count; i++)
+		printf("  %6d  %s\n", h[i].count, ir_op(h[i].op)->kir);
+}
+
+static int cmd_inspect(int argc, char **argv)
+{
+	const char *file = NULL;
+	bool ir = true;
+	for (int i = 0; i < argc; i++) {
+		if (strcmp(argv[i], "--no-ir") == 0)
+			ir = false;
+		else if (positional("inspect", argv[i], &file))
+			return EXIT_USAGE;
+	}
+	if (!file)
+		return usage_error("inspect", "missing %s", "FILE.kir");
+	kiln_graph *g;
+	if (load(file, &g))
+		return 1;
+	printf("graph: %s\n", g->name);
+	print_values(g, "inputs", g->input, g->ninput);
+	print_values(g, "outputs", g->output, g->noutput);
+	print_params(g);
+	print_histogram(g);
+	if (ir) {
+		char *text = kiln_graph_to_kir(g);
+		if (!text) {
+			kiln_graph_free(g);
+			return fail(1, "out of memory printing the IR");
+		}
+		printf("\n%s", text);
+		free(text);
+	}
+	kiln_graph_free(g);
+	return 0;
+}
+
+/* ---- run ---------------------------------------------------------------- */
+
+typedef struct run_args {
+	const char *file, *outdir;
+	const char **spec; /* the -i NAME=FILE arguments */
+	int nspec;
+} run_args;
+
+static int run_parse(int argc, char **argv, run_args *a)
+{
+	for (int i = 0; i < argc; i++) {
+		const char *v;
+		if (is_opt(argv[i], "--input", "-i")) {
+			if (!(v = optval(argc, argv, &i, "--input", "-i")))
+				return usage_error("run", "option '%s' needs NAME=FILE.npy", argv[i]);
+			a->spec[a->nspec++] = v;
+		} else if (is_opt(argv[i], "--output", "-o")) {
+			if (!(v = optval(argc, argv, &i, "--output", "-o")))
+				return usage_error("run", "option '%s' needs a directory", argv[i]);
+			a->outdir = v;
+		} else if (positional("run", argv[i], &a->file)) {
+			return EXIT_USAGE;
+		}
+	}
+	if (!a->file)
+		return usage_error("run", "missing %s", "FILE.kir");
+	return 0;
+}
+
+static int input_index(const kiln_graph *g, const char *name, size_t len)
+{
+	for (uint32_t i = 0; i < g->ninput; i++) {
+		const char *n = g->val[g->input[i]]->name;
+		if (n && strlen(n) == len && strncmp(n, name, len) == 0)
+			return (int)i;
+	}
+	return -1;
+}
+
+static void input_names(const kiln_graph *g, char *buf, size_t size)
+{
+	size_t n = 0;
+	buf[0] = 0;
+	for (uint32_t i = 0; i < g->ninput && n < size; i++) {
+		const char *s = g->val[g->input[i]]->name;
+		n += snprintf(buf + n, size - n, "%s%s", i ? ", " : "", s ? s : "?");
+	}
+}
+
+/* Reads every -i into in[] (graph input order); all inputs must be given. */
+static int read_inputs(const kiln_graph *g, const run_args *a, kiln_tensor **in)
+{
+	char names[512];
+	for (int k = 0; k < a->nspec; k++) {
+		const char *eq = strchr(a->spec[k], '=');
+		if (!eq || eq == a->spec[k] || !eq[1])
+			return fail(EXIT_USAGE, "bad -i '%s': expected NAME=FILE.npy", a->spec[k]);
+		int i = input_index(g, a->spec[k], eq - a->spec[k]);
+		input_names(g, names, sizeof names);
+		if (i < 0)
+			return fail(EXIT_USAGE, "unknown input '%.*s'; graph '%s' has inputs: %s",
+			            (int)(eq - a->spec[k]), a->spec[k], g->name, names);
+		if (in[i])
+			return fail(EXIT_USAGE, "input '%s' given twice", g->val[g->input[i]]->name);
+		kiln_error e = {0};
+		kiln_status st = kiln_npy_read(eq + 1, &in[i], &e);
+		if (st != KILN_OK)
+			return fail_err(&e, st);
+	}
+	for (uint32_t i = 0; i < g->ninput; i++)
+		if (!in[i]) {
+			char ty[256];
+			const ir_value *v = g->val[g->input[i]];
+			return fail(EXIT_USAGE, "missing input '%s' (%s): give -i %s=FILE.npy", v->name,
+			            ir_type_str(g, &v->type, ty, sizeof ty), v->name);
+		}
+	return 0;
+}
+
+static const char *tensor_type(const kiln_tensor *t, char *buf, size_t size)
+{
+	size_t n = snprintf(buf, size, "%s[", kiln_dtype_name(t->dtype));
+	for (int i = 0; i < t->rank && n < size; i++)
+		n += snprintf(buf + n, size - n, "%s%lld", i ? "," : "", (long long)t->shape[i]);
+	if (n < size)
+		snprintf(buf + n, size - n, "]");
+	return buf;
+}
+
+/* DIR/<name>.npy, with path separators in the name made harmless. */
+static void out_path(char *buf, size_t size, const char *dir, const char *name, int i)
+{
+	char safe[256];
+	if (!name)
+		snprintf(safe, sizeof safe, "output%d", i);
+	else
+		snprintf(safe, sizeof safe, "%s", name);
+	for (char *p = safe; *p; p++)
+		if (*p == '/' || *p == '\\' || (p == safe && *p == '.'))
+			*p = '_';
+	snprintf(buf, size, "%s/%s.npy", dir, safe);
+}
+
+static int write_outputs(const kiln_graph *g, const char *dir, kiln_tensor **out)
+{
+	if (dir && mkdir(dir, 0777) != 0 && errno != EEXIST)
+		return fail(1, "cannot create directory '%s': %s", dir, strerror(errno));
+	for (uint32_t i = 0; i < g->noutput; i++) {
+		const char *name = g->val[g->output[i]]->name;
+		char ty[256], path[4096];
+		if (!dir) {
+			printf("%s: %s\n", name ? name : "?", tensor_type(out[i], ty, sizeof ty));
+			continue;
+		}
+		out_path(path, sizeof path, dir, name, (int)i);
+		kiln_error e = {0};
+		kiln_status st = kiln_npy_write(path, out[i], &e);
+		if (st != KILN_OK)
+			return fail_err(&e, st);
+		printf("%s: %s -> %s\n", name ? name : "?", tensor_type(out[i], ty, sizeof ty), path);
+	}
+	return 0;
+}
+
+static int cmd_run(int argc, char **argv)
+{
+	const char **spec = calloc(argc + 1, sizeof *spec);
+	run_args a = {.spec = spec};
+	kiln_graph *g = NULL;
+	kiln_tensor **in = NULL, **out = NULL;
+	int rc = spec ? run_parse(argc, argv, &a) : fail(1, "out of memory");
+	if (!rc)
+		rc = load(a.file, &g);
+	if (!rc) {
+		in = calloc(g->ninput + 1, sizeof *in);
+		out = calloc(g->noutput + 1, sizeof *out);
+		rc = in && out ? read_inputs(g, &a, in) : fail(1, "out of memory");
+	}
+	if (!rc) {
+		kiln_error e = {0};
+		kiln_status st = kiln_graph_run(g, in, (int)g->ninput, out, (int)g->noutput, &e);
+		rc = st == KILN_OK ? write_outputs(g, a.outdir, out) : fail_err(&e, st);
+	}
+	for (uint32_t i = 0; g && in && i < g->ninput; i++)
+		kiln_tensor_free(in[i]);
+	for (uint32_t i = 0; g && out && i < g->noutput; i++)
+		kiln_tensor_free(out[i]);
+	free(in);
+	free(out);
+	free(spec);
+	kiln_graph_free(g);
+	return rc;
+}
+
+/* ---- opt ---------------------------------------------------------------- */
+
+static int cmd_opt(int argc, char **argv)
+{
+	const char *file = NULL, *passes = "", *outfile = NULL, *v;
+	pass_opts o = {.dump = stderr};
+	for (int i = 0; i < argc; i++) {
+		if (is_opt(argv[i], "--passes", NULL)) {
+			if (!(v = optval(argc, argv, &i, "--passes", NULL)))
+				return usage_error("opt", "option '%s' needs a pass list", argv[i]);
+			passes = v;
+		} else if (is_opt(argv[i], "--dump-after", NULL)) {
+			if (!(v = optval(argc, argv, &i, "--dump-after", NULL)))
+				return usage_error("opt", "option '%s' needs a pass name or 'all'", argv[i]);
+			if (strcmp(v, "all") != 0 && !pass_find(v))
+				return usage_error("opt", "--dump-after: unknown pass '%s'", v);
+			o.dump_after = v;
+		} else if (is_opt(argv[i], "--output", "-o")) {
+			if (!(v = optval(argc, argv, &i, "--output", "-o")))
+				return usage_error("opt", "option '%s' needs a file name", argv[i]);
+			outfile = v;
+		} else if (strcmp(argv[i], "--verify") == 0) {
+			o.verify = true;
+		} else if (positional("opt", argv[i], &file)) {
+			return EXIT_USAGE;
+		}
+	}
+	if (!file)
+		return usage_error("opt", "missing %s", "FILE.kir");
+	kiln_graph *g;
+	if (load(file, &g))
+		return 1;
+	kiln_error e = {0};
+	kiln_status st = pass_run_list(g, passes, &o, &e);
+	int rc = 0;
+	if (st != KILN_OK) {
+		rc = fail_err(&e, st);
+	} else if (outfile) {
+		st = kiln_graph_save(g, outfile, &e);
+		rc = st == KILN_OK ? 0 : fail_err(&e, st);
+	} else {
+		char *text = kiln_graph_to_kir(g);
+		rc = text ? (fputs(text, stdout), 0) : fail(1, "out of memory printing the IR");
+		free(text);
+	}
+	kiln_graph_free(g);
+	return rc;
+}
+
+/* ---- help and dispatch ---------------------------------------------------- */
+
+static int cmd_help(int argc, char **argv);
+
+static const command commands[] = {
+	{"inspect", cmd_inspect,
+	 "inspect FILE.kir [--no-ir]\n"
+	 "  Prints the graph's name, inputs and outputs with their types, parameter\n"
+	 "  counts and bytes (trainable and buffers), node count, op histogram, then\n"
+	 "  the IR.  Weights load from FILE.safetensors beside it when present.\n"
+	 "  --no-ir      omit the IR",
+	 "summarize a graph: signature, parameters, op histogram, IR"},
+	{"run", cmd_run,
+	 "run FILE.kir -i NAME=X.npy [-i ...] [-o DIR]\n"
+	 "  Runs the graph through the reference interpreter.\n"
+	 "  -i, --input NAME=X.npy   the graph input NAME (every input is required)\n"
+	 "  -o, --output DIR         write DIR/<output name>.npy for every output\n"
+	 "                           (created if missing; without -o only shapes print)",
+	 "run a graph through the reference interpreter on .npy inputs"},
+	{"opt", cmd_opt,
+	 "opt FILE.kir [--passes=LIST] [--dump-after=PASS|all] [--verify] [-o OUT.kir]\n"
+	 "  Runs passes and prints the resulting IR (no --passes: a round trip).\n"
+	 "  --passes=LIST        comma-separated passes; 'default' is the default pipeline\n"
+	 "  --dump-after=PASS    print the IR to stderr after PASS ('all': after each)\n"
+	 "  --verify             verify the graph after every pass (always in debug builds)\n"
+	 "  -o, --output OUT.kir write OUT.kir (and OUT.safetensors) instead of stdout",
+	 "run graph passes and print or save the result"},
+	{"help", cmd_help, "help [CMD]\n  Prints help for CMD, or the list of commands.",
+	 "show help for a command"},
+};
+#define NCOMMANDS ((int)(sizeof commands / sizeof commands[0]))
+
+static const command *find_command(const char *name)
+{
+	for (int i = 0; i < NCOMMANDS; i++)
+		if (strcmp(commands[i].name, name) == 0)
+			return &commands[i];
+	return NULL;
+}
+
+static void main_help(FILE *f)
+{
+	fprintf(f, "usage: kiln [--version] [--help] COMMAND [ARGS]\n\n"
+	           "kiln %s, a static-graph compiler for neural networks.\n\ncommands:\n",
+	        KILN_VERSION);
+	for (int i = 0; i < NCOMMANDS; i++)
+		fprintf(f, "  %-8s %s\n", commands[i].name, commands[i].summary);
+	fprintf(f, "\n'kiln help COMMAND' or 'kiln COMMAND --help' describes one.\n");
+}
+
+static int cmd_help(int argc, char **argv)
+{
+	if (argc == 0) {
+		main_help(stdout);
+		return 0;
+	}
+	const command *c = find_command(argv[0]);
+	if (!c || argc > 1)
+		return fail(EXIT_USAGE, "unknown command '%s' (see 'kiln --help')",
+		            c ? argv[1] : argv[0]);
+	print_usage(c, stdout);
+	return 0;
+}
+
+int main(int argc, char **argv)
+{
+	if (argc < 2) {
+		main_help(stderr);
+		return EXIT_USAGE;
+	}
+	if (strcmp(argv[1], "--version") == 0 || strcmp(argv[1], "-V") == 0) {
+		printf("kiln %s\n", KILN_VERSION);
+		return 0;
+	}
+	if (is_help(argv[1])) {
+		main_help(stdout);
+		return 0;
+	}
+	const command *c = find_command(argv[1]);
+	if (!c) {
+		if (argv[1][0] == '-')
+			return fail(EXIT_USAGE, "unknown option '%s' (see 'kiln --help')", argv[1]);
+		return fail(EXIT_USAGE, "unknown command '%s' (see 'kiln --help')", argv[1]);
+	}
+	for (int i = 2; i < argc; i++)
+		if (is_help(argv[i])) {
+			print_usage(c, stdout);
+			return 0;
+		}
+	return c->run(argc - 2, argv + 2);
+}
