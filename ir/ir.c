@@ -444,7 +444,16 @@ int64_t ir_dim_div(kiln_graph *g, int64_t a, int64_t b)
 	return dim_intern(g, IR_DDIV, a, b, NULL);
 }
 
-static int dim_fmt(const kiln_graph *g, int64_t d, char *buf, size_t size, bool paren)
+static int dim_prec(const kiln_graph *g, int64_t d)
+{
+	const ir_dimexpr *e = ir_dim_expr(g, d);
+	return !e || e->op == IR_DSYM ? 3 : e->op == IR_DADD ? 1 : 2;
+}
+
+/* Prints with the fewest parentheses that parse back to the same tree
+ * (left-associative + and *, /): a left operand needs them below the
+ * operator's precedence, a right operand at or below it. */
+static int dim_fmt(const kiln_graph *g, int64_t d, char *buf, size_t size)
 {
 	const ir_dimexpr *e = ir_dim_expr(g, d);
 	if (!e)
@@ -452,18 +461,23 @@ static int dim_fmt(const kiln_graph *g, int64_t d, char *buf, size_t size, bool 
 	if (e->op == IR_DSYM)
 		return snprintf(buf, size, "%s", e->sym);
 	static const char opch[] = {[IR_DADD] = '+', [IR_DMUL] = '*', [IR_DDIV] = '/'};
-	char l[128], r[128];
-	/* + binds loosest: wrap sums that appear inside * or / */
-	dim_fmt(g, e->a, l, sizeof l, e->op != IR_DADD);
-	dim_fmt(g, e->b, r, sizeof r, e->op != IR_DADD);
-	bool wrap = paren && e->op == IR_DADD;
-	return snprintf(buf, size, "%s%s%c%s%s", wrap ? "(" : "", l, opch[e->op], r,
-	                wrap ? ")" : "");
+	int p = e->op == IR_DADD ? 1 : 2;
+	bool lp = dim_prec(g, e->a) < p, rp = dim_prec(g, e->b) <= p;
+	size_t n = 0;
+	n += snprintf(buf + n, n < size ? size - n : 0, "%s", lp ? "(" : "");
+	n += dim_fmt(g, e->a, buf + (n < size ? n : size), n < size ? size - n : 0);
+	n += snprintf(buf + (n < size ? n : size), n < size ? size - n : 0, "%s%c%s",
+	              lp ? ")" : "", opch[e->op], rp ? "(" : "");
+	n += dim_fmt(g, e->b, buf + (n < size ? n : size), n < size ? size - n : 0);
+	n += snprintf(buf + (n < size ? n : size), n < size ? size - n : 0, "%s", rp ? ")" : "");
+	return (int)n;
 }
 
 char *ir_dim_str(const kiln_graph *g, int64_t d, char *buf, size_t size)
 {
-	dim_fmt(g, d, buf, size, false);
+	if (size)
+		buf[0] = 0;
+	dim_fmt(g, d, buf, size);
 	return buf;
 }
 
@@ -754,49 +768,66 @@ kiln_status ir_compact(kiln_graph *g)
 	return KILN_OK;
 }
 
+/* min-heap of schedule positions: the earliest ready node goes first */
+static void heap_push(uint32_t *h, uint32_t *n, uint32_t v)
+{
+	uint32_t i = (*n)++;
+	for (; i && h[(i - 1) / 2] > v; i = (i - 1) / 2)
+		h[i] = h[(i - 1) / 2];
+	h[i] = v;
+}
+
+static uint32_t heap_pop(uint32_t *h, uint32_t *n)
+{
+	uint32_t top = h[0], last = h[--*n], i = 0;
+	for (;;) {
+		uint32_t c = 2 * i + 1;
+		if (c >= *n)
+			break;
+		if (c + 1 < *n && h[c + 1] < h[c])
+			c++;
+		if (last <= h[c])
+			break;
+		h[i] = h[c];
+		i = c;
+	}
+	h[i] = last;
+	return top;
+}
+
 kiln_status ir_toposort(kiln_graph *g)
 {
-	/* Kahn's algorithm keyed on current position, so an already ordered
-	 * schedule is left unchanged. */
-	uint32_t n = g->nnode;
+	/* Kahn's algorithm taking the earliest ready node first, so an already
+	 * ordered schedule is left unchanged; O(E log V). */
+	uint32_t n = g->nnode, nord = 0, nready = 0;
 	uint32_t *pending = calloc(n + 1, sizeof *pending);
-	ir_node **order = malloc((n + 1) * sizeof *order);
 	uint32_t *ready = malloc((n + 1) * sizeof *ready);
+	ir_node **order = malloc((n + 1) * sizeof *order);
 	if (!pending || !order || !ready) {
 		free(pending), free(order), free(ready);
 		return ir_errorf(g, NULL, KILN_ENOMEM, "out of memory sorting graph");
 	}
 	for (uint32_t i = 0; i < n; i++) {
 		ir_node *nd = g->node[i];
-		for (uint32_t j = 0; j < nd->nin; j++) {
+		/* dead nodes have left their inputs' use lists: they never wait */
+		for (uint32_t j = 0; j < nd->nin && !nd->dead; j++) {
 			ir_value *v = g->val[nd->in[j]];
 			if (v->kind == IR_V_NODE && v->def && !v->def->dead)
 				pending[i]++;
 		}
+		if (!pending[i])
+			heap_push(ready, &nready, i);
 	}
-	/* ready is a min-heap would be ideal; a sorted scan keeps it simple */
-	uint32_t nord = 0;
-	bool *done = calloc(n + 1, 1);
-	if (!done) {
-		free(pending), free(order), free(ready);
-		return ir_errorf(g, NULL, KILN_ENOMEM, "out of memory sorting graph");
-	}
-	bool progress = true;
-	while (nord < n && progress) {
-		progress = false;
-		for (uint32_t i = 0; i < n; i++) {
-			if (done[i] || pending[i])
-				continue;
-			ir_node *nd = g->node[i];
-			done[i] = true;
-			order[nord++] = nd;
-			progress = true;
-			for (uint32_t o = 0; o < nd->nout; o++) {
-				ir_value *v = g->val[nd->out[o]];
-				for (uint32_t u = 0; u < v->nuse; u++)
-					pending[v->uses[u]->idx]--;
+	while (nready) {
+		ir_node *nd = g->node[heap_pop(ready, &nready)];
+		order[nord++] = nd;
+		for (uint32_t o = 0; o < nd->nout; o++) {
+			ir_value *v = g->val[nd->out[o]];
+			for (uint32_t u = 0; u < v->nuse; u++) {
+				uint32_t k = v->uses[u]->idx;
+				if (k < n && g->node[k] == v->uses[u] && --pending[k] == 0)
+					heap_push(ready, &nready, k);
 			}
-			break; /* restart the scan: keeps the earliest ready node first */
 		}
 	}
 	kiln_status st = KILN_OK;
@@ -807,7 +838,7 @@ kiln_status ir_toposort(kiln_graph *g)
 			g->node[i] = order[i];
 			order[i]->idx = i;
 		}
-	free(pending), free(order), free(ready), free(done);
+	free(pending), free(order), free(ready);
 	return st;
 }
 
@@ -1191,6 +1222,8 @@ kiln_graph *ir_graph_clone(const kiln_graph *g)
 		*m = *n;
 		m->idx = c->nnode;
 		m->name = n->name ? ir_intern(c, n->name) : NULL;
+		/* a .kir file name lives in the source graph's arena: copy it */
+		m->loc.file = n->loc.file ? ir_intern(c, n->loc.file) : NULL;
 		m->in = ir_alloc(c->arena, (n->nin + 1) * sizeof *m->in);
 		m->out = ir_alloc(c->arena, (n->nout + 1) * sizeof *m->out);
 		m->attr = NULL;

@@ -168,11 +168,11 @@ KILN_API kiln_value kiln_param_at(kiln_graph *g, kiln_loc loc, const char *name,
 /* A constant folded into the graph (a Constant node). */
 KILN_API kiln_value kiln_constant_at(kiln_graph *g, kiln_loc loc, const kiln_tensor *t);
 KILN_API kiln_value kiln_scalar_at(kiln_graph *g, kiln_loc loc, kiln_dtype dt, double v);
-#define kiln_input(g, name, dt, rank, dims) kiln_input_at(g, KILN_HERE, name, dt, rank, dims)
-#define kiln_output(g, name, v) kiln_output_at(g, KILN_HERE, name, v)
-#define kiln_param(g, name, init) kiln_param_at(g, KILN_HERE, name, init)
-#define kiln_constant(g, t) kiln_constant_at(g, KILN_HERE, t)
-#define kiln_scalar(g, dt, v) kiln_scalar_at(g, KILN_HERE, dt, v)
+#define kiln_input(g, ...) kiln_input_at(g, KILN_HERE, __VA_ARGS__)
+#define kiln_output(g, ...) kiln_output_at(g, KILN_HERE, __VA_ARGS__)
+#define kiln_param(g, ...) kiln_param_at(g, KILN_HERE, __VA_ARGS__)
+#define kiln_constant(g, ...) kiln_constant_at(g, KILN_HERE, __VA_ARGS__)
+#define kiln_scalar(g, ...) kiln_scalar_at(g, KILN_HERE, __VA_ARGS__)
 
 /* Introspection of a value (shape dims may be symbolic handles). */
 KILN_API kiln_dtype kiln_value_dtype(const kiln_graph *g, kiln_value v);
@@ -220,7 +220,8 @@ KILN_API kiln_status kiln_graph_run(const kiln_graph *g, kiln_tensor *const *inp
                                     kiln_error *err);
 
 /* ---- ops (the tracing DSL) ------------------------------------------- */
-/* Each is a macro passing the caller's location to the _at function. */
+/* Each is a variadic macro passing the caller's location to the _at
+ * function, so compound literals such as (int64_t[]){N, 784} work. */
 
 #define KILN_UNARY_OPS(X) X(neg) X(abs) X(exp) X(log) X(sqrt) X(reciprocal) \
 	X(relu) X(sigmoid) X(tanh) X(erf) X(not) X(identity) X(floor) X(ceil) X(sin) X(cos)
@@ -233,34 +234,34 @@ KILN_API kiln_status kiln_graph_run(const kiln_graph *g, kiln_tensor *const *inp
 	KILN_API kiln_value kiln_##op##_at(kiln_graph *g, kiln_loc loc, kiln_value a, kiln_value b);
 KILN_UNARY_OPS(KILN_DECL_UNARY)
 KILN_BINARY_OPS(KILN_DECL_BINARY)
-#define kiln_neg(g, x) kiln_neg_at(g, KILN_HERE, x)
-#define kiln_abs(g, x) kiln_abs_at(g, KILN_HERE, x)
-#define kiln_exp(g, x) kiln_exp_at(g, KILN_HERE, x)
-#define kiln_log(g, x) kiln_log_at(g, KILN_HERE, x)
-#define kiln_sqrt(g, x) kiln_sqrt_at(g, KILN_HERE, x)
-#define kiln_reciprocal(g, x) kiln_reciprocal_at(g, KILN_HERE, x)
-#define kiln_relu(g, x) kiln_relu_at(g, KILN_HERE, x)
-#define kiln_sigmoid(g, x) kiln_sigmoid_at(g, KILN_HERE, x)
-#define kiln_tanh(g, x) kiln_tanh_at(g, KILN_HERE, x)
-#define kiln_erf(g, x) kiln_erf_at(g, KILN_HERE, x)
-#define kiln_not(g, x) kiln_not_at(g, KILN_HERE, x)
-#define kiln_identity(g, x) kiln_identity_at(g, KILN_HERE, x)
-#define kiln_floor(g, x) kiln_floor_at(g, KILN_HERE, x)
-#define kiln_ceil(g, x) kiln_ceil_at(g, KILN_HERE, x)
-#define kiln_sin(g, x) kiln_sin_at(g, KILN_HERE, x)
-#define kiln_cos(g, x) kiln_cos_at(g, KILN_HERE, x)
-#define kiln_add(g, a, b) kiln_add_at(g, KILN_HERE, a, b)
-#define kiln_sub(g, a, b) kiln_sub_at(g, KILN_HERE, a, b)
-#define kiln_mul(g, a, b) kiln_mul_at(g, KILN_HERE, a, b)
-#define kiln_div(g, a, b) kiln_div_at(g, KILN_HERE, a, b)
-#define kiln_pow(g, a, b) kiln_pow_at(g, KILN_HERE, a, b)
-#define kiln_max(g, a, b) kiln_max_at(g, KILN_HERE, a, b)
-#define kiln_min(g, a, b) kiln_min_at(g, KILN_HERE, a, b)
-#define kiln_equal(g, a, b) kiln_equal_at(g, KILN_HERE, a, b)
-#define kiln_less(g, a, b) kiln_less_at(g, KILN_HERE, a, b)
-#define kiln_greater(g, a, b) kiln_greater_at(g, KILN_HERE, a, b)
-#define kiln_and(g, a, b) kiln_and_at(g, KILN_HERE, a, b)
-#define kiln_or(g, a, b) kiln_or_at(g, KILN_HERE, a, b)
+#define kiln_neg(g, ...) kiln_neg_at(g, KILN_HERE, __VA_ARGS__)
+#define kiln_abs(g, ...) kiln_abs_at(g, KILN_HERE, __VA_ARGS__)
+#define kiln_exp(g, ...) kiln_exp_at(g, KILN_HERE, __VA_ARGS__)
+#define kiln_log(g, ...) kiln_log_at(g, KILN_HERE, __VA_ARGS__)
+#define kiln_sqrt(g, ...) kiln_sqrt_at(g, KILN_HERE, __VA_ARGS__)
+#define kiln_reciprocal(g, ...) kiln_reciprocal_at(g, KILN_HERE, __VA_ARGS__)
+#define kiln_relu(g, ...) kiln_relu_at(g, KILN_HERE, __VA_ARGS__)
+#define kiln_sigmoid(g, ...) kiln_sigmoid_at(g, KILN_HERE, __VA_ARGS__)
+#define kiln_tanh(g, ...) kiln_tanh_at(g, KILN_HERE, __VA_ARGS__)
+#define kiln_erf(g, ...) kiln_erf_at(g, KILN_HERE, __VA_ARGS__)
+#define kiln_not(g, ...) kiln_not_at(g, KILN_HERE, __VA_ARGS__)
+#define kiln_identity(g, ...) kiln_identity_at(g, KILN_HERE, __VA_ARGS__)
+#define kiln_floor(g, ...) kiln_floor_at(g, KILN_HERE, __VA_ARGS__)
+#define kiln_ceil(g, ...) kiln_ceil_at(g, KILN_HERE, __VA_ARGS__)
+#define kiln_sin(g, ...) kiln_sin_at(g, KILN_HERE, __VA_ARGS__)
+#define kiln_cos(g, ...) kiln_cos_at(g, KILN_HERE, __VA_ARGS__)
+#define kiln_add(g, ...) kiln_add_at(g, KILN_HERE, __VA_ARGS__)
+#define kiln_sub(g, ...) kiln_sub_at(g, KILN_HERE, __VA_ARGS__)
+#define kiln_mul(g, ...) kiln_mul_at(g, KILN_HERE, __VA_ARGS__)
+#define kiln_div(g, ...) kiln_div_at(g, KILN_HERE, __VA_ARGS__)
+#define kiln_pow(g, ...) kiln_pow_at(g, KILN_HERE, __VA_ARGS__)
+#define kiln_max(g, ...) kiln_max_at(g, KILN_HERE, __VA_ARGS__)
+#define kiln_min(g, ...) kiln_min_at(g, KILN_HERE, __VA_ARGS__)
+#define kiln_equal(g, ...) kiln_equal_at(g, KILN_HERE, __VA_ARGS__)
+#define kiln_less(g, ...) kiln_less_at(g, KILN_HERE, __VA_ARGS__)
+#define kiln_greater(g, ...) kiln_greater_at(g, KILN_HERE, __VA_ARGS__)
+#define kiln_and(g, ...) kiln_and_at(g, KILN_HERE, __VA_ARGS__)
+#define kiln_or(g, ...) kiln_or_at(g, KILN_HERE, __VA_ARGS__)
 
 KILN_API kiln_value kiln_leaky_relu_at(kiln_graph *g, kiln_loc loc, kiln_value x, double alpha);
 KILN_API kiln_value kiln_gelu_at(kiln_graph *g, kiln_loc loc, kiln_value x, bool tanh_approx);
@@ -268,11 +269,11 @@ KILN_API kiln_value kiln_clip_at(kiln_graph *g, kiln_loc loc, kiln_value x, doub
 KILN_API kiln_value kiln_cast_at(kiln_graph *g, kiln_loc loc, kiln_value x, kiln_dtype to);
 KILN_API kiln_value kiln_where_at(kiln_graph *g, kiln_loc loc, kiln_value cond, kiln_value a,
                                   kiln_value b);
-#define kiln_leaky_relu(g, x, alpha) kiln_leaky_relu_at(g, KILN_HERE, x, alpha)
-#define kiln_gelu(g, x, approx) kiln_gelu_at(g, KILN_HERE, x, approx)
-#define kiln_clip(g, x, lo, hi) kiln_clip_at(g, KILN_HERE, x, lo, hi)
-#define kiln_cast(g, x, to) kiln_cast_at(g, KILN_HERE, x, to)
-#define kiln_where(g, c, a, b) kiln_where_at(g, KILN_HERE, c, a, b)
+#define kiln_leaky_relu(g, ...) kiln_leaky_relu_at(g, KILN_HERE, __VA_ARGS__)
+#define kiln_gelu(g, ...) kiln_gelu_at(g, KILN_HERE, __VA_ARGS__)
+#define kiln_clip(g, ...) kiln_clip_at(g, KILN_HERE, __VA_ARGS__)
+#define kiln_cast(g, ...) kiln_cast_at(g, KILN_HERE, __VA_ARGS__)
+#define kiln_where(g, ...) kiln_where_at(g, KILN_HERE, __VA_ARGS__)
 
 /* Reductions over naxes axes (negative counts from the end; 0 axes: all). */
 KILN_API kiln_value kiln_reduce_sum_at(kiln_graph *g, kiln_loc loc, kiln_value x, int naxes,
@@ -283,19 +284,18 @@ KILN_API kiln_value kiln_reduce_max_at(kiln_graph *g, kiln_loc loc, kiln_value x
                                        const int64_t *axes, bool keepdims);
 KILN_API kiln_value kiln_argmax_at(kiln_graph *g, kiln_loc loc, kiln_value x, int64_t axis,
                                    bool keepdims);
-#define kiln_reduce_sum(g, x, n, axes, kd) kiln_reduce_sum_at(g, KILN_HERE, x, n, axes, kd)
-#define kiln_reduce_mean(g, x, n, axes, kd) kiln_reduce_mean_at(g, KILN_HERE, x, n, axes, kd)
-#define kiln_reduce_max(g, x, n, axes, kd) kiln_reduce_max_at(g, KILN_HERE, x, n, axes, kd)
-#define kiln_argmax(g, x, axis, kd) kiln_argmax_at(g, KILN_HERE, x, axis, kd)
+#define kiln_reduce_sum(g, ...) kiln_reduce_sum_at(g, KILN_HERE, __VA_ARGS__)
+#define kiln_reduce_mean(g, ...) kiln_reduce_mean_at(g, KILN_HERE, __VA_ARGS__)
+#define kiln_reduce_max(g, ...) kiln_reduce_max_at(g, KILN_HERE, __VA_ARGS__)
+#define kiln_argmax(g, ...) kiln_argmax_at(g, KILN_HERE, __VA_ARGS__)
 
 KILN_API kiln_value kiln_matmul_at(kiln_graph *g, kiln_loc loc, kiln_value a, kiln_value b);
 /* Y = alpha * op(A) op(B) + beta * C; c may be KILN_NONE. */
 KILN_API kiln_value kiln_gemm_at(kiln_graph *g, kiln_loc loc, kiln_value a, kiln_value b,
                                  kiln_value c, double alpha, double beta, bool trans_a,
                                  bool trans_b);
-#define kiln_matmul(g, a, b) kiln_matmul_at(g, KILN_HERE, a, b)
-#define kiln_gemm(g, a, b, c, alpha, beta, ta, tb) \
-	kiln_gemm_at(g, KILN_HERE, a, b, c, alpha, beta, ta, tb)
+#define kiln_matmul(g, ...) kiln_matmul_at(g, KILN_HERE, __VA_ARGS__)
+#define kiln_gemm(g, ...) kiln_gemm_at(g, KILN_HERE, __VA_ARGS__)
 
 /* Convolution and pooling geometry, for 1-D and 2-D (nsp spatial dims).
  * Zero fields take ONNX defaults: stride 1, dilation 1, pads 0, group 1. */
@@ -321,11 +321,11 @@ KILN_API kiln_value kiln_max_pool_at(kiln_graph *g, kiln_loc loc, kiln_value x,
 KILN_API kiln_value kiln_avg_pool_at(kiln_graph *g, kiln_loc loc, kiln_value x,
                                      const kiln_conv_opts *o);
 KILN_API kiln_value kiln_global_avg_pool_at(kiln_graph *g, kiln_loc loc, kiln_value x);
-#define kiln_conv(g, x, w, b, o) kiln_conv_at(g, KILN_HERE, x, w, b, o)
-#define kiln_conv_transpose(g, x, w, b, o) kiln_conv_transpose_at(g, KILN_HERE, x, w, b, o)
-#define kiln_max_pool(g, x, o) kiln_max_pool_at(g, KILN_HERE, x, o)
-#define kiln_avg_pool(g, x, o) kiln_avg_pool_at(g, KILN_HERE, x, o)
-#define kiln_global_avg_pool(g, x) kiln_global_avg_pool_at(g, KILN_HERE, x)
+#define kiln_conv(g, ...) kiln_conv_at(g, KILN_HERE, __VA_ARGS__)
+#define kiln_conv_transpose(g, ...) kiln_conv_transpose_at(g, KILN_HERE, __VA_ARGS__)
+#define kiln_max_pool(g, ...) kiln_max_pool_at(g, KILN_HERE, __VA_ARGS__)
+#define kiln_avg_pool(g, ...) kiln_avg_pool_at(g, KILN_HERE, __VA_ARGS__)
+#define kiln_global_avg_pool(g, ...) kiln_global_avg_pool_at(g, KILN_HERE, __VA_ARGS__)
 
 /* Inference-mode batch norm with running statistics. */
 KILN_API kiln_value kiln_batch_norm_at(kiln_graph *g, kiln_loc loc, kiln_value x,
@@ -340,11 +340,11 @@ KILN_API kiln_value kiln_log_softmax_at(kiln_graph *g, kiln_loc loc, kiln_value 
                                         int64_t axis);
 KILN_API kiln_value kiln_dropout_at(kiln_graph *g, kiln_loc loc, kiln_value x, double p,
                                     bool training, uint64_t seed);
-#define kiln_batch_norm(g, x, s, b, m, v, eps) kiln_batch_norm_at(g, KILN_HERE, x, s, b, m, v, eps)
-#define kiln_layer_norm(g, x, s, b, axis, eps) kiln_layer_norm_at(g, KILN_HERE, x, s, b, axis, eps)
-#define kiln_softmax(g, x, axis) kiln_softmax_at(g, KILN_HERE, x, axis)
-#define kiln_log_softmax(g, x, axis) kiln_log_softmax_at(g, KILN_HERE, x, axis)
-#define kiln_dropout(g, x, p, training, seed) kiln_dropout_at(g, KILN_HERE, x, p, training, seed)
+#define kiln_batch_norm(g, ...) kiln_batch_norm_at(g, KILN_HERE, __VA_ARGS__)
+#define kiln_layer_norm(g, ...) kiln_layer_norm_at(g, KILN_HERE, __VA_ARGS__)
+#define kiln_softmax(g, ...) kiln_softmax_at(g, KILN_HERE, __VA_ARGS__)
+#define kiln_log_softmax(g, ...) kiln_log_softmax_at(g, KILN_HERE, __VA_ARGS__)
+#define kiln_dropout(g, ...) kiln_dropout_at(g, KILN_HERE, __VA_ARGS__)
 
 /* Shape ops.  Reshape dims: -1 infers one dim, 0 copies the input's. */
 KILN_API kiln_value kiln_reshape_at(kiln_graph *g, kiln_loc loc, kiln_value x, int rank,
@@ -372,18 +372,18 @@ KILN_API kiln_value kiln_expand_at(kiln_graph *g, kiln_loc loc, kiln_value x, in
 KILN_API kiln_value kiln_pad_at(kiln_graph *g, kiln_loc loc, kiln_value x, int rank,
                                 const int64_t *pads, const char *mode, double value);
 KILN_API kiln_value kiln_shape_of_at(kiln_graph *g, kiln_loc loc, kiln_value x);
-#define kiln_reshape(g, x, rank, dims) kiln_reshape_at(g, KILN_HERE, x, rank, dims)
-#define kiln_transpose(g, x, rank, perm) kiln_transpose_at(g, KILN_HERE, x, rank, perm)
-#define kiln_concat(g, n, xs, axis) kiln_concat_at(g, KILN_HERE, n, xs, axis)
-#define kiln_split(g, x, axis, n, sizes, out) kiln_split_at(g, KILN_HERE, x, axis, n, sizes, out)
-#define kiln_slice(g, x, n, st, en, ax, sp) kiln_slice_at(g, KILN_HERE, x, n, st, en, ax, sp)
-#define kiln_gather(g, x, idx, axis) kiln_gather_at(g, KILN_HERE, x, idx, axis)
-#define kiln_flatten(g, x, axis) kiln_flatten_at(g, KILN_HERE, x, axis)
-#define kiln_squeeze(g, x, n, axes) kiln_squeeze_at(g, KILN_HERE, x, n, axes)
-#define kiln_unsqueeze(g, x, n, axes) kiln_unsqueeze_at(g, KILN_HERE, x, n, axes)
-#define kiln_expand(g, x, rank, dims) kiln_expand_at(g, KILN_HERE, x, rank, dims)
-#define kiln_pad(g, x, rank, pads, mode, v) kiln_pad_at(g, KILN_HERE, x, rank, pads, mode, v)
-#define kiln_shape_of(g, x) kiln_shape_of_at(g, KILN_HERE, x)
+#define kiln_reshape(g, ...) kiln_reshape_at(g, KILN_HERE, __VA_ARGS__)
+#define kiln_transpose(g, ...) kiln_transpose_at(g, KILN_HERE, __VA_ARGS__)
+#define kiln_concat(g, ...) kiln_concat_at(g, KILN_HERE, __VA_ARGS__)
+#define kiln_split(g, ...) kiln_split_at(g, KILN_HERE, __VA_ARGS__)
+#define kiln_slice(g, ...) kiln_slice_at(g, KILN_HERE, __VA_ARGS__)
+#define kiln_gather(g, ...) kiln_gather_at(g, KILN_HERE, __VA_ARGS__)
+#define kiln_flatten(g, ...) kiln_flatten_at(g, KILN_HERE, __VA_ARGS__)
+#define kiln_squeeze(g, ...) kiln_squeeze_at(g, KILN_HERE, __VA_ARGS__)
+#define kiln_unsqueeze(g, ...) kiln_unsqueeze_at(g, KILN_HERE, __VA_ARGS__)
+#define kiln_expand(g, ...) kiln_expand_at(g, KILN_HERE, __VA_ARGS__)
+#define kiln_pad(g, ...) kiln_pad_at(g, KILN_HERE, __VA_ARGS__)
+#define kiln_shape_of(g, ...) kiln_shape_of_at(g, KILN_HERE, __VA_ARGS__)
 
 /* Losses over logits [N,C,...] and integer targets [N,...]; reduction is
  * "mean", "sum" or "none"; ignore_index < 0 with has_ignore false: none. */
@@ -397,10 +397,9 @@ KILN_API kiln_value kiln_nll_loss_at(kiln_graph *g, kiln_loc loc, kiln_value log
                                      int64_t ignore_index);
 KILN_API kiln_value kiln_mse_loss_at(kiln_graph *g, kiln_loc loc, kiln_value pred,
                                      kiln_value target, const char *reduction);
-#define kiln_softmax_cross_entropy(g, x, t, w, red, hi, ii) \
-	kiln_softmax_cross_entropy_at(g, KILN_HERE, x, t, w, red, hi, ii)
-#define kiln_nll_loss(g, x, t, w, red, hi, ii) kiln_nll_loss_at(g, KILN_HERE, x, t, w, red, hi, ii)
-#define kiln_mse_loss(g, p, t, red) kiln_mse_loss_at(g, KILN_HERE, p, t, red)
+#define kiln_softmax_cross_entropy(g, ...) kiln_softmax_cross_entropy_at(g, KILN_HERE, __VA_ARGS__)
+#define kiln_nll_loss(g, ...) kiln_nll_loss_at(g, KILN_HERE, __VA_ARGS__)
+#define kiln_mse_loss(g, ...) kiln_mse_loss_at(g, KILN_HERE, __VA_ARGS__)
 
 /* ---- layers ----------------------------------------------------------- */
 /* Each registers its parameters as "<name>.weight" etc., initialised as
@@ -421,12 +420,12 @@ KILN_API kiln_value kiln_layernorm_at(kiln_graph *g, kiln_loc loc, const char *n
                                       kiln_value x, int nnorm, double eps);
 KILN_API kiln_value kiln_embedding_at(kiln_graph *g, kiln_loc loc, const char *name,
                                       kiln_value idx, int64_t num, int64_t dim);
-#define kiln_linear(g, name, x, out, bias) kiln_linear_at(g, KILN_HERE, name, x, out, bias)
-#define kiln_conv1d(g, name, x, out, o, bias) kiln_conv1d_at(g, KILN_HERE, name, x, out, o, bias)
-#define kiln_conv2d(g, name, x, out, o, bias) kiln_conv2d_at(g, KILN_HERE, name, x, out, o, bias)
-#define kiln_batchnorm(g, name, x, eps, mom) kiln_batchnorm_at(g, KILN_HERE, name, x, eps, mom)
-#define kiln_layernorm(g, name, x, nnorm, eps) kiln_layernorm_at(g, KILN_HERE, name, x, nnorm, eps)
-#define kiln_embedding(g, name, idx, num, dim) kiln_embedding_at(g, KILN_HERE, name, idx, num, dim)
+#define kiln_linear(g, ...) kiln_linear_at(g, KILN_HERE, __VA_ARGS__)
+#define kiln_conv1d(g, ...) kiln_conv1d_at(g, KILN_HERE, __VA_ARGS__)
+#define kiln_conv2d(g, ...) kiln_conv2d_at(g, KILN_HERE, __VA_ARGS__)
+#define kiln_batchnorm(g, ...) kiln_batchnorm_at(g, KILN_HERE, __VA_ARGS__)
+#define kiln_layernorm(g, ...) kiln_layernorm_at(g, KILN_HERE, __VA_ARGS__)
+#define kiln_embedding(g, ...) kiln_embedding_at(g, KILN_HERE, __VA_ARGS__)
 
 /* A Sequential: layers named "<name>.<index>" as torch.nn.Sequential does. */
 typedef enum kiln_layer_kind {
@@ -458,7 +457,50 @@ typedef struct kiln_layer {
 
 KILN_API kiln_value kiln_sequential_at(kiln_graph *g, kiln_loc loc, const char *name,
                                        kiln_value x, const kiln_layer *layers);
-#define kiln_sequential(g, name, x, layers) kiln_sequential_at(g, KILN_HERE, name, x, layers)
+#define kiln_sequential(g, ...) kiln_sequential_at(g, KILN_HERE, __VA_ARGS__)
+
+/* ---- ONNX ---- */
+/* Import of ONNX models (IR versions 3-8, default-domain opsets 7-17) into a
+ * graph; see docs/ONNX.md.  Inputs that ONNX passes as constant tensors
+ * (Reshape's shape, Slice's starts, ...) must be known at import: from
+ * initializers, Constant nodes or foldable shape arithmetic.  When anything
+ * is unsupported, the error lists every offending node, one per line
+ * ("model.onnx: Op 'name' (domain '', opset 13): what"), not just the first;
+ * err->msg is cut at its size with "... and N more", so callers that need
+ * the whole list ask for opts->report. */
+typedef struct kiln_onnx_opts {
+	const char *path; /* name used in messages and node locations */
+	const char *dir;  /* folder holding external data; NULL: refuse it */
+	char **report;    /* non-NULL: gets a malloc'd list of every problem
+	                     (one per line, "" when none); caller frees */
+} kiln_onnx_opts;
+
+/* path: a .onnx file; external data is read relative to its folder. */
+KILN_API kiln_status kiln_onnx_import(const char *path, kiln_graph **out, kiln_error *err);
+/* A serialized ModelProto in memory; name labels messages; no external data. */
+KILN_API kiln_status kiln_onnx_import_mem(const void *data, size_t size, const char *name,
+                                          kiln_graph **out, kiln_error *err);
+KILN_API kiln_status kiln_onnx_import_ex(const void *data, size_t size,
+                                         const kiln_onnx_opts *opts, kiln_graph **out,
+                                         kiln_error *err);
+/* Loads a graph by extension: .onnx through the importer, anything else
+ * (.kir) through kiln_graph_load. */
+KILN_API kiln_status kiln_graph_load_any(const char *path, kiln_graph **out, kiln_error *err);
+
+/* ---- ONNX export ---- */
+/* Writes g as an ONNX model (IR version 8, opset 17) that onnx.checker and
+ * ONNX Runtime accept: parameters become initializers (raw_data) under their
+ * names, node and value names are kept (unnamed values get "_v<id>"),
+ * symbolic dims become dim_param ("N", "N+1"), and attributes that opset 17
+ * takes as inputs (Reshape's shape, Slice's starts, Clip's bounds...) become
+ * Constant nodes named "<output>_<attr>".  Gelu is written as its Erf (or
+ * Tanh) formula, since ONNX has it only from opset 20.  The graph must pass
+ * kiln_graph_verify.  The file is written atomically (temporary, fsync,
+ * rename). */
+KILN_API kiln_status kiln_onnx_export(const kiln_graph *g, const char *path, kiln_error *err);
+/* The same model in memory: *data is malloc'd (caller frees), *size bytes. */
+KILN_API kiln_status kiln_onnx_export_mem(const kiln_graph *g, void **data, size_t *size,
+                                          kiln_error *err);
 
 #ifdef __cplusplus
 }
