@@ -1,0 +1,213 @@
+/*
+ * codegen.h: the kernel IR and the backends that read it; private to the
+ * library, one section per file (kernel.c, lower*.c, keval.c, llvm*.c,
+ * emit.c).
+ *
+ * A cg_module is what a graph becomes before any backend sees it: a list of
+ * buffers (inputs, outputs, weights, planned scratch) and an ordered list of
+ * kernels, each a small statement tree of loop nests over those buffers with
+ * i64 index expressions, scalar locals for reductions, and hints (parallel,
+ * vectorize, unroll).  Matrix products are one leaf statement, CG_GEMM, that
+ * every backend implements with its own tuned routine (the LLVM backend
+ * emits a packed, register-blocked micro-kernel as vector IR; CUDA will emit
+ * a tiled kernel).  Nothing here is LLVM-specific: a new backend is a
+ * printer of this IR.
+ *
+ * Sizes may depend on the graph's symbols (the batch N): CG_SIZE k reads
+ * runtime size k, bound when the generated library checks its inputs.
+ */
+#ifndef KILN_CODEGEN_H
+#define KILN_CODEGEN_H
+
+#include <stdio.h>
+
+#include "ir/ir.h"
+
+/* ---- kernel IR (kernel.c) ---------------------------------------------- */
+
+typedef enum cg_expr_kind {
+	CG_CONST,  /* i (integer dtypes, bool, index) or f (float dtypes) */
+	CG_VAR,    /* a loop variable or a local scalar: var */
+	CG_SIZE,   /* runtime size: graph symbol number var (e.g. N) */
+	CG_LOAD,   /* buf[a]; a is an i64 element index */
+	CG_UN,     /* op(a) with op a cg_unop */
+	CG_BIN,    /* op(a, b) with op a cg_binop */
+	CG_SELECT, /* a ? b : c; a is bool */
+	CG_CAST,   /* a converted to dt (float->int truncates toward zero) */
+} cg_expr_kind;
+
+typedef enum cg_unop {
+	CG_NEG, CG_ABS, CG_EXP, CG_LOG, CG_SQRT, CG_TANH, CG_ERF, CG_SIN, CG_COS,
+	CG_FLOOR, CG_CEIL, CG_NOT, /* NOT: bool */
+	CG_UNOP_COUNT
+} cg_unop;
+
+typedef enum cg_binop {
+	CG_ADD, CG_SUB, CG_MUL, CG_DIV, /* int DIV truncates toward zero */
+	CG_REM,                          /* int only, C semantics */
+	CG_MIN, CG_MAX, CG_POW,
+	CG_EQ, CG_NE, CG_LT, CG_LE, CG_GT, CG_GE, /* -> bool */
+	CG_AND, CG_OR,                            /* bool */
+	CG_BINOP_COUNT
+} cg_binop;
+
+typedef struct cg_expr cg_expr;
+struct cg_expr {
+	cg_expr_kind kind;
+	kiln_dtype dt;   /* result dtype; index arithmetic is KILN_I64 */
+	int op;          /* cg_unop / cg_binop */
+	int var;         /* CG_VAR: variable; CG_SIZE: symbol number */
+	int buf;         /* CG_LOAD */
+	int64_t i;       /* CG_CONST, integer dtypes */
+	double f;        /* CG_CONST, float dtypes */
+	cg_expr *a, *b, *c;
+};
+
+typedef enum cg_stmt_kind {
+	CG_BLOCK,  /* items[0..n) in order */
+	CG_FOR,    /* for (var = 0; var < extent; var++) body */
+	CG_STORE,  /* buf[index] = value */
+	CG_ASSIGN, /* var = value (a local scalar of type dt) */
+	CG_IF,     /* if (cond) then else (else may be NULL) */
+	CG_GEMM,   /* gemm (see cg_gemm) */
+} cg_stmt_kind;
+
+enum {
+	CG_PARALLEL = 1 << 0,  /* iterations independent: may run on threads */
+	CG_VECTORIZE = 1 << 1, /* innermost, contiguous: vectorize */
+	CG_UNROLL = 1 << 2,    /* small constant extent: unroll */
+	CG_REDUCE = 1 << 3,    /* carries a reduction in a local (reassociable) */
+};
+
+/* C[b] = alpha * A[b] x B[b] + beta * C[b] (+ bias) (then act), for b in
+ * [0, batch).  Element (m,k) of A[b] is A[a_off + b*a_bs + m*a_rs + k*a_cs];
+ * B, C likewise, so transposes are just strides.  f32 only for now. */
+typedef struct cg_gemm {
+	int a, b, c, bias;            /* buffers; bias -1 when none */
+	cg_expr *M, *N, *K, *batch;
+	cg_expr *a_off, *a_bs, *a_rs, *a_cs;
+	cg_expr *b_off, *b_bs, *b_rs, *b_cs;
+	cg_expr *c_off, *c_bs, *c_rs; /* C is row-major within a batch: c_cs = 1 */
+	cg_expr *bias_off;
+	double alpha, beta;
+	int bias_axis;                /* 0: none, 1: bias[n] per column, 2: bias[m] per row */
+	int act;                      /* 0: none, 1: relu (fused epilogue) */
+} cg_gemm;
+
+typedef struct cg_stmt cg_stmt;
+struct cg_stmt {
+	cg_stmt_kind kind;
+	cg_stmt **items;       /* CG_BLOCK */
+	int n, cap;
+	int var;               /* CG_FOR, CG_ASSIGN */
+	kiln_dtype dt;         /* CG_ASSIGN: the local's dtype */
+	cg_expr *extent;       /* CG_FOR */
+	uint32_t hints;        /* CG_FOR: CG_PARALLEL ... */
+	cg_stmt *body;         /* CG_FOR */
+	int buf;               /* CG_STORE */
+	cg_expr *index, *value;
+	cg_expr *cond;         /* CG_IF */
+	cg_stmt *then_s, *else_s;
+	cg_gemm *gemm;         /* CG_GEMM */
+};
+
+typedef enum cg_buf_kind {
+	CG_BUF_INPUT,  /* caller's input, read-only */
+	CG_BUF_OUTPUT, /* caller's output */
+	CG_BUF_CONST,  /* weights and constants: data embedded in the library */
+	CG_BUF_TEMP,   /* intermediate: lives in the planned scratch arena */
+} cg_buf_kind;
+
+typedef struct cg_buf {
+	int id;
+	cg_buf_kind kind;
+	kiln_dtype dt;
+	const char *name;      /* value name, or NULL */
+	uint32_t value;        /* graph value it holds (0 for kernel scratch) */
+	ir_type type;          /* its shape, dims possibly symbolic */
+	cg_expr *numel;        /* element count, may use CG_SIZE */
+	const kiln_tensor *data; /* CG_BUF_CONST */
+	int alias;             /* >= 0: a view of buffer alias (same bytes) */
+	int io_index;          /* INPUT/OUTPUT: position in the signature */
+	/* memory plan (memplan.c): TEMP buffers share slots by lifetime */
+	int slot;              /* -1: not planned */
+	int first, last;       /* first and last kernel touching it */
+} cg_buf;
+
+typedef struct cg_kernel {
+	const char *name;      /* "k3_conv" ... unique within the module */
+	uint32_t node;         /* graph node index it came from (for messages) */
+	cg_stmt *body;
+	int nvar;              /* variables 0..nvar-1 (loop vars and locals) */
+} cg_kernel;
+
+typedef struct cg_module {
+	ir_arena *arena;       /* all statements, expressions, names */
+	const kiln_graph *g;
+	cg_buf *buf;           /* malloc'd */
+	int nbuf, capbuf;
+	cg_kernel *kern;       /* malloc'd; run in this order */
+	int nkern, capkern;
+	int nsym;              /* runtime sizes: the graph's symbols */
+	int *inputs, ninputs;  /* buffer ids in signature order */
+	int *outputs, noutputs;
+	/* memory plan: slot sizes in bytes are max over their buffers, each
+	 * buffer's size computed at run time from its numel expression */
+	int nslot;
+} cg_module;
+
+cg_module *cg_module_new(const kiln_graph *g);
+void cg_module_free(cg_module *m);
+int cg_buf_new(cg_module *m, cg_buf_kind kind, kiln_dtype dt, cg_expr *numel);
+cg_kernel *cg_kernel_new(cg_module *m, const char *name, uint32_t node);
+int cg_var_new(cg_kernel *k);
+/* expression builders (arena-allocated; NULL-safe: NULL in -> NULL out) */
+cg_expr *cg_int(cg_module *m, int64_t v);             /* i64 constant */
+cg_expr *cg_const(cg_module *m, kiln_dtype dt, double v);
+cg_expr *cg_var(cg_module *m, int var, kiln_dtype dt);
+cg_expr *cg_size(cg_module *m, int sym);
+cg_expr *cg_load(cg_module *m, int buf, cg_expr *index);
+cg_expr *cg_un(cg_module *m, cg_unop op, cg_expr *a);
+cg_expr *cg_bin(cg_module *m, cg_binop op, cg_expr *a, cg_expr *b); /* folds constants */
+cg_expr *cg_select(cg_module *m, cg_expr *c, cg_expr *a, cg_expr *b);
+cg_expr *cg_cast(cg_module *m, cg_expr *a, kiln_dtype dt);
+/* an ir dim (fixed or symbolic expression) as an i64 expression */
+cg_expr *cg_dim(cg_module *m, int64_t dim);
+/* statement builders */
+cg_stmt *cg_block(cg_module *m);
+void cg_append(cg_module *m, cg_stmt *block, cg_stmt *s);
+cg_stmt *cg_for(cg_module *m, int var, cg_expr *extent, uint32_t hints, cg_stmt *body);
+cg_stmt *cg_store(cg_module *m, int buf, cg_expr *index, cg_expr *value);
+cg_stmt *cg_assign(cg_module *m, int var, kiln_dtype dt, cg_expr *value);
+cg_stmt *cg_if(cg_module *m, cg_expr *cond, cg_stmt *then_s, cg_stmt *else_s);
+cg_stmt *cg_gemm_stmt(cg_module *m, const cg_gemm *gm);
+/* Textual dump of the whole module (`kiln compile --emit=kir`). */
+void cg_print(const cg_module *m, FILE *out);
+
+/* ---- lowering (lower.c, lower_nn.c) ------------------------------------- */
+
+/* Graph -> kernels.  The graph must verify; shape/view ops (Reshape,
+ * Flatten, Squeeze, Unsqueeze, Identity) become buffer aliases, not
+ * kernels.  Errors name the node and op (KILN_EUNSUPPORTED for an op or
+ * dtype without a lowering). */
+kiln_status cg_lower(const kiln_graph *g, cg_module **out, kiln_error *err);
+typedef kiln_status (*cg_lower_fn)(cg_module *m, const ir_node *n, const int *in,
+                                   const int *out, kiln_error *err);
+extern const cg_lower_fn cg_lower_table[KILN_OP_COUNT];
+
+/* ---- evaluation of kernel IR (keval.c) ---------------------------------- */
+
+/* Runs a module on concrete tensors (inputs in signature order), the way a
+ * backend would, in double/int64: the oracle that tests lowering against
+ * the graph interpreter without any backend. */
+kiln_status cg_eval(const cg_module *m, kiln_tensor *const *inputs, int ninputs,
+                    kiln_tensor **outputs, int noutputs, kiln_error *err);
+
+/* ---- memory planning (passes/memplan.c) --------------------------------- */
+
+/* Assigns TEMP buffers (following aliases) to slots by lifetime so that
+ * buffers live at the same time never share one; fills slot/first/last and
+ * m->nslot. */
+kiln_status cg_memplan(cg_module *m, kiln_error *err);
+
+#endif /* KILN_CODEGEN_H */

@@ -1,0 +1,105 @@
+/*
+ * model.h: the contract between a generated library and the runtime code
+ * statically linked into it.
+ *
+ * A generated .so holds LLVM-compiled kernels, its weights, and one
+ * constant rt_model_desc describing them.  Everything that is not
+ * arithmetic (checking inputs against the signature, binding the batch
+ * symbol, sizing and allocating the planned scratch once per context,
+ * running kernels in order, the thread pool) is ordinary C here, in
+ * runtime/model.c and runtime/pool.c, linked into every generated library.
+ * The LLVM backend emits rt_model_desc with exactly this layout (all
+ * pointers 8 bytes, the fields in this order; RT_MODEL_ABI changes
+ * whenever it does).
+ */
+#ifndef KILN_RT_MODEL_H
+#define KILN_RT_MODEL_H
+
+#include <stdint.h>
+
+#include "kiln/kiln.h"
+
+#define RT_MODEL_ABI 1
+
+typedef struct rt_pool rt_pool;
+
+/* What every kernel receives.  Workers of a parallel loop get a copy with
+ * their own scratch. */
+typedef struct rt_exec {
+	void **buf;          /* base pointer of every buffer, by buffer id */
+	const int64_t *sym;  /* the runtime sizes (symbol values) */
+	rt_pool *pool;       /* NULL: run parallel loops inline */
+	float *scratch;      /* this thread's GEMM packing scratch */
+	int64_t thread;      /* this thread's index, 0..nthreads-1 */
+} rt_exec;
+
+typedef void (*rt_kernel_fn)(rt_exec *x);
+typedef void (*rt_range_fn)(rt_exec *x, int64_t begin, int64_t end);
+
+/* Runs fn over [0, n) in chunks on the pool (inline when there is none or
+ * when called from inside a parallel loop). */
+void rt_parallel_for(rt_exec *x, int64_t n, rt_range_fn fn);
+
+enum { RT_DIM_FIXED = 0, RT_DIM_SYM = 1, RT_DIM_EXPR = 2 };
+
+typedef struct rt_io_desc {
+	const char *name;
+	int32_t dtype;        /* kiln_dtype */
+	int32_t rank;
+	const int64_t *dims;  /* per dim: a size, or a symbol number, or unused */
+	const int32_t *dim_kind; /* RT_DIM_*: EXPR dims come from io_dims() */
+	int32_t buf;          /* buffer id */
+	int32_t pad_;
+} rt_io_desc;
+
+enum { RT_BUF_INPUT = 0, RT_BUF_OUTPUT = 1, RT_BUF_CONST = 2, RT_BUF_TEMP = 3 };
+
+typedef struct rt_buf_desc {
+	int32_t kind;         /* RT_BUF_* */
+	int32_t dtype;
+	int32_t slot;         /* TEMP: scratch slot; -1 otherwise */
+	int32_t alias;        /* >= 0: same bytes as that buffer */
+	const void *data;     /* CONST: embedded data (64-byte aligned) */
+} rt_buf_desc;
+
+typedef struct rt_model_desc {
+	uint32_t abi;         /* RT_MODEL_ABI */
+	uint32_t nsym;
+	const char *name;     /* the model's C name: "mnist" */
+	const char *const *sym_names;
+	uint32_t ninputs, noutputs;
+	const rt_io_desc *inputs, *outputs;
+	uint32_t nbuf, nslot;
+	const rt_buf_desc *bufs;
+	uint32_t nkern, pad_;
+	const rt_kernel_fn *kernels;
+	const char *const *kernel_names;
+	/* element count of every buffer, given the symbols */
+	void (*numel)(const int64_t *sym, int64_t *numel);
+	/* every input then output dim, flattened in signature order */
+	void (*io_dims)(const int64_t *sym, int64_t *dims);
+	uint64_t scratch_floats; /* GEMM packing scratch per thread */
+} rt_model_desc;
+
+/* ---- the driver (model.c), linked into every generated library --------- */
+
+typedef struct rt_model rt_model;
+
+kiln_status rt_model_create(const rt_model_desc *d, rt_model **out);
+void rt_model_destroy(rt_model *m);
+kiln_status rt_model_set_threads(rt_model *m, int n); /* 0: KILN_NUM_THREADS or 1 */
+const char *rt_model_errmsg(const rt_model *m);
+/* Typed entry: syms[] gives each symbol (may be NULL when nsym == 0),
+ * in[] and out[] the data pointers in signature order. */
+kiln_status rt_model_run(rt_model *m, const int64_t *syms, const void *const *in,
+                         void *const *out);
+/* Generic entry: shapes are checked against the signature (symbols bound
+ * from them) before any kernel runs; out[] must have the signature's
+ * output shapes for those symbols (see rt_model_output_shape). */
+kiln_status rt_model_run_tensors(rt_model *m, const kiln_tensor *const *in, int nin,
+                                 kiln_tensor *const *out, int nout);
+/* The shape output i has for the symbols bound by the given inputs. */
+kiln_status rt_model_output_shape(rt_model *m, const kiln_tensor *const *in, int nin, int i,
+                                  int *rank, int64_t *dims);
+
+#endif /* KILN_RT_MODEL_H */
