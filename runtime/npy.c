@@ -276,7 +276,8 @@ static kiln_status read_header(int fd, uint64_t fsize, hdr *h, char **text,
 }
 
 /* Reorders column-major src into t's row-major data.  Column-major strides
- * grow from the first axis; an odometer over t's indices tracks src. */
+ * grow from the first axis; an odometer over t's indices, last axis fastest,
+ * tracks the matching element of src. */
 static void from_fortran(kiln_tensor *t, const char *src)
 {
 	size_t es = kiln_dtype_size(t->dtype), n = kiln_tensor_nbytes(t) / es;
@@ -308,28 +309,24 @@ static kiln_status read_data(int fd, uint64_t fsize, uint64_t off, hdr *h, kiln_
 		return rt_seterr(h->err, KILN_EPARSE, "%s: npy data is %llu bytes but shape "
 		                 "and dtype '%s' need %zu", h->path,
 		                 (unsigned long long)(fsize - off), h->descr, nbytes);
-	/* Column-major data is row-major data of the reversed shape. */
-	bool transpose = h->fortran && h->rank > 1;
-	int64_t rev[KILN_MAX_RANK];
-	for (int i = 0; i < h->rank; i++)
-		rev[i] = h->shape[h->rank - 1 - i];
-	kiln_tensor *t = kiln_tensor_new(dt, h->rank, transpose ? rev : h->shape);
-	kiln_tensor *r = transpose ? kiln_tensor_new(dt, h->rank, h->shape) : t;
+	/* Column-major data is read aside, then reordered into t. */
+	bool transpose = h->fortran && h->rank > 1 && nbytes > 0;
+	kiln_tensor *t = kiln_tensor_new(dt, h->rank, h->shape);
+	char *raw = transpose ? malloc(nbytes) : NULL;
 	kiln_status st = KILN_ENOMEM;
-	if (!t || !r)
+	if (!t || (transpose && !raw))
 		rt_seterr(h->err, st, "%s: out of memory for %zu bytes of data", h->path, nbytes);
 	else
-		st = rt_pread(fd, t->data, nbytes, off, h->path, h->err);
+		st = rt_pread(fd, transpose ? raw : t->data, nbytes, off, h->path, h->err);
 	if (st == KILN_OK && transpose)
-		from_fortran(r, t->data);
-	if (transpose)
-		kiln_tensor_free(t);
+		from_fortran(t, raw);
+	free(raw);
 	if (st != KILN_OK) {
-		kiln_tensor_free(r);
+		kiln_tensor_free(t);
 		return st;
 	}
-	rt_fix_bool(r);
-	*out = r;
+	rt_fix_bool(t);
+	*out = t;
 	return KILN_OK;
 }
 
@@ -339,7 +336,7 @@ KILN_API kiln_status kiln_npy_read(const char *path, kiln_tensor **out, kiln_err
 		return rt_seterr(err, KILN_EINVAL, "npy read: out is NULL");
 	*out = NULL;
 	int fd;
-	uint64_t fsize, data_off;
+	uint64_t fsize = 0, data_off = 0;
 	kiln_status st = rt_open_read(path, &fd, &fsize, err);
 	if (st != KILN_OK)
 		return st;

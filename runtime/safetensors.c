@@ -34,10 +34,10 @@
 #define MAX_HEADER 100000000u /* the Rust library's limit */
 #define NAME_FMT "%.200s"    /* names in messages, bounded */
 
-/* rank: position in the Rust library's Dtype enum, which sets write order. */
+/* order: position in the Rust library's Dtype enum, which sets write order. */
 static const struct {
 	const char *name;
-	int rank;
+	int order;
 } st_dtypes[KILN_DT_COUNT] = {
 	[KILN_BOOL] = {"BOOL", 0}, [KILN_U8] = {"U8", 1},    [KILN_I8] = {"I8", 2},
 	[KILN_F16] = {"F16", 7},   [KILN_BF16] = {"BF16", 8}, [KILN_I32] = {"I32", 9},
@@ -86,14 +86,19 @@ static void ws(parser *ps)
 		ps->p++;
 }
 
-static bool eat(parser *ps, char c)
+/* Is the next token c? */
+static bool at(parser *ps, char c)
 {
 	ws(ps);
-	if (ps->p < ps->end && *ps->p == c) {
-		ps->p++;
-		return true;
-	}
-	return false;
+	return ps->p < ps->end && *ps->p == c;
+}
+
+static bool eat(parser *ps, char c)
+{
+	if (!at(ps, c))
+		return false;
+	ps->p++;
+	return true;
 }
 
 static kiln_status expect(parser *ps, char c)
@@ -205,15 +210,18 @@ static kiln_status string(parser *ps, char **out)
 	kiln_status st = KILN_OK;
 	while (st == KILN_OK && *ps->p != '"') {
 		const unsigned char *u = (const unsigned char *)ps->p;
-		int len = *u == '\\' ? 0 : utf8_len(u, (const unsigned char *)ps->end);
-		if (*u == '\\')
+		int len;
+		if (*u == '\\') {
 			st = escape(ps, s, &n);
-		else if (*u < 0x20)
+		} else if (*u < 0x20) {
 			st = bad(ps, "control character in string");
-		else if (len == 0)
+		} else if ((len = utf8_len(u, (const unsigned char *)ps->end)) == 0) {
 			st = bad(ps, "invalid UTF-8 in string");
-		else
-			memcpy(s + n, u, (size_t)len), n += (size_t)len, ps->p += len;
+		} else {
+			memcpy(s + n, u, (size_t)len);
+			n += (size_t)len;
+			ps->p += len;
+		}
 	}
 	if (st != KILN_OK) {
 		free(s);
@@ -247,23 +255,22 @@ static kiln_status number(parser *ps, uint64_t *out)
 	return KILN_OK;
 }
 
-/* numbers := '[' [number (',' number)*] ']'   at most max of them */
-static kiln_status numbers(parser *ps, uint64_t *v, int max, int *n, const char *what)
+/* numbers := '[' [number (',' number)*] ']'
+ * Stores the first max and counts them all, so callers can say how many. */
+static kiln_status numbers(parser *ps, uint64_t *v, int max, int *n)
 {
 	kiln_status st = expect(ps, '[');
 	*n = 0;
 	if (st != KILN_OK || eat(ps, ']'))
 		return st;
 	do {
-		if (*n == max)
-			return max == KILN_MAX_RANK
-				? rt_seterr(ps->err, KILN_EUNSUPPORTED, "%s: safetensors header, "
-				            "byte %td: %s: rank exceeds KILN_MAX_RANK (%d)",
-				            ps->path, ps->p - ps->s, what, KILN_MAX_RANK)
-				: bad(ps, "%s: more than %d numbers", what, max);
-		if ((st = number(ps, &v[(*n)++])) != KILN_OK)
+		uint64_t x = 0;
+		if ((st = number(ps, &x)) != KILN_OK)
 			return st;
-	} while (eat(ps, ','));
+		if (*n < max)
+			v[*n] = x;
+		(*n)++;
+	} while (eat(ps, ',') && *n < INT32_MAX);
 	return expect(ps, ']');
 }
 
@@ -289,7 +296,40 @@ static kiln_status dtype(parser *ps, entry *e)
 	return st;
 }
 
-/* One field of a tensor's object; bit 1 dtype, 2 shape, 4 data_offsets. */
+static kiln_status shape(parser *ps, entry *e)
+{
+	uint64_t v[KILN_MAX_RANK];
+	kiln_status st = numbers(ps, v, KILN_MAX_RANK, &e->rank);
+	if (st != KILN_OK)
+		return st;
+	if (e->rank > KILN_MAX_RANK)
+		return rt_seterr(ps->err, KILN_EUNSUPPORTED, "%s: tensor '" NAME_FMT "': rank %d "
+		                 "exceeds KILN_MAX_RANK (%d)", ps->path, e->name, e->rank,
+		                 KILN_MAX_RANK);
+	for (int i = 0; i < e->rank; i++) {
+		if (v[i] > INT64_MAX)
+			return bad(ps, "tensor '" NAME_FMT "': dimension too large", e->name);
+		e->shape[i] = (int64_t)v[i];
+	}
+	return KILN_OK;
+}
+
+static kiln_status offsets(parser *ps, entry *e)
+{
+	uint64_t v[2];
+	int n;
+	kiln_status st = numbers(ps, v, 2, &n);
+	if (st != KILN_OK)
+		return st;
+	if (n != 2)
+		return bad(ps, "tensor '" NAME_FMT "': data_offsets needs 2 numbers, not %d",
+		           e->name, n);
+	e->begin = v[0], e->end = v[1];
+	return KILN_OK;
+}
+
+/* field := '"dtype"' ':' string | '"shape"' ':' numbers | '"data_offsets"' ':' numbers
+ * seen collects one bit per field, to catch duplicates and omissions. */
 static kiln_status field(parser *ps, entry *e, unsigned *seen)
 {
 	static const char *const names[] = {"dtype", "shape", "data_offsets"};
@@ -309,24 +349,7 @@ static kiln_status field(parser *ps, entry *e, unsigned *seen)
 	if (st != KILN_OK)
 		return st;
 	*seen |= 1u << k;
-	uint64_t v[KILN_MAX_RANK];
-	int n;
-	if (k == 0)
-		return dtype(ps, e);
-	if ((st = numbers(ps, v, k == 1 ? KILN_MAX_RANK : 2, &n, names[k])) != KILN_OK)
-		return st;
-	if (k == 2 && n != 2)
-		return bad(ps, "tensor '" NAME_FMT "': data_offsets needs 2 numbers", e->name);
-	if (k == 2)
-		e->begin = v[0], e->end = v[1];
-	for (int i = 0; k == 1 && i < n; i++) {
-		if (v[i] > INT64_MAX)
-			return bad(ps, "tensor '" NAME_FMT "': dimension too large", e->name);
-		e->shape[i] = (int64_t)v[i];
-	}
-	if (k == 1)
-		e->rank = n;
-	return KILN_OK;
+	return k == 0 ? dtype(ps, e) : k == 1 ? shape(ps, e) : offsets(ps, e);
 }
 
 /* Checks one tensor's description against itself and the buffer size. */
@@ -389,7 +412,7 @@ static kiln_status metadata(parser *ps)
 		st = string(ps, &k);
 		if (st == KILN_OK)
 			st = expect(ps, ':');
-		if (st == KILN_OK && (ws(ps), ps->p < ps->end && *ps->p != '"'))
+		if (st == KILN_OK && !at(ps, '"'))
 			st = bad(ps, "__metadata__ values must be strings");
 		if (st == KILN_OK)
 			st = string(ps, &v);
@@ -431,14 +454,13 @@ static kiln_status member(parser *ps, uint64_t bufsize)
 static kiln_status parse(parser *ps, uint64_t bufsize)
 {
 	kiln_status st = expect(ps, '{');
-	if (st != KILN_OK || eat(ps, '}'))
-		goto tail;
-	do {
-		if ((st = member(ps, bufsize)) != KILN_OK)
-			return st;
-	} while (eat(ps, ','));
-	st = expect(ps, '}');
-tail:
+	if (st == KILN_OK && !eat(ps, '}')) {
+		do
+			st = member(ps, bufsize);
+		while (st == KILN_OK && eat(ps, ','));
+		if (st == KILN_OK)
+			st = expect(ps, '}');
+	}
 	ws(ps);
 	if (st == KILN_OK && ps->p != ps->end)
 		st = bad(ps, "junk after the header's closing brace");
@@ -563,7 +585,7 @@ KILN_API kiln_status kiln_safetensors_read(const char *path, kiln_tensor_set **o
 		return rt_seterr(err, KILN_EINVAL, "safetensors read: out is NULL");
 	*out = NULL;
 	int fd;
-	uint64_t fsize, bufsize = 0;
+	uint64_t fsize = 0, bufsize = 0;
 	kiln_status st = rt_open_read(path, &fd, &fsize, err);
 	if (st != KILN_OK)
 		return st;
@@ -656,8 +678,8 @@ static int write_order(const void *a, const void *b)
 {
 	const kiln_named_tensor *x = *(const kiln_named_tensor *const *)a;
 	const kiln_named_tensor *y = *(const kiln_named_tensor *const *)b;
-	int rx = st_dtypes[x->tensor->dtype].rank, ry = st_dtypes[y->tensor->dtype].rank;
-	return rx != ry ? ry - rx : strcmp(x->name, y->name);
+	int ox = st_dtypes[x->tensor->dtype].order, oy = st_dtypes[y->tensor->dtype].order;
+	return ox != oy ? oy - ox : strcmp(x->name, y->name);
 }
 
 static int name_order(const void *a, const void *b)
@@ -739,7 +761,7 @@ KILN_API kiln_status kiln_safetensors_write(const char *path, const kiln_tensor_
 	if (!path || !s || s->count < 0 || (s->count && !s->items))
 		return rt_seterr(err, KILN_EINVAL, "safetensors write: %s", !path ? "path is NULL"
 		                 : "bad tensor set");
-	const kiln_named_tensor **v;
+	const kiln_named_tensor **v = NULL;
 	kiln_status st = sorted_items(path, s, &v, err);
 	if (st != KILN_OK)
 		return st;

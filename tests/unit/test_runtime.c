@@ -82,12 +82,12 @@ static void write_file(const char *path, const void *data, size_t n)
 /* The whole file, malloc'd; NULL if it cannot be read. */
 static unsigned char *slurp(const char *path, size_t *n)
 {
+	*n = 0;
 	FILE *f = fopen(path, "rb");
 	if (!f)
 		return NULL;
 	unsigned char *buf = NULL;
 	size_t cap = 0;
-	*n = 0;
 	for (;;) {
 		if (*n == cap)
 			buf = realloc(buf, cap = cap ? 2 * cap : 4096);
@@ -1082,7 +1082,7 @@ START_TEST(st_rejects_bad_json)
 		{"{\"w\":{\"dtype\":\"F32\",\"shape\":[2e0],\"data_offsets\":[0,8]}}", "fraction"},
 		{"{\"w\":{\"dtype\":\"F32\",\"shape\":[02],\"data_offsets\":[0,8]}}", "leading zero"},
 		{"{\"w\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[-1,8]}}", "non-negative"},
-		{"{\"w\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8,9]}}", "more than 2"},
+		{"{\"w\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8,9]}}", "needs 2 numbers, not 3"},
 		{"{\"w\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[8]}}", "needs 2 numbers"},
 		{"{\"w\":{\"dtype\":\"F32\",\"shape\":[99999999999999999999],\"data_offsets\":[0,8]}}",
 		 "integer too large"},
