@@ -48,6 +48,8 @@ typedef enum cg_binop {
 	CG_MIN, CG_MAX, CG_POW,
 	CG_EQ, CG_NE, CG_LT, CG_LE, CG_GT, CG_GE, /* -> bool */
 	CG_AND, CG_OR,                            /* bool */
+	CG_XOR, CG_SHR, /* i64 only: bitwise xor, logical shift right (0..63);
+	                 * Dropout's generator (added by lower) */
 	CG_BINOP_COUNT
 } cg_binop;
 
@@ -183,13 +185,55 @@ cg_stmt *cg_if(cg_module *m, cg_expr *cond, cg_stmt *then_s, cg_stmt *else_s);
 cg_stmt *cg_gemm_stmt(cg_module *m, const cg_gemm *gm);
 /* Textual dump of the whole module (`kiln compile --emit=kir`). */
 void cg_print(const cg_module *m, FILE *out);
+/* Value of an index expression (constants, sizes, + - * / % min max) with
+ * sym[k] for each symbol, or 1 for every symbol when sym is NULL (a static
+ * size estimate); -1 when it reads a variable or a buffer. */
+int64_t cg_expr_int(const cg_expr *e, const int64_t *sym);
 
 /* ---- lowering (lower.c, lower_nn.c) ------------------------------------- */
 
 /* Graph -> kernels.  The graph must verify; shape/view ops (Reshape,
  * Flatten, Squeeze, Unsqueeze, Identity) become buffer aliases, not
  * kernels.  Errors name the node and op (KILN_EUNSUPPORTED for an op or
- * dtype without a lowering). */
+ * dtype without a lowering).
+ *
+ * What the lowering guarantees, and what a backend must implement (the
+ * oracle for all of it is cg_eval in keval.c):
+ * - Buffers: inputs, then parameters, then node results in schedule order.
+ *   A graph output is written in place (kind OUTPUT, io_index set) unless
+ *   it is an input, a constant, a view or listed twice: then a copy kernel
+ *   fills a fresh OUTPUT buffer.  An alias buffer (views, inference-mode
+ *   Dropout) has kind TEMP, alias = its root (never itself an alias, always
+ *   a smaller id) and slot -1.  Kernel-private scratch (im2col columns,
+ *   softmax-CE log-probabilities) is TEMP with value 0, planned like the
+ *   rest.  Unused extra outputs (Dropout's mask, BatchNorm's and
+ *   LayerNorm's statistics) get no buffer and are not computed.
+ * - Loops: i64 variables from 0 to extent, step 1.  CG_PARALLEL is only
+ *   ever on a loop that is a direct child of the kernel body and that reads
+ *   no local assigned outside it (so an outlined body needs nothing but
+ *   rt_exec); it may also carry CG_VECTORIZE (one flat loop: split the
+ *   range over threads, vectorize each chunk).  Locals (CG_ASSIGN targets)
+ *   are per-iteration private when assigned inside a loop; a local assigned
+ *   in a CG_REDUCE loop may be reassociated.
+ * - CG_GEMM may sit inside sequential loops (Conv: one per image), its
+ *   offsets using the loop variables.
+ * - Integer arithmetic wraps (no nsw/nuw); CG_DIV/CG_REM never see a zero
+ *   or -1 divisor at run time (integer Div divides by a made-safe divisor
+ *   and selects: x/0 gives 0, x/-1 is -x); CG_REM is C's (srem).  CG_XOR and
+ *   CG_SHR (logical) are i64, used by training-mode Dropout only.
+ * - Both arms of CG_SELECT are safe to evaluate: indices that may leave a
+ *   buffer (padding taps, Gather indices, loss targets) are clamped first.
+ * - Float CG_MAX/CG_MIN propagate NaN: max(a, b) = (a > b || a != a) ? a : b
+ *   (Relu is max(x, 0)).  Comparisons are ordered (NaN: false; CG_NE true).
+ * - CG_CAST: float -> integer truncates toward zero and saturates to the
+ *   target's range, NaN -> 0 (llvm.fptosi.sat); float -> bool is x != 0
+ *   (NaN true); integer -> integer wraps (u8 and bool sources are
+ *   unsigned); integer -> float rounds once; f16/bf16 round to nearest even.
+ * - f16 and bf16 buffers are only loaded and stored: arithmetic on them is
+ *   done in f32 (loads wrapped in CG_CAST to f32, stores in CG_CAST back).
+ *   Bools are one byte, 0 or 1, in memory.
+ * - Index expressions are i64 and non-negative; CG_SIZE k is symbol k
+ *   (rt_exec.sym[k]). */
 kiln_status cg_lower(const kiln_graph *g, cg_module **out, kiln_error *err);
 typedef kiln_status (*cg_lower_fn)(cg_module *m, const ir_node *n, const int *in,
                                    const int *out, kiln_error *err);
@@ -199,7 +243,9 @@ extern const cg_lower_fn cg_lower_table[KILN_OP_COUNT];
 
 /* Runs a module on concrete tensors (inputs in signature order), the way a
  * backend would, in double/int64: the oracle that tests lowering against
- * the graph interpreter without any backend. */
+ * the graph interpreter without any backend.  After cg_memplan, TEMP
+ * buffers share their planned slots (so a bad plan gives wrong answers);
+ * every load and store is bounds-checked (KILN_EVERIFY naming the kernel). */
 kiln_status cg_eval(const cg_module *m, kiln_tensor *const *inputs, int ninputs,
                     kiln_tensor **outputs, int noutputs, kiln_error *err);
 

@@ -1,0 +1,1045 @@
+/*
+ * lower.c: graph -> kernel IR.  The driver, the helpers both lowering files
+ * share, and the lowerings of elementwise ops, reductions and data movement
+ * (lower_nn.c has the rest).
+ *
+ * cg_lower gives every graph input a buffer (INPUT, in signature order),
+ * every parameter and Constant a CONST buffer holding its tensor, and every
+ * node result a TEMP buffer, or an OUTPUT one for the first appearance of a
+ * graph output, then calls one function per op from cg_lower_table.  Views
+ * (Reshape, Flatten, Squeeze, Unsqueeze, Identity, and Dropout outside
+ * training) become alias buffers with no kernel; a view, input or constant
+ * that is a graph output, or an output listed twice, gets a copy kernel.
+ * One fusion happens here: a Relu that is the only use of an f32 GEMM's
+ * result becomes the GEMM's epilogue (cg_gemm.act) and a view.
+ *
+ * The key idea for fast loops is dimension grouping: output dims are merged
+ * whenever every operand is either contiguous across both or broadcast
+ * across both, so a same-shape elementwise op is one flat loop, a bias add
+ * over [N,C,H,W] + [C,1,1] is three, and a reduction over the last axis is
+ * an outer loop around one contiguous inner reduction.  The innermost loop
+ * of a nest walks the contiguous dim (CG_VECTORIZE); the outermost loop is
+ * CG_PARALLEL when the nest does at least CG_PAR_WORK element operations.
+ */
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "codegen/lower.h"
+
+/* ---- shared helpers ----------------------------------------------------- */
+
+kiln_status cg_lower_fail(const cg_module *m, const ir_node *n, kiln_error *err,
+                          kiln_status code, const char *fmt, ...)
+{
+	char head[512] = "", d[160], body[512];
+	size_t k = 0;
+	if (n && n->loc.file)
+		k += snprintf(head, sizeof head, "%s:%d: ", n->loc.file, n->loc.line);
+	if (n && k < sizeof head)
+		snprintf(head + k, sizeof head - k, "%s: ", ir_node_desc(n, d, sizeof d));
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(body, sizeof body, fmt, ap);
+	va_end(ap);
+	return ir_seterr(err, code, "%s%s", head, body);
+}
+
+cg_kernel *cg_lower_kernel(cg_module *m, const ir_node *n)
+{
+	char name[64];
+	snprintf(name, sizeof name, "k%d_%s", m->nkern, n ? ir_op(n->op)->kir : "copy");
+	return cg_kernel_new(m, name, n ? n->idx : 0);
+}
+
+int cg_lower_scratch(cg_module *m, kiln_dtype dt, cg_expr *numel)
+{
+	int b = cg_buf_new(m, CG_BUF_TEMP, dt, numel);
+	if (b >= 0) {
+		m->buf[b].type.rank = 1;
+		m->buf[b].type.dim[0] = cg_expr_int(numel, NULL); /* an estimate, for the dump */
+	}
+	return b;
+}
+
+const ir_type *cg_btype(const cg_module *m, int buf)
+{
+	return &m->buf[buf].type;
+}
+
+cg_expr *cg_prod(cg_module *m, const ir_type *t, int from, int to)
+{
+	cg_expr *p = cg_int(m, 1);
+	for (int d = from; d < to; d++)
+		p = cg_bin(m, CG_MUL, p, cg_dim(m, t->dim[d]));
+	return p;
+}
+
+cg_expr *cg_stride(cg_module *m, const ir_type *t, int d)
+{
+	return cg_prod(m, t, d + 1, t->rank);
+}
+
+kiln_dtype cg_ctype(kiln_dtype dt)
+{
+	return dt == KILN_F16 || dt == KILN_BF16 ? KILN_F32 : dt;
+}
+
+cg_expr *cg_ld(cg_module *m, int buf, cg_expr *idx)
+{
+	return cg_cast(m, cg_load(m, buf, idx), cg_ctype(m->buf[buf].dt));
+}
+
+cg_stmt *cg_st(cg_module *m, int buf, cg_expr *idx, cg_expr *v)
+{
+	return cg_store(m, buf, idx, cg_cast(m, v, m->buf[buf].dt));
+}
+
+uint32_t cg_par(cg_module *m, cg_expr *work)
+{
+	int64_t sym[64];
+	for (int k = 0; k < 64; k++)
+		sym[k] = CG_PAR_SYM;
+	int64_t w = m->nsym <= 64 ? cg_expr_int(work, sym) : cg_expr_int(work, NULL);
+	return w >= CG_PAR_WORK ? CG_PARALLEL : 0;
+}
+
+cg_stmt *cg_loop(cg_module *m, cg_kernel *k, cg_expr *extent, uint32_t hints, cg_expr **iv,
+                 cg_stmt **body)
+{
+	int v = cg_var_new(k);
+	*iv = cg_var(m, v, KILN_I64);
+	*body = cg_block(m);
+	return cg_for(m, v, extent, hints, *body);
+}
+
+cg_stmt *cg_nest(cg_module *m, cg_kernel *k, cg_stmt *parent, int n, cg_expr *const *ext,
+                 const uint32_t *hints, cg_expr **iv)
+{
+	uint32_t carry = 0; /* a parallel hint of an elided loop moves inward */
+	for (int d = 0; d < n; d++) {
+		uint32_t h = (hints ? hints[d] : 0) | carry;
+		cg_stmt *body;
+		carry = 0;
+		if (ext[d] && ext[d]->kind == CG_CONST && ext[d]->i == 1 && d < n - 1) {
+			iv[d] = cg_int(m, 0); /* no loop of one iteration */
+			carry = h & CG_PARALLEL;
+			continue;
+		}
+		cg_append(m, parent, cg_loop(m, k, ext[d], h, &iv[d], &body));
+		parent = body;
+	}
+	return parent;
+}
+
+cg_expr *cg_clamp(cg_module *m, cg_expr *v, cg_expr *hi)
+{
+	return cg_bin(m, CG_MAX, cg_bin(m, CG_MIN, v, cg_bin(m, CG_SUB, hi, cg_int(m, 1))),
+	              cg_int(m, 0));
+}
+
+cg_expr *cg_local(cg_module *m, cg_kernel *k, cg_stmt *block, kiln_dtype dt, cg_expr *v)
+{
+	int var = cg_var_new(k);
+	cg_append(m, block, cg_assign(m, var, dt, v));
+	return cg_var(m, var, dt);
+}
+
+void cg_set(cg_module *m, cg_stmt *block, cg_expr *var, cg_expr *v)
+{
+	cg_append(m, block, cg_assign(m, var->var, var->dt, v));
+}
+
+/* ---- dimension grouping -------------------------------------------------- */
+
+/* A nest over the output's dims merged into groups; per group its extent
+ * and, per operand, the stride of its innermost dim (0: broadcast). */
+typedef struct groups {
+	int n;
+	cg_expr *ext[KILN_MAX_RANK];
+	cg_expr *st[4][KILN_MAX_RANK]; /* operand k; the output is last */
+} groups;
+
+/* Operand t right-aligned against out: does it vary along out's dim d? */
+static bool present(const ir_type *t, const ir_type *out, int d)
+{
+	int j = d - (out->rank - t->rank);
+	return j >= 0 && t->dim[j] != 1;
+}
+
+/* Groups out's dims for operands t[0..nop) broadcast to it; the output's
+ * own strides are stored as operand nop. */
+static void group(cg_module *m, const ir_type *out, int nop, const ir_type *const *t, groups *gr)
+{
+	bool prev[4] = {0};
+	int last = -1;
+	gr->n = 0;
+	for (int d = 0; d < out->rank; d++) {
+		if (out->dim[d] == 1)
+			continue;
+		bool cur[4], same = last >= 0;
+		for (int k = 0; k < nop; k++) {
+			cur[k] = present(t[k], out, d);
+			same = same && cur[k] == prev[k];
+		}
+		if (same) {
+			gr->ext[gr->n - 1] = cg_bin(m, CG_MUL, gr->ext[gr->n - 1], cg_dim(m, out->dim[d]));
+		} else {
+			gr->ext[gr->n++] = cg_dim(m, out->dim[d]);
+		}
+		for (int k = 0; k < nop; k++) {
+			int off = out->rank - t[k]->rank;
+			gr->st[k][gr->n - 1] = cur[k] ? cg_stride(m, t[k], d - off) : cg_int(m, 0);
+			prev[k] = cur[k];
+		}
+		gr->st[nop][gr->n - 1] = cg_stride(m, out, d);
+		last = d;
+	}
+}
+
+static cg_expr *dot(cg_module *m, int n, cg_expr *const *iv, cg_expr *const *st)
+{
+	cg_expr *s = cg_int(m, 0);
+	for (int d = 0; d < n; d++)
+		s = cg_bin(m, CG_ADD, s, cg_bin(m, CG_MUL, iv[d], st[d]));
+	return s;
+}
+
+/* Nest hints: the outermost loop parallel when there is enough work, the
+ * innermost (contiguous in the output) vectorized. */
+static void nest_hints(cg_module *m, int n, cg_expr *work, uint32_t *h)
+{
+	for (int d = 0; d < n; d++)
+		h[d] = 0;
+	if (n) {
+		h[0] |= cg_par(m, work);
+		h[n - 1] |= CG_VECTORIZE;
+	}
+}
+
+/* ---- elementwise --------------------------------------------------------- */
+
+/* Builds an op's value from its operands (already in compute dtype ct). */
+typedef cg_expr *(*scal_fn)(cg_module *m, const ir_node *n, cg_expr **a, kiln_dtype ct);
+
+/* out[i] = f(in[0][bcast i], ...) over grouped dims; raw: move the bytes
+ * (no compute-dtype conversion). */
+static kiln_status elemwise(cg_module *m, const ir_node *n, int nop, const int *in, int out,
+                            scal_fn f, bool raw)
+{
+	cg_kernel *k = cg_lower_kernel(m, n);
+	if (!k)
+		return KILN_ENOMEM;
+	const ir_type *t[4];
+	for (int i = 0; i < nop; i++)
+		t[i] = cg_btype(m, in[i]);
+	groups gr;
+	group(m, cg_btype(m, out), nop, t, &gr);
+	uint32_t h[KILN_MAX_RANK];
+	cg_expr *iv[KILN_MAX_RANK], *a[4];
+	nest_hints(m, gr.n, m->buf[out].numel, h);
+	cg_stmt *body = cg_nest(m, k, k->body, gr.n, gr.ext, h, iv);
+	for (int i = 0; i < nop; i++) {
+		cg_expr *idx = dot(m, gr.n, iv, gr.st[i]);
+		a[i] = raw ? cg_load(m, in[i], idx) : cg_ld(m, in[i], idx);
+	}
+	kiln_dtype ct = cg_ctype(m->buf[in[nop > 1 && n->op == KILN_OP_WHERE ? 1 : 0]].dt);
+	cg_expr *v = f ? f(m, n, a, ct) : a[0];
+	cg_stmt *s = raw ? cg_store(m, out, dot(m, gr.n, iv, gr.st[nop]), v)
+	                 : cg_st(m, out, dot(m, gr.n, iv, gr.st[nop]), v);
+	if (!s)
+		return KILN_ENOMEM;
+	cg_append(m, body, s);
+	return KILN_OK;
+}
+
+kiln_status cg_lower_copy(cg_module *m, const ir_node *n, int src, int dst, kiln_error *err)
+{
+	/* same element count, maybe another shape: copy flat */
+	cg_kernel *k = cg_lower_kernel(m, n);
+	if (!k)
+		return KILN_ENOMEM;
+	cg_expr *iv;
+	cg_stmt *body;
+	cg_stmt *loop = cg_loop(m, k, m->buf[dst].numel,
+	                        cg_par(m, m->buf[dst].numel) | CG_VECTORIZE, &iv, &body);
+	cg_append(m, k->body, loop);
+	cg_append(m, body, cg_store(m, dst, iv, cg_load(m, src, iv)));
+	return loop && body->n ? KILN_OK : KILN_ENOMEM;
+}
+
+static cg_expr *fc(cg_module *m, kiln_dtype dt, double v)
+{
+	return cg_const(m, dt, v);
+}
+
+static const cg_unop unop_of[KILN_OP_COUNT] = {
+	[KILN_OP_NEG] = CG_NEG, [KILN_OP_ABS] = CG_ABS, [KILN_OP_EXP] = CG_EXP,
+	[KILN_OP_LOG] = CG_LOG, [KILN_OP_SQRT] = CG_SQRT, [KILN_OP_FLOOR] = CG_FLOOR,
+	[KILN_OP_CEIL] = CG_CEIL, [KILN_OP_SIN] = CG_SIN, [KILN_OP_COS] = CG_COS,
+	[KILN_OP_TANH] = CG_TANH, [KILN_OP_ERF] = CG_ERF, [KILN_OP_NOT] = CG_NOT,
+};
+
+static cg_expr *s_unary(cg_module *m, const ir_node *n, cg_expr **a, kiln_dtype ct)
+{
+	return cg_un(m, unop_of[n->op], a[0]);
+}
+
+static cg_expr *s_recip(cg_module *m, const ir_node *n, cg_expr **a, kiln_dtype ct)
+{
+	return cg_bin(m, CG_DIV, fc(m, ct, 1), a[0]);
+}
+
+/* max(x, 0) propagates NaN, as the interpreter's relu does. */
+static cg_expr *s_relu(cg_module *m, const ir_node *n, cg_expr **a, kiln_dtype ct)
+{
+	return cg_bin(m, CG_MAX, a[0], fc(m, ct, 0));
+}
+
+static cg_expr *s_leaky(cg_module *m, const ir_node *n, cg_expr **a, kiln_dtype ct)
+{
+	cg_expr *ax = cg_bin(m, CG_MUL, a[0], fc(m, ct, ir_attr_float(n, "alpha", 0.01)));
+	return cg_select(m, cg_bin(m, CG_LT, a[0], fc(m, ct, 0)), ax, a[0]);
+}
+
+/* 1/(1+exp(-x)): exp overflows to inf for very negative x, giving 0. */
+static cg_expr *s_sigmoid(cg_module *m, const ir_node *n, cg_expr **a, kiln_dtype ct)
+{
+	cg_expr *e = cg_un(m, CG_EXP, cg_un(m, CG_NEG, a[0]));
+	return cg_bin(m, CG_DIV, fc(m, ct, 1), cg_bin(m, CG_ADD, fc(m, ct, 1), e));
+}
+
+static cg_expr *s_gelu(cg_module *m, const ir_node *n, cg_expr **a, kiln_dtype ct)
+{
+	cg_expr *x = a[0], *inner;
+	if (!strcmp(ir_attr_str(n, "approximate", "none"), "tanh")) {
+		cg_expr *x3 = cg_bin(m, CG_MUL, cg_bin(m, CG_MUL, x, x), x);
+		cg_expr *u = cg_bin(m, CG_ADD, x, cg_bin(m, CG_MUL, fc(m, ct, 0.044715), x3));
+		inner = cg_un(m, CG_TANH, cg_bin(m, CG_MUL, fc(m, ct, sqrt(2 / M_PI)), u));
+	} else {
+		inner = cg_un(m, CG_ERF, cg_bin(m, CG_MUL, x, fc(m, ct, M_SQRT1_2)));
+	}
+	cg_expr *half_x = cg_bin(m, CG_MUL, fc(m, ct, 0.5), x);
+	return cg_bin(m, CG_MUL, half_x, cg_bin(m, CG_ADD, fc(m, ct, 1), inner));
+}
+
+/* Absent bounds are unbounded; NaN passes (comparisons with NaN fail);
+ * integer bounds round inward, as the interpreter's. */
+static cg_expr *s_clip(cg_module *m, const ir_node *n, cg_expr **a, kiln_dtype ct)
+{
+	double lo = ir_attr_float(n, "min", -INFINITY), hi = ir_attr_float(n, "max", INFINITY);
+	bool fl = kiln_dtype_is_float(ct);
+	cg_expr *x = a[0];
+	if (!fl)
+		lo = ceil(lo), hi = floor(hi);
+	if (isfinite(lo) || (fl && lo == INFINITY))
+		x = cg_select(m, cg_bin(m, CG_LT, x, fc(m, ct, lo)), fc(m, ct, lo), x);
+	if (isfinite(hi) || (fl && hi == -INFINITY))
+		x = cg_select(m, cg_bin(m, CG_GT, x, fc(m, ct, hi)), fc(m, ct, hi), x);
+	return x;
+}
+
+static cg_expr *s_cast(cg_module *m, const ir_node *n, cg_expr **a, kiln_dtype ct)
+{
+	return cg_cast(m, a[0], (kiln_dtype)ir_attr_int(n, "to", KILN_F32));
+}
+
+static const cg_binop binop_of[KILN_OP_COUNT] = {
+	[KILN_OP_ADD] = CG_ADD, [KILN_OP_SUB] = CG_SUB, [KILN_OP_MUL] = CG_MUL,
+	[KILN_OP_DIV] = CG_DIV, [KILN_OP_POW] = CG_POW, [KILN_OP_MAX] = CG_MAX,
+	[KILN_OP_MIN] = CG_MIN, [KILN_OP_EQUAL] = CG_EQ, [KILN_OP_LESS] = CG_LT,
+	[KILN_OP_GREATER] = CG_GT, [KILN_OP_AND] = CG_AND, [KILN_OP_OR] = CG_OR,
+};
+
+/* Integer division never traps: a zero divisor gives 0 (the interpreter
+ * reports an error; a kernel cannot) and -1 negates, so INT_MIN / -1 wraps. */
+static cg_expr *int_div(cg_module *m, cg_expr *a, cg_expr *b, kiln_dtype ct)
+{
+	cg_expr *zero = fc(m, ct, 0), *one = fc(m, ct, 1), *m1 = fc(m, ct, -1);
+	cg_expr *bad = cg_bin(m, CG_OR, cg_bin(m, CG_EQ, b, zero), cg_bin(m, CG_EQ, b, m1));
+	cg_expr *q = cg_bin(m, CG_DIV, a, cg_select(m, bad, one, b));
+	q = cg_select(m, cg_bin(m, CG_EQ, b, m1), cg_un(m, CG_NEG, a), q);
+	return cg_select(m, cg_bin(m, CG_EQ, b, zero), zero, q);
+}
+
+/* Folds the operands left to right (Max and Min are variadic). */
+static cg_expr *s_binary(cg_module *m, const ir_node *n, cg_expr **a, kiln_dtype ct)
+{
+	cg_expr *acc = a[0];
+	for (uint32_t k = 1; k < n->nin; k++)
+		acc = n->op == KILN_OP_DIV && !kiln_dtype_is_float(ct)
+			      ? int_div(m, acc, a[k], ct)
+			      : cg_bin(m, binop_of[n->op], acc, a[k]);
+	return acc;
+}
+
+static cg_expr *s_where(cg_module *m, const ir_node *n, cg_expr **a, kiln_dtype ct)
+{
+	return cg_select(m, cg_cast(m, a[0], KILN_BOOL), a[1], a[2]);
+}
+
+static const scal_fn scal[KILN_OP_COUNT] = {
+	[KILN_OP_NEG] = s_unary, [KILN_OP_ABS] = s_unary, [KILN_OP_EXP] = s_unary,
+	[KILN_OP_LOG] = s_unary, [KILN_OP_SQRT] = s_unary, [KILN_OP_FLOOR] = s_unary,
+	[KILN_OP_CEIL] = s_unary, [KILN_OP_SIN] = s_unary, [KILN_OP_COS] = s_unary,
+	[KILN_OP_TANH] = s_unary, [KILN_OP_ERF] = s_unary, [KILN_OP_NOT] = s_unary,
+	[KILN_OP_RECIPROCAL] = s_recip, [KILN_OP_RELU] = s_relu, [KILN_OP_LEAKY_RELU] = s_leaky,
+	[KILN_OP_SIGMOID] = s_sigmoid, [KILN_OP_GELU] = s_gelu, [KILN_OP_CLIP] = s_clip,
+	[KILN_OP_CAST] = s_cast,
+	[KILN_OP_ADD] = s_binary, [KILN_OP_SUB] = s_binary, [KILN_OP_MUL] = s_binary,
+	[KILN_OP_DIV] = s_binary, [KILN_OP_POW] = s_binary, [KILN_OP_MAX] = s_binary,
+	[KILN_OP_MIN] = s_binary, [KILN_OP_EQUAL] = s_binary, [KILN_OP_LESS] = s_binary,
+	[KILN_OP_GREATER] = s_binary, [KILN_OP_AND] = s_binary, [KILN_OP_OR] = s_binary,
+	[KILN_OP_WHERE] = s_where,
+};
+
+static kiln_status elementwise(cg_module *m, const ir_node *n, const int *in, const int *out,
+                               kiln_error *err)
+{
+	if (n->nin > 4)
+		return cg_lower_fail(m, n, err, KILN_EUNSUPPORTED, "%u operands (at most 4)", n->nin);
+	kiln_status st = elemwise(m, n, (int)n->nin, in, out[0], scal[n->op], false);
+	return st ? cg_lower_fail(m, n, err, st, "out of memory") : KILN_OK;
+}
+
+static kiln_status expand(cg_module *m, const ir_node *n, const int *in, const int *out,
+                          kiln_error *err)
+{
+	kiln_status st = elemwise(m, n, 1, in, out[0], NULL, true);
+	return st ? cg_lower_fail(m, n, err, st, "out of memory") : KILN_OK;
+}
+
+/* Views share their input's bytes; one that is a graph output (its buffer
+ * not TEMP) is copied instead. */
+static int root(const cg_module *m, int b)
+{
+	while (m->buf[b].alias >= 0)
+		b = m->buf[b].alias;
+	return b;
+}
+
+static kiln_status view(cg_module *m, const ir_node *n, const int *in, const int *out,
+                        kiln_error *err)
+{
+	if (m->buf[out[0]].kind != CG_BUF_TEMP) {
+		kiln_status st = cg_lower_copy(m, n, in[0], out[0], err);
+		return st ? cg_lower_fail(m, n, err, st, "out of memory") : KILN_OK;
+	}
+	m->buf[out[0]].alias = root(m, in[0]);
+	return KILN_OK;
+}
+
+/* ---- reductions ----------------------------------------------------------- */
+
+/* Axes reduced by n over rank dims; *noop when the op is an identity. */
+static bool reduced(const ir_node *n, int rank, bool *mask, bool *noop)
+{
+	const int64_t *axes;
+	uint32_t na = ir_attr_ints(n, "axes", &axes);
+	*noop = na == 0 && ir_attr_int(n, "noop_with_empty_axes", 0);
+	for (int d = 0; d < rank; d++)
+		mask[d] = na == 0;
+	for (uint32_t k = 0; k < na; k++) {
+		int64_t a = axes[k] < 0 ? axes[k] + rank : axes[k];
+		if (a < 0 || a >= rank)
+			return false;
+		mask[a] = true;
+	}
+	return true;
+}
+
+/* The smallest (or largest) value of an integer dtype: Max and Min start there. */
+static int64_t int_limit(kiln_dtype dt, bool hi)
+{
+	switch (dt) {
+	case KILN_I8: return hi ? INT8_MAX : INT8_MIN;
+	case KILN_U8: return hi ? UINT8_MAX : 0;
+	case KILN_I32: return hi ? INT32_MAX : INT32_MIN;
+	case KILN_I64: return hi ? INT64_MAX : INT64_MIN;
+	default: return hi; /* bool */
+	}
+}
+
+/* Start value of a reduction in dtype ct. */
+static cg_expr *red_init(cg_module *m, kiln_op op, kiln_dtype ct)
+{
+	bool mx = op == KILN_OP_REDUCE_MAX, mn = op == KILN_OP_REDUCE_MIN;
+	if (kiln_dtype_is_float(ct))
+		return fc(m, ct, mx ? -INFINITY : mn ? INFINITY : 0);
+	cg_expr *e = fc(m, ct, 0);
+	if (e && (mx || mn))
+		e->i = int_limit(ct, mn);
+	return e;
+}
+
+static const cg_binop red_step[KILN_OP_COUNT] = {
+	[KILN_OP_REDUCE_SUM] = CG_ADD, [KILN_OP_REDUCE_MEAN] = CG_ADD,
+	[KILN_OP_REDUCE_MAX] = CG_MAX, [KILN_OP_REDUCE_MIN] = CG_MIN,
+};
+
+/* Groups x's dims by kept/reduced: kept groups index the output. */
+typedef struct rgroups {
+	int nk, nr;
+	cg_expr *kext[KILN_MAX_RANK], *kst[KILN_MAX_RANK]; /* kept: extent, x stride */
+	cg_expr *rext[KILN_MAX_RANK], *rst[KILN_MAX_RANK]; /* reduced */
+	bool last_reduced; /* x's innermost (non-1) dim is reduced */
+} rgroups;
+
+static void rgroup(cg_module *m, const ir_type *x, const bool *mask, rgroups *g)
+{
+	int prev = -1;
+	g->nk = g->nr = 0;
+	g->last_reduced = false;
+	for (int d = 0; d < x->rank; d++) {
+		if (x->dim[d] == 1)
+			continue;
+		cg_expr **ext = mask[d] ? g->rext : g->kext, **st = mask[d] ? g->rst : g->kst;
+		int *cnt = mask[d] ? &g->nr : &g->nk;
+		if (prev == mask[d])
+			ext[*cnt - 1] = cg_bin(m, CG_MUL, ext[*cnt - 1], cg_dim(m, x->dim[d]));
+		else
+			ext[(*cnt)++] = cg_dim(m, x->dim[d]);
+		st[*cnt - 1] = cg_stride(m, x, d);
+		prev = mask[d];
+		g->last_reduced = mask[d];
+	}
+}
+
+static kiln_status reduce(cg_module *m, const ir_node *n, const int *in, const int *out,
+                          kiln_error *err)
+{
+	const ir_type *x = cg_btype(m, in[0]);
+	bool mask[KILN_MAX_RANK], noop;
+	if (!reduced(n, x->rank, mask, &noop))
+		return cg_lower_fail(m, n, err, KILN_EINVAL, "axis out of range for rank %d", x->rank);
+	if (noop)
+		return cg_lower_copy(m, n, in[0], out[0], err);
+	cg_kernel *k = cg_lower_kernel(m, n);
+	if (!k)
+		return KILN_ENOMEM;
+	rgroups g;
+	rgroup(m, x, mask, &g);
+	kiln_dtype ct = cg_ctype(m->buf[in[0]].dt);
+	cg_expr *kv[KILN_MAX_RANK], *rv[KILN_MAX_RANK], *kst_out[KILN_MAX_RANK];
+	uint32_t kh[KILN_MAX_RANK] = {0}, rh[KILN_MAX_RANK];
+	if (g.nk)
+		kh[0] = cg_par(m, m->buf[in[0]].numel);
+	for (int d = 0; d < g.nr; d++)
+		rh[d] = CG_REDUCE | (d == g.nr - 1 && g.last_reduced ? CG_VECTORIZE : 0);
+	if (g.nk && !g.last_reduced)
+		kh[g.nk - 1] |= g.nr ? 0 : CG_VECTORIZE;
+	for (int d = g.nk - 1; d >= 0; d--) /* the output is the kept groups, row-major */
+		kst_out[d] = d == g.nk - 1 ? cg_int(m, 1) : cg_bin(m, CG_MUL, kst_out[d + 1], g.kext[d + 1]);
+	cg_stmt *outer = cg_nest(m, k, k->body, g.nk, g.kext, kh, kv);
+	cg_expr *acc = cg_local(m, k, outer, ct, red_init(m, n->op, ct));
+	cg_stmt *inner = cg_nest(m, k, outer, g.nr, g.rext, rh, rv);
+	cg_expr *xi = cg_bin(m, CG_ADD, dot(m, g.nk, kv, g.kst), dot(m, g.nr, rv, g.rst));
+	cg_set(m, inner, acc, cg_bin(m, red_step[n->op], acc, cg_ld(m, in[0], xi)));
+	cg_expr *res = acc;
+	if (n->op == KILN_OP_REDUCE_MEAN) {
+		cg_expr *cnt = cg_int(m, 1);
+		for (int d = 0; d < g.nr; d++)
+			cnt = cg_bin(m, CG_MUL, cnt, g.rext[d]);
+		res = cg_bin(m, CG_DIV, acc, cg_cast(m, cnt, ct));
+	}
+	cg_append(m, outer, cg_st(m, out[0], dot(m, g.nk, kv, kst_out), res));
+	return outer->n ? KILN_OK : KILN_ENOMEM;
+}
+
+/* ArgMax keeps the first maximum (or the last with select_last_index); NaN
+ * beats any number, as in the interpreter.  Not reassociable: no hint. */
+static kiln_status argmax(cg_module *m, const ir_node *n, const int *in, const int *out,
+                          kiln_error *err)
+{
+	const ir_type *x = cg_btype(m, in[0]);
+	int64_t axis = ir_attr_int(n, "axis", 0);
+	axis = axis < 0 ? axis + x->rank : axis;
+	if (axis < 0 || axis >= x->rank)
+		return cg_lower_fail(m, n, err, KILN_EINVAL, "axis out of range for rank %d", x->rank);
+	cg_kernel *k = cg_lower_kernel(m, n);
+	if (!k)
+		return KILN_ENOMEM;
+	bool last = ir_attr_int(n, "select_last_index", 0), fl = kiln_dtype_is_float(x->dtype);
+	kiln_dtype ct = cg_ctype(x->dtype);
+	cg_expr *ext[2] = {cg_prod(m, x, 0, (int)axis), cg_prod(m, x, (int)axis + 1, x->rank)};
+	cg_expr *len = cg_dim(m, x->dim[axis]), *iv[2], *j;
+	uint32_t h[2] = {cg_par(m, m->buf[in[0]].numel), 0};
+	cg_stmt *body = cg_nest(m, k, k->body, 2, ext, h, iv), *jb;
+	cg_expr *base = cg_bin(m, CG_ADD, cg_bin(m, CG_MUL, iv[0], cg_bin(m, CG_MUL, len, ext[1])), iv[1]);
+	cg_expr *best = cg_local(m, k, body, KILN_I64, cg_int(m, 0));
+	cg_expr *bv = cg_local(m, k, body, ct, cg_ld(m, in[0], cg_bin(m, CG_ADD, base, cg_int(m, 0))));
+	cg_append(m, body, cg_loop(m, k, len, 0, &j, &jb));
+	cg_expr *v = cg_local(m, k, jb, ct, cg_ld(m, in[0], cg_bin(m, CG_ADD, base,
+	                                                         cg_bin(m, CG_MUL, j, ext[1]))));
+	cg_expr *more = cg_bin(m, CG_GT, v, bv);
+	if (fl) /* NaN wins over a number */
+		more = cg_bin(m, CG_OR, more, cg_bin(m, CG_AND, cg_bin(m, CG_NE, v, v),
+		                                     cg_bin(m, CG_EQ, bv, bv)));
+	if (last)
+		more = cg_bin(m, CG_OR, more, cg_bin(m, CG_EQ, v, bv));
+	cg_set(m, jb, best, cg_select(m, more, j, best));
+	cg_set(m, jb, bv, cg_select(m, more, v, bv));
+	cg_append(m, body, cg_st(m, out[0], cg_bin(m, CG_ADD, cg_bin(m, CG_MUL, iv[0], ext[1]), iv[1]),
+	                         best));
+	return KILN_OK;
+}
+
+/* ---- data movement --------------------------------------------------------- */
+
+/* Output dims d and d+1 merge when they are adjacent in the input too. */
+static kiln_status transpose(cg_module *m, const ir_node *n, const int *in, const int *out,
+                             kiln_error *err)
+{
+	const ir_type *x = cg_btype(m, in[0]), *y = cg_btype(m, out[0]);
+	const int64_t *perm;
+	uint32_t np = ir_attr_ints(n, "perm", &perm);
+	int p[KILN_MAX_RANK], ng = 0;
+	for (int d = 0; d < x->rank; d++)
+		p[d] = np ? (int)(perm[d] < 0 ? perm[d] + x->rank : perm[d]) : x->rank - 1 - d;
+	cg_kernel *k = cg_lower_kernel(m, n);
+	if (!k)
+		return KILN_ENOMEM;
+	cg_expr *ext[KILN_MAX_RANK], *xs[KILN_MAX_RANK], *ys[KILN_MAX_RANK], *iv[KILN_MAX_RANK];
+	int prevp = -2;
+	for (int d = 0; d < y->rank; d++) {
+		if (y->dim[d] == 1)
+			continue;
+		if (ng && p[d] == prevp + 1) {
+			ext[ng - 1] = cg_bin(m, CG_MUL, ext[ng - 1], cg_dim(m, y->dim[d]));
+		} else {
+			ext[ng++] = cg_dim(m, y->dim[d]);
+		}
+		xs[ng - 1] = cg_stride(m, x, p[d]);
+		ys[ng - 1] = cg_stride(m, y, d);
+		prevp = p[d];
+	}
+	uint32_t h[KILN_MAX_RANK];
+	nest_hints(m, ng, m->buf[out[0]].numel, h);
+	cg_stmt *body = cg_nest(m, k, k->body, ng, ext, h, iv);
+	cg_append(m, body, cg_store(m, out[0], dot(m, ng, iv, ys),
+	                            cg_load(m, in[0], dot(m, ng, iv, xs))));
+	return KILN_OK;
+}
+
+/* Concat and Split move [axis..] blocks: per outer index, piece k holds
+ * dim_k * inner contiguous elements at offset at_k * inner of the whole. */
+static kiln_status blocks(cg_module *m, const ir_node *n, int whole, const int *parts,
+                          int nparts, bool split, kiln_error *err)
+{
+	const ir_type *w = cg_btype(m, whole);
+	int64_t axis = ir_attr_int(n, "axis", 0);
+	axis = axis < 0 ? axis + w->rank : axis;
+	if (axis < 0 || axis >= w->rank)
+		return cg_lower_fail(m, n, err, KILN_EINVAL, "axis out of range for rank %d", w->rank);
+	cg_kernel *k = cg_lower_kernel(m, n);
+	if (!k)
+		return KILN_ENOMEM;
+	cg_expr *outer = cg_prod(m, w, 0, (int)axis), *inner = cg_prod(m, w, (int)axis + 1, w->rank);
+	cg_expr *wrow = cg_bin(m, CG_MUL, cg_dim(m, w->dim[axis]), inner), *at = cg_int(m, 0);
+	for (int p = 0; p < nparts; p++) {
+		cg_expr *plen = cg_dim(m, cg_btype(m, parts[p] >= 0 ? parts[p] : whole)->dim[axis]);
+		cg_expr *prow = cg_bin(m, CG_MUL, plen, inner), *iv[2];
+		if (parts[p] >= 0) {
+			cg_expr *ext[2] = {outer, prow};
+			uint32_t h[2] = {cg_par(m, cg_bin(m, CG_MUL, outer, prow)), CG_VECTORIZE};
+			cg_stmt *body = cg_nest(m, k, k->body, 2, ext, h, iv);
+			cg_expr *wi = cg_bin(m, CG_ADD, cg_bin(m, CG_MUL, iv[0], wrow),
+			                     cg_bin(m, CG_ADD, cg_bin(m, CG_MUL, at, inner), iv[1]));
+			cg_expr *pi = cg_bin(m, CG_ADD, cg_bin(m, CG_MUL, iv[0], prow), iv[1]);
+			cg_append(m, body, split ? cg_store(m, parts[p], pi, cg_load(m, whole, wi))
+			                         : cg_store(m, whole, wi, cg_load(m, parts[p], pi)));
+		}
+		at = cg_bin(m, CG_ADD, at, plen);
+	}
+	return KILN_OK;
+}
+
+static kiln_status concat(cg_module *m, const ir_node *n, const int *in, const int *out,
+                          kiln_error *err)
+{
+	return blocks(m, n, out[0], in, (int)n->nin, false, err);
+}
+
+/* Unused outputs arrive as -1 and are skipped. */
+static kiln_status split(cg_module *m, const ir_node *n, const int *in, const int *out,
+                         kiln_error *err)
+{
+	if (out[0] < 0)
+		return KILN_OK;
+	return blocks(m, n, in[0], out, (int)n->nout, true, err);
+}
+
+/* Per axis the first index (starts clamped as the interpreter does) and
+ * step; the output shape gives the count. */
+static kiln_status slice(cg_module *m, const ir_node *n, const int *in, const int *out,
+                         kiln_error *err)
+{
+	const ir_type *x = cg_btype(m, in[0]), *y = cg_btype(m, out[0]);
+	const int64_t *starts, *axes, *steps;
+	uint32_t ns = ir_attr_ints(n, "starts", &starts), na = ir_attr_ints(n, "axes", &axes);
+	uint32_t nst = ir_attr_ints(n, "steps", &steps);
+	cg_expr *first[KILN_MAX_RANK], *ext[KILN_MAX_RANK], *iv[KILN_MAX_RANK];
+	int64_t step[KILN_MAX_RANK];
+	for (int d = 0; d < x->rank; d++)
+		first[d] = cg_int(m, 0), step[d] = 1, ext[d] = cg_dim(m, y->dim[d]);
+	for (uint32_t k = 0; k < ns; k++) {
+		int64_t a = na ? axes[k] : (int64_t)k;
+		a = a < 0 ? a + x->rank : a;
+		if (a < 0 || a >= x->rank || (nst && steps[k] == 0))
+			return cg_lower_fail(m, n, err, KILN_EINVAL, "bad axis or zero step at %u", k);
+		cg_expr *dim = cg_dim(m, x->dim[a]), *s = cg_int(m, starts[k]);
+		step[a] = nst ? steps[k] : 1;
+		if (starts[k] < 0)
+			s = cg_bin(m, CG_ADD, s, dim);
+		cg_expr *hi = step[a] > 0 ? dim : cg_bin(m, CG_SUB, dim, cg_int(m, 1));
+		first[a] = cg_bin(m, CG_MAX, cg_bin(m, CG_MIN, s, hi), cg_int(m, 0));
+	}
+	cg_kernel *k = cg_lower_kernel(m, n);
+	if (!k)
+		return KILN_ENOMEM;
+	uint32_t h[KILN_MAX_RANK];
+	nest_hints(m, x->rank, m->buf[out[0]].numel, h);
+	cg_stmt *body = cg_nest(m, k, k->body, x->rank, ext, h, iv);
+	cg_expr *xi = cg_int(m, 0), *yi = cg_int(m, 0);
+	for (int d = 0; d < x->rank; d++) {
+		cg_expr *j = cg_bin(m, CG_ADD, first[d], cg_bin(m, CG_MUL, iv[d], cg_int(m, step[d])));
+		xi = cg_bin(m, CG_ADD, cg_bin(m, CG_MUL, xi, cg_dim(m, x->dim[d])), j);
+		yi = cg_bin(m, CG_ADD, cg_bin(m, CG_MUL, yi, ext[d]), iv[d]);
+	}
+	cg_append(m, body, cg_store(m, out[0], yi, cg_load(m, in[0], xi)));
+	return KILN_OK;
+}
+
+/* Gather: negative indices count from the end.  A kernel cannot report the
+ * interpreter's out-of-range error, so an index outside [-dim, dim) is
+ * clamped into [0, dim): never a read outside the data. */
+static kiln_status gather(cg_module *m, const ir_node *n, const int *in, const int *out,
+                          kiln_error *err)
+{
+	const ir_type *x = cg_btype(m, in[0]);
+	int64_t axis = ir_attr_int(n, "axis", 0);
+	axis = axis < 0 ? axis + x->rank : axis;
+	if (axis < 0 || axis >= x->rank || kiln_dtype_is_float(m->buf[in[1]].dt))
+		return cg_lower_fail(m, n, err, KILN_EINVAL, "bad axis or non-integer indices");
+	cg_kernel *k = cg_lower_kernel(m, n);
+	if (!k)
+		return KILN_ENOMEM;
+	cg_expr *dim = cg_dim(m, x->dim[axis]), *ni = m->buf[in[1]].numel;
+	cg_expr *ext[3] = {cg_prod(m, x, 0, (int)axis), ni, cg_prod(m, x, (int)axis + 1, x->rank)};
+	uint32_t h[3] = {cg_par(m, m->buf[out[0]].numel), 0, CG_VECTORIZE};
+	cg_expr *iv[3];
+	cg_stmt *body = cg_nest(m, k, k->body, 3, ext, h, iv);
+	cg_expr *v = cg_cast(m, cg_load(m, in[1], iv[1]), KILN_I64);
+	cg_expr *at = cg_select(m, cg_bin(m, CG_LT, v, cg_int(m, 0)), cg_bin(m, CG_ADD, v, dim), v);
+	at = cg_clamp(m, at, dim);
+	cg_expr *xi = cg_bin(m, CG_ADD, cg_bin(m, CG_MUL, cg_bin(m, CG_ADD,
+	                     cg_bin(m, CG_MUL, iv[0], dim), at), ext[2]), iv[2]);
+	cg_expr *yi = cg_bin(m, CG_ADD, cg_bin(m, CG_MUL, cg_bin(m, CG_ADD,
+	                     cg_bin(m, CG_MUL, iv[0], ni), iv[1]), ext[2]), iv[2]);
+	cg_append(m, body, cg_store(m, out[0], yi, cg_load(m, in[0], xi)));
+	return KILN_OK;
+}
+
+/* Where padded coordinate j reads: reflect mirrors without repeating the
+ * edge (period 2(dim-1)), edge clamps; dims of 1 behave as edge. */
+static cg_expr *pad_src(cg_module *m, int mode, cg_expr *j, cg_expr *dim)
+{
+	if (mode == 2)
+		return cg_clamp(m, j, dim);
+	cg_expr *one = cg_int(m, 1), *two = cg_int(m, 2);
+	cg_expr *per = cg_bin(m, CG_MAX, cg_bin(m, CG_MUL, two, cg_bin(m, CG_SUB, dim, one)), one);
+	cg_expr *t = cg_bin(m, CG_REM, cg_bin(m, CG_ADD, cg_bin(m, CG_REM, j, per), per), per);
+	cg_expr *r = cg_select(m, cg_bin(m, CG_LT, t, dim), t, cg_bin(m, CG_SUB, per, t));
+	return cg_clamp(m, r, dim);
+}
+
+static kiln_status pad(cg_module *m, const ir_node *n, const int *in, const int *out,
+                       kiln_error *err)
+{
+	static const char *const modes[] = {"constant", "reflect", "edge"};
+	const ir_type *x = cg_btype(m, in[0]), *y = cg_btype(m, out[0]);
+	const int64_t *pads;
+	uint32_t np = ir_attr_ints(n, "pads", &pads);
+	const char *ms = ir_attr_str(n, "mode", "constant");
+	int mode = 0;
+	while (mode < 3 && strcmp(ms, modes[mode]))
+		mode++;
+	if (mode == 3)
+		return cg_lower_fail(m, n, err, KILN_EUNSUPPORTED, "pad mode '%s'", ms);
+	if (np != 2 * (uint32_t)x->rank)
+		return cg_lower_fail(m, n, err, KILN_EINVAL, "pads has %u entries, need %d", np,
+		                     2 * x->rank);
+	cg_kernel *k = cg_lower_kernel(m, n);
+	if (!k)
+		return KILN_ENOMEM;
+	cg_expr *ext[KILN_MAX_RANK], *iv[KILN_MAX_RANK];
+	for (int d = 0; d < y->rank; d++)
+		ext[d] = cg_dim(m, y->dim[d]);
+	uint32_t h[KILN_MAX_RANK];
+	nest_hints(m, y->rank, m->buf[out[0]].numel, h);
+	cg_stmt *body = cg_nest(m, k, k->body, y->rank, ext, h, iv);
+	cg_expr *xi = cg_int(m, 0), *yi = cg_int(m, 0), *inside = cg_const(m, KILN_BOOL, 1);
+	for (int d = 0; d < x->rank; d++) {
+		cg_expr *dim = cg_dim(m, x->dim[d]), *j = cg_bin(m, CG_SUB, iv[d], cg_int(m, pads[d]));
+		if (pads[d] || pads[x->rank + d]) {
+			inside = cg_bin(m, CG_AND, inside, cg_bin(m, CG_AND, cg_bin(m, CG_GE, j, cg_int(m, 0)),
+			                                           cg_bin(m, CG_LT, j, dim)));
+			j = mode ? pad_src(m, mode, j, dim) : cg_clamp(m, j, dim);
+		}
+		xi = cg_bin(m, CG_ADD, cg_bin(m, CG_MUL, xi, dim), j);
+		yi = cg_bin(m, CG_ADD, cg_bin(m, CG_MUL, yi, ext[d]), iv[d]);
+	}
+	cg_expr *v = cg_load(m, in[0], xi);
+	if (mode == 0)
+		v = cg_select(m, inside, v, cg_cast(m, cg_const(m, KILN_F64, ir_attr_float(n, "value", 0)),
+		                                    x->dtype));
+	cg_append(m, body, cg_store(m, out[0], yi, v));
+	return KILN_OK;
+}
+
+/* The dims of the input, as the symbols are bound at run time. */
+static kiln_status shape(cg_module *m, const ir_node *n, const int *in, const int *out,
+                         kiln_error *err)
+{
+	const ir_type *x = cg_btype(m, in[0]);
+	int r = x->rank;
+	int64_t start = ir_attr_int(n, "start", 0), end = ir_attr_int(n, "end", r);
+	start = start < 0 ? start + r : start, end = end < 0 ? end + r : end;
+	start = start < 0 ? 0 : start > r ? r : start;
+	end = end < start ? start : end > r ? r : end;
+	cg_kernel *k = cg_lower_kernel(m, n);
+	if (!k)
+		return KILN_ENOMEM;
+	for (int64_t d = start; d < end; d++)
+		cg_append(m, k->body, cg_st(m, out[0], cg_int(m, d - start), cg_dim(m, x->dim[d])));
+	return KILN_OK;
+}
+
+/* ---- the table --------------------------------------------------------------- */
+
+const cg_lower_fn cg_lower_table[KILN_OP_COUNT] = {
+	[KILN_OP_NEG] = elementwise, [KILN_OP_ABS] = elementwise, [KILN_OP_EXP] = elementwise,
+	[KILN_OP_LOG] = elementwise, [KILN_OP_SQRT] = elementwise,
+	[KILN_OP_RECIPROCAL] = elementwise, [KILN_OP_FLOOR] = elementwise,
+	[KILN_OP_CEIL] = elementwise, [KILN_OP_SIN] = elementwise, [KILN_OP_COS] = elementwise,
+	[KILN_OP_RELU] = elementwise, [KILN_OP_LEAKY_RELU] = elementwise,
+	[KILN_OP_SIGMOID] = elementwise, [KILN_OP_TANH] = elementwise,
+	[KILN_OP_GELU] = elementwise, [KILN_OP_ERF] = elementwise, [KILN_OP_CLIP] = elementwise,
+	[KILN_OP_NOT] = elementwise, [KILN_OP_CAST] = elementwise, [KILN_OP_IDENTITY] = view,
+	[KILN_OP_ADD] = elementwise, [KILN_OP_SUB] = elementwise, [KILN_OP_MUL] = elementwise,
+	[KILN_OP_DIV] = elementwise, [KILN_OP_POW] = elementwise, [KILN_OP_MAX] = elementwise,
+	[KILN_OP_MIN] = elementwise, [KILN_OP_EQUAL] = elementwise, [KILN_OP_LESS] = elementwise,
+	[KILN_OP_GREATER] = elementwise, [KILN_OP_AND] = elementwise, [KILN_OP_OR] = elementwise,
+	[KILN_OP_WHERE] = elementwise,
+	[KILN_OP_REDUCE_SUM] = reduce, [KILN_OP_REDUCE_MEAN] = reduce,
+	[KILN_OP_REDUCE_MAX] = reduce, [KILN_OP_REDUCE_MIN] = reduce, [KILN_OP_ARGMAX] = argmax,
+	[KILN_OP_MATMUL] = cg_lower_matmul, [KILN_OP_GEMM] = cg_lower_gemm,
+	[KILN_OP_CONV] = cg_lower_conv, [KILN_OP_CONV_TRANSPOSE] = cg_lower_conv_transpose,
+	[KILN_OP_MAX_POOL] = cg_lower_pool, [KILN_OP_AVERAGE_POOL] = cg_lower_pool,
+	[KILN_OP_GLOBAL_AVERAGE_POOL] = cg_lower_global_avg_pool,
+	[KILN_OP_BATCH_NORM] = cg_lower_batch_norm, [KILN_OP_LAYER_NORM] = cg_lower_layer_norm,
+	[KILN_OP_SOFTMAX] = cg_lower_softmax, [KILN_OP_LOG_SOFTMAX] = cg_lower_softmax,
+	[KILN_OP_RESHAPE] = view, [KILN_OP_TRANSPOSE] = transpose, [KILN_OP_CONCAT] = concat,
+	[KILN_OP_SPLIT] = split, [KILN_OP_SLICE] = slice, [KILN_OP_GATHER] = gather,
+	[KILN_OP_FLATTEN] = view, [KILN_OP_SQUEEZE] = view, [KILN_OP_UNSQUEEZE] = view,
+	[KILN_OP_EXPAND] = expand, [KILN_OP_PAD] = pad, [KILN_OP_SHAPE] = shape,
+	[KILN_OP_CONSTANT] = NULL, /* a CONST buffer, made by the driver */
+	[KILN_OP_DROPOUT] = cg_lower_dropout,
+	[KILN_OP_SOFTMAX_CE] = cg_lower_loss, [KILN_OP_NLL_LOSS] = cg_lower_loss,
+};
+
+/* ---- the driver ---------------------------------------------------------------- */
+
+typedef struct lowering {
+	cg_module *m;
+	const kiln_graph *g;
+	int *vbuf;      /* value id -> buffer */
+	int *out_of;    /* value id -> graph output index it is written to directly, or -1 */
+	kiln_error *err;
+} lowering;
+
+static int value_buf(lowering *L, cg_buf_kind kind, uint32_t v)
+{
+	const ir_value *val = L->g->val[v];
+	int b = cg_buf_new(L->m, kind, val->type.dtype, cg_prod(L->m, &val->type, 0, val->type.rank));
+	if (b < 0)
+		return -1;
+	cg_buf *cb = &L->m->buf[b];
+	cb->type = val->type;
+	cb->value = v;
+	cb->name = val->name ? ir_arena_strdup(L->m->arena, val->name) : NULL;
+	L->vbuf[v] = b;
+	return b;
+}
+
+/* The GEMM that ends kernel k (maybe inside its loops), or NULL. */
+static cg_gemm *last_gemm(const cg_kernel *k)
+{
+	const cg_stmt *s = k->body;
+	while (s && (s->kind == CG_BLOCK || s->kind == CG_FOR))
+		s = s->kind == CG_FOR ? s->body : s->n ? s->items[s->n - 1] : NULL;
+	return s && s->kind == CG_GEMM ? s->gemm : NULL;
+}
+
+/* Relu of an f32 GEMM's result, its only use, folds into the GEMM's
+ * epilogue; the Relu's result becomes a view of the GEMM's output. */
+static bool fuse_relu(lowering *L, const ir_node *n)
+{
+	cg_module *m = L->m;
+	const ir_value *x = L->g->val[n->in[0]];
+	int xb = L->vbuf[n->in[0]];
+	if (n->op != KILN_OP_RELU || x->type.dtype != KILN_F32 || x->nuse != 1 || !x->def ||
+	    xb < 0 || m->buf[xb].kind != CG_BUF_TEMP || m->buf[xb].alias >= 0 ||
+	    L->out_of[n->out[0]] >= 0 || !m->nkern || m->kern[m->nkern - 1].node != x->def->idx)
+		return false;
+	cg_gemm *gm = last_gemm(&m->kern[m->nkern - 1]);
+	if (!gm || gm->c != xb || gm->act)
+		return false;
+	int b = value_buf(L, CG_BUF_TEMP, n->out[0]);
+	if (b < 0)
+		return false;
+	gm->act = 1;
+	m->buf[b].alias = xb;
+	return true;
+}
+
+static kiln_status lower_node(lowering *L, const ir_node *n)
+{
+	cg_module *m = L->m;
+	int in[IR_VARIADIC + 1], out[IR_VARIADIC + 1];
+	if (n->op == KILN_OP_CONSTANT) {
+		const ir_attr *a = ir_attr_get(n, "value");
+		int b = value_buf(L, CG_BUF_CONST, n->out[0]);
+		if (b < 0)
+			return ir_seterr(L->err, KILN_ENOMEM, "cg_lower: out of memory");
+		m->buf[b].data = a && a->kind == IR_A_TENSOR ? a->u.t : NULL;
+		return KILN_OK;
+	}
+	if (fuse_relu(L, n))
+		return KILN_OK;
+	if (!cg_lower_table[n->op])
+		return cg_lower_fail(m, n, L->err, KILN_EUNSUPPORTED, "no lowering for %s",
+		                     ir_op(n->op)->onnx);
+	for (uint32_t k = 0; k < n->nin; k++)
+		in[k] = n->in[k] ? L->vbuf[n->in[k]] : -1;
+	for (uint32_t k = 0; k < n->nout; k++) {
+		uint32_t v = n->out[k];
+		int oi = L->out_of[v];
+		out[k] = -1;
+		if (k > 0 && L->g->val[v]->nuse == 0 && oi < 0)
+			continue; /* an unused extra output: not computed */
+		out[k] = value_buf(L, oi >= 0 ? CG_BUF_OUTPUT : CG_BUF_TEMP, v);
+		if (out[k] < 0)
+			return ir_seterr(L->err, KILN_ENOMEM, "cg_lower: out of memory");
+		if (oi >= 0) {
+			m->buf[out[k]].io_index = oi;
+			m->outputs[oi] = out[k];
+		}
+	}
+	kiln_status st = cg_lower_table[n->op](m, n, in, out, L->err);
+	if (st == KILN_ENOMEM && L->err && !L->err->msg[0])
+		cg_lower_fail(m, n, L->err, st, "out of memory");
+	return st;
+}
+
+static kiln_status lower_io(lowering *L)
+{
+	cg_module *m = L->m;
+	const kiln_graph *g = L->g;
+	for (uint32_t i = 0; i < g->ninput; i++) {
+		int b = value_buf(L, CG_BUF_INPUT, g->input[i]);
+		if (b < 0)
+			return KILN_ENOMEM;
+		m->buf[b].io_index = (int)i;
+		m->inputs[i] = b;
+	}
+	for (uint32_t v = 1; v < g->nval; v++)
+		if (g->val[v]->kind == IR_V_PARAM) {
+			int b = value_buf(L, CG_BUF_CONST, v);
+			if (b < 0)
+				return KILN_ENOMEM;
+			m->buf[b].data = g->val[v]->data;
+		}
+	/* the first listing of a node's result is written in place */
+	for (uint32_t i = 0; i < g->noutput; i++) {
+		uint32_t v = g->output[i];
+		bool seen = false;
+		for (uint32_t j = 0; j < i; j++)
+			seen = seen || g->output[j] == v;
+		if (!seen && g->val[v]->kind == IR_V_NODE && g->val[v]->def &&
+		    g->val[v]->def->op != KILN_OP_CONSTANT)
+			L->out_of[v] = (int)i;
+	}
+	return KILN_OK;
+}
+
+/* Outputs not written in place: copies of inputs, constants, repeats. */
+static kiln_status lower_output_copies(lowering *L)
+{
+	cg_module *m = L->m;
+	const kiln_graph *g = L->g;
+	for (uint32_t i = 0; i < g->noutput; i++) {
+		if (m->outputs[i] >= 0)
+			continue;
+		uint32_t v = g->output[i];
+		int src = L->vbuf[v], dst = value_buf(L, CG_BUF_OUTPUT, v);
+		if (dst < 0)
+			return ir_seterr(L->err, KILN_ENOMEM, "cg_lower: out of memory");
+		L->vbuf[v] = src;
+		m->buf[dst].io_index = (int)i;
+		m->outputs[i] = dst;
+		kiln_status st = cg_lower_copy(m, NULL, src, dst, L->err);
+		if (st)
+			return st;
+	}
+	return KILN_OK;
+}
+
+static kiln_status lower_graph(lowering *L)
+{
+	cg_module *m = L->m;
+	const kiln_graph *g = L->g;
+	m->ninputs = (int)g->ninput;
+	m->noutputs = (int)g->noutput;
+	m->inputs = malloc((g->ninput + 1) * sizeof *m->inputs);
+	m->outputs = malloc((g->noutput + 1) * sizeof *m->outputs);
+	if (!m->inputs || !m->outputs || lower_io(L))
+		return ir_seterr(L->err, KILN_ENOMEM, "cg_lower: out of memory");
+	for (uint32_t i = 0; i < g->noutput; i++)
+		m->outputs[i] = -1;
+	for (uint32_t i = 0; i < g->nnode; i++) {
+		if (g->node[i]->dead)
+			continue;
+		kiln_status st = lower_node(L, g->node[i]);
+		if (st)
+			return st;
+	}
+	return lower_output_copies(L);
+}
+
+kiln_status cg_lower(const kiln_graph *g, cg_module **out, kiln_error *err)
+{
+	if (!g || !out)
+		return ir_seterr(err, KILN_EINVAL, "cg_lower: null argument");
+	*out = NULL;
+	kiln_status st = ir_verify(g, err);
+	if (st)
+		return st;
+	lowering L = {cg_module_new(g), g, calloc(g->nval + 1, sizeof(int)),
+	              calloc(g->nval + 1, sizeof(int)), err};
+	if (!L.m || !L.vbuf || !L.out_of)
+		st = ir_seterr(err, KILN_ENOMEM, "cg_lower: out of memory");
+	for (uint32_t v = 0; !st && v <= g->nval; v++)
+		L.vbuf[v] = L.out_of[v] = -1;
+	if (!st)
+		st = lower_graph(&L);
+	free(L.vbuf), free(L.out_of);
+	if (st) {
+		cg_module_free(L.m);
+		return st;
+	}
+	*out = L.m;
+	return KILN_OK;
+}

@@ -1,0 +1,80 @@
+/*
+ * lower.h: helpers shared by lower.c (the driver, elementwise, reductions,
+ * data movement) and lower_nn.c (linear algebra, convolution, pooling,
+ * normalisation, losses); private to those two files.
+ */
+#ifndef KILN_CG_LOWER_H
+#define KILN_CG_LOWER_H
+
+#include "codegen/codegen.h"
+
+/* Loops doing at least this many element operations are marked
+ * CG_PARALLEL (below it a pool dispatch costs more than it saves), each
+ * symbol counted as CG_PAR_SYM: a symbolic batch usually means more than
+ * one, and the pool runs a short range inline anyway. */
+#define CG_PAR_WORK 32768
+#define CG_PAR_SYM 8
+
+/* "file:line: Op 'name': " + text into err; returns code. */
+kiln_status cg_lower_fail(const cg_module *m, const ir_node *n, kiln_error *err,
+                          kiln_status code, const char *fmt, ...)
+	__attribute__((format(printf, 5, 6)));
+/* A kernel for node n named k<index>_<kir mnemonic>; NULL on ENOMEM. */
+cg_kernel *cg_lower_kernel(cg_module *m, const ir_node *n);
+/* A kernel-private TEMP buffer (value 0) of numel elements. */
+int cg_lower_scratch(cg_module *m, kiln_dtype dt, cg_expr *numel);
+const ir_type *cg_btype(const cg_module *m, int buf);
+/* Product of dims [from, to) of t as an i64 expression. */
+cg_expr *cg_prod(cg_module *m, const ir_type *t, int from, int to);
+/* Row-major stride of dim d of t. */
+cg_expr *cg_stride(cg_module *m, const ir_type *t, int d);
+/* The dtype arithmetic happens in: f16 and bf16 compute in f32. */
+kiln_dtype cg_ctype(kiln_dtype dt);
+/* buf[idx] converted to its compute dtype; a store converting back. */
+cg_expr *cg_ld(cg_module *m, int buf, cg_expr *idx);
+cg_stmt *cg_st(cg_module *m, int buf, cg_expr *idx, cg_expr *v);
+/* CG_PARALLEL when work (an element count estimate) is large enough. */
+uint32_t cg_par(cg_module *m, cg_expr *work);
+/* A loop `for var in 0..extent` whose body is a fresh block (*body);
+ * *iv is the loop variable. */
+cg_stmt *cg_loop(cg_module *m, cg_kernel *k, cg_expr *extent, uint32_t hints, cg_expr **iv,
+                 cg_stmt **body);
+/* Appends a nest over ext[0..n) (outermost first) to parent: iv[] gets the
+ * variables, the innermost block is returned (parent itself when n == 0);
+ * hints[d] per loop. */
+cg_stmt *cg_nest(cg_module *m, cg_kernel *k, cg_stmt *parent, int n, cg_expr *const *ext,
+                 const uint32_t *hints, cg_expr **iv);
+/* A kernel copying buffer src to dst element by element (same dtype). */
+kiln_status cg_lower_copy(cg_module *m, const ir_node *n, int src, int dst, kiln_error *err);
+/* v clamped to [0, hi - 1]: index arithmetic that must not leave a buffer. */
+cg_expr *cg_clamp(cg_module *m, cg_expr *v, cg_expr *hi);
+/* Local scalar: a fresh variable of the kernel assigned v in block. */
+cg_expr *cg_local(cg_module *m, cg_kernel *k, cg_stmt *block, kiln_dtype dt, cg_expr *v);
+/* Re-assigns local var (from cg_local) in block. */
+void cg_set(cg_module *m, cg_stmt *block, cg_expr *var, cg_expr *v);
+
+/* lower_nn.c */
+kiln_status cg_lower_matmul(cg_module *m, const ir_node *n, const int *in, const int *out,
+                            kiln_error *err);
+kiln_status cg_lower_gemm(cg_module *m, const ir_node *n, const int *in, const int *out,
+                          kiln_error *err);
+kiln_status cg_lower_conv(cg_module *m, const ir_node *n, const int *in, const int *out,
+                          kiln_error *err);
+kiln_status cg_lower_conv_transpose(cg_module *m, const ir_node *n, const int *in,
+                                    const int *out, kiln_error *err);
+kiln_status cg_lower_pool(cg_module *m, const ir_node *n, const int *in, const int *out,
+                          kiln_error *err);
+kiln_status cg_lower_global_avg_pool(cg_module *m, const ir_node *n, const int *in,
+                                     const int *out, kiln_error *err);
+kiln_status cg_lower_batch_norm(cg_module *m, const ir_node *n, const int *in, const int *out,
+                                kiln_error *err);
+kiln_status cg_lower_layer_norm(cg_module *m, const ir_node *n, const int *in, const int *out,
+                                kiln_error *err);
+kiln_status cg_lower_softmax(cg_module *m, const ir_node *n, const int *in, const int *out,
+                             kiln_error *err);
+kiln_status cg_lower_dropout(cg_module *m, const ir_node *n, const int *in, const int *out,
+                             kiln_error *err);
+kiln_status cg_lower_loss(cg_module *m, const ir_node *n, const int *in, const int *out,
+                          kiln_error *err);
+
+#endif /* KILN_CG_LOWER_H */

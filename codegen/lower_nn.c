@@ -1,0 +1,1048 @@
+/*
+ * lower_nn.c: lowerings of the neural-network ops: MatMul and Gemm,
+ * convolutions, pooling, normalisation, softmax, dropout and losses.
+ *
+ * Matrix products in f32 become one CG_GEMM each, transposes and batch
+ * broadcasts being strides (a broadcast batch has stride 0, and a batch of
+ * row-major matrices times one shared matrix folds into a single taller
+ * GEMM).  Conv with group 1 in f32 is im2col into a kernel-private buffer
+ * then a GEMM per image (W[M, C*k] x col[C*k, OH*OW], bias per row), and a
+ * 1x1, stride-1, unpadded conv is a GEMM straight on the input.  Grouped and
+ * depthwise convs, ConvTranspose, and non-f32 convs are direct loop nests
+ * that accumulate into the output tap by tap, so the innermost loop walks
+ * contiguous output pixels.  Padding never reads memory: taps outside the
+ * input load from a clamped index and are masked with a select.
+ *
+ * Reductions (norms, softmax, losses) accumulate in locals in double-safe
+ * orders: max, then the sum of exp(x - max), then normalise.  Loops marked
+ * CG_PARALLEL are always direct children of the kernel body and read no
+ * local assigned outside them (see codegen.h).
+ */
+#include <math.h>
+#include <string.h>
+
+#include "codegen/lower.h"
+
+static cg_expr *I(cg_module *m, int64_t v)
+{
+	return cg_int(m, v);
+}
+
+static cg_expr *add(cg_module *m, cg_expr *a, cg_expr *b)
+{
+	return cg_bin(m, CG_ADD, a, b);
+}
+
+static cg_expr *mul(cg_module *m, cg_expr *a, cg_expr *b)
+{
+	return cg_bin(m, CG_MUL, a, b);
+}
+
+static cg_expr *fc(cg_module *m, kiln_dtype dt, double v)
+{
+	return cg_const(m, dt, v);
+}
+
+static kiln_status nomem(const cg_module *m, const ir_node *n, kiln_error *err)
+{
+	return cg_lower_fail(m, n, err, KILN_ENOMEM, "out of memory");
+}
+
+/* ---- MatMul and Gemm ------------------------------------------------------ */
+
+/* Batch dims of y broadcast from a's and b's: nest extents and, per
+ * operand, the batch stride in whole matrices. */
+typedef struct mm_batch {
+	int n;
+	cg_expr *ext[KILN_MAX_RANK], *sa[KILN_MAX_RANK], *sb[KILN_MAX_RANK], *sy[KILN_MAX_RANK];
+} mm_batch;
+
+static void mm_groups(cg_module *m, const ir_type *a, const ir_type *b, const ir_type *y,
+                      int nb, mm_batch *g)
+{
+	ir_type ab = {a->dtype, a->rank > 1 ? a->rank - 2 : 0, {0}};
+	ir_type bb = {b->dtype, b->rank > 1 ? b->rank - 2 : 0, {0}};
+	ir_type yb = {y->dtype, nb, {0}};
+	memcpy(ab.dim, a->dim, ab.rank * sizeof(int64_t));
+	memcpy(bb.dim, b->dim, bb.rank * sizeof(int64_t));
+	memcpy(yb.dim, y->dim, nb * sizeof(int64_t));
+	g->n = 0;
+	bool pa = false, pb = false;
+	for (int d = 0; d < nb; d++) {
+		if (yb.dim[d] == 1)
+			continue;
+		int ja = d - (nb - ab.rank), jb = d - (nb - bb.rank);
+		bool ca = ja >= 0 && ab.dim[ja] != 1, cb = jb >= 0 && bb.dim[jb] != 1;
+		if (g->n && ca == pa && cb == pb)
+			g->ext[g->n - 1] = mul(m, g->ext[g->n - 1], cg_dim(m, yb.dim[d]));
+		else
+			g->ext[g->n++] = cg_dim(m, yb.dim[d]);
+		g->sa[g->n - 1] = ca ? cg_stride(m, &ab, ja) : I(m, 0);
+		g->sb[g->n - 1] = cb ? cg_stride(m, &bb, jb) : I(m, 0);
+		g->sy[g->n - 1] = cg_stride(m, &yb, d);
+		pa = ca, pb = cb;
+	}
+}
+
+static bool is_zero(const cg_expr *e)
+{
+	return e && e->kind == CG_CONST && e->i == 0;
+}
+
+/* f32: one GEMM, inside loops over all but the innermost batch group. */
+static kiln_status matmul_gemm(cg_module *m, const ir_node *n, const int *in, int out,
+                               cg_expr *M, cg_expr *N, cg_expr *K, mm_batch *g, bool a1,
+                               kiln_error *err)
+{
+	cg_kernel *k = cg_lower_kernel(m, n);
+	if (!k)
+		return nomem(m, n, err);
+	cg_expr *mk = mul(m, M, K), *kn = mul(m, K, N), *mn = mul(m, M, N), *iv[KILN_MAX_RANK];
+	/* a stack of row-major matrices times one shared B: a single taller GEMM */
+	if (g->n == 1 && is_zero(g->sb[0]) && !is_zero(g->sa[0]) && !a1) {
+		M = mul(m, M, g->ext[0]);
+		g->n = 0;
+	}
+	int loops = g->n ? g->n - 1 : 0;
+	cg_stmt *body = cg_nest(m, k, k->body, loops, g->ext, NULL, iv);
+	cg_expr *oa = I(m, 0), *ob = I(m, 0), *oy = I(m, 0);
+	for (int d = 0; d < loops; d++) {
+		oa = add(m, oa, mul(m, iv[d], mul(m, g->sa[d], mk)));
+		ob = add(m, ob, mul(m, iv[d], mul(m, g->sb[d], kn)));
+		oy = add(m, oy, mul(m, iv[d], mul(m, g->sy[d], mn)));
+	}
+	bool bat = g->n > 0;
+	cg_gemm gm = {.a = in[0], .b = in[1], .c = out, .bias = -1, .M = M, .N = N, .K = K,
+	              .batch = bat ? g->ext[g->n - 1] : I(m, 1),
+	              .a_off = oa, .a_bs = bat ? mul(m, g->sa[g->n - 1], mk) : I(m, 0),
+	              .a_rs = K, .a_cs = I(m, 1),
+	              .b_off = ob, .b_bs = bat ? mul(m, g->sb[g->n - 1], kn) : I(m, 0),
+	              .b_rs = N, .b_cs = I(m, 1),
+	              .c_off = oy, .c_bs = bat ? mul(m, g->sy[g->n - 1], mn) : I(m, 0), .c_rs = N,
+	              .bias_off = I(m, 0), .alpha = 1, .beta = 0};
+	cg_append(m, body, cg_gemm_stmt(m, &gm));
+	return body && body->n ? KILN_OK : nomem(m, n, err);
+}
+
+/* Other dtypes: plain loops, accumulating in a local of the compute dtype
+ * (integers wrap, as the interpreter's do). */
+static kiln_status matmul_loops(cg_module *m, const ir_node *n, const int *in, int out,
+                                cg_expr *M, cg_expr *N, cg_expr *K, mm_batch *g,
+                                kiln_error *err)
+{
+	cg_kernel *k = cg_lower_kernel(m, n);
+	if (!k)
+		return nomem(m, n, err);
+	cg_expr *ext[KILN_MAX_RANK + 2], *iv[KILN_MAX_RANK + 3];
+	uint32_t h[KILN_MAX_RANK + 2] = {0};
+	memcpy(ext, g->ext, g->n * sizeof *ext);
+	ext[g->n] = M, ext[g->n + 1] = N;
+	h[0] = cg_par(m, mul(m, m->buf[out].numel, K));
+	cg_stmt *body = cg_nest(m, k, k->body, g->n + 2, ext, h, iv), *kb;
+	cg_expr *oa = I(m, 0), *ob = I(m, 0), *oy = I(m, 0), *i = iv[g->n], *j = iv[g->n + 1], *kk;
+	for (int d = 0; d < g->n; d++) {
+		oa = add(m, oa, mul(m, iv[d], mul(m, g->sa[d], mul(m, M, K))));
+		ob = add(m, ob, mul(m, iv[d], mul(m, g->sb[d], mul(m, K, N))));
+		oy = add(m, oy, mul(m, iv[d], mul(m, g->sy[d], mul(m, M, N))));
+	}
+	kiln_dtype ct = cg_ctype(m->buf[out].dt);
+	cg_expr *acc = cg_local(m, k, body, ct, fc(m, ct, 0));
+	cg_append(m, body, cg_loop(m, k, K, CG_REDUCE, &kk, &kb));
+	cg_expr *av = cg_ld(m, in[0], add(m, oa, add(m, mul(m, i, K), kk)));
+	cg_expr *bv = cg_ld(m, in[1], add(m, ob, add(m, mul(m, kk, N), j)));
+	cg_set(m, kb, acc, add(m, acc, mul(m, av, bv)));
+	cg_append(m, body, cg_st(m, out, add(m, oy, add(m, mul(m, i, N), j)), acc));
+	return KILN_OK;
+}
+
+kiln_status cg_lower_matmul(cg_module *m, const ir_node *n, const int *in, const int *out,
+                            kiln_error *err)
+{
+	const ir_type *a = cg_btype(m, in[0]), *b = cg_btype(m, in[1]), *y = cg_btype(m, out[0]);
+	if (a->rank < 1 || b->rank < 1)
+		return cg_lower_fail(m, n, err, KILN_ESHAPE, "MatMul of a scalar");
+	bool a1 = a->rank == 1, b1 = b->rank == 1;
+	cg_expr *M = a1 ? I(m, 1) : cg_dim(m, a->dim[a->rank - 2]);
+	cg_expr *K = cg_dim(m, a->dim[a->rank - 1]);
+	cg_expr *N = b1 ? I(m, 1) : cg_dim(m, b->dim[b->rank - 1]);
+	mm_batch g;
+	mm_groups(m, a, b, y, y->rank - !a1 - !b1, &g);
+	if (a->dtype == KILN_F32 && b->dtype == KILN_F32)
+		return matmul_gemm(m, n, in, out[0], M, N, K, &g, a1, err);
+	return matmul_loops(m, n, in, out[0], M, N, K, &g, err);
+}
+
+static cg_expr *s_beta(cg_module *m, const ir_node *n, cg_expr *c, kiln_dtype ct)
+{
+	return mul(m, c, fc(m, ct, ir_attr_float(n, "beta", 1)));
+}
+
+/* y = beta * C broadcast to [M, N]: the GEMM then accumulates with beta 1. */
+static kiln_status gemm_c_copy(cg_module *m, const ir_node *n, int c, int y, kiln_error *err)
+{
+	cg_kernel *k = cg_lower_kernel(m, n);
+	if (!k)
+		return nomem(m, n, err);
+	const ir_type *ct = cg_btype(m, c), *yt = cg_btype(m, y);
+	cg_expr *ext[2] = {cg_dim(m, yt->dim[0]), cg_dim(m, yt->dim[1])}, *iv[2], *cs[2];
+	for (int d = 0; d < 2; d++) {
+		int j = d - (2 - ct->rank);
+		cs[d] = j >= 0 && ct->dim[j] != 1 ? cg_stride(m, ct, j) : I(m, 0);
+	}
+	uint32_t h[2] = {cg_par(m, m->buf[y].numel), CG_VECTORIZE};
+	cg_stmt *body = cg_nest(m, k, k->body, 2, ext, h, iv);
+	cg_expr *v = cg_ld(m, c, add(m, mul(m, iv[0], cs[0]), mul(m, iv[1], cs[1])));
+	cg_append(m, body, cg_st(m, y, add(m, mul(m, iv[0], ext[1]), iv[1]),
+	                         s_beta(m, n, v, cg_ctype(m->buf[y].dt))));
+	return KILN_OK;
+}
+
+/* Gemm's C as a GEMM bias: 1 along N ([N] or [1,N]), 2 along M ([M,1]). */
+static int bias_axis(const ir_type *c, int64_t M, int64_t N)
+{
+	if ((c->rank == 1 && c->dim[0] == N) || (c->rank == 2 && c->dim[0] == 1 && c->dim[1] == N))
+		return 1;
+	if (c->rank == 2 && c->dim[0] == M && c->dim[1] == 1)
+		return 2;
+	return 0;
+}
+
+static kiln_status gemm_loops(cg_module *m, const ir_node *n, const int *in, int y,
+                              kiln_error *err);
+
+kiln_status cg_lower_gemm(cg_module *m, const ir_node *n, const int *in, const int *out,
+                          kiln_error *err)
+{
+	const ir_type *a = cg_btype(m, in[0]), *b = cg_btype(m, in[1]);
+	bool ta = ir_attr_int(n, "transA", 0), tb = ir_attr_int(n, "transB", 0);
+	double alpha = ir_attr_float(n, "alpha", 1), beta = ir_attr_float(n, "beta", 1);
+	int c = n->nin > 2 ? in[2] : -1;
+	if (a->rank != 2 || b->rank != 2)
+		return cg_lower_fail(m, n, err, KILN_ESHAPE, "Gemm needs 2-D A and B");
+	if (a->dtype != KILN_F32)
+		return gemm_loops(m, n, in, out[0], err);
+	int64_t Md = a->dim[ta], Kd = a->dim[!ta], Nd = b->dim[!tb];
+	cg_expr *M = cg_dim(m, Md), *K = cg_dim(m, Kd), *N = cg_dim(m, Nd);
+	int axis = c >= 0 && beta == 1 ? bias_axis(cg_btype(m, c), Md, Nd) : 0;
+	if (c >= 0 && beta != 0 && !axis) {
+		kiln_status st = gemm_c_copy(m, n, c, out[0], err);
+		if (st)
+			return st;
+	}
+	cg_kernel *k = cg_lower_kernel(m, n);
+	if (!k)
+		return nomem(m, n, err);
+	cg_gemm gm = {.a = in[0], .b = in[1], .c = out[0], .bias = axis ? c : -1,
+	              .M = M, .N = N, .K = K, .batch = I(m, 1),
+	              .a_off = I(m, 0), .a_bs = I(m, 0), .a_rs = ta ? I(m, 1) : K,
+	              .a_cs = ta ? M : I(m, 1),
+	              .b_off = I(m, 0), .b_bs = I(m, 0), .b_rs = tb ? I(m, 1) : N,
+	              .b_cs = tb ? K : I(m, 1),
+	              .c_off = I(m, 0), .c_bs = I(m, 0), .c_rs = N, .bias_off = I(m, 0),
+	              .alpha = alpha, .beta = c >= 0 && beta != 0 && !axis ? 1 : 0,
+	              .bias_axis = axis};
+	cg_append(m, k->body, cg_gemm_stmt(m, &gm));
+	return k->body->n ? KILN_OK : nomem(m, n, err);
+}
+
+static kiln_status gemm_loops(cg_module *m, const ir_node *n, const int *in, int y,
+                              kiln_error *err)
+{
+	const ir_type *a = cg_btype(m, in[0]), *b = cg_btype(m, in[1]);
+	bool ta = ir_attr_int(n, "transA", 0), tb = ir_attr_int(n, "transB", 0);
+	kiln_dtype ct = cg_ctype(m->buf[y].dt);
+	cg_expr *M = cg_dim(m, a->dim[ta]), *K = cg_dim(m, a->dim[!ta]), *N = cg_dim(m, b->dim[!tb]);
+	cg_kernel *k = cg_lower_kernel(m, n);
+	if (!k)
+		return nomem(m, n, err);
+	cg_expr *ext[2] = {M, N}, *iv[2], *kk;
+	uint32_t h[2] = {cg_par(m, mul(m, m->buf[y].numel, K)), 0};
+	cg_stmt *body = cg_nest(m, k, k->body, 2, ext, h, iv), *kb;
+	cg_expr *acc = cg_local(m, k, body, ct, fc(m, ct, 0));
+	cg_append(m, body, cg_loop(m, k, K, CG_REDUCE, &kk, &kb));
+	cg_expr *ai = ta ? add(m, mul(m, kk, M), iv[0]) : add(m, mul(m, iv[0], K), kk);
+	cg_expr *bi = tb ? add(m, mul(m, iv[1], K), kk) : add(m, mul(m, kk, N), iv[1]);
+	cg_set(m, kb, acc, add(m, acc, mul(m, cg_ld(m, in[0], ai), cg_ld(m, in[1], bi))));
+	cg_expr *v = mul(m, acc, fc(m, ct, ir_attr_float(n, "alpha", 1)));
+	if (n->nin > 2) {
+		const ir_type *c = cg_btype(m, in[2]);
+		cg_expr *ci = I(m, 0);
+		for (int d = 0; d < 2; d++) {
+			int j = d - (2 - c->rank);
+			if (j >= 0 && c->dim[j] != 1)
+				ci = add(m, ci, mul(m, iv[d], cg_stride(m, c, j)));
+		}
+		v = add(m, v, s_beta(m, n, cg_ld(m, in[2], ci), ct));
+	}
+	cg_append(m, body, cg_st(m, y, add(m, mul(m, iv[0], N), iv[1]), v));
+	return KILN_OK;
+}
+
+/* ---- convolution geometry ---------------------------------------------- */
+
+typedef struct geom {
+	int nsp;
+	int64_t in[3], out[3], k[3], stride[3], dil[3], pad[3], pad_end[3];
+	int64_t isz, osz, ksz;
+} geom;
+
+static bool spatial_attr(const ir_node *n, const char *name, int nsp, int64_t dflt,
+                         int64_t *v, int want)
+{
+	const int64_t *a;
+	uint32_t na = ir_attr_ints(n, name, &a);
+	for (int d = 0; d < want; d++)
+		v[d] = na ? a[d < (int)na ? d : 0] : dflt;
+	return na == 0 || na == (uint32_t)want;
+}
+
+/* The interpreter's rule (ir/interp.c geometry()), on fixed spatial dims. */
+static kiln_status geometry(cg_module *m, const ir_node *n, const ir_type *x, const ir_type *y,
+                            const int64_t *k, bool transpose, geom *g, kiln_error *err)
+{
+	g->nsp = x->rank - 2;
+	if (g->nsp < 1 || g->nsp > 3 || y->rank != x->rank)
+		return cg_lower_fail(m, n, err, KILN_EUNSUPPORTED, "%d spatial dims", g->nsp);
+	int64_t pads[6], opad[3];
+	const int64_t *oshape;
+	bool ok = spatial_attr(n, "strides", g->nsp, 1, g->stride, g->nsp) &&
+	          spatial_attr(n, "dilations", g->nsp, 1, g->dil, g->nsp) &&
+	          spatial_attr(n, "pads", g->nsp, 0, pads, 2 * g->nsp) &&
+	          spatial_attr(n, "output_padding", g->nsp, 0, opad, g->nsp);
+	const char *ap = ir_attr_str(n, "auto_pad", "NOTSET");
+	bool same = !strcmp(ap, "SAME_UPPER") || !strcmp(ap, "SAME_LOWER");
+	bool derive = same || (transpose && ir_attr_ints(n, "output_shape", &oshape));
+	if (!ok)
+		return cg_lower_fail(m, n, err, KILN_EINVAL, "spatial attribute of the wrong length");
+	g->isz = g->osz = g->ksz = 1;
+	for (int d = 0; d < g->nsp; d++) {
+		g->in[d] = x->dim[2 + d], g->out[d] = y->dim[2 + d], g->k[d] = k[d];
+		if (g->in[d] < 0 || g->out[d] < 0 || g->k[d] < 1 || g->stride[d] < 1 || g->dil[d] < 1)
+			return cg_lower_fail(m, n, err, KILN_EUNSUPPORTED,
+			                     "symbolic spatial dims or bad strides/kernel");
+		int64_t span = (g->k[d] - 1) * g->dil[d] + 1, total;
+		if (derive) {
+			total = transpose ? g->stride[d] * (g->in[d] - 1) + opad[d] + span - g->out[d]
+			                  : (g->out[d] - 1) * g->stride[d] + span - g->in[d];
+			total = total < 0 ? 0 : total;
+			g->pad[d] = !strcmp(ap, "SAME_UPPER") ? total / 2 : total - total / 2;
+			g->pad_end[d] = total - g->pad[d];
+		} else if (!strcmp(ap, "VALID")) {
+			g->pad[d] = g->pad_end[d] = 0;
+		} else {
+			g->pad[d] = pads[d], g->pad_end[d] = pads[g->nsp + d];
+		}
+		g->isz *= g->in[d], g->osz *= g->out[d], g->ksz *= g->k[d];
+	}
+	return KILN_OK;
+}
+
+/* Fixed channel dims (the batch alone may be symbolic). */
+static bool fixed_channels(const ir_type *x, const ir_type *w, const ir_type *y)
+{
+	return x->dim[1] >= 0 && y->dim[1] >= 0 && w->dim[0] >= 0 && w->dim[1] >= 0;
+}
+
+/* Row-major linear index of coordinates c[0..nsp) in dims. */
+static cg_expr *lin(cg_module *m, int nsp, cg_expr *const *c, const int64_t *dims)
+{
+	cg_expr *s = I(m, 0);
+	for (int d = 0; d < nsp; d++)
+		s = add(m, mul(m, s, I(m, dims[d])), c[d]);
+	return s;
+}
+
+/* Input coordinate of output position o and tap t on each spatial dim,
+ * clamped into the input; *valid says whether all were inside. */
+static void taps(cg_module *m, const geom *g, cg_expr *const *o, cg_expr *const *t,
+                 cg_expr **j, cg_expr **valid)
+{
+	*valid = cg_const(m, KILN_BOOL, 1);
+	for (int d = 0; d < g->nsp; d++) {
+		cg_expr *p = add(m, add(m, mul(m, o[d], I(m, g->stride[d])), mul(m, t[d], I(m, g->dil[d]))),
+		                 I(m, -g->pad[d]));
+		cg_expr *in = cg_bin(m, CG_AND, cg_bin(m, CG_GE, p, I(m, 0)),
+		                     cg_bin(m, CG_LT, p, I(m, g->in[d])));
+		*valid = cg_bin(m, CG_AND, *valid, in);
+		j[d] = cg_clamp(m, p, I(m, g->in[d]));
+	}
+}
+
+static void out_loops_hints(int nsp, uint32_t *h)
+{
+	for (int d = 0; d < nsp; d++)
+		h[d] = d == nsp - 1 ? CG_VECTORIZE : 0;
+}
+
+/* ---- Conv ------------------------------------------------------------------- */
+
+/* 1x1, stride 1, no padding: y[b] = W[M, C] x x[b][C, HW] (+ bias per row). */
+static kiln_status conv_1x1(cg_module *m, const ir_node *n, const int *in, int y, const geom *g,
+                            kiln_error *err)
+{
+	const ir_type *x = cg_btype(m, in[0]), *yt = cg_btype(m, y);
+	int64_t C = x->dim[1], M = yt->dim[1];
+	cg_kernel *k = cg_lower_kernel(m, n);
+	if (!k)
+		return nomem(m, n, err);
+	bool bias = n->nin > 2 && in[2] >= 0;
+	cg_gemm gm = {.a = in[1], .b = in[0], .c = y, .bias = bias ? in[2] : -1,
+	              .M = I(m, M), .N = I(m, g->osz), .K = I(m, C), .batch = cg_dim(m, x->dim[0]),
+	              .a_off = I(m, 0), .a_bs = I(m, 0), .a_rs = I(m, C), .a_cs = I(m, 1),
+	              .b_off = I(m, 0), .b_bs = I(m, C * g->isz), .b_rs = I(m, g->isz), .b_cs = I(m, 1),
+	              .c_off = I(m, 0), .c_bs = I(m, M * g->osz), .c_rs = I(m, g->osz),
+	              .bias_off = I(m, 0), .alpha = 1, .beta = 0, .bias_axis = bias ? 2 : 0};
+	cg_append(m, k->body, cg_gemm_stmt(m, &gm));
+	return k->body->n ? KILN_OK : nomem(m, n, err);
+}
+
+/* The output positions o of the innermost spatial dim whose tap t lands
+ * inside the input, o*s + t*dil - pad in [0, in): [lo, hi), both clamped
+ * to [0, out].  Splitting the row there leaves the middle part a plain
+ * (for stride 1 contiguous) copy with no per-pixel bounds test. */
+static void inner_span(cg_module *m, const geom *g, cg_expr *t, cg_expr **lo, cg_expr **hi)
+{
+	int d = g->nsp - 1;
+	cg_expr *s = I(m, g->stride[d]), *sm1 = I(m, g->stride[d] - 1), *out = I(m, g->out[d]);
+	cg_expr *off = add(m, I(m, g->pad[d]), mul(m, t, I(m, -g->dil[d])));
+	/* ceil(a / s) for a >= 0 is (a + s - 1) / s; below 0 the clamp gives 0 */
+	cg_expr *first = cg_bin(m, CG_DIV, add(m, off, sm1), s);
+	cg_expr *end = cg_bin(m, CG_DIV, add(m, add(m, off, I(m, g->in[d])), sm1), s);
+	*lo = cg_bin(m, CG_MIN, cg_bin(m, CG_MAX, first, I(m, 0)), out);
+	*hi = cg_bin(m, CG_MAX, cg_bin(m, CG_MIN, end, out), *lo);
+}
+
+/* Input row (all spatial dims but the innermost) of output row o and taps
+ * t, clamped, as a linear index times in[last]; *valid: inside the input. */
+static cg_expr *tap_row(cg_module *m, const geom *g, cg_expr *const *o, cg_expr *const *t,
+                        cg_expr **valid)
+{
+	cg_expr *j[3];
+	*valid = cg_const(m, KILN_BOOL, 1);
+	for (int d = 0; d < g->nsp - 1; d++) {
+		cg_expr *p = add(m, add(m, mul(m, o[d], I(m, g->stride[d])), mul(m, t[d], I(m, g->dil[d]))),
+		                 I(m, -g->pad[d]));
+		*valid = cg_bin(m, CG_AND, *valid, cg_bin(m, CG_AND, cg_bin(m, CG_GE, p, I(m, 0)),
+		                                          cg_bin(m, CG_LT, p, I(m, g->in[d]))));
+		j[d] = cg_clamp(m, p, I(m, g->in[d]));
+	}
+	return mul(m, lin(m, g->nsp - 1, j, g->in), I(m, g->in[g->nsp - 1]));
+}
+
+/* Input column of output column o (innermost dim) and tap t; inside the
+ * input whenever o is in the tap's span. */
+static cg_expr *tap_col(cg_module *m, const geom *g, cg_expr *o, cg_expr *t)
+{
+	int d = g->nsp - 1;
+	return add(m, add(m, mul(m, o, I(m, g->stride[d])), mul(m, t, I(m, g->dil[d]))),
+	           I(m, -g->pad[d]));
+}
+
+/* Loops c, taps, output rows over ext/iv (2*nsp entries after c), leaving
+ * the innermost output dim to the caller: the common shape of im2col and
+ * the direct conv. */
+static cg_stmt *conv_nest(cg_module *m, cg_kernel *k, cg_stmt *blk, int64_t C, const geom *g,
+                          cg_expr **iv)
+{
+	cg_expr *ext[7];
+	int ns = g->nsp;
+	ext[0] = I(m, C);
+	for (int d = 0; d < ns; d++)
+		ext[1 + d] = I(m, g->k[d]);
+	for (int d = 0; d < ns - 1; d++)
+		ext[1 + ns + d] = I(m, g->out[d]);
+	return cg_nest(m, k, blk, 2 * ns, ext, NULL, iv);
+}
+
+/* col[(c*ksz + t)*osz + o] = x[b, c, tap(o, t)], 0 in the padding: per
+ * output row, zeros before the tap's span, a copy inside it, zeros after. */
+static void im2col(cg_module *m, cg_kernel *k, cg_stmt *blk, int x, int col, cg_expr *b, int64_t C,
+                   const geom *g)
+{
+	cg_expr *iv[7], *valid, *lo, *hi, *v[3];
+	cg_stmt *lb[3];
+	int ns = g->nsp;
+	int64_t W = g->out[ns - 1];
+	cg_stmt *body = conv_nest(m, k, blk, C, g, iv);
+	cg_expr *row = add(m, mul(m, iv[0], I(m, g->ksz)), lin(m, ns, iv + 1, g->k));
+	cg_expr *orow = iv[1 + ns];
+	for (int d = 1; d < ns - 1; d++)
+		orow = add(m, mul(m, orow, I(m, g->out[d])), iv[1 + ns + d]);
+	cg_expr *cbase = add(m, mul(m, row, I(m, g->osz)), ns > 1 ? mul(m, orow, I(m, W)) : I(m, 0));
+	cg_expr *xrow = add(m, mul(m, add(m, mul(m, b, I(m, C)), iv[0]), I(m, g->isz)),
+	                    tap_row(m, g, iv + 1 + ns, iv + 1, &valid));
+	inner_span(m, g, iv[ns], &lo, &hi);
+	cg_expr *ext[3] = {lo, cg_bin(m, CG_SUB, hi, lo), cg_bin(m, CG_SUB, I(m, W), hi)};
+	cg_expr *start[3] = {I(m, 0), lo, hi};
+	for (int p = 0; p < 3; p++) {
+		cg_append(m, body, cg_loop(m, k, ext[p], CG_VECTORIZE, &v[p], &lb[p]));
+		cg_expr *o = add(m, start[p], v[p]), *val = fc(m, KILN_F32, 0);
+		if (p == 1)
+			val = cg_select(m, valid, cg_load(m, x, add(m, xrow, tap_col(m, g, o, iv[ns]))), val);
+		cg_append(m, lb[p], cg_store(m, col, add(m, cbase, o), val));
+	}
+}
+
+static kiln_status conv_im2col(cg_module *m, const ir_node *n, const int *in, int y, const geom *g,
+                               kiln_error *err)
+{
+	const ir_type *x = cg_btype(m, in[0]), *yt = cg_btype(m, y);
+	int64_t C = x->dim[1], M = yt->dim[1], rows = C * g->ksz;
+	int col = cg_lower_scratch(m, KILN_F32, I(m, rows * g->osz));
+	cg_kernel *k = cg_lower_kernel(m, n);
+	if (col < 0 || !k)
+		return nomem(m, n, err);
+	cg_expr *b;
+	cg_stmt *body;
+	cg_append(m, k->body, cg_loop(m, k, cg_dim(m, x->dim[0]), 0, &b, &body));
+	im2col(m, k, body, in[0], col, b, C, g);
+	bool bias = n->nin > 2 && in[2] >= 0;
+	cg_gemm gm = {.a = in[1], .b = col, .c = y, .bias = bias ? in[2] : -1,
+	              .M = I(m, M), .N = I(m, g->osz), .K = I(m, rows), .batch = I(m, 1),
+	              .a_off = I(m, 0), .a_bs = I(m, 0), .a_rs = I(m, rows), .a_cs = I(m, 1),
+	              .b_off = I(m, 0), .b_bs = I(m, 0), .b_rs = I(m, g->osz), .b_cs = I(m, 1),
+	              .c_off = mul(m, b, I(m, M * g->osz)), .c_bs = I(m, 0), .c_rs = I(m, g->osz),
+	              .bias_off = I(m, 0), .alpha = 1, .beta = 0, .bias_axis = bias ? 2 : 0};
+	cg_append(m, body, cg_gemm_stmt(m, &gm));
+	return body && body->n == 2 ? KILN_OK : nomem(m, n, err);
+}
+
+/* y[b, m, :] = bias[m] (or 0), in its own nest over the output pixels. */
+static void init_bias(cg_module *m, cg_kernel *k, cg_stmt *blk, const ir_node *n, const int *in,
+                      int y, cg_expr *bm, cg_expr *mi, const geom *g)
+{
+	cg_expr *ext[3], *iv[3];
+	uint32_t h[3];
+	for (int d = 0; d < g->nsp; d++)
+		ext[d] = I(m, g->out[d]);
+	out_loops_hints(g->nsp, h);
+	cg_stmt *body = cg_nest(m, k, blk, g->nsp, ext, h, iv);
+	kiln_dtype ct = cg_ctype(m->buf[y].dt);
+	cg_expr *v = n->nin > 2 && in[2] >= 0 ? cg_ld(m, in[2], mi) : fc(m, ct, 0);
+	cg_append(m, body, cg_st(m, y, add(m, mul(m, bm, I(m, g->osz)), lin(m, g->nsp, iv, g->out)), v));
+}
+
+/* Grouped, depthwise and non-f32 convs: per (image, out channel), the
+ * output plane accumulates one (input channel, tap) at a time, each output
+ * row only over the tap's span (the padding adds nothing). */
+static kiln_status conv_direct(cg_module *m, const ir_node *n, const int *in, int y, const geom *g,
+                               kiln_error *err)
+{
+	const ir_type *x = cg_btype(m, in[0]), *yt = cg_btype(m, y);
+	int64_t grp = ir_attr_int(n, "group", 1), C = x->dim[1], M = yt->dim[1];
+	int64_t Cg = C / grp, Mg = M / grp, W = g->out[g->nsp - 1];
+	cg_kernel *k = cg_lower_kernel(m, n);
+	if (!k)
+		return nomem(m, n, err);
+	cg_expr *bm, *iv[7], *valid, *lo, *hi, *v;
+	cg_stmt *blk, *vb;
+	cg_expr *nm = mul(m, cg_dim(m, x->dim[0]), I(m, M));
+	cg_append(m, k->body, cg_loop(m, k, nm, cg_par(m, mul(m, m->buf[y].numel, I(m, Cg * g->ksz))),
+	                              &bm, &blk));
+	cg_expr *mi = cg_bin(m, CG_REM, bm, I(m, M)), *bi = cg_bin(m, CG_DIV, bm, I(m, M));
+	init_bias(m, k, blk, n, in, y, bm, mi, g);
+	int ns = g->nsp;
+	cg_stmt *body = conv_nest(m, k, blk, Cg, g, iv);
+	inner_span(m, g, iv[ns], &lo, &hi);
+	cg_append(m, body, cg_loop(m, k, cg_bin(m, CG_SUB, hi, lo), CG_VECTORIZE, &v, &vb));
+	cg_expr *o = add(m, lo, v), *orow = I(m, 0);
+	for (int d = 0; d < ns - 1; d++)
+		orow = add(m, mul(m, orow, I(m, g->out[d])), iv[1 + ns + d]);
+	cg_expr *c = add(m, mul(m, cg_bin(m, CG_DIV, mi, I(m, Mg)), I(m, Cg)), iv[0]);
+	cg_expr *xi = add(m, add(m, mul(m, add(m, mul(m, bi, I(m, C)), c), I(m, g->isz)),
+	                         tap_row(m, g, iv + 1 + ns, iv + 1, &valid)), tap_col(m, g, o, iv[ns]));
+	cg_expr *wi = add(m, mul(m, add(m, mul(m, mi, I(m, Cg)), iv[0]), I(m, g->ksz)),
+	                  lin(m, ns, iv + 1, g->k));
+	cg_expr *yi = add(m, mul(m, bm, I(m, g->osz)), add(m, mul(m, orow, I(m, W)), o));
+	kiln_dtype ct = cg_ctype(m->buf[y].dt);
+	cg_expr *xv = cg_select(m, valid, cg_ld(m, in[0], xi), fc(m, ct, 0));
+	cg_append(m, vb, cg_st(m, y, yi, add(m, cg_ld(m, y, yi), mul(m, xv, cg_ld(m, in[1], wi)))));
+	return KILN_OK;
+}
+
+kiln_status cg_lower_conv(cg_module *m, const ir_node *n, const int *in, const int *out,
+                          kiln_error *err)
+{
+	const ir_type *x = cg_btype(m, in[0]), *w = cg_btype(m, in[1]), *y = cg_btype(m, out[0]);
+	geom g;
+	if (!fixed_channels(x, w, y))
+		return cg_lower_fail(m, n, err, KILN_EUNSUPPORTED, "symbolic channel counts");
+	kiln_status st = geometry(m, n, x, y, w->dim + 2, false, &g, err);
+	if (st)
+		return st;
+	if (x->dtype != KILN_F32 || ir_attr_int(n, "group", 1) != 1)
+		return conv_direct(m, n, in, out[0], &g, err);
+	bool pointwise = true;
+	for (int d = 0; d < g.nsp; d++)
+		pointwise = pointwise && g.k[d] == 1 && g.stride[d] == 1 && g.pad[d] == 0 &&
+		            g.pad_end[d] == 0 && g.in[d] == g.out[d];
+	return pointwise ? conv_1x1(m, n, in, out[0], &g, err) : conv_im2col(m, n, in, out[0], &g, err);
+}
+
+/* ConvTranspose as a gather: output position o takes tap t from input
+ * position (o + pad - t*dil) / stride when that divides exactly. */
+kiln_status cg_lower_conv_transpose(cg_module *m, const ir_node *n, const int *in,
+                                    const int *out, kiln_error *err)
+{
+	const ir_type *x = cg_btype(m, in[0]), *w = cg_btype(m, in[1]), *yt = cg_btype(m, out[0]);
+	geom g;
+	if (!fixed_channels(x, w, yt))
+		return cg_lower_fail(m, n, err, KILN_EUNSUPPORTED, "symbolic channel counts");
+	kiln_status st = geometry(m, n, x, yt, w->dim + 2, true, &g, err);
+	cg_kernel *k = st ? NULL : cg_lower_kernel(m, n);
+	if (!k)
+		return st ? st : nomem(m, n, err);
+	int64_t grp = ir_attr_int(n, "group", 1), C = x->dim[1], M = yt->dim[1];
+	int64_t Cg = C / grp, Mg = M / grp;
+	int y = out[0], ns = g.nsp;
+	cg_expr *bm, *ext[7], *iv[7], *j[3];
+	cg_stmt *blk;
+	cg_append(m, k->body, cg_loop(m, k, mul(m, cg_dim(m, x->dim[0]), I(m, M)),
+	                              cg_par(m, mul(m, m->buf[y].numel, I(m, Cg * g.ksz))), &bm, &blk));
+	cg_expr *mi = cg_bin(m, CG_REM, bm, I(m, M)), *bi = cg_bin(m, CG_DIV, bm, I(m, M));
+	init_bias(m, k, blk, n, in, y, bm, mi, &g);
+	uint32_t h[7] = {0};
+	ext[0] = I(m, Cg);
+	for (int d = 0; d < ns; d++)
+		ext[1 + d] = I(m, g.k[d]), ext[1 + ns + d] = I(m, g.out[d]);
+	out_loops_hints(ns, h + 1 + ns);
+	cg_stmt *body = cg_nest(m, k, blk, 1 + 2 * ns, ext, h, iv);
+	cg_expr *valid = cg_const(m, KILN_BOOL, 1);
+	for (int d = 0; d < ns; d++) {
+		cg_expr *t = add(m, add(m, iv[1 + ns + d], I(m, g.pad[d])), mul(m, iv[1 + d], I(m, -g.dil[d])));
+		cg_expr *s = I(m, g.stride[d]), *q = cg_bin(m, CG_DIV, t, s);
+		cg_expr *ok = cg_bin(m, CG_AND, cg_bin(m, CG_GE, t, I(m, 0)),
+		                     cg_bin(m, CG_EQ, cg_bin(m, CG_REM, t, s), I(m, 0)));
+		valid = cg_bin(m, CG_AND, valid, cg_bin(m, CG_AND, ok, cg_bin(m, CG_LT, q, I(m, g.in[d]))));
+		j[d] = cg_clamp(m, q, I(m, g.in[d]));
+	}
+	cg_expr *c = add(m, mul(m, cg_bin(m, CG_DIV, mi, I(m, Mg)), I(m, Cg)), iv[0]);
+	cg_expr *xi = add(m, mul(m, add(m, mul(m, bi, I(m, C)), c), I(m, g.isz)), lin(m, ns, j, g.in));
+	cg_expr *wi = add(m, mul(m, add(m, mul(m, c, I(m, Mg)), cg_bin(m, CG_REM, mi, I(m, Mg))),
+	                         I(m, g.ksz)), lin(m, ns, iv + 1, g.k));
+	cg_expr *yi = add(m, mul(m, bm, I(m, g.osz)), lin(m, ns, iv + 1 + ns, g.out));
+	kiln_dtype ct = cg_ctype(m->buf[y].dt);
+	cg_expr *xv = cg_select(m, valid, cg_ld(m, in[0], xi), fc(m, ct, 0));
+	cg_append(m, body, cg_st(m, y, yi, add(m, cg_ld(m, y, yi), mul(m, xv, cg_ld(m, in[1], wi)))));
+	return KILN_OK;
+}
+
+/* ---- pooling --------------------------------------------------------------- */
+
+/* MaxPool: padding never wins; AveragePool divides by the taps inside the
+ * input, or with count_include_pad by those inside [-pad, in + pad_end). */
+kiln_status cg_lower_pool(cg_module *m, const ir_node *n, const int *in, const int *out,
+                          kiln_error *err)
+{
+	const ir_type *x = cg_btype(m, in[0]), *y = cg_btype(m, out[0]);
+	const int64_t *ks;
+	geom g;
+	uint32_t nk = ir_attr_ints(n, "kernel_shape", &ks);
+	if (x->rank < 3 || nk != (uint32_t)x->rank - 2)
+		return cg_lower_fail(m, n, err, KILN_EINVAL, "kernel_shape does not fit rank %d", x->rank);
+	kiln_status st = geometry(m, n, x, y, ks, false, &g, err);
+	cg_kernel *k = st ? NULL : cg_lower_kernel(m, n);
+	if (!k)
+		return st ? st : nomem(m, n, err);
+	bool is_max = n->op == KILN_OP_MAX_POOL, incl = ir_attr_int(n, "count_include_pad", 0);
+	kiln_dtype ct = cg_ctype(x->dtype);
+	int ns = g.nsp;
+	cg_expr *nc = mul(m, cg_dim(m, x->dim[0]), cg_dim(m, x->dim[1])), *b, *ext[3], *o[3], *t[3], *j[3];
+	cg_expr *valid;
+	cg_stmt *blk;
+	cg_append(m, k->body, cg_loop(m, k, nc, cg_par(m, mul(m, m->buf[out[0]].numel, I(m, g.ksz))),
+	                              &b, &blk));
+	for (int d = 0; d < ns; d++)
+		ext[d] = I(m, g.out[d]);
+	cg_stmt *ob = cg_nest(m, k, blk, ns, ext, NULL, o);
+	cg_expr *acc = cg_local(m, k, ob, ct, fc(m, ct, is_max ? -INFINITY : 0));
+	cg_expr *cnt = is_max ? NULL : cg_local(m, k, ob, ct, fc(m, ct, 0));
+	for (int d = 0; d < ns; d++)
+		ext[d] = I(m, g.k[d]);
+	cg_stmt *tb = cg_nest(m, k, ob, ns, ext, NULL, t);
+	taps(m, &g, o, t, j, &valid);
+	cg_expr *xv = cg_ld(m, in[0], add(m, mul(m, b, I(m, g.isz)), lin(m, ns, j, g.in)));
+	if (is_max) {
+		cg_set(m, tb, acc, cg_bin(m, CG_MAX, acc, cg_select(m, valid, xv, fc(m, ct, -INFINITY))));
+	} else {
+		cg_expr *counted = valid;
+		for (int d = 0; d < ns && incl; d++) {
+			cg_expr *p = add(m, mul(m, o[d], I(m, g.stride[d])), mul(m, t[d], I(m, g.dil[d])));
+			cg_expr *pin = cg_bin(m, CG_LT, p, I(m, g.in[d] + g.pad[d] + g.pad_end[d]));
+			counted = d ? cg_bin(m, CG_AND, counted, pin) : pin;
+		}
+		cg_set(m, tb, acc, add(m, acc, cg_select(m, valid, xv, fc(m, ct, 0))));
+		cg_set(m, tb, cnt, add(m, cnt, cg_select(m, counted, fc(m, ct, 1), fc(m, ct, 0))));
+		acc = cg_bin(m, CG_DIV, acc, cnt);
+	}
+	cg_append(m, ob, cg_st(m, out[0], add(m, mul(m, b, I(m, g.osz)), lin(m, ns, o, g.out)), acc));
+	return KILN_OK;
+}
+
+kiln_status cg_lower_global_avg_pool(cg_module *m, const ir_node *n, const int *in,
+                                     const int *out, kiln_error *err)
+{
+	const ir_type *x = cg_btype(m, in[0]);
+	if (x->rank < 2)
+		return cg_lower_fail(m, n, err, KILN_ESHAPE, "needs [N, C, ...] input");
+	cg_kernel *k = cg_lower_kernel(m, n);
+	if (!k)
+		return nomem(m, n, err);
+	kiln_dtype ct = cg_ctype(x->dtype);
+	cg_expr *nc = cg_prod(m, x, 0, 2), *sp = cg_prod(m, x, 2, x->rank), *b, *s;
+	cg_stmt *blk, *sb;
+	cg_append(m, k->body, cg_loop(m, k, nc, cg_par(m, m->buf[in[0]].numel), &b, &blk));
+	cg_expr *acc = cg_local(m, k, blk, ct, fc(m, ct, 0));
+	cg_append(m, blk, cg_loop(m, k, sp, CG_REDUCE | CG_VECTORIZE, &s, &sb));
+	cg_set(m, sb, acc, add(m, acc, cg_ld(m, in[0], add(m, mul(m, b, sp), s))));
+	cg_append(m, blk, cg_st(m, out[0], b, cg_bin(m, CG_DIV, acc, cg_cast(m, sp, ct))));
+	return KILN_OK;
+}
+
+/* ---- normalisation -------------------------------------------------------- */
+
+/* Inference: one fused loop, scale = gamma / sqrt(var + eps) and shift
+ * computed per (image, channel) row in the kernel. */
+static kiln_status bn_infer(cg_module *m, const ir_node *n, const int *in, int y,
+                            kiln_error *err)
+{
+	const ir_type *x = cg_btype(m, in[0]);
+	cg_kernel *k = cg_lower_kernel(m, n);
+	if (!k)
+		return nomem(m, n, err);
+	kiln_dtype ct = cg_ctype(x->dtype);
+	cg_expr *C = cg_dim(m, x->dim[1]), *inner = cg_prod(m, x, 2, x->rank), *r, *s;
+	cg_stmt *blk, *sb;
+	cg_append(m, k->body, cg_loop(m, k, mul(m, cg_dim(m, x->dim[0]), C),
+	                              cg_par(m, m->buf[y].numel), &r, &blk));
+	cg_expr *c = cg_bin(m, CG_REM, r, C);
+	double eps = ir_attr_float(n, "epsilon", 1e-5);
+	cg_expr *sd = cg_un(m, CG_SQRT, add(m, cg_ld(m, in[4], c), fc(m, ct, eps)));
+	cg_expr *sc = cg_local(m, k, blk, ct, cg_bin(m, CG_DIV, cg_ld(m, in[1], c), sd));
+	cg_expr *sh = cg_local(m, k, blk, ct, cg_bin(m, CG_SUB, cg_ld(m, in[2], c),
+	                                             mul(m, cg_ld(m, in[3], c), sc)));
+	cg_append(m, blk, cg_loop(m, k, inner, CG_VECTORIZE, &s, &sb));
+	cg_expr *i = add(m, mul(m, r, inner), s);
+	cg_append(m, sb, cg_st(m, y, i, add(m, mul(m, cg_ld(m, in[0], i), sc), sh)));
+	return KILN_OK;
+}
+
+/* Sum over (image, pixel) of f(x) for channel c, into a fresh local. */
+static cg_expr *chan_sum(cg_module *m, cg_kernel *k, cg_stmt *blk, int x, cg_expr *c,
+                         cg_expr *mean, kiln_dtype ct)
+{
+	const ir_type *t = cg_btype(m, x);
+	cg_expr *inner = cg_prod(m, t, 2, t->rank), *ext[2] = {cg_dim(m, t->dim[0]), inner}, *iv[2];
+	uint32_t h[2] = {CG_REDUCE, CG_REDUCE | CG_VECTORIZE};
+	cg_expr *acc = cg_local(m, k, blk, ct, fc(m, ct, 0));
+	cg_stmt *body = cg_nest(m, k, blk, 2, ext, h, iv);
+	cg_expr *v = cg_ld(m, x, add(m, mul(m, add(m, mul(m, iv[0], cg_dim(m, t->dim[1])), c), inner), iv[1]));
+	if (mean)
+		v = cg_bin(m, CG_SUB, v, mean), v = mul(m, v, v);
+	cg_set(m, body, acc, add(m, acc, v));
+	return acc;
+}
+
+/* Training: batch statistics per channel (population variance), then the
+ * running statistics out = input * momentum + batch * (1 - momentum). */
+static kiln_status bn_train(cg_module *m, const ir_node *n, const int *in, const int *out,
+                            kiln_error *err)
+{
+	const ir_type *x = cg_btype(m, in[0]);
+	cg_kernel *k = cg_lower_kernel(m, n);
+	if (!k)
+		return nomem(m, n, err);
+	kiln_dtype ct = cg_ctype(x->dtype);
+	cg_expr *C = cg_dim(m, x->dim[1]), *inner = cg_prod(m, x, 2, x->rank), *c, *iv[2];
+	cg_expr *cnt = cg_cast(m, mul(m, cg_dim(m, x->dim[0]), inner), ct);
+	cg_stmt *blk;
+	double eps = ir_attr_float(n, "epsilon", 1e-5), mom = ir_attr_float(n, "momentum", 0.9);
+	cg_append(m, k->body, cg_loop(m, k, C, cg_par(m, m->buf[in[0]].numel), &c, &blk));
+	cg_expr *mean = cg_local(m, k, blk, ct, cg_bin(m, CG_DIV, chan_sum(m, k, blk, in[0], c, NULL, ct), cnt));
+	cg_expr *var = cg_local(m, k, blk, ct, cg_bin(m, CG_DIV, chan_sum(m, k, blk, in[0], c, mean, ct), cnt));
+	cg_expr *sc = cg_local(m, k, blk, ct, cg_bin(m, CG_DIV, cg_ld(m, in[1], c),
+	                                             cg_un(m, CG_SQRT, add(m, var, fc(m, ct, eps)))));
+	cg_expr *ext[2] = {cg_dim(m, x->dim[0]), inner};
+	uint32_t h[2] = {0, CG_VECTORIZE};
+	cg_stmt *body = cg_nest(m, k, blk, 2, ext, h, iv);
+	cg_expr *i = add(m, mul(m, add(m, mul(m, iv[0], C), c), inner), iv[1]);
+	cg_append(m, body, cg_st(m, out[0], i, add(m, mul(m, cg_bin(m, CG_SUB, cg_ld(m, in[0], i), mean), sc),
+	                                          cg_ld(m, in[2], c))));
+	cg_expr *stat[2] = {mean, var};
+	for (int s = 1; s < 3 && s < (int)n->nout; s++)
+		if (out[s] >= 0)
+			cg_append(m, blk, cg_st(m, out[s], c, add(m, mul(m, cg_ld(m, in[2 + s], c), fc(m, ct, mom)),
+			                                         mul(m, stat[s - 1], fc(m, ct, 1 - mom)))));
+	return KILN_OK;
+}
+
+kiln_status cg_lower_batch_norm(cg_module *m, const ir_node *n, const int *in, const int *out,
+                                kiln_error *err)
+{
+	if (cg_btype(m, in[0])->rank < 2)
+		return cg_lower_fail(m, n, err, KILN_ESHAPE, "input needs rank >= 2");
+	if (ir_attr_int(n, "training_mode", 0))
+		return bn_train(m, n, in, out, err);
+	kiln_status st = bn_infer(m, n, in, out[0], err);
+	/* outside training the running statistics pass through unchanged */
+	for (int s = 1; !st && s < (int)n->nout; s++)
+		if (out[s] >= 0)
+			st = cg_lower_copy(m, n, in[2 + s], out[s], err);
+	return st;
+}
+
+/* Index into t broadcast (right-aligned) against x at flat index i of x. */
+static cg_expr *bcast_index(cg_module *m, const ir_type *x, const ir_type *t, cg_expr *i)
+{
+	cg_expr *idx = I(m, 0);
+	for (int d = 0; d < x->rank; d++) {
+		int j = d - (x->rank - t->rank);
+		if (j < 0 || t->dim[j] == 1)
+			continue;
+		cg_expr *coord = cg_bin(m, CG_REM, cg_bin(m, CG_DIV, i, cg_stride(m, x, d)), cg_dim(m, x->dim[d]));
+		idx = add(m, idx, mul(m, coord, cg_stride(m, t, j)));
+	}
+	return idx;
+}
+
+/* Index of scale/bias t at (o, k) of x viewed as [outer, inner]: k itself
+ * when t is exactly x's dims from axis on, else general broadcasting. */
+static cg_expr *ln_index(cg_module *m, const ir_type *x, const ir_type *t, int axis, cg_expr *o,
+                         cg_expr *k, cg_expr *inner)
+{
+	bool exact = t->rank == x->rank - axis;
+	for (int j = 0; exact && j < t->rank; j++)
+		exact = t->dim[j] == x->dim[axis + j];
+	return exact ? k : bcast_index(m, x, t, add(m, mul(m, o, inner), k));
+}
+
+kiln_status cg_lower_layer_norm(cg_module *m, const ir_node *n, const int *in, const int *out,
+                                kiln_error *err)
+{
+	const ir_type *x = cg_btype(m, in[0]);
+	int64_t axis = ir_attr_int(n, "axis", -1);
+	axis = axis < 0 ? axis + x->rank : axis;
+	if (axis < 0 || axis >= x->rank)
+		return cg_lower_fail(m, n, err, KILN_EINVAL, "axis out of range for rank %d", x->rank);
+	cg_kernel *k = cg_lower_kernel(m, n);
+	if (!k)
+		return nomem(m, n, err);
+	kiln_dtype ct = cg_ctype(x->dtype);
+	cg_expr *outer = cg_prod(m, x, 0, (int)axis), *inner = cg_prod(m, x, (int)axis, x->rank);
+	cg_expr *o, *j[3], *cnt = cg_cast(m, inner, ct);
+	cg_stmt *blk, *b[3];
+	cg_append(m, k->body, cg_loop(m, k, outer, cg_par(m, m->buf[in[0]].numel), &o, &blk));
+	cg_expr *s = cg_local(m, k, blk, ct, fc(m, ct, 0));
+	cg_append(m, blk, cg_loop(m, k, inner, CG_REDUCE | CG_VECTORIZE, &j[0], &b[0]));
+	cg_set(m, b[0], s, add(m, s, cg_ld(m, in[0], add(m, mul(m, o, inner), j[0]))));
+	cg_expr *mean = cg_local(m, k, blk, ct, cg_bin(m, CG_DIV, s, cnt));
+	cg_expr *s2 = cg_local(m, k, blk, ct, fc(m, ct, 0));
+	cg_append(m, blk, cg_loop(m, k, inner, CG_REDUCE | CG_VECTORIZE, &j[1], &b[1]));
+	cg_expr *d = cg_bin(m, CG_SUB, cg_ld(m, in[0], add(m, mul(m, o, inner), j[1])), mean);
+	cg_set(m, b[1], s2, add(m, s2, mul(m, d, d)));
+	cg_expr *inv = cg_local(m, k, blk, ct, cg_bin(m, CG_DIV, fc(m, ct, 1),
+	                        cg_un(m, CG_SQRT, add(m, cg_bin(m, CG_DIV, s2, cnt),
+	                                              fc(m, ct, ir_attr_float(n, "epsilon", 1e-5))))));
+	cg_append(m, blk, cg_loop(m, k, inner, CG_VECTORIZE, &j[2], &b[2]));
+	cg_expr *i = add(m, mul(m, o, inner), j[2]);
+	cg_expr *v = mul(m, mul(m, cg_bin(m, CG_SUB, cg_ld(m, in[0], i), mean), inv),
+	                 cg_ld(m, in[1], ln_index(m, x, cg_btype(m, in[1]), (int)axis, o, j[2], inner)));
+	if (n->nin > 2 && in[2] >= 0)
+		v = add(m, v, cg_ld(m, in[2], ln_index(m, x, cg_btype(m, in[2]), (int)axis, o, j[2], inner)));
+	cg_append(m, b[2], cg_st(m, out[0], i, v));
+	if (n->nout > 1 && out[1] >= 0)
+		cg_append(m, blk, cg_st(m, out[1], o, mean));
+	if (n->nout > 2 && out[2] >= 0)
+		cg_append(m, blk, cg_st(m, out[2], o, inv));
+	return KILN_OK;
+}
+
+/* ---- softmax ---------------------------------------------------------------- */
+
+/* (log_)softmax of x along axis into y, stable: max, sum of exp(x - max),
+ * normalise.  When the axis is innermost the three loops are contiguous. */
+static kiln_status softmax_into(cg_module *m, const ir_node *n, int x, int64_t axis, int y,
+                                bool logp, kiln_error *err)
+{
+	const ir_type *t = cg_btype(m, x);
+	cg_kernel *k = cg_lower_kernel(m, n);
+	if (!k)
+		return nomem(m, n, err);
+	kiln_dtype ct = cg_ctype(t->dtype);
+	cg_expr *outer = cg_prod(m, t, 0, (int)axis), *len = cg_dim(m, t->dim[axis]);
+	cg_expr *inner = cg_prod(m, t, (int)axis + 1, t->rank), *o, *kk = I(m, 0), *j[3];
+	bool contig = cg_expr_int(inner, NULL) == 1 && inner->kind == CG_CONST;
+	uint32_t vec = contig ? CG_VECTORIZE : 0;
+	cg_stmt *blk, *b[3];
+	cg_append(m, k->body, cg_loop(m, k, outer, cg_par(m, m->buf[x].numel), &o, &blk));
+	if (!contig) {
+		cg_stmt *kb;
+		cg_append(m, blk, cg_loop(m, k, inner, 0, &kk, &kb));
+		blk = kb;
+	}
+	cg_expr *base = add(m, mul(m, o, mul(m, len, inner)), kk);
+	cg_expr *mx = cg_local(m, k, blk, ct, fc(m, ct, -INFINITY)), *xv[3], *s = NULL;
+	for (int p = 0; p < 3; p++) {
+		if (p == 1)
+			s = cg_local(m, k, blk, ct, fc(m, ct, 0));
+		cg_append(m, blk, cg_loop(m, k, len, vec | (p < 2 ? CG_REDUCE : 0), &j[p], &b[p]));
+		xv[p] = cg_ld(m, x, add(m, base, mul(m, j[p], inner)));
+	}
+	cg_set(m, b[0], mx, cg_bin(m, CG_MAX, mx, xv[0]));
+	cg_set(m, b[1], s, add(m, s, cg_un(m, CG_EXP, cg_bin(m, CG_SUB, xv[1], mx))));
+	cg_expr *d = cg_bin(m, CG_SUB, xv[2], mx), *v;
+	if (logp)
+		v = cg_bin(m, CG_SUB, d, cg_un(m, CG_LOG, s));
+	else
+		v = cg_bin(m, CG_DIV, cg_un(m, CG_EXP, d), s);
+	cg_append(m, b[2], cg_st(m, y, add(m, base, mul(m, j[2], inner)), v));
+	return KILN_OK;
+}
+
+kiln_status cg_lower_softmax(cg_module *m, const ir_node *n, const int *in, const int *out,
+                             kiln_error *err)
+{
+	int rank = cg_btype(m, in[0])->rank;
+	int64_t axis = ir_attr_int(n, "axis", -1);
+	axis = axis < 0 ? axis + rank : axis;
+	if (axis < 0 || axis >= rank)
+		return cg_lower_fail(m, n, err, KILN_EINVAL, "axis out of range for rank %d", rank);
+	return softmax_into(m, n, in[0], axis, out[0], n->op == KILN_OP_LOG_SOFTMAX, err);
+}
+
+/* ---- dropout ------------------------------------------------------------------ */
+
+static uint64_t mix64(uint64_t z)
+{
+	z += 0x9e3779b97f4a7c15ULL;
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+	z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+	return z ^ (z >> 31);
+}
+
+/* z ^ (z >> s), then times mul (0: no multiply), as i64 with wrapping. */
+static cg_expr *xs(cg_module *m, cg_kernel *k, cg_stmt *blk, cg_expr *z, int s, uint64_t mulc)
+{
+	cg_expr *v = cg_bin(m, CG_XOR, z, cg_bin(m, CG_SHR, z, I(m, s)));
+	if (mulc)
+		v = mul(m, v, I(m, (int64_t)mulc));
+	return cg_local(m, k, blk, KILN_I64, v);
+}
+
+/* Training mode reproduces the interpreter's counter-based generator (see
+ * dropout_u in ir/interp.c) with run seed 0, the seed every compiled run
+ * uses: h = mix64(K ^ i) with K = mix64(mix64(seed) ^ 0) folded here. */
+static kiln_status dropout_train(cg_module *m, const ir_node *n, const int *in, const int *out,
+                                 double ratio, kiln_error *err)
+{
+	cg_kernel *k = cg_lower_kernel(m, n);
+	if (!k)
+		return nomem(m, n, err);
+	uint64_t K = mix64(mix64((uint64_t)ir_attr_int(n, "seed", 0)) ^ 0);
+	kiln_dtype ct = cg_ctype(m->buf[in[0]].dt);
+	cg_expr *i;
+	cg_stmt *blk;
+	cg_append(m, k->body, cg_loop(m, k, m->buf[in[0]].numel,
+	                              cg_par(m, m->buf[in[0]].numel) | CG_VECTORIZE, &i, &blk));
+	cg_expr *z = cg_local(m, k, blk, KILN_I64, add(m, cg_bin(m, CG_XOR, I(m, (int64_t)K), i),
+	                                               I(m, (int64_t)0x9e3779b97f4a7c15ULL)));
+	z = xs(m, k, blk, z, 30, 0xbf58476d1ce4e5b9ULL);
+	z = xs(m, k, blk, z, 27, 0x94d049bb133111ebULL);
+	z = xs(m, k, blk, z, 31, 0);
+	cg_expr *u = mul(m, cg_cast(m, cg_bin(m, CG_SHR, z, I(m, 11)), KILN_F64), fc(m, KILN_F64, 0x1.0p-53));
+	cg_expr *keep = cg_local(m, k, blk, KILN_BOOL, cg_bin(m, CG_GE, u, fc(m, KILN_F64, ratio)));
+	double scale = ratio < 1 ? 1 / (1 - ratio) : 0;
+	cg_expr *y = cg_select(m, keep, mul(m, cg_ld(m, in[0], i), fc(m, ct, scale)), fc(m, ct, 0));
+	cg_append(m, blk, cg_st(m, out[0], i, y));
+	if (n->nout > 1 && out[1] >= 0)
+		cg_append(m, blk, cg_st(m, out[1], i, keep));
+	return KILN_OK;
+}
+
+kiln_status cg_lower_dropout(cg_module *m, const ir_node *n, const int *in, const int *out,
+                             kiln_error *err)
+{
+	double ratio = ir_attr_float(n, "ratio", 0.5);
+	if (ratio < 0 || ratio > 1)
+		return cg_lower_fail(m, n, err, KILN_EINVAL, "ratio %g outside [0, 1]", ratio);
+	if (ir_attr_int(n, "training_mode", 0) && ratio > 0)
+		return dropout_train(m, n, in, out, ratio, err);
+	kiln_status st = KILN_OK;
+	if (m->buf[out[0]].kind == CG_BUF_TEMP) { /* a view of x */
+		int r = in[0];
+		while (m->buf[r].alias >= 0)
+			r = m->buf[r].alias;
+		m->buf[out[0]].alias = r;
+	} else {
+		st = cg_lower_copy(m, n, in[0], out[0], err);
+	}
+	if (!st && n->nout > 1 && out[1] >= 0) { /* every element kept */
+		cg_kernel *k = cg_lower_kernel(m, n);
+		cg_expr *i;
+		cg_stmt *blk;
+		if (!k)
+			return nomem(m, n, err);
+		cg_append(m, k->body, cg_loop(m, k, m->buf[out[1]].numel, CG_VECTORIZE, &i, &blk));
+		cg_append(m, blk, cg_store(m, out[1], i, cg_const(m, KILN_BOOL, 1)));
+	}
+	return st;
+}
+
+/* ---- losses ---------------------------------------------------------------- */
+
+/* NLL over log-probabilities lp [N, C, d...] and targets t [N, d...]: an
+ * ignored target adds 0 and weighs 0; "mean" divides by the summed weights.
+ * A kernel cannot report the interpreter's out-of-range target error, so
+ * such a target is clamped into [0, C). */
+static kiln_status nll(cg_module *m, const ir_node *n, const ir_type *x, int lp, int t, int w,
+                       int y, kiln_error *err)
+{
+	const char *red = ir_attr_str(n, "reduction", "mean");
+	bool none = !strcmp(red, "none"), sum = !strcmp(red, "sum");
+	if (!none && !sum && strcmp(red, "mean"))
+		return cg_lower_fail(m, n, err, KILN_EINVAL, "reduction must be none, sum or mean, not '%s'", red);
+	cg_kernel *k = cg_lower_kernel(m, n);
+	if (!k)
+		return nomem(m, n, err);
+	kiln_dtype ct = cg_ctype(x->dtype);
+	cg_expr *C = cg_dim(m, x->dim[1]), *D = cg_prod(m, x, 2, x->rank), *i;
+	cg_expr *cnt = mul(m, cg_dim(m, x->dim[0]), D);
+	cg_stmt *blk;
+	cg_expr *s = none ? NULL : cg_local(m, k, k->body, ct, fc(m, ct, 0));
+	cg_expr *ws = none ? NULL : cg_local(m, k, k->body, ct, fc(m, ct, 0));
+	cg_append(m, k->body, cg_loop(m, k, cnt, none ? cg_par(m, cnt) : CG_REDUCE, &i, &blk));
+	cg_expr *tg = cg_local(m, k, blk, KILN_I64, cg_cast(m, cg_load(m, t, i), KILN_I64));
+	cg_expr *valid = cg_const(m, KILN_BOOL, 1);
+	if (ir_attr_get(n, "ignore_index"))
+		valid = cg_bin(m, CG_NE, tg, I(m, ir_attr_int(n, "ignore_index", 0)));
+	cg_expr *tc = cg_clamp(m, tg, C);
+	cg_expr *wt = cg_select(m, valid, w >= 0 ? cg_ld(m, w, tc) : fc(m, ct, 1), fc(m, ct, 0));
+	cg_expr *li = add(m, mul(m, add(m, mul(m, cg_bin(m, CG_DIV, i, D), C), tc), D), cg_bin(m, CG_REM, i, D));
+	cg_expr *l = cg_select(m, valid, mul(m, cg_un(m, CG_NEG, cg_ld(m, lp, li)), wt), fc(m, ct, 0));
+	if (none) {
+		cg_append(m, blk, cg_st(m, y, i, l));
+		return KILN_OK;
+	}
+	cg_set(m, blk, s, add(m, s, l));
+	cg_set(m, blk, ws, add(m, ws, wt));
+	cg_append(m, k->body, cg_st(m, y, I(m, 0), sum ? s : cg_bin(m, CG_DIV, s, ws)));
+	return KILN_OK;
+}
+
+kiln_status cg_lower_loss(cg_module *m, const ir_node *n, const int *in, const int *out,
+                          kiln_error *err)
+{
+	const ir_type *x = cg_btype(m, in[0]);
+	if (x->rank < 2 || kiln_dtype_is_float(m->buf[in[1]].dt))
+		return cg_lower_fail(m, n, err, KILN_ESHAPE, "needs scores [N,C,...] and integer targets");
+	int w = n->nin > 2 ? in[2] : -1, lp = in[0];
+	if (n->op == KILN_OP_SOFTMAX_CE) {
+		lp = n->nout > 1 && out[1] >= 0 ? out[1] : cg_lower_scratch(m, x->dtype, m->buf[in[0]].numel);
+		if (lp < 0)
+			return nomem(m, n, err);
+		kiln_status st = softmax_into(m, n, in[0], 1, lp, true, err);
+		if (st)
+			return st;
+	}
+	return nll(m, n, x, lp, in[1], w, out[0], err);
+}

@@ -1,0 +1,160 @@
+/*
+ * memplan.c: cg_memplan, static memory planning of a kernel module's
+ * temporaries.
+ *
+ * A TEMP buffer lives from the first to the last kernel that touches it or
+ * any alias of it (an alias extends its base's lifetime).  Buffers are
+ * placed in order of first use into slots, greedily: a slot is free for a
+ * buffer when the last use of everything in it ended before the buffer's
+ * first use (strictly before: a kernel that reads A and writes B must not
+ * get them in the same bytes, since nothing says it reads A[i] before
+ * writing B[i]).  Among free slots the best fit wins, by a size estimate
+ * that counts every symbol (the batch) as 1: the smallest slot at least as
+ * big, else the biggest (which grows).  Slot sizes themselves are computed
+ * at run time, per bound batch, as the max over their buffers' numel.
+ * INPUT, OUTPUT and CONST buffers and aliases get slot -1; a TEMP buffer no
+ * kernel touches gets a slot anyway (any free one), so every non-alias
+ * TEMP has memory.
+ */
+#include <stdlib.h>
+
+#include "codegen/codegen.h"
+
+static int root(const cg_module *m, int b)
+{
+	while (m->buf[b].alias >= 0)
+		b = m->buf[b].alias;
+	return b;
+}
+
+static void touch(cg_module *m, int b, int t)
+{
+	if (b < 0 || b >= m->nbuf)
+		return;
+	cg_buf *r = &m->buf[root(m, b)];
+	if (r->first < 0 || t < r->first)
+		r->first = t;
+	if (t > r->last)
+		r->last = t;
+}
+
+static void walk_expr(cg_module *m, const cg_expr *e, int t)
+{
+	for (; e; e = e->c) {
+		if (e->kind == CG_LOAD)
+			touch(m, e->buf, t);
+		walk_expr(m, e->a, t);
+		walk_expr(m, e->b, t);
+	}
+}
+
+static void walk(cg_module *m, const cg_stmt *s, int t)
+{
+	if (!s)
+		return;
+	switch (s->kind) {
+	case CG_BLOCK:
+		for (int i = 0; i < s->n; i++)
+			walk(m, s->items[i], t);
+		break;
+	case CG_FOR: walk(m, s->body, t); break;
+	case CG_STORE:
+		touch(m, s->buf, t);
+		walk_expr(m, s->index, t);
+		walk_expr(m, s->value, t);
+		break;
+	case CG_ASSIGN: walk_expr(m, s->value, t); break;
+	case CG_IF:
+		walk_expr(m, s->cond, t);
+		walk(m, s->then_s, t);
+		walk(m, s->else_s, t);
+		break;
+	case CG_GEMM:
+		touch(m, s->gemm->a, t);
+		touch(m, s->gemm->b, t);
+		touch(m, s->gemm->c, t);
+		if (s->gemm->bias_axis)
+			touch(m, s->gemm->bias, t);
+		break;
+	}
+}
+
+typedef struct slot {
+	int64_t size; /* estimated bytes, symbols = 1 */
+	int last;     /* last kernel using it */
+} slot;
+
+static int64_t estimate(const cg_buf *b)
+{
+	int64_t n = cg_expr_int(b->numel, NULL);
+	return (n < 0 ? 1 : n) * (int64_t)kiln_dtype_size(b->dt);
+}
+
+/* Best fit among slots free before kernel `first`; -1 when none is. */
+static int pick(const slot *s, int ns, int first, int64_t need)
+{
+	int fit = -1, big = -1;
+	for (int i = 0; i < ns; i++) {
+		if (s[i].last >= first)
+			continue;
+		if (s[i].size >= need && (fit < 0 || s[i].size < s[fit].size))
+			fit = i;
+		if (big < 0 || s[i].size > s[big].size)
+			big = i;
+	}
+	return fit >= 0 ? fit : big;
+}
+
+static int by_first(const void *a, const void *b, void *ctx)
+{
+	const cg_buf *buf = ctx;
+	const cg_buf *x = &buf[*(const int *)a], *y = &buf[*(const int *)b];
+	if (x->first != y->first)
+		return x->first < y->first ? -1 : 1;
+	return x->id < y->id ? -1 : x->id > y->id;
+}
+
+kiln_status cg_memplan(cg_module *m, kiln_error *err)
+{
+	if (!m)
+		return ir_seterr(err, KILN_EINVAL, "cg_memplan: null module");
+	for (int b = 0; b < m->nbuf; b++)
+		m->buf[b].slot = m->buf[b].first = m->buf[b].last = -1;
+	for (int t = 0; t < m->nkern; t++)
+		walk(m, m->kern[t].body, t);
+	int *order = malloc((m->nbuf + 1) * sizeof *order), n = 0;
+	slot *s = malloc((m->nbuf + 1) * sizeof *s);
+	if (!order || !s) {
+		free(order), free(s);
+		return ir_seterr(err, KILN_ENOMEM, "cg_memplan: out of memory");
+	}
+	for (int b = 0; b < m->nbuf; b++) {
+		cg_buf *cb = &m->buf[b];
+		if (cb->kind != CG_BUF_TEMP || cb->alias >= 0)
+			continue;
+		if (cb->first < 0) /* untouched: lives after every kernel */
+			cb->first = cb->last = m->nkern;
+		order[n++] = b;
+	}
+	qsort_r(order, n, sizeof *order, by_first, m->buf);
+	int ns = 0;
+	for (int i = 0; i < n; i++) {
+		cg_buf *cb = &m->buf[order[i]];
+		int64_t need = estimate(cb);
+		int k = pick(s, ns, cb->first, need);
+		if (k < 0)
+			s[k = ns++] = (slot){0, -1};
+		if (need > s[k].size)
+			s[k].size = need;
+		s[k].last = cb->last;
+		cb->slot = k;
+	}
+	for (int b = 0; b < m->nbuf; b++) /* aliases report their base's lifetime */
+		if (m->buf[b].alias >= 0) {
+			const cg_buf *r = &m->buf[root(m, b)];
+			m->buf[b].first = r->first, m->buf[b].last = r->last;
+		}
+	m->nslot = ns;
+	free(order), free(s);
+	return KILN_OK;
+}
