@@ -15,16 +15,17 @@
  *    "running_mean", "running_var" and "num_batches_tracked" (an i64
  *    scalar, unused by the forward pass but part of every state_dict).
  *    Eval mode traces BatchNormalization with the running statistics.  Train
- *    mode (kiln_graph_set_training) traces it with training_mode=1, ONNX
- *    momentum = 1 - torch momentum, and the updated statistics become graph
+ *    mode (kiln_graph_set_training) composes PyTorch's train-mode batch norm
+ *    from ReduceSum and the inference-mode op fed the batch statistics
+ *    (see bn_train), and the updated statistics become graph
  *    outputs named after the buffer they replace plus ".next":
  *    "bn1.running_mean.next", "bn1.running_var.next" and
  *    "bn1.num_batches_tracked.next" (= old + 1).  A training step therefore
  *    finds its state updates by name: for each output "<p>.next", <p> is a
  *    buffer to overwrite after the step.  They are appended when the layer
- *    is traced, so they come before outputs added later.  (ONNX's training
- *    BatchNormalization updates running_var with the biased batch variance;
- *    PyTorch uses the unbiased one.)
+ *    is traced, so they come before outputs added later.  running_var is
+ *    updated with the unbiased batch variance, as PyTorch does (ONNX's
+ *    training-mode BatchNormalization would use the biased one).
  *  - Dropout follows the graph's training flag; its seed is drawn from the
  *    graph's generator so each dropout layer gets its own stream.
  *  - Zero eps or momentum means PyTorch's defaults (1e-5, 0.1).
@@ -217,31 +218,70 @@ KILN_API kiln_value kiln_conv2d_at(kiln_graph *g, kiln_loc loc, const char *name
 
 /* ---- normalisation and embedding --------------------------------------------- */
 
-/* Training-mode batch norm: batch statistics, and the updated buffers as
- * "<buffer>.next" graph outputs (see the top of the file). */
+/* Elements per channel of x (every axis but 1), as a scalar of dtype dt:
+ * a constant when those dims are fixed, else computed from Shape(x). */
+static kiln_value per_channel(kiln_graph *g, kiln_loc loc, kiln_value x, kiln_dtype dt)
+{
+	const ir_type *t = &g->val[x]->type;
+	int64_t n = 1;
+	for (int i = 0; i < t->rank && n >= 0; i++)
+		n = i == 1 ? n : t->dim[i] < 0 ? -1 : n * t->dim[i];
+	if (n >= 0)
+		return kiln_scalar_at(g, loc, dt, (double)n);
+	kiln_value shp = kiln_cast_at(g, loc, kiln_shape_of_at(g, loc, x), dt), cnt = KILN_NONE;
+	for (int i = 0; i < t->rank; i++) {
+		if (i == 1)
+			continue;
+		kiln_value d = kiln_gather_at(g, loc, shp, kiln_scalar_at(g, loc, KILN_I64, i), 0);
+		cnt = cnt ? kiln_mul_at(g, loc, cnt, d) : d;
+	}
+	return cnt;
+}
+
+/* Training-mode batch norm with PyTorch's semantics, composed from ops so
+ * gradients flow through the batch statistics by the reductions' own rules:
+ * mean and biased var over every axis but 1 feed the inference-mode
+ * BatchNormalization, and the buffers update as PyTorch updates them,
+ * running = (1 - momentum) running + momentum batch, with the unbiased
+ * variance var n/(n-1) (ONNX's training mode would use the biased one).
+ * The updates are "<buffer>.next" graph outputs (see the top of the file). */
 static kiln_value bn_train(kiln_graph *g, kiln_loc loc, const char *name, const kiln_value *in,
                            kiln_value nbt, double eps, double momentum)
 {
-	ir_node *n = ir_node_new(g, KILN_OP_BATCH_NORM, 5, in, 3, loc);
-	if (!n)
-		return KILN_NONE;
-	ir_attr_set_float(g, n, "epsilon", eps);
-	ir_attr_set_float(g, n, "momentum", 1 - momentum);
-	ir_attr_set_int(g, n, "training_mode", 1);
-	kiln_status st = g->status == KILN_OK ? ir_infer_node(g, n) : g->status;
-	if (st != KILN_OK) {
-		ir_errorf(g, n, st, "shape inference failed");
-		return KILN_NONE;
-	}
-	kiln_value nbt_next = kiln_add_at(g, loc, nbt, kiln_scalar_at(g, loc, KILN_I64, 1));
+	kiln_value x = in[0];
+	int rank = g->val[x]->type.rank;
+	kiln_dtype dt = g->val[in[3]]->type.dtype;
+	int64_t axes[KILN_MAX_RANK];
+	int na = 0;
+	for (int i = 0; i < rank; i++)
+		if (i != 1)
+			axes[na++] = i;
+	/* sums over n rather than ReduceMean, so a symbolic batch works: n
+	 * comes from Shape(x) then */
+	kiln_value n = per_channel(g, loc, x, dt);
+	kiln_value mk = kiln_div_at(g, loc, kiln_reduce_sum_at(g, loc, x, na, axes, true), n);
+	kiln_value mean = kiln_squeeze_at(g, loc, mk, na, axes);
+	kiln_value d = kiln_sub_at(g, loc, x, mk);
+	kiln_value var = kiln_div_at(g, loc, kiln_reduce_sum_at(g, loc, kiln_mul_at(g, loc, d, d),
+	                                                        na, axes, false), n);
+	kiln_value y = kiln_batch_norm_at(g, loc, x, in[1], in[2], mean, var, eps);
+	kiln_value unbiased = kiln_mul_at(g, loc, var, kiln_div_at(g, loc, n,
+	                      kiln_sub_at(g, loc, n, kiln_scalar_at(g, loc, dt, 1))));
+	kiln_value keep = kiln_scalar_at(g, loc, dt, 1 - momentum);
+	kiln_value mom = kiln_scalar_at(g, loc, dt, momentum);
+	kiln_value next[3] = {
+		kiln_add_at(g, loc, kiln_mul_at(g, loc, in[3], keep), kiln_mul_at(g, loc, mean, mom)),
+		kiln_add_at(g, loc, kiln_mul_at(g, loc, in[4], keep),
+		            kiln_mul_at(g, loc, unbiased, mom)),
+		kiln_add_at(g, loc, nbt, kiln_scalar_at(g, loc, KILN_I64, 1)),
+	};
 	const char *suffix[3] = {"running_mean", "running_var", "num_batches_tracked"};
-	kiln_value next[3] = {n->out[1], n->out[2], nbt_next};
-	for (int i = 0; i < 3; i++) {
+	for (int i = 0; i < 3 && g->status == KILN_OK; i++) {
 		char oname[600];
 		snprintf(oname, sizeof oname, "%s.%s.next", name, suffix[i]);
 		kiln_output_at(g, loc, oname, next[i]);
 	}
-	return n->out[0];
+	return g->status == KILN_OK ? y : KILN_NONE;
 }
 
 KILN_API kiln_value kiln_batchnorm_at(kiln_graph *g, kiln_loc loc, const char *name,
