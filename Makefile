@@ -10,6 +10,7 @@ all: build
 
 deps:
 	@bash scripts/install-deps.sh
+	@bash scripts/setup-venv.sh || echo "make: no ONNX Runtime venv; its interop tests will be skipped"
 
 $(BUILD)/CMakeCache.txt:
 	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Debug

@@ -954,8 +954,13 @@ static kiln_status shape_gather(kiln_graph *g, const ir_node *n, const ir_type *
 static kiln_status shape_flatten(kiln_graph *g, const ir_node *n, const ir_type *in,
                                  ir_type *out)
 {
-	int axis;
-	TRY(axis_norm(g, n, ir_attr_int(n, "axis", 1), in[0].rank, 1, &in[0], &axis));
+	/* axis is in [-rank, rank]; a negative one counts from rank, not rank+1 */
+	int64_t ax = ir_attr_int(n, "axis", 1), r = in[0].rank;
+	if (ax < -r || ax > r) {
+		tbuf b;
+		FAIL(KILN_ESHAPE, "axis %lld out of range for %s", (long long)ax, TS(&in[0], b));
+	}
+	int axis = (int)(ax < 0 ? ax + r : ax);
 	int64_t lo = 1, hi = 1;
 	for (int i = 0; i < in[0].rank; i++) {
 		int64_t *p = i < axis ? &lo : &hi;

@@ -473,6 +473,11 @@ typedef struct kiln_onnx_opts {
 	const char *dir;  /* folder holding external data; NULL: refuse it */
 	char **report;    /* non-NULL: gets a malloc'd list of every problem
 	                     (one per line, "" when none); caller frees */
+	/* Values for graph inputs, by name, used only where the importer needs
+	 * a constant (a Reshape shape or Clip bound fed by a graph input): such
+	 * an input is specialised into a parameter holding the value and is no
+	 * longer a graph input.  NULL: none. */
+	const kiln_tensor_set *specialize;
 } kiln_onnx_opts;
 
 /* path: a .onnx file; external data is read relative to its folder. */
@@ -480,6 +485,8 @@ KILN_API kiln_status kiln_onnx_import(const char *path, kiln_graph **out, kiln_e
 /* A serialized ModelProto in memory; name labels messages; no external data. */
 KILN_API kiln_status kiln_onnx_import_mem(const void *data, size_t size, const char *name,
                                           kiln_graph **out, kiln_error *err);
+/* data NULL: reads opts->path (external data from its folder unless
+ * opts->dir says otherwise). */
 KILN_API kiln_status kiln_onnx_import_ex(const void *data, size_t size,
                                          const kiln_onnx_opts *opts, kiln_graph **out,
                                          kiln_error *err);
@@ -501,6 +508,237 @@ KILN_API kiln_status kiln_onnx_export(const kiln_graph *g, const char *path, kil
 /* The same model in memory: *data is malloc'd (caller frees), *size bytes. */
 KILN_API kiln_status kiln_onnx_export_mem(const kiln_graph *g, void **data, size_t *size,
                                           kiln_error *err);
+
+/* ---- loaded models ---- */
+/* A library made by `kiln compile`, opened with dlopen and run through the
+ * signature it describes itself.  A kiln_model is one context (its scratch
+ * and thread pool): use one per calling thread.  Symbolic dims (the batch
+ * "N") are bound from the inputs' shapes, and every input and output is
+ * checked before anything runs; errors name the tensor, the expected shape
+ * with its symbols and the shape given. */
+typedef struct kiln_model kiln_model;
+
+/* One input or output of a loaded model; owned by the model. */
+typedef struct kiln_model_io {
+	const char *name;
+	kiln_dtype dtype;
+	int rank;
+	int64_t dims[KILN_MAX_RANK];          /* a fixed size, or -1 when symbolic */
+	const char *dim_names[KILN_MAX_RANK]; /* NULL for a fixed size, the symbol
+	                                         ("N"), or "?" for a size computed
+	                                         from symbols */
+} kiln_model_io;
+
+KILN_API kiln_status kiln_load(const char *path, kiln_model **out, kiln_error *err);
+KILN_API void kiln_model_free(kiln_model *m);
+KILN_API const char *kiln_model_name(const kiln_model *m);
+/* Threads for this context's parallel loops; 0: KILN_NUM_THREADS, else 1. */
+KILN_API kiln_status kiln_model_set_threads(kiln_model *m, int n, kiln_error *err);
+KILN_API int kiln_model_num_inputs(const kiln_model *m);
+KILN_API int kiln_model_num_outputs(const kiln_model *m);
+/* NULL when i is out of range. */
+KILN_API const kiln_model_io *kiln_model_input(const kiln_model *m, int i);
+KILN_API const kiln_model_io *kiln_model_output(const kiln_model *m, int i);
+KILN_API const char *kiln_model_input_name(const kiln_model *m, int i);
+KILN_API const char *kiln_model_output_name(const kiln_model *m, int i);
+KILN_API int kiln_model_num_syms(const kiln_model *m);
+KILN_API const char *kiln_model_sym_name(const kiln_model *m, int i);
+/* Runs on inputs in signature order; outputs are allocated here and owned
+ * by the caller (as kiln_graph_run does). */
+KILN_API kiln_status kiln_model_run(kiln_model *m, kiln_tensor *const *inputs, int ninputs,
+                                    kiln_tensor **outputs, int noutputs, kiln_error *err);
+/* The same into outputs the caller allocated at the right shapes (no
+ * allocation per run once the context's scratch has grown). */
+KILN_API kiln_status kiln_model_run_into(kiln_model *m, kiln_tensor *const *inputs, int ninputs,
+                                         kiln_tensor *const *outputs, int noutputs,
+                                         kiln_error *err);
+
+/* ---- training ---- */
+/* A train step is one graph: forward, loss, gradients (kiln_grad) and the
+ * optimizer update, built from a model traced in train mode; see
+ * docs/TRAINING.md.  kiln_trainer runs it through the interpreter and owns
+ * the parameters, buffers and optimizer state between steps.
+ *
+ *     kiln_train_opts o = {.optim = KILN_OPT_SGD, .momentum = 0.9,
+ *                          .weight_decay = 5e-4, .loss = KILN_LOSS_CROSS_ENTROPY};
+ *     kiln_trainer *tr;
+ *     kiln_trainer_new(train_model, eval_model, &o, &tr, &err);
+ *     for (int64_t s = 0; s < steps; s++)
+ *         kiln_trainer_step(tr, x[s], y[s], kiln_sched_lr(&sched, s), &loss, &err);
+ *     kiln_trainer_save(tr, "ckpt.safetensors", &err);
+ */
+
+typedef enum kiln_optim_kind {
+	KILN_OPT_SGD = 0, /* torch.optim.SGD: momentum, dampening, nesterov, weight_decay */
+	KILN_OPT_ADAM,    /* torch.optim.Adam: L2 weight_decay added to the gradient */
+	KILN_OPT_ADAMW,   /* torch.optim.AdamW: decoupled decay p -= lr*wd*p */
+} kiln_optim_kind;
+
+typedef enum kiln_loss_kind {
+	KILN_LOSS_OUTPUT = 0,    /* the model computes it: a scalar output named "loss" */
+	KILN_LOSS_CROSS_ENTROPY, /* mean softmax cross-entropy, i64 class "target" input */
+	KILN_LOSS_MSE,           /* mean squared error, "target" shaped like the output */
+} kiln_loss_kind;
+
+/* Hyper-parameters are PyTorch's; a zero beta1, beta2 or eps means PyTorch's
+ * default (0.9, 0.999, 1e-8).  weight_decay is literal for every optimizer
+ * (AdamW's PyTorch default 0.01 must be passed). */
+typedef struct kiln_train_opts {
+	kiln_optim_kind optim;
+	double momentum, dampening; /* SGD */
+	bool nesterov;              /* SGD; needs momentum > 0 and dampening 0 */
+	double weight_decay;
+	double beta1, beta2, eps;   /* Adam, AdamW */
+	bool amsgrad;               /* not supported: refused with a message */
+	double clip_norm;           /* > 0: clip_grad_norm_(params, clip_norm) first */
+	int accum_steps;            /* k > 1: an update every k-th micro-batch, on the
+	                               mean of the k gradients; adds the "apply" input */
+	kiln_loss_kind loss;
+	const char *output;         /* the output the loss reads; NULL: the first
+	                               output whose name does not end in ".next" */
+} kiln_train_opts;
+
+/* The step graph.  Inputs: the model's, then "target" (when o->loss adds
+ * the loss), "lr" and "step" (scalars of the parameters' dtype; step is the
+ * 1-based optimizer step t), and "apply" (bool scalar) when accum_steps > 1.
+ * Outputs: "loss", then "<name>.next" for every tensor a step replaces:
+ * parameters, BatchNorm buffers, optimizer state ("<p>.momentum_buffer",
+ * "<p>.exp_avg", "<p>.exp_avg_sq", "<p>.grad_accum"), which are parameters
+ * (trainable=false) of the step graph. */
+KILN_API kiln_status kiln_build_train_step(const kiln_graph *model, const kiln_train_opts *o,
+                                           kiln_graph **step, kiln_error *err);
+
+typedef struct kiln_trainer kiln_trainer;
+
+/* eval_model (may be NULL) is the same model traced in eval mode; it shares
+ * the trainer's parameters and buffers by name. */
+KILN_API kiln_status kiln_trainer_new(const kiln_graph *model, const kiln_graph *eval_model,
+                                      const kiln_train_opts *o, kiln_trainer **out,
+                                      kiln_error *err);
+KILN_API void kiln_trainer_free(kiln_trainer *tr);
+/* One micro-batch: x feeds the model's first input, y the target; *loss
+ * (may be NULL) gets the batch loss.  Dropout draws from a stream fixed by
+ * the layer's seed and the micro-batch count, so a resumed run repeats it. */
+KILN_API kiln_status kiln_trainer_step(kiln_trainer *tr, const kiln_tensor *x,
+                                       const kiln_tensor *y, double lr, double *loss,
+                                       kiln_error *err);
+/* Runs the eval model on x with the current parameters; *out is the
+ * caller's (the model's first output). */
+KILN_API kiln_status kiln_trainer_eval(kiln_trainer *tr, const kiln_tensor *x,
+                                       kiln_tensor **out, kiln_error *err);
+KILN_API int64_t kiln_trainer_steps(const kiln_trainer *tr); /* optimizer steps taken */
+KILN_API const kiln_graph *kiln_trainer_graph(const kiln_trainer *tr);
+/* A copy of everything a checkpoint holds (caller frees). */
+KILN_API kiln_tensor_set *kiln_trainer_state(const kiln_trainer *tr);
+/* Checkpoint: safetensors with parameters and buffers under PyTorch's names,
+ * optimizer state, i64 scalars "__step__", "__micro__" and "__checksum__"
+ * (FNV-1a over every other tensor); written atomically.  load refuses a
+ * truncated, corrupt or mismatched file and then changes nothing. */
+KILN_API kiln_status kiln_trainer_save(const kiln_trainer *tr, const char *path,
+                                       kiln_error *err);
+KILN_API kiln_status kiln_trainer_load(kiln_trainer *tr, const char *path, kiln_error *err);
+
+/* Learning-rate schedules (runtime/sched.c): pure functions of the step,
+ * PyTorch's last_epoch (0 for the first optimizer step).  Zero fields take
+ * PyTorch's defaults. */
+typedef enum kiln_sched_kind {
+	KILN_SCHED_CONSTANT = 0, /* base_lr */
+	KILN_SCHED_STEP,         /* StepLR(step_size, gamma=0.1) */
+	KILN_SCHED_COSINE,       /* CosineAnnealingLR(T_max = t_max, eta_min) */
+	KILN_SCHED_ONECYCLE,     /* OneCycleLR(max_lr = base_lr, total_steps, pct_start=0.3,
+	                            div_factor=25, final_div_factor=1e4); lr only */
+	KILN_SCHED_LINEAR,       /* LinearLR(start_factor=1/3, end_factor=1, total_iters =
+	                            total_steps (5)) */
+} kiln_sched_kind;
+
+typedef struct kiln_sched {
+	kiln_sched_kind kind;
+	double base_lr;                   /* the optimizer's lr; OneCycle: max_lr */
+	int64_t step_size;                /* STEP */
+	double gamma;                     /* STEP */
+	int64_t t_max;                    /* COSINE */
+	double eta_min;                   /* COSINE */
+	int64_t total_steps;              /* ONECYCLE; LINEAR: total_iters */
+	double pct_start, div_factor, final_div_factor; /* ONECYCLE */
+	bool anneal_linear, three_phase;  /* ONECYCLE */
+	double start_factor, end_factor;  /* LINEAR */
+	int64_t warmup_steps;             /* > 0: SequentialLR([LinearLR(warmup_start_factor,
+	                                     total_iters=warmup_steps), this], [warmup_steps]) */
+	double warmup_start_factor;       /* 0: 1/3 */
+} kiln_sched;
+
+KILN_API kiln_status kiln_sched_check(const kiln_sched *s, kiln_error *err);
+/* NaN for a schedule kiln_sched_check refuses. */
+KILN_API double kiln_sched_lr(const kiln_sched *s, int64_t step);
+
+/* ---- compiling ---- */
+/* Compiles a graph (on a private copy: the default passes or o->passes,
+ * then kernel IR, memory plan, LLVM -O3 for the host CPU) into a shared
+ * library at out_path that needs only libc, libm and libpthread, and writes
+ * its header beside it (model.so -> model.h): typed entry points
+ * <name>_create/_run/_set_threads/_errmsg/_destroy, plus the exported
+ * self-describing `kiln_model_desc` that kiln_load reads.  The library is
+ * linked with `cc` against the runtime archive ($KILN_RT_LIB overrides the
+ * built-in path).  Files appear atomically or not at all. */
+typedef struct kiln_compile_opts {
+	const char *name;     /* C name of the model (entry-point prefix);
+	                         NULL: the graph's name, made an identifier */
+	const char *cpu;      /* LLVM CPU ("x86-64-v3", "skylake-avx512"); NULL: host */
+	const char *features; /* "+avx2,-avx512f"...; NULL: the host's when cpu is
+	                         NULL, else the cpu's own */
+	const char *emit;     /* NULL or "so": the library; "kir" (kernel IR), "ll"
+	                         (LLVM IR after -O3), "asm", "obj": that stage only */
+	const char *passes;   /* graph passes as for kiln_graph_optimize; NULL: default */
+} kiln_compile_opts;
+
+/* opts may be NULL (all defaults).  Errors: EINVAL (bad option, unknown CPU
+ * or feature), EUNSUPPORTED (an op or dtype without a lowering, naming the
+ * node), EIO (writing or linking failed). */
+KILN_API kiln_status kiln_compile(const kiln_graph *g, const char *out_path,
+                                  const kiln_compile_opts *opts, kiln_error *err);
+
+/* ---- autodiff and losses ---- */
+/* Reverse-mode gradients (docs/TRAINING.md): appends to g the backward graph
+ * of loss (a float value with one element) with respect to wrt[0..nwrt)
+ * and stores each gradient in grads[i]: an ordinary value of wrt[i]'s type,
+ * or KILN_NONE when loss does not depend on wrt[i].  Only nodes on a path
+ * from a wrt value to the loss get backward nodes.  On failure the graph is
+ * left as it was, with the error recorded. */
+KILN_API kiln_status kiln_grad_at(kiln_graph *g, kiln_loc loc, kiln_value loss, int nwrt,
+                                  const kiln_value *wrt, kiln_value *grads);
+/* The same for every trainable float parameter, in creation (state_dict)
+ * order: *count gets their number, params[i] the parameter and grads[i] its
+ * gradient, named "<param>.grad" (KILN_NONE off the loss path).  With cap
+ * below the count nothing is built and EINVAL says how many there are. */
+KILN_API kiln_status kiln_grad_params_at(kiln_graph *g, kiln_loc loc, kiln_value loss, int cap,
+                                         kiln_value *params, kiln_value *grads, int *count);
+#define kiln_grad(g, ...) kiln_grad_at(g, KILN_HERE, __VA_ARGS__)
+#define kiln_grad_params(g, ...) kiln_grad_params_at(g, KILN_HERE, __VA_ARGS__)
+
+/* PyTorch's losses (reduction "mean", "sum" or "none"; NULL: "mean").
+ * cross_entropy: logits [N,C,d...], integer targets [N,d...]; weight [C] or
+ * KILN_NONE; targets equal to ignore_index (PyTorch's default -100) count
+ * for nothing; label_smoothing in [0, 1] as F.cross_entropy defines it.
+ * NLL over log-probabilities is kiln_nll_loss above. */
+KILN_API kiln_value kiln_cross_entropy_at(kiln_graph *g, kiln_loc loc, kiln_value logits,
+                                          kiln_value target, kiln_value weight,
+                                          const char *reduction, int64_t ignore_index,
+                                          double label_smoothing);
+KILN_API kiln_value kiln_l1_loss_at(kiln_graph *g, kiln_loc loc, kiln_value pred,
+                                    kiln_value target, const char *reduction);
+/* 0.5 d^2 / beta where |d| < beta, else |d| - 0.5 beta; beta 0 is L1. */
+KILN_API kiln_value kiln_smooth_l1_loss_at(kiln_graph *g, kiln_loc loc, kiln_value pred,
+                                           kiln_value target, const char *reduction,
+                                           double beta);
+/* Binary cross-entropy on logits, stable for any logit; weight (broadcast
+ * to the loss) and pos_weight (broadcast over the last dim) may be NONE. */
+KILN_API kiln_value kiln_bce_with_logits_at(kiln_graph *g, kiln_loc loc, kiln_value logits,
+                                            kiln_value target, kiln_value weight,
+                                            kiln_value pos_weight, const char *reduction);
+#define kiln_cross_entropy(g, ...) kiln_cross_entropy_at(g, KILN_HERE, __VA_ARGS__)
+#define kiln_l1_loss(g, ...) kiln_l1_loss_at(g, KILN_HERE, __VA_ARGS__)
+#define kiln_smooth_l1_loss(g, ...) kiln_smooth_l1_loss_at(g, KILN_HERE, __VA_ARGS__)
+#define kiln_bce_with_logits(g, ...) kiln_bce_with_logits_at(g, KILN_HERE, __VA_ARGS__)
 
 #ifdef __cplusplus
 }

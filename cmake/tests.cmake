@@ -1,0 +1,25 @@
+# tests.cmake: test suites that need more than one Check executable.
+#
+# ONNX conformance: tests/onnx/gen_node_tests.py generates the ONNX backend
+# node tests with python3-onnx's generator into <build>/onnx_node_tests
+# (once: a stamp file marks it done), then onnx_conformance imports every
+# case, runs it through the interpreter and compares the outputs.  The test
+# fails on any case that fails but is not in tests/onnx/expected_failures.txt.
+
+set(KILN_PYTHON /usr/bin/python3 CACHE FILEPATH "Python with onnx and numpy (Debian's)")
+set(ONNX_NODE_DIR ${CMAKE_BINARY_DIR}/onnx_node_tests)
+set(ONNX_NODE_STAMP ${ONNX_NODE_DIR}/generated.stamp)
+
+add_executable(onnx_conformance ${CMAKE_SOURCE_DIR}/tests/onnx/run_conformance.c)
+target_link_libraries(onnx_conformance PRIVATE kiln)
+
+add_test(NAME onnx_node_tests_generate
+	COMMAND sh -c "test -f '${ONNX_NODE_STAMP}' || '${KILN_PYTHON}' \
+'${CMAKE_SOURCE_DIR}/tests/onnx/gen_node_tests.py' '${ONNX_NODE_DIR}' '${ONNX_NODE_STAMP}'")
+set_tests_properties(onnx_node_tests_generate PROPERTIES FIXTURES_SETUP onnx_node_data)
+
+add_test(NAME onnx_conformance
+	COMMAND onnx_conformance ${ONNX_NODE_DIR}/node
+		--expected ${CMAKE_SOURCE_DIR}/tests/onnx/expected_failures.txt)
+set_tests_properties(onnx_conformance PROPERTIES FIXTURES_REQUIRED onnx_node_data
+	ENVIRONMENT "CK_FORK=no")

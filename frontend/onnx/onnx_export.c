@@ -1,0 +1,709 @@
+/*
+ * onnx_export.c: writes a graph as an ONNX model (IR version 8, opset 17).
+ *
+ * The model is built as protobuf-c messages in a scratch arena and packed
+ * once; every message, string and array lives in the arena, and weights are
+ * not copied: initializers point raw_data at the graph's own tensor bytes
+ * (little-endian, which every host kiln supports).  Freeing the arena frees
+ * the whole model.
+ *
+ * kiln's IR holds as attributes what opset 17 takes as constant inputs
+ * (Reshape's shape, Slice's starts, Clip's bounds...).  The table `moves`
+ * says, per op, which attributes turn back into inputs and of what type;
+ * they become Constant nodes named after the node's first output
+ * ("y_shape"), so the graph's initializers stay exactly its parameters and
+ * an importer folds them back into the same attributes.  Gelu has no
+ * opset-17 form and is written as its Erf or Tanh formula.
+ *
+ * Every value gets a unique ONNX name: its own when it has one that no
+ * earlier value took, else "_v<id>" (made unique), in the order inputs,
+ * parameters, node results; so the same graph always exports the same bytes.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "frontend/onnx/onnx.h"
+#include "runtime/rt.h"
+
+#define OPSET 17
+#define IR_VERSION 8
+
+/* ---- exporter state ----------------------------------------------------- */
+
+typedef struct vec {
+	void **p;
+	size_t n, cap;
+} vec;
+
+typedef struct ex {
+	const kiln_graph *g;
+	ir_arena *a;           /* everything below, and every message */
+	kiln_error *err;
+	kiln_status st;        /* first error */
+	const char **vname;    /* per value id: its unique ONNX name */
+	const char **names;    /* open-addressing set of names in use */
+	size_t nnames, capnames;
+	vec nodes, inits, vinfo;
+} ex;
+
+static bool fail(ex *x, kiln_status code, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
+
+static bool fail(ex *x, kiln_status code, const char *fmt, ...)
+{
+	if (x->st == KILN_OK) {
+		va_list ap;
+		va_start(ap, fmt);
+		x->st = code;
+		if (x->err) {
+			x->err->code = code;
+			vsnprintf(x->err->msg, sizeof x->err->msg, fmt, ap);
+		}
+		va_end(ap);
+	}
+	return false;
+}
+
+static void *alloc(ex *x, size_t n)
+{
+	void *p = x->st == KILN_OK ? ir_alloc(x->a, n) : NULL;
+	if (!p)
+		fail(x, KILN_ENOMEM, "onnx export: out of memory");
+	return p;
+}
+
+static char *dup(ex *x, const char *s)
+{
+	char *p = alloc(x, strlen(s) + 1);
+	return p ? strcpy(p, s) : NULL;
+}
+
+static bool push(ex *x, vec *v, void *item)
+{
+	if (!item)
+		return false;
+	if (v->n == v->cap) {
+		size_t nc = v->cap ? v->cap * 2 : 16;
+		void **p = alloc(x, nc * sizeof *p);
+		if (!p)
+			return false;
+		if (v->n)
+			memcpy(p, v->p, v->n * sizeof *p);
+		v->p = p;
+		v->cap = nc;
+	}
+	v->p[v->n++] = item;
+	return true;
+}
+
+/* ---- unique names ------------------------------------------------------- */
+
+static size_t hash(const char *s)
+{
+	size_t h = 2166136261u;
+	for (; *s; s++)
+		h = (h ^ (unsigned char)*s) * 16777619u;
+	return h;
+}
+
+/* Adds s (a string that outlives the export) to the set; false if taken. */
+static bool claim(ex *x, const char *s)
+{
+	if (2 * (x->nnames + 1) > x->capnames) {
+		size_t nc = x->capnames ? 2 * x->capnames : 256;
+		const char **t = calloc(nc, sizeof *t);
+		if (!t)
+			return fail(x, KILN_ENOMEM, "onnx export: out of memory");
+		for (size_t i = 0; i < x->capnames; i++) {
+			if (!x->names[i])
+				continue;
+			size_t h = hash(x->names[i]) & (nc - 1);
+			while (t[h])
+				h = (h + 1) & (nc - 1);
+			t[h] = x->names[i];
+		}
+		free(x->names);
+		x->names = t;
+		x->capnames = nc;
+	}
+	size_t h = hash(s) & (x->capnames - 1);
+	for (; x->names[h]; h = (h + 1) & (x->capnames - 1))
+		if (!strcmp(x->names[h], s))
+			return false;
+	x->names[h] = s;
+	x->nnames++;
+	return true;
+}
+
+/* base itself when free, else base_1, base_2, ... */
+static const char *fresh(ex *x, const char *base)
+{
+	char buf[600];
+	snprintf(buf, sizeof buf, "%s", base);
+	for (unsigned k = 1; x->st == KILN_OK; k++) {
+		char *s = dup(x, buf);
+		if (s && claim(x, s))
+			return s;
+		snprintf(buf, sizeof buf, "%.500s_%u", base, k);
+	}
+	return NULL;
+}
+
+/* Two passes, so that a named value never loses its name to a generated
+ * one: first every value keeps its name if no earlier value took it. */
+static bool name_values(ex *x)
+{
+	const kiln_graph *g = x->g;
+	x->vname = alloc(x, g->nval * sizeof *x->vname);
+	if (!x->vname)
+		return false;
+	for (uint32_t i = 1; i < g->nval && x->st == KILN_OK; i++) {
+		const ir_value *v = g->val[i];
+		if (v->kind != IR_V_NONE && v->name && *v->name && claim(x, v->name))
+			x->vname[i] = v->name;
+	}
+	for (uint32_t i = 1; i < g->nval && x->st == KILN_OK; i++) {
+		const ir_value *v = g->val[i];
+		char base[600];
+		if (v->kind == IR_V_NONE || x->vname[i])
+			continue;
+		if (v->name && *v->name)
+			snprintf(base, sizeof base, "%.500s", v->name);
+		else
+			snprintf(base, sizeof base, "_v%u", i);
+		x->vname[i] = fresh(x, base);
+	}
+	return x->st == KILN_OK;
+}
+
+/* ---- tensors and types -------------------------------------------------- */
+
+static Onnx__TensorProto *tensor_proto(ex *x, const char *name, const kiln_tensor *t)
+{
+	Onnx__TensorProto *p = alloc(x, sizeof *p);
+	int64_t *dims = alloc(x, (t->rank + 1) * sizeof *dims);
+	if (!p || !dims)
+		return NULL;
+	if (!onnx_dtype_from_kiln(t->dtype)) {
+		fail(x, KILN_EINVAL, "onnx export: tensor '%s' has no ONNX dtype", name);
+		return NULL;
+	}
+	onnx__tensor_proto__init(p);
+	memcpy(dims, t->shape, t->rank * sizeof *dims);
+	p->n_dims = t->rank;
+	p->dims = dims;
+	p->has_data_type = 1;
+	p->data_type = onnx_dtype_from_kiln(t->dtype);
+	p->name = (char *)name;
+	p->has_raw_data = 1;
+	p->raw_data.len = kiln_tensor_nbytes(t);
+	p->raw_data.data = t->data; /* packed, never freed through protobuf-c */
+	return p;
+}
+
+static Onnx__TypeProto *type_proto(ex *x, const ir_type *t)
+{
+	Onnx__TypeProto *tp = alloc(x, sizeof *tp);
+	Onnx__TypeProto__Tensor *tt = alloc(x, sizeof *tt);
+	Onnx__TensorShapeProto *sp = alloc(x, sizeof *sp);
+	Onnx__TensorShapeProto__Dimension **dims = alloc(x, (t->rank + 1) * sizeof *dims);
+	if (!tp || !tt || !sp || !dims)
+		return NULL;
+	onnx__type_proto__init(tp);
+	onnx__type_proto__tensor__init(tt);
+	onnx__tensor_shape_proto__init(sp);
+	for (int i = 0; i < t->rank; i++) {
+		Onnx__TensorShapeProto__Dimension *d = alloc(x, sizeof *d);
+		if (!d)
+			return NULL;
+		onnx__tensor_shape_proto__dimension__init(d);
+		if (t->dim[i] >= 0) {
+			d->value_case = ONNX__TENSOR_SHAPE_PROTO__DIMENSION__VALUE_DIM_VALUE;
+			d->dim_value = t->dim[i];
+		} else {
+			char s[256];
+			d->value_case = ONNX__TENSOR_SHAPE_PROTO__DIMENSION__VALUE_DIM_PARAM;
+			d->dim_param = dup(x, ir_dim_str(x->g, t->dim[i], s, sizeof s));
+		}
+		dims[i] = d;
+	}
+	sp->n_dim = t->rank;
+	sp->dim = dims;
+	tt->has_elem_type = 1;
+	tt->elem_type = onnx_dtype_from_kiln(t->dtype);
+	tt->shape = sp;
+	tp->value_case = ONNX__TYPE_PROTO__VALUE_TENSOR_TYPE;
+	tp->tensor_type = tt;
+	return tp;
+}
+
+static Onnx__ValueInfoProto *value_info(ex *x, uint32_t id)
+{
+	Onnx__ValueInfoProto *vi = alloc(x, sizeof *vi);
+	if (!vi)
+		return NULL;
+	onnx__value_info_proto__init(vi);
+	vi->name = (char *)x->vname[id];
+	vi->type = type_proto(x, &x->g->val[id]->type);
+	return vi->type ? vi : NULL;
+}
+
+/* ---- nodes and attributes ----------------------------------------------- */
+
+/* A node with room for cap inputs; outputs and name set by the caller. */
+static Onnx__NodeProto *node_new(ex *x, const char *op_type, size_t cap)
+{
+	Onnx__NodeProto *np = alloc(x, sizeof *np);
+	char **in = alloc(x, (cap + 1) * sizeof *in);
+	if (!np || !in)
+		return NULL;
+	onnx__node_proto__init(np);
+	np->op_type = (char *)op_type;
+	np->input = in;
+	return push(x, &x->nodes, np) ? np : NULL;
+}
+
+static Onnx__AttributeProto *attr_add(ex *x, Onnx__NodeProto *np, const char *name,
+                                      Onnx__AttributeProto__AttributeType type)
+{
+	Onnx__AttributeProto *ap = alloc(x, sizeof *ap);
+	Onnx__AttributeProto **arr = alloc(x, (np->n_attribute + 1) * sizeof *arr);
+	if (!ap || !arr)
+		return NULL;
+	onnx__attribute_proto__init(ap);
+	ap->name = (char *)name;
+	ap->has_type = 1;
+	ap->type = type;
+	if (np->n_attribute)
+		memcpy(arr, np->attribute, np->n_attribute * sizeof *arr);
+	arr[np->n_attribute++] = ap;
+	np->attribute = arr;
+	return ap;
+}
+
+/* One kiln attribute as its ONNX attribute of the same name. */
+static bool attr_copy(ex *x, Onnx__NodeProto *np, const ir_attr *a)
+{
+	typedef Onnx__AttributeProto__AttributeType T;
+	static const T type[] = {
+		[IR_A_INT] = ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__INT,
+		[IR_A_FLOAT] = ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__FLOAT,
+		[IR_A_INTS] = ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__INTS,
+		[IR_A_FLOATS] = ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__FLOATS,
+		[IR_A_STRING] = ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__STRING,
+		[IR_A_TENSOR] = ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__TENSOR,
+		[IR_A_DTYPE] = ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__INT,
+	};
+	Onnx__AttributeProto *ap = attr_add(x, np, a->name, type[a->kind]);
+	if (!ap)
+		return false;
+	switch (a->kind) {
+	case IR_A_INT: ap->has_i = 1; ap->i = a->u.i; break;
+	case IR_A_DTYPE: ap->has_i = 1; ap->i = onnx_dtype_from_kiln((kiln_dtype)a->u.i); break;
+	case IR_A_FLOAT: ap->has_f = 1; ap->f = (float)a->u.f; break;
+	case IR_A_INTS: ap->n_ints = a->n; ap->ints = a->u.ints; break;
+	case IR_A_STRING:
+		ap->has_s = 1;
+		ap->s.data = (uint8_t *)(a->u.s ? a->u.s : "");
+		ap->s.len = strlen((const char *)ap->s.data);
+		break;
+	case IR_A_TENSOR: return (ap->t = tensor_proto(x, NULL, a->u.t)) != NULL;
+	case IR_A_FLOATS:
+		ap->n_floats = a->n;
+		if (!(ap->floats = alloc(x, (a->n + 1) * sizeof(float))))
+			return false;
+		for (uint32_t i = 0; i < a->n; i++)
+			ap->floats[i] = (float)a->u.floats[i];
+		break;
+	}
+	return true;
+}
+
+/* A Constant node holding t, named fresh from base; returns its output. */
+static const char *constant(ex *x, const char *base, kiln_tensor *t)
+{
+	const char *name = fresh(x, base);
+	Onnx__NodeProto *np = name ? node_new(x, "Constant", 0) : NULL;
+	char **out = alloc(x, sizeof *out);
+	if (!np || !out)
+		return NULL;
+	out[0] = (char *)name;
+	np->n_output = 1;
+	np->output = out;
+	Onnx__AttributeProto *ap =
+		attr_add(x, np, "value", ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__TENSOR);
+	return ap && (ap->t = tensor_proto(x, NULL, t)) ? name : NULL;
+}
+
+/* A tensor in the arena: rank 0 or 1 of n elements. */
+static kiln_tensor *scratch_tensor(ex *x, kiln_dtype dt, int rank, int64_t n)
+{
+	kiln_tensor *t = alloc(x, sizeof *t);
+	if (!t)
+		return NULL;
+	*t = (kiln_tensor){dt, rank, {n}, NULL};
+	t->data = alloc(x, (size_t)n * kiln_dtype_size(dt) + 1);
+	return t->data ? t : NULL;
+}
+
+/* A scalar of dtype dt; integer types clamp (Clip's bounds may be huge). */
+static kiln_tensor *scalar(ex *x, kiln_dtype dt, double v)
+{
+	kiln_tensor *t = scratch_tensor(x, dt, 0, 1);
+	if (!t)
+		return NULL;
+	if (!kiln_dtype_is_float(dt)) {
+		double lo = dt == KILN_U8 || dt == KILN_BOOL ? 0 : dt == KILN_I8 ? -128
+		          : dt == KILN_I32 ? INT32_MIN : -9.2233720368547748e18;
+		double hi = dt == KILN_BOOL ? 1 : dt == KILN_U8 ? 255 : dt == KILN_I8 ? 127
+		          : dt == KILN_I32 ? INT32_MAX : 9.2233720368547748e18;
+		v = isnan(v) ? 0 : v < lo ? lo : v > hi ? hi : v;
+	}
+	ir_store(t, 0, v);
+	return t;
+}
+
+/* Starts the ONNX node for n: its inputs, outputs and name, room for
+ * extra more inputs. */
+static Onnx__NodeProto *begin(ex *x, const ir_node *n, size_t extra)
+{
+	Onnx__NodeProto *np = node_new(x, ir_op(n->op)->onnx, n->nin + extra);
+	char **out = alloc(x, (n->nout + 1) * sizeof *out);
+	if (!np || !out)
+		return NULL;
+	for (uint32_t i = 0; i < n->nin; i++)
+		np->input[i] = (char *)(n->in[i] ? x->vname[n->in[i]] : "");
+	np->n_input = n->nin;
+	for (uint32_t i = 0; i < n->nout; i++)
+		out[i] = (char *)x->vname[n->out[i]];
+	np->n_output = n->nout;
+	np->output = out;
+	np->name = (char *)(n->name ? n->name : "");
+	return np;
+}
+
+/* ---- attributes that opset 17 takes as inputs ---------------------------- */
+
+typedef enum {
+	MV_INTS = 1, /* int64 1-D tensor of the ints */
+	MV_SHAPE,    /* the same, symbolic dims matched to the input's as 1 */
+	MV_LIKE,     /* scalar of the first input's dtype */
+	MV_F32,      /* float scalar */
+	MV_BOOL,     /* bool scalar */
+} mv_kind;
+
+typedef struct move {
+	const char *attr;
+	mv_kind kind;
+} move;
+
+/* In ONNX input order after the data input; an absent attribute becomes an
+ * omitted optional input ("" unless a later one is present). */
+static const move moves[KILN_OP_COUNT][4] = {
+	[KILN_OP_RESHAPE] = {{"shape", MV_INTS}},
+	[KILN_OP_SLICE] = {{"starts", MV_INTS}, {"ends", MV_INTS}, {"axes", MV_INTS},
+	                   {"steps", MV_INTS}},
+	[KILN_OP_SQUEEZE] = {{"axes", MV_INTS}},
+	[KILN_OP_UNSQUEEZE] = {{"axes", MV_INTS}},
+	[KILN_OP_EXPAND] = {{"shape", MV_SHAPE}},
+	[KILN_OP_CLIP] = {{"min", MV_LIKE}, {"max", MV_LIKE}},
+	[KILN_OP_SPLIT] = {{"split", MV_INTS}},
+	[KILN_OP_PAD] = {{"pads", MV_INTS}, {"value", MV_LIKE}},
+	[KILN_OP_REDUCE_SUM] = {{"axes", MV_INTS}},
+	[KILN_OP_DROPOUT] = {{"ratio", MV_F32}, {"training_mode", MV_BOOL}},
+};
+
+static bool is_moved(kiln_op op, const char *name)
+{
+	for (int k = 0; k < 4 && moves[op][k].attr; k++)
+		if (!strcmp(moves[op][k].attr, name))
+			return true;
+	return false;
+}
+
+/* Expand's shape broadcasts both ways, so a symbolic target dim that the
+ * input already has is written as 1; one the input lacks has no constant
+ * form (it would need a Shape subgraph). */
+static kiln_tensor *shape_tensor(ex *x, const ir_node *n, const ir_attr *a)
+{
+	kiln_tensor *t = scratch_tensor(x, KILN_I64, 1, a->n);
+	const ir_type *in = &x->g->val[n->in[0]]->type;
+	if (!t)
+		return NULL;
+	for (uint32_t i = 0; i < a->n; i++) {
+		int64_t d = a->u.ints[i], j = (int64_t)i - ((int64_t)a->n - in->rank);
+		if (d < 0 && j >= 0 && in->dim[j] == d)
+			d = 1;
+		else if (d < 0) {
+			char s[128], desc[160], ty[256];
+			fail(x, KILN_EUNSUPPORTED, "onnx export: %s: symbolic target dim %s for input "
+			     "%s has no opset-17 constant form", ir_node_desc(n, desc, sizeof desc),
+			     ir_dim_str(x->g, d, s, sizeof s), ir_type_str(x->g, in, ty, sizeof ty));
+			return NULL;
+		}
+		((int64_t *)t->data)[i] = d;
+	}
+	return t;
+}
+
+static const char *moved_input(ex *x, const ir_node *n, const ir_attr *a, mv_kind kind)
+{
+	char base[600], desc[160];
+	double v = a->kind == IR_A_FLOAT ? a->u.f : (double)a->u.i;
+	kiln_tensor *t = NULL;
+	bool ints = kind == MV_INTS || kind == MV_SHAPE;
+	if (ints != (a->kind == IR_A_INTS) || (!ints && a->kind != IR_A_FLOAT &&
+	                                        a->kind != IR_A_INT)) {
+		fail(x, KILN_EVERIFY, "onnx export: %s: attribute %s has the wrong kind",
+		     ir_node_desc(n, desc, sizeof desc), a->name);
+		return NULL;
+	}
+	if (kind == MV_INTS && (t = scratch_tensor(x, KILN_I64, 1, a->n)))
+		memcpy(t->data, a->u.ints, a->n * sizeof(int64_t));
+	else if (kind == MV_SHAPE)
+		t = shape_tensor(x, n, a);
+	else if (kind == MV_LIKE)
+		t = scalar(x, x->g->val[n->in[0]]->type.dtype, v);
+	else if (kind != MV_INTS)
+		t = scalar(x, kind == MV_F32 ? KILN_F32 : KILN_BOOL, v);
+	snprintf(base, sizeof base, "%.500s_%s", x->vname[n->out[0]], a->name);
+	return t ? constant(x, base, t) : NULL;
+}
+
+/* ---- per-op export ------------------------------------------------------ */
+
+/* The ONNX node of the same op_type; attributes in `moves` become inputs,
+ * the rest are copied by name. */
+static bool ex_node(ex *x, const ir_node *n)
+{
+	const move *mv = moves[n->op];
+	const char *extra[4];
+	size_t nextra = 0;
+	/* the Constant nodes first: ONNX wants producers before consumers */
+	for (int k = 0; k < 4 && mv[k].attr; k++) {
+		const ir_attr *a = ir_attr_get(n, mv[k].attr);
+		if (!(extra[k] = a ? moved_input(x, n, a, mv[k].kind) : ""))
+			return false;
+		if (a)
+			nextra = k + 1; /* trailing omitted inputs are left off */
+	}
+	Onnx__NodeProto *np = begin(x, n, nextra);
+	if (!np)
+		return false;
+	for (size_t k = 0; k < nextra; k++)
+		np->input[np->n_input++] = (char *)extra[k];
+	for (uint32_t i = 0; i < n->nattr; i++)
+		if (!is_moved(n->op, n->attr[i].name) && !attr_copy(x, np, &n->attr[i]))
+			return false;
+	return true;
+}
+
+/* One helper node of a decomposition: op_type(a[, b]) into a fresh value
+ * named after n's output (or into out when given); NULL operands propagate. */
+static const char *op2(ex *x, const ir_node *n, const char *op_type, const char *a,
+                       const char *b, const char *out)
+{
+	char base[600];
+	snprintf(base, sizeof base, "%.500s_gelu", x->vname[n->out[0]]);
+	Onnx__NodeProto *np = a ? node_new(x, op_type, 2) : NULL;
+	char **o = np ? alloc(x, sizeof *o) : NULL;
+	if (!o || !(out = out ? out : fresh(x, base)))
+		return NULL;
+	np->input[np->n_input++] = (char *)a;
+	if (b)
+		np->input[np->n_input++] = (char *)b;
+	o[0] = (char *)out;
+	np->n_output = 1;
+	np->output = o;
+	return out;
+}
+
+static const char *k(ex *x, const ir_node *n, double v)
+{
+	char base[600];
+	snprintf(base, sizeof base, "%.500s_gelu_c", x->vname[n->out[0]]);
+	kiln_tensor *t = scalar(x, x->g->val[n->in[0]]->type.dtype, v);
+	return t ? constant(x, base, t) : NULL;
+}
+
+/* Gelu arrives in opset 20; before that it is its formula:
+ * 0.5 x (1 + erf(x / sqrt 2)), or with approximate="tanh"
+ * 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).  Each call below has at
+ * most one argument that emits nodes, so the node order is fixed. */
+static bool ex_gelu(ex *x, const ir_node *n)
+{
+	const char *in = x->vname[n->in[0]], *u;
+	if (strcmp(ir_attr_str(n, "approximate", "none"), "tanh") == 0) {
+		const char *x2 = op2(x, n, "Mul", in, in, NULL);
+		const char *x3 = op2(x, n, "Mul", x2, in, NULL);
+		const char *c = op2(x, n, "Mul", x3, k(x, n, 0.044715), NULL);
+		const char *s = op2(x, n, "Add", in, c, NULL);
+		u = op2(x, n, "Tanh", op2(x, n, "Mul", s, k(x, n, sqrt(2 / M_PI)), NULL), NULL, NULL);
+	} else {
+		u = op2(x, n, "Erf", op2(x, n, "Mul", in, k(x, n, M_SQRT1_2), NULL), NULL, NULL);
+	}
+	const char *h = op2(x, n, "Mul", op2(x, n, "Add", u, k(x, n, 1.0), NULL), in, NULL);
+	return op2(x, n, "Mul", h, k(x, n, 0.5), x->vname[n->out[0]]) != NULL;
+}
+
+typedef bool (*export_fn)(ex *x, const ir_node *n);
+
+/* Ops whose export is not ex_node's one-to-one mapping. */
+static const export_fn special[KILN_OP_COUNT] = {
+	[KILN_OP_GELU] = ex_gelu,
+};
+
+bool onnx_export_maps(kiln_op op)
+{
+	/* every op maps: one-to-one, or specially; this is what the test walks */
+	return op < KILN_OP_COUNT && (special[op] || ir_op(op)->onnx != NULL);
+}
+
+/* ---- graph and model ---------------------------------------------------- */
+
+static bool inputs_and_params(ex *x, Onnx__GraphProto *gp)
+{
+	const kiln_graph *g = x->g;
+	vec in = {0};
+	for (uint32_t i = 0; i < g->ninput; i++)
+		if (!push(x, &in, value_info(x, g->input[i])))
+			return false;
+	for (uint32_t i = 1; i < g->nval; i++)
+		if (g->val[i]->kind == IR_V_PARAM &&
+		    !push(x, &x->inits, tensor_proto(x, x->vname[i], g->val[i]->data)))
+			return false;
+	gp->n_input = in.n;
+	gp->input = (Onnx__ValueInfoProto **)in.p;
+	return true;
+}
+
+/* ONNX output names must be distinct: a value returned twice is returned
+ * again through an Identity. */
+static bool outputs(ex *x, Onnx__GraphProto *gp, bool *is_out)
+{
+	const kiln_graph *g = x->g;
+	vec out = {0};
+	for (uint32_t i = 0; i < g->noutput; i++) {
+		uint32_t v = g->output[i];
+		Onnx__ValueInfoProto *vi = ir_val(g, v) && g->val[v]->kind != IR_V_NONE
+			? value_info(x, v) : NULL;
+		if (!vi)
+			return x->st == KILN_OK ? fail(x, KILN_EVERIFY, "onnx export: output %u "
+			                               "is a dead value", i) : false;
+		if (is_out[v]) {
+			vi->name = (char *)op2(x, &(ir_node){.out = &v, .in = &v}, "Identity",
+			                       x->vname[v], NULL, fresh(x, x->vname[v]));
+			if (!vi->name)
+				return false;
+		}
+		is_out[v] = true;
+		if (!push(x, &out, vi))
+			return false;
+	}
+	gp->n_output = out.n;
+	gp->output = (Onnx__ValueInfoProto **)out.p;
+	return true;
+}
+
+static bool build_graph(ex *x, Onnx__GraphProto *gp)
+{
+	const kiln_graph *g = x->g;
+	bool *is_out = alloc(x, g->nval);
+	if (!is_out || !name_values(x) || !inputs_and_params(x, gp))
+		return false;
+	for (uint32_t i = 0; i < g->nnode && x->st == KILN_OK; i++) {
+		const ir_node *n = g->node[i];
+		if (!n->dead)
+			(special[n->op] ? special[n->op] : ex_node)(x, n);
+	}
+	if (x->st != KILN_OK || !outputs(x, gp, is_out))
+		return false;
+	/* intermediate types keep symbolic dims such as N+1 */
+	for (uint32_t i = 0; i < g->nnode; i++)
+		for (uint32_t j = 0; !g->node[i]->dead && j < g->node[i]->nout; j++)
+			if (!is_out[g->node[i]->out[j]] &&
+			    !push(x, &x->vinfo, value_info(x, g->node[i]->out[j])))
+				return false;
+	gp->name = (char *)(g->name ? g->name : "main");
+	gp->n_node = x->nodes.n;
+	gp->node = (Onnx__NodeProto **)x->nodes.p;
+	gp->n_initializer = x->inits.n;
+	gp->initializer = (Onnx__TensorProto **)x->inits.p;
+	gp->n_value_info = x->vinfo.n;
+	gp->value_info = (Onnx__ValueInfoProto **)x->vinfo.p;
+	return true;
+}
+
+static Onnx__ModelProto *build_model(ex *x)
+{
+	Onnx__ModelProto *m = alloc(x, sizeof *m);
+	Onnx__GraphProto *gp = alloc(x, sizeof *gp);
+	Onnx__OperatorSetIdProto *os = alloc(x, sizeof *os);
+	Onnx__OperatorSetIdProto **osv = alloc(x, sizeof *osv);
+	if (!m || !gp || !os || !osv)
+		return NULL;
+	onnx__model_proto__init(m);
+	onnx__graph_proto__init(gp);
+	onnx__operator_set_id_proto__init(os);
+	os->domain = "";
+	os->has_version = 1;
+	os->version = OPSET;
+	osv[0] = os;
+	m->has_ir_version = 1;
+	m->ir_version = IR_VERSION;
+	m->n_opset_import = 1;
+	m->opset_import = osv;
+	m->producer_name = "kiln";
+	m->producer_version = KILN_VERSION;
+	m->graph = gp;
+	return build_graph(x, gp) ? m : NULL;
+}
+
+KILN_API kiln_status kiln_onnx_export_mem(const kiln_graph *g, void **data, size_t *size,
+                                          kiln_error *err)
+{
+	if (!g || !data || !size)
+		return ir_seterr(err, KILN_EINVAL, "onnx export: null argument");
+	*data = NULL;
+	*size = 0;
+	if (g->status != KILN_OK)
+		return ir_seterr(err, g->status, "onnx export: graph has an error: %s", g->errmsg);
+	kiln_status st = kiln_graph_verify(g, err);
+	if (st != KILN_OK)
+		return st;
+	ex x = {.g = g, .a = ir_arena_new(), .err = err};
+	if (!x.a)
+		return ir_seterr(err, KILN_ENOMEM, "onnx export: out of memory");
+	Onnx__ModelProto *m = build_model(&x);
+	if (m) {
+		size_t n = onnx__model_proto__get_packed_size(m);
+		uint8_t *buf = n > INT32_MAX ? NULL : malloc(n ? n : 1);
+		if (n > INT32_MAX)
+			fail(&x, KILN_EUNSUPPORTED, "onnx export: model of %zu bytes is over protobuf's "
+			     "2 GiB limit (external data is not written)", n);
+		else if (!buf)
+			fail(&x, KILN_ENOMEM, "onnx export: out of memory for %zu bytes", n);
+		else {
+			*size = onnx__model_proto__pack(m, buf);
+			*data = buf;
+		}
+	}
+	free(x.names);
+	ir_arena_free(x.a);
+	return x.st;
+}
+
+KILN_API kiln_status kiln_onnx_export(const kiln_graph *g, const char *path, kiln_error *err)
+{
+	void *data;
+	size_t size;
+	if (!path)
+		return ir_seterr(err, KILN_EINVAL, "onnx export: null path");
+	kiln_status st = kiln_onnx_export_mem(g, &data, &size, err);
+	if (st == KILN_OK)
+		st = rt_write_atomic(path, data, size, err);
+	free(data);
+	return st;
+}

@@ -1,0 +1,257 @@
+/*
+ * onnx_ops.c: the per-op half of the ONNX importer: one function per op
+ * whose ONNX form differs from kiln's, in a table indexed by kiln's op enum;
+ * every other op maps one to one (inputs in order, attributes by schema).
+ *
+ * Most differences are ONNX moving a compile-time constant from an
+ * attribute to an input at some opset (Reshape 5, Slice 10, Clip 11, Pad 11,
+ * Dropout 12, Squeeze/Unsqueeze/Split/ReduceSum 13): from that opset on the
+ * input must be a constant the importer knows, and it becomes the kiln
+ * attribute of the same meaning; before it, the attribute copies over as
+ * is.  The rest are legacy attributes (BatchNormalization's spatial, Gemm's
+ * broadcast), Softmax's pre-13 "flatten to 2-D at axis" semantics,
+ * Constant's value_* spellings, and Pow's mixed base/exponent dtypes.
+ */
+#include <string.h>
+
+#include "frontend/onnx/onnx.h"
+
+/* The opset from which each op takes these constants as inputs. */
+enum { RESHAPE_INPUTS = 5, SLICE_INPUTS = 10, CLIP_INPUTS = 11, PAD_INPUTS = 11,
+       DROPOUT_INPUTS = 12, AXES_INPUTS = 13, SOFTMAX_ANY_AXIS = 13 };
+
+static void generic(onnx_imp *c, onnx_nd *d)
+{
+	onnx_emit(c, d, (uint32_t)d->p->n_input, NULL);
+}
+
+/* A symbolic element equal to the input's dim at its place copies it (0);
+ * one other unknown is inferred (-1).  allowzero=1 gives 0 no such role. */
+static bool reshape_dims(onnx_imp *c, onnx_nd *d, const onnx_svec *s, int64_t *out)
+{
+	const ir_type *x = &c->g->val[d->n->in[0]]->type;
+	bool copy = ir_attr_int(d->n, "allowzero", 0) == 0;
+	int unknown = -1;
+	for (int i = 0; i < s->n; i++) {
+		out[i] = s->v[i];
+		if (!s->sym[i] && s->v[i] == -1 && unknown < 0)
+			unknown = i;
+		else if (!s->sym[i])
+			continue;
+		else if (copy && i < x->rank && x->dim[i] == s->v[i])
+			out[i] = 0;
+		else if (unknown >= 0)
+			return false;
+		else
+			out[unknown = i] = -1;
+	}
+	return true;
+}
+
+/* A symbolic element equal to the input's aligned dim keeps it (1). */
+static bool expand_dims(onnx_imp *c, onnx_nd *d, const onnx_svec *s, int64_t *out)
+{
+	const ir_type *x = &c->g->val[d->n->in[0]]->type;
+	for (int i = 0; i < s->n; i++) {
+		int k = i - (s->n - x->rank);
+		out[i] = s->v[i];
+		if (s->sym[i] && k >= 0 && x->dim[k] == s->v[i])
+			out[i] = 1;
+		else if (s->sym[i])
+			return false;
+	}
+	return true;
+}
+
+static void reshape(onnx_imp *c, onnx_nd *d)
+{
+	if (c->opset < RESHAPE_INPUTS)
+		onnx_emit(c, d, 1, NULL);
+	else if (onnx_emit(c, d, 1, NULL))
+		onnx_shape_input(c, d, 1, "shape", reshape_dims);
+}
+
+static void expand(onnx_imp *c, onnx_nd *d)
+{
+	if (onnx_emit(c, d, 1, NULL))
+		onnx_shape_input(c, d, 1, "shape", expand_dims);
+}
+
+static void slice(onnx_imp *c, onnx_nd *d)
+{
+	if (!onnx_emit(c, d, 1, NULL) || c->opset < SLICE_INPUTS)
+		return;
+	if (onnx_ints_input(c, d, 1, "starts", true) && onnx_ints_input(c, d, 2, "ends", true) &&
+	    onnx_ints_input(c, d, 3, "axes", false))
+		onnx_ints_input(c, d, 4, "steps", false);
+}
+
+/* Squeeze, Unsqueeze, Split and ReduceSum: axes (or sizes) input from 13. */
+static void axes_input(onnx_imp *c, onnx_nd *d)
+{
+	static const char *const what[KILN_OP_COUNT] = {
+		[KILN_OP_SQUEEZE] = "axes", [KILN_OP_UNSQUEEZE] = "axes",
+		[KILN_OP_REDUCE_SUM] = "axes", [KILN_OP_SPLIT] = "split",
+	};
+	if (onnx_emit(c, d, 1, NULL) && c->opset >= AXES_INPUTS)
+		onnx_ints_input(c, d, 1, what[d->op], d->op == KILN_OP_UNSQUEEZE);
+}
+
+static void clip(onnx_imp *c, onnx_nd *d)
+{
+	if (onnx_emit(c, d, 1, NULL) && c->opset >= CLIP_INPUTS &&
+	    onnx_float_input(c, d, 1, "min"))
+		onnx_float_input(c, d, 2, "max");
+}
+
+static void pad(onnx_imp *c, onnx_nd *d)
+{
+	if (!onnx_emit(c, d, 1, NULL) || c->opset < PAD_INPUTS)
+		return;
+	if (d->p->n_input > 3 && *d->p->input[3])
+		onnx_problem(c, d, KILN_EUNSUPPORTED, "the axes input (opset 18) is not supported");
+	else if (onnx_ints_input(c, d, 1, "pads", true))
+		onnx_float_input(c, d, 2, "value");
+}
+
+static void dropout(onnx_imp *c, onnx_nd *d)
+{
+	static const char *const legacy[] = {"is_test", NULL};
+	if (onnx_emit(c, d, 1, legacy) && c->opset >= DROPOUT_INPUTS &&
+	    onnx_float_input(c, d, 1, "ratio"))
+		onnx_int_input(c, d, 2, "training_mode");
+}
+
+static void gemm(onnx_imp *c, onnx_nd *d)
+{
+	static const char *const legacy[] = {"broadcast", NULL};
+	onnx_emit(c, d, (uint32_t)d->p->n_input, legacy);
+}
+
+/* spatial=1 (per-channel statistics, the default) is all kiln does. */
+static void batch_norm(onnx_imp *c, onnx_nd *d)
+{
+	static const char *const legacy[] = {"spatial", "is_test", "consumed_inputs", NULL};
+	const Onnx__AttributeProto *sp = onnx_attr(d, "spatial");
+	if (sp && sp->i == 0)
+		onnx_problem(c, d, KILN_EUNSUPPORTED, "spatial=0 (per-element statistics) is not "
+		             "supported");
+	else
+		onnx_emit(c, d, (uint32_t)d->p->n_input, legacy);
+}
+
+/* Before opset 13, Softmax flattens its input to 2-D at axis (default 1)
+ * and normalises each row: the same as kiln's softmax over the last axis
+ * when axis is the last, else Flatten -> Softmax(axis=1) -> Reshape back. */
+static void softmax(onnx_imp *c, onnx_nd *d)
+{
+	if (c->opset >= SOFTMAX_ANY_AXIS) {
+		onnx_emit(c, d, 1, NULL);
+		return;
+	}
+	uint32_t x = onnx_input(c, d, 0, true);
+	if (!x)
+		return;
+	const ir_type *t = &c->g->val[x]->type;
+	const Onnx__AttributeProto *a = onnx_attr(d, "axis");
+	int64_t axis = a ? a->i : 1;
+	axis = axis < 0 ? axis + t->rank : axis;
+	if (axis == t->rank - 1 || t->rank == 0) {
+		if (onnx_emit(c, d, 1, NULL) && ir_attr_set_int(c->g, d->n, "axis", -1))
+			onnx_problem(c, d, KILN_ENOMEM, "out of memory");
+		return;
+	}
+	if (!ir_type_concrete(t)) {
+		char ty[256];
+		onnx_problem(c, d, KILN_EUNSUPPORTED, "opset %lld coerces the input to 2-D at axis "
+		             "%lld, which needs a concrete shape, not %s", (long long)c->opset,
+		             (long long)axis, ir_type_str(c->g, t, ty, sizeof ty));
+		return;
+	}
+	ir_node *f = onnx_extra(c, d, KILN_OP_FLATTEN, 1, &x, "flatten");
+	if (!f || ir_attr_set_int(c->g, f, "axis", axis) || !onnx_infer(c, d, f))
+		return;
+	ir_node *s = onnx_extra(c, d, d->op, 1, &f->out[0], "softmax2d");
+	if (!s || ir_attr_set_int(c->g, s, "axis", 1) || !onnx_infer(c, d, s))
+		return;
+	uint32_t s_out = s->out[0];
+	if (!(d->n = onnx_extra(c, d, KILN_OP_RESHAPE, 1, &s_out, NULL)) ||
+	    ir_attr_set_ints(c->g, d->n, "shape", (uint32_t)t->rank, t->dim))
+		d->failed = true;
+}
+
+/* Constant's value, value_float(s), value_int(s) all become one tensor. */
+static void constant(onnx_imp *c, onnx_nd *d)
+{
+	static const char *const all[] = {"value", "value_float", "value_floats", "value_int",
+	                                  "value_ints", NULL};
+	const Onnx__AttributeProto *a = NULL;
+	int k = 0;
+	for (; all[k] && !(a = onnx_attr(d, all[k])); k++)
+		;
+	if (!a || d->p->n_attribute != 1) {
+		onnx_problem(c, d, KILN_EUNSUPPORTED, "needs exactly one of value, value_float(s), "
+		             "value_int(s) (value_string(s) and sparse_value are not supported)");
+		return;
+	}
+	if (!onnx_emit(c, d, 0, all))
+		return;
+	int64_t n = (int64_t)(k == 2 ? a->n_floats : a->n_ints);
+	kiln_tensor *t = k == 0 ? NULL
+	               : ir_tensor_new(c->g, k <= 2 ? KILN_F32 : KILN_I64, k % 2 ? 0 : 1, &n);
+	for (int64_t i = 0; t && i < (k % 2 ? 1 : n); i++)
+		if (k <= 2)
+			((float *)t->data)[i] = k == 1 ? a->f : a->floats[i];
+		else
+			((int64_t *)t->data)[i] = k == 3 ? a->i : a->ints[i];
+	kiln_error err = {0};
+	if (k == 0 && a->t && onnx_tensor_read(a->t, c->dir, &t, &err)) {
+		onnx_problem(c, d, err.code, "value: %s", err.msg);
+		return;
+	}
+	if (!t || ir_attr_set_tensor(c->g, d->n, "value", t))
+		onnx_problem(c, d, KILN_EINVAL, "value could not be read");
+	if (k == 0 && t)
+		kiln_tensor_free(t);
+}
+
+/* ONNX's Pow (opset 12+) lets the exponent's dtype differ from the base's
+ * and returns the base's: cast the exponent, as the result would be. */
+static void pow_op(onnx_imp *c, onnx_nd *d)
+{
+	uint32_t in[2] = {onnx_input(c, d, 0, true), onnx_input(c, d, 1, true)};
+	if (!in[0] || !in[1])
+		return;
+	kiln_dtype base = c->g->val[in[0]]->type.dtype;
+	if (c->g->val[in[1]]->type.dtype != base && kiln_dtype_is_float(base)) {
+		ir_node *cast = onnx_extra(c, d, KILN_OP_CAST, 1, &in[1], "cast_exponent");
+		if (!cast || ir_attr_set_dtype(c->g, cast, "to", base) || !onnx_infer(c, d, cast))
+			return;
+		in[1] = cast->out[0];
+	}
+	onnx_emit_with(c, d, 2, in, NULL);
+}
+
+const onnx_import_fn onnx_import_table[KILN_OP_COUNT] = {
+	[KILN_OP_RESHAPE] = reshape, [KILN_OP_EXPAND] = expand, [KILN_OP_SLICE] = slice,
+	[KILN_OP_SQUEEZE] = axes_input, [KILN_OP_UNSQUEEZE] = axes_input,
+	[KILN_OP_SPLIT] = axes_input, [KILN_OP_REDUCE_SUM] = axes_input,
+	[KILN_OP_CLIP] = clip, [KILN_OP_PAD] = pad, [KILN_OP_DROPOUT] = dropout,
+	[KILN_OP_GEMM] = gemm, [KILN_OP_BATCH_NORM] = batch_norm,
+	[KILN_OP_SOFTMAX] = softmax, [KILN_OP_LOG_SOFTMAX] = softmax,
+	[KILN_OP_CONSTANT] = constant, [KILN_OP_POW] = pow_op,
+};
+
+/* Per the ONNX operator changelog: no attribute or semantic change after
+ * version 1 (later versions only widened the type lists). */
+const bool onnx_same_since_v1[KILN_OP_COUNT] = {
+	[KILN_OP_NOT] = true, [KILN_OP_GLOBAL_AVERAGE_POOL] = true,
+	[KILN_OP_TRANSPOSE] = true, [KILN_OP_IDENTITY] = true, [KILN_OP_MATMUL] = true,
+};
+
+/* Ops without an entry map one to one. */
+void onnx_import_node(onnx_imp *c, onnx_nd *d)
+{
+	onnx_import_fn fn = onnx_import_table[d->op];
+	(fn ? fn : generic)(c, d);
+}

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Creates .venv in the repository root for the ONNX Runtime checks of
+# exported models (tests/onnx/check_export.py).  The venv sees Debian's
+# system packages (torch, onnx, numpy: --system-site-packages), and only
+# onnxruntime, which Debian does not package, comes from PyPI.  Idempotent:
+# an existing venv is reused and a present onnxruntime is not reinstalled.
+#     scripts/setup-venv.sh            # then: .venv/bin/python -c 'import onnxruntime'
+set -eu
+root=$(cd "$(dirname "$0")/.." && pwd)
+venv=$root/.venv
+py=/usr/bin/python3
+
+if [ ! -x "$venv/bin/python" ]; then
+	echo "setup-venv: creating $venv (--system-site-packages, from $py)"
+	if ! "$py" -m venv --system-site-packages "$venv"; then
+		echo "setup-venv: '$py -m venv' failed; install python3-venv (scripts/install-deps.sh)" >&2
+		exit 1
+	fi
+else
+	echo "setup-venv: reusing $venv"
+fi
+
+if "$venv/bin/python" -c 'import onnxruntime' 2>/dev/null; then
+	echo "setup-venv: onnxruntime $("$venv/bin/python" -c 'import onnxruntime; print(onnxruntime.__version__)') already installed"
+	exit 0
+fi
+echo "setup-venv: installing onnxruntime from PyPI into $venv"
+if ! "$venv/bin/python" -m pip install --disable-pip-version-check -q onnxruntime; then
+	echo "setup-venv: pip could not install onnxruntime: is PyPI reachable (proxy, offline machine)?" >&2
+	echo "setup-venv: without it the ONNX Runtime checks of exported models are skipped" >&2
+	exit 1
+fi
+echo "setup-venv: onnxruntime $("$venv/bin/python" -c 'import onnxruntime; print(onnxruntime.__version__)') installed"

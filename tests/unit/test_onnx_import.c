@@ -1,0 +1,749 @@
+/*
+ * test_onnx_import.c: the ONNX importer on small models built here with
+ * protobuf-c's structs and packed in memory: the attribute-versus-input
+ * changes across opsets, dims, initializers (typed, raw, external), folding
+ * of shape arithmetic, and error reports that list every problem at once.
+ */
+#include <check.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "frontend/onnx/onnx.h"
+#include "check_main.h"
+
+/* ---- a tiny model builder: every allocation is freed by pool_free ------- */
+
+static void *pool[4096];
+static int npool;
+
+static void *A(size_t n)
+{
+	void *p = calloc(1, n ? n : 1);
+	ck_assert_int_lt(npool, 4096);
+	return pool[npool++] = p;
+}
+
+static char *S(const char *s)
+{
+	return strcpy(A(strlen(s) + 1), s);
+}
+
+static void pool_free(void)
+{
+	while (npool)
+		free(pool[--npool]);
+}
+
+#define PUSH(arr, n, v)                                                   \
+	do {                                                              \
+		void **na = A(((n) + 1) * sizeof(void *));                \
+		if (n)                                                    \
+			memcpy(na, arr, (n) * sizeof(void *));            \
+		na[(n)++] = (v);                                          \
+		(arr) = (void *)na;                                       \
+	} while (0)
+
+static Onnx__ModelProto *model(int64_t opset)
+{
+	Onnx__ModelProto *m = A(sizeof *m);
+	Onnx__GraphProto *g = A(sizeof *g);
+	Onnx__OperatorSetIdProto *os = A(sizeof *os);
+	onnx__model_proto__init(m);
+	onnx__graph_proto__init(g);
+	onnx__operator_set_id_proto__init(os);
+	os->domain = S(""), os->has_version = 1, os->version = opset;
+	PUSH(m->opset_import, m->n_opset_import, os);
+	m->has_ir_version = 1, m->ir_version = 8, m->graph = g;
+	g->name = S("t");
+	return m;
+}
+
+/* dims: "2,N,?" — a number is dim_value, a name dim_param, '?' missing. */
+static Onnx__ValueInfoProto *vinfo(const char *name, int32_t elem, const char *dims)
+{
+	Onnx__ValueInfoProto *vi = A(sizeof *vi);
+	Onnx__TypeProto *tp = A(sizeof *tp);
+	Onnx__TypeProto__Tensor *tt = A(sizeof *tt);
+	Onnx__TensorShapeProto *sp = A(sizeof *sp);
+	onnx__value_info_proto__init(vi), onnx__type_proto__init(tp);
+	onnx__type_proto__tensor__init(tt), onnx__tensor_shape_proto__init(sp);
+	vi->name = S(name), vi->type = tp;
+	tp->value_case = ONNX__TYPE_PROTO__VALUE_TENSOR_TYPE, tp->tensor_type = tt;
+	tt->has_elem_type = 1, tt->elem_type = elem, tt->shape = sp;
+	char *copy = S(dims), *save = NULL;
+	for (char *t = strtok_r(copy, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+		Onnx__TensorShapeProto__Dimension *d = A(sizeof *d);
+		onnx__tensor_shape_proto__dimension__init(d);
+		if (*t >= '0' && *t <= '9')
+			d->value_case = ONNX__TENSOR_SHAPE_PROTO__DIMENSION__VALUE_DIM_VALUE,
+			d->dim_value = atoll(t);
+		else if (*t != '?')
+			d->value_case = ONNX__TENSOR_SHAPE_PROTO__DIMENSION__VALUE_DIM_PARAM,
+			d->dim_param = S(t);
+		PUSH(sp->dim, sp->n_dim, d);
+	}
+	return vi;
+}
+
+static void input(Onnx__ModelProto *m, const char *name, int32_t elem, const char *dims)
+{
+	PUSH(m->graph->input, m->graph->n_input, vinfo(name, elem, dims));
+}
+
+static void output(Onnx__ModelProto *m, const char *name)
+{
+	PUSH(m->graph->output, m->graph->n_output, vinfo(name, 1, ""));
+}
+
+/* ins/outs: comma-separated names; an empty field is an omitted input. */
+static Onnx__NodeProto *node(Onnx__ModelProto *m, const char *op, const char *ins,
+                             const char *outs, const char *name)
+{
+	Onnx__NodeProto *n = A(sizeof *n);
+	onnx__node_proto__init(n);
+	n->op_type = S(op), n->name = name ? S(name) : NULL;
+	for (const char *p = ins; *p;) {
+		size_t k = strcspn(p, ",");
+		char *s = A(k + 1);
+		memcpy(s, p, k);
+		PUSH(n->input, n->n_input, s);
+		p += k + (p[k] == ',');
+	}
+	char *copy = S(outs), *save = NULL;
+	for (char *t = strtok_r(copy, ",", &save); t; t = strtok_r(NULL, ",", &save))
+		PUSH(n->output, n->n_output, S(t));
+	PUSH(m->graph->node, m->graph->n_node, n);
+	return n;
+}
+
+static Onnx__AttributeProto *attr(Onnx__NodeProto *n, const char *name, int type)
+{
+	Onnx__AttributeProto *a = A(sizeof *a);
+	onnx__attribute_proto__init(a);
+	a->name = S(name), a->has_type = 1, a->type = type;
+	PUSH(n->attribute, n->n_attribute, a);
+	return a;
+}
+
+static void attr_i(Onnx__NodeProto *n, const char *name, int64_t v)
+{
+	Onnx__AttributeProto *a = attr(n, name, ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__INT);
+	a->has_i = 1, a->i = v;
+}
+
+static void attr_f(Onnx__NodeProto *n, const char *name, float v)
+{
+	Onnx__AttributeProto *a = attr(n, name, ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__FLOAT);
+	a->has_f = 1, a->f = v;
+}
+
+static void attr_ints(Onnx__NodeProto *n, const char *name, int cnt, const int64_t *v)
+{
+	Onnx__AttributeProto *a = attr(n, name, ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__INTS);
+	a->n_ints = (size_t)cnt, a->ints = A(cnt * sizeof *v);
+	memcpy(a->ints, v, cnt * sizeof *v);
+}
+
+static Onnx__TensorProto *tensor(const char *name, int32_t type, int rank, const int64_t *dims)
+{
+	Onnx__TensorProto *t = A(sizeof *t);
+	onnx__tensor_proto__init(t);
+	t->name = S(name), t->has_data_type = 1, t->data_type = type;
+	t->n_dims = (size_t)rank, t->dims = A(rank * sizeof *dims);
+	if (rank)
+		memcpy(t->dims, dims, rank * sizeof *dims);
+	return t;
+}
+
+/* An int64 initializer in int64_data. */
+static void init_i64(Onnx__ModelProto *m, const char *name, int cnt, const int64_t *v)
+{
+	int64_t dim = cnt;
+	Onnx__TensorProto *t = tensor(name, ONNX__TENSOR_PROTO__DATA_TYPE__INT64, 1, &dim);
+	t->n_int64_data = (size_t)cnt, t->int64_data = A(cnt * sizeof *v);
+	memcpy(t->int64_data, v, cnt * sizeof *v);
+	PUSH(m->graph->initializer, m->graph->n_initializer, t);
+}
+
+/* Packs m and imports it; the status, with the graph in *g. */
+static kiln_status import(Onnx__ModelProto *m, kiln_graph **g, kiln_error *err)
+{
+	size_t n = onnx__model_proto__get_packed_size(m);
+	uint8_t *buf = A(n + 1);
+	onnx__model_proto__pack(m, buf);
+	return kiln_onnx_import_mem(buf, n, "t.onnx", g, err);
+}
+
+static kiln_graph *import_ok(Onnx__ModelProto *m)
+{
+	kiln_graph *g = NULL;
+	kiln_error err = {0};
+	kiln_status st = import(m, &g, &err);
+	ck_assert_msg(st == KILN_OK, "import failed: %s", err.msg);
+	return g;
+}
+
+/* Runs g on one f32 input filled with 0, 1, 2, ...; returns output 0. */
+static kiln_tensor *run_iota(kiln_graph *g, int rank, const int64_t *shape)
+{
+	kiln_tensor *x = kiln_tensor_new(KILN_F32, rank, shape), *y = NULL;
+	for (int64_t i = 0; i < kiln_tensor_numel(x); i++)
+		((float *)x->data)[i] = (float)i - 5;
+	kiln_error err = {0};
+	kiln_status st = kiln_graph_run(g, &x, 1, &y, 1, &err);
+	kiln_tensor_free(x);
+	ck_assert_msg(st == KILN_OK, "run failed: %s", err.msg);
+	return y;
+}
+
+static const ir_node *only_node(const kiln_graph *g, kiln_op op)
+{
+	const ir_node *found = NULL;
+	for (uint32_t i = 0; i < g->nnode; i++)
+		if (!g->node[i]->dead && g->node[i]->op == op)
+			found = g->node[i];
+	ck_assert_ptr_nonnull(found);
+	return found;
+}
+
+static void assert_ints(const ir_node *n, const char *name, int cnt, const int64_t *want)
+{
+	const int64_t *v;
+	ck_assert_int_eq(ir_attr_ints(n, name, &v), cnt);
+	for (int i = 0; i < cnt; i++)
+		ck_assert_int_eq(v[i], want[i]);
+}
+
+#define F32 ONNX__TENSOR_PROTO__DATA_TYPE__FLOAT
+#define I64 ONNX__TENSOR_PROTO__DATA_TYPE__INT64
+
+/* ---- opset variants ------------------------------------------------------- */
+
+START_TEST(reshape_shape_input_from_initializer_becomes_attribute)
+{
+	Onnx__ModelProto *m = model(13);
+	input(m, "x", F32, "2,3,4");
+	init_i64(m, "shape", 2, (int64_t[]){0, -1});
+	node(m, "Reshape", "x,shape", "y", "r");
+	output(m, "y");
+	kiln_graph *g = import_ok(m);
+	const ir_node *n = only_node(g, KILN_OP_RESHAPE);
+	assert_ints(n, "shape", 2, (int64_t[]){0, -1});
+	ck_assert_int_eq(g->val[n->out[0]]->type.dim[1], 12);
+	ck_assert_int_eq(kiln_graph_find_param(g, "shape"), KILN_NONE); /* folded away */
+	ck_assert_str_eq(n->name, "r");
+	kiln_graph_free(g);
+	pool_free();
+}
+END_TEST
+
+/* Slice takes attributes before opset 10 and inputs from then on. */
+static kiln_graph *slice_model(int64_t opset)
+{
+	Onnx__ModelProto *m = model(opset);
+	input(m, "x", F32, "4,6");
+	Onnx__NodeProto *n;
+	if (opset < 10) {
+		n = node(m, "Slice", "x", "y", NULL);
+		attr_ints(n, "starts", 1, (int64_t[]){1});
+		attr_ints(n, "ends", 1, (int64_t[]){-1});
+		attr_ints(n, "axes", 1, (int64_t[]){1});
+	} else {
+		init_i64(m, "st", 1, (int64_t[]){1});
+		init_i64(m, "en", 1, (int64_t[]){-1});
+		init_i64(m, "ax", 1, (int64_t[]){1});
+		init_i64(m, "sp", 1, (int64_t[]){2});
+		node(m, "Slice", "x,st,en,ax,sp", "y", NULL);
+	}
+	output(m, "y");
+	return import_ok(m);
+}
+
+START_TEST(slice_opset9_attributes_and_opset13_inputs_agree)
+{
+	kiln_graph *g9 = slice_model(9), *g13 = slice_model(13);
+	kiln_tensor *y9 = run_iota(g9, 2, (int64_t[]){4, 6});
+	kiln_tensor *y13 = run_iota(g13, 2, (int64_t[]){4, 6});
+	ck_assert_int_eq(y9->shape[1], 4);  /* columns 1..4 */
+	ck_assert_int_eq(y13->shape[1], 2); /* columns 1, 3 */
+	ck_assert_float_eq(((float *)y9->data)[0], -4);
+	ck_assert_float_eq(((float *)y13->data)[1], -2);
+	assert_ints(only_node(g13, KILN_OP_SLICE), "steps", 1, (int64_t[]){2});
+	kiln_tensor_free(y9), kiln_tensor_free(y13);
+	kiln_graph_free(g9), kiln_graph_free(g13);
+	pool_free();
+}
+END_TEST
+
+static kiln_graph *clip_model(int64_t opset, bool omit_min)
+{
+	Onnx__ModelProto *m = model(opset);
+	input(m, "x", F32, "8");
+	if (opset < 11) {
+		Onnx__NodeProto *n = node(m, "Clip", "x", "y", NULL);
+		attr_f(n, "min", -1), attr_f(n, "max", 2);
+	} else {
+		Onnx__TensorProto *lo = tensor("lo", F32, 0, NULL), *hi = tensor("hi", F32, 0, NULL);
+		lo->n_float_data = hi->n_float_data = 1;
+		lo->float_data = A(sizeof(float)), hi->float_data = A(sizeof(float));
+		lo->float_data[0] = -1, hi->float_data[0] = 2;
+		PUSH(m->graph->initializer, m->graph->n_initializer, lo);
+		PUSH(m->graph->initializer, m->graph->n_initializer, hi);
+		node(m, "Clip", omit_min ? "x,,hi" : "x,lo,hi", "y", NULL);
+	}
+	output(m, "y");
+	return import_ok(m);
+}
+
+/* Clip-6 (opsets 6 to 10) has min/max attributes, Clip-11 optional inputs. */
+START_TEST(clip_v6_attributes_and_v11_inputs_agree)
+{
+	kiln_graph *g6 = clip_model(10, false), *g11 = clip_model(11, false);
+	kiln_graph *g12 = clip_model(12, true);
+	kiln_tensor *a = run_iota(g6, 1, (int64_t[]){8}), *b = run_iota(g11, 1, (int64_t[]){8});
+	kiln_tensor *c = run_iota(g12, 1, (int64_t[]){8});
+	for (int i = 0; i < 8; i++) {
+		float want = fminf(fmaxf((float)i - 5, -1), 2);
+		ck_assert_float_eq(((float *)a->data)[i], want);
+		ck_assert_float_eq(((float *)b->data)[i], want);
+		ck_assert_float_eq(((float *)c->data)[i], fminf((float)i - 5, 2));
+	}
+	ck_assert_ptr_null(ir_attr_get(only_node(g12, KILN_OP_CLIP), "min"));
+	kiln_tensor_free(a), kiln_tensor_free(b), kiln_tensor_free(c);
+	kiln_graph_free(g6), kiln_graph_free(g11), kiln_graph_free(g12);
+	pool_free();
+}
+END_TEST
+
+/* Squeeze and ReduceSum: axes attribute up to opset 12, input from 13. */
+static kiln_graph *axes_model(const char *op, int64_t opset)
+{
+	Onnx__ModelProto *m = model(opset);
+	input(m, "x", F32, "3,1,4");
+	if (opset < 13) {
+		attr_ints(node(m, op, "x", "y", NULL), "axes", 1, (int64_t[]){1});
+	} else {
+		init_i64(m, "axes", 1, (int64_t[]){1});
+		node(m, op, "x,axes", "y", NULL);
+	}
+	output(m, "y");
+	return import_ok(m);
+}
+
+START_TEST(squeeze_and_reduce_sum_axes_attribute_opset11_input_opset13)
+{
+	const char *ops[] = {"Squeeze", "ReduceSum"};
+	kiln_op kops[] = {KILN_OP_SQUEEZE, KILN_OP_REDUCE_SUM};
+	for (int k = 0; k < 2; k++)
+		for (int64_t opset = 11; opset <= 13; opset += 2) {
+			kiln_graph *g = axes_model(ops[k], opset);
+			const ir_node *n = only_node(g, kops[k]);
+			assert_ints(n, "axes", 1, (int64_t[]){1});
+			ck_assert_int_eq(g->val[n->out[0]]->type.rank, k == 0 ? 2 : 3);
+			kiln_graph_free(g);
+		}
+	pool_free();
+}
+END_TEST
+
+/* Opset 11 Softmax over axis 1 of [2,3,4] normalises each row of 12. */
+START_TEST(softmax_opset11_coerces_to_2d_at_axis)
+{
+	Onnx__ModelProto *m = model(11);
+	input(m, "x", F32, "2,3,4");
+	attr_i(node(m, "Softmax", "x", "y", "sm"), "axis", 1);
+	output(m, "y");
+	kiln_graph *g = import_ok(m);
+	kiln_tensor *y = run_iota(g, 3, (int64_t[]){2, 3, 4});
+	double sum = 0;
+	for (int i = 0; i < 12; i++)
+		sum += ((float *)y->data)[i];
+	ck_assert_double_eq_tol(sum, 1.0, 1e-5);
+	/* the last of the row -5..6: e^6 / sum e^k = (1 - 1/e) / (1 - e^-12) */
+	ck_assert_double_eq_tol(((float *)y->data)[11], (1 - exp(-1)) / (1 - exp(-12)), 1e-5);
+	ck_assert_int_eq(y->rank, 3);
+	only_node(g, KILN_OP_FLATTEN);
+	kiln_tensor_free(y);
+	kiln_graph_free(g);
+	pool_free();
+}
+END_TEST
+
+START_TEST(reshape_shape_from_graph_input_is_rejected)
+{
+	Onnx__ModelProto *m = model(13);
+	input(m, "x", F32, "2,3");
+	input(m, "s", I64, "2");
+	node(m, "Reshape", "x,s", "y", "r1");
+	output(m, "y");
+	kiln_graph *g = NULL;
+	kiln_error err = {0};
+	ck_assert_int_eq(import(m, &g, &err), KILN_EUNSUPPORTED);
+	ck_assert_ptr_null(g);
+	ck_assert_str_eq(err.msg, "t.onnx: Reshape 'r1' (domain ai.onnx, opset 13): input 1 "
+	                 "('s', the shape) is not a constant known at import (initializer, "
+	                 "Constant or foldable shape arithmetic)");
+	pool_free();
+}
+END_TEST
+
+/* Gelu has no ONNX 1.12 conformance case (it is an opset 20 op), so it is
+ * checked here: approximate="tanh" copies over as a string attribute. */
+START_TEST(gelu_imports_with_its_approximate_attribute)
+{
+	Onnx__ModelProto *m = model(17);
+	input(m, "x", F32, "8");
+	Onnx__AttributeProto *a = attr(node(m, "Gelu", "x", "y", NULL), "approximate",
+	                               ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__STRING);
+	a->has_s = 1, a->s.len = 4, a->s.data = (uint8_t *)S("tanh");
+	output(m, "y");
+	kiln_graph *g = import_ok(m);
+	ck_assert_str_eq(ir_attr_str(only_node(g, KILN_OP_GELU), "approximate", ""), "tanh");
+	kiln_tensor *y = run_iota(g, 1, (int64_t[]){8});
+	double x = 1; /* element 6 */
+	double want = 0.5 * x * (1 + tanh(sqrt(2 / M_PI) * (x + 0.044715 * x * x * x)));
+	ck_assert_double_eq_tol(((float *)y->data)[6], want, 1e-6);
+	kiln_tensor_free(y);
+	kiln_graph_free(g);
+	pool_free();
+}
+END_TEST
+
+/* ---- dims ---------------------------------------------------------------- */
+
+START_TEST(dim_param_is_a_symbol_and_missing_dim_a_fresh_one)
+{
+	Onnx__ModelProto *m = model(13);
+	input(m, "x", F32, "N,?,4");
+	node(m, "Relu", "x", "y", NULL);
+	output(m, "y");
+	kiln_graph *g = import_ok(m);
+	const ir_type *t = &g->val[g->input[0]]->type;
+	char buf[128];
+	ck_assert_str_eq(ir_type_str(g, t, buf, sizeof buf), "f32[N,x_1,4]");
+	ck_assert_int_eq(ir_dim_nsym(g), 2);
+	ck_assert_str_eq(g->val[g->output[0]]->name, "y");
+	kiln_graph_free(g);
+	pool_free();
+}
+END_TEST
+
+/* ---- initializers ------------------------------------------------------------ */
+
+/* y = x + w with w in float_data or raw_data: the same param. */
+static kiln_graph *add_model(bool raw, const char *ext_location)
+{
+	static const float w[4] = {0.5f, -1.0f, 2.25f, 3.0f};
+	Onnx__ModelProto *m = model(13);
+	input(m, "x", F32, "4");
+	Onnx__TensorProto *t = tensor("w", F32, 1, (int64_t[]){4});
+	if (ext_location) {
+		Onnx__StringStringEntryProto *e = A(sizeof *e);
+		onnx__string_string_entry_proto__init(e);
+		e->key = S("location"), e->value = S(ext_location);
+		PUSH(t->external_data, t->n_external_data, e);
+		t->has_data_location = 1;
+		t->data_location = ONNX__TENSOR_PROTO__DATA_LOCATION__EXTERNAL;
+	} else if (raw) {
+		t->has_raw_data = 1, t->raw_data.len = sizeof w;
+		t->raw_data.data = memcpy(A(sizeof w), w, sizeof w);
+	} else {
+		t->n_float_data = 4, t->float_data = memcpy(A(sizeof w), w, sizeof w);
+	}
+	PUSH(m->graph->initializer, m->graph->n_initializer, t);
+	node(m, "Add", "x,w", "y", NULL);
+	output(m, "y");
+	if (!ext_location)
+		return import_ok(m);
+	/* external data needs a file next to the model */
+	char dir[512], path[600];
+	snprintf(dir, sizeof dir, "%s/onnx_import_test", KILN_BIN);
+	mkdir(dir, 0755);
+	snprintf(path, sizeof path, "%s/w.bin", dir);
+	FILE *f = fopen(path, "wb");
+	ck_assert_ptr_nonnull(f);
+	fwrite(w, sizeof w, 1, f);
+	fclose(f);
+	snprintf(path, sizeof path, "%s/model.onnx", dir);
+	size_t n = onnx__model_proto__get_packed_size(m);
+	uint8_t *buf = A(n);
+	onnx__model_proto__pack(m, buf);
+	f = fopen(path, "wb");
+	fwrite(buf, n, 1, f);
+	fclose(f);
+	kiln_graph *g = NULL;
+	kiln_error err = {0};
+	kiln_onnx_import(path, &g, &err);
+	if (!g)
+		ck_assert_msg(strstr(err.msg, "must be a relative path"), "%s", err.msg);
+	return g;
+}
+
+static void assert_w(kiln_graph *g)
+{
+	const ir_value *w = g->val[kiln_graph_find_param(g, "w")];
+	ck_assert_int_eq(w->kind, IR_V_PARAM);
+	ck_assert_int_eq(w->data->shape[0], 4);
+	ck_assert_float_eq(((float *)w->data->data)[2], 2.25f);
+	kiln_tensor *y = run_iota(g, 1, (int64_t[]){4});
+	ck_assert_float_eq(((float *)y->data)[3], -2 + 3.0f);
+	kiln_tensor_free(y);
+	kiln_graph_free(g);
+}
+
+START_TEST(raw_and_typed_initializers_give_the_same_param)
+{
+	assert_w(add_model(false, NULL));
+	assert_w(add_model(true, NULL));
+	pool_free();
+}
+END_TEST
+
+START_TEST(external_data_is_read_next_to_the_model)
+{
+	assert_w(add_model(false, "w.bin"));
+	pool_free();
+}
+END_TEST
+
+START_TEST(external_data_outside_the_model_folder_is_refused)
+{
+	ck_assert_ptr_null(add_model(false, "../w.bin"));
+	ck_assert_ptr_null(add_model(false, "/etc/passwd"));
+	pool_free();
+}
+END_TEST
+
+START_TEST(raw_data_of_the_wrong_size_is_an_error)
+{
+	Onnx__ModelProto *m = model(13);
+	input(m, "x", F32, "4");
+	Onnx__TensorProto *t = tensor("w", F32, 1, (int64_t[]){4});
+	t->has_raw_data = 1, t->raw_data.len = 8, t->raw_data.data = A(8);
+	PUSH(m->graph->initializer, m->graph->n_initializer, t);
+	node(m, "Add", "x,w", "y", NULL);
+	output(m, "y");
+	kiln_graph *g = NULL;
+	kiln_error err = {0};
+	ck_assert_int_eq(import(m, &g, &err), KILN_EPARSE);
+	ck_assert_str_eq(err.msg, "t.onnx: initializer: tensor 'w': raw_data has 8 bytes, its "
+	                 "shape needs 16");
+	pool_free();
+}
+END_TEST
+
+/* ---- folding -------------------------------------------------------------- */
+
+/* y = Reshape(x, Concat(Unsqueeze(Gather(Shape(x), 0)), [-1])): the shape
+ * arithmetic folds into one reshape attribute and disappears. */
+START_TEST(shape_gather_concat_reshape_chain_folds)
+{
+	Onnx__ModelProto *m = model(13);
+	input(m, "x", F32, "2,3,4");
+	init_i64(m, "zero", 1, (int64_t[]){0});
+	init_i64(m, "minus1", 1, (int64_t[]){-1});
+	node(m, "Shape", "x", "s", NULL);
+	Onnx__NodeProto *ga = node(m, "Gather", "s,zero", "n", NULL);
+	attr_i(ga, "axis", 0);
+	Onnx__NodeProto *c = node(m, "Concat", "n,minus1", "shape", NULL);
+	attr_i(c, "axis", 0);
+	node(m, "Reshape", "x,shape", "y", "flat");
+	output(m, "y");
+	kiln_graph *g = import_ok(m);
+	ck_assert_int_eq(g->nnode, 1);
+	assert_ints(only_node(g, KILN_OP_RESHAPE), "shape", 2, (int64_t[]){2, -1});
+	kiln_tensor *y = run_iota(g, 3, (int64_t[]){2, 3, 4});
+	ck_assert_int_eq(y->shape[0], 2);
+	ck_assert_int_eq(y->shape[1], 12);
+	kiln_tensor_free(y);
+	kiln_graph_free(g);
+	pool_free();
+}
+END_TEST
+
+/* With a symbolic batch the chain is not constant, but its elements are
+ * dims: [N, -1] becomes Reshape's static [0, -1] ("copy N"). */
+START_TEST(symbolic_shape_chain_becomes_copy_and_infer)
+{
+	Onnx__ModelProto *m = model(13);
+	input(m, "x", F32, "N,3,4");
+	init_i64(m, "zero", 1, (int64_t[]){0});
+	init_i64(m, "minus1", 1, (int64_t[]){-1});
+	node(m, "Shape", "x", "s", NULL);
+	node(m, "Gather", "s,zero", "n", NULL);
+	attr_i(node(m, "Concat", "n,minus1", "shape", NULL), "axis", 0);
+	node(m, "Reshape", "x,shape", "y", NULL);
+	output(m, "y");
+	kiln_graph *g = import_ok(m);
+	ck_assert_int_eq(g->nnode, 1);
+	assert_ints(only_node(g, KILN_OP_RESHAPE), "shape", 2, (int64_t[]){0, -1});
+	char buf[64];
+	ck_assert_str_eq(ir_type_str(g, &g->val[g->output[0]]->type, buf, sizeof buf),
+	                 "f32[N,12]");
+	kiln_graph_free(g);
+	pool_free();
+}
+END_TEST
+
+/* [3, N] cannot be said with 0 and -1 when N is not x's dim 1. */
+START_TEST(symbolic_shape_kiln_cannot_express_is_rejected)
+{
+	Onnx__ModelProto *m = model(13);
+	input(m, "x", F32, "N,3");
+	init_i64(m, "three", 1, (int64_t[]){3});
+	init_i64(m, "zero", 1, (int64_t[]){0});
+	node(m, "Shape", "x", "s", NULL);
+	node(m, "Gather", "s,zero", "n", NULL);
+	attr_i(node(m, "Concat", "three,n,n", "shape", NULL), "axis", 0);
+	node(m, "Reshape", "x,shape", "y", "r");
+	output(m, "y");
+	kiln_graph *g = NULL;
+	kiln_error err = {0};
+	ck_assert_int_eq(import(m, &g, &err), KILN_EUNSUPPORTED);
+	ck_assert_str_eq(err.msg, "t.onnx: Reshape 'r' (domain ai.onnx, opset 13): input 1 "
+	                 "('shape', the shape) is [3,N,N] at import, with symbolic dims kiln "
+	                 "cannot turn into a static shape");
+	pool_free();
+}
+END_TEST
+
+START_TEST(constant_node_feeds_unsqueeze_axes)
+{
+	Onnx__ModelProto *m = model(13);
+	input(m, "x", F32, "3");
+	Onnx__NodeProto *k = node(m, "Constant", "", "axes", NULL);
+	attr_ints(k, "value_ints", 2, (int64_t[]){0, 2});
+	node(m, "Unsqueeze", "x,axes", "y", NULL);
+	output(m, "y");
+	kiln_graph *g = import_ok(m);
+	ck_assert_int_eq(g->nnode, 1);
+	char buf[64];
+	ck_assert_str_eq(ir_type_str(g, &g->val[g->output[0]]->type, buf, sizeof buf),
+	                 "f32[1,3,1]");
+	kiln_graph_free(g);
+	pool_free();
+}
+END_TEST
+
+/* ---- errors -------------------------------------------------------------- */
+
+/* Three bad nodes, one error listing each on its own line; nodes reading a
+ * failed node's output stay quiet. */
+START_TEST(every_unsupported_node_is_listed_at_once)
+{
+	Onnx__ModelProto *m = model(13);
+	input(m, "x", F32, "2,3");
+	node(m, "Frobnicate", "x", "a", "f1");
+	node(m, "Relu", "a", "b", "quiet");
+	Onnx__NodeProto *c = node(m, "Relu", "x", "c", "r2");
+	attr_i(c, "bogus", 1);
+	Onnx__NodeProto *d = node(m, "Relu", "x", "d", NULL);
+	d->domain = S("com.example");
+	node(m, "Sum", "b,c,d", "y", "s");
+	output(m, "y");
+	kiln_graph *g = NULL;
+	kiln_error err = {0};
+	char *report = NULL;
+	size_t n = onnx__model_proto__get_packed_size(m);
+	uint8_t *buf = A(n);
+	onnx__model_proto__pack(m, buf);
+	kiln_onnx_opts o = {"t.onnx", NULL, &report, NULL};
+	ck_assert_int_eq(kiln_onnx_import_ex(buf, n, &o, &g, &err), KILN_EUNSUPPORTED);
+	const char *want =
+		"t.onnx: Frobnicate 'f1' (domain ai.onnx, opset 13): op is not in kiln's op table\n"
+		"t.onnx: Relu 'r2' (domain ai.onnx, opset 13): attribute 'bogus' is not supported\n"
+		"t.onnx: Relu (domain com.example, opset -1): domain 'com.example' is not supported "
+		"(only the default ONNX domain is)\n"
+		"t.onnx: Sum 's' (domain ai.onnx, opset 13): op is not in kiln's op table";
+	ck_assert_str_eq(err.msg, want);
+	ck_assert_int_eq(strlen(report), strlen(want) + 1);
+	ck_assert_ptr_null(g);
+	free(report);
+	pool_free();
+}
+END_TEST
+
+START_TEST(old_opset_only_for_unchanged_ops)
+{
+	Onnx__ModelProto *m = model(6);
+	input(m, "x", ONNX__TENSOR_PROTO__DATA_TYPE__BOOL, "3");
+	node(m, "Not", "x", "a", NULL);
+	node(m, "Cast", "a", "b", NULL);
+	output(m, "b");
+	kiln_graph *g = NULL;
+	kiln_error err = {0};
+	ck_assert_int_eq(import(m, &g, &err), KILN_EUNSUPPORTED);
+	ck_assert_str_eq(err.msg, "t.onnx: Cast (domain ai.onnx, opset 6): opsets before 7 are "
+	                 "supported only for ops whose definition has not changed since (this "
+	                 "one has)");
+	m->graph->n_node = 1;
+	m->graph->output[0]->name = S("a");
+	g = import_ok(m);
+	kiln_graph_free(g);
+	pool_free();
+}
+END_TEST
+
+START_TEST(garbage_bytes_are_a_parse_error)
+{
+	kiln_graph *g = NULL;
+	kiln_error err = {0};
+	ck_assert_int_eq(kiln_onnx_import_mem("\xff\xff\xff\xff", 4, "junk.onnx", &g, &err),
+	                 KILN_EPARSE);
+	ck_assert_ptr_null(g);
+	ck_assert_str_eq(err.msg, "junk.onnx: not a valid ONNX model (protobuf decoding failed)");
+}
+END_TEST
+
+START_TEST(load_any_dispatches_on_the_extension)
+{
+	kiln_graph *g = NULL;
+	kiln_error err = {0};
+	ck_assert_int_eq(kiln_graph_load_any("/nonexistent/m.onnx", &g, &err), KILN_EIO);
+	ck_assert_ptr_nonnull(strstr(err.msg, "/nonexistent/m.onnx: cannot read"));
+	ck_assert_int_ne(kiln_graph_load_any("/nonexistent/m.kir", &g, &err), KILN_OK);
+	ck_assert_ptr_null(strstr(err.msg, "ONNX"));
+	ck_assert_ptr_null(g);
+}
+END_TEST
+
+static Suite *onnx_import_suite(void)
+{
+	Suite *s = suite_create("onnx_import");
+	TCase *t = tcase_create("opsets");
+	tcase_add_test(t, reshape_shape_input_from_initializer_becomes_attribute);
+	tcase_add_test(t, slice_opset9_attributes_and_opset13_inputs_agree);
+	tcase_add_test(t, clip_v6_attributes_and_v11_inputs_agree);
+	tcase_add_test(t, squeeze_and_reduce_sum_axes_attribute_opset11_input_opset13);
+	tcase_add_test(t, softmax_opset11_coerces_to_2d_at_axis);
+	tcase_add_test(t, reshape_shape_from_graph_input_is_rejected);
+	tcase_add_test(t, gelu_imports_with_its_approximate_attribute);
+	suite_add_tcase(s, t);
+	t = tcase_create("dims");
+	tcase_add_test(t, dim_param_is_a_symbol_and_missing_dim_a_fresh_one);
+	suite_add_tcase(s, t);
+	t = tcase_create("initializers");
+	tcase_add_test(t, raw_and_typed_initializers_give_the_same_param);
+	tcase_add_test(t, external_data_is_read_next_to_the_model);
+	tcase_add_test(t, external_data_outside_the_model_folder_is_refused);
+	tcase_add_test(t, raw_data_of_the_wrong_size_is_an_error);
+	suite_add_tcase(s, t);
+	t = tcase_create("folding");
+	tcase_add_test(t, shape_gather_concat_reshape_chain_folds);
+	tcase_add_test(t, constant_node_feeds_unsqueeze_axes);
+	tcase_add_test(t, symbolic_shape_chain_becomes_copy_and_infer);
+	tcase_add_test(t, symbolic_shape_kiln_cannot_express_is_rejected);
+	suite_add_tcase(s, t);
+	t = tcase_create("errors");
+	tcase_add_test(t, every_unsupported_node_is_listed_at_once);
+	tcase_add_test(t, old_opset_only_for_unchanged_ops);
+	tcase_add_test(t, garbage_bytes_are_a_parse_error);
+	tcase_add_test(t, load_any_dispatches_on_the_extension);
+	suite_add_tcase(s, t);
+	return s;
+}
+
+KILN_CHECK_MAIN(onnx_import_suite)
