@@ -74,4 +74,85 @@ kiln_status pass_dce(kiln_graph *g, const pass_opts *o);
  * attributes; random ops are never merged. */
 kiln_status pass_cse(kiln_graph *g, const pass_opts *o);
 
+/* ---- autodiff.c --------------------------------------------------------- */
+
+/* Reverse-mode differentiation (kiln_grad_at in kiln.h is the public face):
+ * appends the backward graph of loss with respect to wrt[] and stores one
+ * gradient value per wrt in grads (0 when loss does not depend on it). */
+kiln_status pass_grad(kiln_graph *g, kiln_loc loc, uint32_t loss, int nwrt,
+                      const uint32_t *wrt, uint32_t *grads);
+
+/* ---- grad.c, grad_nn.c -------------------------------------------------- */
+
+/* A gradient rule: given the node, one output gradient per output (0: none)
+ * and dx[] zeroed, sets dx[i] to d(loss)/d(input i) built from ordinary
+ * forward ops, or leaves 0 (integer inputs, no gradient).  A dx may have
+ * the broadcast shape of the node's output: the driver sums it back to the
+ * input's shape.  Unused results are swept by the driver. */
+typedef kiln_status (*pass_grad_fn)(kiln_graph *g, const ir_node *n, const uint32_t *dy,
+                                    uint32_t *dx);
+extern const pass_grad_fn pass_grad_table[KILN_OP_COUNT];
+
+/* Helpers shared by the rule files (grad.c). */
+const ir_type *pass_gtype(const kiln_graph *g, uint32_t v);
+uint32_t pass_gconst(kiln_graph *g, kiln_loc loc, kiln_tensor *t); /* frees t */
+uint32_t pass_greshape(kiln_graph *g, kiln_loc loc, uint32_t v, const ir_type *to);
+uint32_t pass_gbcast(kiln_graph *g, kiln_loc loc, uint32_t v, uint32_t like);
+/* Gradient of a sum (mean) over the axes in mask[] of x: dy broadcast back. */
+uint32_t pass_greduce_back(kiln_graph *g, kiln_loc loc, uint32_t dy, uint32_t x,
+                           const bool *mask, bool keepdims, bool mean);
+
+/* grad_nn.c: conv, pooling, normalisation, softmax, dropout and losses */
+kiln_status pass_grad_conv(kiln_graph *g, const ir_node *n, const uint32_t *dy, uint32_t *dx);
+kiln_status pass_grad_conv_transpose(kiln_graph *g, const ir_node *n, const uint32_t *dy,
+                                     uint32_t *dx);
+kiln_status pass_grad_max_pool(kiln_graph *g, const ir_node *n, const uint32_t *dy,
+                               uint32_t *dx);
+kiln_status pass_grad_avg_pool(kiln_graph *g, const ir_node *n, const uint32_t *dy,
+                               uint32_t *dx);
+kiln_status pass_grad_batch_norm(kiln_graph *g, const ir_node *n, const uint32_t *dy,
+                                 uint32_t *dx);
+kiln_status pass_grad_layer_norm(kiln_graph *g, const ir_node *n, const uint32_t *dy,
+                                 uint32_t *dx);
+kiln_status pass_grad_softmax(kiln_graph *g, const ir_node *n, const uint32_t *dy,
+                              uint32_t *dx);
+kiln_status pass_grad_dropout(kiln_graph *g, const ir_node *n, const uint32_t *dy,
+                              uint32_t *dx);
+kiln_status pass_grad_loss(kiln_graph *g, const ir_node *n, const uint32_t *dy, uint32_t *dx);
+
+/* ---- optim.c ------------------------------------------------------------ */
+
+/* What the optimizer rewrite reads: each parameter to update with its
+ * gradient, and the step's scalar inputs (see optim.c). */
+typedef struct pass_optim_io {
+	int n;                        /* parameters to update */
+	const uint32_t *param, *grad; /* value ids: param[i] and d loss / d param[i] */
+	uint32_t lr, step;            /* f64 scalar inputs: learning rate, 1-based t */
+	uint32_t apply;               /* bool scalar input when accum_steps > 1, else 0 */
+} pass_optim_io;
+
+/* Appends the update of o (SGD/Adam/AdamW, clipping, accumulation) as graph
+ * ops, optimizer state as trainable=false parameters "<p>.<slot>", and an
+ * output "<name>.next" for every parameter and state tensor it replaces. */
+kiln_status pass_optim(kiln_graph *g, const kiln_train_opts *o, const pass_optim_io *io);
+
+/* ---- canon.c ------------------------------------------------------------ */
+
+/* Removes Identity, inference-mode Dropout, identity and paired Transposes,
+ * chains of Reshape/Flatten/Squeeze/Unsqueeze (to one Reshape, or nothing
+ * when the shapes agree); graph outputs keep their names. */
+kiln_status pass_canon(kiln_graph *g, const pass_opts *o);
+
+/* ---- bnfold.c ----------------------------------------------------------- */
+
+/* Folds inference-mode BatchNormalization into the single-use Conv, Gemm or
+ * rank-2 MatMul before it when weights and statistics are Constants or
+ * parameters (parameters count as final: inference compiles only, never a
+ * graph to be trained; graphs marked for training are left alone). */
+kiln_status pass_bnfold(kiln_graph *g, const pass_opts *o);
+
+/* The pipeline for compiling an inference graph (kiln_compile's default):
+ * bnfold between two folds, so BN parameters behind foldable ops fold too. */
+#define PASS_INFERENCE "infer,canonicalize,fold,bnfold,fold,cse,dce"
+
 #endif /* KILN_PASSES_H */
