@@ -40,6 +40,7 @@ typedef struct cg_llvm {
 	LLVMTypeRef exec_ty;      /* struct rt_exec (runtime/model.h) */
 	LLVMValueRef par_for;     /* declared rt_parallel_for */
 	LLVMValueRef sgemm;       /* kiln_sgemm, from llvm_gemm.c */
+	const char *name;         /* the model's C name: prefix of the entry points */
 } cg_llvm;
 
 /* Emits every kernel of m as `void <kernel name>(rt_exec *)` plus the
@@ -62,5 +63,13 @@ kiln_status cg_llvm_kernels(cg_llvm *L, kiln_error *err);
 LLVMValueRef cg_llvm_sgemm(cg_llvm *L);
 /* floats of packing scratch kiln_sgemm needs per thread */
 uint64_t cg_sgemm_scratch_floats(const cg_target *t);
+
+/* ---- emit.c ------------------------------------------------------------- */
+
+/* The back half of kiln_compile: a lowered, memory-planned module to
+ * out_path (o->emit as there; the .so gets its header), entry points
+ * prefixed with name.  Tests feed it hand-built modules. */
+kiln_status cg_emit(const cg_module *m, const char *out_path, const kiln_compile_opts *o,
+                    const char *name, kiln_error *err);
 
 #endif /* KILN_CG_LLVM_H */

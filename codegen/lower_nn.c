@@ -487,14 +487,15 @@ static kiln_status conv_im2col(cg_module *m, const ir_node *n, const int *in, in
                                kiln_error *err)
 {
 	const ir_type *x = cg_btype(m, in[0]), *yt = cg_btype(m, y);
-	int64_t C = x->dim[1], M = yt->dim[1], rows = C * g->ksz;
+	int64_t C = x->dim[1], M = yt->dim[1], rows = C * g->ksz, batch = x->dim[0];
+	/* cg_lower_scratch may move m->buf: x and yt are dead after this */
 	int col = cg_lower_scratch(m, KILN_F32, I(m, rows * g->osz));
 	cg_kernel *k = cg_lower_kernel(m, n);
 	if (col < 0 || !k)
 		return nomem(m, n, err);
 	cg_expr *b;
 	cg_stmt *body;
-	cg_append(m, k->body, cg_loop(m, k, cg_dim(m, x->dim[0]), 0, &b, &body));
+	cg_append(m, k->body, cg_loop(m, k, cg_dim(m, batch), 0, &b, &body));
 	im2col(m, k, body, in[0], col, b, C, g);
 	bool bias = n->nin > 2 && in[2] >= 0;
 	cg_gemm gm = {.a = in[1], .b = col, .c = y, .bias = bias ? in[2] : -1,
@@ -1032,7 +1033,8 @@ static kiln_status nll(cg_module *m, const ir_node *n, const ir_type *x, int lp,
 kiln_status cg_lower_loss(cg_module *m, const ir_node *n, const int *in, const int *out,
                           kiln_error *err)
 {
-	const ir_type *x = cg_btype(m, in[0]);
+	/* a copy: cg_lower_scratch below may move m->buf */
+	const ir_type xt = *cg_btype(m, in[0]), *x = &xt;
 	if (x->rank < 2 || kiln_dtype_is_float(m->buf[in[1]].dt))
 		return cg_lower_fail(m, n, err, KILN_ESHAPE, "needs scores [N,C,...] and integer targets");
 	int w = n->nin > 2 ? in[2] : -1, lp = in[0];

@@ -1,0 +1,466 @@
+/*
+ * emit.c: kiln_compile, the driver from a graph to a standalone library.
+ *
+ * The pipeline is a flat list of stages on a private clone of the graph:
+ * graph passes, cg_lower, cg_memplan, LLVM IR (llvm.c), LLVMVerifyModule,
+ * the new pass manager's default<O3> for the target machine, an object
+ * file, and a link with the system C compiler against the never-sanitized
+ * runtime archive (KILN_RT_GEN_LIB, or $KILN_RT_LIB), which puts the model
+ * driver and thread pool into the library so it needs only libc, libm and
+ * libpthread.  --emit stops early and writes that stage instead (kir, ll,
+ * asm, obj).  Beside a .so goes its readable header.
+ *
+ * Every file is written to a temporary name in its destination folder and
+ * renamed into place, so a failed compile never leaves a half-written
+ * library; the linker runs through posix_spawnp with an argument vector
+ * (no shell, so any path is safe) and its exit status is checked.  LLVM
+ * diagnostics go to a handler: errors become the compile's message,
+ * warnings (say, a loop hinted for vectorization that LLVM would not
+ * vectorize) are dropped.
+ */
+#include <ctype.h>
+#include <errno.h>
+#include <spawn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <llvm-c/Analysis.h>
+#include <llvm-c/Transforms/PassBuilder.h>
+
+#include "codegen/llvm.h"
+
+extern char **environ;
+
+/* ---- names and files --------------------------------------------------- */
+
+/* A C identifier from s: other characters become '_', a leading digit gets
+ * one before it; "model" when s is empty. */
+static void c_name(char *out, size_t size, const char *s)
+{
+	size_t n = 0;
+	if (!s || !*s)
+		s = "model";
+	if (*s >= '0' && *s <= '9')
+		out[n++] = '_';
+	for (; *s && n + 1 < size; s++) {
+		bool ok = (*s >= 'a' && *s <= 'z') || (*s >= 'A' && *s <= 'Z') ||
+		          (*s >= '0' && *s <= '9') || *s == '_';
+		out[n++] = ok ? *s : '_';
+	}
+	out[n] = 0;
+}
+
+static bool ends_with(const char *s, const char *suf)
+{
+	size_t a = strlen(s), b = strlen(suf);
+	return a >= b && strcmp(s + a - b, suf) == 0;
+}
+
+/* A temporary file beside path ("<path>.XXXXXX"); its name into tmp. */
+static kiln_status make_temp(const char *path, char *tmp, size_t size, kiln_error *err)
+{
+	if (snprintf(tmp, size, "%s.XXXXXX", path) >= (int)size)
+		return ir_seterr(err, KILN_EINVAL, "%s: path too long", path);
+	int fd = mkstemp(tmp);
+	if (fd < 0)
+		return ir_seterr(err, KILN_EIO, "%s: cannot create a temporary file: %s", path,
+		                 strerror(errno));
+	close(fd);
+	return KILN_OK;
+}
+
+static kiln_status commit(const char *tmp, const char *path, kiln_error *err)
+{
+	if (rename(tmp, path) != 0) {
+		kiln_status st = ir_seterr(err, KILN_EIO, "%s: cannot write: %s", path, strerror(errno));
+		unlink(tmp);
+		return st;
+	}
+	return KILN_OK;
+}
+
+/* ---- LLVM ---------------------------------------------------------------- */
+
+typedef struct diag {
+	char msg[512];
+} diag;
+
+static void on_diag(LLVMDiagnosticInfoRef di, void *ud)
+{
+	diag *d = ud;
+	if (LLVMGetDiagInfoSeverity(di) != LLVMDSError || d->msg[0])
+		return;
+	char *s = LLVMGetDiagInfoDescription(di);
+	snprintf(d->msg, sizeof d->msg, "%s", s ? s : "error");
+	LLVMDisposeMessage(s);
+}
+
+static void llvm_open(cg_llvm *L, const cg_target *t, const cg_module *m, const char *name,
+                      diag *d)
+{
+	memset(L, 0, sizeof *L);
+	L->ctx = LLVMContextCreate();
+	LLVMContextSetDiagnosticHandler(L->ctx, on_diag, d);
+	L->mod = LLVMModuleCreateWithNameInContext(name, L->ctx);
+	L->b = LLVMCreateBuilderInContext(L->ctx);
+	L->t = t;
+	L->m = m;
+	L->name = name;
+	LLVMSetTarget(L->mod, t->triple);
+	LLVMTargetDataRef td = LLVMCreateTargetDataLayout(t->tm);
+	LLVMSetModuleDataLayout(L->mod, td);
+	LLVMDisposeTargetData(td);
+	L->i1 = LLVMInt1TypeInContext(L->ctx);
+	L->i8 = LLVMInt8TypeInContext(L->ctx);
+	L->i32 = LLVMInt32TypeInContext(L->ctx);
+	L->i64 = LLVMInt64TypeInContext(L->ctx);
+	L->f32 = LLVMFloatTypeInContext(L->ctx);
+	L->f64 = LLVMDoubleTypeInContext(L->ctx);
+	L->ptr = LLVMPointerType(L->i8, 0);
+	/* struct rt_exec { void **buf; const int64_t *sym; rt_pool *pool;
+	 *                  float *scratch; int64_t thread; } */
+	L->exec_ty = LLVMStructCreateNamed(L->ctx, "rt_exec");
+	LLVMTypeRef f[5] = {LLVMPointerType(L->ptr, 0), LLVMPointerType(L->i64, 0), L->ptr,
+	                    LLVMPointerType(L->f32, 0), L->i64};
+	LLVMStructSetBody(L->exec_ty, f, 5, 0);
+}
+
+static void llvm_close(cg_llvm *L)
+{
+	if (L->b)
+		LLVMDisposeBuilder(L->b);
+	if (L->mod)
+		LLVMDisposeModule(L->mod);
+	if (L->ctx)
+		LLVMContextDispose(L->ctx);
+	memset(L, 0, sizeof *L);
+}
+
+static kiln_status verify(cg_llvm *L, kiln_error *err)
+{
+	char *msg = NULL;
+	kiln_status st = KILN_OK;
+	if (LLVMVerifyModule(L->mod, LLVMReturnStatusAction, &msg))
+		st = ir_seterr(err, KILN_EINVAL, "LLVM rejected the generated module (a kiln bug): "
+		               "%.900s", msg ? msg : "?");
+	LLVMDisposeMessage(msg);
+	return st;
+}
+
+static kiln_status optimize(cg_llvm *L, kiln_error *err)
+{
+	LLVMPassBuilderOptionsRef po = LLVMCreatePassBuilderOptions();
+	LLVMPassBuilderOptionsSetLoopVectorization(po, 1);
+	LLVMPassBuilderOptionsSetSLPVectorization(po, 1);
+	LLVMPassBuilderOptionsSetLoopUnrolling(po, 1);
+	LLVMPassBuilderOptionsSetLoopInterleaving(po, 1);
+	LLVMErrorRef e = LLVMRunPasses(L->mod, "default<O3>", L->t->tm, po);
+	LLVMDisposePassBuilderOptions(po);
+	if (!e)
+		return KILN_OK;
+	char *msg = LLVMGetErrorMessage(e);
+	kiln_status st = ir_seterr(err, KILN_EINVAL, "LLVM pass pipeline failed: %s", msg);
+	LLVMDisposeErrorMessage(msg);
+	return st;
+}
+
+/* LLVM IR (after O3), assembly or an object file at path, atomically. */
+static kiln_status write_stage(cg_llvm *L, const char *emit, const char *path, kiln_error *err)
+{
+	char tmp[4200];
+	kiln_status st = make_temp(path, tmp, sizeof tmp, err);
+	if (st != KILN_OK)
+		return st;
+	char *msg = NULL;
+	LLVMBool bad;
+	if (strcmp(emit, "ll") == 0)
+		bad = LLVMPrintModuleToFile(L->mod, tmp, &msg);
+	else
+		bad = LLVMTargetMachineEmitToFile(L->t->tm, L->mod, tmp,
+		                                  strcmp(emit, "asm") == 0 ? LLVMAssemblyFile
+		                                                           : LLVMObjectFile, &msg);
+	if (bad) {
+		st = ir_seterr(err, KILN_EIO, "%s: LLVM could not write %s: %s", path, emit,
+		               msg ? msg : "?");
+		unlink(tmp);
+	}
+	LLVMDisposeMessage(msg);
+	return st == KILN_OK ? commit(tmp, path, err) : st;
+}
+
+/* ---- linking -------------------------------------------------------------- */
+
+static kiln_status run_cc(char *const *argv, kiln_error *err)
+{
+	pid_t pid;
+	int rc = posix_spawnp(&pid, argv[0], NULL, NULL, argv, environ);
+	if (rc != 0)
+		return ir_seterr(err, KILN_EIO, "cannot run the linker '%s': %s", argv[0],
+		                 strerror(rc));
+	int status;
+	while (waitpid(pid, &status, 0) < 0)
+		if (errno != EINTR)
+			return ir_seterr(err, KILN_EIO, "waiting for '%s': %s", argv[0], strerror(errno));
+	if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+		return ir_seterr(err, KILN_EIO, "linking failed: '%s -shared ...' exited with "
+		                 "status %d (its messages are above)", argv[0],
+		                 WIFEXITED(status) ? WEXITSTATUS(status) : -1);
+	return KILN_OK;
+}
+
+/* cc -shared -o <tmp> <obj> <runtime archive> -lm -lpthread, then rename. */
+static kiln_status link_so(cg_llvm *L, const char *path, kiln_error *err)
+{
+	char obj[4200], so[4200];
+	kiln_status st = make_temp(path, obj, sizeof obj, err);
+	if (st != KILN_OK)
+		return st;
+	st = write_stage(L, "obj", obj, err);
+	if (st == KILN_OK)
+		st = make_temp(path, so, sizeof so, err);
+	if (st == KILN_OK) {
+		const char *rt = getenv("KILN_RT_LIB");
+		char *argv[] = {"cc", "-shared", "-Wl,-z,defs", "-Wl,-z,noexecstack", "-o", so, obj,
+		                (char *)(rt && *rt ? rt : KILN_RT_GEN_LIB), "-lm", "-lpthread",
+		                NULL};
+		st = run_cc(argv, err);
+		if (st == KILN_OK)
+			st = commit(so, path, err);
+		else
+			unlink(so);
+	}
+	unlink(obj);
+	return st;
+}
+
+/* ---- the header ------------------------------------------------------------ */
+
+static const char *c_type(kiln_dtype dt)
+{
+	static const char *const t[KILN_DT_COUNT] = {
+		[KILN_F32] = "float", [KILN_F64] = "double", [KILN_I8] = "int8_t",
+		[KILN_U8] = "uint8_t", [KILN_I32] = "int32_t", [KILN_I64] = "int64_t",
+		[KILN_BOOL] = "uint8_t", [KILN_F16] = "uint16_t", [KILN_BF16] = "uint16_t"};
+	return (unsigned)dt < KILN_DT_COUNT && t[dt] ? t[dt] : "void";
+}
+
+static const char *io_name(const cg_module *m, int b)
+{
+	const ir_value *v = m->g ? ir_val(m->g, m->buf[b].value) : NULL;
+	return m->buf[b].name ? m->buf[b].name : v && v->name ? v->name : "";
+}
+
+/* Parameter i of _run: the value's name as a C identifier, or in<i>/out<i>
+ * when that is empty or would clash with ctx. */
+static void param_name(const cg_module *m, int io, char *out, size_t size)
+{
+	int b = io < m->ninputs ? m->inputs[io] : m->outputs[io - m->ninputs];
+	c_name(out, size, io_name(m, b));
+	if (!io_name(m, b)[0] || strcmp(out, "ctx") == 0)
+		snprintf(out, size, "%s%d", io < m->ninputs ? "in" : "out",
+		         io < m->ninputs ? io : io - m->ninputs);
+}
+
+static void header_signature(FILE *f, const cg_module *m)
+{
+	char ty[256];
+	for (int i = 0; i < m->ninputs + m->noutputs; i++) {
+		int b = i < m->ninputs ? m->inputs[i] : m->outputs[i - m->ninputs];
+		fprintf(f, " *   %-7s %s: %s\n", i == 0 ? "inputs:" : i == m->ninputs ? "outputs:" : "",
+		        io_name(m, b), ir_type_str(m->g, &m->buf[b].type, ty, sizeof ty));
+	}
+	if (m->nsym) {
+		fprintf(f, " *   symbols:");
+		for (int k = 0; k < m->nsym; k++)
+			fprintf(f, " %s", ir_dim_symname(m->g, k));
+		fprintf(f, " (sizes bound at run time; pass them to _run)\n");
+	}
+}
+
+static void header_run(FILE *f, const cg_module *m, const char *name)
+{
+	char p[256];
+	fprintf(f, "int %s_run(%s_ctx *ctx", name, name);
+	for (int k = 0; k < m->nsym; k++) {
+		c_name(p, sizeof p, ir_dim_symname(m->g, k));
+		fprintf(f, ", int64_t %s", p);
+	}
+	for (int i = 0; i < m->ninputs + m->noutputs; i++) {
+		int b = i < m->ninputs ? m->inputs[i] : m->outputs[i - m->ninputs];
+		param_name(m, i, p, sizeof p);
+		fprintf(f, ",\n        %s%s *%s", i < m->ninputs ? "const " : "",
+		        c_type(m->buf[b].dt), p);
+	}
+	fprintf(f, ");\n");
+}
+
+static void write_header(FILE *f, const cg_module *m, const char *name, const char *h,
+                         const char *so)
+{
+	fprintf(f, "/*\n * %s: the model '%s' compiled by kiln %s into %s.\n *\n"
+	        " * Signature (row-major, dense):\n", h, m->g ? kiln_graph_name(m->g) : name,
+	        KILN_VERSION, so);
+	header_signature(f, m);
+	fprintf(f, " *\n * A context owns all memory a run needs (scratch is sized at the first run\n"
+	        " * and grown only for a larger batch); use one context per thread.\n"
+	        " * Functions returning int return a kiln_status:\n"
+	        " *   0 OK, 1 EINVAL (null pointer, a size that does not fit the signature,\n"
+	        " *   a batch of 0 where it is not allowed), 3 EUNSUPPORTED, 5 ENOMEM;\n"
+	        " *   %s_errmsg(ctx) says why.  %s_set_threads(ctx, 0) uses\n"
+	        " *   $KILN_NUM_THREADS (default 1).  %s_create returns NULL when out of\n"
+	        " *   memory.  The library also exports `kiln_model_desc`, the self-describing\n"
+	        " *   signature kiln_load() reads.\n */\n", name, name, name);
+	char guard[128];
+	snprintf(guard, sizeof guard, "%s", name);
+	for (char *p = guard; *p; p++)
+		*p = (char)toupper((unsigned char)*p);
+	fprintf(f, "#ifndef %s_H\n#define %s_H\n\n#include <stdint.h>\n\n#ifdef __cplusplus\n"
+	        "extern \"C\" {\n#endif\n\n", guard, guard);
+	fprintf(f, "typedef struct %s_ctx %s_ctx;\n\n%s_ctx *%s_create(void);\n", name, name, name,
+	        name);
+	header_run(f, m, name);
+	fprintf(f, "int %s_set_threads(%s_ctx *ctx, int nthreads);\n"
+	        "const char *%s_errmsg(const %s_ctx *ctx);\nvoid %s_destroy(%s_ctx *ctx);\n",
+	        name, name, name, name, name, name);
+	fprintf(f, "\n#ifdef __cplusplus\n}\n#endif\n#endif /* %s_H */\n", guard);
+}
+
+static kiln_status header(const cg_module *m, const char *name, const char *so_path,
+                          kiln_error *err)
+{
+	char path[4200], tmp[4300];
+	size_t n = strlen(so_path) - (ends_with(so_path, ".so") ? 3 : 0);
+	if (n + 3 >= sizeof path)
+		return ir_seterr(err, KILN_EINVAL, "%s: path too long", so_path);
+	snprintf(path, sizeof path, "%.*s.h", (int)n, so_path);
+	kiln_status st = make_temp(path, tmp, sizeof tmp, err);
+	if (st != KILN_OK)
+		return st;
+	FILE *f = fopen(tmp, "w");
+	if (!f) {
+		unlink(tmp);
+		return ir_seterr(err, KILN_EIO, "%s: %s", path, strerror(errno));
+	}
+	const char *base = strrchr(so_path, '/'), *hbase = strrchr(path, '/');
+	write_header(f, m, name, hbase ? hbase + 1 : path, base ? base + 1 : so_path);
+	if (ferror(f) | fclose(f)) {
+		unlink(tmp);
+		return ir_seterr(err, KILN_EIO, "%s: write failed", path);
+	}
+	return commit(tmp, path, err);
+}
+
+/* ---- kiln_compile ------------------------------------------------------------ */
+
+static kiln_status emit_kir(const cg_module *m, const char *path, kiln_error *err)
+{
+	char tmp[4200];
+	kiln_status st = make_temp(path, tmp, sizeof tmp, err);
+	if (st != KILN_OK)
+		return st;
+	FILE *f = fopen(tmp, "w");
+	if (!f) {
+		unlink(tmp);
+		return ir_seterr(err, KILN_EIO, "%s: %s", path, strerror(errno));
+	}
+	cg_print(m, f);
+	if (ferror(f) | fclose(f)) {
+		unlink(tmp);
+		return ir_seterr(err, KILN_EIO, "%s: write failed", path);
+	}
+	return commit(tmp, path, err);
+}
+
+/* Graph -> optimized clone -> kernel IR with a memory plan. */
+static kiln_status to_kernels(const kiln_graph *g, const kiln_compile_opts *o, kiln_graph **gc,
+                              cg_module **m, kiln_error *err)
+{
+	*gc = ir_graph_clone(g);
+	if (!*gc)
+		return ir_seterr(err, KILN_ENOMEM, "out of memory cloning graph '%s'",
+		                 kiln_graph_name(g));
+	kiln_status st = kiln_graph_verify(*gc, err);
+	if (st == KILN_OK)
+		st = kiln_graph_optimize(*gc, o->passes, err);
+	if (st == KILN_OK)
+		st = kiln_graph_verify(*gc, err);
+	if (st == KILN_OK)
+		st = cg_lower(*gc, m, err);
+	if (st == KILN_OK)
+		st = cg_memplan(*m, err);
+	return st;
+}
+
+static kiln_status check_opts(const kiln_graph *g, const char *out, const kiln_compile_opts *o,
+                              kiln_error *err)
+{
+	static const char *const emits[] = {"so", "kir", "ll", "asm", "obj"};
+	if (!g || !out || !*out)
+		return ir_seterr(err, KILN_EINVAL, "kiln_compile: %s is NULL",
+		                 !g ? "the graph" : "the output path");
+	if (kiln_graph_status(g) != KILN_OK)
+		return ir_seterr(err, kiln_graph_status(g), "%s", kiln_graph_errmsg(g));
+	for (size_t i = 0; o->emit && i < sizeof emits / sizeof *emits; i++)
+		if (strcmp(o->emit, emits[i]) == 0)
+			return KILN_OK;
+	return o->emit ? ir_seterr(err, KILN_EINVAL, "kiln_compile: unknown --emit '%s' (want "
+	                           "so, kir, ll, asm or obj)", o->emit) : KILN_OK;
+}
+
+static kiln_status backend(const cg_module *m, const char *out, const kiln_compile_opts *o,
+                           const char *name, const char *emit, kiln_error *err)
+{
+	cg_target t;
+	kiln_status st = cg_target_init(&t, o->cpu, o->features, err);
+	if (st != KILN_OK)
+		return st;
+	cg_llvm L;
+	diag d = {{0}};
+	llvm_open(&L, &t, m, name, &d);
+	st = cg_llvm_kernels(&L, err);
+	if (st == KILN_OK)
+		st = verify(&L, err);
+	if (st == KILN_OK)
+		st = optimize(&L, err);
+	if (st == KILN_OK)
+		st = strcmp(emit, "so") == 0 ? link_so(&L, out, err) : write_stage(&L, emit, out, err);
+	if (st == KILN_OK && d.msg[0])
+		st = ir_seterr(err, KILN_EINVAL, "LLVM: %s", d.msg);
+	llvm_close(&L);
+	cg_target_free(&t);
+	return st;
+}
+
+kiln_status cg_emit(const cg_module *m, const char *out_path, const kiln_compile_opts *o,
+                    const char *name, kiln_error *err)
+{
+	const char *emit = o->emit ? o->emit : "so";
+	if (strcmp(emit, "kir") == 0)
+		return emit_kir(m, out_path, err);
+	kiln_status st = backend(m, out_path, o, name, emit, err);
+	if (st == KILN_OK && strcmp(emit, "so") == 0)
+		st = header(m, name, out_path, err);
+	return st;
+}
+
+KILN_API kiln_status kiln_compile(const kiln_graph *g, const char *out_path,
+                                  const kiln_compile_opts *opts, kiln_error *err)
+{
+	kiln_compile_opts o = opts ? *opts : (kiln_compile_opts){0};
+	kiln_status st = check_opts(g, out_path, &o, err);
+	if (st != KILN_OK)
+		return st;
+	char name[128];
+	c_name(name, sizeof name, o.name ? o.name : kiln_graph_name(g));
+	kiln_graph *gc = NULL;
+	cg_module *m = NULL;
+	st = to_kernels(g, &o, &gc, &m, err);
+	if (st == KILN_OK)
+		st = cg_emit(m, out_path, &o, name, err);
+	cg_module_free(m);
+	kiln_graph_free(gc);
+	return st;
+}

@@ -1,0 +1,1395 @@
+/*
+ * llvm.c: kernel IR -> LLVM IR through the LLVM-C API.
+ *
+ * Each cg_kernel becomes `void <name>(rt_exec *x)`, a thin wrapper that
+ * loads the buffer pointers from x->buf and the sizes pointer from x->sym
+ * and calls `<name>.impl`, which takes one noalias pointer per alias class
+ * of buffers it touches and is always inlined: after inlining LLVM keeps
+ * the noalias facts as scoped alias metadata, which is what lets loads be
+ * hoisted and loops vectorized without runtime alias checks.  The sizes
+ * are loaded once at the top of .impl, so loop bounds are SSA values that
+ * stores cannot clobber.
+ *
+ * Loops are emitted rotated (guard, header with an i64 phi, latch), loop
+ * variables are phis and CG_ASSIGN locals are allocas that mem2reg
+ * promotes.  LLVM 14's C API cannot set fast-math flags, so a CG_REDUCE
+ * loop that is also CG_VECTORIZE carries llvm.loop.vectorize.enable: a
+ * forced loop is one whose floating-point reduction the vectorizer may
+ * reorder; every other float operation stays exact IEEE.  exp, tanh and
+ * erf on f32 are inline polynomial code (Cephes) rather than libm calls, so
+ * softmax, sigmoid and GELU vectorize too; f64 calls libm.
+ *
+ * An outermost CG_PARALLEL loop whose body reads no variable from outside
+ * itself is outlined into `<name>.par<k>(x, begin, end)` and run through
+ * rt_parallel_for; any other parallel loop runs serially.  CG_GEMM is a
+ * loop over the batch calling kiln_sgemm (llvm_gemm.c).
+ *
+ * Then come the numel and io_dims functions, the rt_model_desc constant
+ * (exact layout of runtime/model.h, weights as 64-byte aligned private
+ * globals) exported as `kiln_model_desc`, and the typed entry points
+ * <name>_create/_run/_destroy/_set_threads/_errmsg over runtime/model.c.
+ * Everything else has internal linkage.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <llvm-c/DebugInfo.h>
+
+#include "codegen/llvm.h"
+#include "runtime/model.h"
+
+/* ---- types ---------------------------------------------------------------- */
+
+static bool dt_float(kiln_dtype dt) { return dt == KILN_F32 || dt == KILN_F64; }
+static bool dt_unsigned(kiln_dtype dt) { return dt == KILN_U8 || dt == KILN_BOOL; }
+
+static bool dt_ok(kiln_dtype dt)
+{
+	return dt == KILN_F32 || dt == KILN_F64 || dt == KILN_I8 || dt == KILN_U8 ||
+	       dt == KILN_I32 || dt == KILN_I64 || dt == KILN_BOOL;
+}
+
+/* The type of a value in registers (bool is i1). */
+static LLVMTypeRef vty(const cg_llvm *L, kiln_dtype dt)
+{
+	switch (dt) {
+	case KILN_F32: return L->f32;
+	case KILN_F64: return L->f64;
+	case KILN_I8: case KILN_U8: return L->i8;
+	case KILN_I32: return L->i32;
+	case KILN_BOOL: return L->i1;
+	default: return L->i64;
+	}
+}
+
+/* The type of an element in memory (bool is one byte). */
+static LLVMTypeRef mty(const cg_llvm *L, kiln_dtype dt)
+{
+	return dt == KILN_BOOL ? L->i8 : vty(L, dt);
+}
+
+static LLVMValueRef i64c(const cg_llvm *L, int64_t v)
+{
+	return LLVMConstInt(L->i64, (unsigned long long)v, 1);
+}
+
+static LLVMValueRef i32c(const cg_llvm *L, int64_t v)
+{
+	return LLVMConstInt(L->i32, (unsigned long long)v, 1);
+}
+
+static void add_attr(cg_llvm *L, LLVMValueRef f, int idx, const char *name)
+{
+	unsigned kind = LLVMGetEnumAttributeKindForName(name, strlen(name));
+	LLVMAddAttributeAtIndex(f, (LLVMAttributeIndex)idx,
+	                        LLVMCreateEnumAttribute(L->ctx, kind, 0));
+}
+
+static LLVMValueRef add_fn(cg_llvm *L, const char *name, LLVMTypeRef ty, bool internal)
+{
+	LLVMValueRef f = LLVMAddFunction(L->mod, name, ty);
+	if (internal)
+		LLVMSetLinkage(f, LLVMInternalLinkage);
+	add_attr(L, f, LLVMAttributeFunctionIndex, "nounwind");
+	return f;
+}
+
+/* An external function, declared once. */
+static LLVMValueRef extern_fn(cg_llvm *L, const char *name, LLVMTypeRef ty)
+{
+	LLVMValueRef f = LLVMGetNamedFunction(L->mod, name);
+	return f ? f : add_fn(L, name, ty, false);
+}
+
+/* ---- what a statement touches ---------------------------------------------- */
+
+typedef struct scan {
+	const cg_module *m;
+	int nvar;
+	uint8_t *used, *bound; /* per variable */
+	uint8_t *buf;          /* per buffer */
+	kiln_dtype *local;     /* per variable: CG_ASSIGN's dtype, 0 for loop vars */
+	bool bad;              /* a variable or buffer id out of range */
+} scan;
+
+static void scan_expr(scan *s, const cg_expr *e)
+{
+	if (!e)
+		return;
+	if (e->kind == CG_VAR && (e->var < 0 || e->var >= s->nvar))
+		s->bad = true;
+	else if (e->kind == CG_VAR)
+		s->used[e->var] = 1;
+	if (e->kind == CG_LOAD && (e->buf < 0 || e->buf >= s->m->nbuf))
+		s->bad = true;
+	else if (e->kind == CG_LOAD)
+		s->buf[e->buf] = 1;
+	scan_expr(s, e->a);
+	scan_expr(s, e->b);
+	scan_expr(s, e->c);
+}
+
+static void scan_buf(scan *s, int b)
+{
+	if (b < 0 || b >= s->m->nbuf)
+		s->bad = true;
+	else
+		s->buf[b] = 1;
+}
+
+static void scan_gemm(scan *s, const cg_gemm *g)
+{
+	const cg_expr *e[] = {g->M, g->N, g->K, g->batch, g->a_off, g->a_bs, g->a_rs, g->a_cs,
+	                      g->b_off, g->b_bs, g->b_rs, g->b_cs, g->c_off, g->c_bs, g->c_rs,
+	                      g->bias_off};
+	for (size_t i = 0; i < sizeof e / sizeof *e; i++)
+		scan_expr(s, e[i]);
+	scan_buf(s, g->a);
+	scan_buf(s, g->b);
+	scan_buf(s, g->c);
+	if (g->bias >= 0)
+		scan_buf(s, g->bias);
+}
+
+static void scan_stmt(scan *s, const cg_stmt *st)
+{
+	if (!st)
+		return;
+	for (int i = 0; st->kind == CG_BLOCK && i < st->n; i++)
+		scan_stmt(s, st->items[i]);
+	if ((st->kind == CG_FOR || st->kind == CG_ASSIGN) && (st->var < 0 || st->var >= s->nvar)) {
+		s->bad = true;
+		return;
+	}
+	if (st->kind == CG_FOR)
+		s->bound[st->var] = 1;
+	if (st->kind == CG_ASSIGN) {
+		s->bound[st->var] = 1;
+		s->local[st->var] = st->dt;
+	}
+	if (st->kind == CG_STORE)
+		scan_buf(s, st->buf);
+	if (st->kind == CG_GEMM && st->gemm)
+		scan_gemm(s, st->gemm);
+	scan_expr(s, st->extent);
+	scan_expr(s, st->index);
+	scan_expr(s, st->value);
+	scan_expr(s, st->cond);
+	scan_stmt(s, st->body);
+	scan_stmt(s, st->then_s);
+	scan_stmt(s, st->else_s);
+}
+
+static bool scan_init(scan *s, const cg_module *m, int nvar)
+{
+	*s = (scan){.m = m, .nvar = nvar};
+	s->used = calloc((size_t)nvar + 1, 1);
+	s->bound = calloc((size_t)nvar + 1, 1);
+	s->local = calloc((size_t)nvar + 1, sizeof *s->local);
+	s->buf = calloc((size_t)m->nbuf + 1, 1);
+	return s->used && s->bound && s->local && s->buf;
+}
+
+static void scan_free(scan *s)
+{
+	free(s->used);
+	free(s->bound);
+	free(s->local);
+	free(s->buf);
+}
+
+static int root_of(const cg_module *m, int b)
+{
+	for (int steps = 0; m->buf[b].alias >= 0 && steps <= m->nbuf; steps++)
+		b = m->buf[b].alias;
+	return b;
+}
+
+/* ---- emitting one function -------------------------------------------------- */
+
+typedef struct fn_ctx {
+	cg_llvm *L;
+	const cg_kernel *k;
+	LLVMValueRef fn, x;     /* x: the rt_exec * */
+	LLVMBasicBlockRef entry;
+	LLVMValueRef *symv;     /* per symbol, loaded once in the entry block */
+	LLVMValueRef *bufp;     /* per buffer: typed base pointer, or NULL */
+	LLVMValueRef *var;      /* per variable: loop phi, or a local's alloca */
+	const kiln_dtype *local;
+	int depth;              /* loops around the current statement */
+	int *npar;              /* outlined loops of this kernel so far */
+	kiln_status st;
+	kiln_error *err;
+} fn_ctx;
+
+static kiln_status fail(fn_ctx *c, kiln_status code, const char *what)
+{
+	if (c->st == KILN_OK) {
+		const kiln_graph *g = c->L->m->g;
+		char nd[160] = "";
+		if (g && c->k && c->k->node < g->nnode)
+			ir_node_desc(g->node[c->k->node], nd, sizeof nd);
+		c->st = ir_seterr(c->err, code, "LLVM backend: kernel '%s'%s%s: %s",
+		                  c->k ? c->k->name : "?", nd[0] ? " from " : "", nd, what);
+	}
+	return c->st;
+}
+
+static LLVMValueRef expr(fn_ctx *c, const cg_expr *e);
+static void stmt(fn_ctx *c, const cg_stmt *s);
+
+/* ---- math ------------------------------------------------------------------- */
+
+static LLVMValueRef intrinsic(fn_ctx *c, const char *name, LLVMTypeRef *tys, int ntys,
+                              LLVMValueRef *args, int nargs)
+{
+	cg_llvm *L = c->L;
+	unsigned id = LLVMLookupIntrinsicID(name, strlen(name));
+	LLVMValueRef f = LLVMGetIntrinsicDeclaration(L->mod, id, tys, (size_t)ntys);
+	LLVMTypeRef ft = LLVMIntrinsicGetType(L->ctx, id, tys, (size_t)ntys);
+	return LLVMBuildCall2(L->b, ft, f, args, (unsigned)nargs, "");
+}
+
+static LLVMValueRef intr1(fn_ctx *c, const char *name, LLVMValueRef a)
+{
+	LLVMTypeRef t = LLVMTypeOf(a);
+	return intrinsic(c, name, &t, 1, &a, 1);
+}
+
+static LLVMValueRef intr2(fn_ctx *c, const char *name, LLVMValueRef a, LLVMValueRef b)
+{
+	LLVMTypeRef t = LLVMTypeOf(a);
+	LLVMValueRef args[2] = {a, b};
+	return intrinsic(c, name, &t, 1, args, 2);
+}
+
+static LLVMValueRef libm1(fn_ctx *c, const char *name, LLVMValueRef a)
+{
+	LLVMTypeRef t = LLVMTypeOf(a), ft = LLVMFunctionType(t, &t, 1, 0);
+	return LLVMBuildCall2(c->L->b, ft, extern_fn(c->L, name, ft), &a, 1, "");
+}
+
+static LLVMValueRef fc(fn_ctx *c, double v) { return LLVMConstReal(c->L->f32, v); }
+static LLVMValueRef fadd(fn_ctx *c, LLVMValueRef a, LLVMValueRef b) { return LLVMBuildFAdd(c->L->b, a, b, ""); }
+static LLVMValueRef fmul(fn_ctx *c, LLVMValueRef a, LLVMValueRef b) { return LLVMBuildFMul(c->L->b, a, b, ""); }
+
+static LLVMValueRef fsel(fn_ctx *c, LLVMRealPredicate p, LLVMValueRef a, LLVMValueRef b,
+                         LLVMValueRef t, LLVMValueRef f)
+{
+	LLVMBuilderRef B = c->L->b;
+	return LLVMBuildSelect(B, LLVMBuildFCmp(B, p, a, b, ""), t, f, "");
+}
+
+/* Horner: p[0]*x^(n-1) + ... + p[n-1] */
+static LLVMValueRef poly(fn_ctx *c, LLVMValueRef x, const double *p, int n)
+{
+	LLVMValueRef r = fc(c, p[0]);
+	for (int i = 1; i < n; i++)
+		r = fadd(c, fmul(c, r, x), fc(c, p[i]));
+	return r;
+}
+
+/* 2^n for an i32 n in [-126, 127], by building the exponent bits. */
+static LLVMValueRef pow2i(fn_ctx *c, LLVMValueRef n)
+{
+	LLVMBuilderRef B = c->L->b;
+	LLVMValueRef e = LLVMBuildShl(B, LLVMBuildAdd(B, n, i32c(c->L, 127), ""),
+	                              i32c(c->L, 23), "");
+	return LLVMBuildBitCast(B, e, c->L->f32, "");
+}
+
+/* Cephes expf: n = round(x / ln 2), r = x - n ln 2 (ln 2 in two parts),
+ * exp(r) by a degree-6 polynomial, times 2^n applied as two halves so
+ * that results near FLT_MAX and the subnormals stay exact.  Branch-free,
+ * so loops over it vectorize; within 1 ulp on [-104, 88.72]. */
+static LLVMValueRef exp_f32(fn_ctx *c, LLVMValueRef x)
+{
+	static const double p[] = {1.9875691500E-4, 1.3981999507E-3, 8.3334519073E-3,
+	                           4.1665795894E-2, 1.6666665459E-1, 5.0000001201E-1};
+	LLVMBuilderRef B = c->L->b;
+	LLVMValueRef lo = fc(c, -104.0), hi = fc(c, 88.72283905206835);
+	LLVMValueRef xc = fsel(c, LLVMRealOLT, x, lo, lo, x);
+	xc = fsel(c, LLVMRealOGT, xc, hi, hi, xc);
+	LLVMValueRef n = intr1(c, "llvm.floor", fadd(c, fmul(c, xc, fc(c, 1.44269504088896341)),
+	                                              fc(c, 0.5)));
+	LLVMValueRef r = LLVMBuildFSub(B, xc, fmul(c, n, fc(c, 0.693359375)), "");
+	r = fadd(c, r, fmul(c, n, fc(c, 2.12194440e-4)));
+	LLVMValueRef y = fadd(c, fmul(c, poly(c, r, p, 6), fmul(c, r, r)), fadd(c, r, fc(c, 1.0)));
+	LLVMValueRef ni = LLVMBuildFPToSI(B, n, c->L->i32, "");
+	LLVMValueRef n1 = LLVMBuildAShr(B, ni, i32c(c->L, 1), "");
+	LLVMValueRef n2 = LLVMBuildSub(B, ni, n1, "");
+	y = fmul(c, fmul(c, y, pow2i(c, n1)), pow2i(c, n2));
+	y = fsel(c, LLVMRealOGT, x, hi, fc(c, __builtin_inf()), y);
+	y = fsel(c, LLVMRealOLT, x, lo, fc(c, 0.0), y);
+	return fsel(c, LLVMRealUNO, x, x, x, y);
+}
+
+/* Cephes tanhf below 0.625 (odd polynomial), else 1 - 2/(exp(2|x|)+1). */
+static LLVMValueRef tanh_f32(fn_ctx *c, LLVMValueRef x)
+{
+	static const double p[] = {-5.70498872745E-3, 2.06390887954E-2, -5.37397155531E-2,
+	                           1.33314422036E-1, -3.33332819422E-1};
+	LLVMBuilderRef B = c->L->b;
+	LLVMValueRef a = intr1(c, "llvm.fabs", x), z = fmul(c, x, x);
+	LLVMValueRef small = fadd(c, x, fmul(c, fmul(c, x, z), poly(c, z, p, 5)));
+	LLVMValueRef e = exp_f32(c, fadd(c, a, a));
+	LLVMValueRef big = LLVMBuildFSub(B, fc(c, 1.0),
+	                                 LLVMBuildFDiv(B, fc(c, 2.0), fadd(c, e, fc(c, 1.0)), ""), "");
+	big = intr2(c, "llvm.copysign", big, x);
+	return fsel(c, LLVMRealOLT, a, fc(c, 0.625), small, big);
+}
+
+/* Cephes erff below 1 (x times a polynomial in x^2); above, 1 - erfc with
+ * the Numerical Recipes erfc (relative error < 1.2e-7). */
+static LLVMValueRef erf_f32(fn_ctx *c, LLVMValueRef x)
+{
+	static const double t[] = {7.853861353153693E-5, -8.010193625184903E-4,
+	                           5.188327685732524E-3, -2.685381193529856E-2,
+	                           1.128358514861418E-1, -3.761262582423300E-1,
+	                           1.128379165726710E+0};
+	static const double q[] = {0.17087277, -0.82215223, 1.48851587, -1.13520398,
+	                           0.27886807, -0.18628806, 0.09678418, 0.37409196,
+	                           1.00002368, -1.26551223};
+	LLVMBuilderRef B = c->L->b;
+	LLVMValueRef a = intr1(c, "llvm.fabs", x), z = fmul(c, x, x);
+	LLVMValueRef small = fmul(c, x, poly(c, z, t, 7));
+	LLVMValueRef u = LLVMBuildFDiv(B, fc(c, 1.0), fadd(c, fc(c, 1.0), fmul(c, a, fc(c, 0.5))), "");
+	LLVMValueRef arg = LLVMBuildFSub(B, poly(c, u, q, 10), z, "");
+	LLVMValueRef erfc = fmul(c, u, exp_f32(c, arg));
+	LLVMValueRef big = intr2(c, "llvm.copysign", LLVMBuildFSub(B, fc(c, 1.0), erfc, ""), x);
+	return fsel(c, LLVMRealOLT, a, fc(c, 1.0), small, big);
+}
+
+/* ---- expressions ------------------------------------------------------------- */
+
+/* Converts a register value between dtypes (float -> int saturates, as the
+ * interpreter's stores do; to bool is != 0). */
+static LLVMValueRef convert(fn_ctx *c, LLVMValueRef v, kiln_dtype from, kiln_dtype to)
+{
+	LLVMBuilderRef B = c->L->b;
+	LLVMTypeRef t = vty(c->L, to), ft = vty(c->L, from);
+	if (from == to || t == ft)
+		return v;
+	if (to == KILN_BOOL)
+		return dt_float(from) ? LLVMBuildFCmp(B, LLVMRealUNE, v, LLVMConstNull(ft), "")
+		                      : LLVMBuildICmp(B, LLVMIntNE, v, LLVMConstNull(ft), "");
+	if (dt_float(from) && dt_float(to))
+		return LLVMBuildFPCast(B, v, t, "");
+	if (dt_float(from)) {
+		LLVMTypeRef tys[2] = {t, ft};
+		return intrinsic(c, dt_unsigned(to) ? "llvm.fptoui.sat" : "llvm.fptosi.sat", tys, 2,
+		                 &v, 1);
+	}
+	if (dt_float(to))
+		return dt_unsigned(from) ? LLVMBuildUIToFP(B, v, t, "") : LLVMBuildSIToFP(B, v, t, "");
+	return LLVMBuildIntCast2(B, v, t, !dt_unsigned(from), "");
+}
+
+static LLVMValueRef e_const(fn_ctx *c, const cg_expr *e)
+{
+	if (dt_float(e->dt))
+		return LLVMConstReal(vty(c->L, e->dt), e->f);
+	return LLVMConstInt(vty(c->L, e->dt), (unsigned long long)e->i, !dt_unsigned(e->dt));
+}
+
+static LLVMValueRef e_var(fn_ctx *c, const cg_expr *e)
+{
+	LLVMValueRef v = c->var && c->k && e->var >= 0 && e->var < c->k->nvar ? c->var[e->var] : NULL;
+	if (!v) {
+		fail(c, KILN_EINVAL, "a variable is read outside the loop or before the "
+		     "assignment that defines it");
+		return LLVMGetUndef(vty(c->L, e->dt));
+	}
+	if (c->local[e->var])
+		return LLVMBuildLoad2(c->L->b, vty(c->L, c->local[e->var]), v, "");
+	return convert(c, v, KILN_I64, e->dt);
+}
+
+static LLVMValueRef e_size(fn_ctx *c, const cg_expr *e)
+{
+	if (e->var < 0 || e->var >= c->L->m->nsym) {
+		fail(c, KILN_EINVAL, "a size reads a symbol the graph does not have");
+		return i64c(c->L, 0);
+	}
+	return c->symv[e->var];
+}
+
+static LLVMValueRef elem_ptr(fn_ctx *c, int buf, const cg_expr *index)
+{
+	LLVMValueRef idx = convert(c, expr(c, index), index ? index->dt : KILN_I64, KILN_I64);
+	if (!c->bufp || buf < 0 || buf >= c->L->m->nbuf || !c->bufp[buf]) {
+		fail(c, KILN_EINVAL, "a buffer is read where no buffer can be");
+		kiln_dtype dt = buf >= 0 && buf < c->L->m->nbuf ? c->L->m->buf[buf].dt : KILN_F32;
+		return LLVMConstNull(LLVMPointerType(mty(c->L, dt), 0));
+	}
+	return LLVMBuildInBoundsGEP2(c->L->b, mty(c->L, c->L->m->buf[buf].dt), c->bufp[buf],
+	                             &idx, 1, "");
+}
+
+static LLVMValueRef e_load(fn_ctx *c, const cg_expr *e)
+{
+	kiln_dtype dt = c->L->m->buf[e->buf].dt;
+	LLVMValueRef v = LLVMBuildLoad2(c->L->b, mty(c->L, dt), elem_ptr(c, e->buf, e->a), "");
+	if (dt == KILN_BOOL)
+		v = LLVMBuildICmp(c->L->b, LLVMIntNE, v, LLVMConstNull(c->L->i8), "");
+	return convert(c, v, dt, e->dt);
+}
+
+static LLVMValueRef u_neg(fn_ctx *c, LLVMValueRef a, kiln_dtype dt)
+{
+	return dt_float(dt) ? LLVMBuildFNeg(c->L->b, a, "") : LLVMBuildNeg(c->L->b, a, "");
+}
+
+static LLVMValueRef u_abs(fn_ctx *c, LLVMValueRef a, kiln_dtype dt)
+{
+	if (dt_float(dt))
+		return intr1(c, "llvm.fabs", a);
+	if (dt_unsigned(dt))
+		return a;
+	LLVMBuilderRef B = c->L->b;
+	LLVMValueRef neg = LLVMBuildICmp(B, LLVMIntSLT, a, LLVMConstNull(LLVMTypeOf(a)), "");
+	return LLVMBuildSelect(B, neg, LLVMBuildNeg(B, a, ""), a, "");
+}
+
+static LLVMValueRef u_exp(fn_ctx *c, LLVMValueRef a, kiln_dtype dt)
+{
+	return dt == KILN_F32 ? exp_f32(c, a) : intr1(c, "llvm.exp", a);
+}
+
+static LLVMValueRef u_tanh(fn_ctx *c, LLVMValueRef a, kiln_dtype dt)
+{
+	return dt == KILN_F32 ? tanh_f32(c, a) : libm1(c, "tanh", a);
+}
+
+static LLVMValueRef u_erf(fn_ctx *c, LLVMValueRef a, kiln_dtype dt)
+{
+	return dt == KILN_F32 ? erf_f32(c, a) : libm1(c, "erf", a);
+}
+
+static LLVMValueRef u_not(fn_ctx *c, LLVMValueRef a, kiln_dtype dt)
+{
+	return LLVMBuildNot(c->L->b, a, "");
+}
+
+typedef LLVMValueRef (*unop_fn)(fn_ctx *c, LLVMValueRef a, kiln_dtype dt);
+static const unop_fn unop_table[CG_UNOP_COUNT] = {
+	[CG_NEG] = u_neg, [CG_ABS] = u_abs, [CG_EXP] = u_exp, [CG_TANH] = u_tanh,
+	[CG_ERF] = u_erf, [CG_NOT] = u_not,
+};
+/* The rest are LLVM intrinsics on floats (identity on integers). */
+static const char *const unop_intrinsic[CG_UNOP_COUNT] = {
+	[CG_LOG] = "llvm.log", [CG_SQRT] = "llvm.sqrt", [CG_SIN] = "llvm.sin",
+	[CG_COS] = "llvm.cos", [CG_FLOOR] = "llvm.floor", [CG_CEIL] = "llvm.ceil",
+};
+
+static LLVMValueRef e_un(fn_ctx *c, const cg_expr *e)
+{
+	kiln_dtype dt = e->a ? e->a->dt : e->dt;
+	LLVMValueRef a = expr(c, e->a);
+	if (e->op < 0 || e->op >= CG_UNOP_COUNT) {
+		fail(c, KILN_EUNSUPPORTED, "unknown unary operator");
+		return a;
+	}
+	if (unop_table[e->op])
+		return convert(c, unop_table[e->op](c, a, dt), dt, e->dt);
+	if (!dt_float(dt))
+		return convert(c, a, dt, e->dt);
+	return convert(c, intr1(c, unop_intrinsic[e->op], a), dt, e->dt);
+}
+
+/* Opcodes and predicates per binary operator: signed, unsigned, float. */
+static const struct binop_info {
+	LLVMOpcode si, ui, fl;
+	LLVMIntPredicate sp, up;
+	LLVMRealPredicate fp;
+} binop_table[CG_BINOP_COUNT] = {
+	[CG_ADD] = {LLVMAdd, LLVMAdd, LLVMFAdd},
+	[CG_SUB] = {LLVMSub, LLVMSub, LLVMFSub},
+	[CG_MUL] = {LLVMMul, LLVMMul, LLVMFMul},
+	[CG_DIV] = {LLVMSDiv, LLVMUDiv, LLVMFDiv},
+	[CG_REM] = {LLVMSRem, LLVMURem, LLVMFRem},
+	[CG_AND] = {LLVMAnd, LLVMAnd},
+	[CG_OR] = {LLVMOr, LLVMOr},
+	[CG_XOR] = {LLVMXor, LLVMXor},
+	[CG_SHR] = {LLVMLShr, LLVMLShr},
+	[CG_EQ] = {.sp = LLVMIntEQ, .up = LLVMIntEQ, .fp = LLVMRealOEQ},
+	[CG_NE] = {.sp = LLVMIntNE, .up = LLVMIntNE, .fp = LLVMRealUNE},
+	[CG_LT] = {.sp = LLVMIntSLT, .up = LLVMIntULT, .fp = LLVMRealOLT},
+	[CG_LE] = {.sp = LLVMIntSLE, .up = LLVMIntULE, .fp = LLVMRealOLE},
+	[CG_GT] = {.sp = LLVMIntSGT, .up = LLVMIntUGT, .fp = LLVMRealOGT},
+	[CG_GE] = {.sp = LLVMIntSGE, .up = LLVMIntUGE, .fp = LLVMRealOGE},
+	[CG_MIN] = {.sp = LLVMIntSLT, .up = LLVMIntULT, .fp = LLVMRealOLT},
+	[CG_MAX] = {.sp = LLVMIntSGT, .up = LLVMIntUGT, .fp = LLVMRealOGT},
+};
+
+/* min/max as the interpreter has them: a NaN in either operand wins. */
+static LLVMValueRef minmax(fn_ctx *c, const struct binop_info *bi, LLVMValueRef a,
+                           LLVMValueRef b, kiln_dtype dt)
+{
+	LLVMBuilderRef B = c->L->b;
+	if (!dt_float(dt)) {
+		LLVMValueRef lt = LLVMBuildICmp(B, dt_unsigned(dt) ? bi->up : bi->sp, a, b, "");
+		return LLVMBuildSelect(B, lt, a, b, "");
+	}
+	LLVMValueRef pick = LLVMBuildFCmp(B, bi->fp, a, b, "");
+	if (!LLVMIsConstant(b))
+		pick = LLVMBuildOr(B, pick, LLVMBuildFCmp(B, LLVMRealUNO, a, a, ""), "");
+	else /* a constant b is not NaN: unordered means a is */
+		pick = LLVMBuildFCmp(B, bi->fp == LLVMRealOLT ? LLVMRealULT : LLVMRealUGT, a, b, "");
+	return LLVMBuildSelect(B, pick, a, b, "");
+}
+
+static LLVMValueRef e_bin(fn_ctx *c, const cg_expr *e)
+{
+	LLVMBuilderRef B = c->L->b;
+	kiln_dtype dt = e->a ? e->a->dt : e->dt;
+	LLVMValueRef a = expr(c, e->a), b = convert(c, expr(c, e->b), e->b ? e->b->dt : dt, dt);
+	if (e->op < 0 || e->op >= CG_BINOP_COUNT) {
+		fail(c, KILN_EUNSUPPORTED, "unknown binary operator");
+		return a;
+	}
+	const struct binop_info *bi = &binop_table[e->op];
+	if (e->op == CG_MIN || e->op == CG_MAX)
+		return convert(c, minmax(c, bi, a, b, dt), dt, e->dt);
+	if (e->op == CG_POW) {
+		LLVMValueRef fa = convert(c, a, dt, dt_float(dt) ? dt : KILN_F64);
+		LLVMValueRef fb = convert(c, b, dt, dt_float(dt) ? dt : KILN_F64);
+		return convert(c, intr2(c, "llvm.pow", fa, fb), dt_float(dt) ? dt : KILN_F64, e->dt);
+	}
+	if (bi->sp || bi->fp) {
+		LLVMValueRef r = dt_float(dt) ? LLVMBuildFCmp(B, bi->fp, a, b, "")
+		                              : LLVMBuildICmp(B, dt_unsigned(dt) ? bi->up : bi->sp,
+		                                              a, b, "");
+		return convert(c, r, KILN_BOOL, e->dt);
+	}
+	LLVMOpcode op = dt_float(dt) ? bi->fl : dt_unsigned(dt) ? bi->ui : bi->si;
+	if (!op) {
+		fail(c, KILN_EUNSUPPORTED, "a bitwise operator on floats");
+		return a;
+	}
+	return convert(c, LLVMBuildBinOp(B, op, a, b, ""), dt, e->dt);
+}
+
+static LLVMValueRef e_select(fn_ctx *c, const cg_expr *e)
+{
+	LLVMValueRef cond = convert(c, expr(c, e->a), e->a ? e->a->dt : KILN_BOOL, KILN_BOOL);
+	LLVMValueRef t = convert(c, expr(c, e->b), e->b ? e->b->dt : e->dt, e->dt);
+	LLVMValueRef f = convert(c, expr(c, e->c), e->c ? e->c->dt : e->dt, e->dt);
+	return LLVMBuildSelect(c->L->b, cond, t, f, "");
+}
+
+static LLVMValueRef e_cast(fn_ctx *c, const cg_expr *e)
+{
+	return convert(c, expr(c, e->a), e->a ? e->a->dt : e->dt, e->dt);
+}
+
+typedef LLVMValueRef (*expr_fn)(fn_ctx *c, const cg_expr *e);
+static const expr_fn expr_table[] = {
+	[CG_CONST] = e_const, [CG_VAR] = e_var, [CG_SIZE] = e_size, [CG_LOAD] = e_load,
+	[CG_UN] = e_un, [CG_BIN] = e_bin, [CG_SELECT] = e_select, [CG_CAST] = e_cast,
+};
+
+static LLVMValueRef expr(fn_ctx *c, const cg_expr *e)
+{
+	if (!e || (unsigned)e->kind >= sizeof expr_table / sizeof *expr_table ||
+	    !expr_table[e->kind] || !dt_ok(e->dt)) {
+		fail(c, e && !dt_ok(e->dt) ? KILN_EUNSUPPORTED : KILN_EINVAL,
+		     e && !dt_ok(e->dt) ? "an expression of a dtype the LLVM backend does not "
+		                          "handle (f16/bf16)" : "a malformed expression");
+		return i64c(c->L, 0);
+	}
+	return expr_table[e->kind](c, e);
+}
+
+/* ---- loops ------------------------------------------------------------------- */
+
+typedef struct loop {
+	LLVMBasicBlockRef pre, body, exit;
+	LLVMValueRef iv, hi;
+} loop;
+
+/* for (iv = lo; iv < hi; iv++): guard, then the body block with the phi. */
+static LLVMValueRef loop_begin(fn_ctx *c, loop *l, LLVMValueRef lo, LLVMValueRef hi)
+{
+	LLVMBuilderRef B = c->L->b;
+	l->pre = LLVMGetInsertBlock(B);
+	l->body = LLVMAppendBasicBlockInContext(c->L->ctx, c->fn, "loop");
+	l->exit = LLVMAppendBasicBlockInContext(c->L->ctx, c->fn, "exit");
+	l->hi = hi;
+	LLVMBuildCondBr(B, LLVMBuildICmp(B, LLVMIntSLT, lo, hi, ""), l->body, l->exit);
+	LLVMPositionBuilderAtEnd(B, l->body);
+	l->iv = LLVMBuildPhi(B, c->L->i64, "i");
+	LLVMAddIncoming(l->iv, &lo, &l->pre, 1);
+	c->depth++;
+	return l->iv;
+}
+
+/* !{!"name", i1 true}, or !{!"name"} for flags without a value */
+static LLVMMetadataRef md_flag(cg_llvm *L, const char *name, bool value)
+{
+	LLVMMetadataRef ops[2] = {LLVMMDStringInContext2(L->ctx, name, strlen(name)),
+	                          LLVMValueAsMetadata(LLVMConstInt(L->i1, 1, 0))};
+	return LLVMMDNodeInContext2(L->ctx, ops, value ? 2 : 1);
+}
+
+/* llvm.loop metadata: a distinct node whose first operand is itself. */
+static void loop_hints(cg_llvm *L, LLVMValueRef br, uint32_t hints)
+{
+	LLVMMetadataRef ops[3];
+	int n = 1;
+	if ((hints & CG_VECTORIZE) && (hints & CG_REDUCE))
+		ops[n++] = md_flag(L, "llvm.loop.vectorize.enable", true);
+	if (hints & CG_UNROLL)
+		ops[n++] = md_flag(L, "llvm.loop.unroll.enable", false);
+	if (n == 1)
+		return;
+	LLVMMetadataRef tmp = LLVMTemporaryMDNode(L->ctx, NULL, 0);
+	ops[0] = tmp;
+	LLVMMetadataRef node = LLVMMDNodeInContext2(L->ctx, ops, (size_t)n);
+	LLVMMetadataReplaceAllUsesWith(tmp, node);
+	unsigned kind = LLVMGetMDKindIDInContext(L->ctx, "llvm.loop", 9);
+	LLVMSetMetadata(br, kind, LLVMMetadataAsValue(L->ctx, node));
+}
+
+static void loop_end(fn_ctx *c, loop *l, uint32_t hints)
+{
+	LLVMBuilderRef B = c->L->b;
+	LLVMBasicBlockRef latch = LLVMGetInsertBlock(B);
+	LLVMValueRef next = LLVMBuildNSWAdd(B, l->iv, i64c(c->L, 1), "");
+	LLVMValueRef br = LLVMBuildCondBr(B, LLVMBuildICmp(B, LLVMIntSLT, next, l->hi, ""),
+	                                  l->body, l->exit);
+	loop_hints(c->L, br, hints);
+	LLVMAddIncoming(l->iv, &next, &latch, 1);
+	LLVMPositionBuilderAtEnd(B, l->exit);
+	c->depth--;
+}
+
+static void emit_loop(fn_ctx *c, int var, LLVMValueRef lo, LLVMValueRef hi, uint32_t hints,
+                      const cg_stmt *body)
+{
+	loop l;
+	LLVMValueRef saved = c->var[var];
+	c->var[var] = loop_begin(c, &l, lo, hi);
+	stmt(c, body);
+	loop_end(c, &l, hints);
+	c->var[var] = saved;
+}
+
+/* ---- statements ---------------------------------------------------------------- */
+
+static LLVMValueRef emit_fn(cg_llvm *L, const cg_kernel *k, const char *name,
+                            const cg_stmt *s, bool range, int *npar, kiln_error *err,
+                            kiln_status *st);
+
+static void s_block(fn_ctx *c, const cg_stmt *s)
+{
+	for (int i = 0; i < s->n && c->st == KILN_OK; i++)
+		stmt(c, s->items[i]);
+}
+
+/* A parallel loop can be outlined when its body reads no variable bound
+ * outside it (it sees only buffers, sizes and its own variables). */
+static bool outlinable(fn_ctx *c, const cg_stmt *s)
+{
+	scan sc;
+	bool ok = scan_init(&sc, c->L->m, c->k->nvar);
+	if (ok) {
+		sc.bound[s->var] = 1;
+		scan_stmt(&sc, s->body);
+		for (int v = 0; v < c->k->nvar && ok; v++)
+			ok = !sc.used[v] || sc.bound[v];
+		ok = ok && !sc.bad;
+	}
+	scan_free(&sc);
+	return ok;
+}
+
+static void par_call(fn_ctx *c, const cg_stmt *s)
+{
+	cg_llvm *L = c->L;
+	char name[256];
+	snprintf(name, sizeof name, "%s.par%d", c->k->name, (*c->npar)++);
+	LLVMBasicBlockRef here = LLVMGetInsertBlock(L->b);
+	LLVMValueRef f = emit_fn(L, c->k, name, s, true, c->npar, c->err, &c->st);
+	LLVMPositionBuilderAtEnd(L->b, here);
+	if (!f)
+		return;
+	LLVMValueRef n = convert(c, expr(c, s->extent), s->extent->dt, KILN_I64);
+	LLVMValueRef args[3] = {c->x, n, f};
+	LLVMBuildCall2(L->b, LLVMGlobalGetValueType(L->par_for), L->par_for, args, 3, "");
+}
+
+static void s_for(fn_ctx *c, const cg_stmt *s)
+{
+	if (!s->extent || !s->body) {
+		fail(c, KILN_EINVAL, "a loop without extent or body");
+		return;
+	}
+	if ((s->hints & CG_PARALLEL) && c->depth == 0 && outlinable(c, s)) {
+		par_call(c, s);
+		return;
+	}
+	LLVMValueRef hi = convert(c, expr(c, s->extent), s->extent->dt, KILN_I64);
+	emit_loop(c, s->var, i64c(c->L, 0), hi, s->hints, s->body);
+}
+
+static void s_store(fn_ctx *c, const cg_stmt *s)
+{
+	kiln_dtype dt = c->L->m->buf[s->buf].dt;
+	LLVMValueRef v = convert(c, expr(c, s->value), s->value ? s->value->dt : dt, dt);
+	if (dt == KILN_BOOL)
+		v = LLVMBuildZExt(c->L->b, v, c->L->i8, "");
+	LLVMBuildStore(c->L->b, v, elem_ptr(c, s->buf, s->index));
+}
+
+static void s_assign(fn_ctx *c, const cg_stmt *s)
+{
+	kiln_dtype dt = c->local[s->var];
+	LLVMValueRef v = convert(c, expr(c, s->value), s->value ? s->value->dt : dt, dt);
+	LLVMBuildStore(c->L->b, v, c->var[s->var]);
+}
+
+static void s_if(fn_ctx *c, const cg_stmt *s)
+{
+	LLVMBuilderRef B = c->L->b;
+	LLVMValueRef cond = convert(c, expr(c, s->cond), s->cond ? s->cond->dt : KILN_BOOL,
+	                            KILN_BOOL);
+	LLVMBasicBlockRef then_b = LLVMAppendBasicBlockInContext(c->L->ctx, c->fn, "then");
+	LLVMBasicBlockRef else_b = LLVMAppendBasicBlockInContext(c->L->ctx, c->fn, "else");
+	LLVMBasicBlockRef join = LLVMAppendBasicBlockInContext(c->L->ctx, c->fn, "endif");
+	LLVMBuildCondBr(B, cond, then_b, else_b);
+	LLVMPositionBuilderAtEnd(B, then_b);
+	stmt(c, s->then_s);
+	LLVMBuildBr(B, join);
+	LLVMPositionBuilderAtEnd(B, else_b);
+	stmt(c, s->else_s);
+	LLVMBuildBr(B, join);
+	LLVMPositionBuilderAtEnd(B, join);
+}
+
+static LLVMValueRef iexpr(fn_ctx *c, const cg_expr *e)
+{
+	return convert(c, expr(c, e), e ? e->dt : KILN_I64, KILN_I64);
+}
+
+/* p + off + b*bs, as a float * */
+static LLVMValueRef gemm_ptr(fn_ctx *c, int buf, const cg_expr *off, const cg_expr *bs,
+                             LLVMValueRef b)
+{
+	LLVMBuilderRef B = c->L->b;
+	LLVMValueRef idx = off ? iexpr(c, off) : i64c(c->L, 0);
+	if (bs)
+		idx = LLVMBuildAdd(B, idx, LLVMBuildMul(B, b, iexpr(c, bs), ""), "");
+	return LLVMBuildInBoundsGEP2(B, c->L->f32, c->bufp[buf], &idx, 1, "");
+}
+
+/* A loop over the batch calling kiln_sgemm on each product. */
+static void s_gemm(fn_ctx *c, const cg_stmt *s)
+{
+	cg_llvm *L = c->L;
+	const cg_gemm *g = s->gemm;
+	int bufs[] = {g->a, g->b, g->c, g->bias >= 0 ? g->bias : g->a};
+	for (int i = 0; i < 4; i++)
+		if (L->m->buf[bufs[i]].dt != KILN_F32) {
+			fail(c, KILN_EUNSUPPORTED, "GEMM on a non-f32 buffer");
+			return;
+		}
+	LLVMBasicBlockRef here = LLVMGetInsertBlock(L->b);
+	LLVMValueRef f = cg_llvm_sgemm(L); /* may build it, moving the builder */
+	LLVMPositionBuilderAtEnd(L->b, here);
+	loop l;
+	LLVMValueRef b = loop_begin(c, &l, i64c(L, 0), g->batch ? iexpr(c, g->batch) : i64c(L, 1));
+	LLVMValueRef bias = g->bias >= 0 ? gemm_ptr(c, g->bias, g->bias_off, NULL, b)
+	                                 : LLVMConstNull(LLVMPointerType(L->f32, 0));
+	LLVMValueRef args[17] = {
+		c->x, iexpr(c, g->M), iexpr(c, g->N), iexpr(c, g->K), fc(c, g->alpha),
+		gemm_ptr(c, g->a, g->a_off, g->a_bs, b), iexpr(c, g->a_rs), iexpr(c, g->a_cs),
+		gemm_ptr(c, g->b, g->b_off, g->b_bs, b), iexpr(c, g->b_rs), iexpr(c, g->b_cs),
+		fc(c, g->beta), gemm_ptr(c, g->c, g->c_off, g->c_bs, b), iexpr(c, g->c_rs),
+		bias, i32c(L, g->bias_axis), i32c(L, g->act)};
+	LLVMTypeRef ft = LLVMGlobalGetValueType(f);
+	LLVMTypeRef pt[17];
+	if (LLVMCountParamTypes(ft) != 17) {
+		fail(c, KILN_EINVAL, "kiln_sgemm has an unexpected signature");
+		return;
+	}
+	LLVMGetParamTypes(ft, pt);
+	for (int i = 0; i < 17; i++)
+		if (LLVMGetTypeKind(pt[i]) == LLVMPointerTypeKind)
+			args[i] = LLVMBuildBitCast(L->b, args[i], pt[i], "");
+	LLVMBuildCall2(L->b, ft, f, args, 17, "");
+	loop_end(c, &l, 0);
+}
+
+typedef void (*stmt_fn)(fn_ctx *c, const cg_stmt *s);
+static const stmt_fn stmt_table[] = {
+	[CG_BLOCK] = s_block, [CG_FOR] = s_for, [CG_STORE] = s_store,
+	[CG_ASSIGN] = s_assign, [CG_IF] = s_if, [CG_GEMM] = s_gemm,
+};
+
+static void stmt(fn_ctx *c, const cg_stmt *s)
+{
+	if (!s || c->st != KILN_OK)
+		return;
+	if ((unsigned)s->kind >= sizeof stmt_table / sizeof *stmt_table || !stmt_table[s->kind] ||
+	    (s->kind == CG_GEMM && !s->gemm)) {
+		fail(c, KILN_EINVAL, "a malformed statement");
+		return;
+	}
+	stmt_table[s->kind](c, s);
+}
+
+/* ---- kernels and outlined loops ------------------------------------------------ */
+
+static LLVMTypeRef exec_ptr(const cg_llvm *L)
+{
+	return LLVMPointerType(L->exec_ty, 0);
+}
+
+/* Loads field i of *x. */
+static LLVMValueRef exec_field(cg_llvm *L, LLVMValueRef x, int i, LLVMTypeRef ty)
+{
+	LLVMValueRef p = LLVMBuildStructGEP2(L->b, L->exec_ty, x, (unsigned)i, "");
+	return LLVMBuildLoad2(L->b, ty, p, "");
+}
+
+/* The body function: (x, sym, begin, end, one noalias pointer per root). */
+static void fill_impl(fn_ctx *c, const scan *sc, const int *roots, const cg_stmt *s,
+                      bool range)
+{
+	cg_llvm *L = c->L;
+	const cg_module *m = L->m;
+	LLVMPositionBuilderAtEnd(L->b, c->entry);
+	LLVMValueRef sym = LLVMGetParam(c->fn, 1);
+	for (int k = 0; k < m->nsym; k++) {
+		LLVMValueRef p = LLVMBuildInBoundsGEP2(L->b, L->i64, sym, (LLVMValueRef[]){i64c(L, k)},
+		                                       1, "");
+		c->symv[k] = LLVMBuildLoad2(L->b, L->i64, p, "");
+	}
+	for (int b = 0; b < m->nbuf; b++) {
+		if (!sc->buf[b])
+			continue;
+		int r = root_of(m, b), i = 0;
+		while (roots[i] != r)
+			i++;
+		c->bufp[b] = LLVMBuildBitCast(L->b, LLVMGetParam(c->fn, (unsigned)(4 + i)),
+		                              LLVMPointerType(mty(L, m->buf[b].dt), 0), "");
+	}
+	for (int v = 0; v < sc->nvar; v++)
+		if (sc->local[v])
+			c->var[v] = LLVMBuildAlloca(L->b, vty(L, sc->local[v]), "");
+	if (range)
+		emit_loop(c, s->var, LLVMGetParam(c->fn, 2), LLVMGetParam(c->fn, 3),
+		          s->hints & ~(uint32_t)CG_PARALLEL, s->body);
+	else
+		stmt(c, s);
+	LLVMBuildRetVoid(L->b);
+}
+
+/* The wrapper: loads x->buf[root] for each root and x->sym, calls impl. */
+static void fill_wrapper(cg_llvm *L, LLVMValueRef w, LLVMValueRef impl, const int *roots,
+                         int nroot, bool range)
+{
+	LLVMPositionBuilderAtEnd(L->b, LLVMAppendBasicBlockInContext(L->ctx, w, "entry"));
+	LLVMValueRef x = LLVMGetParam(w, 0);
+	LLVMValueRef bufs = exec_field(L, x, 0, LLVMPointerType(L->ptr, 0));
+	LLVMValueRef *args = calloc((size_t)nroot + 4, sizeof *args);
+	if (!args)
+		return;
+	args[0] = x;
+	args[1] = exec_field(L, x, 1, LLVMPointerType(L->i64, 0));
+	args[2] = range ? LLVMGetParam(w, 1) : i64c(L, 0);
+	args[3] = range ? LLVMGetParam(w, 2) : i64c(L, 0);
+	for (int i = 0; i < nroot; i++) {
+		LLVMValueRef p = LLVMBuildInBoundsGEP2(L->b, L->ptr, bufs,
+		                                       (LLVMValueRef[]){i64c(L, roots[i])}, 1, "");
+		args[4 + i] = LLVMBuildLoad2(L->b, L->ptr, p, "");
+	}
+	LLVMBuildCall2(L->b, LLVMGlobalGetValueType(impl), impl, args, (unsigned)nroot + 4, "");
+	LLVMBuildRetVoid(L->b);
+	free(args);
+}
+
+static LLVMValueRef make_impl(cg_llvm *L, const char *name, int nroot)
+{
+	LLVMTypeRef *pt = calloc((size_t)nroot + 4, sizeof *pt);
+	if (!pt)
+		return NULL;
+	pt[0] = exec_ptr(L);
+	pt[1] = LLVMPointerType(L->i64, 0);
+	pt[2] = pt[3] = L->i64;
+	for (int i = 0; i < nroot; i++)
+		pt[4 + i] = L->ptr;
+	char iname[300];
+	snprintf(iname, sizeof iname, "%s.impl", name);
+	LLVMValueRef f = add_fn(L, iname, LLVMFunctionType(LLVMVoidTypeInContext(L->ctx), pt,
+	                                                  (unsigned)nroot + 4, 0), true);
+	free(pt);
+	add_attr(L, f, LLVMAttributeFunctionIndex, "alwaysinline");
+	add_attr(L, f, 2, "noalias");
+	for (int i = 0; i < nroot; i++)
+		add_attr(L, f, 5 + i, "noalias");
+	return f;
+}
+
+/* Emits `name` (a kernel, or with range an outlined loop) and its .impl;
+ * returns the wrapper, NULL on error (*st, err set). */
+static LLVMValueRef emit_fn(cg_llvm *L, const cg_kernel *k, const char *name,
+                            const cg_stmt *s, bool range, int *npar, kiln_error *err,
+                            kiln_status *st)
+{
+	const cg_module *m = L->m;
+	scan sc;
+	fn_ctx c = {.L = L, .k = k, .npar = npar, .err = err};
+	int *roots = calloc((size_t)m->nbuf + 1, sizeof *roots), nroot = 0;
+	c.symv = calloc((size_t)m->nsym + 1, sizeof *c.symv);
+	c.bufp = calloc((size_t)m->nbuf + 1, sizeof *c.bufp);
+	c.var = calloc((size_t)k->nvar + 1, sizeof *c.var);
+	LLVMValueRef w = NULL;
+	if (!scan_init(&sc, m, k->nvar) || !roots || !c.symv || !c.bufp || !c.var) {
+		*st = ir_seterr(err, KILN_ENOMEM, "out of memory emitting kernel '%s'", k->name);
+		goto out;
+	}
+	scan_stmt(&sc, s);
+	if (sc.bad) {
+		*st = fail(&c, KILN_EINVAL, "a variable or buffer id out of range");
+		goto out;
+	}
+	c.local = sc.local;
+	for (int b = 0; b < m->nbuf; b++) {
+		int r = sc.buf[b] ? root_of(m, b) : -1, i = 0;
+		while (r >= 0 && i < nroot && roots[i] != r)
+			i++;
+		if (r >= 0 && i == nroot)
+			roots[nroot++] = r;
+	}
+	LLVMTypeRef wt[3] = {exec_ptr(L), L->i64, L->i64};
+	w = add_fn(L, name, LLVMFunctionType(LLVMVoidTypeInContext(L->ctx), wt, range ? 3 : 1, 0),
+	           true);
+	c.fn = make_impl(L, name, nroot);
+	if (!c.fn) {
+		*st = ir_seterr(err, KILN_ENOMEM, "out of memory emitting kernel '%s'", k->name);
+		goto out;
+	}
+	c.x = LLVMGetParam(c.fn, 0);
+	c.entry = LLVMAppendBasicBlockInContext(L->ctx, c.fn, "entry");
+	fill_impl(&c, &sc, roots, s, range);
+	fill_wrapper(L, w, c.fn, roots, nroot, range);
+	*st = c.st;
+out:
+	scan_free(&sc);
+	free(roots);
+	free(c.symv);
+	free(c.bufp);
+	free(c.var);
+	return *st == KILN_OK ? w : NULL;
+}
+
+/* ---- numel and io_dims ---------------------------------------------------------- */
+
+/* A graph dim (fixed, or an expression over symbols) as an i64. */
+static LLVMValueRef dim_value(fn_ctx *c, int64_t d)
+{
+	const ir_dimexpr *x = c->L->m->g ? ir_dim_expr(c->L->m->g, d) : NULL;
+	if (!x)
+		return i64c(c->L, d);
+	LLVMBuilderRef B = c->L->b;
+	switch (x->op) {
+	case IR_DSYM:
+		if (x->a < 0 || x->a >= c->L->m->nsym)
+			break;
+		return c->symv[x->a];
+	case IR_DADD: return LLVMBuildAdd(B, dim_value(c, x->a), dim_value(c, x->b), "");
+	case IR_DMUL: return LLVMBuildMul(B, dim_value(c, x->a), dim_value(c, x->b), "");
+	case IR_DDIV: return LLVMBuildSDiv(B, dim_value(c, x->a), dim_value(c, x->b), "");
+	}
+	fail(c, KILN_EINVAL, "a dimension refers to an unknown symbol");
+	return i64c(c->L, 0);
+}
+
+/* void f(const i64 *sym, i64 *out) with the symbols loaded into c->symv;
+ * the builder is left in its entry block. */
+static LLVMValueRef sizes_fn(cg_llvm *L, fn_ctx *c, const char *name)
+{
+	LLVMTypeRef pi = LLVMPointerType(L->i64, 0), pt[2] = {pi, pi};
+	c->fn = add_fn(L, name, LLVMFunctionType(LLVMVoidTypeInContext(L->ctx), pt, 2, 0), true);
+	LLVMPositionBuilderAtEnd(L->b, LLVMAppendBasicBlockInContext(L->ctx, c->fn, "entry"));
+	for (int k = 0; k < L->m->nsym; k++) {
+		LLVMValueRef p = LLVMBuildInBoundsGEP2(L->b, L->i64, LLVMGetParam(c->fn, 0),
+		                                       (LLVMValueRef[]){i64c(L, k)}, 1, "");
+		c->symv[k] = LLVMBuildLoad2(L->b, L->i64, p, "");
+	}
+	return c->fn;
+}
+
+static void store_at(cg_llvm *L, LLVMValueRef base, int i, LLVMValueRef v)
+{
+	LLVMValueRef p = LLVMBuildInBoundsGEP2(L->b, L->i64, base, (LLVMValueRef[]){i64c(L, i)},
+	                                       1, "");
+	LLVMBuildStore(L->b, v, p);
+}
+
+/* numel(sym, out): out[b] = element count of buffer b. */
+static LLVMValueRef numel_fn(cg_llvm *L, fn_ctx *c)
+{
+	const cg_module *m = L->m;
+	LLVMValueRef f = sizes_fn(L, c, "kiln.numel");
+	for (int b = 0; b < m->nbuf && c->st == KILN_OK; b++) {
+		const cg_buf *bf = &m->buf[b];
+		LLVMValueRef v = i64c(L, 1);
+		if (bf->numel)
+			v = convert(c, expr(c, bf->numel), bf->numel->dt, KILN_I64);
+		else
+			for (int d = 0; d < bf->type.rank; d++)
+				v = LLVMBuildMul(L->b, v, dim_value(c, bf->type.dim[d]), "");
+		store_at(L, LLVMGetParam(f, 1), b, v);
+	}
+	LLVMBuildRetVoid(L->b);
+	return f;
+}
+
+/* io_dims(sym, out): every input then output dim, in signature order. */
+static LLVMValueRef io_dims_fn(cg_llvm *L, fn_ctx *c)
+{
+	const cg_module *m = L->m;
+	LLVMValueRef f = sizes_fn(L, c, "kiln.io_dims");
+	int k = 0;
+	for (int i = 0; i < m->ninputs + m->noutputs; i++) {
+		int b = i < m->ninputs ? m->inputs[i] : m->outputs[i - m->ninputs];
+		for (int d = 0; d < m->buf[b].type.rank; d++)
+			store_at(L, LLVMGetParam(f, 1), k++, dim_value(c, m->buf[b].type.dim[d]));
+	}
+	LLVMBuildRetVoid(L->b);
+	return f;
+}
+
+/* ---- the rt_model_desc -------------------------------------------------------- */
+
+static LLVMValueRef global(cg_llvm *L, LLVMTypeRef ty, LLVMValueRef init, const char *name,
+                           unsigned align)
+{
+	LLVMValueRef g = LLVMAddGlobal(L->mod, ty, name);
+	LLVMSetInitializer(g, init);
+	LLVMSetGlobalConstant(g, 1);
+	LLVMSetLinkage(g, LLVMPrivateLinkage);
+	LLVMSetUnnamedAddr(g, 1);
+	if (align)
+		LLVMSetAlignment(g, align);
+	return g;
+}
+
+static LLVMValueRef as_ptr(cg_llvm *L, LLVMValueRef g)
+{
+	return LLVMConstBitCast(g, L->ptr);
+}
+
+static LLVMValueRef cstr(cg_llvm *L, const char *s)
+{
+	s = s ? s : "";
+	LLVMValueRef init = LLVMConstStringInContext(L->ctx, s, (unsigned)strlen(s), 0);
+	return as_ptr(L, global(L, LLVMTypeOf(init), init, "kiln.str", 1));
+}
+
+/* A private constant array of n elements of ty (NULL pointer when n == 0). */
+static LLVMValueRef array(cg_llvm *L, LLVMTypeRef ty, LLVMValueRef *v, int n, const char *name)
+{
+	if (n == 0)
+		return LLVMConstNull(LLVMPointerType(ty, 0));
+	LLVMValueRef init = LLVMConstArray(ty, v, (unsigned)n);
+	LLVMValueRef g = global(L, LLVMTypeOf(init), init, name, 8);
+	LLVMValueRef zero[2] = {i64c(L, 0), i64c(L, 0)};
+	return LLVMConstInBoundsGEP2(LLVMTypeOf(init), g, zero, 2);
+}
+
+typedef struct desc_types {
+	LLVMTypeRef io, buf, desc, kfn, sizes_fn;
+} desc_types;
+
+static void make_desc_types(cg_llvm *L, desc_types *t)
+{
+	LLVMTypeRef i32 = L->i32, i64p = LLVMPointerType(L->i64, 0);
+	LLVMTypeRef io[] = {L->ptr, i32, i32, i64p, LLVMPointerType(i32, 0), i32, i32};
+	LLVMTypeRef bf[] = {i32, i32, i32, i32, L->ptr};
+	LLVMTypeRef kt = exec_ptr(L), st[2] = {i64p, i64p};
+	t->io = LLVMStructTypeInContext(L->ctx, io, 7, 0);
+	t->buf = LLVMStructTypeInContext(L->ctx, bf, 5, 0);
+	t->kfn = LLVMPointerType(LLVMFunctionType(LLVMVoidTypeInContext(L->ctx), &kt, 1, 0), 0);
+	t->sizes_fn = LLVMPointerType(LLVMFunctionType(LLVMVoidTypeInContext(L->ctx), st, 2, 0), 0);
+	LLVMTypeRef pp = LLVMPointerType(L->ptr, 0), iop = LLVMPointerType(t->io, 0);
+	LLVMTypeRef d[] = {i32, i32, L->ptr, pp, i32, i32, iop, iop, i32, i32,
+	                   LLVMPointerType(t->buf, 0), i32, i32, LLVMPointerType(t->kfn, 0),
+	                   pp, t->sizes_fn, t->sizes_fn, L->i64};
+	t->desc = LLVMStructTypeInContext(L->ctx, d, sizeof d / sizeof *d, 0);
+}
+
+static const char *io_name(const cg_module *m, int b)
+{
+	const cg_buf *bf = &m->buf[b];
+	if (bf->name)
+		return bf->name;
+	const ir_value *v = m->g ? ir_val(m->g, bf->value) : NULL;
+	return v && v->name ? v->name : "";
+}
+
+static LLVMValueRef io_desc(cg_llvm *L, const desc_types *t, int b)
+{
+	const cg_module *m = L->m;
+	const cg_buf *bf = &m->buf[b];
+	LLVMValueRef dims[KILN_MAX_RANK], kinds[KILN_MAX_RANK];
+	for (int d = 0; d < bf->type.rank; d++) {
+		int64_t v = bf->type.dim[d];
+		int sym = v < 0 && m->g ? ir_dim_symbol_index(m->g, v) : -1;
+		int kind = v >= 0 ? RT_DIM_FIXED : sym >= 0 ? RT_DIM_SYM : RT_DIM_EXPR;
+		dims[d] = i64c(L, kind == RT_DIM_FIXED ? v : kind == RT_DIM_SYM ? sym : 0);
+		kinds[d] = i32c(L, kind);
+	}
+	LLVMValueRef f[] = {cstr(L, io_name(m, b)), i32c(L, bf->dt), i32c(L, bf->type.rank),
+	                    array(L, L->i64, dims, bf->type.rank, "kiln.dims"),
+	                    array(L, L->i32, kinds, bf->type.rank, "kiln.dim_kind"),
+	                    i32c(L, b), i32c(L, 0)};
+	return LLVMConstNamedStruct(t->io, f, 7);
+}
+
+static LLVMValueRef ios(cg_llvm *L, const desc_types *t, const int *bufs, int n)
+{
+	LLVMValueRef *v = calloc((size_t)n + 1, sizeof *v);
+	if (!v)
+		return NULL;
+	for (int i = 0; i < n; i++)
+		v[i] = io_desc(L, t, bufs[i]);
+	LLVMValueRef a = array(L, t->io, v, n, "kiln.io");
+	free(v);
+	return a;
+}
+
+/* Weights: private constants, 64-byte aligned, their bytes verbatim. */
+static LLVMValueRef weights(cg_llvm *L, const cg_buf *b, kiln_error *err, kiln_status *st)
+{
+	if (b->kind != CG_BUF_CONST || b->alias >= 0)
+		return LLVMConstNull(L->ptr);
+	if (!b->data || b->data->dtype != b->dt) {
+		*st = ir_seterr(err, KILN_EINVAL, "LLVM backend: constant buffer %d ('%s') has "
+		                "no data of its dtype", b->id, b->name ? b->name : "");
+		return LLVMConstNull(L->ptr);
+	}
+	size_t n = kiln_tensor_nbytes(b->data);
+	LLVMValueRef init = LLVMConstStringInContext(L->ctx, b->data->data, (unsigned)n, 1);
+	return as_ptr(L, global(L, LLVMTypeOf(init), init, "kiln.weight", 64));
+}
+
+static LLVMValueRef bufs(cg_llvm *L, const desc_types *t, kiln_error *err, kiln_status *st)
+{
+	static const int kinds[] = {[CG_BUF_INPUT] = RT_BUF_INPUT, [CG_BUF_OUTPUT] = RT_BUF_OUTPUT,
+	                            [CG_BUF_CONST] = RT_BUF_CONST, [CG_BUF_TEMP] = RT_BUF_TEMP};
+	const cg_module *m = L->m;
+	LLVMValueRef *v = calloc((size_t)m->nbuf + 1, sizeof *v);
+	if (!v)
+		return NULL;
+	for (int i = 0; i < m->nbuf; i++) {
+		const cg_buf *b = &m->buf[i];
+		LLVMValueRef f[] = {i32c(L, kinds[b->kind]), i32c(L, b->dt),
+		                    i32c(L, b->kind == CG_BUF_TEMP && b->alias < 0 ? b->slot : -1),
+		                    i32c(L, b->alias), weights(L, b, err, st)};
+		v[i] = LLVMConstNamedStruct(t->buf, f, 5);
+	}
+	LLVMValueRef a = array(L, t->buf, v, m->nbuf, "kiln.bufs");
+	free(v);
+	return a;
+}
+
+static LLVMValueRef sym_names(cg_llvm *L)
+{
+	const cg_module *m = L->m;
+	LLVMValueRef *v = calloc((size_t)m->nsym + 1, sizeof *v);
+	if (!v)
+		return NULL;
+	for (int k = 0; k < m->nsym; k++)
+		v[k] = cstr(L, m->g ? ir_dim_symname(m->g, k) : "");
+	LLVMValueRef a = array(L, L->ptr, v, m->nsym, "kiln.sym_names");
+	free(v);
+	return a;
+}
+
+static LLVMValueRef kernel_tables(cg_llvm *L, const desc_types *t, LLVMValueRef *fns,
+                                  LLVMValueRef *names_out)
+{
+	const cg_module *m = L->m;
+	LLVMValueRef *names = calloc((size_t)m->nkern + 1, sizeof *names);
+	if (!names)
+		return NULL;
+	for (int k = 0; k < m->nkern; k++)
+		names[k] = cstr(L, m->kern[k].name);
+	*names_out = array(L, L->ptr, names, m->nkern, "kiln.kernel_names");
+	free(names);
+	return array(L, t->kfn, fns, m->nkern, "kiln.kernels");
+}
+
+/* The exported `kiln_model_desc` (runtime/model.h's layout, field by field). */
+static LLVMValueRef model_desc(cg_llvm *L, LLVMValueRef *kfns, LLVMValueRef numel,
+                               LLVMValueRef io_dims, kiln_error *err, kiln_status *st)
+{
+	const cg_module *m = L->m;
+	desc_types t;
+	make_desc_types(L, &t);
+	LLVMValueRef knames = NULL, kerns = kernel_tables(L, &t, kfns, &knames);
+	LLVMValueRef in = ios(L, &t, m->inputs, m->ninputs), out = ios(L, &t, m->outputs, m->noutputs);
+	LLVMValueRef bd = bufs(L, &t, err, st), names = sym_names(L);
+	if (!kerns || !in || !out || !bd || !names) {
+		*st = ir_seterr(err, KILN_ENOMEM, "out of memory building the model description");
+		return NULL;
+	}
+	LLVMValueRef f[] = {
+		i32c(L, RT_MODEL_ABI), i32c(L, m->nsym), cstr(L, L->name), names,
+		i32c(L, m->ninputs), i32c(L, m->noutputs), in, out,
+		i32c(L, m->nbuf), i32c(L, m->nslot), bd, i32c(L, m->nkern), i32c(L, 0),
+		kerns, knames, numel, io_dims,
+		LLVMConstInt(L->i64, cg_sgemm_scratch_floats(L->t), 0)};
+	LLVMValueRef g = LLVMAddGlobal(L->mod, t.desc, "kiln_model_desc");
+	LLVMSetInitializer(g, LLVMConstNamedStruct(t.desc, f, sizeof f / sizeof *f));
+	LLVMSetGlobalConstant(g, 1);
+	LLVMSetAlignment(g, 8);
+	return g;
+}
+
+/* ---- typed entry points -------------------------------------------------------- */
+
+static LLVMValueRef entry_fn(cg_llvm *L, const char *suffix, LLVMTypeRef ret, LLVMTypeRef *pt,
+                             int n)
+{
+	char name[300];
+	snprintf(name, sizeof name, "%s_%s", L->name, suffix);
+	LLVMValueRef f = add_fn(L, name, LLVMFunctionType(ret, pt, (unsigned)n, 0), false);
+	LLVMPositionBuilderAtEnd(L->b, LLVMAppendBasicBlockInContext(L->ctx, f, "entry"));
+	return f;
+}
+
+static LLVMValueRef rt_call(cg_llvm *L, const char *name, LLVMTypeRef ret, LLVMTypeRef *pt,
+                            LLVMValueRef *args, int n)
+{
+	LLVMTypeRef ft = LLVMFunctionType(ret, pt, (unsigned)n, 0);
+	return LLVMBuildCall2(L->b, ft, extern_fn(L, name, ft), args, (unsigned)n, "");
+}
+
+/* An [n x ty] stack array holding the function's parameters from first. */
+static LLVMValueRef param_array(cg_llvm *L, LLVMValueRef f, int first, int n, LLVMTypeRef ty)
+{
+	if (n == 0)
+		return LLVMConstNull(LLVMPointerType(ty, 0));
+	LLVMValueRef a = LLVMBuildArrayAlloca(L->b, ty, i32c(L, n), "");
+	for (int i = 0; i < n; i++) {
+		LLVMValueRef p = LLVMBuildInBoundsGEP2(L->b, ty, a, (LLVMValueRef[]){i64c(L, i)}, 1, "");
+		LLVMValueRef v = LLVMGetParam(f, (unsigned)(first + i));
+		LLVMBuildStore(L->b, LLVMTypeOf(v) == ty ? v : LLVMBuildBitCast(L->b, v, ty, ""), p);
+	}
+	return a;
+}
+
+/* int <name>_run(ctx, int64_t sym..., const T *in..., T *out...) */
+static void run_entry(cg_llvm *L)
+{
+	const cg_module *m = L->m;
+	int n = 1 + m->nsym + m->ninputs + m->noutputs;
+	LLVMTypeRef *pt = calloc((size_t)n, sizeof *pt);
+	if (!pt)
+		return;
+	pt[0] = L->ptr;
+	for (int i = 1; i < n; i++) {
+		int io = i - 1 - m->nsym;
+		int b = io < 0 ? -1 : io < m->ninputs ? m->inputs[io] : m->outputs[io - m->ninputs];
+		pt[i] = b < 0 ? L->i64 : LLVMPointerType(mty(L, m->buf[b].dt), 0);
+	}
+	LLVMValueRef f = entry_fn(L, "run", L->i32, pt, n);
+	LLVMValueRef syms = param_array(L, f, 1, m->nsym, L->i64);
+	LLVMValueRef in = param_array(L, f, 1 + m->nsym, m->ninputs, L->ptr);
+	LLVMValueRef out = param_array(L, f, 1 + m->nsym + m->ninputs, m->noutputs, L->ptr);
+	LLVMTypeRef rt[4] = {L->ptr, LLVMPointerType(L->i64, 0), LLVMPointerType(L->ptr, 0),
+	                     LLVMPointerType(L->ptr, 0)};
+	LLVMValueRef args[4] = {LLVMGetParam(f, 0), syms, in, out};
+	LLVMBuildRet(L->b, rt_call(L, "rt_model_run", L->i32, rt, args, 4));
+	free(pt);
+}
+
+/* _create (NULL on failure), _destroy, _set_threads, _errmsg over model.c. */
+static void entries(cg_llvm *L, LLVMValueRef desc)
+{
+	LLVMTypeRef pp = LLVMPointerType(L->ptr, 0), vt = LLVMVoidTypeInContext(L->ctx);
+	LLVMTypeRef ct[2] = {L->ptr, pp}, st[2] = {L->ptr, L->i32};
+	entry_fn(L, "create", L->ptr, NULL, 0);
+	LLVMValueRef slot = LLVMBuildAlloca(L->b, L->ptr, "");
+	LLVMBuildStore(L->b, LLVMConstNull(L->ptr), slot);
+	LLVMValueRef args[2] = {as_ptr(L, desc), slot};
+	LLVMValueRef rc = rt_call(L, "rt_model_create", L->i32, ct, args, 2);
+	LLVMValueRef ok = LLVMBuildICmp(L->b, LLVMIntEQ, rc, i32c(L, KILN_OK), "");
+	LLVMBuildRet(L->b, LLVMBuildSelect(L->b, ok, LLVMBuildLoad2(L->b, L->ptr, slot, ""),
+	                                   LLVMConstNull(L->ptr), ""));
+	LLVMValueRef f = entry_fn(L, "destroy", vt, ct, 1);
+	LLVMValueRef p = LLVMGetParam(f, 0);
+	rt_call(L, "rt_model_destroy", vt, ct, &p, 1);
+	LLVMBuildRetVoid(L->b);
+	f = entry_fn(L, "set_threads", L->i32, st, 2);
+	LLVMValueRef a2[2] = {LLVMGetParam(f, 0), LLVMGetParam(f, 1)};
+	LLVMBuildRet(L->b, rt_call(L, "rt_model_set_threads", L->i32, st, a2, 2));
+	f = entry_fn(L, "errmsg", L->ptr, ct, 1);
+	p = LLVMGetParam(f, 0);
+	LLVMBuildRet(L->b, rt_call(L, "rt_model_errmsg", L->ptr, ct, &p, 1));
+	run_entry(L);
+}
+
+/* ---- the module ------------------------------------------------------------------ */
+
+static kiln_status check_module(const cg_module *m, kiln_error *err)
+{
+	for (int b = 0; b < m->nbuf; b++) {
+		const cg_buf *bf = &m->buf[b];
+		if (!dt_ok(bf->dt))
+			return ir_seterr(err, KILN_EUNSUPPORTED, "LLVM backend: buffer %d ('%s') is "
+			                 "%s, which it does not handle", b, bf->name ? bf->name : "",
+			                 kiln_dtype_name(bf->dt));
+		if (bf->alias >= m->nbuf || (unsigned)bf->kind > CG_BUF_TEMP)
+			return ir_seterr(err, KILN_EINVAL, "LLVM backend: buffer %d is malformed", b);
+	}
+	for (int i = 0; i < m->ninputs + m->noutputs; i++) {
+		int b = i < m->ninputs ? m->inputs[i] : m->outputs[i - m->ninputs];
+		if (b < 0 || b >= m->nbuf)
+			return ir_seterr(err, KILN_EINVAL, "LLVM backend: signature names buffer %d", b);
+	}
+	return KILN_OK;
+}
+
+kiln_status cg_llvm_kernels(cg_llvm *L, kiln_error *err)
+{
+	const cg_module *m = L->m;
+	kiln_status st = check_module(m, err);
+	if (st != KILN_OK)
+		return st;
+	LLVMTypeRef kt = exec_ptr(L);
+	LLVMTypeRef rt[3] = {exec_ptr(L), L->i64,
+	                     LLVMPointerType(LLVMFunctionType(LLVMVoidTypeInContext(L->ctx),
+	                                                      (LLVMTypeRef[]){kt, L->i64, L->i64},
+	                                                      3, 0), 0)};
+	L->par_for = extern_fn(L, "rt_parallel_for",
+	                       LLVMFunctionType(LLVMVoidTypeInContext(L->ctx), rt, 3, 0));
+	LLVMValueRef *fns = calloc((size_t)m->nkern + 1, sizeof *fns);
+	if (!fns)
+		return ir_seterr(err, KILN_ENOMEM, "out of memory emitting kernels");
+	for (int k = 0; k < m->nkern && st == KILN_OK; k++) {
+		int npar = 0;
+		fns[k] = emit_fn(L, &m->kern[k], m->kern[k].name, m->kern[k].body, false, &npar, err,
+		                 &st);
+	}
+	fn_ctx c = {.L = L, .err = err};
+	c.symv = calloc((size_t)m->nsym + 1, sizeof *c.symv);
+	if (st == KILN_OK && !c.symv)
+		st = ir_seterr(err, KILN_ENOMEM, "out of memory emitting kernels");
+	if (st == KILN_OK) {
+		LLVMValueRef numel = numel_fn(L, &c), io_dims = io_dims_fn(L, &c);
+		st = c.st;
+		LLVMValueRef desc = st == KILN_OK ? model_desc(L, fns, numel, io_dims, err, &st) : NULL;
+		if (st == KILN_OK)
+			entries(L, desc);
+	}
+	free(c.symv);
+	free(fns);
+	return st;
+}

@@ -1,0 +1,877 @@
+/*
+ * llvm_gemm.c: kiln_sgemm, the f32 matrix product behind every CG_GEMM,
+ * emitted as LLVM vector IR for the target's vector width.
+ *
+ * The key idea is the BLIS design, specialised at compile time.  Columns
+ * are cut into NC blocks, depth into KC blocks (the KC x NC panel of B is
+ * packed into NR-wide column panels, zero-padded), rows into MC blocks (the
+ * MC x KC block of A is packed into MR-tall row panels, times alpha,
+ * zero-padded), and a register-blocked micro-kernel computes each MR x NR
+ * tile of C over KC as MR x NV accumulators of <W x float>: per k, NV
+ * vector loads of B, MR broadcasts of A, MR*NV llvm.fma.  Packing makes the
+ * micro-kernel independent of the caller's strides (transposes are just
+ * strides) and of the edges: padded lanes compute zeros and the tile's
+ * store is masked (llvm.masked.load/store), so there is no scalar edge
+ * code.  The epilogue (beta, bias per column or per row, relu) runs once
+ * per element: beta at the first K block (and C is never read when
+ * beta == 0), bias and relu at the last.
+ *
+ * Packing costs O(MK + KN) per call, which a batch-1 MLP (M = 1) cannot
+ * pay back, so small or thin problems take direct paths instead: B rows
+ * contiguous (b_cs == 1) gives an axpy form over vectors of C's row, A rows
+ * and B columns contiguous gives a dot form, anything else a scalar loop.
+ * With a thread pool, large problems split their columns over the threads
+ * with rt_parallel_for, each thread packing into its own x->scratch.
+ *
+ * Everything is internal to the module; only kiln_sgemm is meant to be
+ * called (by the kernels of llvm.c), with the ABI documented in llvm.h.
+ */
+#include <string.h>
+
+#include "codegen/llvm.h"
+
+/* Blocking for a target, measured on the AVX-512 Zen 4 this was written
+ * on (bench/gemm_bench.c).  MR x NV vectors of accumulators plus NV vectors
+ * of B and a broadcast fit the register file: 6 x 4 zmm (24 of 32) beat
+ * 14 x 2 by 10%, as it needs a broadcast per 4 FMAs instead of per 2; 6 x 2
+ * ymm and 4 x 2 xmm fill 16 registers.  KC = 512 halves the passes over C
+ * against 256 (+5%); the MC x KC block of A (288 KiB) sits in L2, the
+ * KC x NC panel of B in L3. */
+typedef struct geom {
+	int W, MR, NV, NR; /* lanes, tile rows, vectors per tile row, tile cols */
+	int64_t KC, MC, NC;
+} geom;
+
+static geom geometry(const cg_target *t)
+{
+	int bits = t && t->vec_bits >= 128 ? t->vec_bits : 128;
+	geom g = {.W = bits / 32, .KC = 512, .NC = 1024};
+	g.MR = g.W >= 16 ? 6 : g.W == 8 ? 6 : 4;
+	g.NV = g.W >= 16 ? 4 : 2;
+	g.NR = g.NV * g.W;
+	g.MC = g.MR * 24;
+	g.NC = (g.NC + g.NR - 1) / g.NR * g.NR; /* whole panels: packb fills them */
+	return g;
+}
+
+uint64_t cg_sgemm_scratch_floats(const cg_target *t)
+{
+	geom g = geometry(t);
+	/* packed A block, then packed B panel (kept 64-byte aligned) */
+	return (uint64_t)((g.MC * g.KC + 15) / 16 * 16 + g.KC * g.NC);
+}
+
+/* Parameters shared by kiln_sgemm and its internal paths, in ABI order. */
+enum {
+	P_X, P_M, P_N, P_K, P_ALPHA, P_A, P_ARS, P_ACS, P_B, P_BRS, P_BCS,
+	P_BETA, P_C, P_CRS, P_BIAS, P_AXIS, P_ACT, P_COUNT
+};
+
+typedef struct gen {
+	cg_llvm *L;
+	LLVMBuilderRef b;
+	geom g;
+	LLVMTypeRef fp, vf, vfp, vi32, vi1, xty, xp, argty;
+	LLVMValueRef fma, mload, mstore; /* <W x float> intrinsics */
+	LLVMValueRef zero;               /* internal constant <W x float> 0 */
+	LLVMValueRef fn;                 /* function being built */
+	LLVMValueRef p[P_COUNT + 2];     /* its parameters */
+} gen;
+
+/* ---- small IR helpers ---------------------------------------------------- */
+
+static LLVMValueRef i64c(gen *g, int64_t v)
+{
+	return LLVMConstInt(g->L->i64, (unsigned long long)v, 1);
+}
+
+static LLVMValueRef f32c(gen *g, double v)
+{
+	return LLVMConstReal(g->L->f32, v);
+}
+
+static LLVMValueRef add(gen *g, LLVMValueRef a, LLVMValueRef b)
+{
+	return LLVMBuildAdd(g->b, a, b, "");
+}
+
+static LLVMValueRef mul(gen *g, LLVMValueRef a, LLVMValueRef b)
+{
+	return LLVMBuildMul(g->b, a, b, "");
+}
+
+static LLVMValueRef smin(gen *g, LLVMValueRef a, LLVMValueRef b)
+{
+	return LLVMBuildSelect(g->b, LLVMBuildICmp(g->b, LLVMIntSLT, a, b, ""), a, b, "");
+}
+
+static LLVMValueRef icmp(gen *g, LLVMIntPredicate p, LLVMValueRef a, LLVMValueRef b)
+{
+	return LLVMBuildICmp(g->b, p, a, b, "");
+}
+
+/* &p[i] for a float pointer (plain GEP: bias may be null when unused) */
+static LLVMValueRef at(gen *g, LLVMValueRef p, LLVMValueRef i)
+{
+	return LLVMBuildGEP2(g->b, g->L->f32, p, &i, 1, "");
+}
+
+static LLVMValueRef call(gen *g, LLVMValueRef fn, LLVMValueRef *args, unsigned n)
+{
+	return LLVMBuildCall2(g->b, LLVMGlobalGetValueType(fn), fn, args, n, "");
+}
+
+static LLVMValueRef splat(gen *g, LLVMTypeRef vty, LLVMValueRef s)
+{
+	LLVMValueRef v = LLVMBuildInsertElement(g->b, LLVMGetUndef(vty), s,
+	                                        LLVMConstInt(g->L->i32, 0, 0), "");
+	LLVMValueRef zeros = LLVMConstNull(g->vi32);
+	return LLVMBuildShuffleVector(g->b, v, LLVMGetUndef(vty), zeros, "");
+}
+
+static LLVMValueRef fma3(gen *g, LLVMValueRef a, LLVMValueRef b, LLVMValueRef c)
+{
+	LLVMValueRef args[] = {a, b, c};
+	return call(g, g->fma, args, 3);
+}
+
+static LLVMValueRef vload(gen *g, LLVMValueRef fptr)
+{
+	LLVMValueRef v = LLVMBuildLoad2(g->b, g->vf, LLVMBuildBitCast(g->b, fptr, g->vfp, ""), "");
+	LLVMSetAlignment(v, 4);
+	return v;
+}
+
+static void vstore(gen *g, LLVMValueRef v, LLVMValueRef fptr)
+{
+	LLVMValueRef s = LLVMBuildStore(g->b, v, LLVMBuildBitCast(g->b, fptr, g->vfp, ""));
+	LLVMSetAlignment(s, 4);
+}
+
+/* lanes of fptr[0..W) under mask, 0 elsewhere; masked-off lanes are not read */
+static LLVMValueRef mload(gen *g, LLVMValueRef fptr, LLVMValueRef mask)
+{
+	LLVMValueRef args[] = {LLVMBuildBitCast(g->b, fptr, g->vfp, ""),
+	                       LLVMConstInt(g->L->i32, 4, 0), mask, LLVMConstNull(g->vf)};
+	return call(g, g->mload, args, 4);
+}
+
+static void mstore(gen *g, LLVMValueRef v, LLVMValueRef fptr, LLVMValueRef mask)
+{
+	LLVMValueRef args[] = {v, LLVMBuildBitCast(g->b, fptr, g->vfp, ""),
+	                       LLVMConstInt(g->L->i32, 4, 0), mask};
+	call(g, g->mstore, args, 4);
+}
+
+/* <W x i1>: lane l is on when l < rem (rem any i64) */
+static LLVMValueRef lanes(gen *g, LLVMValueRef rem)
+{
+	LLVMValueRef w = i64c(g, g->g.W);
+	rem = LLVMBuildTrunc(g->b, smin(g, rem, w), g->L->i32, "");
+	LLVMValueRef iota[64];
+	for (int l = 0; l < g->g.W; l++)
+		iota[l] = LLVMConstInt(g->L->i32, l, 0);
+	return icmp(g, LLVMIntSLT, LLVMConstVector(iota, g->g.W), splat(g, g->vi32, rem));
+}
+
+/* p if cond else the constant zero: a load that reads nothing when off */
+static LLVMValueRef load_if(gen *g, LLVMValueRef cond, LLVMValueRef p)
+{
+	LLVMValueRef z = LLVMBuildBitCast(g->b, g->zero, g->fp, "");
+	return LLVMBuildLoad2(g->b, g->L->f32, LLVMBuildSelect(g->b, cond, p, z, ""), "");
+}
+
+static LLVMValueRef hsum(gen *g, LLVMValueRef v)
+{
+	for (int w = g->g.W / 2; w >= 1; w /= 2) {
+		LLVMValueRef lo[32], hi[32];
+		for (int l = 0; l < w; l++) {
+			lo[l] = LLVMConstInt(g->L->i32, l, 0);
+			hi[l] = LLVMConstInt(g->L->i32, l + w, 0);
+		}
+		LLVMValueRef u = LLVMGetUndef(LLVMTypeOf(v));
+		v = LLVMBuildFAdd(g->b, LLVMBuildShuffleVector(g->b, v, u, LLVMConstVector(lo, w), ""),
+		                  LLVMBuildShuffleVector(g->b, v, u, LLVMConstVector(hi, w), ""), "");
+	}
+	return LLVMBuildExtractElement(g->b, v, LLVMConstInt(g->L->i32, 0, 0), "");
+}
+
+/* An alloca in the entry block (mem2reg/SROA turn these into registers). */
+static LLVMValueRef local(gen *g, LLVMTypeRef ty, LLVMValueRef init)
+{
+	LLVMBasicBlockRef cur = LLVMGetInsertBlock(g->b);
+	LLVMBasicBlockRef entry = LLVMGetEntryBasicBlock(g->fn);
+	LLVMValueRef first = LLVMGetFirstInstruction(entry);
+	if (first)
+		LLVMPositionBuilderBefore(g->b, first);
+	else
+		LLVMPositionBuilderAtEnd(g->b, entry);
+	LLVMValueRef a = LLVMBuildAlloca(g->b, ty, "");
+	LLVMPositionBuilderAtEnd(g->b, cur);
+	if (init)
+		LLVMBuildStore(g->b, init, a);
+	return a;
+}
+
+static LLVMBasicBlockRef block(gen *g, const char *name)
+{
+	return LLVMAppendBasicBlockInContext(g->L->ctx, g->fn, name);
+}
+
+/* for (i = lo; i < hi; i += step): loop_begin positions at the body and
+ * returns i, loop_end closes it and positions after the loop. */
+typedef struct loop {
+	LLVMValueRef i, step;
+	LLVMBasicBlockRef head, exit;
+} loop;
+
+static LLVMValueRef loop_begin(gen *g, loop *l, LLVMValueRef lo, LLVMValueRef hi,
+                               int64_t step)
+{
+	LLVMBasicBlockRef pre = LLVMGetInsertBlock(g->b), body;
+	l->head = block(g, "head");
+	body = block(g, "body");
+	l->exit = block(g, "exit");
+	l->step = i64c(g, step);
+	LLVMBuildBr(g->b, l->head);
+	LLVMPositionBuilderAtEnd(g->b, l->head);
+	l->i = LLVMBuildPhi(g->b, g->L->i64, "i");
+	LLVMAddIncoming(l->i, &lo, &pre, 1);
+	LLVMBuildCondBr(g->b, icmp(g, LLVMIntSLT, l->i, hi), body, l->exit);
+	LLVMPositionBuilderAtEnd(g->b, body);
+	return l->i;
+}
+
+static void loop_end(gen *g, loop *l)
+{
+	LLVMValueRef next = add(g, l->i, l->step);
+	LLVMBasicBlockRef latch = LLVMGetInsertBlock(g->b);
+	LLVMBuildBr(g->b, l->head);
+	LLVMAddIncoming(l->i, &next, &latch, 1);
+	LLVMPositionBuilderAtEnd(g->b, l->exit);
+}
+
+/* if (cond) { ...: if_begin positions in the then block; if_end joins. */
+static LLVMBasicBlockRef if_begin(gen *g, LLVMValueRef cond)
+{
+	LLVMBasicBlockRef then = block(g, "then"), join = block(g, "join");
+	LLVMBuildCondBr(g->b, cond, then, join);
+	LLVMPositionBuilderAtEnd(g->b, then);
+	return join;
+}
+
+static void if_end(gen *g, LLVMBasicBlockRef join)
+{
+	LLVMBuildBr(g->b, join);
+	LLVMPositionBuilderAtEnd(g->b, join);
+}
+
+/* A new internal function; g->fn and g->p[] are set, builder at entry. */
+static LLVMValueRef function(gen *g, const char *name, LLVMTypeRef *params, unsigned n)
+{
+	LLVMTypeRef ty = LLVMFunctionType(LLVMVoidTypeInContext(g->L->ctx), params, n, 0);
+	LLVMValueRef fn = LLVMAddFunction(g->L->mod, name, ty);
+	LLVMSetLinkage(fn, LLVMInternalLinkage);
+	char bits[16];
+	snprintf(bits, sizeof bits, "%d", g->g.W * 32);
+	LLVMAddTargetDependentFunctionAttr(fn, "min-legal-vector-width", bits);
+	g->fn = fn;
+	for (unsigned i = 0; i < n && i < P_COUNT + 2; i++)
+		g->p[i] = LLVMGetParam(fn, i);
+	LLVMPositionBuilderAtEnd(g->b, block(g, "entry"));
+	return fn;
+}
+
+/* kiln_sgemm's parameter types, then extra i64s (for [n0, n1) ranges) */
+static unsigned gemm_params(gen *g, LLVMTypeRef *t, int extra)
+{
+	cg_llvm *L = g->L;
+	LLVMTypeRef tys[P_COUNT] = {
+		[P_X] = g->xp, [P_M] = L->i64, [P_N] = L->i64, [P_K] = L->i64,
+		[P_ALPHA] = L->f32, [P_A] = g->fp, [P_ARS] = L->i64, [P_ACS] = L->i64,
+		[P_B] = g->fp, [P_BRS] = L->i64, [P_BCS] = L->i64, [P_BETA] = L->f32,
+		[P_C] = g->fp, [P_CRS] = L->i64, [P_BIAS] = g->fp, [P_AXIS] = L->i32,
+		[P_ACT] = L->i32,
+	};
+	memcpy(t, tys, sizeof tys);
+	for (int i = 0; i < extra; i++)
+		t[P_COUNT + i] = L->i64;
+	return P_COUNT + extra;
+}
+
+/* ---- epilogues ----------------------------------------------------------- */
+
+/* p if cond, else the constant zeros.  Masked loads never take a mask of
+ * "nothing" instead: masked-off lanes on an unmapped page (bias is NULL
+ * when unused) cost a fault-suppression microcode assist, hundreds of
+ * cycles, on every x86 core. */
+static LLVMValueRef or_zeros(gen *g, LLVMValueRef cond, LLVMValueRef p)
+{
+	LLVMValueRef z = LLVMBuildBitCast(g->b, g->zero, g->fp, "");
+	return LLVMBuildSelect(g->b, cond, p, z, "");
+}
+
+/* C[cp + lanes under mask] = relu?(v + beta*C + colbias + rowb).  C is read
+ * only when beta != 0, colb only when colb_on. */
+static void vec_epilogue(gen *g, LLVMValueRef v, LLVMValueRef cp, LLVMValueRef mask,
+                         LLVMValueRef beta, LLVMValueRef colb, LLVMValueRef colb_on,
+                         LLVMValueRef rowb, LLVMValueRef relu)
+{
+	LLVMValueRef bnz = LLVMBuildFCmp(g->b, LLVMRealUNE, beta, f32c(g, 0), "");
+	v = fma3(g, splat(g, g->vf, beta), mload(g, or_zeros(g, bnz, cp), mask), v);
+	v = LLVMBuildFAdd(g->b, v, mload(g, or_zeros(g, colb_on, colb), mask), "");
+	v = LLVMBuildFAdd(g->b, v, splat(g, g->vf, rowb), "");
+	LLVMValueRef neg = LLVMBuildFCmp(g->b, LLVMRealOLT, v, LLVMConstNull(g->vf), "");
+	neg = LLVMBuildAnd(g->b, neg, splat(g, g->vi1, relu), "");
+	v = LLVMBuildSelect(g->b, neg, LLVMConstNull(g->vf), v, "");
+	mstore(g, v, cp, mask);
+}
+
+/* The scalar form for C[m, n] (v has alpha applied), with g->p[] args. */
+static void scalar_epilogue(gen *g, LLVMValueRef v, LLVMValueRef m, LLVMValueRef n)
+{
+	LLVMValueRef *p = g->p, z32 = LLVMConstInt(g->L->i32, 0, 0);
+	LLVMValueRef cp = at(g, p[P_C], add(g, mul(g, m, p[P_CRS]), n));
+	LLVMValueRef bnz = LLVMBuildFCmp(g->b, LLVMRealUNE, p[P_BETA], f32c(g, 0), "");
+	LLVMValueRef c = load_if(g, bnz, cp);
+	v = LLVMBuildFAdd(g->b, v, LLVMBuildFMul(g->b, p[P_BETA], c, ""), "");
+	LLVMValueRef row = icmp(g, LLVMIntEQ, p[P_AXIS], LLVMConstInt(g->L->i32, 2, 0));
+	LLVMValueRef bp = at(g, p[P_BIAS], LLVMBuildSelect(g->b, row, m, n, ""));
+	v = LLVMBuildFAdd(g->b, v, load_if(g, icmp(g, LLVMIntNE, p[P_AXIS], z32), bp), "");
+	LLVMValueRef neg = LLVMBuildFCmp(g->b, LLVMRealOLT, v, f32c(g, 0), "");
+	neg = LLVMBuildAnd(g->b, neg, icmp(g, LLVMIntNE, p[P_ACT], z32), "");
+	LLVMBuildStore(g->b, LLVMBuildSelect(g->b, neg, f32c(g, 0), v, ""), cp);
+}
+
+/* ---- the packed path ----------------------------------------------------- */
+
+enum { U_AP, U_BP, U_KC, U_C, U_CRS, U_MR, U_NR, U_BETA, U_BIAS, U_BMODE, U_RELU, U_COUNT };
+
+/* kiln_sgemm_ukr(Ap, Bp, kc, C, c_rs, mr, nr, beta, bias, bmode, relu):
+ * the MR x NR tile at C from packed panels; only its mr x nr corner is
+ * stored.  bmode 1: bias[j] per column, 2: bias[i] per row (bias points at
+ * the tile's first), 0: none. */
+static void ukr_epilogue(gen *g, LLVMValueRef *acc)
+{
+	LLVMValueRef *p = g->p;
+	LLVMValueRef colb_on = icmp(g, LLVMIntEQ, p[U_BMODE], LLVMConstInt(g->L->i32, 1, 0));
+	LLVMValueRef rowb_on = icmp(g, LLVMIntEQ, p[U_BMODE], LLVMConstInt(g->L->i32, 2, 0));
+	LLVMValueRef mask[8];
+	for (int j = 0; j < g->g.NV; j++)
+		mask[j] = lanes(g, LLVMBuildSub(g->b, p[U_NR], i64c(g, j * g->g.W), ""));
+	for (int i = 0; i < g->g.MR; i++) {
+		LLVMBasicBlockRef join = if_begin(g, icmp(g, LLVMIntSLT, i64c(g, i), p[U_MR]));
+		LLVMValueRef rowb = load_if(g, rowb_on, at(g, p[U_BIAS], i64c(g, i)));
+		LLVMValueRef crow = at(g, p[U_C], mul(g, i64c(g, i), p[U_CRS]));
+		for (int j = 0; j < g->g.NV; j++) {
+			LLVMValueRef off = i64c(g, j * g->g.W);
+			LLVMValueRef v = LLVMBuildLoad2(g->b, g->vf, acc[i * g->g.NV + j], "");
+			vec_epilogue(g, v, at(g, crow, off), mask[j], p[U_BETA],
+			             at(g, p[U_BIAS], off), colb_on, rowb, p[U_RELU]);
+		}
+		if_end(g, join);
+	}
+}
+
+static LLVMValueRef emit_ukr(gen *g)
+{
+	cg_llvm *L = g->L;
+	LLVMTypeRef t[U_COUNT] = {
+		[U_AP] = g->fp, [U_BP] = g->fp, [U_KC] = L->i64, [U_C] = g->fp, [U_CRS] = L->i64,
+		[U_MR] = L->i64, [U_NR] = L->i64, [U_BETA] = L->f32, [U_BIAS] = g->fp,
+		[U_BMODE] = L->i32, [U_RELU] = L->i1,
+	};
+	LLVMValueRef fn = function(g, "kiln_sgemm_ukr", t, U_COUNT), *p = g->p;
+	int MR = g->g.MR, NV = g->g.NV, W = g->g.W;
+	LLVMValueRef acc[64], b[8];
+	for (int i = 0; i < MR * NV; i++)
+		acc[i] = local(g, g->vf, LLVMConstNull(g->vf));
+	loop lk;
+	LLVMValueRef k = loop_begin(g, &lk, i64c(g, 0), p[U_KC], 1);
+	LLVMValueRef bk = at(g, p[U_BP], mul(g, k, i64c(g, g->g.NR)));
+	LLVMValueRef ak = at(g, p[U_AP], mul(g, k, i64c(g, MR)));
+	for (int j = 0; j < NV; j++)
+		b[j] = vload(g, at(g, bk, i64c(g, j * W)));
+	for (int i = 0; i < MR; i++) {
+		LLVMValueRef a = LLVMBuildLoad2(g->b, L->f32, at(g, ak, i64c(g, i)), "");
+		LLVMValueRef av = splat(g, g->vf, a);
+		for (int j = 0; j < NV; j++) {
+			LLVMValueRef s = acc[i * NV + j];
+			LLVMBuildStore(g->b, fma3(g, av, b[j], LLVMBuildLoad2(g->b, g->vf, s, "")), s);
+		}
+	}
+	loop_end(g, &lk);
+	ukr_epilogue(g, acc);
+	LLVMBuildRetVoid(g->b);
+	return fn;
+}
+
+/* kiln_sgemm_packa(Ap, A, a_rs, a_cs, mc, kc, alpha): the mc x kc block at
+ * A as MR-row panels, panel p at Ap + p*MR*kc, element (i, k) at k*MR + i,
+ * times alpha; rows past mc are zeros. */
+static LLVMValueRef emit_packa(gen *g)
+{
+	cg_llvm *L = g->L;
+	LLVMTypeRef t[] = {g->fp, g->fp, L->i64, L->i64, L->i64, L->i64, L->f32};
+	LLVMValueRef fn = function(g, "kiln_sgemm_packa", t, 7), *p = g->p;
+	LLVMValueRef MR = i64c(g, g->g.MR);
+	LLVMValueRef np = LLVMBuildSDiv(g->b, add(g, p[4], i64c(g, g->g.MR - 1)), MR, "");
+	loop lp, lk;
+	LLVMValueRef pi = loop_begin(g, &lp, i64c(g, 0), np, 1);
+	LLVMValueRef m0 = mul(g, pi, MR);
+	LLVMValueRef dst0 = at(g, p[0], mul(g, m0, p[5]));
+	LLVMValueRef k = loop_begin(g, &lk, i64c(g, 0), p[5], 1);
+	LLVMValueRef dst = at(g, dst0, mul(g, k, MR)), kofs = mul(g, k, p[3]);
+	for (int i = 0; i < g->g.MR; i++) {
+		LLVMValueRef m = add(g, m0, i64c(g, i));
+		LLVMValueRef ok = icmp(g, LLVMIntSLT, m, p[4]);
+		m = LLVMBuildSelect(g->b, ok, m, i64c(g, 0), ""); /* row 0 always exists */
+		LLVMValueRef v = LLVMBuildLoad2(g->b, L->f32, at(g, p[1], add(g, mul(g, m, p[2]), kofs)), "");
+		v = LLVMBuildSelect(g->b, ok, LLVMBuildFMul(g->b, v, p[6], ""), f32c(g, 0), "");
+		LLVMBuildStore(g->b, v, at(g, dst, i64c(g, i)));
+	}
+	loop_end(g, &lk);
+	loop_end(g, &lp);
+	LLVMBuildRetVoid(g->b);
+	return fn;
+}
+
+/* One k row of a B panel: NR columns from src (column stride cs) into dst;
+ * columns at or past left are zeros. */
+static void packb_row(gen *g, LLVMValueRef dst, LLVMValueRef src, LLVMValueRef cs,
+                      LLVMValueRef left, bool contiguous)
+{
+	int W = g->g.W;
+	if (contiguous) {
+		for (int j = 0; j < g->g.NV; j++) {
+			LLVMValueRef m = lanes(g, LLVMBuildSub(g->b, left, i64c(g, j * W), ""));
+			vstore(g, mload(g, at(g, src, i64c(g, j * W)), m), at(g, dst, i64c(g, j * W)));
+		}
+		return;
+	}
+	for (int j = 0; j < g->g.NR; j++) {
+		LLVMValueRef ok = icmp(g, LLVMIntSLT, i64c(g, j), left);
+		LLVMValueRef n = LLVMBuildSelect(g->b, ok, i64c(g, j), i64c(g, 0), "");
+		LLVMValueRef v = LLVMBuildLoad2(g->b, g->L->f32, at(g, src, mul(g, n, cs)), "");
+		LLVMBuildStore(g->b, LLVMBuildSelect(g->b, ok, v, f32c(g, 0), ""),
+		               at(g, dst, i64c(g, j)));
+	}
+}
+
+/* kiln_sgemm_packb(Bp, B, b_rs, b_cs, kc, nc): the kc x nc panel at B as
+ * NR-column panels, panel q at Bp + q*NR*kc, element (k, j) at k*NR + j;
+ * columns past nc are zeros.  Rows with b_cs == 1 move as vectors. */
+static LLVMValueRef emit_packb(gen *g)
+{
+	cg_llvm *L = g->L;
+	LLVMTypeRef t[] = {g->fp, g->fp, L->i64, L->i64, L->i64, L->i64};
+	LLVMValueRef fn = function(g, "kiln_sgemm_packb", t, 6), *p = g->p;
+	LLVMValueRef NR = i64c(g, g->g.NR);
+	LLVMValueRef nq = LLVMBuildSDiv(g->b, add(g, p[5], i64c(g, g->g.NR - 1)), NR, "");
+	LLVMValueRef contig = icmp(g, LLVMIntEQ, p[3], i64c(g, 1));
+	for (int c = 1; c >= 0; c--) {
+		LLVMBasicBlockRef join = if_begin(g, c ? contig : LLVMBuildNot(g->b, contig, ""));
+		loop lq, lk;
+		LLVMValueRef q = loop_begin(g, &lq, i64c(g, 0), nq, 1);
+		LLVMValueRef n0 = mul(g, q, NR), left = LLVMBuildSub(g->b, p[5], n0, "");
+		LLVMValueRef dst0 = at(g, p[0], mul(g, n0, p[4]));
+		LLVMValueRef src0 = at(g, p[1], mul(g, n0, p[3]));
+		LLVMValueRef k = loop_begin(g, &lk, i64c(g, 0), p[4], 1);
+		packb_row(g, at(g, dst0, mul(g, k, NR)), at(g, src0, mul(g, k, p[2])), p[3], left, c);
+		loop_end(g, &lk);
+		loop_end(g, &lq);
+		if_end(g, join);
+	}
+	LLVMBuildRetVoid(g->b);
+	return fn;
+}
+
+typedef struct packed_fns {
+	LLVMValueRef ukr, packa, packb;
+} packed_fns;
+
+/* The jr/ir loops over one packed MC x KC block of A and KC x NC panel of B.
+ * blk: ic, jc, mc, nc, kc, beta_eff, last (i1). */
+static void macro_kernel(gen *g, const packed_fns *f, LLVMValueRef Ap, LLVMValueRef Bp,
+                         LLVMValueRef *blk)
+{
+	LLVMValueRef *p = g->p;
+	LLVMValueRef ic = blk[0], jc = blk[1], mc = blk[2], nc = blk[3], kc = blk[4];
+	LLVMValueRef last = blk[6];
+	LLVMValueRef relu = LLVMBuildAnd(g->b, last, icmp(g, LLVMIntNE, p[P_ACT],
+	                                 LLVMConstInt(g->L->i32, 0, 0)), "");
+	LLVMValueRef bmode = LLVMBuildSelect(g->b, last, p[P_AXIS], LLVMConstInt(g->L->i32, 0, 0), "");
+	LLVMValueRef row = icmp(g, LLVMIntEQ, p[P_AXIS], LLVMConstInt(g->L->i32, 2, 0));
+	loop lj, li;
+	LLVMValueRef jr = loop_begin(g, &lj, i64c(g, 0), nc, g->g.NR);
+	LLVMValueRef nr = smin(g, i64c(g, g->g.NR), LLVMBuildSub(g->b, nc, jr, ""));
+	LLVMValueRef n = add(g, jc, jr);
+	LLVMValueRef ir = loop_begin(g, &li, i64c(g, 0), mc, g->g.MR);
+	LLVMValueRef mr = smin(g, i64c(g, g->g.MR), LLVMBuildSub(g->b, mc, ir, ""));
+	LLVMValueRef m = add(g, ic, ir);
+	LLVMValueRef a[U_COUNT] = {
+		[U_AP] = at(g, Ap, mul(g, ir, kc)), [U_BP] = at(g, Bp, mul(g, jr, kc)),
+		[U_KC] = kc, [U_C] = at(g, p[P_C], add(g, mul(g, m, p[P_CRS]), n)),
+		[U_CRS] = p[P_CRS], [U_MR] = mr, [U_NR] = nr, [U_BETA] = blk[5],
+		[U_BIAS] = at(g, p[P_BIAS], LLVMBuildSelect(g->b, row, m, n, "")),
+		[U_BMODE] = bmode, [U_RELU] = relu,
+	};
+	call(g, f->ukr, a, U_COUNT);
+	loop_end(g, &li);
+	loop_end(g, &lj);
+}
+
+/* kiln_sgemm_blocked(args..., n0, n1): columns [n0, n1) of C with the
+ * BLIS loops jc / pc (pack B) / ic (pack A), scratch from x. */
+static LLVMValueRef emit_blocked(gen *g, const packed_fns *f)
+{
+	LLVMTypeRef t[P_COUNT + 2];
+	LLVMValueRef fn = function(g, "kiln_sgemm_blocked", t, gemm_params(g, t, 2)), *p = g->p;
+	const geom *G = &g->g;
+	LLVMValueRef sp = LLVMBuildStructGEP2(g->b, g->xty, p[P_X], 3, "");
+	LLVMValueRef Ap = LLVMBuildLoad2(g->b, g->fp, sp, "scratch");
+	LLVMValueRef Bp = at(g, Ap, i64c(g, (G->MC * G->KC + 15) / 16 * 16));
+	loop lj, lp, li;
+	LLVMValueRef jc = loop_begin(g, &lj, p[P_COUNT], p[P_COUNT + 1], G->NC);
+	LLVMValueRef nc = smin(g, i64c(g, G->NC), LLVMBuildSub(g->b, p[P_COUNT + 1], jc, ""));
+	LLVMValueRef pc = loop_begin(g, &lp, i64c(g, 0), p[P_K], G->KC);
+	LLVMValueRef kc = smin(g, i64c(g, G->KC), LLVMBuildSub(g->b, p[P_K], pc, ""));
+	LLVMValueRef pb[] = {Bp, at(g, p[P_B], add(g, mul(g, pc, p[P_BRS]), mul(g, jc, p[P_BCS]))),
+	                     p[P_BRS], p[P_BCS], kc, nc};
+	call(g, f->packb, pb, 6);
+	LLVMValueRef first = icmp(g, LLVMIntEQ, pc, i64c(g, 0));
+	LLVMValueRef last = icmp(g, LLVMIntEQ, add(g, pc, kc), p[P_K]);
+	LLVMValueRef beta = LLVMBuildSelect(g->b, first, p[P_BETA], f32c(g, 1), "");
+	LLVMValueRef ic = loop_begin(g, &li, i64c(g, 0), p[P_M], G->MC);
+	LLVMValueRef mc = smin(g, i64c(g, G->MC), LLVMBuildSub(g->b, p[P_M], ic, ""));
+	LLVMValueRef pa[] = {Ap, at(g, p[P_A], add(g, mul(g, ic, p[P_ARS]), mul(g, pc, p[P_ACS]))),
+	                     p[P_ARS], p[P_ACS], mc, kc, p[P_ALPHA]};
+	call(g, f->packa, pa, 7);
+	LLVMValueRef blk[] = {ic, jc, mc, nc, kc, beta, last};
+	macro_kernel(g, f, Ap, Bp, blk);
+	loop_end(g, &li);
+	loop_end(g, &lp);
+	loop_end(g, &lj);
+	LLVMBuildRetVoid(g->b);
+	return fn;
+}
+
+/* ---- direct paths (no packing) ------------------------------------------- */
+
+enum { AXPY_V = 4 }; /* vectors of C's row per step of the axpy form */
+
+/* C[m, n + j*W + l] for j < nv under mask[j]: the sum over k of A[m, k]
+ * times row k of B, then the epilogue (acc: nv locals). */
+static void axpy_block(gen *g, LLVMValueRef m, LLVMValueRef n, int nv, LLVMValueRef *mask,
+                       LLVMValueRef *acc)
+{
+	LLVMValueRef *p = g->p, z32 = LLVMConstInt(g->L->i32, 0, 0);
+	int W = g->g.W;
+	for (int j = 0; j < nv; j++)
+		LLVMBuildStore(g->b, LLVMConstNull(g->vf), acc[j]);
+	LLVMValueRef arow = at(g, p[P_A], mul(g, m, p[P_ARS]));
+	loop lk;
+	LLVMValueRef k = loop_begin(g, &lk, i64c(g, 0), p[P_K], 1);
+	LLVMValueRef a = LLVMBuildLoad2(g->b, g->L->f32, at(g, arow, mul(g, k, p[P_ACS])), "");
+	LLVMValueRef av = splat(g, g->vf, a);
+	LLVMValueRef brow = at(g, p[P_B], add(g, mul(g, k, p[P_BRS]), n));
+	for (int j = 0; j < nv; j++) {
+		LLVMValueRef bp = at(g, brow, i64c(g, j * W));
+		LLVMValueRef bv = mask ? mload(g, bp, mask[j]) : vload(g, bp);
+		LLVMBuildStore(g->b, fma3(g, av, bv, LLVMBuildLoad2(g->b, g->vf, acc[j], "")), acc[j]);
+	}
+	loop_end(g, &lk);
+	LLVMValueRef colb_on = icmp(g, LLVMIntEQ, p[P_AXIS], LLVMConstInt(g->L->i32, 1, 0));
+	LLVMValueRef rowb = load_if(g, icmp(g, LLVMIntEQ, p[P_AXIS], LLVMConstInt(g->L->i32, 2, 0)),
+	                            at(g, p[P_BIAS], m));
+	LLVMValueRef relu = icmp(g, LLVMIntNE, p[P_ACT], z32);
+	LLVMValueRef crow = at(g, p[P_C], mul(g, m, p[P_CRS]));
+	LLVMValueRef all = LLVMConstAllOnes(g->vi1);
+	for (int j = 0; j < nv; j++) {
+		LLVMValueRef off = add(g, n, i64c(g, j * W));
+		LLVMValueRef v = LLVMBuildLoad2(g->b, g->vf, acc[j], "");
+		v = LLVMBuildFMul(g->b, v, splat(g, g->vf, p[P_ALPHA]), "");
+		vec_epilogue(g, v, at(g, crow, off), mask ? mask[j] : all, p[P_BETA],
+		             at(g, p[P_BIAS], off), colb_on, rowb, relu);
+	}
+}
+
+/* kiln_sgemm_axpy(args...), b_cs == 1: per row m of C, AXPY_V vectors of
+ * it at a time, C[m, n..] = sum over k of A[m, k] * B[k, n..]; the last
+ * N % (AXPY_V*W) columns a vector at a time, masked. */
+static LLVMValueRef emit_axpy(gen *g)
+{
+	LLVMTypeRef t[P_COUNT];
+	LLVMValueRef fn = function(g, "kiln_sgemm_axpy", t, gemm_params(g, t, 0)), *p = g->p;
+	LLVMValueRef acc[AXPY_V];
+	int W = g->g.W;
+	for (int j = 0; j < AXPY_V; j++)
+		acc[j] = local(g, g->vf, NULL);
+	LLVMValueRef nmain = LLVMBuildSub(g->b, p[P_N],
+	                                  LLVMBuildSRem(g->b, p[P_N], i64c(g, AXPY_V * W), ""), "");
+	loop lm, ln, lt;
+	LLVMValueRef m = loop_begin(g, &lm, i64c(g, 0), p[P_M], 1);
+	LLVMValueRef n = loop_begin(g, &ln, i64c(g, 0), nmain, AXPY_V * W);
+	axpy_block(g, m, n, AXPY_V, NULL, acc);
+	loop_end(g, &ln);
+	n = loop_begin(g, &lt, nmain, p[P_N], W);
+	LLVMValueRef mask = lanes(g, LLVMBuildSub(g->b, p[P_N], n, ""));
+	axpy_block(g, m, n, 1, &mask, acc);
+	loop_end(g, &lt);
+	loop_end(g, &lm);
+	LLVMBuildRetVoid(g->b);
+	return fn;
+}
+
+enum { DOT_U = 4 }; /* independent accumulators of the dot form */
+
+/* sum over k < K of x[k] * y[k], both contiguous */
+static LLVMValueRef dot(gen *g, LLVMValueRef x, LLVMValueRef y, LLVMValueRef *acc)
+{
+	int W = g->g.W;
+	LLVMValueRef K = g->p[P_K];
+	for (int u = 0; u < DOT_U; u++)
+		LLVMBuildStore(g->b, LLVMConstNull(g->vf), acc[u]);
+	LLVMValueRef kmain = LLVMBuildSub(g->b, K, LLVMBuildSRem(g->b, K, i64c(g, DOT_U * W), ""), "");
+	loop l1, l2;
+	LLVMValueRef k = loop_begin(g, &l1, i64c(g, 0), kmain, DOT_U * W);
+	for (int u = 0; u < DOT_U; u++) {
+		LLVMValueRef o = add(g, k, i64c(g, u * W));
+		LLVMValueRef v = fma3(g, vload(g, at(g, x, o)), vload(g, at(g, y, o)),
+		                      LLVMBuildLoad2(g->b, g->vf, acc[u], ""));
+		LLVMBuildStore(g->b, v, acc[u]);
+	}
+	loop_end(g, &l1);
+	k = loop_begin(g, &l2, kmain, K, W);
+	LLVMValueRef m = lanes(g, LLVMBuildSub(g->b, K, k, ""));
+	LLVMValueRef v = fma3(g, mload(g, at(g, x, k), m), mload(g, at(g, y, k), m),
+	                      LLVMBuildLoad2(g->b, g->vf, acc[0], ""));
+	LLVMBuildStore(g->b, v, acc[0]);
+	loop_end(g, &l2);
+	LLVMValueRef s = LLVMBuildLoad2(g->b, g->vf, acc[0], "");
+	for (int u = 1; u < DOT_U; u++)
+		s = LLVMBuildFAdd(g->b, s, LLVMBuildLoad2(g->b, g->vf, acc[u], ""), "");
+	return hsum(g, s);
+}
+
+/* kiln_sgemm_dot(args...), a_cs == 1 and b_rs == 1: each C[m, n] is a dot
+ * product of a row of A and a column of B, both contiguous. */
+static LLVMValueRef emit_dot(gen *g)
+{
+	LLVMTypeRef t[P_COUNT];
+	LLVMValueRef fn = function(g, "kiln_sgemm_dot", t, gemm_params(g, t, 0)), *p = g->p;
+	LLVMValueRef acc[DOT_U];
+	for (int u = 0; u < DOT_U; u++)
+		acc[u] = local(g, g->vf, NULL);
+	loop lm, ln;
+	LLVMValueRef m = loop_begin(g, &lm, i64c(g, 0), p[P_M], 1);
+	LLVMValueRef arow = at(g, p[P_A], mul(g, m, p[P_ARS]));
+	LLVMValueRef n = loop_begin(g, &ln, i64c(g, 0), p[P_N], 1);
+	LLVMValueRef s = dot(g, arow, at(g, p[P_B], mul(g, n, p[P_BCS])), acc);
+	scalar_epilogue(g, LLVMBuildFMul(g->b, s, p[P_ALPHA], ""), m, n);
+	loop_end(g, &ln);
+	loop_end(g, &lm);
+	LLVMBuildRetVoid(g->b);
+	return fn;
+}
+
+/* kiln_sgemm_naive(args...): any strides, one element at a time (tiny
+ * problems and K == 0). */
+static LLVMValueRef emit_naive(gen *g)
+{
+	LLVMTypeRef t[P_COUNT];
+	LLVMValueRef fn = function(g, "kiln_sgemm_naive", t, gemm_params(g, t, 0)), *p = g->p;
+	LLVMValueRef s = local(g, g->L->f32, NULL);
+	loop lm, ln, lk;
+	LLVMValueRef m = loop_begin(g, &lm, i64c(g, 0), p[P_M], 1);
+	LLVMValueRef n = loop_begin(g, &ln, i64c(g, 0), p[P_N], 1);
+	LLVMBuildStore(g->b, f32c(g, 0), s);
+	LLVMValueRef k = loop_begin(g, &lk, i64c(g, 0), p[P_K], 1);
+	LLVMValueRef a = at(g, p[P_A], add(g, mul(g, m, p[P_ARS]), mul(g, k, p[P_ACS])));
+	LLVMValueRef b = at(g, p[P_B], add(g, mul(g, k, p[P_BRS]), mul(g, n, p[P_BCS])));
+	LLVMValueRef ab = LLVMBuildFMul(g->b, LLVMBuildLoad2(g->b, g->L->f32, a, ""),
+	                                LLVMBuildLoad2(g->b, g->L->f32, b, ""), "");
+	LLVMBuildStore(g->b, LLVMBuildFAdd(g->b, LLVMBuildLoad2(g->b, g->L->f32, s, ""), ab, ""), s);
+	loop_end(g, &lk);
+	LLVMValueRef v = LLVMBuildLoad2(g->b, g->L->f32, s, "");
+	scalar_epilogue(g, LLVMBuildFMul(g->b, v, p[P_ALPHA], ""), m, n);
+	loop_end(g, &ln);
+	loop_end(g, &lm);
+	LLVMBuildRetVoid(g->b);
+	return fn;
+}
+
+/* ---- threads and the entry ----------------------------------------------- */
+
+/* kiln_sgemm_range(x, begin, end): NR-column panels [begin, end) of the
+ * product whose arguments rt_parallel_for's caller put behind x->buf (a
+ * field kiln_sgemm itself never needs), with this thread's x->scratch. */
+static LLVMValueRef emit_range(gen *g, LLVMValueRef blocked)
+{
+	LLVMTypeRef t[] = {g->xp, g->L->i64, g->L->i64};
+	LLVMValueRef fn = function(g, "kiln_sgemm_range", t, 3);
+	LLVMValueRef x = LLVMGetParam(fn, 0), begin = LLVMGetParam(fn, 1), end = LLVMGetParam(fn, 2);
+	LLVMValueRef bp = LLVMBuildStructGEP2(g->b, g->xty, x, 0, "");
+	LLVMValueRef args = LLVMBuildLoad2(g->b, LLVMStructGetTypeAtIndex(g->xty, 0), bp, "");
+	args = LLVMBuildBitCast(g->b, args, LLVMPointerType(g->argty, 0), "");
+	LLVMValueRef a[P_COUNT + 2];
+	a[P_X] = x;
+	for (int i = 1; i < P_COUNT; i++) {
+		LLVMValueRef fp = LLVMBuildStructGEP2(g->b, g->argty, args, i, "");
+		a[i] = LLVMBuildLoad2(g->b, LLVMStructGetTypeAtIndex(g->argty, i), fp, "");
+	}
+	LLVMValueRef NR = i64c(g, g->g.NR);
+	a[P_COUNT] = mul(g, begin, NR);
+	a[P_COUNT + 1] = smin(g, mul(g, end, NR), a[P_N]);
+	call(g, blocked, a, P_COUNT + 2);
+	LLVMBuildRetVoid(g->b);
+	return fn;
+}
+
+/* Calls rt_parallel_for(&copy, panels, range) where copy is *x with buf
+ * pointing at the arguments.  The copy is 128 bytes of which rt_exec uses
+ * the first 40, so a runtime that copies a grown rt_exec stays in bounds. */
+static void parallel(gen *g, LLVMValueRef range)
+{
+	cg_llvm *L = g->L;
+	LLVMValueRef *p = g->p;
+	LLVMValueRef args = local(g, g->argty, NULL);
+	for (int i = 1; i < P_COUNT; i++)
+		LLVMBuildStore(g->b, p[i], LLVMBuildStructGEP2(g->b, g->argty, args, i, ""));
+	LLVMValueRef copy = local(g, LLVMArrayType(L->i64, 16), NULL);
+	LLVMBuildStore(g->b, LLVMConstNull(LLVMArrayType(L->i64, 16)), copy);
+	LLVMValueRef cx = LLVMBuildBitCast(g->b, copy, g->xp, "");
+	LLVMBuildStore(g->b, LLVMBuildLoad2(g->b, g->xty, p[P_X], ""), cx);
+	LLVMValueRef bp = LLVMBuildStructGEP2(g->b, g->xty, cx, 0, "");
+	LLVMBuildStore(g->b, LLVMBuildBitCast(g->b, args, LLVMStructGetTypeAtIndex(g->xty, 0), ""),
+	               bp);
+	LLVMValueRef panels = LLVMBuildSDiv(g->b, add(g, p[P_N], i64c(g, g->g.NR - 1)),
+	                                    i64c(g, g->g.NR), "");
+	LLVMTypeRef pt[3];
+	LLVMGetParamTypes(LLVMGlobalGetValueType(L->par_for), pt);
+	LLVMValueRef a[] = {LLVMBuildPointerCast(g->b, cx, pt[0], ""), panels,
+	                    LLVMBuildPointerCast(g->b, range, pt[2], "")};
+	call(g, L->par_for, a, 3);
+}
+
+/* Work (M*N*K) below which threads cost more than they save, and at or
+ * below which packing does. */
+enum { PAR_WORK = 1 << 21, SMALL_WORK = 1 << 13, THIN_M = 4 };
+
+/* if (cond) { callee(args...); return; } */
+static void tail_if(gen *g, LLVMValueRef cond, LLVMValueRef callee, LLVMValueRef *a, int n)
+{
+	LLVMBasicBlockRef then = block(g, "then"), next = block(g, "next");
+	LLVMBuildCondBr(g->b, cond, then, next);
+	LLVMPositionBuilderAtEnd(g->b, then);
+	if (callee)
+		call(g, callee, a, n);
+	LLVMBuildRetVoid(g->b);
+	LLVMPositionBuilderAtEnd(g->b, next);
+}
+
+typedef struct entry_fns {
+	LLVMValueRef naive, axpy, dot, blocked, range;
+} entry_fns;
+
+static LLVMValueRef emit_entry(gen *g, const entry_fns *f)
+{
+	LLVMTypeRef t[P_COUNT];
+	LLVMValueRef fn = function(g, "kiln_sgemm", t, gemm_params(g, t, 0)), *p = g->p;
+	LLVMValueRef zero = i64c(g, 0), one = i64c(g, 1);
+	LLVMAddAttributeAtIndex(fn, LLVMAttributeFunctionIndex,
+	    LLVMCreateEnumAttribute(g->L->ctx, LLVMGetEnumAttributeKindForName("noinline", 8), 0));
+	tail_if(g, LLVMBuildOr(g->b, icmp(g, LLVMIntSLE, p[P_M], zero),
+	                       icmp(g, LLVMIntSLE, p[P_N], zero), ""), NULL, NULL, 0);
+	tail_if(g, icmp(g, LLVMIntSLE, p[P_K], zero), f->naive, p, P_COUNT);
+	LLVMValueRef work = mul(g, mul(g, p[P_M], p[P_N]), p[P_K]);
+	LLVMValueRef direct = LLVMBuildOr(g->b, icmp(g, LLVMIntSLE, p[P_M], i64c(g, THIN_M)),
+	                                  icmp(g, LLVMIntSLE, work, i64c(g, SMALL_WORK)), "");
+	tail_if(g, LLVMBuildAnd(g->b, direct, icmp(g, LLVMIntEQ, p[P_BCS], one), ""),
+	        f->axpy, p, P_COUNT);
+	LLVMValueRef dotok = LLVMBuildAnd(g->b, icmp(g, LLVMIntEQ, p[P_BRS], one),
+	                                  icmp(g, LLVMIntEQ, p[P_ACS], one), "");
+	tail_if(g, LLVMBuildAnd(g->b, direct, dotok, ""), f->dot, p, P_COUNT);
+	tail_if(g, icmp(g, LLVMIntSLE, work, i64c(g, SMALL_WORK)), f->naive, p, P_COUNT);
+	LLVMValueRef pool = LLVMBuildLoad2(g->b, LLVMStructGetTypeAtIndex(g->xty, 2),
+	                                   LLVMBuildStructGEP2(g->b, g->xty, p[P_X], 2, ""), "");
+	LLVMValueRef par = LLVMBuildAnd(g->b, LLVMBuildIsNotNull(g->b, pool, ""),
+	                                icmp(g, LLVMIntSGE, work, i64c(g, PAR_WORK)), "");
+	par = LLVMBuildAnd(g->b, par, icmp(g, LLVMIntSGE, p[P_N], i64c(g, 2 * g->g.NR)), "");
+	LLVMBasicBlockRef then = block(g, "par"), serial = block(g, "serial");
+	LLVMBuildCondBr(g->b, par, then, serial);
+	LLVMPositionBuilderAtEnd(g->b, then);
+	parallel(g, f->range);
+	LLVMBuildRetVoid(g->b);
+	LLVMPositionBuilderAtEnd(g->b, serial);
+	LLVMValueRef a[P_COUNT + 2];
+	memcpy(a, p, P_COUNT * sizeof *a);
+	a[P_COUNT] = zero;
+	a[P_COUNT + 1] = p[P_N];
+	call(g, f->blocked, a, P_COUNT + 2);
+	LLVMBuildRetVoid(g->b);
+	return fn;
+}
+
+/* ---- setup ---------------------------------------------------------------- */
+
+static LLVMValueRef intrinsic(gen *g, const char *name, LLVMTypeRef *tys, size_t n)
+{
+	unsigned id = LLVMLookupIntrinsicID(name, strlen(name));
+	return LLVMGetIntrinsicDeclaration(g->L->mod, id, tys, n);
+}
+
+/* Types: rt_exec as {i8**, i64*, i8*, float*, i64} (runtime/model.h) unless
+ * llvm.c has its own; the argument block for the threads. */
+static void setup(gen *g, cg_llvm *L)
+{
+	memset(g, 0, sizeof *g);
+	g->L = L;
+	g->b = LLVMCreateBuilderInContext(L->ctx);
+	g->g = geometry(L->t);
+	g->fp = LLVMPointerType(L->f32, 0);
+	g->vf = LLVMVectorType(L->f32, g->g.W);
+	g->vfp = LLVMPointerType(g->vf, 0);
+	g->vi32 = LLVMVectorType(L->i32, g->g.W);
+	g->vi1 = LLVMVectorType(L->i1, g->g.W);
+	LLVMTypeRef xf[] = {LLVMPointerType(L->ptr, 0), LLVMPointerType(L->i64, 0), L->ptr,
+	                    g->fp, L->i64};
+	g->xty = L->exec_ty ? L->exec_ty : LLVMStructTypeInContext(L->ctx, xf, 5, 0);
+	g->xp = LLVMPointerType(g->xty, 0);
+	LLVMTypeRef at[P_COUNT];
+	gemm_params(g, at, 0);
+	g->argty = LLVMStructTypeInContext(L->ctx, at, P_COUNT, 0);
+	g->fma = intrinsic(g, "llvm.fma", &g->vf, 1);
+	LLVMTypeRef mt[] = {g->vf, g->vfp};
+	g->mload = intrinsic(g, "llvm.masked.load", mt, 2);
+	g->mstore = intrinsic(g, "llvm.masked.store", mt, 2);
+	g->zero = LLVMAddGlobal(L->mod, g->vf, "kiln_sgemm_zeros");
+	LLVMSetInitializer(g->zero, LLVMConstNull(g->vf));
+	LLVMSetAlignment(g->zero, 64);
+	LLVMSetGlobalConstant(g->zero, 1);
+	LLVMSetLinkage(g->zero, LLVMInternalLinkage);
+	if (!L->par_for)
+		L->par_for = LLVMGetNamedFunction(L->mod, "rt_parallel_for");
+	if (!L->par_for) {
+		LLVMTypeRef rt[] = {g->xp, L->i64, L->i64};
+		LLVMTypeRef rfn = LLVMFunctionType(LLVMVoidTypeInContext(L->ctx), rt, 3, 0);
+		LLVMTypeRef pt[] = {g->xp, L->i64, LLVMPointerType(rfn, 0)};
+		L->par_for = LLVMAddFunction(L->mod, "rt_parallel_for",
+		    LLVMFunctionType(LLVMVoidTypeInContext(L->ctx), pt, 3, 0));
+	}
+}
+
+LLVMValueRef cg_llvm_sgemm(cg_llvm *L)
+{
+	if (L->sgemm)
+		return L->sgemm;
+	gen g;
+	setup(&g, L);
+	packed_fns pf = {.ukr = emit_ukr(&g), .packa = emit_packa(&g), .packb = emit_packb(&g)};
+	entry_fns ef = {.naive = emit_naive(&g), .axpy = emit_axpy(&g), .dot = emit_dot(&g)};
+	ef.blocked = emit_blocked(&g, &pf);
+	ef.range = emit_range(&g, ef.blocked);
+	L->sgemm = emit_entry(&g, &ef);
+	LLVMDisposeBuilder(g.b);
+	return L->sgemm;
+}

@@ -1,0 +1,434 @@
+/*
+ * test_gemm.c: kiln_sgemm (codegen/llvm_gemm.c), JIT-compiled on its own
+ * (bench/gemm_jit.h) and compared with a double-precision reference over
+ * shapes that reach every path: the direct forms (M = 1, tiny, K = 0), the
+ * packed micro-kernel with edge tiles, several K/M/N blocks, transposed
+ * and strided operands, every epilogue, narrower vector widths, and the
+ * threaded split (the real pool, and a fake one with three uneven chunks).
+ * C is surrounded by sentinels (row padding and a guard after it) that must
+ * survive, and holds NaN when beta == 0, which must not be read.
+ */
+#include <check.h>
+#include <math.h>
+#include <stdlib.h>
+
+#include "bench/gemm_jit.h"
+#include "runtime/rt.h"
+
+static gemm_jit J;
+
+/* rt_parallel_for as the JIT sees it: the runtime's, or a fake that runs
+ * three uneven chunks in turn, each with its own rt_exec copy and scratch. */
+static int fake_split, par_calls;
+static float *fake_scratch[3];
+
+static void par_for(rt_exec *x, int64_t n, rt_range_fn fn)
+{
+	par_calls++;
+	if (!fake_split) {
+		rt_parallel_for(x, n, fn);
+		return;
+	}
+	for (int c = 0; c < 3; c++) {
+		int64_t b = n * c / 3, e = n * (c + 1) / 3;
+		rt_exec w = *x;
+		w.pool = NULL;
+		w.scratch = fake_scratch[c];
+		w.thread = c;
+		if (b < e)
+			fn(&w, b, e);
+	}
+}
+
+static float *scratch_new(void)
+{
+	void *p = NULL;
+	ck_assert_int_eq(posix_memalign(&p, 64, J.scratch_floats * sizeof(float)), 0);
+	return p;
+}
+
+static void build(int vec_bits)
+{
+	if (gemm_jit_build(&J, vec_bits, (void *)par_for) != 0)
+		fprintf(stderr, "gemm_jit_build: %s\n", J.err);
+	for (int c = 0; c < 3; c++)
+		fake_scratch[c] = J.fn ? scratch_new() : NULL;
+}
+
+static void setup_host(void) { build(0); }
+static void setup_256(void) { build(256); }
+static void setup_128(void) { build(128); }
+
+static void teardown(void)
+{
+	for (int c = 0; c < 3; c++) {
+		free(fake_scratch[c]);
+		fake_scratch[c] = NULL;
+	}
+	gemm_jit_free(&J);
+}
+
+/* One product: sizes, layout (at/bt: stored transposed; as/bs: element
+ * stride along the contiguous dimension) and epilogue. */
+typedef struct prob {
+	int64_t M, N, K;
+	int at, bt, as, bs;
+	float alpha, beta;
+	int axis, act;
+} prob;
+
+enum { CPAD = 7, GUARD = 64 };
+
+static uint32_t seed = 12345;
+
+static float rnd(void)
+{
+	seed = seed * 1664525u + 1013904223u;
+	return (float)((seed >> 8) / 8388608.0 - 1.0);
+}
+
+static float *fill(int64_t n)
+{
+	float *p = malloc((size_t)(n + 1) * sizeof *p);
+	for (int64_t i = 0; i <= n; i++)
+		p[i] = rnd();
+	return p;
+}
+
+typedef struct mats {
+	float *A, *B, *C, *C0, *bias;
+	int64_t a_rs, a_cs, b_rs, b_cs, c_rs, csize;
+} mats;
+
+static void mats_new(const prob *p, mats *o)
+{
+	int64_t as = p->as ? p->as : 1, bs = p->bs ? p->bs : 1;
+	o->a_cs = p->at ? p->M * as + 3 : as;
+	o->a_rs = p->at ? as : p->K * as + 3;
+	o->b_cs = p->bt ? p->K * bs + 5 : bs;
+	o->b_rs = p->bt ? bs : p->N * bs + 5;
+	o->c_rs = p->N + CPAD;
+	o->A = fill((p->M + 1) * (p->K + 1) * (as + 3) + 8);
+	o->B = fill((p->K + 1) * (p->N + 1) * (bs + 5) + 8);
+	o->bias = fill(p->M + p->N);
+	o->csize = p->M * o->c_rs + GUARD;
+	o->C = fill(o->csize);
+	for (int64_t i = 0; p->beta == 0 && i < o->csize; i++)
+		o->C[i] = NAN; /* must not be read */
+	o->C0 = malloc((size_t)o->csize * sizeof *o->C0);
+	memcpy(o->C0, o->C, (size_t)o->csize * sizeof *o->C0);
+}
+
+static void mats_free(mats *o)
+{
+	free(o->A);
+	free(o->B);
+	free(o->C);
+	free(o->C0);
+	free(o->bias);
+}
+
+static double reference(const prob *p, const mats *o, int64_t m, int64_t n)
+{
+	double s = 0;
+	for (int64_t k = 0; k < p->K; k++)
+		s += (double)o->A[m * o->a_rs + k * o->a_cs] * o->B[k * o->b_rs + n * o->b_cs];
+	s *= p->alpha;
+	if (p->beta != 0)
+		s += (double)p->beta * o->C0[m * o->c_rs + n];
+	s += p->axis == 1 ? o->bias[n] : p->axis == 2 ? o->bias[m] : 0;
+	return p->act && s < 0 ? 0 : s;
+}
+
+/* Runs p (with pool, or none) and checks every element and sentinel. */
+static void check_prob(const prob *p, rt_pool *pool)
+{
+	ck_assert_msg(J.fn != NULL, "JIT failed: %s", J.err);
+	mats o;
+	mats_new(p, &o);
+	rt_exec x = {.scratch = scratch_new(), .pool = pool};
+	J.fn(&x, p->M, p->N, p->K, p->alpha, o.A, o.a_rs, o.a_cs, o.B, o.b_rs, o.b_cs, p->beta,
+	     o.C, o.c_rs, p->axis ? o.bias : NULL, p->axis, p->act);
+	double tol = 1e-5 * (p->K > 1 ? p->K : 1);
+	for (int64_t m = 0; m < p->M; m++) {
+		for (int64_t n = 0; n < o.c_rs; n++) {
+			float got = o.C[m * o.c_rs + n];
+			if (n >= p->N) {
+				ck_assert_msg(memcmp(&got, &o.C0[m * o.c_rs + n], 4) == 0,
+				              "%ldx%ldx%ld: padding C[%ld,%ld] written", (long)p->M,
+				              (long)p->N, (long)p->K, (long)m, (long)n);
+				continue;
+			}
+			double want = reference(p, &o, m, n);
+			ck_assert_msg(fabs(got - want) <= tol * fmax(1, fabs(want)),
+			              "%ldx%ldx%ld at=%d bt=%d: C[%ld,%ld] = %g, want %g", (long)p->M,
+			              (long)p->N, (long)p->K, p->at, p->bt, (long)m, (long)n, got, want);
+		}
+	}
+	int64_t end = p->M * o.c_rs;
+	ck_assert_msg(memcmp(o.C + end, o.C0 + end, GUARD * sizeof(float)) == 0,
+	              "%ldx%ldx%ld: wrote past C", (long)p->M, (long)p->N, (long)p->K);
+	free(x.scratch);
+	mats_free(&o);
+}
+
+/* p in all four transpose layouts */
+static void check_layouts_on(prob p, rt_pool *pool)
+{
+	for (int l = 0; l < 4; l++) {
+		p.at = l & 1;
+		p.bt = l >> 1;
+		check_prob(&p, pool);
+	}
+}
+
+static void check_layouts(prob p)
+{
+	check_layouts_on(p, NULL);
+}
+
+#define PROB(m, n, k) ((prob){.M = (m), .N = (n), .K = (k), .alpha = 1})
+
+/* ---- direct paths ---- */
+
+START_TEST(gemm_1x1x1)
+{
+	check_layouts(PROB(1, 1, 1));
+}
+END_TEST
+
+START_TEST(gemm_m1_is_a_matrix_vector_product)
+{
+	check_layouts(PROB(1, 128, 784));
+	check_layouts(PROB(1, 10, 128));
+	check_layouts(PROB(1, 1000, 3));
+}
+END_TEST
+
+START_TEST(gemm_thin_m_up_to_4)
+{
+	check_layouts(PROB(3, 70, 33));
+	check_layouts(PROB(4, 33, 257));
+}
+END_TEST
+
+START_TEST(gemm_n1_and_k1)
+{
+	check_layouts(PROB(7, 1, 5));
+	check_layouts(PROB(5, 9, 1));
+	check_layouts(PROB(20, 1, 300));
+}
+END_TEST
+
+START_TEST(gemm_k0_is_beta_c_plus_bias)
+{
+	prob p = PROB(3, 5, 0);
+	p.beta = 0.5f;
+	p.axis = 1;
+	check_layouts(p);
+	p.beta = 0;
+	p.axis = 2;
+	p.act = 1;
+	check_layouts(p);
+}
+END_TEST
+
+START_TEST(gemm_m0_or_n0_touches_nothing)
+{
+	check_layouts(PROB(0, 5, 4));
+	check_layouts(PROB(5, 0, 4));
+}
+END_TEST
+
+/* ---- packed path ---- */
+
+START_TEST(gemm_primes_13x37x61)
+{
+	check_layouts(PROB(13, 37, 61));
+}
+END_TEST
+
+START_TEST(gemm_100_cubed)
+{
+	check_layouts(PROB(100, 100, 100));
+}
+END_TEST
+
+START_TEST(gemm_several_k_blocks)
+{
+	check_layouts(PROB(30, 50, 600));
+}
+END_TEST
+
+START_TEST(gemm_several_m_and_n_blocks)
+{
+	prob p = PROB(400, 1100, 20);
+	check_prob(&p, NULL);
+	p.bt = 1;
+	check_prob(&p, NULL);
+}
+END_TEST
+
+START_TEST(gemm_strided_operands)
+{
+	prob p = PROB(29, 45, 70);
+	p.as = 2;
+	p.bs = 3;
+	check_layouts(p);
+	p = PROB(2, 45, 70); /* thin M, strided B: the scalar or packed path */
+	p.as = 3;
+	p.bs = 2;
+	check_layouts(p);
+}
+END_TEST
+
+/* ---- epilogue ---- */
+
+static void check_epilogues(int64_t M, int64_t N, int64_t K)
+{
+	static const struct { float alpha, beta; int axis, act; } e[] = {
+		{0.5f, 0, 1, 1}, {1, 0.75f, 2, 0}, {1, 1, 0, 0}, {-2, 0, 2, 1}, {1, -1, 1, 0},
+	};
+	for (size_t i = 0; i < sizeof e / sizeof *e; i++) {
+		prob p = PROB(M, N, K);
+		p.alpha = e[i].alpha;
+		p.beta = e[i].beta;
+		p.axis = e[i].axis;
+		p.act = e[i].act;
+		check_layouts(p);
+	}
+}
+
+START_TEST(gemm_epilogue_direct)
+{
+	check_epilogues(1, 75, 40);
+	check_epilogues(3, 4, 5);
+}
+END_TEST
+
+START_TEST(gemm_epilogue_packed)
+{
+	check_epilogues(33, 70, 300);
+}
+END_TEST
+
+/* ---- narrower vectors (AVX2, SSE geometries) ---- */
+
+START_TEST(gemm_narrow_vectors)
+{
+	ck_assert_msg(J.fn != NULL, "JIT failed: %s", J.err);
+	check_layouts(PROB(1, 50, 33));
+	check_layouts(PROB(37, 41, 290));
+	check_epilogues(19, 23, 17);
+}
+END_TEST
+
+/* ---- threads ---- */
+
+START_TEST(gemm_threads_split_columns)
+{
+	rt_pool *pool = NULL;
+	ck_assert_int_eq(rt_pool_new(2, J.scratch_floats, &pool), KILN_OK);
+	prob p = PROB(256, 256, 256);
+	p.beta = 0.5f;
+	p.axis = 1;
+	p.act = 1;
+	par_calls = 0;
+	fake_split = 0;
+	check_prob(&p, pool);
+	ck_assert_int_eq(par_calls, 1);
+	p = PROB(150, 300, 200); /* panels not a multiple of threads, edge tile */
+	p.bt = 1;
+	p.axis = 2;
+	check_prob(&p, pool);
+	ck_assert_int_eq(par_calls, 2);
+	rt_pool_free(pool);
+}
+END_TEST
+
+START_TEST(gemm_threads_uneven_chunks_own_scratch)
+{
+	fake_split = 1;
+	par_calls = 0;
+	prob p = PROB(130, 200, 150);
+	p.beta = 0.25f;
+	p.axis = 2;
+	check_layouts_on(p, (rt_pool *)&p); /* never dereferenced by the fake */
+	ck_assert_int_eq(par_calls, 4);
+	fake_split = 0;
+}
+END_TEST
+
+START_TEST(gemm_threads_not_for_small_or_without_pool)
+{
+	fake_split = 1;
+	par_calls = 0;
+	prob p = PROB(20, 20, 20);
+	check_prob(&p, (rt_pool *)&p); /* never dereferenced: too small */
+	p = PROB(256, 256, 256);
+	check_prob(&p, NULL);
+	ck_assert_int_eq(par_calls, 0);
+	fake_split = 0;
+}
+END_TEST
+
+/* ---- module ---- */
+
+START_TEST(gemm_scratch_holds_both_packed_blocks)
+{
+	cg_target t = {.vec_bits = 512};
+	uint64_t s512 = cg_sgemm_scratch_floats(&t);
+	t.vec_bits = 256;
+	uint64_t s256 = cg_sgemm_scratch_floats(&t);
+	/* KC x NC of B plus MC x KC of A: megabytes, allocated once per
+	 * thread; more than 4 Mi floats would be a tuning slip */
+	ck_assert_uint_ge(s512, 512 * 1024 + 6 * 512);
+	ck_assert_uint_lt(s512, 4 * 1024 * 1024);
+	ck_assert_uint_ge(s256, 512 * 1024);
+	ck_assert_uint_eq(s512 % 16, 0);
+}
+END_TEST
+
+/* A TCase whose tests share one JIT of kiln_sgemm at vec_bits (0: host). */
+static TCase *jit_case(Suite *s, const char *name, void (*setup)(void))
+{
+	TCase *tc = tcase_create(name);
+	tcase_add_unchecked_fixture(tc, setup, teardown);
+	tcase_set_timeout(tc, 120);
+	suite_add_tcase(s, tc);
+	return tc;
+}
+
+static Suite *gemm_suite(void)
+{
+	Suite *s = suite_create("gemm");
+	TCase *tc = jit_case(s, "direct", setup_host);
+	tcase_add_test(tc, gemm_1x1x1);
+	tcase_add_test(tc, gemm_m1_is_a_matrix_vector_product);
+	tcase_add_test(tc, gemm_thin_m_up_to_4);
+	tcase_add_test(tc, gemm_n1_and_k1);
+	tcase_add_test(tc, gemm_k0_is_beta_c_plus_bias);
+	tcase_add_test(tc, gemm_m0_or_n0_touches_nothing);
+	tc = jit_case(s, "packed", setup_host);
+	tcase_add_test(tc, gemm_primes_13x37x61);
+	tcase_add_test(tc, gemm_100_cubed);
+	tcase_add_test(tc, gemm_several_k_blocks);
+	tcase_add_test(tc, gemm_several_m_and_n_blocks);
+	tcase_add_test(tc, gemm_strided_operands);
+	tc = jit_case(s, "epilogue", setup_host);
+	tcase_add_test(tc, gemm_epilogue_direct);
+	tcase_add_test(tc, gemm_epilogue_packed);
+	tc = jit_case(s, "threads", setup_host);
+	tcase_add_test(tc, gemm_threads_split_columns);
+	tcase_add_test(tc, gemm_threads_uneven_chunks_own_scratch);
+	tcase_add_test(tc, gemm_threads_not_for_small_or_without_pool);
+	tcase_add_test(jit_case(s, "avx2", setup_256), gemm_narrow_vectors);
+	tcase_add_test(jit_case(s, "sse", setup_128), gemm_narrow_vectors);
+	tc = tcase_create("scratch");
+	tcase_add_test(tc, gemm_scratch_holds_both_packed_blocks);
+	suite_add_tcase(s, tc);
+	return s;
+}
+
+#include "check_main.h"
+KILN_CHECK_MAIN(gemm_suite)
