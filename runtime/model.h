@@ -15,6 +15,7 @@
 #ifndef KILN_RT_MODEL_H
 #define KILN_RT_MODEL_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "kiln/kiln.h"
@@ -101,5 +102,8 @@ kiln_status rt_model_run_tensors(rt_model *m, const kiln_tensor *const *in, int 
 /* The shape output i has for the symbols bound by the given inputs. */
 kiln_status rt_model_output_shape(rt_model *m, const kiln_tensor *const *in, int nin, int i,
                                   int *rank, int64_t *dims);
+/* Checks a description (ABI, tables, buffer/io/symbol references, alias
+ * cycles) as rt_model_create does, writing why it is bad into msg. */
+kiln_status rt_model_validate(const rt_model_desc *d, char *msg, size_t size);
 
 #endif /* KILN_RT_MODEL_H */

@@ -61,4 +61,23 @@ kiln_status rt_open_read(const char *path, int *fd, uint64_t *size, kiln_error *
 kiln_status rt_pread(int fd, void *buf, size_t n, uint64_t off, const char *path,
                      kiln_error *err);
 
+/* ---- pool.c ------------------------------------------------------------ */
+
+typedef struct rt_pool rt_pool; /* also in runtime/model.h */
+
+/* Starts nthreads - 1 workers (nthreads in [2, 256]), each with its own
+ * 64-byte aligned GEMM scratch of scratch_floats; the caller is thread 0. */
+kiln_status rt_pool_new(int nthreads, uint64_t scratch_floats, rt_pool **out);
+void rt_pool_free(rt_pool *p);
+int rt_pool_threads(const rt_pool *p); /* 1 for NULL */
+
+/* ---- model.c ----------------------------------------------------------- */
+
+typedef struct rt_model rt_model; /* also in runtime/model.h */
+
+/* Bytes of planned scratch the context holds now (grown, never shrunk). */
+size_t rt_model_arena_bytes(const rt_model *m);
+/* Threads its parallel loops use (1: no pool). */
+int rt_model_threads(const rt_model *m);
+
 #endif /* KILN_RT_H */

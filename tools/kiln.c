@@ -12,10 +12,12 @@
  */
 #include <errno.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 
 #include "kiln/kiln.h"
 #include "ir/ir.h"
@@ -337,6 +339,124 @@ static int write_outputs(const kiln_graph *g, const char *dir, kiln_tensor **out
 	return 0;
 }
 
+/* ---- compiled libraries (.so): run and bench ------------------------------- */
+
+static bool is_so(const char *path)
+{
+	size_t n = strlen(path);
+	return n > 3 && strcmp(path + n - 3, ".so") == 0;
+}
+
+static int load_so(const char *path, kiln_model **m)
+{
+	kiln_error e = {0};
+	kiln_status st = kiln_load(path, m, &e);
+	return st == KILN_OK ? 0 : fail_err(&e, st);
+}
+
+/* "f32[N,784]" from a loaded model's signature. */
+static const char *io_type(const kiln_model_io *io, char *buf, size_t size)
+{
+	size_t n = snprintf(buf, size, "%s[", kiln_dtype_name(io->dtype));
+	for (int k = 0; k < io->rank && n < size; k++) {
+		if (io->dim_names[k])
+			n += snprintf(buf + n, size - n, "%s%s", k ? "," : "", io->dim_names[k]);
+		else
+			n += snprintf(buf + n, size - n, "%s%lld", k ? "," : "", (long long)io->dims[k]);
+	}
+	if (n < size)
+		snprintf(buf + n, size - n, "]");
+	return buf;
+}
+
+static int so_input_index(const kiln_model *m, const char *name, size_t len)
+{
+	for (int i = 0; i < kiln_model_num_inputs(m); i++) {
+		const char *n = kiln_model_input_name(m, i);
+		if (strlen(n) == len && strncmp(n, name, len) == 0)
+			return i;
+	}
+	return -1;
+}
+
+/* Reads every -i into in[] (signature order); all inputs must be given. */
+static int so_read_inputs(const kiln_model *m, const run_args *a, kiln_tensor **in)
+{
+	for (int k = 0; k < a->nspec; k++) {
+		const char *eq = strchr(a->spec[k], '=');
+		if (!eq || eq == a->spec[k] || !eq[1])
+			return fail(EXIT_USAGE, "bad -i '%s': expected NAME=FILE.npy", a->spec[k]);
+		int i = so_input_index(m, a->spec[k], eq - a->spec[k]);
+		if (i < 0)
+			return fail(EXIT_USAGE, "unknown input '%.*s'; model '%s' has %d input(s), the first '%s'",
+			            (int)(eq - a->spec[k]), a->spec[k], kiln_model_name(m),
+			            kiln_model_num_inputs(m), kiln_model_input_name(m, 0));
+		if (in[i])
+			return fail(EXIT_USAGE, "input '%s' given twice", kiln_model_input_name(m, i));
+		kiln_error e = {0};
+		kiln_status st = kiln_npy_read(eq + 1, &in[i], &e);
+		if (st != KILN_OK)
+			return fail_err(&e, st);
+	}
+	for (int i = 0; i < kiln_model_num_inputs(m); i++)
+		if (!in[i]) {
+			char ty[256];
+			const kiln_model_io *io = kiln_model_input(m, i);
+			return fail(EXIT_USAGE, "missing input '%s' (%s): give -i %s=FILE.npy", io->name,
+			            io_type(io, ty, sizeof ty), io->name);
+		}
+	return 0;
+}
+
+static int so_write_outputs(const kiln_model *m, const char *dir, kiln_tensor **out)
+{
+	if (dir && mkdir(dir, 0777) != 0 && errno != EEXIST)
+		return fail(1, "cannot create directory '%s': %s", dir, strerror(errno));
+	for (int i = 0; i < kiln_model_num_outputs(m); i++) {
+		const char *name = kiln_model_output_name(m, i);
+		char ty[256], path[4096];
+		if (!dir) {
+			printf("%s: %s\n", name, tensor_type(out[i], ty, sizeof ty));
+			continue;
+		}
+		out_path(path, sizeof path, dir, name, i);
+		kiln_error e = {0};
+		kiln_status st = kiln_npy_write(path, out[i], &e);
+		if (st != KILN_OK)
+			return fail_err(&e, st);
+		printf("%s: %s -> %s\n", name, tensor_type(out[i], ty, sizeof ty), path);
+	}
+	return 0;
+}
+
+/* `kiln run model.so`: the same, through kiln_load. */
+static int run_so(const run_args *a)
+{
+	kiln_model *m = NULL;
+	int rc = load_so(a->file, &m), nin = 0, nout = 0;
+	kiln_tensor **in = NULL, **out = NULL;
+	if (!rc) {
+		nin = kiln_model_num_inputs(m);
+		nout = kiln_model_num_outputs(m);
+		in = calloc(nin + 1, sizeof *in);
+		out = calloc(nout + 1, sizeof *out);
+		rc = in && out ? so_read_inputs(m, a, in) : fail(1, "out of memory");
+	}
+	if (!rc) {
+		kiln_error e = {0};
+		kiln_status st = kiln_model_run(m, in, nin, out, nout, &e);
+		rc = st == KILN_OK ? so_write_outputs(m, a->outdir, out) : fail_err(&e, st);
+	}
+	for (int i = 0; in && i < nin; i++)
+		kiln_tensor_free(in[i]);
+	for (int i = 0; out && i < nout; i++)
+		kiln_tensor_free(out[i]);
+	free(in);
+	free(out);
+	kiln_model_free(m);
+	return rc;
+}
+
 static int cmd_run(int argc, char **argv)
 {
 	const char **spec = calloc(argc + 1, sizeof *spec);
@@ -344,6 +464,11 @@ static int cmd_run(int argc, char **argv)
 	kiln_graph *g = NULL;
 	kiln_tensor **in = NULL, **out = NULL;
 	int rc = spec ? run_parse(argc, argv, &a) : fail(1, "out of memory");
+	if (!rc && is_so(a.file)) {
+		rc = run_so(&a);
+		free(spec);
+		return rc;
+	}
 	if (!rc)
 		rc = load(a.file, &g);
 	if (!rc) {
@@ -416,6 +541,198 @@ static int cmd_opt(int argc, char **argv)
 	return rc;
 }
 
+/* ---- bench ----------------------------------------------------------------- */
+
+typedef struct bench_args {
+	const char *file;
+	double batch, threads, warmup, runs; /* runs 0: as many as fit in seconds */
+	double seconds;
+	bool json;
+} bench_args;
+
+static int bench_parse(int argc, char **argv, bench_args *a)
+{
+	const struct {
+		const char *lng, *shrt;
+		double *dst;
+	} opts[] = {{"--batch", "-b", &a->batch},    {"--threads", "-t", &a->threads},
+	            {"--warmup", NULL, &a->warmup},  {"--runs", "-n", &a->runs},
+	            {"--time", NULL, &a->seconds}};
+	for (int i = 0; i < argc; i++) {
+		size_t k = 0;
+		while (k < sizeof opts / sizeof opts[0] && !is_opt(argv[i], opts[k].lng, opts[k].shrt))
+			k++;
+		if (strcmp(argv[i], "--json") == 0) {
+			a->json = true;
+		} else if (k < sizeof opts / sizeof opts[0]) {
+			const char *o = argv[i], *v = optval(argc, argv, &i, opts[k].lng, opts[k].shrt);
+			char *end = NULL;
+			if (!v || (*opts[k].dst = strtod(v, &end), end == v || *end) || *opts[k].dst < 0)
+				return usage_error("bench", "option '%s' needs a number >= 0", o);
+		} else if (positional("bench", argv[i], &a->file)) {
+			return EXIT_USAGE;
+		}
+	}
+	if (!a->file)
+		return usage_error("bench", "missing %s", "MODEL.so");
+	if (a->batch < 1 || a->threads > 256)
+		return usage_error("bench", "%s", "--batch must be at least 1, --threads at most 256");
+	return 0;
+}
+
+/* Random inputs (fixed seed) with every symbolic dim set to the batch. */
+static int bench_inputs(const kiln_model *m, int64_t batch, kiln_tensor **in)
+{
+	uint64_t s = 0x9e3779b97f4a7c15u;
+	for (int i = 0; i < kiln_model_num_inputs(m); i++) {
+		const kiln_model_io *io = kiln_model_input(m, i);
+		int64_t dims[KILN_MAX_RANK];
+		for (int k = 0; k < io->rank; k++) {
+			if (io->dim_names[k] && strcmp(io->dim_names[k], "?") == 0)
+				return fail(1, "input '%s' has a computed dim: give inputs with 'kiln run'",
+				            io->name);
+			dims[k] = io->dim_names[k] ? batch : io->dims[k];
+		}
+		if (!(in[i] = kiln_tensor_new(io->dtype, io->rank, dims)))
+			return fail(1, "cannot allocate input '%s'", io->name);
+		if (io->dtype != KILN_F32)
+			continue; /* zeros: valid indices and masks */
+		float *p = in[i]->data;
+		for (int64_t j = 0; j < kiln_tensor_numel(in[i]); j++) {
+			s = s * 6364136223846793005u + 1442695040888963407u;
+			p[j] = (float)((s >> 40) & 0xffffff) / 8388608.0f - 1.0f;
+		}
+	}
+	return 0;
+}
+
+static double now_ms(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+static int by_value(const void *a, const void *b)
+{
+	double x = *(const double *)a, y = *(const double *)b;
+	return (x > y) - (x < y);
+}
+
+/* Warm-up, then timed runs into preallocated outputs; prints the stats. */
+static int bench_time(kiln_model *m, const bench_args *a, kiln_tensor **in, kiln_tensor **out)
+{
+	int nin = kiln_model_num_inputs(m), nout = kiln_model_num_outputs(m), cap = 100000, n = 0;
+	double *t = malloc(cap * sizeof *t), start = now_ms();
+	kiln_error e = {0};
+	if (!t)
+		return fail(1, "out of memory");
+	for (int i = 0; i < (int)a->warmup; i++)
+		if (kiln_model_run_into(m, in, nin, out, nout, &e) != KILN_OK)
+			return free(t), fail_err(&e, e.code);
+	start = now_ms();
+	while (n < cap && (a->runs ? n < (int)a->runs : n < 10 || now_ms() - start < a->seconds * 1e3)) {
+		double t0 = now_ms();
+		kiln_model_run_into(m, in, nin, out, nout, &e);
+		t[n++] = now_ms() - t0;
+	}
+	qsort(t, n, sizeof *t, by_value);
+	double med = t[n / 2], p10 = t[n / 10], p90 = t[n * 9 / 10], spread = (p90 - p10) / med * 100;
+	if (a->json)
+		printf("{\"model\": \"%s\", \"batch\": %lld, \"threads\": %d, \"runs\": %d, "
+		       "\"median_ms\": %.6f, \"min_ms\": %.6f, \"p90_ms\": %.6f, \"spread_pct\": %.2f}\n",
+		       kiln_model_name(m), (long long)a->batch, (int)a->threads, n, med, t[0], p90, spread);
+	else
+		printf("model %s: batch %lld, threads %d, %d runs after %d warm-up\n"
+		       "  median %.4f ms   min %.4f ms   p90 %.4f ms   spread (p90-p10)/median %.1f%%\n"
+		       "  %.1f runs/s, %.1f samples/s\n",
+		       kiln_model_name(m), (long long)a->batch, (int)a->threads, n, (int)a->warmup, med, t[0], p90,
+		       spread, 1e3 / med, 1e3 * a->batch / med);
+	free(t);
+	return 0;
+}
+
+static int cmd_bench(int argc, char **argv)
+{
+	bench_args a = {.batch = 1, .threads = 1, .warmup = 10, .seconds = 1.0};
+	int rc = bench_parse(argc, argv, &a), nin = 0, nout = 0;
+	kiln_model *m = NULL;
+	kiln_tensor **in = NULL, **out = NULL;
+	kiln_error e = {0};
+	if (!rc)
+		rc = load_so(a.file, &m);
+	if (!rc && kiln_model_set_threads(m, (int)a.threads, &e) != KILN_OK)
+		rc = fail_err(&e, e.code);
+	if (!rc) {
+		nin = kiln_model_num_inputs(m);
+		nout = kiln_model_num_outputs(m);
+		in = calloc(nin + 1, sizeof *in);
+		out = calloc(nout + 1, sizeof *out);
+		rc = in && out ? bench_inputs(m, (int64_t)a.batch, in) : fail(1, "out of memory");
+	}
+	/* the first run allocates the outputs and the context's scratch */
+	if (!rc && kiln_model_run(m, in, nin, out, nout, &e) != KILN_OK)
+		rc = fail_err(&e, e.code);
+	if (!rc)
+		rc = bench_time(m, &a, in, out);
+	for (int i = 0; in && i < nin; i++)
+		kiln_tensor_free(in[i]);
+	for (int i = 0; out && i < nout; i++)
+		kiln_tensor_free(out[i]);
+	free(in);
+	free(out);
+	kiln_model_free(m);
+	return rc;
+}
+
+/* ---- compile ---------------------------------------------------------------- */
+
+static int cmd_compile(int argc, char **argv)
+{
+	const char *file = NULL, *out = NULL, *v;
+	kiln_compile_opts o = {0};
+	static const struct {
+		const char *lng, *shrt;
+		size_t off;
+	} opts[] = {{"--output", "-o", 0}, {"--name", NULL, offsetof(kiln_compile_opts, name)},
+	            {"--cpu", NULL, offsetof(kiln_compile_opts, cpu)},
+	            {"--features", NULL, offsetof(kiln_compile_opts, features)},
+	            {"--emit", NULL, offsetof(kiln_compile_opts, emit)},
+	            {"--passes", NULL, offsetof(kiln_compile_opts, passes)}};
+	for (int i = 0; i < argc; i++) {
+		size_t k = 0;
+		while (k < sizeof opts / sizeof *opts && !is_opt(argv[i], opts[k].lng, opts[k].shrt))
+			k++;
+		if (k == sizeof opts / sizeof *opts) {
+			if (positional("compile", argv[i], &file))
+				return EXIT_USAGE;
+			continue;
+		}
+		if (!(v = optval(argc, argv, &i, opts[k].lng, opts[k].shrt)))
+			return usage_error("compile", "option '%s' needs a value", argv[i]);
+		if (k == 0)
+			out = v;
+		else
+			*(const char **)((char *)&o + opts[k].off) = v;
+	}
+	if (!file || !out)
+		return usage_error("compile", "missing %s", !file ? "FILE.kir or FILE.onnx" : "-o OUT");
+	struct timespec t0, t1;
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	kiln_graph *g = NULL;
+	kiln_error e = {0};
+	kiln_status st = kiln_graph_load_any(file, &g, &e);
+	if (st == KILN_OK)
+		st = kiln_compile(g, out, &o, &e);
+	kiln_graph_free(g);
+	if (st != KILN_OK)
+		return fail_err(&e, st);
+	clock_gettime(CLOCK_MONOTONIC, &t1);
+	fprintf(stderr, "kiln: compiled %s -> %s in %.2f s\n", file, out,
+	        (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec));
+	return 0;
+}
+
 /* ---- help and dispatch ---------------------------------------------------- */
 
 static int cmd_help(int argc, char **argv);
@@ -429,8 +746,9 @@ static const command commands[] = {
 	 "  --no-ir      omit the IR",
 	 "summarize a graph: signature, parameters, op histogram, IR"},
 	{"run", cmd_run,
-	 "run FILE.kir -i NAME=X.npy [-i ...] [-o DIR]\n"
-	 "  Runs the graph through the reference interpreter.\n"
+	 "run FILE.kir|MODEL.so -i NAME=X.npy [-i ...] [-o DIR]\n"
+	 "  Runs the graph through the reference interpreter, or a library made by\n"
+	 "  'kiln compile' through kiln_load (inputs checked against its signature).\n"
 	 "  -i, --input NAME=X.npy   the graph input NAME (every input is required)\n"
 	 "  -o, --output DIR         write DIR/<output name>.npy for every output\n"
 	 "                           (created if missing; without -o only shapes print)",
@@ -443,6 +761,32 @@ static const command commands[] = {
 	 "  --verify             verify the graph after every pass (always in debug builds)\n"
 	 "  -o, --output OUT.kir write OUT.kir (and OUT.safetensors) instead of stdout",
 	 "run graph passes and print or save the result"},
+	{"bench", cmd_bench,
+	 "bench MODEL.so [--batch B] [--threads T] [--warmup W] [--runs R] [--time S] [--json]\n"
+	 "  Times a compiled library on random inputs (fixed seed), every symbolic\n"
+	 "  dim set to B, after W warm-up runs (default 10); prints the median, min,\n"
+	 "  p90 and spread (p90-p10)/median of the runs, in ms and runs/s.\n"
+	 "  -b, --batch B     the symbolic batch (default 1)\n"
+	 "  -t, --threads T   threads of the model's pool (default 1; 0: KILN_NUM_THREADS)\n"
+	 "  -n, --runs R      timed runs (default: as many as fit in --time, at least 10)\n"
+	 "  --time S          seconds of timed runs when --runs is not given (default 1)\n"
+	 "  --json            one JSON line instead of text",
+	 "time a compiled model: median and spread of many runs"},
+	{"compile", cmd_compile,
+	 "compile FILE.kir|FILE.onnx -o OUT.so [--name N] [--cpu C] [--features F]\n"
+	 "        [--emit=kir|ll|asm|obj] [--passes=LIST]\n"
+	 "  Compiles the graph to a shared library needing only libc, libm and\n"
+	 "  libpthread, and writes its header beside it (OUT.h); prints the time.\n"
+	 "  -o, --output OUT     the library (or, with --emit, that stage's file)\n"
+	 "  --name N             C name of the model, prefix of its entry points\n"
+	 "                       (default: the graph's name)\n"
+	 "  --cpu C              LLVM CPU, e.g. x86-64-v3 for a portable AVX2 build\n"
+	 "                       (default: this machine, with its features)\n"
+	 "  --features F         e.g. +avx2,-avx512f (default: the CPU's)\n"
+	 "  --emit=STAGE         write kernel IR (kir), LLVM IR after -O3 (ll),\n"
+	 "                       assembly (asm) or an object file (obj) instead\n"
+	 "  --passes=LIST        graph passes before lowering (default: the default)",
+	 "compile a graph to a standalone .so and its header"},
 	{"help", cmd_help, "help [CMD]\n  Prints help for CMD, or the list of commands.",
 	 "show help for a command"},
 };

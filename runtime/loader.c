@@ -1,0 +1,227 @@
+/*
+ * loader.c: kiln_load, the public face of a generated library opened at
+ * run time.
+ *
+ * `kiln compile` writes a .so that exports one symbol the runtime needs,
+ * kiln_model_desc (an rt_model_desc, runtime/model.h), beside its typed
+ * entry points.  Loading is dlopen (RTLD_NOW, so a missing symbol fails
+ * here and not mid-run; RTLD_LOCAL, so two models never interpose on each
+ * other), dlsym, an ABI check, and a context made by this runtime's own
+ * driver (model.c): everything a loaded model does goes through the same
+ * code as its typed entry points, only with shapes checked from tensors.
+ *
+ * The signature is translated once into kiln_model_io records owned by the
+ * model, so introspection hands out stable pointers and never allocates.
+ * Generated libraries never link this file: nothing they use refers to it,
+ * and an archive member is only pulled in when referenced.
+ */
+#include <dlfcn.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "rt.h"
+#include "runtime/model.h"
+
+struct kiln_model {
+	void *dl;               /* dlopen handle */
+	const rt_model_desc *d; /* inside the library */
+	rt_model *rt;           /* the context */
+	kiln_model_io *io;      /* inputs, then outputs */
+};
+
+static void fill_io(const rt_model_desc *d, const rt_io_desc *src, kiln_model_io *io)
+{
+	io->name = src->name;
+	io->dtype = (kiln_dtype)src->dtype;
+	io->rank = src->rank;
+	for (int k = 0; k < src->rank; k++) {
+		bool fixed = src->dim_kind[k] == RT_DIM_FIXED;
+		io->dims[k] = fixed ? src->dims[k] : -1;
+		io->dim_names[k] = fixed                            ? NULL
+		                   : src->dim_kind[k] == RT_DIM_SYM ? d->sym_names[src->dims[k]]
+		                                                    : "?";
+	}
+}
+
+/* dlopen searches the library path for a bare name; a user means a file. */
+static void *open_lib(const char *path)
+{
+	if (strchr(path, '/'))
+		return dlopen(path, RTLD_NOW | RTLD_LOCAL);
+	size_t n = strlen(path);
+	char *p = malloc(n + 3);
+	if (!p)
+		return NULL;
+	memcpy(p, "./", 2);
+	memcpy(p + 2, path, n + 1);
+	void *h = dlopen(p, RTLD_NOW | RTLD_LOCAL);
+	free(p);
+	return h;
+}
+
+/* Validates the description the library exports and makes a context. */
+static kiln_status attach(kiln_model *m, const char *path, kiln_error *err)
+{
+	char why[512];
+	m->d = dlsym(m->dl, "kiln_model_desc");
+	if (!m->d)
+		return rt_seterr(err, KILN_EINVAL, "%s: not a kiln model (no kiln_model_desc symbol)",
+		                 path);
+	kiln_status st = rt_model_validate(m->d, why, sizeof why);
+	if (st != KILN_OK)
+		return rt_seterr(err, st, "%s: %s", path, why);
+	if ((st = rt_model_create(m->d, &m->rt)) != KILN_OK)
+		return rt_seterr(err, st, "%s: cannot create a context for model '%s'", path,
+		                 m->d->name);
+	m->io = calloc(m->d->ninputs + m->d->noutputs + 1, sizeof *m->io);
+	if (!m->io)
+		return rt_seterr(err, KILN_ENOMEM, "%s: out of memory", path);
+	for (uint32_t i = 0; i < m->d->ninputs; i++)
+		fill_io(m->d, &m->d->inputs[i], &m->io[i]);
+	for (uint32_t i = 0; i < m->d->noutputs; i++)
+		fill_io(m->d, &m->d->outputs[i], &m->io[m->d->ninputs + i]);
+	return KILN_OK;
+}
+
+KILN_API kiln_status kiln_load(const char *path, kiln_model **out, kiln_error *err)
+{
+	if (!out)
+		return rt_seterr(err, KILN_EINVAL, "kiln_load: out is NULL");
+	*out = NULL;
+	if (!path)
+		return rt_seterr(err, KILN_EINVAL, "kiln_load: path is NULL");
+	kiln_model *m = calloc(1, sizeof *m);
+	if (!m)
+		return rt_seterr(err, KILN_ENOMEM, "%s: out of memory", path);
+	dlerror();
+	if (!(m->dl = open_lib(path))) {
+		const char *why = dlerror();
+		free(m);
+		return rt_seterr(err, KILN_EIO, "cannot load '%s': %s", path, why ? why : "dlopen failed");
+	}
+	kiln_status st = attach(m, path, err);
+	if (st != KILN_OK) {
+		kiln_model_free(m);
+		return st;
+	}
+	*out = m;
+	return KILN_OK;
+}
+
+KILN_API void kiln_model_free(kiln_model *m)
+{
+	if (!m)
+		return;
+	rt_model_destroy(m->rt); /* joins the pool's threads before the code goes */
+	free(m->io);
+	if (m->dl)
+		dlclose(m->dl);
+	free(m);
+}
+
+KILN_API const char *kiln_model_name(const kiln_model *m)
+{
+	return m ? m->d->name : NULL;
+}
+
+KILN_API kiln_status kiln_model_set_threads(kiln_model *m, int n, kiln_error *err)
+{
+	if (!m)
+		return rt_seterr(err, KILN_EINVAL, "kiln_model_set_threads: model is NULL");
+	kiln_status st = rt_model_set_threads(m->rt, n);
+	return st == KILN_OK ? st : rt_seterr(err, st, "%s", rt_model_errmsg(m->rt));
+}
+
+KILN_API int kiln_model_num_inputs(const kiln_model *m)
+{
+	return m ? (int)m->d->ninputs : 0;
+}
+
+KILN_API int kiln_model_num_outputs(const kiln_model *m)
+{
+	return m ? (int)m->d->noutputs : 0;
+}
+
+KILN_API const kiln_model_io *kiln_model_input(const kiln_model *m, int i)
+{
+	return m && i >= 0 && (uint32_t)i < m->d->ninputs ? &m->io[i] : NULL;
+}
+
+KILN_API const kiln_model_io *kiln_model_output(const kiln_model *m, int i)
+{
+	return m && i >= 0 && (uint32_t)i < m->d->noutputs ? &m->io[m->d->ninputs + i] : NULL;
+}
+
+KILN_API const char *kiln_model_input_name(const kiln_model *m, int i)
+{
+	const kiln_model_io *io = kiln_model_input(m, i);
+	return io ? io->name : NULL;
+}
+
+KILN_API const char *kiln_model_output_name(const kiln_model *m, int i)
+{
+	const kiln_model_io *io = kiln_model_output(m, i);
+	return io ? io->name : NULL;
+}
+
+KILN_API int kiln_model_num_syms(const kiln_model *m)
+{
+	return m ? (int)m->d->nsym : 0;
+}
+
+KILN_API const char *kiln_model_sym_name(const kiln_model *m, int i)
+{
+	return m && i >= 0 && (uint32_t)i < m->d->nsym ? m->d->sym_names[i] : NULL;
+}
+
+KILN_API kiln_status kiln_model_run_into(kiln_model *m, kiln_tensor *const *inputs, int ninputs,
+                                         kiln_tensor *const *outputs, int noutputs,
+                                         kiln_error *err)
+{
+	if (!m)
+		return rt_seterr(err, KILN_EINVAL, "kiln_model_run: model is NULL");
+	kiln_status st = rt_model_run_tensors(m->rt, (const kiln_tensor *const *)inputs, ninputs,
+	                                      outputs, noutputs);
+	return st == KILN_OK ? st : rt_seterr(err, st, "%s", rt_model_errmsg(m->rt));
+}
+
+/* Allocates every output at the shape the inputs' symbols give. */
+static kiln_status alloc_outputs(kiln_model *m, kiln_tensor *const *inputs, int ninputs,
+                                 kiln_tensor **outputs, kiln_error *err)
+{
+	const kiln_tensor *const *in = (const kiln_tensor *const *)inputs;
+	for (uint32_t i = 0; i < m->d->noutputs; i++) {
+		int rank;
+		int64_t dims[KILN_MAX_RANK];
+		kiln_status st = rt_model_output_shape(m->rt, in, ninputs, (int)i, &rank, dims);
+		if (st != KILN_OK)
+			return rt_seterr(err, st, "%s", rt_model_errmsg(m->rt));
+		if (!(outputs[i] = kiln_tensor_new((kiln_dtype)m->d->outputs[i].dtype, rank, dims)))
+			return rt_seterr(err, KILN_ENOMEM, "model '%s': cannot allocate output '%s'",
+			                 m->d->name, m->d->outputs[i].name);
+	}
+	return KILN_OK;
+}
+
+KILN_API kiln_status kiln_model_run(kiln_model *m, kiln_tensor *const *inputs, int ninputs,
+                                    kiln_tensor **outputs, int noutputs, kiln_error *err)
+{
+	if (!m)
+		return rt_seterr(err, KILN_EINVAL, "kiln_model_run: model is NULL");
+	if (!outputs)
+		return rt_seterr(err, KILN_EINVAL, "model '%s': outputs is NULL", m->d->name);
+	if (noutputs < 0 || (uint32_t)noutputs != m->d->noutputs)
+		return rt_seterr(err, KILN_EINVAL, "model '%s' has %u output(s), got %d", m->d->name,
+		                 m->d->noutputs, noutputs);
+	for (int i = 0; i < noutputs; i++)
+		outputs[i] = NULL;
+	kiln_status st = alloc_outputs(m, inputs, ninputs, outputs, err);
+	if (st == KILN_OK)
+		st = kiln_model_run_into(m, inputs, ninputs, outputs, noutputs, err);
+	if (st != KILN_OK)
+		for (int i = 0; i < noutputs; i++) {
+			kiln_tensor_free(outputs[i]);
+			outputs[i] = NULL;
+		}
+	return st;
+}
