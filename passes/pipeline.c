@@ -18,6 +18,8 @@ const pass_info pass_table[] = {
 	{"fold", pass_fold, "evaluate nodes with constant inputs (not params) into constants"},
 	{"cse", pass_cse, "merge nodes with the same op, inputs and attributes"},
 	{"dce", pass_dce, "remove nodes no graph output depends on"},
+	{"canonicalize", pass_canon, "drop identities, inference dropout, transpose and reshape chains"},
+	{"bnfold", pass_bnfold, "fold inference BatchNorm into the conv/gemm/matmul before it"},
 };
 const int pass_count = (int)(sizeof pass_table / sizeof pass_table[0]);
 
