@@ -25,11 +25,20 @@ static double now(void)
 	return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
+/* this thread's CPU seconds: what one-thread numbers are timed with, so
+ * that other processes on a shared machine cannot inflate them */
+static double cpu_now(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+	return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
 /* seconds for n iterations of 12 independent FMAs on zmm (wide) or ymm */
 static double fma_loop(long n, int wide)
 {
 #if defined(__x86_64__)
-	double t = now();
+	double t = cpu_now();
 	if (wide)
 		__asm__ volatile(
 			"vxorps %%xmm0, %%xmm0, %%xmm0\n"
@@ -56,7 +65,7 @@ static double fma_loop(long n, int wide)
 			"dec %0\n jnz 1b\n"
 			: "+r"(n)::"xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7",
 			  "xmm8", "xmm9", "xmm10", "xmm11", "xmm12", "cc");
-	return now() - t;
+	return cpu_now() - t;
 #else
 	(void)n;
 	(void)wide;
@@ -88,17 +97,9 @@ static float *randf(int64_t n)
 	return p;
 }
 
-static double cpu_now(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-	return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 /* Best seconds of M x N x K (B stored [K,N], or [N,K] when bt) over runs
- * after a warm-up, at least 0.3 s in all.  One thread: this thread's CPU
- * time, which other processes on a shared machine cannot inflate; with a
- * pool: wall time. */
+ * after a warm-up, at least 0.3 s in all: CPU time on one thread, wall
+ * time with a pool. */
 static double time_gemm(const gemm_jit *J, int64_t M, int64_t N, int64_t K, int bt,
                         rt_pool *pool)
 {

@@ -221,6 +221,11 @@ int64_t cg_expr_int(const cg_expr *e, const int64_t *sym);
  *   or -1 divisor at run time (integer Div divides by a made-safe divisor
  *   and selects: x/0 gives 0, x/-1 is -x); CG_REM is C's (srem).  CG_XOR and
  *   CG_SHR (logical) are i64, used by training-mode Dropout only.
+ * - With cg_lower_ex(.fuse = true) (what kiln_compile uses), a chain of
+ *   elementwise nodes whose intermediates have one reader of the same shape
+ *   and are no graph output is one kernel named after its ops
+ *   ("k2_add_relu"); the intermediates get no buffer and are not computed
+ *   on their own.
  * - Both arms of CG_SELECT are safe to evaluate: indices that may leave a
  *   buffer (padding taps, Gather indices, loss targets) are clamped first.
  * - Float CG_MAX/CG_MIN propagate NaN: max(a, b) = (a > b || a != a) ? a : b

@@ -31,6 +31,8 @@
 #include <llvm-c/Transforms/PassBuilder.h>
 
 #include "codegen/llvm.h"
+#include "codegen/lower.h"
+#include "passes/passes.h"
 
 extern char **environ;
 
@@ -383,12 +385,16 @@ static kiln_status to_kernels(const kiln_graph *g, const kiln_compile_opts *o, k
 		return ir_seterr(err, KILN_ENOMEM, "out of memory cloning graph '%s'",
 		                 kiln_graph_name(g));
 	kiln_status st = kiln_graph_verify(*gc, err);
+	/* PASS_INFERENCE treats parameters as constants (bnfold folds them into
+	 * conv weights): right for an inference library, whose weights are
+	 * embedded and immutable; a library that trains its parameters must
+	 * name its own pass list. */
 	if (st == KILN_OK)
-		st = kiln_graph_optimize(*gc, o->passes, err);
+		st = kiln_graph_optimize(*gc, o->passes ? o->passes : PASS_INFERENCE, err);
 	if (st == KILN_OK)
 		st = kiln_graph_verify(*gc, err);
 	if (st == KILN_OK)
-		st = cg_lower(*gc, m, err);
+		st = cg_lower_ex(*gc, &(cg_lower_opts){.fuse = true}, m, err);
 	if (st == KILN_OK)
 		st = cg_memplan(*m, err);
 	return st;

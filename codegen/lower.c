@@ -10,8 +10,14 @@
  * (Reshape, Flatten, Squeeze, Unsqueeze, Identity, and Dropout outside
  * training) become alias buffers with no kernel; a view, input or constant
  * that is a graph output, or an output listed twice, gets a copy kernel.
- * One fusion happens here: a Relu that is the only use of an f32 GEMM's
- * result becomes the GEMM's epilogue (cg_gemm.act) and a view.
+ * A Relu that is the only use of an f32 GEMM's result becomes the GEMM's
+ * epilogue (cg_gemm.act) and a view.  With cg_lower_ex's fuse option,
+ * chains of elementwise nodes also become one kernel each: an intermediate
+ * with one reader, of that reader's shape and no graph output, is computed
+ * inline in its reader's loop nest and gets no buffer (see "elementwise
+ * fusion" below); so conv+bias -> relu (once bnfold gave the conv its
+ * bias), mul -> add -> sigmoid, GELU spelled with erf, or a residual
+ * add -> relu each cost one pass over memory.
  *
  * The key idea for fast loops is dimension grouping: output dims are merged
  * whenever every operand is either contiguous across both or broadcast
@@ -159,7 +165,7 @@ void cg_set(cg_module *m, cg_stmt *block, cg_expr *var, cg_expr *v)
 typedef struct groups {
 	int n;
 	cg_expr *ext[KILN_MAX_RANK];
-	cg_expr *st[4][KILN_MAX_RANK]; /* operand k; the output is last */
+	cg_expr *st[CG_FUSE_MAX + 1][KILN_MAX_RANK]; /* operand k; the output is last */
 } groups;
 
 /* Operand t right-aligned against out: does it vary along out's dim d? */
@@ -173,13 +179,13 @@ static bool present(const ir_type *t, const ir_type *out, int d)
  * own strides are stored as operand nop. */
 static void group(cg_module *m, const ir_type *out, int nop, const ir_type *const *t, groups *gr)
 {
-	bool prev[4] = {0};
+	bool prev[CG_FUSE_MAX] = {0};
 	int last = -1;
 	gr->n = 0;
 	for (int d = 0; d < out->rank; d++) {
 		if (out->dim[d] == 1)
 			continue;
-		bool cur[4], same = last >= 0;
+		bool cur[CG_FUSE_MAX], same = last >= 0;
 		for (int k = 0; k < nop; k++) {
 			cur[k] = present(t[k], out, d);
 			same = same && cur[k] == prev[k];
@@ -858,6 +864,8 @@ typedef struct lowering {
 	int *vbuf;      /* value id -> buffer */
 	int *out_of;    /* value id -> graph output index it is written to directly, or -1 */
 	kiln_error *err;
+	bool fuse;      /* elementwise fusion on */
+	bool *defer;    /* value id -> computed inline by its only reader (no buffer) */
 } lowering;
 
 static int value_buf(lowering *L, cg_buf_kind kind, uint32_t v)
@@ -872,6 +880,180 @@ static int value_buf(lowering *L, cg_buf_kind kind, uint32_t v)
 	cb->name = val->name ? ir_arena_strdup(L->m->arena, val->name) : NULL;
 	L->vbuf[v] = b;
 	return b;
+}
+
+/* ---- elementwise fusion ----------------------------------------------------- */
+
+/* A tree of elementwise nodes is one kernel: its root is the node whose
+ * result is stored, the other nodes are deferred (L->defer), each computed
+ * inline where its only reader loads it, by expression substitution over
+ * the root's loop nest.  Deferring needs the intermediate to have exactly
+ * the reader's result shape, so no broadcast makes the kernel recompute it
+ * (exp of a bias then added over an image stays its own small kernel); an
+ * intermediate is rounded to its dtype in the expression (a cast there and
+ * back), so f16 or integer chains give what separate kernels give.  The
+ * leaves, the distinct buffers the tree reads, are all right-aligned
+ * broadcasts of the root's result, so the one dimension grouping of
+ * elemwise covers them.  At most CG_FUSE_MAX leaves: past that, the root's
+ * deferred operands are stored by kernels of their own first. */
+
+typedef struct tree {
+	int n;
+	int buf[CG_FUSE_MAX];   /* leaf buffers */
+	cg_expr *ld[CG_FUSE_MAX]; /* their loads at the root's index */
+} tree;
+
+static bool fusible(const ir_node *n)
+{
+	return cg_lower_table[n->op] == elementwise && n->nout == 1 && n->nin <= 4;
+}
+
+/* n's result can be computed inline by its only reader. */
+static bool deferrable(const lowering *L, const ir_node *n)
+{
+	const ir_value *y = L->g->val[n->out[0]];
+	if (y->nuse != 1 || L->out_of[n->out[0]] >= 0 || !fusible(y->uses[0]))
+		return false;
+	const ir_type *u = &L->g->val[y->uses[0]->out[0]]->type;
+	if (u->rank != y->type.rank)
+		return false;
+	for (int d = 0; d < u->rank; d++)
+		if (u->dim[d] != y->type.dim[d])
+			return false;
+	return true;
+}
+
+/* Adds the buffers n's tree reads to t; false past CG_FUSE_MAX. */
+static bool leaves(const lowering *L, const ir_node *n, tree *t)
+{
+	for (uint32_t i = 0; i < n->nin; i++) {
+		uint32_t v = n->in[i];
+		if (L->defer[v]) {
+			if (!leaves(L, L->g->val[v]->def, t))
+				return false;
+			continue;
+		}
+		int k = 0;
+		while (k < t->n && t->buf[k] != L->vbuf[v])
+			k++;
+		if (k == t->n && t->n == CG_FUSE_MAX)
+			return false;
+		if (k == t->n)
+			t->buf[t->n++] = L->vbuf[v];
+	}
+	return true;
+}
+
+/* The value of n at the root's index, in n's compute dtype. */
+static cg_expr *tree_expr(const lowering *L, const ir_node *n, const tree *t)
+{
+	cg_module *m = L->m;
+	cg_expr *a[4];
+	for (uint32_t i = 0; i < n->nin; i++) {
+		uint32_t v = n->in[i];
+		kiln_dtype dt = L->g->val[v]->type.dtype;
+		int k = 0;
+		if (L->defer[v]) {
+			cg_expr *e = tree_expr(L, L->g->val[v]->def, t);
+			a[i] = cg_cast(m, cg_cast(m, e, dt), cg_ctype(dt));
+			continue;
+		}
+		while (t->buf[k] != L->vbuf[v])
+			k++;
+		a[i] = t->ld[k];
+	}
+	kiln_dtype ct = cg_ctype(L->g->val[n->in[n->op == KILN_OP_WHERE ? 1 : 0]]->type.dtype);
+	return scal[n->op](m, n, a, ct);
+}
+
+/* "add_relu": the tree's ops in schedule order, for the kernel's name. */
+static void tree_name(const lowering *L, const ir_node *n, char *buf, size_t size)
+{
+	for (uint32_t i = 0; i < n->nin; i++)
+		if (L->defer[n->in[i]])
+			tree_name(L, L->g->val[n->in[i]]->def, buf, size);
+	size_t k = strlen(buf);
+	if (k + 1 < size)
+		snprintf(buf + k, size - k, "%s%s", k ? "_" : "", ir_op(n->op)->kir);
+}
+
+static kiln_status materialize(lowering *L, const ir_node *n);
+
+/* The deferred subtree below n reading the most buffers within
+ * CG_FUSE_MAX, into *best (with *most leaves). */
+static void biggest(const lowering *L, const ir_node *n, const ir_node **best, int *most)
+{
+	for (uint32_t i = 0; i < n->nin; i++) {
+		if (!L->defer[n->in[i]])
+			continue;
+		const ir_node *d = L->g->val[n->in[i]]->def;
+		tree t = {0};
+		if (leaves(L, d, &t) && t.n > *most)
+			*best = d, *most = t.n;
+		biggest(L, d, best, most);
+	}
+}
+
+/* Fills t with root's leaves, first storing the biggest deferred subtree
+ * that fits by a kernel of its own, as long as the tree reads too many
+ * buffers (a chain of adds of 10 inputs splits into 8 and the rest). */
+static kiln_status fit(lowering *L, const ir_node *root, tree *t)
+{
+	for (;;) {
+		t->n = 0;
+		if (leaves(L, root, t))
+			return KILN_OK;
+		const ir_node *best = NULL;
+		int most = 0;
+		biggest(L, root, &best, &most);
+		if (!best) /* unreachable: one deferred node reads at most 4 */
+			return cg_lower_fail(L->m, root, L->err, KILN_EUNSUPPORTED, "too many operands");
+		kiln_status st = materialize(L, best);
+		if (st)
+			return st;
+	}
+}
+
+/* One kernel storing root's tree (leaves in t) into buffer out. */
+static kiln_status fused(lowering *L, const ir_node *root, int out, tree *t)
+{
+	cg_module *m = L->m;
+	char name[64], ops[48] = "";
+	tree_name(L, root, ops, sizeof ops);
+	snprintf(name, sizeof name, "k%d_%s", m->nkern, ops);
+	cg_kernel *k = cg_kernel_new(m, name, root->idx);
+	if (!k)
+		return cg_lower_fail(m, root, L->err, KILN_ENOMEM, "out of memory");
+	const ir_type *ty[CG_FUSE_MAX];
+	for (int i = 0; i < t->n; i++)
+		ty[i] = cg_btype(m, t->buf[i]);
+	groups gr;
+	group(m, cg_btype(m, out), t->n, ty, &gr);
+	uint32_t h[KILN_MAX_RANK];
+	cg_expr *iv[KILN_MAX_RANK];
+	nest_hints(m, gr.n, m->buf[out].numel, h);
+	cg_stmt *body = cg_nest(m, k, k->body, gr.n, gr.ext, h, iv);
+	for (int i = 0; i < t->n; i++)
+		t->ld[i] = cg_ld(m, t->buf[i], dot(m, gr.n, iv, gr.st[i]));
+	cg_stmt *s = cg_st(m, out, dot(m, gr.n, iv, gr.st[t->n]), tree_expr(L, root, t));
+	if (!s)
+		return cg_lower_fail(m, root, L->err, KILN_ENOMEM, "out of memory");
+	cg_append(m, body, s);
+	return KILN_OK;
+}
+
+/* A deferred node stored after all, by a kernel of its own. */
+static kiln_status materialize(lowering *L, const ir_node *n)
+{
+	tree t;
+	L->defer[n->out[0]] = false;
+	kiln_status st = fit(L, n, &t);
+	if (st)
+		return st;
+	int b = value_buf(L, CG_BUF_TEMP, n->out[0]);
+	if (b < 0)
+		return ir_seterr(L->err, KILN_ENOMEM, "cg_lower: out of memory");
+	return fused(L, n, b, &t);
 }
 
 /* The GEMM that ends kernel k (maybe inside its loops), or NULL. */
@@ -905,6 +1087,28 @@ static bool fuse_relu(lowering *L, const ir_node *n)
 	return true;
 }
 
+/* Buffers for n's results into out[]: OUTPUT for a graph output written in
+ * place, else TEMP; -1 for an unused extra output (not computed). */
+static kiln_status out_bufs(lowering *L, const ir_node *n, int *out)
+{
+	cg_module *m = L->m;
+	for (uint32_t k = 0; k < n->nout; k++) {
+		uint32_t v = n->out[k];
+		int oi = L->out_of[v];
+		out[k] = -1;
+		if (k > 0 && L->g->val[v]->nuse == 0 && oi < 0)
+			continue;
+		out[k] = value_buf(L, oi >= 0 ? CG_BUF_OUTPUT : CG_BUF_TEMP, v);
+		if (out[k] < 0)
+			return ir_seterr(L->err, KILN_ENOMEM, "cg_lower: out of memory");
+		if (oi >= 0) {
+			m->buf[out[k]].io_index = oi;
+			m->outputs[oi] = out[k];
+		}
+	}
+	return KILN_OK;
+}
+
 static kiln_status lower_node(lowering *L, const ir_node *n)
 {
 	cg_module *m = L->m;
@@ -922,23 +1126,20 @@ static kiln_status lower_node(lowering *L, const ir_node *n)
 	if (!cg_lower_table[n->op])
 		return cg_lower_fail(m, n, L->err, KILN_EUNSUPPORTED, "no lowering for %s",
 		                     ir_op(n->op)->onnx);
+	bool fusing = L->fuse && fusible(n);
+	if (fusing && deferrable(L, n)) {
+		L->defer[n->out[0]] = true;
+		return KILN_OK;
+	}
+	tree t;
+	kiln_status st = fusing ? fit(L, n, &t) : KILN_OK;
 	for (uint32_t k = 0; k < n->nin; k++)
 		in[k] = n->in[k] ? L->vbuf[n->in[k]] : -1;
-	for (uint32_t k = 0; k < n->nout; k++) {
-		uint32_t v = n->out[k];
-		int oi = L->out_of[v];
-		out[k] = -1;
-		if (k > 0 && L->g->val[v]->nuse == 0 && oi < 0)
-			continue; /* an unused extra output: not computed */
-		out[k] = value_buf(L, oi >= 0 ? CG_BUF_OUTPUT : CG_BUF_TEMP, v);
-		if (out[k] < 0)
-			return ir_seterr(L->err, KILN_ENOMEM, "cg_lower: out of memory");
-		if (oi >= 0) {
-			m->buf[out[k]].io_index = oi;
-			m->outputs[oi] = out[k];
-		}
-	}
-	kiln_status st = cg_lower_table[n->op](m, n, in, out, L->err);
+	if (!st)
+		st = out_bufs(L, n, out);
+	if (st)
+		return st;
+	st = fusing ? fused(L, n, out[0], &t) : cg_lower_table[n->op](m, n, in, out, L->err);
 	if (st == KILN_ENOMEM && L->err && !L->err->msg[0])
 		cg_lower_fail(m, n, L->err, st, "out of memory");
 	return st;
@@ -1019,7 +1220,8 @@ static kiln_status lower_graph(lowering *L)
 	return lower_output_copies(L);
 }
 
-kiln_status cg_lower(const kiln_graph *g, cg_module **out, kiln_error *err)
+kiln_status cg_lower_ex(const kiln_graph *g, const cg_lower_opts *o, cg_module **out,
+                        kiln_error *err)
 {
 	if (!g || !out)
 		return ir_seterr(err, KILN_EINVAL, "cg_lower: null argument");
@@ -1028,18 +1230,24 @@ kiln_status cg_lower(const kiln_graph *g, cg_module **out, kiln_error *err)
 	if (st)
 		return st;
 	lowering L = {cg_module_new(g), g, calloc(g->nval + 1, sizeof(int)),
-	              calloc(g->nval + 1, sizeof(int)), err};
-	if (!L.m || !L.vbuf || !L.out_of)
+	              calloc(g->nval + 1, sizeof(int)), err, o && o->fuse,
+	              calloc(g->nval + 1, sizeof(bool))};
+	if (!L.m || !L.vbuf || !L.out_of || !L.defer)
 		st = ir_seterr(err, KILN_ENOMEM, "cg_lower: out of memory");
 	for (uint32_t v = 0; !st && v <= g->nval; v++)
 		L.vbuf[v] = L.out_of[v] = -1;
 	if (!st)
 		st = lower_graph(&L);
-	free(L.vbuf), free(L.out_of);
+	free(L.vbuf), free(L.out_of), free(L.defer);
 	if (st) {
 		cg_module_free(L.m);
 		return st;
 	}
 	*out = L.m;
 	return KILN_OK;
+}
+
+kiln_status cg_lower(const kiln_graph *g, cg_module **out, kiln_error *err)
+{
+	return cg_lower_ex(g, NULL, out, err);
 }

@@ -1,7 +1,8 @@
 /*
  * lower.h: helpers shared by lower.c (the driver, elementwise, reductions,
- * data movement) and lower_nn.c (linear algebra, convolution, pooling,
- * normalisation, losses); private to those two files.
+ * data movement, fusion) and lower_nn.c (linear algebra, convolution,
+ * pooling, normalisation, losses), plus cg_lower_ex, the lowering with
+ * options, for drivers (emit.c) and tests.
  */
 #ifndef KILN_CG_LOWER_H
 #define KILN_CG_LOWER_H
@@ -14,6 +15,23 @@
  * one, and the pool runs a short range inline anyway. */
 #define CG_PAR_WORK 32768
 #define CG_PAR_SYM 8
+
+/* Most distinct buffers one fused elementwise kernel reads. */
+#define CG_FUSE_MAX 8
+
+/* Lowering choices; a NULL or zeroed struct is what cg_lower does. */
+typedef struct cg_lower_opts {
+	/* Elementwise fusion: a chain of elementwise nodes whose intermediate
+	 * results have one reader, the same shape as that reader's result and
+	 * are no graph output becomes one kernel (see lower.c); the
+	 * intermediates get no buffer.  Off in cg_lower, which keeps one
+	 * kernel per node; kiln_compile wants it on. */
+	bool fuse;
+} cg_lower_opts;
+
+/* cg_lower with options (o may be NULL); same contract (codegen.h). */
+kiln_status cg_lower_ex(const kiln_graph *g, const cg_lower_opts *o, cg_module **out,
+                        kiln_error *err);
 
 /* "file:line: Op 'name': " + text into err; returns code. */
 kiln_status cg_lower_fail(const cg_module *m, const ir_node *n, kiln_error *err,
