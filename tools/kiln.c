@@ -22,6 +22,7 @@
 #include "kiln/kiln.h"
 #include "ir/ir.h"
 #include "passes/passes.h"
+#include "tools/tools.h"
 
 enum { EXIT_USAGE = 2 };
 
@@ -787,6 +788,7 @@ static const command commands[] = {
 	 "                       assembly (asm) or an object file (obj) instead\n"
 	 "  --passes=LIST        graph passes before lowering (default: the default)",
 	 "compile a graph to a standalone .so and its header"},
+	{"train", cmd_train, cmd_train_usage, cmd_train_summary},
 	{"help", cmd_help, "help [CMD]\n  Prints help for CMD, or the list of commands.",
 	 "show help for a command"},
 };

@@ -1,0 +1,28 @@
+# train.cmake: `kiln train`'s acceptance runs on sklearn's digits.
+#
+# Included from the top CMakeLists after the unit tests are registered.
+#   train_digits      tests/train/digits.sh: an MLP and a Conv-BN CNN reach
+#                     >= 95% test accuracy; stop/kill and resume reproduce
+#                     the uninterrupted runs' curves exactly; torn and corrupt
+#                     checkpoints are refused; .kir path and CLI errors.
+#                     Writes <build>/train_digits (exports, kiln's logits).
+#                     Skipped (77) without Debian's python3-sklearn.
+#   train_digits_ort  tests/train/check_ort.py: ONNX Runtime's predictions
+#                     of the exported MLP and CNN equal kiln's (argmax, and
+#                     logits within 1e-4); skipped (77) without .venv
+#                     (scripts/setup-venv.sh).
+set(KILN_TRAIN_DIR ${CMAKE_BINARY_DIR}/train_digits)
+set(KILN_TRAIN_VENV_PY ${CMAKE_SOURCE_DIR}/.venv/bin/python)
+
+add_test(NAME train_digits
+	COMMAND sh ${CMAKE_SOURCE_DIR}/tests/train/digits.sh $<TARGET_FILE:kiln_cli> ${KILN_TRAIN_DIR})
+set_tests_properties(train_digits PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 900
+	FIXTURES_SETUP train_digits_out)
+
+add_test(NAME train_digits_ort COMMAND sh -c
+	"if [ ! -x '${KILN_TRAIN_VENV_PY}' ]; then echo 'skipped: no onnxruntime (no .venv: run scripts/setup-venv.sh)'; exit 77; fi; \
+cd '${KILN_TRAIN_DIR}' && \
+'${KILN_TRAIN_VENV_PY}' '${CMAKE_SOURCE_DIR}/tests/train/check_ort.py' mlp.onnx data/test_x.npy mlp_out.npy data/test_y.npy && \
+'${KILN_TRAIN_VENV_PY}' '${CMAKE_SOURCE_DIR}/tests/train/check_ort.py' cnn.onnx data/test_img.npy cnn_out.npy data/test_y.npy")
+set_tests_properties(train_digits_ort PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 300
+	FIXTURES_REQUIRED train_digits_out)

@@ -1,0 +1,51 @@
+#!/usr/bin/env python3
+"""check_ort.py: ONNX Runtime's predictions from a model exported by
+`kiln train --export` against kiln's own (`--val-out`) on the same inputs.
+
+Checks onnx.checker (full_check) on the file, that ORT's argmax equals
+kiln's for every row, that the logits agree within 1e-4 (absolute) and,
+given the targets, prints both accuracies.  Run it with the repo's .venv/bin/python (made by
+scripts/setup-venv.sh), which has onnxruntime; without onnxruntime it exits
+77 (skip) and says why.
+
+usage: check_ort.py MODEL.onnx X.npy KILN_OUT.npy [Y.npy]
+"""
+import sys
+
+import numpy as np
+
+
+def main():
+    if len(sys.argv) not in (4, 5):
+        sys.exit(__doc__)
+    try:
+        import onnx
+        import onnxruntime as ort
+    except ImportError as e:
+        print(f"skipped: {e} (run scripts/setup-venv.sh; use .venv/bin/python)")
+        return 77
+    path, xpath, kpath = sys.argv[1:4]
+    onnx.checker.check_model(onnx.load(path), full_check=True)
+    x, want = np.load(xpath), np.load(kpath)
+    sess = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    got = sess.run(None, {sess.get_inputs()[0].name: x})[0]
+    if got.shape != want.shape:
+        print(f"FAIL: ORT output {got.shape}, kiln's {want.shape}")
+        return 1
+    diff = float(np.max(np.abs(got.astype(np.float64) - want)))
+    tol = 1e-4
+    same = got.argmax(axis=1) == want.argmax(axis=1)
+    print(f"{path}: {len(x)} rows, max |ORT - kiln| = {diff:.3g} (tolerance {tol:.3g}), "
+          f"argmax equal on {int(same.sum())}/{len(same)}")
+    if len(sys.argv) == 5:
+        y = np.load(sys.argv[4])
+        print(f"accuracy: ORT {100 * np.mean(got.argmax(axis=1) == y):.2f}%, "
+              f"kiln {100 * np.mean(want.argmax(axis=1) == y):.2f}%")
+    if not same.all() or not diff <= tol:
+        print("FAIL: ONNX Runtime and kiln disagree")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,130 @@
+#!/bin/sh
+# digits.sh: the acceptance runs of `kiln train` on sklearn's digits.
+#
+#   1. an MLP and a Conv-BN CNN reach >= 95% test accuracy, and each exports
+#      an ONNX model plus kiln's test-set logits (checked against ONNX
+#      Runtime by check_ort.py, a separate ctest entry);
+#   2. a CNN run stopped at step 50 (--stop-after, as a kill would) whose
+#      newest checkpoint is then truncated (a torn write): --resume refuses
+#      the torn and a bit-flipped checkpoint with a clear message, resuming
+#      from the previous one reproduces the uninterrupted run's CSV (every
+#      loss to 17 digits) and its final checkpoint byte for byte;
+#   3. an MLP run really killed (SIGKILL) once it has checkpointed, then
+#      resumed from its checkpoint folder: the same CSV again;
+#   4. the .kir path (export, then train from it) and the command-line
+#      errors (one "kiln: error:" line, exit 2 for usage, 1 for failures).
+#
+# usage: digits.sh KILN WORKDIR    (KILN: the kiln CLI; WORKDIR is recreated)
+# Exit 77 (skip) when Debian's python3-sklearn is missing.
+set -eu
+
+KILN=$1
+W=$2
+SRC=$(cd "$(dirname "$0")/../.." && pwd)
+if ! /usr/bin/python3 -c "import sklearn, onnx" 2>/dev/null; then
+	echo "skipped: /usr/bin/python3 lacks sklearn or onnx (apt install python3-sklearn python3-onnx)"
+	exit 77
+fi
+rm -rf "$W"
+mkdir -p "$W"
+cd "$W"
+/usr/bin/python3 "$SRC/tests/train/make_digits.py" data
+
+die() {
+	echo "FAIL: $*"
+	exit 1
+}
+
+# expect RC PATTERN CMD...: CMD exits with RC and prints PATTERN in one error line
+expect() {
+	rc=$1 pat=$2
+	shift 2
+	set +e
+	"$@" > out.txt 2> err.txt
+	got=$?
+	set -e
+	[ "$got" -eq "$rc" ] || { cat err.txt; die "'$*' exited $got, expected $rc"; }
+	grep -q -- "$pat" err.txt || { cat err.txt; die "'$*': no '$pat' in stderr"; }
+	[ "$(grep -c '^kiln: error: ' err.txt)" -eq 1 ] || { cat err.txt; die "'$*': not one error line"; }
+}
+
+# at_least PCT LOG: the final val_acc printed in LOG is >= PCT
+at_least() {
+	acc=$(sed -n 's/^trained .*val_acc \([0-9.]*\)%$/\1/p' "$2")
+	[ -n "$acc" ] || die "no final val_acc in $2"
+	awk -v a="$acc" -v m="$1" 'BEGIN { exit !(a >= m) }' || die "$2: val_acc $acc% < $1%"
+	echo "$2: test accuracy $acc%"
+}
+
+# the subcommand must exist (tools/kiln.c dispatches it)
+expect 2 "missing MODEL" "$KILN" train
+
+D=data
+MLP="$D/mlp.onnx --x $D/train_x.npy --y $D/train_y.npy --val-x $D/test_x.npy --val-y $D/test_y.npy
+     --optimizer adamw --lr 0.01 --schedule cosine --epochs 6 --batch 32 --seed 1"
+CNN="$D/cnn.onnx --x $D/train_img.npy --y $D/train_y.npy --val-x $D/test_img.npy --val-y $D/test_y.npy
+     --optimizer sgd --lr 0.1 --momentum 0.9 --nesterov --weight-decay 5e-4 --schedule cosine
+     --epochs 2 --batch 32 --seed 1 --every 20"
+
+# ---- 1. accuracy and export ----
+"$KILN" train $MLP --log mlp.csv --export mlp.onnx --val-out mlp_out.npy > mlp.log
+cat mlp.log
+at_least 95 mlp.log
+"$KILN" train $CNN --checkpoint ck_cnn --log cnn.csv --export cnn.onnx --val-out cnn_out.npy > cnn.log
+cat cnn.log
+at_least 95 cnn.log
+[ "$(ls ck_cnn)" = "ckpt-000000080.safetensors
+ckpt-000000090.safetensors" ] || die "ck_cnn should keep the last two checkpoints: $(ls ck_cnn)"
+
+# ---- 2. stop, torn checkpoint, resume ----
+"$KILN" train $CNN --checkpoint ck_stop --log stop.csv --stop-after 50 --quiet
+[ "$(tail -n 1 stop.csv | cut -d, -f1)" = 50 ] || die "stop.csv should end at step 50"
+cp ck_stop/ckpt-000000040.safetensors flipped.safetensors
+head -c 2000 ck_stop/ckpt-000000040.safetensors > torn
+mv torn ck_stop/ckpt-000000040.safetensors
+expect 1 "checkpoint refused" "$KILN" train $CNN --checkpoint ck_stop --log stop.csv --resume ck_stop
+printf '\125' | dd of=flipped.safetensors bs=1 seek=3000 conv=notrunc 2> /dev/null
+expect 1 "checksum mismatch, the file is corrupt" "$KILN" train $CNN --checkpoint ck_x --resume flipped.safetensors
+expect 1 "made with --batch 32, this run has 64" "$KILN" train $CNN --checkpoint ck_x --batch 64 \
+	--resume ck_stop/ckpt-000000020.safetensors
+"$KILN" train $CNN --checkpoint ck_stop --log stop.csv \
+	--resume ck_stop/ckpt-000000020.safetensors > resumed.log
+cat resumed.log
+grep -q "resumed from ck_stop/ckpt-000000020.safetensors at step 20" resumed.log || die "no resume line"
+cmp cnn.csv stop.csv || die "the resumed CNN's curve differs from the uninterrupted run's"
+cmp ck_cnn/ckpt-000000090.safetensors ck_stop/ckpt-000000090.safetensors ||
+	die "the resumed CNN's final checkpoint differs"
+echo "CNN stopped at 50, torn checkpoint refused, resumed from 20: identical curve and state"
+
+# ---- 3. SIGKILL and resume (MLP) ----
+"$KILN" train $MLP --checkpoint ck_kill --every 7 --log kill.csv --quiet &
+pid=$!
+i=0
+until ls ck_kill 2> /dev/null | grep -q 'ckpt-00000006[3-9]\|ckpt-0000000[7-9]\|ckpt-0000001\|ckpt-0000002'; do
+	i=$((i + 1))
+	[ $i -lt 1200 ] || { kill -9 $pid; die "no checkpoint after 120 s"; }
+	sleep 0.1
+done
+kill -9 $pid 2> /dev/null || echo "note: the run had finished before the kill"
+wait $pid 2> /dev/null || true
+"$KILN" train $MLP --checkpoint ck_kill --every 7 --log kill.csv --resume ck_kill > killed.log
+cat killed.log
+cmp mlp.csv kill.csv || die "the MLP resumed after SIGKILL differs from the uninterrupted run"
+echo "MLP killed at $(head -n 1 killed.log | sed 's/.* at step \([0-9]*\).*/step \1/'): identical curve"
+
+# ---- 4. the .kir path and errors ----
+"$KILN" train $D/mlp.onnx --x $D/train_x.npy --y $D/train_y.npy --epochs 1 --lr 0.05 \
+	--momentum 0.9 --export mlp1.kir --quiet
+[ -s mlp1.kir ] && [ -s mlp1.safetensors ] || die "no .kir export"
+"$KILN" train mlp1.kir --x $D/train_x.npy --y $D/train_y.npy --val-x $D/test_x.npy \
+	--val-y $D/test_y.npy --epochs 1 --lr 0.01 --momentum 0.9 > kir.log
+cat kir.log
+at_least 85 kir.log
+expect 2 "unknown option '--bogus'" "$KILN" train $D/mlp.onnx --x a --y b --bogus
+expect 2 "unknown --optimizer 'rmsprop'" "$KILN" train $D/mlp.onnx --x a --y b --optimizer rmsprop
+expect 2 "bad --schedule 'cosine:x'" "$KILN" train $MLP --schedule cosine:x
+expect 1 "is f32\[1438,1,8,8\], but the model's input is f32\[N,64\]" \
+	"$KILN" train $D/mlp.onnx --x $D/train_img.npy --y $D/train_y.npy
+expect 1 "train_x.npy is f32\[1438,64\], but the target" \
+	"$KILN" train $D/mlp.onnx --x $D/train_x.npy --y $D/train_x.npy
+echo "digits: all checks passed"

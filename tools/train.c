@@ -1,0 +1,1121 @@
+/*
+ * train.c: `kiln train`, a training loop from .npy data: shuffled batches,
+ * epochs, a learning-rate schedule, a progress bar and per-epoch accuracy, a
+ * CSV curve, checkpoints that resume exactly, and the trained model exported
+ * as ONNX.
+ *
+ * The key idea: the model file is the inference graph (what PyTorch exports
+ * in eval mode, and what gets exported again at the end); the train-mode
+ * graph is derived from it here, BatchNorm on batch statistics with
+ * PyTorch's running-stat updates and Dropout on, plus the loss and a count
+ * of correct predictions, all as "<name>.next" state of one step graph that
+ * kiln_trainer runs (through the interpreter now, a compiled step later).
+ * Everything that orders the data is a pure function of (seed, epoch), so a
+ * run's position is just (epoch, batch), which each checkpoint stores in the
+ * parameter "kiln_train.position" beside the trainer's own state; resuming
+ * replays the same shuffles, dropout masks and schedule bit for bit.
+ */
+#include <dirent.h>
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "kiln/kiln.h"
+#include "ir/ir.h"
+#include "tools/tools.h"
+
+#define HERE ((kiln_loc){__FILE__, __LINE__})
+#define POS_NAME "kiln_train.position"
+#define CORRECT_NAME "kiln_train.correct"
+#define EVAL_CHUNK 256 /* rows per eval run: bounds the interpreter's memory */
+
+const char cmd_train_summary[] = "train a model on .npy data; checkpoints, resume, ONNX export";
+const char cmd_train_usage[] =
+	"train MODEL.kir|MODEL.onnx --x X.npy --y Y.npy [options]\n"
+	"  Trains the inference-mode MODEL (symbolic batch dim, one input; its first\n"
+	"  output is the prediction) through the interpreter.  The train-mode graph\n"
+	"  is derived: BatchNorm uses batch statistics and updates its running stats\n"
+	"  as PyTorch does, Dropout is on.  Each epoch draws a fresh order from\n"
+	"  --seed; the last partial batch is kept (DataLoader's default).  A step is\n"
+	"  one batch; with --accum K the optimizer updates every K steps.\n"
+	"  --x X.npy, --y Y.npy    training inputs and targets (classes: integers)\n"
+	"  --val-x F --val-y F     validation set: accuracy after every epoch\n"
+	"  --loss L                cross_entropy (default), nll, mse, l1, smooth_l1,\n"
+	"                          bce_with_logits\n"
+	"  --label-smoothing S     for cross_entropy (default 0)\n"
+	"  --optimizer O           sgd (default), adam, adamw\n"
+	"  --lr LR                 learning rate (default 0.01)\n"
+	"  --momentum M --dampening D --nesterov          SGD (defaults 0, 0, off)\n"
+	"  --weight-decay W        default 0; adamw: 0.01 (PyTorch's defaults)\n"
+	"  --betas B1,B2 --eps E   Adam/AdamW (defaults 0.9,0.999 and 1e-8)\n"
+	"  --clip-norm X           clip the global gradient norm to X\n"
+	"  --accum K               accumulate K batches per update (default 1)\n"
+	"  --schedule S            step:STEP:GAMMA, cosine[:T_MAX], onecycle:MAX_LR,\n"
+	"                          warmup:N, or warmup:N,<one of the others>; counted\n"
+	"                          in optimizer updates (default: constant --lr)\n"
+	"  --epochs E --batch B    defaults 1 and 32\n"
+	"  --seed S                shuffles and dropout masks (default 0)\n"
+	"  --checkpoint DIR        DIR/ckpt-<step>.safetensors every --every N steps\n"
+	"  --every N               and at the end; the last two are kept\n"
+	"  --resume CKPT|DIR       continue a run exactly (DIR: its newest checkpoint)\n"
+	"  --log CURVE.csv         step,epoch,lr,loss[,val_acc] per step (on resume,\n"
+	"                          rows after the checkpoint are dropped first)\n"
+	"  --export OUT.onnx       the trained inference model (.kir: kiln's format)\n"
+	"  --val-out OUT.npy       the trained model's outputs on --val-x\n"
+	"  --quiet                 print nothing but errors";
+
+/* ---- errors ------------------------------------------------------------ */
+
+static int fail(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static int fail(int code, const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	fputs("kiln: error: ", stderr);
+	vfprintf(stderr, fmt, ap);
+	fputc('\n', stderr);
+	va_end(ap);
+	return code;
+}
+
+static int fail_err(const kiln_error *e, kiln_status st)
+{
+	return fail(1, "%s", e->msg[0] ? e->msg : kiln_status_str(st));
+}
+
+/* ---- options ------------------------------------------------------------ */
+
+typedef struct opts {
+	const char *model, *x, *y, *val_x, *val_y, *loss, *optim, *sched, *ckpt_dir, *resume,
+		*log, *export_path, *betas, *val_out;
+	double lr, momentum, dampening, wd, eps, clip, smoothing;
+	int64_t accum, epochs, batch, seed, every, stop_after;
+	bool nesterov, quiet;
+} opts;
+
+typedef enum { O_STR, O_F64, O_I64, O_FLAG } opt_kind;
+
+typedef struct opt_def {
+	const char *name;
+	opt_kind kind;
+	size_t off;
+} opt_def;
+
+#define OPT(name, kind, field) {name, kind, offsetof(opts, field)}
+static const opt_def opt_defs[] = {
+	OPT("--x", O_STR, x), OPT("--y", O_STR, y), OPT("--val-x", O_STR, val_x),
+	OPT("--val-y", O_STR, val_y), OPT("--loss", O_STR, loss),
+	OPT("--label-smoothing", O_F64, smoothing), OPT("--optimizer", O_STR, optim),
+	OPT("--lr", O_F64, lr), OPT("--momentum", O_F64, momentum),
+	OPT("--dampening", O_F64, dampening), OPT("--nesterov", O_FLAG, nesterov),
+	OPT("--weight-decay", O_F64, wd), OPT("--betas", O_STR, betas), OPT("--eps", O_F64, eps),
+	OPT("--clip-norm", O_F64, clip), OPT("--accum", O_I64, accum),
+	OPT("--schedule", O_STR, sched), OPT("--epochs", O_I64, epochs),
+	OPT("--batch", O_I64, batch), OPT("--seed", O_I64, seed),
+	OPT("--checkpoint", O_STR, ckpt_dir), OPT("--every", O_I64, every),
+	OPT("--resume", O_STR, resume), OPT("--log", O_STR, log),
+	OPT("--export", O_STR, export_path), OPT("--val-out", O_STR, val_out),
+	OPT("--quiet", O_FLAG, quiet),
+	/* not in the usage text: stops after step N as a kill would (no final
+	 * checkpoint, no export), for the resume tests */
+	OPT("--stop-after", O_I64, stop_after),
+};
+#define NOPTS ((int)(sizeof opt_defs / sizeof opt_defs[0]))
+
+static int usage_error(const char *fmt, const char *arg)
+{
+	char msg[512];
+	snprintf(msg, sizeof msg, fmt, arg);
+	return fail(TOOLS_EXIT_USAGE, "%s (see 'kiln train --help')", msg);
+}
+
+static bool parse_f64(const char *s, double *v)
+{
+	char *end;
+	errno = 0;
+	*v = strtod(s, &end);
+	return end != s && !*end && !errno && isfinite(*v);
+}
+
+static bool parse_i64(const char *s, int64_t *v)
+{
+	char *end;
+	errno = 0;
+	long long x = strtoll(s, &end, 10);
+	*v = x;
+	return end != s && !*end && !errno;
+}
+
+/* Stores one option's value (from "--name=V" or the next argument). */
+static int set_opt(opts *o, const opt_def *d, const char *val)
+{
+	char *field = (char *)o + d->off;
+	if (d->kind == O_STR)
+		*(const char **)(void *)field = val;
+	else if (d->kind == O_F64 && !parse_f64(val, (double *)(void *)field))
+		return usage_error("bad number '%s'", val);
+	else if (d->kind == O_I64 && !parse_i64(val, (int64_t *)(void *)field))
+		return usage_error("bad integer '%s'", val);
+	return 0;
+}
+
+static const opt_def *find_opt(const char *arg, const char **inline_val)
+{
+	for (int i = 0; i < NOPTS; i++) {
+		size_t n = strlen(opt_defs[i].name);
+		if (strncmp(arg, opt_defs[i].name, n) == 0 && (!arg[n] || arg[n] == '=')) {
+			*inline_val = arg[n] ? arg + n + 1 : NULL;
+			return &opt_defs[i];
+		}
+	}
+	return NULL;
+}
+
+static int check_opts(const opts *o)
+{
+	if (!o->model)
+		return usage_error("missing %s", "MODEL.kir or MODEL.onnx");
+	if (!o->x || !o->y)
+		return usage_error("missing %s", "--x X.npy and --y Y.npy");
+	if (!o->val_x != !o->val_y)
+		return usage_error("%s", "--val-x and --val-y go together");
+	if (o->epochs < 1 || o->batch < 1 || o->accum < 1 || o->every < 0)
+		return usage_error("%s", "--epochs, --batch and --accum must be >= 1, --every >= 0");
+	if (!(o->lr > 0))
+		return usage_error("%s", "--lr must be > 0");
+	if (o->val_out && !o->val_x)
+		return usage_error("%s", "--val-out needs --val-x");
+	if (o->every && !o->ckpt_dir)
+		return usage_error("%s", "--every needs --checkpoint DIR");
+	return 0;
+}
+
+static int parse_args(int argc, char **argv, opts *o)
+{
+	*o = (opts){.loss = "cross_entropy", .optim = "sgd", .lr = 0.01, .wd = -1, .accum = 1,
+	            .epochs = 1, .batch = 32, .stop_after = -1};
+	for (int i = 0; i < argc; i++) {
+		const char *val = NULL;
+		const opt_def *d = argv[i][0] == '-' ? find_opt(argv[i], &val) : NULL;
+		if (!d && argv[i][0] == '-' && argv[i][1])
+			return usage_error("unknown option '%s'", argv[i]);
+		if (!d && o->model)
+			return usage_error("unexpected argument '%s'", argv[i]);
+		if (!d) {
+			o->model = argv[i];
+			continue;
+		}
+		if (d->kind == O_FLAG) {
+			if (val)
+				return usage_error("option '%s' takes no value", d->name);
+			*(bool *)(void *)((char *)o + d->off) = true;
+			continue;
+		}
+		if (!val && i + 1 >= argc)
+			return usage_error("option '%s' needs a value", d->name);
+		if (set_opt(o, d, val ? val : argv[++i]))
+			return TOOLS_EXIT_USAGE;
+	}
+	return check_opts(o);
+}
+
+/* ---- schedule, loss and optimizer choices ---------------------------------- */
+
+/* One "kind[:a[:b]]" item of --schedule into s; total is the run's number
+ * of optimizer updates, the default length of cosine and onecycle. */
+static int sched_item(char *item, kiln_sched *s)
+{
+	char *f[3] = {item, NULL, NULL};
+	for (int k = 1; k < 3 && f[k - 1] && (f[k] = strchr(f[k - 1], ':')); k++)
+		*f[k]++ = '\0';
+	int64_t i = 0;
+	double d = 0;
+	if (!strcmp(f[0], "warmup") && f[1] && !f[2] && parse_i64(f[1], &i) && i > 0)
+		s->warmup_steps = i;
+	else if (!strcmp(f[0], "step") && f[2] && parse_i64(f[1], &i) && parse_f64(f[2], &d))
+		s->kind = KILN_SCHED_STEP, s->step_size = i, s->gamma = d;
+	else if (!strcmp(f[0], "cosine") && !f[2] && (!f[1] || parse_i64(f[1], &i)))
+		s->kind = KILN_SCHED_COSINE, s->t_max = i;
+	else if (!strcmp(f[0], "onecycle") && f[1] && !f[2] && parse_f64(f[1], &d) && d > 0)
+		s->kind = KILN_SCHED_ONECYCLE, s->base_lr = d;
+	else if (strcmp(f[0], "constant") || f[1])
+		return -1;
+	return 0;
+}
+
+static int parse_sched(const opts *o, int64_t total, kiln_sched *s)
+{
+	*s = (kiln_sched){.kind = KILN_SCHED_CONSTANT, .base_lr = o->lr};
+	char buf[256];
+	if (o->sched && snprintf(buf, sizeof buf, "%s", o->sched) < (int)sizeof buf) {
+		char *save = NULL;
+		for (char *it = strtok_r(buf, ",", &save); it; it = strtok_r(NULL, ",", &save))
+			if (sched_item(it, s))
+				return usage_error("bad --schedule '%s': expected step:STEP:GAMMA, "
+				                   "cosine[:T_MAX], onecycle:MAX_LR or warmup:N", o->sched);
+	}
+	/* after a warmup the main schedule starts from its own step 0
+	 * (SequentialLR), so by default it spans what is left */
+	int64_t rest = total - s->warmup_steps;
+	if (s->kind == KILN_SCHED_COSINE && !s->t_max)
+		s->t_max = rest;
+	if (s->kind == KILN_SCHED_ONECYCLE)
+		s->total_steps = rest;
+	kiln_error e = {0};
+	if (kiln_sched_check(s, &e) != KILN_OK)
+		return fail(TOOLS_EXIT_USAGE, "--schedule '%s' over %lld updates: %s",
+		            o->sched ? o->sched : "constant", (long long)total, e.msg);
+	return 0;
+}
+
+typedef kiln_value (*loss_fn)(kiln_graph *g, kiln_value pred, kiln_value y, const opts *o);
+
+static kiln_value loss_ce(kiln_graph *g, kiln_value pred, kiln_value y, const opts *o)
+{
+	return kiln_cross_entropy_at(g, HERE, pred, y, KILN_NONE, "mean", -100, o->smoothing);
+}
+
+static kiln_value loss_nll(kiln_graph *g, kiln_value pred, kiln_value y, const opts *o)
+{
+	return kiln_nll_loss_at(g, HERE, pred, y, KILN_NONE, "mean", false, 0);
+}
+
+static kiln_value loss_mse(kiln_graph *g, kiln_value pred, kiln_value y, const opts *o)
+{
+	return kiln_mse_loss_at(g, HERE, pred, y, "mean");
+}
+
+static kiln_value loss_l1(kiln_graph *g, kiln_value pred, kiln_value y, const opts *o)
+{
+	return kiln_l1_loss_at(g, HERE, pred, y, "mean");
+}
+
+static kiln_value loss_smooth_l1(kiln_graph *g, kiln_value pred, kiln_value y, const opts *o)
+{
+	return kiln_smooth_l1_loss_at(g, HERE, pred, y, "mean", 1.0);
+}
+
+static kiln_value loss_bce(kiln_graph *g, kiln_value pred, kiln_value y, const opts *o)
+{
+	return kiln_bce_with_logits_at(g, HERE, pred, y, KILN_NONE, KILN_NONE, "mean");
+}
+
+/* classify: integer class targets [N, d...] for predictions [N, C, d...],
+ * and accuracy is reported; otherwise targets are shaped like predictions. */
+typedef struct loss_info {
+	const char *name;
+	loss_fn build;
+	bool classify;
+} loss_info;
+
+static const loss_info losses[] = {
+	{"cross_entropy", loss_ce, true}, {"nll", loss_nll, true},
+	{"mse", loss_mse, false},         {"l1", loss_l1, false},
+	{"smooth_l1", loss_smooth_l1, false}, {"bce_with_logits", loss_bce, false},
+};
+
+static const struct optim_info {
+	const char *name;
+	kiln_optim_kind kind;
+	double wd; /* PyTorch's default weight decay */
+} optims[] = {{"sgd", KILN_OPT_SGD, 0}, {"adam", KILN_OPT_ADAM, 0}, {"adamw", KILN_OPT_ADAMW, 0.01}};
+
+static int train_opts(const opts *o, const loss_info **L, kiln_train_opts *t)
+{
+	*L = NULL;
+	for (size_t i = 0; i < sizeof losses / sizeof losses[0]; i++)
+		if (!strcmp(o->loss, losses[i].name))
+			*L = &losses[i];
+	if (!*L)
+		return usage_error("unknown --loss '%s'", o->loss);
+	if (o->val_x && !(*L)->classify)
+		return usage_error("--val-x reports accuracy, which needs a classification loss "
+		                   "(cross_entropy or nll), not '%s'", o->loss);
+	const struct optim_info *opt = NULL;
+	for (size_t i = 0; i < sizeof optims / sizeof optims[0]; i++)
+		if (!strcmp(o->optim, optims[i].name))
+			opt = &optims[i];
+	if (!opt)
+		return usage_error("unknown --optimizer '%s' (sgd, adam or adamw)", o->optim);
+	*t = (kiln_train_opts){.optim = opt->kind, .momentum = o->momentum,
+	                       .dampening = o->dampening, .nesterov = o->nesterov,
+	                       .weight_decay = o->wd >= 0 ? o->wd : opt->wd, .eps = o->eps,
+	                       .clip_norm = o->clip, .accum_steps = (int)o->accum,
+	                       .loss = KILN_LOSS_OUTPUT};
+	char tail;
+	if (o->betas && sscanf(o->betas, "%lf,%lf%c", &t->beta1, &t->beta2, &tail) != 2)
+		return usage_error("bad --betas '%s': expected B1,B2", o->betas);
+	return 0;
+}
+
+/* ---- the train-mode graph ------------------------------------------------------ */
+
+static uint64_t mix64(uint64_t z)
+{
+	z += 0x9e3779b97f4a7c15ULL;
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+	z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+	return z ^ (z >> 31);
+}
+
+/* Elements per channel of x (every axis but 1) as a scalar of dtype dt: a
+ * constant when those dims are fixed, else from Shape(x) (as layers.c). */
+static kiln_value per_channel(kiln_graph *g, kiln_loc loc, kiln_value x, kiln_dtype dt)
+{
+	const ir_type *t = &g->val[x]->type;
+	int64_t n = 1;
+	for (int i = 0; i < t->rank && n >= 0; i++)
+		n = i == 1 ? n : t->dim[i] < 0 ? -1 : n * t->dim[i];
+	if (n >= 0)
+		return kiln_scalar_at(g, loc, dt, (double)n);
+	kiln_value shp = kiln_cast_at(g, loc, kiln_shape_of_at(g, loc, x), dt), cnt = KILN_NONE;
+	for (int i = 0; i < t->rank; i++)
+		if (i != 1) {
+			kiln_value d = kiln_gather_at(g, loc, shp, kiln_scalar_at(g, loc, KILN_I64, i), 0);
+			cnt = cnt ? kiln_mul_at(g, loc, cnt, d) : d;
+		}
+	return cnt;
+}
+
+/* running * (1 - m) + batch * m, output as "<running>.next" */
+static void update(kiln_graph *g, kiln_loc loc, const ir_value *run, kiln_value batch, double m)
+{
+	kiln_dtype dt = run->type.dtype;
+	char name[600];
+	snprintf(name, sizeof name, "%s.next", run->name);
+	kiln_value keep = kiln_mul_at(g, loc, run->id, kiln_scalar_at(g, loc, dt, 1 - m));
+	kiln_output_at(g, loc, name, kiln_add_at(g, loc, keep,
+	                                         kiln_mul_at(g, loc, batch, kiln_scalar_at(g, loc, dt, m))));
+}
+
+/* An inference BatchNormalization turned into PyTorch's training-mode batch
+ * norm, as kiln_batchnorm traces it in train mode: the node reads the batch
+ * mean and biased variance instead of its running stats, which update with
+ * PyTorch's momentum (ONNX's momentum attribute is 1 - PyTorch's) and the
+ * unbiased variance; "<prefix>num_batches_tracked", if the model has it,
+ * counts up. */
+static void bn_to_train(kiln_graph *g, ir_node *n, uint64_t seed)
+{
+	ir_value *rm = g->val[n->in[3]], *rv = g->val[n->in[4]];
+	if (ir_attr_int(n, "training_mode", 0)) {
+		ir_errorf(g, n, KILN_EUNSUPPORTED, "is in training mode; kiln train needs the "
+		          "inference-mode model");
+		return;
+	}
+	if (rm->kind != IR_V_PARAM || rv->kind != IR_V_PARAM || !rm->name || !rv->name) {
+		ir_errorf(g, n, KILN_EUNSUPPORTED, "the running mean and variance must be named "
+		          "parameters to be trained");
+		return;
+	}
+	kiln_loc loc = n->loc;
+	uint32_t x = n->in[0];
+	double m = 1 - ir_attr_float(n, "momentum", 0.9);
+	int64_t axes[KILN_MAX_RANK];
+	int na = 0;
+	for (int i = 0; i < g->val[x]->type.rank; i++)
+		if (i != 1)
+			axes[na++] = i;
+	kiln_dtype dt = rm->type.dtype;
+	kiln_value cnt = per_channel(g, loc, x, dt);
+	kiln_value mk = kiln_div_at(g, loc, kiln_reduce_sum_at(g, loc, x, na, axes, true), cnt);
+	kiln_value mean = kiln_squeeze_at(g, loc, mk, na, axes);
+	kiln_value d = kiln_sub_at(g, loc, x, mk);
+	kiln_value var = kiln_div_at(g, loc, kiln_reduce_sum_at(g, loc, kiln_mul_at(g, loc, d, d),
+	                                                        na, axes, false), cnt);
+	kiln_value unbiased = kiln_mul_at(g, loc, var, kiln_div_at(g, loc, cnt,
+	                      kiln_sub_at(g, loc, cnt, kiln_scalar_at(g, loc, dt, 1))));
+	if (g->status != KILN_OK)
+		return;
+	ir_set_input(g, n, 3, mean);
+	ir_set_input(g, n, 4, var);
+	rm->trainable = rv->trainable = false;
+	update(g, loc, rm, mean, m);
+	update(g, loc, rv, unbiased, m);
+	char nbt[600];
+	size_t k = strlen(rm->name), s = strlen("running_mean");
+	snprintf(nbt, sizeof nbt, "%.*snum_batches_tracked", (int)(k >= s ? k - s : 0), rm->name);
+	uint32_t p = k > s && !strcmp(rm->name + k - s, "running_mean") ? kiln_graph_find_param(g, nbt) : 0;
+	if (p && g->val[p]->type.dtype == KILN_I64 && g->val[p]->type.rank == 0)
+		update(g, loc, g->val[p], kiln_add_at(g, loc, p, kiln_scalar_at(g, loc, KILN_I64, 1)), 1);
+}
+
+/* Dropout on, each node with its own stream derived from --seed (the
+ * trainer then varies it per step). */
+static void dropout_to_train(kiln_graph *g, ir_node *n, uint64_t seed)
+{
+	ir_attr_set_int(g, n, "training_mode", 1);
+	ir_attr_set_int(g, n, "seed", (int64_t)(mix64(seed ^ mix64(n->idx)) >> 1));
+}
+
+typedef void (*to_train_fn)(kiln_graph *g, ir_node *n, uint64_t seed);
+static const to_train_fn to_train[KILN_OP_COUNT] = {
+	[KILN_OP_BATCH_NORM] = bn_to_train,
+	[KILN_OP_DROPOUT] = dropout_to_train,
+};
+
+/* The "target" input, the "loss" output, the position buffer and, when
+ * classifying, the batch's count of correct argmaxes as state. */
+static void add_loss(kiln_graph *g, const opts *o, const loss_info *L)
+{
+	uint32_t pred = g->output[0];
+	ir_type t = g->val[pred]->type;
+	if (L->classify) {
+		if (t.rank < 2) {
+			char b[256];
+			ir_errorf(g, NULL, KILN_ESHAPE, "--loss %s needs class scores [N,C,...] as the "
+			          "model's first output, it is %s", L->name, ir_type_str(g, &t, b, sizeof b));
+			return;
+		}
+		memmove(&t.dim[1], &t.dim[2], (size_t)(t.rank - 2) * sizeof t.dim[0]);
+		t.rank--, t.dtype = KILN_I64;
+	}
+	uint32_t y = kiln_input_at(g, HERE, "target", t.dtype, t.rank, t.dim);
+	kiln_output_at(g, HERE, "loss", L->build(g, pred, y, o));
+	kiln_tensor *pos = kiln_tensor_new(KILN_I64, 1, (int64_t[]){8});
+	if (!pos || !ir_param_new(g, POS_NAME, pos, false))
+		ir_errorf(g, NULL, KILN_ENOMEM, "out of memory");
+	kiln_tensor_free(pos);
+	if (!L->classify || g->status != KILN_OK)
+		return;
+	kiln_value hit = kiln_equal_at(g, HERE, kiln_argmax_at(g, HERE, pred, 1, false), y);
+	kiln_value cnt = kiln_reduce_sum_at(g, HERE, kiln_cast_at(g, HERE, hit, KILN_I64), 0, NULL,
+	                                    false);
+	int64_t zero = 0;
+	if (!ir_param_new(g, CORRECT_NAME, &(kiln_tensor){KILN_I64, 0, {0}, &zero}, false))
+		ir_errorf(g, NULL, KILN_ENOMEM, "out of memory");
+	kiln_output_at(g, HERE, CORRECT_NAME ".next", cnt);
+}
+
+static kiln_graph *train_graph(const kiln_graph *eval, const opts *o, const loss_info *L,
+                               kiln_error *err)
+{
+	kiln_graph *g = ir_graph_clone(eval);
+	if (!g) {
+		ir_seterr(err, KILN_ENOMEM, "out of memory");
+		return NULL;
+	}
+	uint32_t nnode = g->nnode; /* the conversions append nodes */
+	for (uint32_t i = 0; i < nnode && g->status == KILN_OK; i++)
+		if (!g->node[i]->dead && to_train[g->node[i]->op])
+			to_train[g->node[i]->op](g, g->node[i], (uint64_t)o->seed);
+	if (g->status == KILN_OK)
+		add_loss(g, o, L);
+	if (g->status == KILN_OK) /* BatchNorm nodes now read values made after them */
+		ir_toposort(g);
+	if (g->status == KILN_OK && kiln_graph_verify(g, err) == KILN_OK)
+		return g;
+	if (g->status != KILN_OK)
+		ir_seterr(err, g->status, "%s", g->errmsg);
+	kiln_graph_free(g);
+	return NULL;
+}
+
+/* ---- data ---------------------------------------------------------------------- */
+
+static const char *tensor_str(const kiln_tensor *t, char *buf, size_t size)
+{
+	size_t n = snprintf(buf, size, "%s[", kiln_dtype_name(t->dtype));
+	for (int i = 0; i < t->rank && n < size; i++)
+		n += snprintf(buf + n, size - n, "%s%lld", i ? "," : "", (long long)t->shape[i]);
+	if (n < size)
+		snprintf(buf + n, size - n, "]");
+	return buf;
+}
+
+/* t must be [rows] + want's dims after the first (symbolic ones match
+ * anything) with want's dtype (any integer dtype when ints). */
+static int check_rows(const char *path, const kiln_tensor *t, int64_t rows, const kiln_graph *g,
+                      const ir_type *want, bool ints, const char *what)
+{
+	bool ok = t->rank == want->rank && t->rank >= 1 && (rows < 0 || t->shape[0] == rows);
+	for (int i = 1; ok && i < t->rank; i++)
+		ok = want->dim[i] < 0 || want->dim[i] == t->shape[i];
+	if (ints)
+		ok = ok && !kiln_dtype_is_float(t->dtype) && t->dtype != KILN_BOOL;
+	else
+		ok = ok && t->dtype == want->dtype;
+	if (ok)
+		return 0;
+	char a[256], b[256];
+	return fail(1, "%s is %s, but %s is %s%s%s", path, tensor_str(t, a, sizeof a), what,
+	            ir_type_str(g, want, b, sizeof b), ints ? " (any integer dtype)" : "",
+	            rows >= 0 ? ", one row per sample of --x" : "");
+}
+
+/* Class targets as i64, each checked against the class count C. */
+static int class_targets(const char *path, kiln_tensor **y, int64_t C)
+{
+	kiln_tensor *t = kiln_tensor_new(KILN_I64, (*y)->rank, (*y)->shape);
+	if (!t)
+		return fail(1, "out of memory");
+	for (int64_t i = 0; i < kiln_tensor_numel(t); i++) {
+		int64_t c = ir_load_i64(*y, i);
+		if (c < 0 || (C >= 0 && c >= C)) {
+			kiln_tensor_free(t);
+			return fail(1, "%s: target %lld at element %lld is not a class of the model's %lld",
+			            path, (long long)c, (long long)i, (long long)C);
+		}
+		((int64_t *)t->data)[i] = c;
+	}
+	kiln_tensor_free(*y);
+	*y = t;
+	return 0;
+}
+
+/* Reads one (x, y) pair and checks it against the model's input and output. */
+static int load_pair(const char *xp, const char *yp, const kiln_graph *g, const loss_info *L,
+                     kiln_tensor **x, kiln_tensor **y)
+{
+	kiln_error e = {0};
+	kiln_status st = kiln_npy_read(xp, x, &e);
+	if (st == KILN_OK)
+		st = kiln_npy_read(yp, y, &e);
+	if (st != KILN_OK)
+		return fail_err(&e, st);
+	const ir_value *in = g->val[g->input[0]], *out = g->val[g->output[0]];
+	if (check_rows(xp, *x, -1, g, &in->type, false, "the model's input"))
+		return 1;
+	ir_type want = out->type;
+	char b[256];
+	if (L->classify && want.rank < 2)
+		return fail(1, "--loss %s needs class scores [N,C,...] as the model's first output, "
+		            "it is %s", L->name, ir_type_str(g, &want, b, sizeof b));
+	if (L->classify) {
+		memmove(&want.dim[1], &want.dim[2], (size_t)(want.rank - 2) * sizeof want.dim[0]);
+		want.rank--, want.dtype = KILN_I64;
+	}
+	char what[300];
+	snprintf(what, sizeof what, "the target of '%s' for --loss %s", out->name ? out->name : "?",
+	         L->name);
+	if (check_rows(yp, *y, (*x)->shape[0], g, &want, L->classify, what))
+		return 1;
+	return L->classify ? class_targets(yp, y, out->type.dim[1]) : 0;
+}
+
+/* ---- the run ------------------------------------------------------------------- */
+
+enum { POS_EPOCH, POS_BATCH, POS_SEED, POS_BSIZE, POS_NTRAIN, POS_ACCUM }; /* of POS_NAME */
+
+typedef struct run {
+	const opts *o;
+	const loss_info *L;
+	kiln_graph *eval;         /* the model as loaded, exported at the end */
+	kiln_trainer *tr;
+	kiln_tensor *x, *y, *vx, *vy; /* data sets (targets as the step takes them) */
+	kiln_tensor *bx, *by;     /* one batch */
+	int64_t *perm;            /* this epoch's order */
+	int64_t n, nb;            /* samples, batches per epoch */
+	int64_t epoch, batch;     /* the next batch to run */
+	int64_t first;            /* the step this process started from */
+	int64_t last_ckpt;        /* step of the last checkpoint written (-1: none) */
+	kiln_sched sched;
+	FILE *log;
+	bool tty;
+	double loss_sum, step_time, val_acc; /* this epoch's, and the run's */
+	int64_t seen, correct, counted;
+} run;
+
+static int64_t step_no(const run *r)
+{
+	return r->epoch * r->nb + r->batch; /* steps done */
+}
+
+/* Epoch e's order: Fisher-Yates from the last element, j = next() mod
+ * (i + 1), drawing from SplitMix64 whose state starts at
+ * mix64(seed ^ mix64(e)), mix64 being SplitMix64's output function. */
+static void shuffle(int64_t *perm, int64_t n, uint64_t seed, int64_t epoch)
+{
+	uint64_t s = mix64(seed ^ mix64((uint64_t)epoch));
+	for (int64_t i = 0; i < n; i++)
+		perm[i] = i;
+	for (int64_t i = n - 1; i > 0; i--) {
+		uint64_t z = mix64(s);
+		s += 0x9e3779b97f4a7c15ULL;
+		int64_t j = (int64_t)(z % (uint64_t)(i + 1)), t = perm[i];
+		perm[i] = perm[j], perm[j] = t;
+	}
+}
+
+/* Gathers batch b of the current order into bx, by (the last may be short). */
+static void fill_batch(run *r, int64_t b)
+{
+	int64_t lo = b * r->o->batch, cnt = r->n - lo < r->o->batch ? r->n - lo : r->o->batch;
+	size_t xrow = kiln_tensor_nbytes(r->x) / (size_t)r->n;
+	size_t yrow = kiln_tensor_nbytes(r->y) / (size_t)r->n;
+	for (int64_t i = 0; i < cnt; i++) {
+		memcpy((char *)r->bx->data + i * xrow, (char *)r->x->data + r->perm[lo + i] * xrow, xrow);
+		memcpy((char *)r->by->data + i * yrow, (char *)r->y->data + r->perm[lo + i] * yrow, yrow);
+	}
+	r->bx->shape[0] = r->by->shape[0] = cnt;
+}
+
+/* The trainer's i64 buffer called name (in the step graph). */
+static int64_t *state_i64(const run *r, const char *name)
+{
+	const kiln_graph *g = kiln_trainer_graph(r->tr);
+	uint32_t p = kiln_graph_find_param(g, name);
+	return p ? g->val[p]->data->data : NULL;
+}
+
+/* ---- checkpoints ----------------------------------------------------------------- */
+
+/* Steps of DIR's "ckpt-<step>.safetensors" files, ascending; *n of them. */
+static int64_t *list_ckpts(const char *dir, int *n)
+{
+	DIR *d = opendir(dir);
+	int64_t *v = NULL;
+	int cap = 0;
+	*n = 0;
+	for (struct dirent *e; d && (e = readdir(d));) {
+		long long s;
+		char tail[32], canon[300];
+		if (sscanf(e->d_name, "ckpt-%lld.%31s", &s, tail) != 2 || s < 0)
+			continue;
+		snprintf(canon, sizeof canon, "ckpt-%09lld.safetensors", s);
+		if (strcmp(canon, e->d_name))
+			continue; /* only names we write */
+		if (*n == cap) {
+			int64_t *nv = realloc(v, (size_t)(cap = cap * 2 + 8) * sizeof *v);
+			if (!nv)
+				break;
+			v = nv;
+		}
+		int k = (*n)++;
+		for (; k > 0 && v[k - 1] > s; k--)
+			v[k] = v[k - 1];
+		v[k] = s;
+	}
+	if (d)
+		closedir(d);
+	return v;
+}
+
+static void ckpt_path(char *buf, size_t size, const char *dir, int64_t step)
+{
+	snprintf(buf, size, "%s/ckpt-%09lld.safetensors", dir, (long long)step);
+}
+
+/* Writes DIR/ckpt-<step> (atomically, by the trainer), then deletes all
+ * but the newest two. */
+static int save_ckpt(run *r)
+{
+	int64_t *pos = state_i64(r, POS_NAME);
+	const opts *o = r->o;
+	pos[POS_EPOCH] = r->epoch, pos[POS_BATCH] = r->batch, pos[POS_SEED] = o->seed;
+	pos[POS_BSIZE] = o->batch, pos[POS_NTRAIN] = r->n, pos[POS_ACCUM] = o->accum;
+	char path[4096];
+	ckpt_path(path, sizeof path, o->ckpt_dir, step_no(r));
+	kiln_error e = {0};
+	kiln_status st = kiln_trainer_save(r->tr, path, &e);
+	if (st != KILN_OK)
+		return fail_err(&e, st);
+	r->last_ckpt = step_no(r);
+	int n;
+	int64_t *all = list_ckpts(o->ckpt_dir, &n);
+	for (int i = 0; i + 2 < n; i++) {
+		ckpt_path(path, sizeof path, o->ckpt_dir, all[i]);
+		unlink(path);
+	}
+	free(all);
+	return 0;
+}
+
+/* One field of the checkpoint's position against this run's option. */
+static int same(const char *ck, const char *what, int64_t saved, int64_t now)
+{
+	if (saved == now)
+		return 0;
+	return fail(1, "cannot resume from '%s': it was made with %s %lld, this run has %lld", ck,
+	            what, (long long)saved, (long long)now);
+}
+
+static int resume(run *r)
+{
+	char path[4096];
+	struct stat sb;
+	const char *ck = r->o->resume;
+	if (stat(ck, &sb) == 0 && S_ISDIR(sb.st_mode)) {
+		int n;
+		int64_t *all = list_ckpts(ck, &n);
+		if (n)
+			ckpt_path(path, sizeof path, ck, all[n - 1]);
+		free(all);
+		if (!n)
+			return fail(1, "--resume '%s': no ckpt-<step>.safetensors in it", ck);
+		ck = path;
+	}
+	kiln_error e = {0};
+	kiln_status st = kiln_trainer_load(r->tr, ck, &e);
+	if (st != KILN_OK && strstr(e.msg, ck))
+		return fail(1, "cannot resume: %s", e.msg);
+	if (st != KILN_OK)
+		return fail(1, "cannot resume from '%s': %s", ck, e.msg);
+	const int64_t *pos = state_i64(r, POS_NAME);
+	if (same(ck, "--seed", pos[POS_SEED], r->o->seed) ||
+	    same(ck, "--batch", pos[POS_BSIZE], r->o->batch) ||
+	    same(ck, "--accum", pos[POS_ACCUM], r->o->accum) ||
+	    same(ck, "training samples", pos[POS_NTRAIN], r->n))
+		return 1;
+	if (pos[POS_EPOCH] < 0 || pos[POS_BATCH] < 0 || pos[POS_BATCH] >= r->nb)
+		return fail(1, "cannot resume from '%s': bad position (epoch %lld, batch %lld)", ck,
+		            (long long)pos[POS_EPOCH], (long long)pos[POS_BATCH]);
+	r->epoch = pos[POS_EPOCH], r->batch = pos[POS_BATCH];
+	r->last_ckpt = step_no(r);
+	if (!r->o->quiet)
+		printf("resumed from %s at step %lld (epoch %lld, batch %lld)\n", ck,
+		       (long long)step_no(r), (long long)r->epoch + 1, (long long)r->batch);
+	return 0;
+}
+
+/* ---- the CSV curve ---------------------------------------------------------------- */
+
+/* Keeps the header and the rows up to step `upto` of an existing log. */
+static int trim_log(const char *path, int64_t upto)
+{
+	FILE *f = fopen(path, "r");
+	if (!f)
+		return 0;
+	char tmp[4096], line[1024];
+	snprintf(tmp, sizeof tmp, "%s.tmp", path);
+	FILE *w = fopen(tmp, "w");
+	if (!w) {
+		fclose(f);
+		return fail(1, "cannot write '%s': %s", tmp, strerror(errno));
+	}
+	for (bool first = true; fgets(line, sizeof line, f); first = false) {
+		long long s;
+		if (first || (sscanf(line, "%lld,", &s) == 1 && s <= upto))
+			fputs(line, w);
+	}
+	fclose(f);
+	if (fclose(w) != 0 || rename(tmp, path) != 0)
+		return fail(1, "cannot rewrite '%s': %s", path, strerror(errno));
+	return 0;
+}
+
+static int open_log(run *r)
+{
+	const char *path = r->o->log;
+	if (!path)
+		return 0;
+	if (r->o->resume && access(path, F_OK) == 0) {
+		if (trim_log(path, step_no(r)))
+			return 1;
+		r->log = fopen(path, "a");
+	} else if ((r->log = fopen(path, "w"))) {
+		fprintf(r->log, "step,epoch,lr,loss%s\n", r->vx ? ",val_acc" : "");
+	}
+	return r->log ? 0 : fail(1, "cannot write '%s': %s", path, strerror(errno));
+}
+
+/* ---- evaluation ------------------------------------------------------------------- */
+
+/* Rows of y (class targets, [n, d...]) that out ([n, C, d...]) gets right. */
+static int64_t count_correct(const kiln_tensor *out, const int64_t *y, int64_t n)
+{
+	int64_t C = out->shape[1], inner = kiln_tensor_numel(out) / (n * C), hits = 0;
+	for (int64_t i = 0; i < n; i++)
+		for (int64_t j = 0; j < inner; j++) {
+			int64_t best = 0;
+			for (int64_t c = 1; c < C; c++)
+				if (ir_load(out, (i * C + c) * inner + j) > ir_load(out, (i * C + best) * inner + j))
+					best = c;
+			hits += best == y[i * inner + j];
+		}
+	return hits;
+}
+
+/* Accuracy of the eval model on (x, y); keep (may be NULL) gets every
+ * output row of the model's first output. */
+static int accuracy(run *r, const kiln_tensor *x, const kiln_tensor *y, double *acc,
+                    kiln_tensor **keep)
+{
+	int64_t n = x->shape[0], hits = 0;
+	size_t xrow = kiln_tensor_nbytes(x) / (size_t)n, orow = 0;
+	for (int64_t lo = 0; lo < n; lo += EVAL_CHUNK) {
+		kiln_tensor view = *x, *out = NULL;
+		view.shape[0] = n - lo < EVAL_CHUNK ? n - lo : EVAL_CHUNK;
+		view.data = (char *)x->data + lo * xrow;
+		kiln_error e = {0};
+		kiln_status st = kiln_trainer_eval(r->tr, &view, &out, &e);
+		if (st != KILN_OK)
+			return fail_err(&e, st);
+		hits += count_correct(out, (const int64_t *)y->data + lo * (kiln_tensor_numel(y) / n),
+		                      view.shape[0]);
+		if (keep && !*keep) {
+			int64_t shape[KILN_MAX_RANK];
+			memcpy(shape, out->shape, sizeof shape);
+			shape[0] = n;
+			orow = kiln_tensor_nbytes(out) / (size_t)view.shape[0];
+			*keep = kiln_tensor_new(out->dtype, out->rank, shape);
+		}
+		if (keep && *keep)
+			memcpy((char *)(*keep)->data + lo * orow, out->data, kiln_tensor_nbytes(out));
+		kiln_tensor_free(out);
+	}
+	*acc = (double)hits / (double)kiln_tensor_numel(y);
+	return keep && !*keep ? fail(1, "out of memory") : 0;
+}
+
+/* ---- the loop ------------------------------------------------------------------- */
+
+static double now(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static void progress(const run *r, double loss)
+{
+	int width = 30, done = (int)((r->batch + 1) * width / r->nb);
+	fprintf(stderr, "\repoch %lld/%lld [%.*s%*s] %lld/%lld loss %.4f", (long long)r->epoch + 1,
+	        (long long)r->o->epochs, done, "##############################", width - done, "",
+	        (long long)r->batch + 1, (long long)r->nb, loss);
+	fflush(stderr);
+}
+
+static void epoch_summary(run *r, int64_t epoch, double secs)
+{
+	if (r->tty)
+		fputs("\r\033[K", stderr);
+	printf("epoch %lld/%lld: loss %.4f", (long long)epoch + 1, (long long)r->o->epochs,
+	       r->loss_sum / (double)r->seen);
+	if (r->L->classify)
+		printf(", acc %.2f%%", 100.0 * (double)r->correct / (double)r->counted);
+	if (r->vx)
+		printf(", val_acc %.2f%%", 100.0 * r->val_acc);
+	printf(" (%.1f s)\n", secs);
+	fflush(stdout);
+	r->loss_sum = 0, r->seen = r->correct = r->counted = 0;
+}
+
+/* Runs batch r->batch of the current epoch and logs it. */
+static int one_step(run *r)
+{
+	fill_batch(r, r->batch);
+	double lr = kiln_sched_lr(&r->sched, kiln_trainer_steps(r->tr)), loss = 0, t0 = now();
+	kiln_error e = {0};
+	kiln_status st = kiln_trainer_step(r->tr, r->bx, r->by, lr, &loss, &e);
+	r->step_time += now() - t0;
+	if (st != KILN_OK)
+		return fail(1, "step %lld: %s", (long long)step_no(r) + 1, e.msg);
+	if (!isfinite(loss))
+		return fail(1, "step %lld: the loss is %g (lower --lr, or --clip-norm?)",
+		            (long long)step_no(r) + 1, loss);
+	r->loss_sum += loss * (double)r->bx->shape[0];
+	r->seen += r->bx->shape[0];
+	if (r->L->classify) {
+		r->correct += *state_i64(r, CORRECT_NAME);
+		r->counted += kiln_tensor_numel(r->by);
+	}
+	bool last = r->batch + 1 == r->nb;
+	if (last && r->vx && accuracy(r, r->vx, r->vy, &r->val_acc, NULL))
+		return 1;
+	if (r->log) {
+		fprintf(r->log, "%lld,%lld,%.17g,%.17g", (long long)step_no(r) + 1,
+		        (long long)r->epoch + 1, lr, loss);
+		if (r->vx)
+			fprintf(r->log, last ? ",%.6f\n" : ",\n", r->val_acc);
+		else
+			fputc('\n', r->log);
+		fflush(r->log);
+	}
+	if (r->tty)
+		progress(r, loss);
+	return 0;
+}
+
+/* 0: done; 1: failed; -1: stopped by --stop-after. */
+static int train_loop(run *r)
+{
+	const opts *o = r->o;
+	while (r->epoch < o->epochs) {
+		double t0 = now();
+		int64_t epoch = r->epoch;
+		shuffle(r->perm, r->n, (uint64_t)o->seed, epoch);
+		while (r->epoch == epoch) {
+			if (step_no(r) == o->stop_after)
+				return -1;
+			if (one_step(r))
+				return 1;
+			if (++r->batch == r->nb)
+				r->epoch++, r->batch = 0;
+			if (o->every && step_no(r) % o->every == 0 && save_ckpt(r))
+				return 1;
+		}
+		if (!o->quiet)
+			epoch_summary(r, epoch, now() - t0);
+	}
+	return 0;
+}
+
+/* ---- setup, export and the command ------------------------------------------------- */
+
+static int load_model(const char *path, kiln_graph **g)
+{
+	kiln_error e = {0};
+	kiln_status st = kiln_graph_load_any(path, g, &e);
+	if (st == KILN_OK && (st = kiln_graph_verify(*g, &e)) != KILN_OK) {
+		kiln_graph_free(*g);
+		*g = NULL;
+	}
+	if (st != KILN_OK)
+		return strstr(e.msg, path) ? fail_err(&e, st) : fail(1, "%s: %s", path, e.msg);
+	const kiln_graph *m = *g;
+	for (uint32_t i = 0; i < m->noutput; i++) {
+		const char *name = m->val[m->output[i]]->name;
+		size_t n = name ? strlen(name) : 0;
+		if (n > 5 && !strcmp(name + n - 5, ".next"))
+			return fail(1, "%s: output '%s' is a state update, so the model was traced in train "
+			            "mode; kiln train needs the inference-mode model", path, name);
+	}
+	char b[256];
+	const ir_value *in = m->ninput == 1 ? m->val[m->input[0]] : NULL;
+	if (!in || m->noutput < 1)
+		return fail(1, "%s: kiln train needs one input and at least one output, the model "
+		            "has %u and %u", path, m->ninput, m->noutput);
+	if (in->type.rank < 1 || in->type.dim[0] >= 0)
+		return fail(1, "%s: input '%s' is %s; kiln train needs a symbolic batch dim first "
+		            "(e.g. dynamic_axes in torch.onnx.export)", path, in->name,
+		            ir_type_str(m, &in->type, b, sizeof b));
+	return 0;
+}
+
+static int setup(run *r, const opts *o)
+{
+	kiln_train_opts to;
+	int rc = train_opts(o, &r->L, &to);
+	if (rc || load_model(o->model, &r->eval))
+		return rc ? rc : 1;
+	if (load_pair(o->x, o->y, r->eval, r->L, &r->x, &r->y) ||
+	    (o->val_x && load_pair(o->val_x, o->val_y, r->eval, r->L, &r->vx, &r->vy)))
+		return 1;
+	r->n = r->x->shape[0];
+	if (r->n < 1)
+		return fail(1, "%s has no samples", o->x);
+	r->nb = (r->n + o->batch - 1) / o->batch;
+	if (parse_sched(o, r->nb * o->epochs / o->accum, &r->sched))
+		return TOOLS_EXIT_USAGE;
+	kiln_error e = {0};
+	kiln_graph *tg = train_graph(r->eval, o, r->L, &e);
+	kiln_status st = tg ? kiln_trainer_new(tg, r->eval, &to, &r->tr, &e) : e.code;
+	kiln_graph_free(tg);
+	if (st != KILN_OK)
+		return fail(1, "%s: %s", o->model, e.msg[0] ? e.msg : kiln_status_str(st));
+	int64_t bshape[KILN_MAX_RANK];
+	memcpy(bshape, r->x->shape, sizeof bshape);
+	bshape[0] = o->batch;
+	r->bx = kiln_tensor_new(r->x->dtype, r->x->rank, bshape);
+	memcpy(bshape, r->y->shape, sizeof bshape);
+	bshape[0] = o->batch;
+	r->by = kiln_tensor_new(r->y->dtype, r->y->rank, bshape);
+	r->perm = malloc((size_t)r->n * sizeof *r->perm);
+	if (!r->bx || !r->by || !r->perm)
+		return fail(1, "out of memory");
+	if (o->ckpt_dir && mkdir(o->ckpt_dir, 0777) != 0 && errno != EEXIST)
+		return fail(1, "cannot create '%s': %s", o->ckpt_dir, strerror(errno));
+	return 0;
+}
+
+/* The inference model with the trained parameters and buffers. */
+static int export_model(run *r, const char *path)
+{
+	kiln_tensor_set *s = kiln_trainer_state(r->tr);
+	if (!s)
+		return fail(1, "out of memory");
+	kiln_graph *g = r->eval;
+	for (uint32_t i = 1; i < g->nval; i++) {
+		ir_value *v = g->val[i];
+		const kiln_tensor *t = v->kind == IR_V_PARAM && v->name ? kiln_tensor_set_get(s, v->name) : NULL;
+		if (t && kiln_tensor_nbytes(t) == kiln_tensor_nbytes(v->data))
+			memcpy(v->data->data, t->data, kiln_tensor_nbytes(t));
+	}
+	kiln_tensor_set_free(s);
+	size_t n = strlen(path);
+	bool kir = n > 4 && !strcmp(path + n - 4, ".kir");
+	kiln_error e = {0};
+	kiln_status st = kir ? kiln_graph_save(g, path, &e) : kiln_onnx_export(g, path, &e);
+	if (st != KILN_OK)
+		return fail(1, "--export '%s': %s", path, e.msg[0] ? e.msg : kiln_status_str(st));
+	if (!r->o->quiet)
+		printf("exported %s\n", path);
+	return 0;
+}
+
+static int write_val_out(run *r, const char *path)
+{
+	kiln_tensor *out = NULL;
+	kiln_error e = {0};
+	kiln_status st;
+	int rc = accuracy(r, r->vx, r->vy, &r->val_acc, &out);
+	if (!rc && (st = kiln_npy_write(path, out, &e)) != KILN_OK)
+		rc = fail_err(&e, st);
+	kiln_tensor_free(out);
+	return rc;
+}
+
+static int finish(run *r)
+{
+	const opts *o = r->o;
+	int64_t steps = step_no(r);
+	if (o->ckpt_dir && r->last_ckpt != steps && save_ckpt(r))
+		return 1;
+	if (!o->quiet) {
+		int64_t ran = steps - r->first;
+		printf("trained %lld steps (%lld updates)", (long long)steps,
+		       (long long)kiln_trainer_steps(r->tr));
+		if (ran > 0)
+			printf(", %.2f ms/step", 1e3 * r->step_time / (double)ran);
+		if (r->vx)
+			printf(", val_acc %.2f%%", 100.0 * r->val_acc);
+		printf("\n");
+	}
+	if (o->val_out && write_val_out(r, o->val_out))
+		return 1;
+	return o->export_path ? export_model(r, o->export_path) : 0;
+}
+
+static void run_free(run *r)
+{
+	kiln_trainer_free(r->tr);
+	kiln_graph_free(r->eval);
+	kiln_tensor_free(r->x), kiln_tensor_free(r->y), kiln_tensor_free(r->vx);
+	kiln_tensor_free(r->vy), kiln_tensor_free(r->bx), kiln_tensor_free(r->by);
+	free(r->perm);
+	if (r->log)
+		fclose(r->log);
+}
+
+int cmd_train(int argc, char **argv)
+{
+	opts o;
+	int rc = parse_args(argc, argv, &o);
+	if (rc)
+		return rc;
+	run r = {.o = &o, .last_ckpt = -1, .tty = !o.quiet && isatty(2)};
+	rc = setup(&r, &o);
+	if (!rc && o.resume)
+		rc = resume(&r);
+	r.first = step_no(&r);
+	if (!rc)
+		rc = open_log(&r);
+	if (!rc && (rc = train_loop(&r)) < 0) {
+		if (r.tty)
+			fputs("\r\033[K", stderr);
+		fprintf(stderr, "kiln: stopped before step %lld (--stop-after)\n",
+		        (long long)step_no(&r) + 1);
+		rc = 0;
+	} else if (!rc) {
+		rc = finish(&r);
+	}
+	run_free(&r);
+	return rc;
+}
