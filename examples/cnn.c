@@ -27,24 +27,10 @@ int main(int argc, char **argv)
 	const int64_t dims[] = {N, 1, 28, 28}; /* a compound literal would split the macro args */
 	kiln_value x = kiln_input(g, "x", KILN_F32, 4, dims);
 	kiln_output(g, "logits", example_cnn(g, x));
-	if (kiln_graph_status(g) != KILN_OK) { /* the first error, with our file:line */
-		fprintf(stderr, "cnn: %s\n", kiln_graph_errmsg(g));
-		kiln_graph_free(g);
-		return 1;
-	}
-	example_summary(g);
-
-	kiln_error err = {0};
-	kiln_tensor *in = example_random_input(4, (int64_t[]){4, 1, 28, 28}, 42), *out = NULL;
-	kiln_status st = kiln_graph_run(g, &in, 1, &out, 1, &err);
-	if (st == KILN_OK)
-		example_print_logits(out);
-	if (st == KILN_OK && argc > 1 && (st = kiln_graph_save(g, argv[1], &err)) == KILN_OK)
-		printf("saved %s\n", argv[1]);
-	if (st != KILN_OK)
-		fprintf(stderr, "cnn: %s\n", err.msg);
-	kiln_tensor_free(in);
-	kiln_tensor_free(out);
+	/* a failing builder records its error (with this file:line) in g and
+	 * returns KILN_NONE, so tracing needs no checks; example_run checks
+	 * kiln_graph_status once before running */
+	int rc = example_run("cnn", g, 4, (int64_t[]){4, 1, 28, 28}, argc > 1 ? argv[1] : NULL);
 	kiln_graph_free(g);
-	return st == KILN_OK ? 0 : 1;
+	return rc;
 }

@@ -8,8 +8,9 @@
  * (features.0.weight, classifier.2.bias ...).
  *
  * Below the models are the few helpers both example programs use: a
- * summary of a traced graph, seeded random input, and printing logits.
- * They use only the public API, as a user's program would.
+ * summary of a traced graph, seeded random input, printing logits, and
+ * example_run, the part of main() after tracing that the two share.  They
+ * use only the public API, as a user's program would.
  */
 #ifndef KILN_EXAMPLE_MODELS_H
 #define KILN_EXAMPLE_MODELS_H
@@ -126,6 +127,34 @@ static inline void example_print_logits(const kiln_tensor *y)
 		}
 		printf("  -> class %lld\n", (long long)best);
 	}
+}
+
+/* What both example programs do with their traced graph g: print its
+ * summary, run a random batch of the given shape through the interpreter
+ * and print the logits, then save g to save_kir (and the .safetensors
+ * beside it) unless that is NULL.  Errors go to stderr after "prog: ".
+ * Returns main's exit status; g stays the caller's to free. */
+static inline int example_run(const char *prog, kiln_graph *g, int rank, const int64_t *shape,
+                              const char *save_kir)
+{
+	if (kiln_graph_status(g) != KILN_OK) { /* the first error, with the model's file:line */
+		fprintf(stderr, "%s: %s\n", prog, kiln_graph_errmsg(g));
+		return 1;
+	}
+	example_summary(g);
+
+	kiln_error err = {0};
+	kiln_tensor *in = example_random_input(rank, shape, 42), *out = NULL;
+	kiln_status st = kiln_graph_run(g, &in, 1, &out, 1, &err);
+	if (st == KILN_OK)
+		example_print_logits(out);
+	if (st == KILN_OK && save_kir && (st = kiln_graph_save(g, save_kir, &err)) == KILN_OK)
+		printf("saved %s\n", save_kir);
+	if (st != KILN_OK)
+		fprintf(stderr, "%s: %s\n", prog, err.msg);
+	kiln_tensor_free(in);
+	kiln_tensor_free(out);
+	return st == KILN_OK ? 0 : 1;
 }
 
 #endif /* KILN_EXAMPLE_MODELS_H */

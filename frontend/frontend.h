@@ -1,6 +1,7 @@
 /*
  * frontend.h: helpers shared by the tracing DSL (dsl.c) and the layers
- * built on it (layers.c), private to frontend/.
+ * built on it (layers.c), private to frontend/ and the tools built on it
+ * (tools/train.c derives its train-mode graph with fe_bn_batch_stats).
  *
  * The key promise of the DSL is that a failed call leaves the graph exactly
  * as it was before the call, apart from the recorded error: a builder that
@@ -30,5 +31,19 @@ const ir_value *fe_value(kiln_graph *g, kiln_loc loc, const char *op, const char
                          kiln_value v);
 /* True when some live input, parameter or named value already has name. */
 bool fe_name_taken(const kiln_graph *g, const char *name);
+
+/* ---- layers.c ------------------------------------------------------------ */
+
+typedef struct fe_bn_stats {
+	kiln_value mean, var; /* [C]: what BatchNormalization reads */
+	kiln_value unbiased;  /* var n/(n-1): what running_var tracks */
+} fe_bn_stats;
+
+/* Batch statistics of x over every axis but 1, of dtype dt, as PyTorch's
+ * training-mode batch norm takes them (kiln_batchnorm in train mode and
+ * `kiln train`'s derived graph).  Composed from ops, so gradients flow
+ * through them.  A failure is recorded in g as by any builder: check g's
+ * status before using the values. */
+fe_bn_stats fe_bn_batch_stats(kiln_graph *g, kiln_loc loc, kiln_value x, kiln_dtype dt);
 
 #endif /* KILN_FRONTEND_H */

@@ -238,6 +238,26 @@ static kiln_value per_channel(kiln_graph *g, kiln_loc loc, kiln_value x, kiln_dt
 	return cnt;
 }
 
+/* Sums over n rather than ReduceMean, so a symbolic batch works: n comes
+ * from Shape(x) then. */
+fe_bn_stats fe_bn_batch_stats(kiln_graph *g, kiln_loc loc, kiln_value x, kiln_dtype dt)
+{
+	int64_t axes[KILN_MAX_RANK];
+	int na = 0;
+	for (int i = 0; i < g->val[x]->type.rank; i++)
+		if (i != 1)
+			axes[na++] = i;
+	kiln_value n = per_channel(g, loc, x, dt);
+	kiln_value mk = kiln_div_at(g, loc, kiln_reduce_sum_at(g, loc, x, na, axes, true), n);
+	fe_bn_stats s = {.mean = kiln_squeeze_at(g, loc, mk, na, axes)};
+	kiln_value d = kiln_sub_at(g, loc, x, mk);
+	s.var = kiln_div_at(g, loc, kiln_reduce_sum_at(g, loc, kiln_mul_at(g, loc, d, d), na, axes,
+	                                              false), n);
+	s.unbiased = kiln_mul_at(g, loc, s.var, kiln_div_at(g, loc, n,
+	                         kiln_sub_at(g, loc, n, kiln_scalar_at(g, loc, dt, 1))));
+	return s;
+}
+
 /* Training-mode batch norm with PyTorch's semantics, composed from ops so
  * gradients flow through the batch statistics by the reductions' own rules:
  * mean and biased var over every axis but 1 feed the inference-mode
@@ -248,31 +268,15 @@ static kiln_value per_channel(kiln_graph *g, kiln_loc loc, kiln_value x, kiln_dt
 static kiln_value bn_train(kiln_graph *g, kiln_loc loc, const char *name, const kiln_value *in,
                            kiln_value nbt, double eps, double momentum)
 {
-	kiln_value x = in[0];
-	int rank = g->val[x]->type.rank;
 	kiln_dtype dt = g->val[in[3]]->type.dtype;
-	int64_t axes[KILN_MAX_RANK];
-	int na = 0;
-	for (int i = 0; i < rank; i++)
-		if (i != 1)
-			axes[na++] = i;
-	/* sums over n rather than ReduceMean, so a symbolic batch works: n
-	 * comes from Shape(x) then */
-	kiln_value n = per_channel(g, loc, x, dt);
-	kiln_value mk = kiln_div_at(g, loc, kiln_reduce_sum_at(g, loc, x, na, axes, true), n);
-	kiln_value mean = kiln_squeeze_at(g, loc, mk, na, axes);
-	kiln_value d = kiln_sub_at(g, loc, x, mk);
-	kiln_value var = kiln_div_at(g, loc, kiln_reduce_sum_at(g, loc, kiln_mul_at(g, loc, d, d),
-	                                                        na, axes, false), n);
-	kiln_value y = kiln_batch_norm_at(g, loc, x, in[1], in[2], mean, var, eps);
-	kiln_value unbiased = kiln_mul_at(g, loc, var, kiln_div_at(g, loc, n,
-	                      kiln_sub_at(g, loc, n, kiln_scalar_at(g, loc, dt, 1))));
+	fe_bn_stats st = fe_bn_batch_stats(g, loc, in[0], dt);
+	kiln_value y = kiln_batch_norm_at(g, loc, in[0], in[1], in[2], st.mean, st.var, eps);
 	kiln_value keep = kiln_scalar_at(g, loc, dt, 1 - momentum);
 	kiln_value mom = kiln_scalar_at(g, loc, dt, momentum);
 	kiln_value next[3] = {
-		kiln_add_at(g, loc, kiln_mul_at(g, loc, in[3], keep), kiln_mul_at(g, loc, mean, mom)),
+		kiln_add_at(g, loc, kiln_mul_at(g, loc, in[3], keep), kiln_mul_at(g, loc, st.mean, mom)),
 		kiln_add_at(g, loc, kiln_mul_at(g, loc, in[4], keep),
-		            kiln_mul_at(g, loc, unbiased, mom)),
+		            kiln_mul_at(g, loc, st.unbiased, mom)),
 		kiln_add_at(g, loc, nbt, kiln_scalar_at(g, loc, KILN_I64, 1)),
 	};
 	const char *suffix[3] = {"running_mean", "running_var", "num_batches_tracked"};

@@ -270,7 +270,7 @@ double ir_rand_normal(kiln_graph *g)
 
 /* ---- interned strings ------------------------------------------------- */
 
-static uint32_t hash_str(const char *s)
+uint32_t ir_hash_str(const char *s)
 {
 	uint32_t h = 2166136261u;
 	for (; *s; s++)
@@ -290,7 +290,7 @@ const char *ir_intern(kiln_graph *g, const char *s)
 		for (uint32_t i = 0; i < g->capstr; i++) {
 			if (!g->strtab[i])
 				continue;
-			uint32_t h = hash_str(g->strtab[i]) & (nc - 1);
+			uint32_t h = ir_hash_str(g->strtab[i]) & (nc - 1);
 			while (t[h])
 				h = (h + 1) & (nc - 1);
 			t[h] = g->strtab[i];
@@ -299,7 +299,7 @@ const char *ir_intern(kiln_graph *g, const char *s)
 		g->strtab = t;
 		g->capstr = nc;
 	}
-	uint32_t h = hash_str(s) & (g->capstr - 1);
+	uint32_t h = ir_hash_str(s) & (g->capstr - 1);
 	for (; g->strtab[h]; h = (h + 1) & (g->capstr - 1))
 		if (strcmp(g->strtab[h], s) == 0)
 			return g->strtab[h];

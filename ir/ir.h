@@ -65,6 +65,8 @@ void ir_arena_free(ir_arena *a);
  * NULL when out of memory. */
 void *ir_alloc(ir_arena *a, size_t n);
 char *ir_arena_strdup(ir_arena *a, const char *s);
+/* FNV-1a of s, for the open-addressing string tables (interning, .kir names). */
+uint32_t ir_hash_str(const char *s);
 
 /* ---- types and dimensions (ir.c) -------------------------------------- */
 

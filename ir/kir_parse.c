@@ -388,17 +388,9 @@ static const char *ref_key(parser *P, const tok *t)
 	return k;
 }
 
-static uint32_t hash_key(const char *s)
-{
-	uint32_t h = 2166136261u;
-	for (; *s; s++)
-		h = (h ^ (unsigned char)*s) * 16777619u;
-	return h;
-}
-
 static name_slot *slot(parser *P, const char *key)
 {
-	uint32_t h = hash_key(key) & (P->capnames - 1);
+	uint32_t h = ir_hash_str(key) & (P->capnames - 1);
 	while (P->names[h].key && strcmp(P->names[h].key, key) != 0)
 		h = (h + 1) & (P->capnames - 1);
 	return &P->names[h];

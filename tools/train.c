@@ -28,6 +28,7 @@
 #include <unistd.h>
 
 #include "kiln/kiln.h"
+#include "frontend/frontend.h"
 #include "ir/ir.h"
 #include "tools/tools.h"
 
@@ -365,25 +366,6 @@ static uint64_t mix64(uint64_t z)
 	return z ^ (z >> 31);
 }
 
-/* Elements per channel of x (every axis but 1) as a scalar of dtype dt: a
- * constant when those dims are fixed, else from Shape(x) (as layers.c). */
-static kiln_value per_channel(kiln_graph *g, kiln_loc loc, kiln_value x, kiln_dtype dt)
-{
-	const ir_type *t = &g->val[x]->type;
-	int64_t n = 1;
-	for (int i = 0; i < t->rank && n >= 0; i++)
-		n = i == 1 ? n : t->dim[i] < 0 ? -1 : n * t->dim[i];
-	if (n >= 0)
-		return kiln_scalar_at(g, loc, dt, (double)n);
-	kiln_value shp = kiln_cast_at(g, loc, kiln_shape_of_at(g, loc, x), dt), cnt = KILN_NONE;
-	for (int i = 0; i < t->rank; i++)
-		if (i != 1) {
-			kiln_value d = kiln_gather_at(g, loc, shp, kiln_scalar_at(g, loc, KILN_I64, i), 0);
-			cnt = cnt ? kiln_mul_at(g, loc, cnt, d) : d;
-		}
-	return cnt;
-}
-
 /* running * (1 - m) + batch * m, output as "<running>.next" */
 static void update(kiln_graph *g, kiln_loc loc, const ir_value *run, kiln_value batch, double m)
 {
@@ -415,29 +397,15 @@ static void bn_to_train(kiln_graph *g, ir_node *n, uint64_t seed)
 		return;
 	}
 	kiln_loc loc = n->loc;
-	uint32_t x = n->in[0];
 	double m = 1 - ir_attr_float(n, "momentum", 0.9);
-	int64_t axes[KILN_MAX_RANK];
-	int na = 0;
-	for (int i = 0; i < g->val[x]->type.rank; i++)
-		if (i != 1)
-			axes[na++] = i;
-	kiln_dtype dt = rm->type.dtype;
-	kiln_value cnt = per_channel(g, loc, x, dt);
-	kiln_value mk = kiln_div_at(g, loc, kiln_reduce_sum_at(g, loc, x, na, axes, true), cnt);
-	kiln_value mean = kiln_squeeze_at(g, loc, mk, na, axes);
-	kiln_value d = kiln_sub_at(g, loc, x, mk);
-	kiln_value var = kiln_div_at(g, loc, kiln_reduce_sum_at(g, loc, kiln_mul_at(g, loc, d, d),
-	                                                        na, axes, false), cnt);
-	kiln_value unbiased = kiln_mul_at(g, loc, var, kiln_div_at(g, loc, cnt,
-	                      kiln_sub_at(g, loc, cnt, kiln_scalar_at(g, loc, dt, 1))));
+	fe_bn_stats st = fe_bn_batch_stats(g, loc, n->in[0], rm->type.dtype);
 	if (g->status != KILN_OK)
 		return;
-	ir_set_input(g, n, 3, mean);
-	ir_set_input(g, n, 4, var);
+	ir_set_input(g, n, 3, st.mean);
+	ir_set_input(g, n, 4, st.var);
 	rm->trainable = rv->trainable = false;
-	update(g, loc, rm, mean, m);
-	update(g, loc, rv, unbiased, m);
+	update(g, loc, rm, st.mean, m);
+	update(g, loc, rv, st.unbiased, m);
 	char nbt[600];
 	size_t k = strlen(rm->name), s = strlen("running_mean");
 	snprintf(nbt, sizeof nbt, "%.*snum_batches_tracked", (int)(k >= s ? k - s : 0), rm->name);

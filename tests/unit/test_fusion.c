@@ -11,11 +11,11 @@
 #include <string.h>
 
 #include "codegen/lower.h"
-#include "examples/models.h"
 #include "ir/ir.h"
 #include "passes/passes.h"
 
 #include "check_main.h"
+#include "lower_util.h"
 
 /* ---- helpers -------------------------------------------------------------- */
 
@@ -119,50 +119,10 @@ static void fused_matches(const cg_module *m, const kiln_graph *ref, kiln_tensor
 	kiln_tensor_free(want), kiln_tensor_free(got);
 }
 
-static char *dump(const cg_module *m)
-{
-	char *text = NULL;
-	size_t len = 0;
-	FILE *f = open_memstream(&text, &len);
-	ck_assert_ptr_nonnull(f);
-	cg_print(m, f);
-	fclose(f);
-	return text;
-}
-
-static int count(const char *hay, const char *needle)
-{
-	int n = 0;
-	for (const char *p = hay; (p = strstr(p, needle)); p++)
-		n++;
-	return n;
-}
-
 /* The example CNN on [N,1,28,28] with PyTorch's trained weights. */
 static kiln_graph *cnn(void)
 {
-	kiln_graph *g = kiln_graph_new("cnn");
-	int64_t dims[4] = {kiln_sym(g, "N"), 1, 28, 28};
-	kiln_output(g, "logits", example_cnn(g, kiln_input(g, "x", KILN_F32, 4, dims)));
-	ck_assert_msg(kiln_graph_status(g) == KILN_OK, "%s", kiln_graph_errmsg(g));
-	char path[512];
-	snprintf(path, sizeof path, "%s/models/cnn.safetensors", KILN_FIXTURES);
-	kiln_tensor_set *s = NULL;
-	kiln_error err = {0};
-	ck_assert_msg(kiln_safetensors_read(path, &s, &err) == KILN_OK, "%s", err.msg);
-	ck_assert_msg(kiln_graph_load_params(g, s, &err) == KILN_OK, "%s", err.msg);
-	kiln_tensor_set_free(s);
-	return g;
-}
-
-static kiln_tensor *cnn_input(void)
-{
-	char path[512];
-	kiln_tensor *x = NULL;
-	kiln_error err = {0};
-	snprintf(path, sizeof path, "%s/models/cnn_input.npy", KILN_FIXTURES);
-	ck_assert_msg(kiln_npy_read(path, &x, &err) == KILN_OK, "%s", err.msg);
-	return x;
+	return trained_model("cnn", example_cnn, 4, (int64_t[]){1, 28, 28});
 }
 
 /* ---- bnfold ---------------------------------------------------------------- */
@@ -175,7 +135,7 @@ START_TEST(bnfold_cnn_matches_unfolded_and_drops_every_bn)
 	ck_assert_int_eq(count_op(g, KILN_OP_BATCH_NORM), 2);
 	ck_assert_int_eq(count_op(f, KILN_OP_BATCH_NORM), 0);
 	ck_assert_int_eq(count_op(f, KILN_OP_CONV), 2);
-	kiln_tensor *x = cnn_input();
+	kiln_tensor *x = model_input("cnn");
 	same_outputs(g, f, &x, 1, 1e-5);
 	kiln_tensor_free(x);
 	kiln_graph_free(f);
@@ -198,6 +158,46 @@ START_TEST(bnfold_into_gemm_with_bias_matches)
 	ck_assert_str_eq(f->val[f->output[0]]->name, "y");
 	kiln_tensor *in = ramp(2, (int64_t[]){3, 6}, -2, 2, 1);
 	same_outputs(g, f, &in, 1, 1e-5);
+	kiln_tensor_free(in);
+	kiln_graph_free(f);
+	kiln_graph_free(g);
+}
+END_TEST
+
+/* A Linear's [N, K] weight is stored [K, N] with transB 0, so the GEMM
+ * reads B's rows in place; the replaced parameter gets no buffer (it would
+ * be embedded twice), and the results are unchanged. */
+START_TEST(bnfold_stores_linear_weights_as_k_by_n)
+{
+	kiln_graph *g = kiln_graph_new("lin");
+	kiln_value x = kiln_input(g, "x", KILN_F32, 2, (int64_t[]){kiln_sym(g, "N"), 6});
+	kiln_output(g, "y", kiln_relu(g, kiln_linear(g, "fc", x, 5, true)));
+	ck_assert_msg(kiln_graph_status(g) == KILN_OK, "%s", kiln_graph_errmsg(g));
+	perturb(g);
+	kiln_graph *f = optimized(g, PASS_INFERENCE);
+	const ir_node *gm = NULL;
+	for (uint32_t i = 0; i < f->nnode; i++)
+		gm = f->node[i]->op == KILN_OP_GEMM ? f->node[i] : gm;
+	ck_assert_ptr_nonnull(gm);
+	ck_assert_int_eq(ir_attr_int(gm, "transB", 1), 0);
+	const ir_type *bt = &f->val[gm->in[1]]->type;
+	ck_assert_int_eq(bt->rank, 2);
+	ck_assert_int_eq(bt->dim[0], 6);
+	ck_assert_int_eq(bt->dim[1], 5);
+	kiln_tensor *in = ramp(2, (int64_t[]){3, 6}, -2, 2, 4);
+	same_outputs(g, f, &in, 1, 1e-6);
+	cg_module *m = lower(f, true);
+	int consts = 0;
+	for (int b = 0; b < m->nbuf; b++) {
+		if (m->buf[b].kind != CG_BUF_CONST)
+			continue;
+		consts++;
+		ck_assert_msg(!(m->buf[b].type.rank == 2 && m->buf[b].type.dim[0] == 5),
+		              "the [5,6] weight still has buffer %d", b);
+	}
+	ck_assert_int_eq(consts, 2); /* [6,5] weight and [5] bias */
+	fused_matches(m, g, &in, 1);
+	cg_module_free(m);
 	kiln_tensor_free(in);
 	kiln_graph_free(f);
 	kiln_graph_free(g);
@@ -449,7 +449,7 @@ START_TEST(cnn_after_inference_pipeline_has_fewer_kernels)
 	ck_assert_int_eq(count(text, "batch_norm"), 0);
 	ck_assert_int_eq(count(text, "per row relu"), 2);
 	free(text);
-	kiln_tensor *x = cnn_input();
+	kiln_tensor *x = model_input("cnn");
 	fused_matches(after, g, &x, 1);
 	kiln_tensor_free(x);
 	cg_module_free(before), cg_module_free(after);
@@ -492,6 +492,7 @@ static Suite *fusion_suite(void)
 	TCase *tc = tcase_create("bnfold");
 	tcase_add_test(tc, bnfold_cnn_matches_unfolded_and_drops_every_bn);
 	tcase_add_test(tc, bnfold_into_gemm_with_bias_matches);
+	tcase_add_test(tc, bnfold_stores_linear_weights_as_k_by_n);
 	tcase_add_test(tc, bnfold_leaves_training_graphs_alone);
 	tcase_add_test(tc, bnfold_refuses_non_constant_stats);
 	suite_add_tcase(s, tc);

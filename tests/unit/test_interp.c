@@ -1,338 +1,50 @@
 /* test_interp.c: the reference interpreter (ir/interp.c) against PyTorch.
  *
- * Each case names a fixture prefix in tests/fixtures/ops (written by
- * make_op_fixtures.py; keep the tables in step), the op and its attributes
- * as "name=value" text parsed with the op's schema.  The case builds a
- * one-node graph whose inputs are the <case>_in<k>.npy files and whose
- * outputs are as many as there are <case>_out<k>.npy files, infers types,
- * runs kiln_graph_run and compares dtype, shape and values (1e-5 for f32,
- * 1e-12 for f64 cases, exact for integers and bools).  Then the driver's
- * checks and errors, symbolic batches, and element access by dtype. */
+ * Every op case of op_cases.h (fixtures in tests/fixtures/ops) becomes a
+ * one-node graph run by kiln_graph_run; dtype, shape and values must match
+ * the fixture outputs (1e-5 for f32, 1e-12 for f64 cases, exact for
+ * integers and bools).  Then the driver's checks and errors, symbolic
+ * batches, and element access by dtype. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "ir/ir.h"
 
 #include "check_main.h"
+#include "op_cases.h"
 
-typedef struct opcase {
-	const char *name;  /* fixture prefix */
-	kiln_op op;
-	const char *attrs; /* "axes=0,2 keepdims=0 mode=reflect" */
-	double tol;        /* 0: 1e-5 */
-} opcase;
+/* ---- the op cases ------------------------------------------------------ */
 
-#define F64TOL 1e-12
-
-static const opcase elementwise[] = {
-	{"neg", KILN_OP_NEG, ""}, {"abs", KILN_OP_ABS, ""}, {"exp", KILN_OP_EXP, ""},
-	{"log", KILN_OP_LOG, ""}, {"sqrt", KILN_OP_SQRT, ""},
-	{"reciprocal", KILN_OP_RECIPROCAL, ""}, {"floor", KILN_OP_FLOOR, ""},
-	{"ceil", KILN_OP_CEIL, ""}, {"sin", KILN_OP_SIN, ""}, {"cos", KILN_OP_COS, ""},
-	{"relu", KILN_OP_RELU, ""}, {"sigmoid", KILN_OP_SIGMOID, ""}, {"tanh", KILN_OP_TANH, ""},
-	{"erf", KILN_OP_ERF, ""}, {"identity", KILN_OP_IDENTITY, ""},
-	{"leaky_relu", KILN_OP_LEAKY_RELU, "alpha=0.2"}, {"gelu", KILN_OP_GELU, ""},
-	{"gelu_tanh", KILN_OP_GELU, "approximate=tanh"},
-	{"clip", KILN_OP_CLIP, "min=-0.5 max=0.7"}, {"clip_min_only", KILN_OP_CLIP, "min=0"},
-	{"sigmoid_f64", KILN_OP_SIGMOID, "", F64TOL}, {"neg_i64", KILN_OP_NEG, ""},
-	{"clip_i64", KILN_OP_CLIP, "min=-2 max=4"}, {"not", KILN_OP_NOT, ""},
-	{"cast_f32_i32", KILN_OP_CAST, "to=i32"}, {"cast_f32_bool", KILN_OP_CAST, "to=bool"},
-	{"cast_f32_f16", KILN_OP_CAST, "to=f16"}, {"cast_f16_f32", KILN_OP_CAST, "to=f32"},
-	{"cast_f32_bf16", KILN_OP_CAST, "to=bf16"}, {"cast_i64_f32", KILN_OP_CAST, "to=f32"},
-	{"cast_i64_i32", KILN_OP_CAST, "to=i32"}, {"cast_bool_f32", KILN_OP_CAST, "to=f32"},
-};
-
-static const opcase broadcasting[] = {
-	{"add_bcast", KILN_OP_ADD, ""}, {"sub_bcast", KILN_OP_SUB, ""},
-	{"mul_bcast", KILN_OP_MUL, ""}, {"div", KILN_OP_DIV, ""}, {"pow", KILN_OP_POW, ""},
-	{"add_f64", KILN_OP_ADD, "", F64TOL}, {"add_i64", KILN_OP_ADD, ""},
-	{"div_i64", KILN_OP_DIV, ""}, {"max3", KILN_OP_MAX, ""}, {"min2", KILN_OP_MIN, ""},
-	{"equal", KILN_OP_EQUAL, ""}, {"less", KILN_OP_LESS, ""},
-	{"greater", KILN_OP_GREATER, ""}, {"and", KILN_OP_AND, ""}, {"or", KILN_OP_OR, ""},
-	{"where", KILN_OP_WHERE, ""},
-};
-
-static const opcase reductions[] = {
-	{"reduce_sum", KILN_OP_REDUCE_SUM, "axes=1"},
-	{"reduce_sum_all", KILN_OP_REDUCE_SUM, "keepdims=0"},
-	{"reduce_mean", KILN_OP_REDUCE_MEAN, "axes=0,2 keepdims=0"},
-	{"reduce_max", KILN_OP_REDUCE_MAX, "axes=-1"},
-	{"reduce_min", KILN_OP_REDUCE_MIN, "axes=1 keepdims=0"},
-	{"reduce_sum_noop", KILN_OP_REDUCE_SUM, "noop_with_empty_axes=1"},
-	{"reduce_sum_i64", KILN_OP_REDUCE_SUM, "axes=0 keepdims=0"},
-	{"argmax", KILN_OP_ARGMAX, "axis=1"},
-	{"argmax_last", KILN_OP_ARGMAX, "axis=1 keepdims=0 select_last_index=1"},
-};
-
-static const opcase linalg[] = {
-	{"matmul", KILN_OP_MATMUL, ""}, {"matmul_batch", KILN_OP_MATMUL, ""},
-	{"matmul_vec_mat", KILN_OP_MATMUL, ""}, {"matmul_mat_vec", KILN_OP_MATMUL, ""},
-	{"matmul_vec_vec", KILN_OP_MATMUL, ""}, {"matmul_f64", KILN_OP_MATMUL, "", F64TOL},
-	{"gemm", KILN_OP_GEMM, ""},
-	{"gemm_trans", KILN_OP_GEMM, "alpha=0.5 beta=2 transA=1 transB=1"},
-	{"gemm_no_c", KILN_OP_GEMM, ""},
-};
-
-static const opcase convs[] = {
-	{"conv2d", KILN_OP_CONV, ""},
-	{"conv2d_stride_pad", KILN_OP_CONV, "strides=2,2 pads=1,1,1,1"},
-	{"conv2d_dilation", KILN_OP_CONV, "dilations=2,2 pads=1,2,1,2"},
-	{"conv2d_groups", KILN_OP_CONV, "group=2"},
-	{"conv1d", KILN_OP_CONV, "strides=2 pads=1,1"},
-	{"conv3d", KILN_OP_CONV, "pads=1,1,1,1,1,1"},
-	{"conv2d_f64", KILN_OP_CONV, "strides=2,2", F64TOL},
-	{"conv2d_same_upper", KILN_OP_CONV, "auto_pad=SAME_UPPER strides=2,2"},
-	{"conv_transpose2d", KILN_OP_CONV_TRANSPOSE, "strides=2,2 pads=1,1,1,1 output_padding=1,1"},
-	{"conv_transpose1d_groups", KILN_OP_CONV_TRANSPOSE, "group=2 dilations=2"},
-	{"conv_transpose1d_output_shape", KILN_OP_CONV_TRANSPOSE, "strides=2 output_shape=8"},
-};
-
-static const opcase pools[] = {
-	{"max_pool", KILN_OP_MAX_POOL, "kernel_shape=3,3 strides=2,2 pads=1,1,1,1"},
-	{"max_pool_dilation", KILN_OP_MAX_POOL, "kernel_shape=2,2 dilations=2,2 strides=2,2"},
-	{"max_pool_ceil", KILN_OP_MAX_POOL, "kernel_shape=3,3 strides=2,2 ceil_mode=1"},
-	{"max_pool1d", KILN_OP_MAX_POOL, "kernel_shape=3 strides=2 pads=1,1"},
-	{"avg_pool", KILN_OP_AVERAGE_POOL, "kernel_shape=2,2 strides=2,2"},
-	{"avg_pool_pad_incl", KILN_OP_AVERAGE_POOL,
-	 "kernel_shape=3,3 strides=2,2 pads=1,1,1,1 count_include_pad=1"},
-	{"avg_pool_pad_excl", KILN_OP_AVERAGE_POOL, "kernel_shape=3,3 strides=2,2 pads=1,1,1,1"},
-	{"avg_pool_ceil", KILN_OP_AVERAGE_POOL, "kernel_shape=3,3 strides=2,2 ceil_mode=1"},
-	{"global_average_pool", KILN_OP_GLOBAL_AVERAGE_POOL, ""},
-};
-
-static const opcase norms[] = {
-	{"batch_norm", KILN_OP_BATCH_NORM, ""},
-	{"batch_norm_train", KILN_OP_BATCH_NORM, "training_mode=1 epsilon=0.001"},
-	{"layer_norm", KILN_OP_LAYER_NORM, ""},
-	{"layer_norm_stats", KILN_OP_LAYER_NORM, "axis=1 epsilon=0.001"},
-	{"layer_norm_f64", KILN_OP_LAYER_NORM, "", F64TOL},
-	{"softmax", KILN_OP_SOFTMAX, "axis=1"}, {"softmax_axis0", KILN_OP_SOFTMAX, "axis=0"},
-	{"log_softmax", KILN_OP_LOG_SOFTMAX, ""}, {"softmax_f64", KILN_OP_SOFTMAX, "", F64TOL},
-};
-
-static const opcase movement[] = {
-	{"reshape", KILN_OP_RESHAPE, "shape=4,6"},
-	{"transpose", KILN_OP_TRANSPOSE, "perm=1,2,0"},
-	{"transpose_default", KILN_OP_TRANSPOSE, ""},
-	{"concat", KILN_OP_CONCAT, "axis=1"},
-	{"split", KILN_OP_SPLIT, "axis=1"},
-	{"split_sizes", KILN_OP_SPLIT, "axis=0 split=1,4"},
-	{"slice_neg_step", KILN_OP_SLICE, "starts=-1,4 ends=-1000,0 axes=0,1 steps=-2,-1"},
-	{"slice_clamp", KILN_OP_SLICE, "starts=-100,1 ends=100,1000 axes=1,2"},
-	{"gather", KILN_OP_GATHER, "axis=0"}, {"gather_axis1", KILN_OP_GATHER, "axis=1"},
-	{"flatten", KILN_OP_FLATTEN, "axis=2"}, {"squeeze", KILN_OP_SQUEEZE, "axes=0,2"},
-	{"unsqueeze", KILN_OP_UNSQUEEZE, "axes=0,5"}, {"expand", KILN_OP_EXPAND, "shape=2,3,4"},
-	{"pad_constant", KILN_OP_PAD, "pads=0,0,1,2,0,0,2,1 value=1.5"},
-	{"pad_reflect", KILN_OP_PAD, "pads=0,0,1,2,0,0,2,1 mode=reflect"},
-	{"pad_edge", KILN_OP_PAD, "pads=0,0,1,2,0,0,2,1 mode=edge"},
-	{"pad_i32", KILN_OP_PAD, "pads=0,1,1,0 value=7"},
-};
-
-static const opcase regularisation[] = {
-	{"dropout_eval", KILN_OP_DROPOUT, "ratio=0.3"},
-	{"dropout_train", KILN_OP_DROPOUT, "ratio=0.3 training_mode=1 seed=42"},
-};
-
-static const opcase losses[] = {
-	{"softmax_ce", KILN_OP_SOFTMAX_CE, ""},
-	{"softmax_ce_weight", KILN_OP_SOFTMAX_CE, ""},
-	{"softmax_ce_ignore", KILN_OP_SOFTMAX_CE, "ignore_index=3"},
-	{"softmax_ce_none", KILN_OP_SOFTMAX_CE, "reduction=none"},
-	{"softmax_ce_sum_3d", KILN_OP_SOFTMAX_CE, "reduction=sum"},
-	{"nll_loss", KILN_OP_NLL_LOSS, ""},
-	{"nll_loss_weight_ignore", KILN_OP_NLL_LOSS, "ignore_index=3"},
-	{"nll_loss_none", KILN_OP_NLL_LOSS, "reduction=none ignore_index=3"},
-	{"nll_loss_sum", KILN_OP_NLL_LOSS, "reduction=sum"},
-};
-
-#define NCASES(t) ((int)(sizeof(t) / sizeof(t[0])))
-
-/* ---- building and running one-node graphs -------------------------------- */
-
-/* Sets "name=v1,v2" attributes on n, typed by the op's schema. */
-static void set_attrs(kiln_graph *g, ir_node *n, const char *spec)
+START_TEST(op_case_matches_reference_fixture)
 {
-	ir_attr_schema sch[16];
-	int ns = ir_op_schema(n->op, sch, 16);
-	char buf[256], *save = NULL;
-	snprintf(buf, sizeof buf, "%s", spec);
-	for (char *tok = strtok_r(buf, " ", &save); tok; tok = strtok_r(NULL, " ", &save)) {
-		char *val = strchr(tok, '=');
-		ck_assert_msg(val, "attribute '%s' has no value", tok);
-		*val++ = 0;
-		int k = 0;
-		while (k < ns && strcmp(sch[k].name, tok))
-			k++;
-		ck_assert_msg(k < ns, "'%s' is not an attribute of %s", tok, ir_op(n->op)->onnx);
-		int64_t ints[16];
-		uint32_t cnt = 0;
-		for (char *p = val; *p && cnt < 16; p += *p == ',')
-			ints[cnt++] = strtoll(p, &p, 10);
-		kiln_status st = KILN_OK;
-		switch (sch[k].kind) {
-		case IR_A_INT: st = ir_attr_set_int(g, n, tok, strtoll(val, NULL, 10)); break;
-		case IR_A_FLOAT: st = ir_attr_set_float(g, n, tok, strtod(val, NULL)); break;
-		case IR_A_INTS: st = ir_attr_set_ints(g, n, tok, cnt, ints); break;
-		case IR_A_STRING: st = ir_attr_set_string(g, n, tok, val); break;
-		case IR_A_DTYPE: st = ir_attr_set_dtype(g, n, tok, kiln_dtype_from_name(val)); break;
-		default: ck_abort_msg("attribute kind of '%s' not handled by the test", tok);
-		}
-		ck_assert_int_eq(st, KILN_OK);
-	}
-}
-
-static kiln_tensor *fixture(const char *name, const char *kind, int k)
-{
-	char path[512];
-	snprintf(path, sizeof path, "%s/ops/%s_%s%d.npy", KILN_FIXTURES, name, kind, k);
-	if (access(path, R_OK) != 0)
-		return NULL;
-	kiln_tensor *t = NULL;
+	opcase_graph c = opcase_build(opcase_get(_i));
+	kiln_tensor *got[4] = {0};
 	kiln_error err = {0};
-	ck_assert_msg(kiln_npy_read(path, &t, &err) == KILN_OK, "%s: %s", path, err.msg);
-	return t;
-}
-
-static ir_type type_of(const kiln_tensor *t)
-{
-	ir_type ty = {t->dtype, t->rank, {0}};
-	memcpy(ty.dim, t->shape, t->rank * sizeof(int64_t));
-	return ty;
-}
-
-/* Largest |got - want| (0 when both are NaN); the shapes must agree. */
-static double max_err(const char *name, int k, const kiln_tensor *got, const kiln_tensor *want)
-{
-	char a[128], b[128];
-	ir_type tg = type_of(got), tw = type_of(want);
-	ck_assert_msg(ir_type_eq(&tg, &tw), "%s out%d: got %s, want %s", name, k,
-	              ir_type_str(NULL, &tg, a, sizeof a), ir_type_str(NULL, &tw, b, sizeof b));
-	double worst = 0;
-	for (int64_t i = 0, cnt = kiln_tensor_numel(want); i < cnt; i++) {
-		double x = ir_load(got, i), y = ir_load(want, i);
-		double e = isnan(x) && isnan(y) ? 0 : x == y ? 0 : fabs(x - y);
-		if (!kiln_dtype_is_float(want->dtype) && ir_load_i64(got, i) != ir_load_i64(want, i))
-			e = INFINITY; /* integers compare exactly, beyond 2^53 too */
-		worst = isnan(e) || e > worst ? (isnan(e) ? INFINITY : e) : worst;
-	}
-	return worst;
-}
-
-static void run_case(const opcase *c)
-{
-	kiln_tensor *in[8] = {0}, *want[4] = {0}, *got[4] = {0};
-	uint32_t ids[8], nin = 0, nout = 0;
-	kiln_graph *g = kiln_graph_new(c->name);
-	for (; nin < 8 && (in[nin] = fixture(c->name, "in", nin)); nin++) {
-		ir_type t = type_of(in[nin]);
-		ids[nin] = ir_input_new(g, NULL, &t);
-	}
-	while (nout < 4 && (want[nout] = fixture(c->name, "out", nout)))
-		nout++;
-	ck_assert_msg(nout > 0, "%s: no fixture outputs (run make_op_fixtures.py)", c->name);
-	ir_node *n = ir_node_new(g, c->op, nin, ids, nout, KILN_HERE);
-	ck_assert_ptr_nonnull(n);
-	set_attrs(g, n, c->attrs);
-	ck_assert_msg(ir_infer_node(g, n) == KILN_OK, "%s: %s", c->name, kiln_graph_errmsg(g));
-	for (uint32_t k = 0; k < nout; k++)
-		ir_output_add(g, n->out[k], NULL);
-	kiln_error err = {0};
-	kiln_status st = kiln_graph_run(g, in, nin, got, nout, &err);
-	ck_assert_msg(st == KILN_OK, "%s: %s", c->name, err.msg);
-	double tol = c->tol ? c->tol : 1e-5;
-	for (uint32_t k = 0; k < nout; k++) {
-		double e = max_err(c->name, k, got[k], want[k]);
-		ck_assert_msg(e <= tol, "%s out%u: max error %g > %g", c->name, k, e, tol);
-	}
-	for (int k = 0; k < 8; k++)
-		kiln_tensor_free(in[k]);
+	kiln_status st = kiln_graph_run(c.g, c.in, c.nin, got, c.nout, &err);
+	ck_assert_msg(st == KILN_OK, "%s: %s", c.name, err.msg);
+	expect_close(c.name, got, c.want, c.nout, c.tol);
 	for (int k = 0; k < 4; k++)
-		kiln_tensor_free(want[k]), kiln_tensor_free(got[k]);
-	kiln_graph_free(g);
+		kiln_tensor_free(got[k]);
+	opcase_free(&c);
 }
-
-START_TEST(elementwise_ops_match_torch) { run_case(&elementwise[_i]); }
-END_TEST
-START_TEST(broadcasting_binary_ops_match_torch) { run_case(&broadcasting[_i]); }
-END_TEST
-START_TEST(reductions_match_torch) { run_case(&reductions[_i]); }
-END_TEST
-START_TEST(matmul_and_gemm_match_torch) { run_case(&linalg[_i]); }
-END_TEST
-START_TEST(convolutions_match_torch) { run_case(&convs[_i]); }
-END_TEST
-START_TEST(pools_match_torch) { run_case(&pools[_i]); }
-END_TEST
-START_TEST(normalisations_match_torch) { run_case(&norms[_i]); }
-END_TEST
-START_TEST(data_movement_matches_torch) { run_case(&movement[_i]); }
-END_TEST
-START_TEST(dropout_matches_documented_generator) { run_case(&regularisation[_i]); }
-END_TEST
-START_TEST(losses_match_torch) { run_case(&losses[_i]); }
 END_TEST
 
-/* ---- every op has a kernel and a case ---------------------------------- */
-
-static const struct {
-	const opcase *cases;
-	int n;
-} tables[] = {
-	{elementwise, NCASES(elementwise)}, {broadcasting, NCASES(broadcasting)},
-	{reductions, NCASES(reductions)},   {linalg, NCASES(linalg)},
-	{convs, NCASES(convs)},             {pools, NCASES(pools)},
-	{norms, NCASES(norms)},             {movement, NCASES(movement)},
-	{regularisation, NCASES(regularisation)}, {losses, NCASES(losses)},
-};
+static bool has_kernel(kiln_op op)
+{
+	return ir_interp_table[op] != NULL;
+}
 
 START_TEST(every_op_has_a_kernel_and_a_fixture_case)
 {
-	char missing[1024] = "";
-	for (int op = 0; op < KILN_OP_COUNT; op++) {
-		/* Constant and Shape are checked directly below */
-		bool covered = op == KILN_OP_CONSTANT || op == KILN_OP_SHAPE;
-		for (size_t t = 0; t < sizeof tables / sizeof tables[0]; t++)
-			for (int i = 0; i < tables[t].n; i++)
-				covered = covered || tables[t].cases[i].op == (kiln_op)op;
-		if (!covered || !ir_interp_table[op])
-			snprintf(missing + strlen(missing), sizeof missing - strlen(missing), " %s",
-			         ir_op(op)->onnx);
-	}
+	char missing[1024];
+	opcase_uncovered(missing, sizeof missing, has_kernel);
 	ck_assert_msg(!missing[0], "ops without a kernel or a case:%s", missing);
 }
 END_TEST
 
 /* ---- graphs built by hand ------------------------------------------------ */
-
-static kiln_tensor *tensor(kiln_dtype dt, int rank, const int64_t *shape, const double *v)
-{
-	kiln_tensor *t = kiln_tensor_new(dt, rank, shape);
-	ck_assert_ptr_nonnull(t);
-	for (int64_t i = 0; v && i < kiln_tensor_numel(t); i++)
-		ir_store(t, i, v[i]);
-	return t;
-}
-
-static uint32_t input(kiln_graph *g, const char *name, kiln_dtype dt, int rank,
-                      const int64_t *dims)
-{
-	ir_type t = {dt, rank, {0}};
-	memcpy(t.dim, dims, rank * sizeof *dims);
-	return ir_input_new(g, name, &t);
-}
-
-/* Appends op on in[0..nin) with one output, inferred. */
-static uint32_t op1(kiln_graph *g, kiln_op op, uint32_t nin, const uint32_t *in, const char *attrs)
-{
-	ir_node *n = ir_node_new(g, op, nin, in, 1, KILN_HERE);
-	ck_assert_ptr_nonnull(n);
-	set_attrs(g, n, attrs);
-	ck_assert_msg(ir_infer_node(g, n) == KILN_OK, "%s", kiln_graph_errmsg(g));
-	return n->out[0];
-}
 
 START_TEST(constant_yields_its_value)
 {
@@ -634,27 +346,7 @@ END_TEST
 static Suite *interp_suite(void)
 {
 	Suite *s = suite_create("interp");
-	struct {
-		const char *name;
-		const TTest *fn;
-		int n;
-	} loops[] = {
-		{"elementwise", elementwise_ops_match_torch, NCASES(elementwise)},
-		{"broadcasting", broadcasting_binary_ops_match_torch, NCASES(broadcasting)},
-		{"reductions", reductions_match_torch, NCASES(reductions)},
-		{"linalg", matmul_and_gemm_match_torch, NCASES(linalg)},
-		{"conv", convolutions_match_torch, NCASES(convs)},
-		{"pool", pools_match_torch, NCASES(pools)},
-		{"norm", normalisations_match_torch, NCASES(norms)},
-		{"movement", data_movement_matches_torch, NCASES(movement)},
-		{"dropout", dropout_matches_documented_generator, NCASES(regularisation)},
-		{"losses", losses_match_torch, NCASES(losses)},
-	};
-	for (size_t i = 0; i < sizeof loops / sizeof loops[0]; i++) {
-		TCase *tc = tcase_create(loops[i].name);
-		tcase_add_loop_test(tc, loops[i].fn, 0, loops[i].n);
-		suite_add_tcase(s, tc);
-	}
+	opcase_add_tcases(s, op_case_matches_reference_fixture);
 	TCase *tc = tcase_create("coverage");
 	tcase_add_test(tc, every_op_has_a_kernel_and_a_fixture_case);
 	tcase_add_test(tc, constant_yields_its_value);

@@ -2,235 +2,25 @@
  * IR evaluator (codegen/keval.c), the memory plan (passes/memplan.c) and
  * the kernel IR dump (codegen/kernel.c).
  *
- * Every op case of test_interp.c (same fixture inputs from tests/fixtures/
- * ops, same attributes; keep the tables in step) is lowered, planned and
- * run through cg_eval, and must match kiln_graph_run: 1e-5 for f32, 1e-12
- * for f64, exact for integers and bools.  The example MLP and CNN with
+ * Every op case of op_cases.h (the one-node graphs test_interp.c checks
+ * against PyTorch) is lowered, planned and run through cg_eval, and must
+ * match kiln_graph_run: 1e-5 for f32, 1e-12 for f64, exact for integers
+ * and bools.  The example MLP and CNN with
  * PyTorch's weights must match the interpreter too.  Then the memory plan's
  * invariants, golden substrings of the dump, and lowering errors. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "codegen/codegen.h"
-#include "examples/models.h"
 #include "ir/ir.h"
 
 #include "check_main.h"
-
-typedef struct opcase {
-	const char *name;  /* fixture prefix */
-	kiln_op op;
-	const char *attrs; /* "axes=0,2 keepdims=0 mode=reflect" */
-	double tol;        /* 0: 1e-5 */
-} opcase;
-
-#define F64TOL 1e-12
-
-static const opcase elementwise[] = {
-	{"neg", KILN_OP_NEG, ""}, {"abs", KILN_OP_ABS, ""}, {"exp", KILN_OP_EXP, ""},
-	{"log", KILN_OP_LOG, ""}, {"sqrt", KILN_OP_SQRT, ""},
-	{"reciprocal", KILN_OP_RECIPROCAL, ""}, {"floor", KILN_OP_FLOOR, ""},
-	{"ceil", KILN_OP_CEIL, ""}, {"sin", KILN_OP_SIN, ""}, {"cos", KILN_OP_COS, ""},
-	{"relu", KILN_OP_RELU, ""}, {"sigmoid", KILN_OP_SIGMOID, ""}, {"tanh", KILN_OP_TANH, ""},
-	{"erf", KILN_OP_ERF, ""}, {"identity", KILN_OP_IDENTITY, ""},
-	{"leaky_relu", KILN_OP_LEAKY_RELU, "alpha=0.2"}, {"gelu", KILN_OP_GELU, ""},
-	{"gelu_tanh", KILN_OP_GELU, "approximate=tanh"},
-	{"clip", KILN_OP_CLIP, "min=-0.5 max=0.7"}, {"clip_min_only", KILN_OP_CLIP, "min=0"},
-	{"sigmoid_f64", KILN_OP_SIGMOID, "", F64TOL}, {"neg_i64", KILN_OP_NEG, ""},
-	{"clip_i64", KILN_OP_CLIP, "min=-2 max=4"}, {"not", KILN_OP_NOT, ""},
-	{"cast_f32_i32", KILN_OP_CAST, "to=i32"}, {"cast_f32_bool", KILN_OP_CAST, "to=bool"},
-	{"cast_f32_f16", KILN_OP_CAST, "to=f16"}, {"cast_f16_f32", KILN_OP_CAST, "to=f32"},
-	{"cast_f32_bf16", KILN_OP_CAST, "to=bf16"}, {"cast_i64_f32", KILN_OP_CAST, "to=f32"},
-	{"cast_i64_i32", KILN_OP_CAST, "to=i32"}, {"cast_bool_f32", KILN_OP_CAST, "to=f32"},
-};
-
-static const opcase broadcasting[] = {
-	{"add_bcast", KILN_OP_ADD, ""}, {"sub_bcast", KILN_OP_SUB, ""},
-	{"mul_bcast", KILN_OP_MUL, ""}, {"div", KILN_OP_DIV, ""}, {"pow", KILN_OP_POW, ""},
-	{"add_f64", KILN_OP_ADD, "", F64TOL}, {"add_i64", KILN_OP_ADD, ""},
-	{"div_i64", KILN_OP_DIV, ""}, {"max3", KILN_OP_MAX, ""}, {"min2", KILN_OP_MIN, ""},
-	{"equal", KILN_OP_EQUAL, ""}, {"less", KILN_OP_LESS, ""},
-	{"greater", KILN_OP_GREATER, ""}, {"and", KILN_OP_AND, ""}, {"or", KILN_OP_OR, ""},
-	{"where", KILN_OP_WHERE, ""},
-};
-
-static const opcase reductions[] = {
-	{"reduce_sum", KILN_OP_REDUCE_SUM, "axes=1"},
-	{"reduce_sum_all", KILN_OP_REDUCE_SUM, "keepdims=0"},
-	{"reduce_mean", KILN_OP_REDUCE_MEAN, "axes=0,2 keepdims=0"},
-	{"reduce_max", KILN_OP_REDUCE_MAX, "axes=-1"},
-	{"reduce_min", KILN_OP_REDUCE_MIN, "axes=1 keepdims=0"},
-	{"reduce_sum_noop", KILN_OP_REDUCE_SUM, "noop_with_empty_axes=1"},
-	{"reduce_sum_i64", KILN_OP_REDUCE_SUM, "axes=0 keepdims=0"},
-	{"argmax", KILN_OP_ARGMAX, "axis=1"},
-	{"argmax_last", KILN_OP_ARGMAX, "axis=1 keepdims=0 select_last_index=1"},
-};
-
-static const opcase linalg[] = {
-	{"matmul", KILN_OP_MATMUL, ""}, {"matmul_batch", KILN_OP_MATMUL, ""},
-	{"matmul_vec_mat", KILN_OP_MATMUL, ""}, {"matmul_mat_vec", KILN_OP_MATMUL, ""},
-	{"matmul_vec_vec", KILN_OP_MATMUL, ""}, {"matmul_f64", KILN_OP_MATMUL, "", F64TOL},
-	{"gemm", KILN_OP_GEMM, ""},
-	{"gemm_trans", KILN_OP_GEMM, "alpha=0.5 beta=2 transA=1 transB=1"},
-	{"gemm_no_c", KILN_OP_GEMM, ""},
-};
-
-static const opcase convs[] = {
-	{"conv2d", KILN_OP_CONV, ""},
-	{"conv2d_stride_pad", KILN_OP_CONV, "strides=2,2 pads=1,1,1,1"},
-	{"conv2d_dilation", KILN_OP_CONV, "dilations=2,2 pads=1,2,1,2"},
-	{"conv2d_groups", KILN_OP_CONV, "group=2"},
-	{"conv1d", KILN_OP_CONV, "strides=2 pads=1,1"},
-	{"conv3d", KILN_OP_CONV, "pads=1,1,1,1,1,1"},
-	{"conv2d_f64", KILN_OP_CONV, "strides=2,2", F64TOL},
-	{"conv2d_same_upper", KILN_OP_CONV, "auto_pad=SAME_UPPER strides=2,2"},
-	{"conv_transpose2d", KILN_OP_CONV_TRANSPOSE, "strides=2,2 pads=1,1,1,1 output_padding=1,1"},
-	{"conv_transpose1d_groups", KILN_OP_CONV_TRANSPOSE, "group=2 dilations=2"},
-	{"conv_transpose1d_output_shape", KILN_OP_CONV_TRANSPOSE, "strides=2 output_shape=8"},
-};
-
-static const opcase pools[] = {
-	{"max_pool", KILN_OP_MAX_POOL, "kernel_shape=3,3 strides=2,2 pads=1,1,1,1"},
-	{"max_pool_dilation", KILN_OP_MAX_POOL, "kernel_shape=2,2 dilations=2,2 strides=2,2"},
-	{"max_pool_ceil", KILN_OP_MAX_POOL, "kernel_shape=3,3 strides=2,2 ceil_mode=1"},
-	{"max_pool1d", KILN_OP_MAX_POOL, "kernel_shape=3 strides=2 pads=1,1"},
-	{"avg_pool", KILN_OP_AVERAGE_POOL, "kernel_shape=2,2 strides=2,2"},
-	{"avg_pool_pad_incl", KILN_OP_AVERAGE_POOL,
-	 "kernel_shape=3,3 strides=2,2 pads=1,1,1,1 count_include_pad=1"},
-	{"avg_pool_pad_excl", KILN_OP_AVERAGE_POOL, "kernel_shape=3,3 strides=2,2 pads=1,1,1,1"},
-	{"avg_pool_ceil", KILN_OP_AVERAGE_POOL, "kernel_shape=3,3 strides=2,2 ceil_mode=1"},
-	{"global_average_pool", KILN_OP_GLOBAL_AVERAGE_POOL, ""},
-};
-
-static const opcase norms[] = {
-	{"batch_norm", KILN_OP_BATCH_NORM, ""},
-	{"batch_norm_train", KILN_OP_BATCH_NORM, "training_mode=1 epsilon=0.001"},
-	{"layer_norm", KILN_OP_LAYER_NORM, ""},
-	{"layer_norm_stats", KILN_OP_LAYER_NORM, "axis=1 epsilon=0.001"},
-	{"layer_norm_f64", KILN_OP_LAYER_NORM, "", F64TOL},
-	{"softmax", KILN_OP_SOFTMAX, "axis=1"}, {"softmax_axis0", KILN_OP_SOFTMAX, "axis=0"},
-	{"log_softmax", KILN_OP_LOG_SOFTMAX, ""}, {"softmax_f64", KILN_OP_SOFTMAX, "", F64TOL},
-};
-
-static const opcase movement[] = {
-	{"reshape", KILN_OP_RESHAPE, "shape=4,6"},
-	{"transpose", KILN_OP_TRANSPOSE, "perm=1,2,0"},
-	{"transpose_default", KILN_OP_TRANSPOSE, ""},
-	{"concat", KILN_OP_CONCAT, "axis=1"},
-	{"split", KILN_OP_SPLIT, "axis=1"},
-	{"split_sizes", KILN_OP_SPLIT, "axis=0 split=1,4"},
-	{"slice_neg_step", KILN_OP_SLICE, "starts=-1,4 ends=-1000,0 axes=0,1 steps=-2,-1"},
-	{"slice_clamp", KILN_OP_SLICE, "starts=-100,1 ends=100,1000 axes=1,2"},
-	{"gather", KILN_OP_GATHER, "axis=0"}, {"gather_axis1", KILN_OP_GATHER, "axis=1"},
-	{"flatten", KILN_OP_FLATTEN, "axis=2"}, {"squeeze", KILN_OP_SQUEEZE, "axes=0,2"},
-	{"unsqueeze", KILN_OP_UNSQUEEZE, "axes=0,5"}, {"expand", KILN_OP_EXPAND, "shape=2,3,4"},
-	{"pad_constant", KILN_OP_PAD, "pads=0,0,1,2,0,0,2,1 value=1.5"},
-	{"pad_reflect", KILN_OP_PAD, "pads=0,0,1,2,0,0,2,1 mode=reflect"},
-	{"pad_edge", KILN_OP_PAD, "pads=0,0,1,2,0,0,2,1 mode=edge"},
-	{"pad_i32", KILN_OP_PAD, "pads=0,1,1,0 value=7"},
-};
-
-static const opcase regularisation[] = {
-	{"dropout_eval", KILN_OP_DROPOUT, "ratio=0.3"},
-	{"dropout_train", KILN_OP_DROPOUT, "ratio=0.3 training_mode=1 seed=42"},
-};
-
-static const opcase losses[] = {
-	{"softmax_ce", KILN_OP_SOFTMAX_CE, ""},
-	{"softmax_ce_weight", KILN_OP_SOFTMAX_CE, ""},
-	{"softmax_ce_ignore", KILN_OP_SOFTMAX_CE, "ignore_index=3"},
-	{"softmax_ce_none", KILN_OP_SOFTMAX_CE, "reduction=none"},
-	{"softmax_ce_sum_3d", KILN_OP_SOFTMAX_CE, "reduction=sum"},
-	{"nll_loss", KILN_OP_NLL_LOSS, ""},
-	{"nll_loss_weight_ignore", KILN_OP_NLL_LOSS, "ignore_index=3"},
-	{"nll_loss_none", KILN_OP_NLL_LOSS, "reduction=none ignore_index=3"},
-	{"nll_loss_sum", KILN_OP_NLL_LOSS, "reduction=sum"},
-};
-
-#define NCASES(t) ((int)(sizeof(t) / sizeof(t[0])))
+#include "lower_util.h"
+#include "op_cases.h"
 
 /* ---- helpers -------------------------------------------------------------- */
-
-/* Sets "name=v1,v2" attributes on n, typed by the op's schema. */
-static void set_attrs(kiln_graph *g, ir_node *n, const char *spec)
-{
-	ir_attr_schema sch[16];
-	int ns = ir_op_schema(n->op, sch, 16);
-	char buf[256], *save = NULL;
-	snprintf(buf, sizeof buf, "%s", spec);
-	for (char *tok = strtok_r(buf, " ", &save); tok; tok = strtok_r(NULL, " ", &save)) {
-		char *val = strchr(tok, '=');
-		ck_assert_msg(val, "attribute '%s' has no value", tok);
-		*val++ = 0;
-		int k = 0;
-		while (k < ns && strcmp(sch[k].name, tok))
-			k++;
-		ck_assert_msg(k < ns, "'%s' is not an attribute of %s", tok, ir_op(n->op)->onnx);
-		int64_t ints[16];
-		uint32_t cnt = 0;
-		for (char *p = val; *p && cnt < 16; p += *p == ',')
-			ints[cnt++] = strtoll(p, &p, 10);
-		kiln_status st = KILN_OK;
-		switch (sch[k].kind) {
-		case IR_A_INT: st = ir_attr_set_int(g, n, tok, strtoll(val, NULL, 10)); break;
-		case IR_A_FLOAT: st = ir_attr_set_float(g, n, tok, strtod(val, NULL)); break;
-		case IR_A_INTS: st = ir_attr_set_ints(g, n, tok, cnt, ints); break;
-		case IR_A_STRING: st = ir_attr_set_string(g, n, tok, val); break;
-		case IR_A_DTYPE: st = ir_attr_set_dtype(g, n, tok, kiln_dtype_from_name(val)); break;
-		default: ck_abort_msg("attribute kind of '%s' not handled by the test", tok);
-		}
-		ck_assert_int_eq(st, KILN_OK);
-	}
-}
-
-static kiln_tensor *fixture(const char *name, const char *kind, int k)
-{
-	char path[512];
-	snprintf(path, sizeof path, "%s/ops/%s_%s%d.npy", KILN_FIXTURES, name, kind, k);
-	if (access(path, R_OK) != 0)
-		return NULL;
-	kiln_tensor *t = NULL;
-	kiln_error err = {0};
-	ck_assert_msg(kiln_npy_read(path, &t, &err) == KILN_OK, "%s: %s", path, err.msg);
-	return t;
-}
-
-static kiln_tensor *load_npy(const char *path)
-{
-	kiln_tensor *t = NULL;
-	kiln_error err = {0};
-	ck_assert_msg(kiln_npy_read(path, &t, &err) == KILN_OK, "%s: %s", path, err.msg);
-	return t;
-}
-
-static ir_type type_of(const kiln_tensor *t)
-{
-	ir_type ty = {t->dtype, t->rank, {0}};
-	memcpy(ty.dim, t->shape, t->rank * sizeof(int64_t));
-	return ty;
-}
-
-/* Largest |got - want| (0 when both are NaN); dtype and shape must agree;
- * integers compare exactly. */
-static double max_err(const char *name, int k, const kiln_tensor *got, const kiln_tensor *want)
-{
-	char a[128], b[128];
-	ir_type tg = type_of(got), tw = type_of(want);
-	ck_assert_msg(ir_type_eq(&tg, &tw), "%s out%d: got %s, want %s", name, k,
-	              ir_type_str(NULL, &tg, a, sizeof a), ir_type_str(NULL, &tw, b, sizeof b));
-	double worst = 0;
-	for (int64_t i = 0, cnt = kiln_tensor_numel(want); i < cnt; i++) {
-		double x = ir_load(got, i), y = ir_load(want, i);
-		double e = isnan(x) && isnan(y) ? 0 : x == y ? 0 : fabs(x - y);
-		if (!kiln_dtype_is_float(want->dtype) && ir_load_i64(got, i) != ir_load_i64(want, i))
-			e = INFINITY;
-		worst = isnan(e) || e > worst ? (isnan(e) ? INFINITY : e) : worst;
-	}
-	return worst;
-}
 
 /* Lowers g, plans memory and checks the plan, returning the module. */
 static cg_module *lower(const kiln_graph *g)
@@ -267,101 +57,37 @@ static void compare(const kiln_graph *g, kiln_tensor **in, int nin, int nout, do
 	cg_module *m = lower(g);
 	kiln_status st = cg_eval(m, in, nin, got, nout, &err);
 	ck_assert_msg(st == KILN_OK, "%s: %s", name, err.msg);
-	for (int k = 0; k < nout; k++) {
-		double e = max_err(name, k, got[k], want[k]);
-		ck_assert_msg(e <= tol, "%s out%d: max error %g > %g", name, k, e, tol);
-	}
+	expect_close(name, got, want, nout, tol);
 	for (int k = 0; k < nout; k++)
 		kiln_tensor_free(want[k]), kiln_tensor_free(got[k]);
 	cg_module_free(m);
 }
 
-static void run_case(const opcase *c)
+/* ---- the op cases ------------------------------------------------------------ */
+
+START_TEST(op_case_matches_interpreter)
 {
-	kiln_tensor *in[8] = {0}, *want;
-	uint32_t ids[8], nin = 0, nout = 0;
-	kiln_graph *g = kiln_graph_new(c->name);
-	for (; nin < 8 && (in[nin] = fixture(c->name, "in", nin)); nin++) {
-		ir_type t = type_of(in[nin]);
-		ids[nin] = ir_input_new(g, NULL, &t);
-	}
-	while (nout < 4 && (want = fixture(c->name, "out", nout))) {
-		kiln_tensor_free(want);
-		nout++;
-	}
-	ck_assert_msg(nout > 0, "%s: no fixture outputs", c->name);
-	ir_node *n = ir_node_new(g, c->op, nin, ids, nout, KILN_HERE);
-	ck_assert_ptr_nonnull(n);
-	set_attrs(g, n, c->attrs);
-	ck_assert_msg(ir_infer_node(g, n) == KILN_OK, "%s: %s", c->name, kiln_graph_errmsg(g));
-	for (uint32_t k = 0; k < nout; k++)
-		ir_output_add(g, n->out[k], NULL);
-	compare(g, in, (int)nin, (int)nout, c->tol ? c->tol : 1e-5, c->name);
-	for (int k = 0; k < 8; k++)
-		kiln_tensor_free(in[k]);
-	kiln_graph_free(g);
+	opcase_graph c = opcase_build(opcase_get(_i));
+	compare(c.g, c.in, c.nin, c.nout, c.tol, c.name);
+	opcase_free(&c);
 }
-
-START_TEST(elementwise_ops_match_interpreter) { run_case(&elementwise[_i]); }
-END_TEST
-START_TEST(broadcasting_ops_match_interpreter) { run_case(&broadcasting[_i]); }
-END_TEST
-START_TEST(reductions_match_interpreter) { run_case(&reductions[_i]); }
-END_TEST
-START_TEST(matmul_and_gemm_match_interpreter) { run_case(&linalg[_i]); }
-END_TEST
-START_TEST(convolutions_match_interpreter) { run_case(&convs[_i]); }
-END_TEST
-START_TEST(pools_match_interpreter) { run_case(&pools[_i]); }
-END_TEST
-START_TEST(normalisations_match_interpreter) { run_case(&norms[_i]); }
-END_TEST
-START_TEST(data_movement_matches_interpreter) { run_case(&movement[_i]); }
-END_TEST
-START_TEST(dropout_matches_interpreter_bit_for_bit) { run_case(&regularisation[_i]); }
-END_TEST
-START_TEST(losses_match_interpreter) { run_case(&losses[_i]); }
 END_TEST
 
-static const struct {
-	const opcase *cases;
-	int n;
-} tables[] = {
-	{elementwise, NCASES(elementwise)}, {broadcasting, NCASES(broadcasting)},
-	{reductions, NCASES(reductions)},   {linalg, NCASES(linalg)},
-	{convs, NCASES(convs)},             {pools, NCASES(pools)},
-	{norms, NCASES(norms)},             {movement, NCASES(movement)},
-	{regularisation, NCASES(regularisation)}, {losses, NCASES(losses)},
-};
+/* Constant is a CONST buffer made by the driver; Shape is tested below */
+static bool has_lowering(kiln_op op)
+{
+	return op == KILN_OP_CONSTANT || cg_lower_table[op];
+}
 
 START_TEST(every_op_has_a_lowering_and_a_case)
 {
-	char missing[1024] = "";
-	for (int op = 0; op < KILN_OP_COUNT; op++) {
-		/* Constant is a CONST buffer made by the driver; Shape is tested below */
-		bool covered = op == KILN_OP_CONSTANT || op == KILN_OP_SHAPE;
-		bool lowered = op == KILN_OP_CONSTANT || cg_lower_table[op];
-		for (size_t t = 0; t < sizeof tables / sizeof tables[0]; t++)
-			for (int i = 0; i < tables[t].n; i++)
-				covered = covered || tables[t].cases[i].op == (kiln_op)op;
-		if (!covered || !lowered)
-			snprintf(missing + strlen(missing), sizeof missing - strlen(missing), " %s",
-			         ir_op(op)->onnx);
-	}
+	char missing[1024];
+	opcase_uncovered(missing, sizeof missing, has_lowering);
 	ck_assert_msg(!missing[0], "ops without a lowering or a case:%s", missing);
 }
 END_TEST
 
 /* ---- hand-built graphs ------------------------------------------------------ */
-
-static kiln_tensor *tensor(kiln_dtype dt, int rank, const int64_t *shape, const double *v)
-{
-	kiln_tensor *t = kiln_tensor_new(dt, rank, shape);
-	ck_assert_ptr_nonnull(t);
-	for (int64_t i = 0; v && i < kiln_tensor_numel(t); i++)
-		ir_store(t, i, v[i]);
-	return t;
-}
 
 static kiln_tensor *ramp(kiln_dtype dt, int rank, const int64_t *shape)
 {
@@ -369,43 +95,6 @@ static kiln_tensor *ramp(kiln_dtype dt, int rank, const int64_t *shape)
 	for (int64_t i = 0; i < kiln_tensor_numel(t); i++)
 		ir_store(t, i, ((i * 7) % 11) * 0.25 - 1);
 	return t;
-}
-
-static uint32_t input(kiln_graph *g, const char *name, kiln_dtype dt, int rank,
-                      const int64_t *dims)
-{
-	ir_type t = {dt, rank, {0}};
-	memcpy(t.dim, dims, rank * sizeof *dims);
-	return ir_input_new(g, name, &t);
-}
-
-static uint32_t op1(kiln_graph *g, kiln_op op, uint32_t nin, const uint32_t *in, const char *attrs)
-{
-	ir_node *n = ir_node_new(g, op, nin, in, 1, KILN_HERE);
-	ck_assert_ptr_nonnull(n);
-	set_attrs(g, n, attrs);
-	ck_assert_msg(ir_infer_node(g, n) == KILN_OK, "%s", kiln_graph_errmsg(g));
-	return n->out[0];
-}
-
-/* Captures cg_print's text. */
-static char *dump(const cg_module *m)
-{
-	char *text = NULL;
-	size_t len = 0;
-	FILE *f = open_memstream(&text, &len);
-	ck_assert_ptr_nonnull(f);
-	cg_print(m, f);
-	fclose(f);
-	return text;
-}
-
-static int count(const char *hay, const char *needle)
-{
-	int n = 0;
-	for (const char *p = hay; (p = strstr(p, needle)); p++)
-		n++;
-	return n;
 }
 
 START_TEST(same_shape_add_is_one_flat_vectorized_loop)
@@ -567,6 +256,35 @@ START_TEST(pointwise_conv_is_a_gemm_without_im2col)
 	kiln_tensor_free(in[0]), kiln_tensor_free(in[1]);
 	cg_module_free(m);
 	kiln_graph_free(g);
+}
+END_TEST
+
+/* Depthwise with a channel multiplier (6 outputs from 3 channels), stride
+ * 1 and symmetric padding, then asymmetric padding, stride 2 rows and
+ * dilated columns without a bias: the edge columns and the interior span
+ * (no column test) must agree with the interpreter at every border. */
+START_TEST(depthwise_conv_edges_multiplier_and_dilation_match)
+{
+	static const struct { int64_t kw; const char *attrs; int bias; } c[] = {
+		{3, "group=3 pads=1,1,1,1", 1},
+		{2, "group=3 pads=0,2,1,1 strides=2,1 dilations=1,2", 0},
+	};
+	for (int i = 0; i < 2; i++) {
+		kiln_graph *g = kiln_graph_new("dw");
+		int64_t M = c[i].bias ? 6 : 3;
+		uint32_t xwb[3] = {input(g, "x", KILN_F32, 4, (int64_t[]){2, 3, 5, 9}),
+		                   input(g, "w", KILN_F32, 4, (int64_t[]){M, 1, 3, c[i].kw})};
+		if (c[i].bias)
+			xwb[2] = input(g, "b", KILN_F32, 1, (int64_t[]){M});
+		ir_output_add(g, op1(g, KILN_OP_CONV, 2 + c[i].bias, xwb, c[i].attrs), "y");
+		kiln_tensor *in[3] = {ramp(KILN_F32, 4, (int64_t[]){2, 3, 5, 9}),
+		                      ramp(KILN_F32, 4, (int64_t[]){M, 1, 3, c[i].kw}),
+		                      ramp(KILN_F32, 1, (int64_t[]){M})};
+		compare(g, in, 2 + c[i].bias, 1, 1e-5, c[i].attrs);
+		for (int k = 0; k < 3; k++)
+			kiln_tensor_free(in[k]);
+		kiln_graph_free(g);
+	}
 }
 END_TEST
 
@@ -754,24 +472,10 @@ END_TEST
 
 /* ---- the example models ------------------------------------------------------ */
 
-typedef kiln_value (*model_fn)(kiln_graph *g, kiln_value x);
-
 static void model_matches(const char *name, model_fn model, int rank, const int64_t *feat)
 {
-	kiln_graph *g = kiln_graph_new(name);
-	int64_t dims[KILN_MAX_RANK] = {kiln_sym(g, "N")};
-	memcpy(dims + 1, feat, (rank - 1) * sizeof *feat);
-	kiln_output(g, "logits", model(g, kiln_input(g, "x", KILN_F32, rank, dims)));
-	ck_assert_msg(kiln_graph_status(g) == KILN_OK, "%s", kiln_graph_errmsg(g));
-	char path[512];
-	snprintf(path, sizeof path, "%s/models/%s.safetensors", KILN_FIXTURES, name);
-	kiln_tensor_set *s = NULL;
-	kiln_error err = {0};
-	ck_assert_msg(kiln_safetensors_read(path, &s, &err) == KILN_OK, "%s", err.msg);
-	ck_assert_msg(kiln_graph_load_params(g, s, &err) == KILN_OK, "%s", err.msg);
-	kiln_tensor_set_free(s);
-	snprintf(path, sizeof path, "%s/models/%s_input.npy", KILN_FIXTURES, name);
-	kiln_tensor *x = load_npy(path);
+	kiln_graph *g = trained_model(name, model, rank, feat);
+	kiln_tensor *x = model_input(name);
 	compare(g, &x, 1, 1, 1e-5, name);
 	kiln_tensor_free(x);
 	kiln_graph_free(g);
@@ -792,27 +496,7 @@ END_TEST
 static Suite *lower_suite(void)
 {
 	Suite *s = suite_create("lower");
-	struct {
-		const char *name;
-		const TTest *fn;
-		int n;
-	} loops[] = {
-		{"elementwise", elementwise_ops_match_interpreter, NCASES(elementwise)},
-		{"broadcasting", broadcasting_ops_match_interpreter, NCASES(broadcasting)},
-		{"reductions", reductions_match_interpreter, NCASES(reductions)},
-		{"linalg", matmul_and_gemm_match_interpreter, NCASES(linalg)},
-		{"conv", convolutions_match_interpreter, NCASES(convs)},
-		{"pool", pools_match_interpreter, NCASES(pools)},
-		{"norm", normalisations_match_interpreter, NCASES(norms)},
-		{"movement", data_movement_matches_interpreter, NCASES(movement)},
-		{"dropout", dropout_matches_interpreter_bit_for_bit, NCASES(regularisation)},
-		{"losses", losses_match_interpreter, NCASES(losses)},
-	};
-	for (size_t i = 0; i < sizeof loops / sizeof loops[0]; i++) {
-		TCase *tc = tcase_create(loops[i].name);
-		tcase_add_loop_test(tc, loops[i].fn, 0, loops[i].n);
-		suite_add_tcase(s, tc);
-	}
+	opcase_add_tcases(s, op_case_matches_interpreter);
 	TCase *tc = tcase_create("coverage");
 	tcase_add_test(tc, every_op_has_a_lowering_and_a_case);
 	tcase_add_test(tc, shape_stores_the_bound_symbolic_dims);
@@ -831,6 +515,7 @@ static Suite *lower_suite(void)
 	tcase_add_test(tc, relu_after_gemm_fuses_into_its_epilogue);
 	tcase_add_test(tc, pointwise_conv_is_a_gemm_without_im2col);
 	tcase_add_test(tc, depthwise_conv_with_symbolic_batch_matches);
+	tcase_add_test(tc, depthwise_conv_edges_multiplier_and_dilation_match);
 	suite_add_tcase(s, tc);
 	tc = tcase_create("memplan");
 	tcase_add_test(tc, chain_of_ten_relus_uses_two_slots);
