@@ -118,6 +118,8 @@ typedef enum cg_buf_kind {
 	CG_BUF_OUTPUT, /* caller's output */
 	CG_BUF_CONST,  /* weights and constants: data embedded in the library */
 	CG_BUF_TEMP,   /* intermediate: lives in the planned scratch arena */
+	CG_BUF_STATE,  /* training state (a parameter a step replaces): owned by the
+	                  context, io_index is its index in the state table */
 } cg_buf_kind;
 
 typedef struct cg_buf {

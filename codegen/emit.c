@@ -17,6 +17,13 @@
  * diagnostics go to a handler: errors become the compile's message,
  * warnings (say, a loop hinted for vectorization that LLVM would not
  * vectorize) are dropped.
+ *
+ * kiln_compile_train (the last section) runs the same stages on two graphs,
+ * the train step and the eval model, and turns every named parameter into
+ * a STATE buffer indexed into one state table (docs/TRAINING.md).  The link
+ * hides every symbol the runtime archive brings (--exclude-libs), so a
+ * library exports only its entry points and descriptions, never kiln_*
+ * functions that would clash with a process's own kiln.
  */
 #include <ctype.h>
 #include <errno.h>
@@ -31,6 +38,7 @@
 #include <llvm-c/Transforms/PassBuilder.h>
 
 #include "codegen/llvm.h"
+#include "passes/passes.h"
 #include "codegen/lower.h"
 #include "passes/passes.h"
 
@@ -225,7 +233,8 @@ static kiln_status link_so(cg_llvm *L, const char *path, kiln_error *err)
 		st = make_temp(path, so, sizeof so, err);
 	if (st == KILN_OK) {
 		const char *rt = getenv("KILN_RT_LIB");
-		char *argv[] = {"cc", "-shared", "-Wl,-z,defs", "-Wl,-z,noexecstack", "-o", so, obj,
+		char *argv[] = {"cc", "-shared", "-Wl,-z,defs", "-Wl,-z,noexecstack",
+		                "-Wl,--exclude-libs,ALL", "-o", so, obj,
 		                (char *)(rt && *rt ? rt : KILN_RT_GEN_LIB), "-lm", "-lpthread",
 		                NULL};
 		st = run_cc(argv, err);
@@ -282,10 +291,10 @@ static void header_signature(FILE *f, const cg_module *m)
 	}
 }
 
-static void header_run(FILE *f, const cg_module *m, const char *name)
+static void header_run(FILE *f, const cg_module *m, const char *name, const char *suffix)
 {
 	char p[256];
-	fprintf(f, "int %s_run(%s_ctx *ctx", name, name);
+	fprintf(f, "int %s_%s(%s_ctx *ctx", name, suffix, name);
 	for (int k = 0; k < m->nsym; k++) {
 		c_name(p, sizeof p, ir_dim_symname(m->g, k));
 		fprintf(f, ", int64_t %s", p);
@@ -323,14 +332,27 @@ static void write_header(FILE *f, const cg_module *m, const char *name, const ch
 	        "extern \"C\" {\n#endif\n\n", guard, guard);
 	fprintf(f, "typedef struct %s_ctx %s_ctx;\n\n%s_ctx *%s_create(void);\n", name, name, name,
 	        name);
-	header_run(f, m, name);
+	header_run(f, m, name, "run");
 	fprintf(f, "int %s_set_threads(%s_ctx *ctx, int nthreads);\n"
 	        "const char *%s_errmsg(const %s_ctx *ctx);\nvoid %s_destroy(%s_ctx *ctx);\n",
 	        name, name, name, name, name, name);
 	fprintf(f, "\n#ifdef __cplusplus\n}\n#endif\n#endif /* %s_H */\n", guard);
 }
 
-static kiln_status header(const cg_module *m, const char *name, const char *so_path,
+/* Writes the header of m (and, for a training library, eval and ti). */
+typedef void (*header_fn)(FILE *f, const cg_module *m, const cg_module *eval,
+                          const cg_train_info *ti, const char *name, const char *h,
+                          const char *so);
+
+static void inference_header(FILE *f, const cg_module *m, const cg_module *eval,
+                             const cg_train_info *ti, const char *name, const char *h,
+                             const char *so)
+{
+	write_header(f, m, name, h, so);
+}
+
+static kiln_status header(const cg_module *m, const cg_module *eval, const cg_train_info *ti,
+                          header_fn write, const char *name, const char *so_path,
                           kiln_error *err)
 {
 	char path[4200], tmp[4300];
@@ -347,7 +369,7 @@ static kiln_status header(const cg_module *m, const char *name, const char *so_p
 		return ir_seterr(err, KILN_EIO, "%s: %s", path, strerror(errno));
 	}
 	const char *base = strrchr(so_path, '/'), *hbase = strrchr(path, '/');
-	write_header(f, m, name, hbase ? hbase + 1 : path, base ? base + 1 : so_path);
+	write(f, m, eval, ti, name, hbase ? hbase + 1 : path, base ? base + 1 : so_path);
 	if (ferror(f) | fclose(f)) {
 		unlink(tmp);
 		return ir_seterr(err, KILN_EIO, "%s: write failed", path);
@@ -416,8 +438,15 @@ static kiln_status check_opts(const kiln_graph *g, const char *out, const kiln_c
 	                           "so, kir, ll, asm or obj)", o->emit) : KILN_OK;
 }
 
+/* What a training library adds to backend(): its eval program and state. */
+typedef struct train_part {
+	const cg_module *eval;
+	const cg_train_info *ti;
+} train_part;
+
 static kiln_status backend(const cg_module *m, const char *out, const kiln_compile_opts *o,
-                           const char *name, const char *emit, kiln_error *err)
+                           const char *name, const char *emit, const train_part *tp,
+                           kiln_error *err)
 {
 	cg_target t;
 	kiln_status st = cg_target_init(&t, o->cpu, o->features, err);
@@ -426,7 +455,7 @@ static kiln_status backend(const cg_module *m, const char *out, const kiln_compi
 	cg_llvm L;
 	diag d = {{0}};
 	llvm_open(&L, &t, m, name, &d);
-	st = cg_llvm_kernels(&L, err);
+	st = tp ? cg_llvm_train(&L, tp->eval, tp->ti, err) : cg_llvm_kernels(&L, err);
 	if (st == KILN_OK)
 		st = verify(&L, err);
 	if (st == KILN_OK)
@@ -446,9 +475,9 @@ kiln_status cg_emit(const cg_module *m, const char *out_path, const kiln_compile
 	const char *emit = o->emit ? o->emit : "so";
 	if (strcmp(emit, "kir") == 0)
 		return emit_kir(m, out_path, err);
-	kiln_status st = backend(m, out_path, o, name, emit, err);
+	kiln_status st = backend(m, out_path, o, name, emit, NULL, err);
 	if (st == KILN_OK && strcmp(emit, "so") == 0)
-		st = header(m, name, out_path, err);
+		st = header(m, NULL, NULL, inference_header, name, out_path, err);
 	return st;
 }
 
@@ -468,5 +497,278 @@ KILN_API kiln_status kiln_compile(const kiln_graph *g, const char *out_path,
 		st = cg_emit(m, out_path, &o, name, err);
 	cg_module_free(m);
 	kiln_graph_free(gc);
+	return st;
+}
+
+/* ---- compiled training ------------------------------------------------------------
+ * The step graph from kiln_build_train_step and the eval model go through
+ * to_kernels each; every named parameter of either becomes a STATE buffer
+ * whose io_index is its row in the state table: the step graph's named
+ * parameters in value order, so the table is exactly what kiln_trainer
+ * checkpoints.  Each "<p>.next" output is paired with p's row; the eval
+ * model's parameters must all be rows of the same type. */
+
+typedef struct train_build {
+	kiln_graph *step;         /* kiln_build_train_step's graph: owns the init data */
+	const char **names;       /* the state table */
+	const kiln_tensor **init;
+	int nstate;
+	int *next;                /* per step output */
+	cg_train_info ti;
+} train_build;
+
+static void train_build_free(train_build *tb)
+{
+	kiln_graph_free(tb->step);
+	free(tb->names), free(tb->init), free(tb->next);
+}
+
+static int state_index(const train_build *tb, const char *name)
+{
+	for (int i = 0; name && i < tb->nstate; i++)
+		if (strcmp(tb->names[i], name) == 0)
+			return i;
+	return -1;
+}
+
+/* A clone of model whose inputs have batch (> 0) for every symbolic dim 0,
+ * with every type inferred again.  Convolutions' weight gradients reduce
+ * over the batch as their channel axis, which the lowering needs fixed. */
+static kiln_status fix_batch(const kiln_graph *model, int64_t batch, kiln_graph **out,
+                             kiln_error *err)
+{
+	kiln_graph *g = *out = ir_graph_clone(model);
+	if (!g)
+		return ir_seterr(err, KILN_ENOMEM, "kiln_compile_train: out of memory");
+	for (uint32_t i = 0; i < g->ninput; i++) {
+		ir_type *t = &g->val[g->input[i]]->type;
+		if (t->rank > 0 && ir_dim_symbol_index(g, t->dim[0]) >= 0)
+			t->dim[0] = batch;
+	}
+	return kiln_graph_optimize(g, "infer", err);
+}
+
+/* The step graph, its state table, and a refusal of what cannot compile. */
+static kiln_status build_step(const kiln_graph *model, const kiln_train_opts *t, int64_t batch,
+                              train_build *tb, kiln_error *err)
+{
+	kiln_graph *fixed = NULL;
+	kiln_status st = batch > 0 ? fix_batch(model, batch, &fixed, err) : KILN_OK;
+	if (st == KILN_OK)
+		st = kiln_build_train_step(fixed ? fixed : model, t, &tb->step, err);
+	kiln_graph_free(fixed);
+	if (st != KILN_OK)
+		return st;
+	kiln_graph *g = tb->step;
+	for (uint32_t i = 0; i < g->nnode; i++) {
+		const ir_node *n = g->node[i];
+		if (!n->dead && ir_op(n->op)->flags & IR_RANDOM && ir_attr_int(n, "training_mode", 0))
+			return ir_seterr(err, KILN_EUNSUPPORTED, "kiln_compile_train: %s '%s' in training "
+			                 "mode is not supported yet (its seed would be a compile-time "
+			                 "constant, the same mask every step); use the interpreter trainer",
+			                 ir_op(n->op)->onnx, n->name ? n->name : "?");
+	}
+	tb->names = calloc(g->nval + 1, sizeof *tb->names);
+	tb->init = calloc(g->nval + 1, sizeof *tb->init);
+	if (!tb->names || !tb->init)
+		return ir_seterr(err, KILN_ENOMEM, "kiln_compile_train: out of memory");
+	for (uint32_t v = 1; v < g->nval; v++)
+		if (g->val[v]->kind == IR_V_PARAM && g->val[v]->name && g->val[v]->data) {
+			tb->names[tb->nstate] = g->val[v]->name;
+			tb->init[tb->nstate++] = g->val[v]->data;
+		}
+	return KILN_OK;
+}
+
+static bool fits(const kiln_tensor *t, const cg_buf *b)
+{
+	if (t->dtype != b->dt || t->rank != b->type.rank)
+		return false;
+	for (int d = 0; d < t->rank; d++)
+		if (t->shape[d] != b->type.dim[d])
+			return false;
+	return true;
+}
+
+/* Every parameter buffer of m becomes STATE, its row found by name. */
+static kiln_status mark_state(const train_build *tb, const kiln_graph *g, cg_module *m,
+                              const char *what, kiln_error *err)
+{
+	for (int b = 0; b < m->nbuf; b++) {
+		cg_buf *cb = &m->buf[b];
+		const ir_value *v = cb->value ? g->val[cb->value] : NULL;
+		if (cb->kind != CG_BUF_CONST || !v || v->kind != IR_V_PARAM)
+			continue;
+		int k = state_index(tb, v->name);
+		if (k < 0 || !fits(tb->init[k], cb))
+			return ir_seterr(err, KILN_EINVAL, "kiln_compile_train: %s parameter '%s' has no "
+			                 "match of the same type in the train step", what,
+			                 v->name ? v->name : "?");
+		cb->kind = CG_BUF_STATE;
+		cb->io_index = k;
+		cb->data = NULL;
+	}
+	return KILN_OK;
+}
+
+/* With the batch fixed, the graph still declares its symbol; a program no
+ * buffer of which has a symbolic dim takes no sizes (nothing binds them). */
+static void drop_unused_syms(cg_module *m)
+{
+	for (int b = 0; b < m->nbuf; b++)
+		for (int d = 0; d < m->buf[b].type.rank; d++)
+			if (m->buf[b].type.dim[d] < 0)
+				return;
+	m->nsym = 0;
+}
+
+/* Inputs "lr", "step", "apply" and each "<p>.next" output's row. */
+static kiln_status step_contract(train_build *tb, const kiln_graph *g, const cg_module *m,
+                                 const kiln_train_opts *t, kiln_error *err)
+{
+	cg_train_info *ti = &tb->ti;
+	*ti = (cg_train_info){tb->nstate, tb->names, tb->init, NULL, -1, -1, -1,
+	                      t->accum_steps > 1 ? t->accum_steps : 1};
+	int *pos[3] = {&ti->lr, &ti->t, &ti->apply};
+	const char *names[3] = {"lr", "step", "apply"};
+	for (uint32_t i = 0; i < g->ninput; i++)
+		for (int k = 0; k < 3; k++)
+			if (g->val[g->input[i]]->name && !strcmp(g->val[g->input[i]]->name, names[k]))
+				*pos[k] = (int)i;
+	if (!(tb->next = calloc((size_t)m->noutputs + 1, sizeof *tb->next)))
+		return ir_seterr(err, KILN_ENOMEM, "kiln_compile_train: out of memory");
+	tb->next[0] = -1;
+	for (int i = 1; i < m->noutputs; i++) {
+		const char *name = g->val[g->output[i]]->name;
+		char p[600];
+		size_t n = name ? strlen(name) : 0;
+		if (n > 5 && n - 5 < sizeof p && ends_with(name, ".next"))
+			snprintf(p, sizeof p, "%.*s", (int)(n - 5), name);
+		int k = n > 5 && n - 5 < sizeof p ? state_index(tb, p) : -1;
+		if (k < 0 || !fits(tb->init[k], &m->buf[m->outputs[i]]))
+			return ir_seterr(err, KILN_EVERIFY, "kiln_compile_train: output '%s' has no "
+			                 "parameter of the same type to replace", name ? name : "?");
+		tb->next[i] = k;
+	}
+	ti->next = tb->next;
+	return ti->lr >= 0 && ti->t >= 0 && (ti->accum == 1) == (ti->apply < 0)
+	               ? KILN_OK
+	               : ir_seterr(err, KILN_EVERIFY, "kiln_compile_train: the step graph lacks "
+	                           "its lr, step or apply input");
+}
+
+/* int <name>_train_step(ctx, syms..., data inputs..., double lr, T *loss) */
+static void header_train_step(FILE *f, const cg_module *m, const cg_train_info *ti,
+                              const char *name)
+{
+	char p[256];
+	fprintf(f, "int %s_train_step(%s_ctx *ctx", name, name);
+	for (int k = 0; k < m->nsym; k++) {
+		c_name(p, sizeof p, ir_dim_symname(m->g, k));
+		fprintf(f, ", int64_t %s", p);
+	}
+	for (int i = 0; i < m->ninputs; i++) {
+		if (i == ti->lr || i == ti->t || i == ti->apply)
+			continue;
+		param_name(m, i, p, sizeof p);
+		fprintf(f, ",\n        const %s *%s", c_type(m->buf[m->inputs[i]].dt), p);
+	}
+	fprintf(f, ", double lr, %s *loss);\n", c_type(m->buf[m->outputs[0]].dt));
+}
+
+static void train_header(FILE *f, const cg_module *m, const cg_module *eval,
+                         const cg_train_info *ti, const char *name, const char *h,
+                         const char *so)
+{
+	size_t bytes = 0;
+	for (int i = 0; i < ti->nstate; i++)
+		bytes += kiln_tensor_nbytes(ti->state_init[i]);
+	fprintf(f, "/*\n * %s: the training library for '%s', compiled by kiln %s into %s.\n *\n"
+	        " * Train step (loss, then the state it replaces):\n", h, kiln_graph_name(eval->g),
+	        KILN_VERSION, so);
+	header_signature(f, m);
+	fprintf(f, " * Eval:\n");
+	header_signature(f, eval);
+	fprintf(f, " *\n * The context owns %d state tensors (%zu bytes: parameters, buffers,\n"
+	        " * optimizer state), initialised from the model's weights.  _train_step takes\n"
+	        " * lr (schedules are the caller's) and counts steps itself (_steps);\n"
+	        " * _save/_load write and read a safetensors checkpoint in kiln_trainer's\n"
+	        " * format (atomic; a corrupt file is refused and nothing changes).  ints\n"
+	        " * are kiln_status (0 OK); %s_errmsg(ctx) says why.  One context per thread.\n"
+	        " */\n", ti->nstate, bytes, name);
+	char guard[128];
+	snprintf(guard, sizeof guard, "%s_TRAIN", name);
+	for (char *p = guard; *p; p++)
+		*p = (char)toupper((unsigned char)*p);
+	fprintf(f, "#ifndef %s_H\n#define %s_H\n\n#include <stdint.h>\n\n"
+	        "#ifdef __cplusplus\nextern \"C\" {\n#endif\n\n", guard, guard);
+	fprintf(f, "typedef struct %s_ctx %s_ctx;\n\n%s_ctx *%s_create(void);\n", name, name, name,
+	        name);
+	header_train_step(f, m, ti, name);
+	header_run(f, eval, name, "eval_step");
+	fprintf(f, "int64_t %s_steps(const %s_ctx *ctx);\n"
+	        "int %s_save(%s_ctx *ctx, const char *path);\n"
+	        "int %s_load(%s_ctx *ctx, const char *path);\n", name, name, name, name, name, name);
+	fprintf(f, "int %s_set_threads(%s_ctx *ctx, int nthreads);\n"
+	        "const char *%s_errmsg(const %s_ctx *ctx);\nvoid %s_destroy(%s_ctx *ctx);\n",
+	        name, name, name, name, name, name);
+	fprintf(f, "\n#ifdef __cplusplus\n}\n#endif\n#endif /* %s_H */\n", guard);
+}
+
+static kiln_status check_train(const kiln_graph *model, const kiln_graph *eval,
+                               const kiln_train_opts *t, const char *out,
+                               const kiln_compile_opts *o, kiln_error *err)
+{
+	if (!model || !eval || !t)
+		return ir_seterr(err, KILN_EINVAL, "kiln_compile_train: %s is NULL", !model ? "the "
+		                 "model" : !eval ? "the eval model (required)" : "the train options");
+	if (o->passes && strstr(o->passes, "bnfold"))
+		return ir_seterr(err, KILN_EINVAL, "kiln_compile_train: pass 'bnfold' folds parameters "
+		                 "into constants, which a training library updates");
+	if (o->emit && strcmp(o->emit, "so") != 0)
+		return ir_seterr(err, KILN_EINVAL, "kiln_compile_train: --emit=%s is not supported "
+		                 "for a training library (only the .so)", o->emit);
+	kiln_status st = check_opts(model, out, o, err);
+	return st == KILN_OK ? check_opts(eval, out, o, err) : st;
+}
+
+KILN_API kiln_status kiln_compile_train(const kiln_graph *model, const kiln_graph *eval_model,
+                                        const kiln_train_opts *t, int64_t batch,
+                                        const char *out_path, const kiln_compile_opts *opts,
+                                        kiln_error *err)
+{
+	kiln_compile_opts o = opts ? *opts : (kiln_compile_opts){0};
+	kiln_status st = check_train(model, eval_model, t, out_path, &o, err);
+	if (st != KILN_OK)
+		return st;
+	o.passes = o.passes ? o.passes : PASS_DEFAULT;
+	char name[128];
+	c_name(name, sizeof name, o.name ? o.name : kiln_graph_name(model));
+	train_build tb = {0};
+	kiln_graph *gs = NULL, *ge = NULL;
+	cg_module *ms = NULL, *me = NULL;
+	st = batch < 0 ? ir_seterr(err, KILN_EINVAL, "kiln_compile_train: batch %lld < 0",
+	                           (long long)batch)
+	               : build_step(model, t, batch, &tb, err);
+	if (st == KILN_OK)
+		st = to_kernels(tb.step, &o, &gs, &ms, err);
+	if (st == KILN_OK)
+		st = to_kernels(eval_model, &o, &ge, &me, err);
+	if (st == KILN_OK)
+		drop_unused_syms(ms);
+	if (st == KILN_OK)
+		st = mark_state(&tb, gs, ms, "train-step", err);
+	if (st == KILN_OK)
+		st = mark_state(&tb, ge, me, "eval", err);
+	if (st == KILN_OK)
+		st = step_contract(&tb, gs, ms, t, err);
+	train_part tp = {me, &tb.ti};
+	if (st == KILN_OK)
+		st = backend(ms, out_path, &o, name, "so", &tp, err);
+	if (st == KILN_OK)
+		st = header(ms, me, &tb.ti, train_header, name, out_path, err);
+	cg_module_free(ms), cg_module_free(me);
+	kiln_graph_free(gs), kiln_graph_free(ge);
+	train_build_free(&tb);
 	return st;
 }

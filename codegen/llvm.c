@@ -1119,7 +1119,7 @@ static void make_desc_types(cg_llvm *L, desc_types *t)
 	LLVMTypeRef pp = LLVMPointerType(L->ptr, 0), iop = LLVMPointerType(t->io, 0);
 	LLVMTypeRef d[] = {i32, i32, L->ptr, pp, i32, i32, iop, iop, i32, i32,
 	                   LLVMPointerType(t->buf, 0), i32, i32, LLVMPointerType(t->kfn, 0),
-	                   pp, t->sizes_fn, t->sizes_fn, L->i64};
+	                   pp, t->sizes_fn, t->sizes_fn, L->i64, i32, i32, L->ptr};
 	t->desc = LLVMStructTypeInContext(L->ctx, d, sizeof d / sizeof *d, 0);
 }
 
@@ -1181,15 +1181,17 @@ static LLVMValueRef weights(cg_llvm *L, const cg_buf *b, kiln_error *err, kiln_s
 static LLVMValueRef bufs(cg_llvm *L, const desc_types *t, kiln_error *err, kiln_status *st)
 {
 	static const int kinds[] = {[CG_BUF_INPUT] = RT_BUF_INPUT, [CG_BUF_OUTPUT] = RT_BUF_OUTPUT,
-	                            [CG_BUF_CONST] = RT_BUF_CONST, [CG_BUF_TEMP] = RT_BUF_TEMP};
+	                            [CG_BUF_CONST] = RT_BUF_CONST, [CG_BUF_TEMP] = RT_BUF_TEMP,
+	                            [CG_BUF_STATE] = RT_BUF_STATE};
 	const cg_module *m = L->m;
 	LLVMValueRef *v = calloc((size_t)m->nbuf + 1, sizeof *v);
 	if (!v)
 		return NULL;
 	for (int i = 0; i < m->nbuf; i++) {
 		const cg_buf *b = &m->buf[i];
-		LLVMValueRef f[] = {i32c(L, kinds[b->kind]), i32c(L, b->dt),
-		                    i32c(L, b->kind == CG_BUF_TEMP && b->alias < 0 ? b->slot : -1),
+		int slot = b->kind == CG_BUF_STATE ? b->io_index
+		           : b->kind == CG_BUF_TEMP && b->alias < 0 ? b->slot : -1;
+		LLVMValueRef f[] = {i32c(L, kinds[b->kind]), i32c(L, b->dt), i32c(L, slot),
 		                    i32c(L, b->alias), weights(L, b, err, st)};
 		v[i] = LLVMConstNamedStruct(t->buf, f, 5);
 	}
@@ -1225,9 +1227,17 @@ static LLVMValueRef kernel_tables(cg_llvm *L, const desc_types *t, LLVMValueRef 
 	return array(L, t->kfn, fns, m->nkern, "kiln.kernels");
 }
 
-/* The exported `kiln_model_desc` (runtime/model.h's layout, field by field). */
+/* The program's description (runtime/model.h's layout, field by field),
+ * global gname; state: the shared state table (NULL pointer, nstate 0 for
+ * an inference model). */
+typedef struct state_ref {
+	LLVMValueRef table;
+	int n;
+} state_ref;
+
 static LLVMValueRef model_desc(cg_llvm *L, LLVMValueRef *kfns, LLVMValueRef numel,
-                               LLVMValueRef io_dims, kiln_error *err, kiln_status *st)
+                               LLVMValueRef io_dims, const char *gname, state_ref state,
+                               kiln_error *err, kiln_status *st)
 {
 	const cg_module *m = L->m;
 	desc_types t;
@@ -1244,8 +1254,9 @@ static LLVMValueRef model_desc(cg_llvm *L, LLVMValueRef *kfns, LLVMValueRef nume
 		i32c(L, m->ninputs), i32c(L, m->noutputs), in, out,
 		i32c(L, m->nbuf), i32c(L, m->nslot), bd, i32c(L, m->nkern), i32c(L, 0),
 		kerns, knames, numel, io_dims,
-		LLVMConstInt(L->i64, cg_sgemm_scratch_floats(L->t), 0)};
-	LLVMValueRef g = LLVMAddGlobal(L->mod, t.desc, "kiln_model_desc");
+		LLVMConstInt(L->i64, cg_sgemm_scratch_floats(L->t), 0), i32c(L, state.n), i32c(L, 0),
+		state.table ? state.table : LLVMConstNull(L->ptr)};
+	LLVMValueRef g = LLVMAddGlobal(L->mod, t.desc, gname);
 	LLVMSetInitializer(g, LLVMConstNamedStruct(t.desc, f, sizeof f / sizeof *f));
 	LLVMSetGlobalConstant(g, 1);
 	LLVMSetAlignment(g, 8);
@@ -1285,8 +1296,9 @@ static LLVMValueRef param_array(cg_llvm *L, LLVMValueRef f, int first, int n, LL
 	return a;
 }
 
-/* int <name>_run(ctx, int64_t sym..., const T *in..., T *out...) */
-static void run_entry(cg_llvm *L)
+/* int <name>_<suffix>(ctx, int64_t sym..., const T *in..., T *out...)
+ * calling callee(ctx, syms, in, out) of the runtime. */
+static void run_entry(cg_llvm *L, const char *suffix, const char *callee)
 {
 	const cg_module *m = L->m;
 	int n = 1 + m->nsym + m->ninputs + m->noutputs;
@@ -1299,41 +1311,51 @@ static void run_entry(cg_llvm *L)
 		int b = io < 0 ? -1 : io < m->ninputs ? m->inputs[io] : m->outputs[io - m->ninputs];
 		pt[i] = b < 0 ? L->i64 : LLVMPointerType(mty(L, m->buf[b].dt), 0);
 	}
-	LLVMValueRef f = entry_fn(L, "run", L->i32, pt, n);
+	LLVMValueRef f = entry_fn(L, suffix, L->i32, pt, n);
 	LLVMValueRef syms = param_array(L, f, 1, m->nsym, L->i64);
 	LLVMValueRef in = param_array(L, f, 1 + m->nsym, m->ninputs, L->ptr);
 	LLVMValueRef out = param_array(L, f, 1 + m->nsym + m->ninputs, m->noutputs, L->ptr);
 	LLVMTypeRef rt[4] = {L->ptr, LLVMPointerType(L->i64, 0), LLVMPointerType(L->ptr, 0),
 	                     LLVMPointerType(L->ptr, 0)};
 	LLVMValueRef args[4] = {LLVMGetParam(f, 0), syms, in, out};
-	LLVMBuildRet(L->b, rt_call(L, "rt_model_run", L->i32, rt, args, 4));
+	LLVMBuildRet(L->b, rt_call(L, callee, L->i32, rt, args, 4));
 	free(pt);
 }
 
-/* _create (NULL on failure), _destroy, _set_threads, _errmsg over model.c. */
-static void entries(cg_llvm *L, LLVMValueRef desc)
+/* _create (NULL on failure), _destroy, _set_threads, _errmsg over the
+ * runtime's rt_<rt>_create... (rt_model: model.c, rt_train: model_train.c). */
+static void lifecycle(cg_llvm *L, LLVMValueRef desc, const char *rt)
 {
+	char fn[4][64];
+	const char *what[4] = {"create", "destroy", "set_threads", "errmsg"};
+	for (int i = 0; i < 4; i++)
+		snprintf(fn[i], sizeof fn[i], "rt_%s_%s", rt, what[i]);
 	LLVMTypeRef pp = LLVMPointerType(L->ptr, 0), vt = LLVMVoidTypeInContext(L->ctx);
 	LLVMTypeRef ct[2] = {L->ptr, pp}, st[2] = {L->ptr, L->i32};
 	entry_fn(L, "create", L->ptr, NULL, 0);
 	LLVMValueRef slot = LLVMBuildAlloca(L->b, L->ptr, "");
 	LLVMBuildStore(L->b, LLVMConstNull(L->ptr), slot);
 	LLVMValueRef args[2] = {as_ptr(L, desc), slot};
-	LLVMValueRef rc = rt_call(L, "rt_model_create", L->i32, ct, args, 2);
+	LLVMValueRef rc = rt_call(L, fn[0], L->i32, ct, args, 2);
 	LLVMValueRef ok = LLVMBuildICmp(L->b, LLVMIntEQ, rc, i32c(L, KILN_OK), "");
 	LLVMBuildRet(L->b, LLVMBuildSelect(L->b, ok, LLVMBuildLoad2(L->b, L->ptr, slot, ""),
 	                                   LLVMConstNull(L->ptr), ""));
 	LLVMValueRef f = entry_fn(L, "destroy", vt, ct, 1);
 	LLVMValueRef p = LLVMGetParam(f, 0);
-	rt_call(L, "rt_model_destroy", vt, ct, &p, 1);
+	rt_call(L, fn[1], vt, ct, &p, 1);
 	LLVMBuildRetVoid(L->b);
 	f = entry_fn(L, "set_threads", L->i32, st, 2);
 	LLVMValueRef a2[2] = {LLVMGetParam(f, 0), LLVMGetParam(f, 1)};
-	LLVMBuildRet(L->b, rt_call(L, "rt_model_set_threads", L->i32, st, a2, 2));
+	LLVMBuildRet(L->b, rt_call(L, fn[2], L->i32, st, a2, 2));
 	f = entry_fn(L, "errmsg", L->ptr, ct, 1);
 	p = LLVMGetParam(f, 0);
-	LLVMBuildRet(L->b, rt_call(L, "rt_model_errmsg", L->ptr, ct, &p, 1));
-	run_entry(L);
+	LLVMBuildRet(L->b, rt_call(L, fn[3], L->ptr, ct, &p, 1));
+}
+
+static void entries(cg_llvm *L, LLVMValueRef desc)
+{
+	lifecycle(L, desc, "model");
+	run_entry(L, "run", "rt_model_run");
 }
 
 /* ---- the module ------------------------------------------------------------------ */
@@ -1346,7 +1368,7 @@ static kiln_status check_module(const cg_module *m, kiln_error *err)
 			return ir_seterr(err, KILN_EUNSUPPORTED, "LLVM backend: buffer %d ('%s') is "
 			                 "%s, which it does not handle", b, bf->name ? bf->name : "",
 			                 kiln_dtype_name(bf->dt));
-		if (bf->alias >= m->nbuf || (unsigned)bf->kind > CG_BUF_TEMP)
+		if (bf->alias >= m->nbuf || (unsigned)bf->kind > CG_BUF_STATE)
 			return ir_seterr(err, KILN_EINVAL, "LLVM backend: buffer %d is malformed", b);
 	}
 	for (int i = 0; i < m->ninputs + m->noutputs; i++) {
@@ -1357,7 +1379,10 @@ static kiln_status check_module(const cg_module *m, kiln_error *err)
 	return KILN_OK;
 }
 
-kiln_status cg_llvm_kernels(cg_llvm *L, kiln_error *err)
+/* L->m's kernels, numel and io_dims functions and its description, the
+ * global gname, into *desc. */
+static kiln_status program(cg_llvm *L, const char *gname, state_ref state, LLVMValueRef *desc,
+                           kiln_error *err)
 {
 	const cg_module *m = L->m;
 	kiln_status st = check_module(m, err);
@@ -1385,11 +1410,151 @@ kiln_status cg_llvm_kernels(cg_llvm *L, kiln_error *err)
 	if (st == KILN_OK) {
 		LLVMValueRef numel = numel_fn(L, &c), io_dims = io_dims_fn(L, &c);
 		st = c.st;
-		LLVMValueRef desc = st == KILN_OK ? model_desc(L, fns, numel, io_dims, err, &st) : NULL;
-		if (st == KILN_OK)
-			entries(L, desc);
+		*desc = st == KILN_OK ? model_desc(L, fns, numel, io_dims, gname, state, err, &st)
+		                      : NULL;
 	}
 	free(c.symv);
 	free(fns);
+	return st;
+}
+
+kiln_status cg_llvm_kernels(cg_llvm *L, kiln_error *err)
+{
+	LLVMValueRef desc = NULL;
+	kiln_status st = program(L, "kiln_model_desc", (state_ref){NULL, 0}, &desc, err);
+	if (st == KILN_OK)
+		entries(L, desc);
+	return st;
+}
+
+/* ---- training libraries ------------------------------------------------------------
+ * Two programs in one module: the step (L->m) and eval, each with its own
+ * kernels and description, whose STATE buffers index one shared state
+ * table; then kiln_train_desc tying them together, and the entry points. */
+
+static LLVMValueRef bytes_global(cg_llvm *L, const kiln_tensor *t)
+{
+	size_t n = kiln_tensor_nbytes(t);
+	LLVMValueRef init = LLVMConstStringInContext(L->ctx, n ? t->data : "", (unsigned)(n ? n : 1),
+	                                             1);
+	return as_ptr(L, global(L, LLVMTypeOf(init), init, "kiln.state_init", 64));
+}
+
+/* [nstate x rt_state_desc] {name, dtype, rank, dims, init} */
+static LLVMValueRef state_table(cg_llvm *L, const cg_train_info *ti)
+{
+	LLVMTypeRef f[] = {L->ptr, L->i32, L->i32, LLVMPointerType(L->i64, 0), L->ptr};
+	LLVMTypeRef ty = LLVMStructTypeInContext(L->ctx, f, 5, 0);
+	LLVMValueRef *v = calloc((size_t)ti->nstate + 1, sizeof *v);
+	if (!v)
+		return NULL;
+	for (int i = 0; i < ti->nstate; i++) {
+		const kiln_tensor *t = ti->state_init[i];
+		LLVMValueRef dims[KILN_MAX_RANK];
+		for (int d = 0; d < t->rank; d++)
+			dims[d] = i64c(L, t->shape[d]);
+		LLVMValueRef e[] = {cstr(L, ti->state_name[i]), i32c(L, t->dtype), i32c(L, t->rank),
+		                    array(L, L->i64, dims, t->rank, "kiln.state_dims"),
+		                    bytes_global(L, t)};
+		v[i] = LLVMConstNamedStruct(ty, e, 5);
+	}
+	LLVMValueRef a = as_ptr(L, array(L, ty, v, ti->nstate, "kiln.state"));
+	free(v);
+	return a;
+}
+
+/* `kiln_train_desc`: {abi, accum, step, eval, next, lr, t, apply, pad} */
+static LLVMValueRef train_desc(cg_llvm *L, LLVMValueRef step, LLVMValueRef eval,
+                               const cg_train_info *ti)
+{
+	int n = L->m->noutputs;
+	LLVMValueRef *next = calloc((size_t)n + 1, sizeof *next);
+	if (!next)
+		return NULL;
+	for (int i = 0; i < n; i++)
+		next[i] = i32c(L, ti->next[i]);
+	LLVMValueRef f[] = {i32c(L, RT_MODEL_ABI), i32c(L, ti->accum), as_ptr(L, step),
+	                    as_ptr(L, eval), array(L, L->i32, next, n, "kiln.next"),
+	                    i32c(L, ti->lr), i32c(L, ti->t), i32c(L, ti->apply), i32c(L, 0)};
+	free(next);
+	LLVMTypeRef ft[9];
+	for (int i = 0; i < 9; i++)
+		ft[i] = LLVMTypeOf(f[i]);
+	LLVMTypeRef ty = LLVMStructTypeInContext(L->ctx, ft, 9, 0);
+	LLVMValueRef g = LLVMAddGlobal(L->mod, ty, "kiln_train_desc");
+	LLVMSetInitializer(g, LLVMConstNamedStruct(ty, f, 9));
+	LLVMSetGlobalConstant(g, 1);
+	LLVMSetAlignment(g, 8);
+	return g;
+}
+
+/* int <name>_train_step(ctx, int64_t sym..., const T *data..., double lr,
+ * T *loss) over rt_train_step(ctx, syms, in, lr, loss). */
+static void train_step_entry(cg_llvm *L, const cg_train_info *ti)
+{
+	const cg_module *m = L->m;
+	int ndata = m->ninputs - 2 - (ti->apply >= 0), n = 1 + m->nsym + ndata + 2;
+	LLVMTypeRef *pt = calloc((size_t)n, sizeof *pt);
+	if (!pt)
+		return;
+	pt[0] = L->ptr;
+	for (int i = 1, k = 0; i <= m->nsym + ndata; i++) {
+		while (i > m->nsym && (k == ti->lr || k == ti->t || k == ti->apply))
+			k++;
+		pt[i] = i <= m->nsym ? L->i64 : LLVMPointerType(mty(L, m->buf[m->inputs[k++]].dt), 0);
+	}
+	pt[n - 2] = L->f64;
+	pt[n - 1] = LLVMPointerType(mty(L, m->buf[m->outputs[0]].dt), 0);
+	LLVMValueRef f = entry_fn(L, "train_step", L->i32, pt, n);
+	LLVMValueRef syms = param_array(L, f, 1, m->nsym, L->i64);
+	LLVMValueRef in = param_array(L, f, 1 + m->nsym, ndata, L->ptr);
+	LLVMTypeRef rt[5] = {L->ptr, LLVMPointerType(L->i64, 0), LLVMPointerType(L->ptr, 0), L->f64,
+	                     L->ptr};
+	LLVMValueRef loss = LLVMBuildBitCast(L->b, LLVMGetParam(f, (unsigned)n - 1), L->ptr, "");
+	LLVMValueRef args[5] = {LLVMGetParam(f, 0), syms, in, LLVMGetParam(f, (unsigned)n - 2), loss};
+	LLVMBuildRet(L->b, rt_call(L, "rt_train_step", L->i32, rt, args, 5));
+	free(pt);
+}
+
+/* _save(ctx, path), _load(ctx, path), _steps(ctx) */
+static void ckpt_entries(cg_llvm *L)
+{
+	LLVMTypeRef pt[2] = {L->ptr, L->ptr};
+	const char *what[2] = {"save", "load"}, *rt[2] = {"rt_train_save", "rt_train_load"};
+	for (int i = 0; i < 2; i++) {
+		LLVMValueRef f = entry_fn(L, what[i], L->i32, pt, 2);
+		LLVMValueRef a[2] = {LLVMGetParam(f, 0), LLVMGetParam(f, 1)};
+		LLVMBuildRet(L->b, rt_call(L, rt[i], L->i32, pt, a, 2));
+	}
+	LLVMValueRef f = entry_fn(L, "steps", L->i64, pt, 1);
+	LLVMValueRef p = LLVMGetParam(f, 0);
+	LLVMBuildRet(L->b, rt_call(L, "rt_train_steps", L->i64, pt, &p, 1));
+}
+
+kiln_status cg_llvm_train(cg_llvm *L, const cg_module *eval, const cg_train_info *ti,
+                          kiln_error *err)
+{
+	const cg_module *step = L->m;
+	state_ref state = {state_table(L, ti), ti->nstate};
+	if (!state.table)
+		return ir_seterr(err, KILN_ENOMEM, "out of memory emitting the state table");
+	LLVMValueRef sd = NULL, ed = NULL;
+	kiln_status st = program(L, "kiln.step_desc", state, &sd, err);
+	if (st == KILN_OK) {
+		LLVMSetLinkage(sd, LLVMPrivateLinkage);
+		L->m = eval;
+		st = program(L, "kiln_model_desc", state, &ed, err);
+	}
+	if (st == KILN_OK)
+		run_entry(L, "eval_step", "rt_train_eval");
+	L->m = step;
+	LLVMValueRef td = st == KILN_OK ? train_desc(L, sd, ed, ti) : NULL;
+	if (st == KILN_OK && !td)
+		st = ir_seterr(err, KILN_ENOMEM, "out of memory emitting the training description");
+	if (st == KILN_OK) {
+		lifecycle(L, td, "train");
+		train_step_entry(L, ti);
+		ckpt_entries(L);
+	}
 	return st;
 }

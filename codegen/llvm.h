@@ -47,6 +47,25 @@ typedef struct cg_llvm {
  * numel/io_dims functions and the rt_model_desc; see emit.c for the rest. */
 kiln_status cg_llvm_kernels(cg_llvm *L, kiln_error *err);
 
+/* A training library (kiln_compile_train): the state table and the step
+ * program's contract, for cg_llvm_train. */
+typedef struct cg_train_info {
+	int nstate;
+	const char *const *state_name;     /* PyTorch names */
+	const kiln_tensor *const *state_init;
+	const int *next;                   /* per step output: state index (-1: loss) */
+	int lr, t, apply;                  /* step input positions (apply: -1 none) */
+	int accum;                         /* micro-batches per optimizer step */
+} cg_train_info;
+
+/* Emits L->m (the step program, STATE buffers indexed into ti's table) and
+ * eval (its eval program) into one module: both rt_model_descs over one
+ * state table, `kiln_train_desc`, `kiln_model_desc` (the eval program) and
+ * the entry points <name>_create/_train_step/_eval_step/_save/_load/_steps/
+ * _set_threads/_errmsg/_destroy over runtime/model_train.c. */
+kiln_status cg_llvm_train(cg_llvm *L, const cg_module *eval, const cg_train_info *ti,
+                          kiln_error *err);
+
 /* ---- llvm_gemm.c -------------------------------------------------------- */
 
 /* Declares once per module and returns

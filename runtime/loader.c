@@ -12,6 +12,10 @@
  *
  * The signature is translated once into kiln_model_io records owned by the
  * model, so introspection hands out stable pointers and never allocates.
+ * A training library also exports kiln_train_desc: the model is then a
+ * training context (model_train.c) and its rt_model is that context's eval
+ * program, so kiln_model_run evaluates the current state.
+ *
  * Generated libraries never link this file: nothing they use refers to it,
  * and an archive member is only pulled in when referenced.
  */
@@ -25,7 +29,8 @@
 struct kiln_model {
 	void *dl;               /* dlopen handle */
 	const rt_model_desc *d; /* inside the library */
-	rt_model *rt;           /* the context */
+	rt_model *rt;           /* the context (a training library's: its eval program) */
+	rt_train *train;        /* a training library's context, or NULL */
 	kiln_model_io *io;      /* inputs, then outputs */
 };
 
@@ -70,7 +75,13 @@ static kiln_status attach(kiln_model *m, const char *path, kiln_error *err)
 	kiln_status st = rt_model_validate(m->d, why, sizeof why);
 	if (st != KILN_OK)
 		return rt_seterr(err, st, "%s: %s", path, why);
-	if ((st = rt_model_create(m->d, &m->rt)) != KILN_OK)
+	const rt_train_desc *td = dlsym(m->dl, "kiln_train_desc");
+	if (td) {
+		if ((st = rt_train_create(td, &m->train)) != KILN_OK)
+			return rt_seterr(err, st, "%s: cannot create a training context for model '%s'",
+			                 path, m->d->name);
+		m->rt = rt_train_eval_model(m->train);
+	} else if ((st = rt_model_create(m->d, &m->rt)) != KILN_OK)
 		return rt_seterr(err, st, "%s: cannot create a context for model '%s'", path,
 		                 m->d->name);
 	m->io = calloc(m->d->ninputs + m->d->noutputs + 1, sizeof *m->io);
@@ -112,7 +123,10 @@ KILN_API void kiln_model_free(kiln_model *m)
 {
 	if (!m)
 		return;
-	rt_model_destroy(m->rt); /* joins the pool's threads before the code goes */
+	if (m->train)
+		rt_train_destroy(m->train); /* and its eval program's m->rt */
+	else
+		rt_model_destroy(m->rt); /* joins the pool's threads before the code goes */
 	free(m->io);
 	if (m->dl)
 		dlclose(m->dl);
@@ -128,6 +142,10 @@ KILN_API kiln_status kiln_model_set_threads(kiln_model *m, int n, kiln_error *er
 {
 	if (!m)
 		return rt_seterr(err, KILN_EINVAL, "kiln_model_set_threads: model is NULL");
+	if (m->train) {
+		kiln_status st = rt_train_set_threads(m->train, n);
+		return st == KILN_OK ? st : rt_seterr(err, st, "%s", rt_train_errmsg(m->train));
+	}
 	kiln_status st = rt_model_set_threads(m->rt, n);
 	return st == KILN_OK ? st : rt_seterr(err, st, "%s", rt_model_errmsg(m->rt));
 }
@@ -224,4 +242,58 @@ KILN_API kiln_status kiln_model_run(kiln_model *m, kiln_tensor *const *inputs, i
 			outputs[i] = NULL;
 		}
 	return st;
+}
+
+/* ---- training libraries -------------------------------------------------------------- */
+
+KILN_API bool kiln_model_trainable(const kiln_model *m)
+{
+	return m && m->train;
+}
+
+static kiln_status not_trainable(const kiln_model *m, const char *fn, kiln_error *err)
+{
+	if (!m)
+		return rt_seterr(err, KILN_EINVAL, "%s: model is NULL", fn);
+	return rt_seterr(err, KILN_EINVAL, "%s: model '%s' is not a training library (compile it "
+	                 "with kiln_compile_train or `kiln compile --train`)", fn, m->d->name);
+}
+
+KILN_API kiln_status kiln_model_train_step(kiln_model *m, const kiln_tensor *x,
+                                           const kiln_tensor *y, double lr, double *loss,
+                                           kiln_error *err)
+{
+	if (!kiln_model_trainable(m))
+		return not_trainable(m, "kiln_model_train_step", err);
+	if (!x)
+		return rt_seterr(err, KILN_EINVAL, "kiln_model_train_step: x is NULL");
+	const kiln_tensor *in[2] = {x, y};
+	kiln_status st = rt_train_step_tensors(m->train, in, y ? 2 : 1, lr, loss);
+	return st == KILN_OK ? st : rt_seterr(err, st, "%s", rt_train_errmsg(m->train));
+}
+
+KILN_API int64_t kiln_model_steps(const kiln_model *m)
+{
+	return m && m->train ? rt_train_steps(m->train) : 0;
+}
+
+KILN_API kiln_tensor_set *kiln_model_state(const kiln_model *m)
+{
+	return m && m->train ? rt_train_state(m->train) : NULL;
+}
+
+KILN_API kiln_status kiln_model_save(kiln_model *m, const char *path, kiln_error *err)
+{
+	if (!kiln_model_trainable(m))
+		return not_trainable(m, "kiln_model_save", err);
+	kiln_status st = rt_train_save(m->train, path);
+	return st == KILN_OK ? st : rt_seterr(err, st, "%s", rt_train_errmsg(m->train));
+}
+
+KILN_API kiln_status kiln_model_load(kiln_model *m, const char *path, kiln_error *err)
+{
+	if (!kiln_model_trainable(m))
+		return not_trainable(m, "kiln_model_load", err);
+	kiln_status st = rt_train_load(m->train, path);
+	return st == KILN_OK ? st : rt_seterr(err, st, "%s", rt_train_errmsg(m->train));
 }

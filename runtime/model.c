@@ -26,6 +26,12 @@
  * output before the kernels; a second output of the class is copied from
  * the home after them.
  *
+ * State (RT_BUF_STATE, training libraries): parameters, buffers and
+ * optimizer state live in per-context storage, initialised from the
+ * description's state table at create, or shared with a training context
+ * (model_train.c) that runs two programs over one state.  To the kernels a
+ * state tensor is just another pointer, ranked like a constant for aliases.
+ *
  * Generated libraries must not export kiln_* symbols, so this file keeps
  * its own small dtype table instead of calling tensor.c.
  */
@@ -70,6 +76,8 @@ struct rt_model {
 	int npre, npost;
 	void *arena;
 	size_t arena_bytes;
+	void **state;        /* per state tensor: its storage */
+	bool own_state;      /* allocated here (else the caller's) */
 	char err[1024];
 };
 
@@ -136,12 +144,38 @@ static kiln_status check_io(const rt_model_desc *d, uint32_t i, char *msg, size_
 	return KILN_OK;
 }
 
+/* The state table: names, dtypes and fixed shapes with initial data. */
+static kiln_status check_state(const rt_model_desc *d, char *msg, size_t size)
+{
+	if (d->nstate && !d->state)
+		return snprintf(msg, size, "model description has a NULL state table"), KILN_EINVAL;
+	for (uint32_t i = 0; i < d->nstate; i++) {
+		const rt_state_desc *s = &d->state[i];
+		bool ok = s->name && dtype_ok(s->dtype) && s->rank >= 0 && s->rank <= KILN_MAX_RANK &&
+		          (!s->rank || s->dims) && s->init;
+		for (int k = 0; ok && k < s->rank; k++)
+			ok = s->dims[k] >= 0;
+		if (!ok)
+			return snprintf(msg, size, "state %u: bad name, dtype, shape or data", i),
+			       KILN_EINVAL;
+	}
+	return KILN_OK;
+}
+
+static bool slot_ok(const rt_model_desc *d, const rt_buf_desc *bd)
+{
+	if (bd->kind != RT_BUF_STATE)
+		return bd->slot < (int32_t)d->nslot;
+	return bd->slot >= 0 && (uint32_t)bd->slot < d->nstate && bd->alias < 0 &&
+	       d->state[bd->slot].dtype == bd->dtype;
+}
+
 static kiln_status check_bufs(const rt_model_desc *d, char *msg, size_t size)
 {
 	for (uint32_t b = 0; b < d->nbuf; b++) {
 		const rt_buf_desc *bd = &d->bufs[b];
-		bool ok = bd->kind >= RT_BUF_INPUT && bd->kind <= RT_BUF_TEMP && dtype_ok(bd->dtype) &&
-		          bd->alias < (int32_t)d->nbuf && bd->slot < (int32_t)d->nslot &&
+		bool ok = bd->kind >= RT_BUF_INPUT && bd->kind <= RT_BUF_STATE && dtype_ok(bd->dtype) &&
+		          bd->alias < (int32_t)d->nbuf && slot_ok(d, bd) &&
 		          (bd->kind != RT_BUF_CONST || bd->data || bd->alias >= 0);
 		if (!ok)
 			return snprintf(msg, size, "buffer %u: bad kind, dtype, slot, alias or data", b),
@@ -174,7 +208,9 @@ kiln_status rt_model_validate(const rt_model_desc *d, char *msg, size_t size)
 	for (uint32_t s = 0; s < d->nsym; s++)
 		if (!d->sym_names[s])
 			return snprintf(msg, size, "symbol %u has no name", s), KILN_EINVAL;
-	kiln_status st = check_bufs(d, msg, size);
+	kiln_status st = check_state(d, msg, size);
+	if (st == KILN_OK)
+		st = check_bufs(d, msg, size);
 	for (uint32_t i = 0; st == KILN_OK && i < nio(d); i++)
 		st = check_io(d, i, msg, size);
 	return st;
@@ -194,7 +230,7 @@ static kiln_status plan_aliases(rt_model *m)
 {
 	const rt_model_desc *d = m->d;
 	static const int rank[] = {[RT_BUF_OUTPUT] = 3, [RT_BUF_INPUT] = 2, [RT_BUF_CONST] = 1,
-	                           [RT_BUF_TEMP] = 0};
+	                           [RT_BUF_STATE] = 1, [RT_BUF_TEMP] = 0};
 	for (uint32_t b = 0; b < d->nbuf; b++)
 		m->home[b] = -1;
 	for (uint32_t b = 0; b < d->nbuf; b++) {
@@ -210,7 +246,7 @@ static kiln_status plan_aliases(rt_model *m)
 		int kind = d->bufs[b].kind;
 		if (kind == RT_BUF_OUTPUT)
 			m->post[m->npost++] = (copy){h, (int32_t)b};
-		else if ((kind == RT_BUF_INPUT || kind == RT_BUF_CONST) &&
+		else if ((kind == RT_BUF_INPUT || kind == RT_BUF_CONST || kind == RT_BUF_STATE) &&
 		         d->bufs[h].kind == RT_BUF_OUTPUT)
 			m->pre[m->npre++] = (copy){(int32_t)b, h};
 	}
@@ -265,7 +301,64 @@ static kiln_status alloc_scratch(float **p, uint64_t floats)
 	return KILN_OK;
 }
 
+static size_t state_bytes(const rt_state_desc *s)
+{
+	size_t n = dtypes[s->dtype].size;
+	for (int k = 0; k < s->rank; k++)
+		n *= (size_t)s->dims[k];
+	return n;
+}
+
+/* Own state storage, a copy of the initial values (state given: shared). */
+static kiln_status attach_state(rt_model *m, void *const *state)
+{
+	const rt_model_desc *d = m->d;
+	if (!d->nstate)
+		return KILN_OK;
+	if (!(m->state = calloc(d->nstate, sizeof *m->state)))
+		return KILN_ENOMEM;
+	m->own_state = !state;
+	for (uint32_t i = 0; i < d->nstate; i++) {
+		size_t n = state_bytes(&d->state[i]);
+		if (state) {
+			m->state[i] = state[i];
+			continue;
+		}
+		if (posix_memalign(&m->state[i], ALIGN, n ? n : 1) != 0) {
+			m->state[i] = NULL;
+			return KILN_ENOMEM;
+		}
+		memcpy(m->state[i], d->state[i].init, n);
+	}
+	return KILN_OK;
+}
+
+/* Every STATE buffer holds exactly its state tensor's elements. */
+static kiln_status check_state_sizes(rt_model *m)
+{
+	const rt_model_desc *d = m->d;
+	if (!d->nstate)
+		return KILN_OK;
+	for (uint32_t s = 0; s < d->nsym; s++)
+		m->sym[s] = 1;
+	d->numel(m->sym, m->numel);
+	for (uint32_t b = 0; b < d->nbuf; b++) {
+		const rt_buf_desc *bd = &d->bufs[b];
+		if (bd->kind == RT_BUF_STATE && (size_t)m->numel[b] * dtypes[bd->dtype].size !=
+		                                        state_bytes(&d->state[bd->slot]))
+			return fail(m, KILN_EINVAL, "model '%s': buffer %u does not fit state '%s'",
+			            d->name, b, d->state[bd->slot].name);
+	}
+	memset(m->sym, 0, (d->nsym + 1) * sizeof *m->sym);
+	return KILN_OK;
+}
+
 kiln_status rt_model_create(const rt_model_desc *d, rt_model **out)
+{
+	return rt_model_create_shared(d, NULL, out);
+}
+
+kiln_status rt_model_create_shared(const rt_model_desc *d, void *const *state, rt_model **out)
 {
 	char msg[256];
 	if (!out)
@@ -280,6 +373,10 @@ kiln_status rt_model_create(const rt_model_desc *d, rt_model **out)
 	m->d = d;
 	m->nthreads = 1;
 	st = alloc_tables(m);
+	if (st == KILN_OK)
+		st = attach_state(m, state);
+	if (st == KILN_OK)
+		st = check_state_sizes(m);
 	if (st == KILN_OK)
 		st = plan_aliases(m);
 	if (st == KILN_OK)
@@ -312,6 +409,9 @@ void rt_model_destroy(rt_model *m)
 	free(m->dim_off);
 	free(m->slot_off);
 	free(m->arena);
+	for (uint32_t i = 0; m->state && m->own_state && i < m->d->nstate; i++)
+		free(m->state[i]);
+	free(m->state);
 	free(m);
 }
 
@@ -596,6 +696,7 @@ static void *own_ptr(const rt_model *m, int32_t b, const void *const *in, void *
 	case RT_BUF_INPUT: return (void *)in[m->io_of[b]];
 	case RT_BUF_OUTPUT: return out[m->io_of[b]];
 	case RT_BUF_CONST: return (void *)bd->data;
+	case RT_BUF_STATE: return m->state[bd->slot];
 	default: return bd->slot >= 0 && m->arena ? (char *)m->arena + m->slot_off[bd->slot] : NULL;
 	}
 }

@@ -20,7 +20,7 @@
 
 #include "kiln/kiln.h"
 
-#define RT_MODEL_ABI 1
+#define RT_MODEL_ABI 2 /* 2: RT_BUF_STATE, the state table, rt_train_desc */
 
 typedef struct rt_pool rt_pool;
 
@@ -53,15 +53,27 @@ typedef struct rt_io_desc {
 	int32_t pad_;
 } rt_io_desc;
 
-enum { RT_BUF_INPUT = 0, RT_BUF_OUTPUT = 1, RT_BUF_CONST = 2, RT_BUF_TEMP = 3 };
+/* STATE: a tensor the context owns and a train step replaces (parameters,
+ * BatchNorm buffers, optimizer state); its slot is its index in the
+ * description's state table. */
+enum { RT_BUF_INPUT = 0, RT_BUF_OUTPUT = 1, RT_BUF_CONST = 2, RT_BUF_TEMP = 3,
+       RT_BUF_STATE = 4 };
 
 typedef struct rt_buf_desc {
 	int32_t kind;         /* RT_BUF_* */
 	int32_t dtype;
-	int32_t slot;         /* TEMP: scratch slot; -1 otherwise */
+	int32_t slot;         /* TEMP: scratch slot; STATE: state index; -1 otherwise */
 	int32_t alias;        /* >= 0: same bytes as that buffer */
 	const void *data;     /* CONST: embedded data (64-byte aligned) */
 } rt_buf_desc;
+
+/* One tensor of mutable state: fixed shape, initial bytes embedded. */
+typedef struct rt_state_desc {
+	const char *name;     /* PyTorch's name: "fc1.weight", "fc1.weight.exp_avg" */
+	int32_t dtype, rank;
+	const int64_t *dims;
+	const void *init;     /* 64-byte aligned, dims' product times the dtype size */
+} rt_state_desc;
 
 typedef struct rt_model_desc {
 	uint32_t abi;         /* RT_MODEL_ABI */
@@ -80,7 +92,25 @@ typedef struct rt_model_desc {
 	/* every input then output dim, flattened in signature order */
 	void (*io_dims)(const int64_t *sym, int64_t *dims);
 	uint64_t scratch_floats; /* GEMM packing scratch per thread */
+	/* the state its STATE buffers index (a training library's two programs
+	 * share one table); 0 and NULL for an inference model */
+	uint32_t nstate, pad2_;
+	const rt_state_desc *state;
 } rt_model_desc;
+
+/* A training library (kiln_compile_train) exports this as `kiln_train_desc`
+ * beside `kiln_model_desc` (its eval program).  The step program's inputs
+ * are the data inputs, then "lr" and "step" (f64 scalars) and "apply" (bool,
+ * with accum > 1) at the positions given; its outputs are the loss, then
+ * one "<name>.next" per state tensor it replaces (next[i]: that index). */
+typedef struct rt_train_desc {
+	uint32_t abi;         /* RT_MODEL_ABI */
+	uint32_t accum;       /* micro-batches per optimizer step (>= 1) */
+	const rt_model_desc *step, *eval; /* share one state table */
+	const int32_t *next;  /* per step output: state index (-1 for output 0) */
+	int32_t lr, t, apply; /* step input positions ("apply": -1 when accum 1) */
+	int32_t pad_;
+} rt_train_desc;
 
 /* ---- the driver (model.c), linked into every generated library --------- */
 
@@ -105,5 +135,42 @@ kiln_status rt_model_output_shape(rt_model *m, const kiln_tensor *const *in, int
 /* Checks a description (ABI, tables, buffer/io/symbol references, alias
  * cycles) as rt_model_create does, writing why it is bad into msg. */
 kiln_status rt_model_validate(const rt_model_desc *d, char *msg, size_t size);
+
+/* A context of a model with state (nstate > 0) whose state tensors live at
+ * state[i], owned by the caller, instead of its own copy. */
+kiln_status rt_model_create_shared(const rt_model_desc *d, void *const *state, rt_model **out);
+
+/* ---- the training driver (model_train.c) ----------------------------------
+ * A training context owns the state (initialised from the embedded values),
+ * a context for each program sharing it, the "<name>.next" results and the
+ * step counters.  A step runs the step program with lr, step = steps + 1 and
+ * apply, then copies every ".next" result over its state tensor; nothing is
+ * committed when the run fails.  Checkpoints are kiln_trainer's format. */
+
+typedef struct rt_train rt_train;
+
+kiln_status rt_train_create(const rt_train_desc *d, rt_train **out);
+void rt_train_destroy(rt_train *t);
+kiln_status rt_train_set_threads(rt_train *t, int n);
+const char *rt_train_errmsg(const rt_train *t);
+int64_t rt_train_steps(const rt_train *t);
+/* Typed: syms of the step program, its data inputs in order (lr, step and
+ * apply excluded), the loss written to *loss (the loss dtype). */
+kiln_status rt_train_step(rt_train *t, const int64_t *syms, const void *const *in, double lr,
+                          void *loss);
+/* Typed eval program run: as rt_model_run. */
+kiln_status rt_train_eval(rt_train *t, const int64_t *syms, const void *const *in,
+                          void *const *out);
+/* Generic: shapes checked from the tensors; *loss may be NULL. */
+kiln_status rt_train_step_tensors(rt_train *t, const kiln_tensor *const *in, int nin, double lr,
+                                  double *loss);
+rt_model *rt_train_eval_model(rt_train *t);
+/* Atomic safetensors checkpoint; load checks everything before changing. */
+kiln_status rt_train_save(rt_train *t, const char *path);
+kiln_status rt_train_load(rt_train *t, const char *path);
+/* A copy of the state and counters (caller frees). */
+kiln_tensor_set *rt_train_state(const rt_train *t);
+/* The checkpoint checksum: FNV-1a sums over every tensor but "__checksum__". */
+uint64_t rt_ckpt_checksum(const kiln_tensor_set *s);
 
 #endif /* KILN_RT_MODEL_H */

@@ -686,12 +686,109 @@ static int cmd_bench(int argc, char **argv)
 	return rc;
 }
 
+/* ---- compile --train --------------------------------------------------------- */
+
+typedef struct train_cli {
+	bool on, wd_set, other; /* --train; --weight-decay; any other training flag */
+	kiln_train_opts t;
+	int64_t batch;
+} train_cli;
+
+static bool num(const char *s, double *v)
+{
+	char *end;
+	errno = 0;
+	*v = s ? strtod(s, &end) : 0;
+	return s && *s && !*end && !errno;
+}
+
+/* A loss or optimizer name into t; false when unknown. */
+static bool train_choice(const char *flag, const char *v, kiln_train_opts *t)
+{
+	static const struct {
+		const char *flag, *name;
+		int kind;
+	} ch[] = {{"--loss", "cross_entropy", KILN_LOSS_CROSS_ENTROPY}, {"--loss", "mse", KILN_LOSS_MSE},
+	          {"--optimizer", "sgd", KILN_OPT_SGD}, {"--optimizer", "adam", KILN_OPT_ADAM},
+	          {"--optimizer", "adamw", KILN_OPT_ADAMW}};
+	for (size_t k = 0; k < sizeof ch / sizeof *ch; k++)
+		if (!strcmp(flag, ch[k].flag) && !strcmp(v, ch[k].name)) {
+			*(flag[2] == 'l' ? (int *)&t->loss : (int *)&t->optim) = ch[k].kind;
+			return true;
+		}
+	return false;
+}
+
+/* One training flag at argv[*i]: 1 taken, 0 not one, -1 a usage error. */
+static int train_flag(int argc, char **argv, int *i, train_cli *tc)
+{
+	static const struct {
+		const char *flag;
+		size_t off; /* a double in kiln_train_opts; SIZE_MAX: special */
+	} f[] = {{"--momentum", offsetof(kiln_train_opts, momentum)},
+	         {"--dampening", offsetof(kiln_train_opts, dampening)},
+	         {"--weight-decay", offsetof(kiln_train_opts, weight_decay)},
+	         {"--eps", offsetof(kiln_train_opts, eps)},
+	         {"--clip-norm", offsetof(kiln_train_opts, clip_norm)},
+	         {"--loss", SIZE_MAX}, {"--optimizer", SIZE_MAX}, {"--betas", SIZE_MAX},
+	         {"--accum", SIZE_MAX}, {"--batch", SIZE_MAX}};
+	if (!strcmp(argv[*i], "--train") || !strcmp(argv[*i], "--nesterov")) {
+		if (argv[*i][2] == 't')
+			tc->on = true;
+		else
+			tc->t.nesterov = tc->other = true;
+		return 1;
+	}
+	size_t k = 0;
+	while (k < sizeof f / sizeof *f && !is_opt(argv[*i], f[k].flag, NULL))
+		k++;
+	if (k == sizeof f / sizeof *f)
+		return 0;
+	const char *v = optval(argc, argv, i, f[k].flag, NULL);
+	double d;
+	char tail;
+	bool ok = v != NULL;
+	if (ok && f[k].off != SIZE_MAX) {
+		ok = num(v, (double *)(void *)((char *)&tc->t + f[k].off));
+		tc->wd_set |= k == 2;
+	} else if (ok && k <= 6) {
+		ok = train_choice(f[k].flag, v, &tc->t);
+	} else if (ok && k == 7) {
+		ok = sscanf(v, "%lf,%lf%c", &tc->t.beta1, &tc->t.beta2, &tail) == 2;
+	} else if (ok) { /* --accum K >= 1, --batch B >= 0: integers */
+		ok = num(v, &d) && d >= (k == 8) && d == (double)(int64_t)d && d < 1e9;
+		if (k == 8)
+			tc->t.accum_steps = (int)d;
+		else
+			tc->batch = (int64_t)d;
+	}
+	if (!ok)
+		return usage_error("compile", "bad value for '%s'", f[k].flag), -1;
+	tc->other = true;
+	return 1;
+}
+
+/* A model file is an inference graph; BatchNorm and Dropout would need
+ * their train-mode form, which only the DSL traces for now. */
+static int check_trainable(const kiln_graph *g, const char *file)
+{
+	for (uint32_t i = 0; i < g->nnode; i++) {
+		const ir_node *n = g->node[i];
+		if (!n->dead && (n->op == KILN_OP_BATCH_NORM || n->op == KILN_OP_DROPOUT))
+			return fail(1, "%s: --train: %s '%s' is in inference mode in the file; trace the "
+			            "model in train mode with the DSL and use kiln_compile_train (see "
+			            "docs/TRAINING.md)", file, ir_op(n->op)->onnx, n->name ? n->name : "?");
+	}
+	return 0;
+}
+
 /* ---- compile ---------------------------------------------------------------- */
 
 static int cmd_compile(int argc, char **argv)
 {
 	const char *file = NULL, *out = NULL, *v;
 	kiln_compile_opts o = {0};
+	train_cli tc = {.t = {.loss = KILN_LOSS_CROSS_ENTROPY, .accum_steps = 1}};
 	static const struct {
 		const char *lng, *shrt;
 		size_t off;
@@ -704,6 +801,11 @@ static int cmd_compile(int argc, char **argv)
 		size_t k = 0;
 		while (k < sizeof opts / sizeof *opts && !is_opt(argv[i], opts[k].lng, opts[k].shrt))
 			k++;
+		int tf = k == sizeof opts / sizeof *opts ? train_flag(argc, argv, &i, &tc) : 0;
+		if (tf < 0)
+			return EXIT_USAGE;
+		if (tf > 0)
+			continue;
 		if (k == sizeof opts / sizeof *opts) {
 			if (positional("compile", argv[i], &file))
 				return EXIT_USAGE;
@@ -718,13 +820,22 @@ static int cmd_compile(int argc, char **argv)
 	}
 	if (!file || !out)
 		return usage_error("compile", "missing %s", !file ? "FILE.kir or FILE.onnx" : "-o OUT");
+	if (tc.other && !tc.on)
+		return usage_error("compile", "%s", "optimizer and loss options need --train");
 	struct timespec t0, t1;
 	clock_gettime(CLOCK_MONOTONIC, &t0);
 	kiln_graph *g = NULL;
 	kiln_error e = {0};
 	kiln_status st = kiln_graph_load_any(file, &g, &e);
+	if (st == KILN_OK && tc.on && check_trainable(g, file)) {
+		kiln_graph_free(g);
+		return 1;
+	}
+	if (tc.on && !tc.wd_set && tc.t.optim == KILN_OPT_ADAMW)
+		tc.t.weight_decay = 0.01; /* PyTorch's AdamW default */
 	if (st == KILN_OK)
-		st = kiln_compile(g, out, &o, &e);
+		st = tc.on ? kiln_compile_train(g, g, &tc.t, tc.batch, out, &o, &e)
+		           : kiln_compile(g, out, &o, &e);
 	kiln_graph_free(g);
 	if (st != KILN_OK)
 		return fail_err(&e, st);
@@ -786,7 +897,18 @@ static const command commands[] = {
 	 "  --features F         e.g. +avx2,-avx512f (default: the CPU's)\n"
 	 "  --emit=STAGE         write kernel IR (kir), LLVM IR after -O3 (ll),\n"
 	 "                       assembly (asm) or an object file (obj) instead\n"
-	 "  --passes=LIST        graph passes before lowering (default: the default)",
+	 "  --passes=LIST        graph passes before lowering (default: the default)\n"
+	 "  --train              a training library instead (docs/TRAINING.md): the\n"
+	 "                       model's train step (loss, gradients, optimizer) and\n"
+	 "                       its eval forward, with entry points _train_step,\n"
+	 "                       _eval_step, _save, _load over state it owns\n"
+	 "  --loss L             cross_entropy (default) or mse, of the first output\n"
+	 "  --optimizer O        sgd (default), adam or adamw\n"
+	 "  --momentum M --dampening D --nesterov --weight-decay W (AdamW: 0.01)\n"
+	 "  --betas B1,B2 --eps E  Adam, AdamW (default 0.9,0.999 and 1e-8)\n"
+	 "  --clip-norm C        clip the global gradient norm to C first\n"
+	 "  --accum K            update every K micro-batches (default 1)\n"
+	 "  --batch B            fix the train step's batch (needed with convolutions)",
 	 "compile a graph to a standalone .so and its header"},
 	{"train", cmd_train, cmd_train_usage, cmd_train_summary},
 	{"help", cmd_help, "help [CMD]\n  Prints help for CMD, or the list of commands.",

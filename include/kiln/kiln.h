@@ -740,6 +740,51 @@ KILN_API kiln_value kiln_bce_with_logits_at(kiln_graph *g, kiln_loc loc, kiln_va
 #define kiln_smooth_l1_loss(g, ...) kiln_smooth_l1_loss_at(g, KILN_HERE, __VA_ARGS__)
 #define kiln_bce_with_logits(g, ...) kiln_bce_with_logits_at(g, KILN_HERE, __VA_ARGS__)
 
+/* ---- compiled training ---- */
+/* A training library: the step kiln_build_train_step(model, t) builds and
+ * eval_model (the same model traced in eval mode, required) compiled into
+ * one .so whose context owns the parameters, buffers and optimizer state,
+ * initialised from the model's weights at create (docs/TRAINING.md):
+ *
+ *     kiln_compile_train(train, eval, &o, 16, "step.so", NULL, &err);
+ *     // in C, through step.h:
+ *     step_ctx *c = step_create();
+ *     step_train_step(c, x, y, lr, &loss);      // float *x, int64_t *y
+ *     step_eval_step(c, N, x, logits);
+ *     step_save(c, "ckpt.safetensors");         // kiln_trainer's format
+ *
+ * lr is an argument of every step (schedules stay with the caller); the
+ * step count lives in the context and feeds the graph's "step" input.  The
+ * entry points are <name>_create/_destroy/_set_threads/_errmsg,
+ * <name>_train_step(ctx, syms..., data inputs..., double lr, T *loss),
+ * <name>_eval_step(ctx, syms..., inputs..., outputs...), <name>_steps,
+ * <name>_save and <name>_load (ints are kiln_status).  batch > 0 fixes
+ * dim 0 of every model input whose dim 0 is a symbol (the batch) in the
+ * train step (the eval program keeps it symbolic); a CNN needs it, since a
+ * conv's weight gradient reduces over the batch as its channel axis, which
+ * the lowering needs fixed.  batch 0 keeps the symbols as arguments of
+ * _train_step (fine for an MLP).  Parameters are
+ * never folded into constants (o->passes must not name bnfold), and
+ * training-mode Dropout is refused (its seed is a compile-time constant). */
+KILN_API kiln_status kiln_compile_train(const kiln_graph *model, const kiln_graph *eval_model,
+                                        const kiln_train_opts *t, int64_t batch,
+                                        const char *out_path, const kiln_compile_opts *o,
+                                        kiln_error *err);
+
+/* A training library opened with kiln_load: kiln_model_run and the
+ * introspection calls describe its eval program, run on the current state;
+ * these mirror kiln_trainer_step/_steps/_state/_save/_load.  On a library
+ * that is not trainable they return EINVAL (NULL, 0). */
+KILN_API bool kiln_model_trainable(const kiln_model *m);
+/* One micro-batch: x, and y (the target) when the step has one. */
+KILN_API kiln_status kiln_model_train_step(kiln_model *m, const kiln_tensor *x,
+                                           const kiln_tensor *y, double lr, double *loss,
+                                           kiln_error *err);
+KILN_API int64_t kiln_model_steps(const kiln_model *m);
+KILN_API kiln_tensor_set *kiln_model_state(const kiln_model *m); /* caller frees */
+KILN_API kiln_status kiln_model_save(kiln_model *m, const char *path, kiln_error *err);
+KILN_API kiln_status kiln_model_load(kiln_model *m, const char *path, kiln_error *err);
+
 #ifdef __cplusplus
 }
 #endif

@@ -1,0 +1,434 @@
+/*
+ * model_train.c: the training context of a library made by
+ * kiln_compile_train: state, a step, an eval run, and checkpoints.
+ *
+ * A training library holds two programs over one state table (model.h):
+ * the train step (forward, loss, gradients, optimizer update) and the eval
+ * forward.  The key idea is that the state lives here, once, and both
+ * programs' contexts point their STATE buffers at it; the step program
+ * writes every "<name>.next" result into storage of its own, and only when
+ * the whole run succeeded are those copied over the state (the same commit
+ * kiln_trainer does after the interpreter), so a failed step changes
+ * nothing.  The step count is the context's: each step passes step =
+ * steps + 1 to the graph (Adam's bias correction, SGD's first-step rule)
+ * and, with accumulation, apply on every accum-th micro-batch.  lr is an
+ * argument of every step, so schedules stay with the caller.
+ *
+ * Checkpoints are kiln_trainer's format exactly (frontend/train.c): every
+ * state tensor under its name, i64 scalars "__step__", "__micro__" and
+ * "__checksum__" (sum of per-tensor FNV-1a hashes of name, dtype, shape and
+ * bytes), written atomically by the safetensors writer.  Loading reads and
+ * checks the whole file before it copies anything in.
+ */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "rt.h"
+#include "runtime/model.h"
+
+#define CK_STEP "__step__"
+#define CK_MICRO "__micro__"
+#define CK_SUM "__checksum__"
+
+enum { ALIGN = 64 };
+
+struct rt_train {
+	const rt_train_desc *d;
+	void **state;          /* per state tensor: its storage (shared by both programs) */
+	kiln_tensor *next;     /* per step output: its result ([0] is the loss, unused) */
+	rt_model *step, *eval;
+	int64_t steps, micro;  /* optimizer steps and micro-batches so far */
+	char err[1024];
+};
+
+static kiln_status fail(rt_train *t, kiln_status code, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
+static kiln_status fail(rt_train *t, kiln_status code, const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(t->err, sizeof t->err, fmt, ap);
+	va_end(ap);
+	return code;
+}
+
+/* State tensor i as a kiln_tensor over its storage. */
+static kiln_tensor state_tensor(const rt_train *t, uint32_t i)
+{
+	const rt_state_desc *s = &t->d->step->state[i];
+	kiln_tensor v = {(kiln_dtype)s->dtype, s->rank, {0}, t->state[i]};
+	if (s->rank)
+		memcpy(v.shape, s->dims, (size_t)s->rank * sizeof v.shape[0]);
+	return v;
+}
+
+/* ---- creating ------------------------------------------------------------- */
+
+static kiln_status check_desc(const rt_train_desc *d)
+{
+	if (!d || d->abi != RT_MODEL_ABI || !d->step || !d->next || d->accum < 1)
+		return KILN_EINVAL;
+	const rt_model_desc *s = d->step;
+	if (!s->nstate || s->noutputs < 1 || (d->eval && d->eval->state != s->state) ||
+	    (d->eval && d->eval->nstate != s->nstate))
+		return KILN_EINVAL;
+	int32_t pos[3] = {d->lr, d->t, d->apply};
+	for (int k = 0; k < 3; k++)
+		if (pos[k] >= (int32_t)s->ninputs || (k < 2 && pos[k] < 0))
+			return KILN_EINVAL;
+	for (uint32_t i = 1; i < s->noutputs; i++)
+		if (d->next[i] < 0 || (uint32_t)d->next[i] >= s->nstate)
+			return KILN_EINVAL;
+	return KILN_OK;
+}
+
+/* Storage for the state (from its initial values) and the .next results. */
+static kiln_status alloc_state(rt_train *t)
+{
+	const rt_model_desc *s = t->d->step;
+	t->state = calloc(s->nstate, sizeof *t->state);
+	t->next = calloc(s->noutputs, sizeof *t->next);
+	if (!t->state || !t->next)
+		return KILN_ENOMEM;
+	for (uint32_t i = 0; i < s->nstate; i++) {
+		kiln_tensor v = state_tensor(t, i);
+		size_t n = kiln_tensor_nbytes(&v);
+		if (posix_memalign(&t->state[i], ALIGN, n ? n : 1) != 0) {
+			t->state[i] = NULL;
+			return KILN_ENOMEM;
+		}
+		memcpy(t->state[i], s->state[i].init, n);
+	}
+	for (uint32_t i = 1; i < s->noutputs; i++) {
+		kiln_tensor v = state_tensor(t, (uint32_t)t->d->next[i]);
+		if (!(t->next[i].data = malloc(kiln_tensor_nbytes(&v) + 1)))
+			return KILN_ENOMEM;
+		void *data = t->next[i].data;
+		t->next[i] = v;
+		t->next[i].data = data;
+	}
+	return KILN_OK;
+}
+
+kiln_status rt_train_create(const rt_train_desc *d, rt_train **out)
+{
+	if (!out)
+		return KILN_EINVAL;
+	*out = NULL;
+	kiln_status st = check_desc(d);
+	if (st != KILN_OK)
+		return st;
+	rt_train *t = calloc(1, sizeof *t);
+	if (!t)
+		return KILN_ENOMEM;
+	t->d = d;
+	st = alloc_state(t);
+	if (st == KILN_OK)
+		st = rt_model_create_shared(d->step, t->state, &t->step);
+	if (st == KILN_OK && d->eval)
+		st = rt_model_create_shared(d->eval, t->state, &t->eval);
+	if (st != KILN_OK) {
+		rt_train_destroy(t);
+		return st;
+	}
+	*out = t;
+	return KILN_OK;
+}
+
+void rt_train_destroy(rt_train *t)
+{
+	if (!t)
+		return;
+	rt_model_destroy(t->step);
+	rt_model_destroy(t->eval);
+	for (uint32_t i = 0; t->state && i < t->d->step->nstate; i++)
+		free(t->state[i]);
+	for (uint32_t i = 1; t->next && i < t->d->step->noutputs; i++)
+		free(t->next[i].data);
+	free(t->state);
+	free(t->next);
+	free(t);
+}
+
+kiln_status rt_train_set_threads(rt_train *t, int n)
+{
+	if (!t)
+		return KILN_EINVAL;
+	kiln_status st = rt_model_set_threads(t->step, n);
+	if (st == KILN_OK && t->eval)
+		st = rt_model_set_threads(t->eval, n);
+	return st == KILN_OK ? st : fail(t, st, "%s", rt_model_errmsg(t->step));
+}
+
+const char *rt_train_errmsg(const rt_train *t)
+{
+	return t ? t->err : "no training context (NULL)";
+}
+
+int64_t rt_train_steps(const rt_train *t)
+{
+	return t ? t->steps : 0;
+}
+
+rt_model *rt_train_eval_model(rt_train *t)
+{
+	return t ? t->eval : NULL;
+}
+
+/* ---- steps ------------------------------------------------------------------ */
+
+/* Copies every ".next" result over its state tensor: the step's commit. */
+static void commit(rt_train *t, bool apply)
+{
+	for (uint32_t i = 1; i < t->d->step->noutputs; i++)
+		memcpy(t->state[t->d->next[i]], t->next[i].data, kiln_tensor_nbytes(&t->next[i]));
+	t->micro++;
+	t->steps += apply;
+}
+
+/* The scalars this step feeds: lr, step = steps + 1 and apply. */
+typedef struct scalars {
+	double lr, t;
+	uint8_t apply;
+} scalars;
+
+static scalars step_scalars(const rt_train *t, double lr)
+{
+	return (scalars){lr, (double)(t->steps + 1), (uint8_t)((t->micro + 1) % t->d->accum == 0)};
+}
+
+/* Position i of the step's inputs: the next data input, or a scalar. */
+static const void *scalar_at(const rt_train *t, scalars *s, uint32_t i)
+{
+	const rt_train_desc *d = t->d;
+	return (int32_t)i == d->lr ? (void *)&s->lr : (int32_t)i == d->t ? (void *)&s->t
+	       : (int32_t)i == d->apply ? (void *)&s->apply : NULL;
+}
+
+kiln_status rt_train_step(rt_train *t, const int64_t *syms, const void *const *in, double lr,
+                          void *loss)
+{
+	if (!t)
+		return KILN_EINVAL;
+	const rt_model_desc *s = t->d->step;
+	if ((!in && s->ninputs > 2u + (t->d->apply >= 0)) || !loss)
+		return fail(t, KILN_EINVAL, "model '%s': train_step: %s is NULL", s->name,
+		            !loss ? "loss" : "x");
+	scalars sc = step_scalars(t, lr);
+	const void *ip[s->ninputs + 1];
+	void *op[s->noutputs + 1];
+	for (uint32_t i = 0, k = 0; i < s->ninputs; i++) {
+		const void *p = scalar_at(t, &sc, i);
+		ip[i] = p ? p : in[k++];
+	}
+	op[0] = loss;
+	for (uint32_t i = 1; i < s->noutputs; i++)
+		op[i] = t->next[i].data;
+	kiln_status st = rt_model_run(t->step, syms, ip, op);
+	if (st != KILN_OK)
+		return fail(t, st, "%s", rt_model_errmsg(t->step));
+	commit(t, sc.apply);
+	return KILN_OK;
+}
+
+static float f32_at(const void *p)
+{
+	float f;
+	memcpy(&f, p, sizeof f);
+	return f;
+}
+
+kiln_status rt_train_step_tensors(rt_train *t, const kiln_tensor *const *in, int nin, double lr,
+                                  double *loss)
+{
+	if (!t)
+		return KILN_EINVAL;
+	const rt_model_desc *s = t->d->step;
+	int ndata = (int)s->ninputs - 2 - (t->d->apply >= 0);
+	if (nin != ndata || (ndata && !in))
+		return fail(t, KILN_EINVAL, "model '%s': a train step takes %d data input(s) "
+		            "(inputs and target), got %d", s->name, ndata, nin);
+	scalars sc = step_scalars(t, lr);
+	kiln_tensor lrt = {KILN_F64, 0, {0}, &sc.lr}, tt = {KILN_F64, 0, {0}, &sc.t};
+	kiln_tensor at = {KILN_BOOL, 0, {0}, &sc.apply};
+	const kiln_tensor *ip[s->ninputs + 1];
+	for (uint32_t i = 0, k = 0; i < s->ninputs; i++)
+		ip[i] = (int32_t)i == t->d->lr ? &lrt : (int32_t)i == t->d->t ? &tt
+		        : (int32_t)i == t->d->apply ? &at : in[k++];
+	double lv[1];
+	kiln_tensor lt = {(kiln_dtype)s->outputs[0].dtype, 0, {0}, lv};
+	kiln_tensor *op[s->noutputs + 1];
+	op[0] = &lt;
+	for (uint32_t i = 1; i < s->noutputs; i++)
+		op[i] = &t->next[i];
+	kiln_status st = rt_model_run_tensors(t->step, ip, (int)s->ninputs, op, (int)s->noutputs);
+	if (st != KILN_OK)
+		return fail(t, st, "%s", rt_model_errmsg(t->step));
+	commit(t, sc.apply);
+	if (loss)
+		*loss = lt.dtype == KILN_F64 ? lv[0] : (double)f32_at(lv);
+	return KILN_OK;
+}
+
+kiln_status rt_train_eval(rt_train *t, const int64_t *syms, const void *const *in,
+                          void *const *out)
+{
+	if (!t)
+		return KILN_EINVAL;
+	if (!t->eval)
+		return fail(t, KILN_EINVAL, "model '%s' was compiled without an eval program",
+		            t->d->step->name);
+	kiln_status st = rt_model_run(t->eval, syms, in, out);
+	return st == KILN_OK ? st : fail(t, st, "%s", rt_model_errmsg(t->eval));
+}
+
+/* ---- checkpoints -------------------------------------------------------------- */
+
+static uint64_t fnv(uint64_t h, const void *p, size_t n)
+{
+	const unsigned char *b = p;
+	for (size_t i = 0; i < n; i++)
+		h = (h ^ b[i]) * 0x100000001b3ULL;
+	return h;
+}
+
+/* A sum of per-tensor hashes, so the order in the file does not matter. */
+uint64_t rt_ckpt_checksum(const kiln_tensor_set *s)
+{
+	uint64_t sum = 0;
+	for (int i = 0; i < s->count; i++) {
+		const kiln_tensor *t = s->items[i].tensor;
+		if (!strcmp(s->items[i].name, CK_SUM))
+			continue;
+		uint64_t h = fnv(0xcbf29ce484222325ULL, s->items[i].name, strlen(s->items[i].name) + 1);
+		int32_t head[2] = {(int32_t)t->dtype, t->rank};
+		h = fnv(h, head, sizeof head);
+		h = fnv(h, t->shape, (size_t)t->rank * sizeof t->shape[0]);
+		sum += fnv(h, t->data, kiln_tensor_nbytes(t));
+	}
+	return sum;
+}
+
+static kiln_status add_i64(kiln_tensor_set *s, const char *name, int64_t v)
+{
+	return kiln_tensor_set_add(s, name, &(kiln_tensor){KILN_I64, 0, {0}, &v});
+}
+
+kiln_tensor_set *rt_train_state(const rt_train *t)
+{
+	kiln_tensor_set *s = t ? kiln_tensor_set_new() : NULL;
+	bool ok = s != NULL;
+	for (uint32_t i = 0; ok && i < t->d->step->nstate; i++) {
+		kiln_tensor v = state_tensor(t, i);
+		ok = kiln_tensor_set_add(s, t->d->step->state[i].name, &v) == KILN_OK;
+	}
+	if (ok && !add_i64(s, CK_STEP, t->steps) && !add_i64(s, CK_MICRO, t->micro))
+		return s;
+	kiln_tensor_set_free(s);
+	return NULL;
+}
+
+kiln_status rt_train_save(rt_train *t, const char *path)
+{
+	if (!t)
+		return KILN_EINVAL;
+	if (!path)
+		return fail(t, KILN_EINVAL, "save: path is NULL");
+	kiln_tensor_set *s = rt_train_state(t);
+	kiln_error e = {0};
+	kiln_status st = s && !add_i64(s, CK_SUM, (int64_t)rt_ckpt_checksum(s))
+	                         ? kiln_safetensors_write(path, s, &e)
+	                         : (e.code = KILN_ENOMEM, snprintf(e.msg, sizeof e.msg,
+	                                                           "save: out of memory"), KILN_ENOMEM);
+	kiln_tensor_set_free(s);
+	return st == KILN_OK ? st : fail(t, st, "%s", e.msg);
+}
+
+/* A counter from the file: an i64 scalar >= 0, or -1. */
+static int64_t counter(const kiln_tensor_set *s, const char *name)
+{
+	const kiln_tensor *t = kiln_tensor_set_get(s, name);
+	int64_t v;
+	if (!t || t->dtype != KILN_I64 || t->rank != 0)
+		return -1;
+	memcpy(&v, t->data, sizeof v);
+	return v < 0 ? -1 : v;
+}
+
+static bool same_shape(const kiln_tensor *a, const kiln_tensor *b)
+{
+	return a->dtype == b->dtype && a->rank == b->rank &&
+	       !memcmp(a->shape, b->shape, (size_t)a->rank * sizeof a->shape[0]);
+}
+
+static bool has_state(const rt_model_desc *d, const char *name)
+{
+	for (uint32_t i = 0; i < d->nstate; i++)
+		if (!strcmp(d->state[i].name, name))
+			return true;
+	return false;
+}
+
+/* Checks a checkpoint against the state table without changing anything. */
+static kiln_status check_ckpt(rt_train *t, const kiln_tensor_set *s, const char *path)
+{
+	const rt_model_desc *d = t->d->step;
+	const kiln_tensor *sum = kiln_tensor_set_get(s, CK_SUM);
+	uint64_t want = 0;
+	if (!sum || sum->dtype != KILN_I64 || sum->rank != 0)
+		return fail(t, KILN_EPARSE, "checkpoint '%s': no " CK_SUM " (not a kiln checkpoint?)",
+		            path);
+	memcpy(&want, sum->data, sizeof want);
+	if (want != rt_ckpt_checksum(s))
+		return fail(t, KILN_EPARSE, "checkpoint '%s': checksum mismatch, the file is corrupt",
+		            path);
+	if (counter(s, CK_STEP) < 0 || counter(s, CK_MICRO) < 0)
+		return fail(t, KILN_EPARSE, "checkpoint '%s': " CK_STEP " and " CK_MICRO " must be "
+		            "i64 scalars >= 0", path);
+	for (uint32_t i = 0; i < d->nstate; i++) {
+		const kiln_tensor *f = kiln_tensor_set_get(s, d->state[i].name);
+		kiln_tensor v = state_tensor(t, i);
+		if (!f)
+			return fail(t, KILN_EINVAL, "checkpoint '%s': '%s' is missing", path,
+			            d->state[i].name);
+		if (!same_shape(f, &v))
+			return fail(t, KILN_ESHAPE, "checkpoint '%s': '%s' has another dtype or shape "
+			            "in the file (%s, rank %d) than in the model (%s, rank %d)", path,
+			            d->state[i].name, kiln_dtype_name(f->dtype), f->rank,
+			            kiln_dtype_name(v.dtype), v.rank);
+	}
+	if ((uint32_t)s->count == d->nstate + 3)
+		return KILN_OK;
+	for (int i = 0; i < s->count; i++)
+		if (s->items[i].name[0] != '_' && !has_state(d, s->items[i].name))
+			return fail(t, KILN_EINVAL, "checkpoint '%s': '%s' is not part of this model "
+			            "(a different model or optimizer?)", path, s->items[i].name);
+	return fail(t, KILN_EINVAL, "checkpoint '%s': %d tensors, expected %u", path, s->count,
+	            d->nstate + 3);
+}
+
+kiln_status rt_train_load(rt_train *t, const char *path)
+{
+	if (!t)
+		return KILN_EINVAL;
+	if (!path)
+		return fail(t, KILN_EINVAL, "load: path is NULL");
+	kiln_tensor_set *s = NULL;
+	kiln_error e = {0};
+	kiln_status st = kiln_safetensors_read(path, &s, &e);
+	if (st != KILN_OK)
+		return fail(t, st, "checkpoint refused: %s", e.msg);
+	st = check_ckpt(t, s, path);
+	for (uint32_t i = 0; st == KILN_OK && i < t->d->step->nstate; i++) {
+		const kiln_tensor *f = kiln_tensor_set_get(s, t->d->step->state[i].name);
+		memcpy(t->state[i], f->data, kiln_tensor_nbytes(f));
+	}
+	if (st == KILN_OK) {
+		t->steps = counter(s, CK_STEP);
+		t->micro = counter(s, CK_MICRO);
+	}
+	kiln_tensor_set_free(s);
+	return st;
+}

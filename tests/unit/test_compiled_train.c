@@ -1,0 +1,627 @@
+/*
+ * test_compiled_train.c: training libraries made by kiln_compile_train,
+ * against PyTorch and against the interpreter trainer.
+ *
+ * The models and fixtures are test_train.c's (tests/fixtures/train/, from
+ * make_train_fixtures.py): an MLP and a Conv-BatchNorm CNN with fixed
+ * initial weights and 20 fixed batches of sklearn's digits.  Each run is
+ * compiled once per process to a .so in f32, opened with kiln_load and
+ * trained 20 steps: the MLP's losses must be within 1e-4 relative of
+ * PyTorch's f32 run; the CNN's within SPREAD_FACTOR times the spread that
+ * PyTorch's own f32 run shows against its f64 run (*_spread.npy), measured
+ * against the f64 run.  The compiled step must agree with the interpreter
+ * trainer's, checkpoints must resume exactly and be readable both ways, a
+ * corrupt or truncated checkpoint must be refused without changing the
+ * context or the previous file, and the library must still need nothing
+ * beyond libc, libm and libpthread.
+ */
+#include <dlfcn.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "check_main.h"
+#include "kiln/kiln.h"
+#include "so_util.h"
+
+#define DIR KILN_FIXTURES "/train/"
+#define STEPS 20
+/* The CNN in f32 may differ from PyTorch's f64 run by this many times the
+ * largest difference PyTorch's own f32 run shows.  Measured: 13x for SGD
+ * (4.3e-6 at step 16, chaotic momentum steps amplify rounding), 1.6x for
+ * AdamW.  kiln's f32 reductions (BatchNorm statistics over 1024 values, the
+ * weight gradients) accumulate in f32, PyTorch's CPU kernels in double. */
+#define SPREAD_FACTOR 20
+
+/* ---- fixtures and models (as test_train.c) ----------------------------------- */
+
+static kiln_tensor *npy(const char *name)
+{
+	char path[512];
+	snprintf(path, sizeof path, DIR "%s", name);
+	kiln_tensor *t = NULL;
+	kiln_error err;
+	ck_assert_msg(kiln_npy_read(path, &t, &err) == KILN_OK, "%s", err.msg);
+	return t;
+}
+
+static double npy_scalar(const char *name)
+{
+	kiln_tensor *t = npy(name);
+	double v = ((double *)t->data)[0];
+	kiln_tensor_free(t);
+	return v;
+}
+
+/* Batch s of a stacked [STEPS, B, ...] tensor, as a view. */
+static kiln_tensor view(const kiln_tensor *t, int s)
+{
+	kiln_tensor v = {t->dtype, t->rank - 1, {0}, NULL};
+	memcpy(v.shape, t->shape + 1, (size_t)v.rank * sizeof v.shape[0]);
+	v.data = (char *)t->data + s * (kiln_tensor_nbytes(t) / t->shape[0]);
+	return v;
+}
+
+static void load_init(kiln_graph *g, const char *model)
+{
+	char path[512];
+	snprintf(path, sizeof path, DIR "%s_init_f32.safetensors", model);
+	kiln_tensor_set *s = NULL;
+	kiln_error err;
+	ck_assert_msg(kiln_safetensors_read(path, &s, &err) == KILN_OK, "%s", err.msg);
+	ck_assert_msg(kiln_graph_load_params(g, s, &err) == KILN_OK, "%s", err.msg);
+	kiln_tensor_set_free(s);
+}
+
+/* mlp: fc1 Linear(64, 32), ReLU, fc2 Linear(32, 10); p > 0 adds Dropout. */
+static kiln_graph *mlp(bool training, double p)
+{
+	kiln_graph *g = kiln_graph_new("mlp");
+	kiln_graph_set_training(g, training);
+	kiln_value x = kiln_input(g, "x", KILN_F32, 2, (int64_t[]){kiln_sym(g, "N"), 64});
+	kiln_value h = kiln_relu(g, kiln_linear(g, "fc1", x, 32, true));
+	if (p > 0)
+		h = kiln_dropout(g, h, p, training, 7);
+	kiln_output(g, "logits", kiln_linear(g, "fc2", h, 10, true));
+	ck_assert_msg(kiln_graph_status(g) == KILN_OK, "%s", kiln_graph_errmsg(g));
+	load_init(g, "mlp");
+	return g;
+}
+
+/* cnn: conv1 Conv2d(1, 4, 3, padding=1), bn1, ReLU, MaxPool2d(2), fc. */
+static kiln_graph *cnn(bool training)
+{
+	kiln_graph *g = kiln_graph_new("cnn");
+	kiln_graph_set_training(g, training);
+	kiln_value x = kiln_input(g, "x", KILN_F32, 4, (int64_t[]){kiln_sym(g, "N"), 1, 8, 8});
+	kiln_conv_opts c = {.kernel = {3, 3}, .pad = {1, 1}};
+	kiln_value h = kiln_conv2d(g, "conv1", x, 4, &c, true);
+	h = kiln_relu(g, kiln_batchnorm(g, "bn1", h, 0, 0));
+	h = kiln_max_pool(g, h, &(kiln_conv_opts){.kernel = {2, 2}, .stride = {2, 2}});
+	kiln_output(g, "logits", kiln_linear(g, "fc", kiln_flatten(g, h, 1), 10, true));
+	ck_assert_msg(kiln_graph_status(g) == KILN_OK, "%s", kiln_graph_errmsg(g));
+	load_init(g, "cnn");
+	return g;
+}
+
+static kiln_graph *model(const char *name, bool training)
+{
+	return strcmp(name, "cnn") == 0 ? cnn(training) : mlp(training, 0);
+}
+
+static const kiln_train_opts SGD = {.optim = KILN_OPT_SGD, .momentum = 0.9,
+                                    .weight_decay = 5e-4, .loss = KILN_LOSS_CROSS_ENTROPY};
+static const kiln_train_opts ADAMW = {.optim = KILN_OPT_ADAMW, .weight_decay = 0.01,
+                                      .loss = KILN_LOSS_CROSS_ENTROPY};
+
+typedef struct data {
+	kiln_tensor *x, *y;
+} data;
+
+static data load_data(const char *name)
+{
+	char xs[64], ys[64];
+	snprintf(xs, sizeof xs, "%s_x.npy", name);
+	snprintf(ys, sizeof ys, "%s_y.npy", name);
+	return (data){npy(xs), npy(ys)};
+}
+
+static void free_data(data d)
+{
+	kiln_tensor_free(d.x), kiln_tensor_free(d.y);
+}
+
+/* ---- the libraries: each run compiled once per process ------------------------- */
+
+/* The MLP keeps its symbolic batch (a _train_step argument); the CNN's
+ * step is compiled for batch 16, as its conv weight gradient needs. */
+typedef struct lib {
+	const char *run;       /* "mlp_sgd" ... */
+	const kiln_train_opts *o;
+	int64_t batch;
+	char path[1200];
+} lib;
+
+static lib libs[] = {{"mlp_sgd", &SGD, 0, ""}, {"mlp_adamw", &ADAMW, 0, ""},
+                     {"cnn_sgd", &SGD, 16, ""}, {"cnn_adamw", &ADAMW, 16, ""}};
+
+static const char *compiled(const char *run)
+{
+	lib *l = NULL;
+	for (size_t i = 0; i < sizeof libs / sizeof *libs; i++)
+		if (!strcmp(libs[i].run, run))
+			l = &libs[i];
+	ck_assert_ptr_nonnull(l);
+	if (l->path[0])
+		return l->path;
+	char name[4];
+	snprintf(name, sizeof name, "%.3s", run);
+	kiln_graph *m = model(name, true), *e = model(name, false);
+	snprintf(l->path, sizeof l->path, "%s/%s.so", so_dir("compiled_train_test"), run);
+	kiln_error err = {0};
+	kiln_status st = kiln_compile_train(m, e, l->o, l->batch, l->path,
+	                                    &(kiln_compile_opts){.name = name}, &err);
+	ck_assert_msg(st == KILN_OK, "kiln_compile_train %s: %s", run, err.msg);
+	kiln_graph_free(m), kiln_graph_free(e);
+	return l->path;
+}
+
+static kiln_model *open_run(const char *run)
+{
+	kiln_model *m = NULL;
+	kiln_error err;
+	ck_assert_msg(kiln_load(compiled(run), &m, &err) == KILN_OK, "%s", err.msg);
+	ck_assert(kiln_model_trainable(m));
+	return m;
+}
+
+static double step(kiln_model *m, data d, int s, double lr)
+{
+	kiln_tensor x = view(d.x, s), y = view(d.y, s);
+	double loss = NAN;
+	kiln_error err;
+	ck_assert_msg(kiln_model_train_step(m, &x, &y, lr, &loss, &err) == KILN_OK, "step %d: %s",
+	              s, err.msg);
+	return loss;
+}
+
+/* ---- parity with PyTorch --------------------------------------------------------- */
+
+/* 20 compiled steps of run; every loss within tol relative of PyTorch's
+ * loss file want ("mlp_sgd_loss_f32.npy"). */
+static void parity(const char *run, const char *want_file, double lr, double tol)
+{
+	kiln_tensor *want = npy(want_file);
+	char name[4];
+	snprintf(name, sizeof name, "%.3s", run);
+	data d = load_data(name);
+	kiln_model *m = open_run(run);
+	for (int s = 0; s < STEPS; s++) {
+		double loss = step(m, d, s, lr), w = ((double *)want->data)[s];
+		ck_assert_msg(fabs(loss - w) <= tol * fabs(w), "%s step %d: kiln %.9g, torch %.9g "
+		              "(rel %.3g, allowed %.3g)", run, s, loss, w, fabs(loss - w) / fabs(w),
+		              tol);
+	}
+	ck_assert_int_eq(kiln_model_steps(m), STEPS);
+	kiln_model_free(m);
+	free_data(d);
+	kiln_tensor_free(want);
+}
+
+START_TEST(mlp_sgd_momentum_wd_compiled_f32_within_1e4)
+{
+	parity("mlp_sgd", "mlp_sgd_loss_f32.npy", 0.1, 1e-4);
+}
+END_TEST
+
+START_TEST(mlp_adamw_compiled_f32_within_1e4)
+{
+	parity("mlp_adamw", "mlp_adamw_loss_f32.npy", 0.01, 1e-4);
+}
+END_TEST
+
+START_TEST(cnn_sgd_compiled_f32_within_torch_spread)
+{
+	double spread = npy_scalar("cnn_sgd_spread.npy");
+	parity("cnn_sgd", "cnn_sgd_loss_f64.npy", 0.1, SPREAD_FACTOR * spread);
+}
+END_TEST
+
+START_TEST(cnn_adamw_compiled_f32_within_torch_spread)
+{
+	double spread = npy_scalar("cnn_adamw_spread.npy");
+	parity("cnn_adamw", "cnn_adamw_loss_f64.npy", 0.01, SPREAD_FACTOR * spread);
+}
+END_TEST
+
+/* ---- against the interpreter trainer ---------------------------------------------- */
+
+static void assert_sets_close(const kiln_tensor_set *a, const kiln_tensor_set *b, double tol)
+{
+	ck_assert_int_eq(a->count, b->count);
+	for (int i = 0; i < a->count; i++) {
+		const kiln_tensor *x = a->items[i].tensor, *y = kiln_tensor_set_get(b, a->items[i].name);
+		ck_assert_msg(y != NULL, "no %s", a->items[i].name);
+		ck_assert_int_eq(x->dtype, y->dtype);
+		ck_assert_int_eq(kiln_tensor_numel(x), kiln_tensor_numel(y));
+		for (int64_t j = 0; j < kiln_tensor_numel(x); j++) {
+			double u = x->dtype == KILN_I64 ? (double)((int64_t *)x->data)[j]
+			                                : ((float *)x->data)[j];
+			double v = x->dtype == KILN_I64 ? (double)((int64_t *)y->data)[j]
+			                                : ((float *)y->data)[j];
+			ck_assert_msg(fabs(u - v) <= tol * (1 + fabs(v)), "%s[%lld]: %.9g vs %.9g",
+			              a->items[i].name, (long long)j, u, v);
+		}
+	}
+}
+
+START_TEST(compiled_cnn_step_matches_interpreter_trainer)
+{
+	data d = load_data("cnn");
+	kiln_graph *m = cnn(true), *e = cnn(false);
+	kiln_trainer *tr = NULL;
+	kiln_error err;
+	ck_assert_msg(kiln_trainer_new(m, e, &SGD, &tr, &err) == KILN_OK, "%s", err.msg);
+	kiln_model *c = open_run("cnn_sgd");
+	for (int s = 0; s < 5; s++) {
+		kiln_tensor x = view(d.x, s), y = view(d.y, s);
+		double want;
+		ck_assert(!kiln_trainer_step(tr, &x, &y, 0.1, &want, &err));
+		double got = step(c, d, s, 0.1);
+		ck_assert_msg(fabs(got - want) <= 1e-5 * want, "step %d: compiled %.9g, "
+		              "interpreter %.9g", s, got, want);
+	}
+	kiln_tensor_set *a = kiln_model_state(c), *b = kiln_trainer_state(tr);
+	assert_sets_close(a, b, 1e-4);
+	/* eval on the same state agrees too */
+	kiln_tensor x = view(d.x, 7), *want = NULL, *got = NULL;
+	ck_assert(!kiln_trainer_eval(tr, &x, &want, &err));
+	ck_assert_msg(kiln_model_run(c, (kiln_tensor *[]){&x}, 1, &got, 1, &err) == KILN_OK, "%s",
+	              err.msg);
+	for (int64_t i = 0; i < kiln_tensor_numel(want); i++)
+		ck_assert_double_eq_tol(((float *)got->data)[i], ((float *)want->data)[i],
+		                        1e-4 * (1 + fabs(((float *)want->data)[i])));
+	kiln_tensor_free(want), kiln_tensor_free(got);
+	kiln_tensor_set_free(a), kiln_tensor_set_free(b);
+	kiln_model_free(c);
+	kiln_trainer_free(tr);
+	kiln_graph_free(m), kiln_graph_free(e);
+	free_data(d);
+}
+END_TEST
+
+/* ---- typed entry points ------------------------------------------------------------- */
+
+typedef void *(*create_fn)(void);
+typedef int (*train_fn)(void *, int64_t, const float *, const int64_t *, double, float *);
+typedef int (*eval_fn)(void *, int64_t, const float *, float *);
+typedef int64_t (*steps_fn)(const void *);
+typedef void (*destroy_fn)(void *);
+
+/* The typed step computes what kiln_model_train_step computes, bit for bit. */
+START_TEST(typed_entry_points_match_the_generic_path)
+{
+	const char *so = compiled("mlp_sgd");
+	void *h = dlopen(so, RTLD_NOW | RTLD_LOCAL);
+	ck_assert_msg(h != NULL, "%s", dlerror());
+	create_fn create = (create_fn)dlsym(h, "mlp_create");
+	train_fn train = (train_fn)dlsym(h, "mlp_train_step");
+	eval_fn eval = (eval_fn)dlsym(h, "mlp_eval_step");
+	steps_fn steps = (steps_fn)dlsym(h, "mlp_steps");
+	destroy_fn destroy = (destroy_fn)dlsym(h, "mlp_destroy");
+	ck_assert(create && train && eval && steps && destroy);
+	ck_assert_ptr_null(dlsym(h, "kiln_safetensors_write")); /* the runtime stays hidden */
+	data d = load_data("mlp");
+	kiln_model *m = open_run("mlp_sgd");
+	void *ctx = create();
+	ck_assert_ptr_nonnull(ctx);
+	for (int s = 0; s < 4; s++) {
+		float loss = NAN;
+		kiln_tensor x = view(d.x, s), y = view(d.y, s);
+		ck_assert_int_eq(train(ctx, 16, x.data, y.data, 0.1, &loss), 0);
+		ck_assert_float_eq(loss, (float)step(m, d, s, 0.1));
+	}
+	ck_assert_int_eq(steps(ctx), 4);
+	float logits[16 * 10];
+	kiln_tensor x = view(d.x, 9), *want = NULL;
+	kiln_error err;
+	ck_assert_int_eq(eval(ctx, 16, x.data, logits), 0);
+	ck_assert(!kiln_model_run(m, (kiln_tensor *[]){&x}, 1, &want, 1, &err));
+	ck_assert(!memcmp(want->data, logits, sizeof logits));
+	/* a batch of 0 is refused with the message, and nothing is committed */
+	float loss;
+	ck_assert_int_eq(train(ctx, 0, x.data, d.y->data, 0.1, &loss), KILN_EINVAL);
+	ck_assert_int_eq(steps(ctx), 4);
+	kiln_tensor_free(want);
+	destroy(ctx);
+	kiln_model_free(m);
+	dlclose(h);
+	free_data(d);
+	char hdr[1300], out[8192];
+	snprintf(hdr, sizeof hdr, "grep -c 'mlp_train_step\\|mlp_eval_step\\|mlp_save' '%.*s.h'",
+	         (int)(strlen(so) - 3), so);
+	ck_assert_int_eq(sh(hdr, out, sizeof out), 0);
+	ck_assert_int_eq(atoi(out), 3);
+}
+END_TEST
+
+START_TEST(library_needs_only_libc_libm_libpthread)
+{
+	char extra[1024];
+	if (!have_tool("readelf")) {
+		printf("skipped: readelf not found\n");
+		return;
+	}
+	ck_assert(extra_needed(compiled("cnn_sgd"), extra, sizeof extra));
+	ck_assert_msg(extra[0] == 0, "extra NEEDED entries: %s", extra);
+}
+END_TEST
+
+/* ---- checkpoints ----------------------------------------------------------------------- */
+
+static char tmpl[64];
+
+static void mktmp(void)
+{
+	snprintf(tmpl, sizeof tmpl, "/tmp/kiln_ctrain_XXXXXX");
+	ck_assert_ptr_nonnull(mkdtemp(tmpl));
+}
+
+static void rmtmp(void)
+{
+	char cmd[128];
+	snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpl);
+	ck_assert_int_eq(system(cmd), 0);
+}
+
+static const char *tpath(const char *name)
+{
+	static char bufs[2][128];
+	static int k;
+	char *b = bufs[k++ % 2];
+	snprintf(b, 128, "%s/%s", tmpl, name);
+	return b;
+}
+
+/* 12 uninterrupted steps against 6, save, a fresh context loads, 6 more. */
+START_TEST(cnn_adamw_save_load_continue_reproduces_losses_exactly)
+{
+	mktmp();
+	data d = load_data("cnn");
+	double whole[12], part[12];
+	kiln_model *a = open_run("cnn_adamw");
+	for (int s = 0; s < 12; s++)
+		whole[s] = step(a, d, s, 0.01);
+	kiln_model_free(a);
+	kiln_error err;
+	for (int round = 0; round < 2; round++) {
+		kiln_model *b = open_run("cnn_adamw");
+		if (round == 1) {
+			ck_assert_msg(kiln_model_load(b, tpath("ck"), &err) == KILN_OK, "%s", err.msg);
+			ck_assert_int_eq(kiln_model_steps(b), 6);
+		}
+		for (int s = 6 * round; s < 6 * round + 6; s++)
+			part[s] = step(b, d, s, 0.01);
+		if (round == 0)
+			ck_assert_msg(kiln_model_save(b, tpath("ck"), &err) == KILN_OK, "%s", err.msg);
+		kiln_model_free(b);
+	}
+	for (int s = 0; s < 12; s++)
+		ck_assert_msg(whole[s] == part[s], "step %d: %.17g vs %.17g after resume", s, whole[s],
+		              part[s]);
+	free_data(d);
+	rmtmp();
+}
+END_TEST
+
+/* The interpreter trainer resumes from a compiled library's checkpoint and
+ * the library from the trainer's: one format. */
+START_TEST(checkpoints_are_shared_with_the_interpreter_trainer)
+{
+	mktmp();
+	data d = load_data("mlp");
+	kiln_graph *m = mlp(true, 0), *e = mlp(false, 0);
+	kiln_trainer *tr = NULL;
+	kiln_error err;
+	ck_assert(!kiln_trainer_new(m, e, &ADAMW, &tr, &err));
+	kiln_model *c = open_run("mlp_adamw");
+	for (int s = 0; s < 3; s++)
+		step(c, d, s, 0.01);
+	ck_assert_msg(kiln_model_save(c, tpath("compiled"), &err) == KILN_OK, "%s", err.msg);
+	ck_assert_msg(kiln_trainer_load(tr, tpath("compiled"), &err) == KILN_OK, "%s", err.msg);
+	ck_assert_int_eq(kiln_trainer_steps(tr), 3);
+	kiln_tensor x = view(d.x, 3), y = view(d.y, 3);
+	double want;
+	ck_assert(!kiln_trainer_step(tr, &x, &y, 0.01, &want, &err));
+	double got = step(c, d, 3, 0.01);
+	ck_assert_msg(fabs(got - want) <= 1e-5 * want, "%.9g vs %.9g", got, want);
+	ck_assert(!kiln_trainer_save(tr, tpath("interp"), &err));
+	ck_assert_msg(kiln_model_load(c, tpath("interp"), &err) == KILN_OK, "%s", err.msg);
+	ck_assert_int_eq(kiln_model_steps(c), 4);
+	kiln_tensor_set *a = kiln_model_state(c), *b = kiln_trainer_state(tr);
+	assert_sets_close(a, b, 0);
+	kiln_tensor_set_free(a), kiln_tensor_set_free(b);
+	kiln_model_free(c);
+	kiln_trainer_free(tr);
+	kiln_graph_free(m), kiln_graph_free(e);
+	free_data(d);
+	rmtmp();
+}
+END_TEST
+
+static long fsize(const char *path)
+{
+	FILE *f = fopen(path, "rb");
+	ck_assert_ptr_nonnull(f);
+	fseek(f, 0, SEEK_END);
+	long n = ftell(f);
+	fclose(f);
+	return n;
+}
+
+static void truncate_half(const char *path)
+{
+	ck_assert_int_eq(truncate(path, fsize(path) / 2), 0);
+}
+
+static void flip_a_byte(const char *path)
+{
+	FILE *f = fopen(path, "r+b");
+	ck_assert_ptr_nonnull(f);
+	fseek(f, -3, SEEK_END);
+	int c = fgetc(f);
+	fseek(f, -3, SEEK_END);
+	fputc(c ^ 0x10, f);
+	fclose(f);
+}
+
+/* Steps 0..2 saved to good, 3..4 to bad; bad damaged by how; loading it
+ * fails with msg and changes nothing; good still loads. */
+static void refuse(void (*how)(const char *path), const char *msg)
+{
+	mktmp();
+	data d = load_data("cnn");
+	kiln_model *m = open_run("cnn_sgd");
+	kiln_error err;
+	for (int s = 0; s < 5; s++) {
+		step(m, d, s, 0.1);
+		if (s == 2 || s == 4)
+			ck_assert(!kiln_model_save(m, tpath(s == 2 ? "good" : "bad"), &err));
+	}
+	how(tpath("bad"));
+	kiln_tensor_set *before = kiln_model_state(m);
+	ck_assert_int_ne(kiln_model_load(m, tpath("bad"), &err), KILN_OK);
+	ck_assert_msg(strstr(err.msg, msg) != NULL, "message: %s", err.msg);
+	kiln_tensor_set *after = kiln_model_state(m);
+	ck_assert_int_eq(kiln_model_steps(m), 5);
+	assert_sets_close(before, after, 0);
+	ck_assert_msg(kiln_model_load(m, tpath("good"), &err) == KILN_OK, "%s", err.msg);
+	ck_assert_int_eq(kiln_model_steps(m), 3);
+	kiln_tensor_set_free(before), kiln_tensor_set_free(after);
+	kiln_model_free(m);
+	free_data(d);
+	rmtmp();
+}
+
+START_TEST(truncated_checkpoint_is_refused_and_previous_intact)
+{
+	refuse(truncate_half, "checkpoint refused");
+}
+END_TEST
+
+START_TEST(corrupt_checkpoint_is_refused_by_checksum)
+{
+	refuse(flip_a_byte, "checksum mismatch, the file is corrupt");
+}
+END_TEST
+
+START_TEST(checkpoint_of_another_optimizer_is_refused)
+{
+	mktmp();
+	kiln_model *a = open_run("mlp_sgd"), *b = open_run("mlp_adamw");
+	kiln_error err;
+	ck_assert(!kiln_model_save(a, tpath("sgd"), &err));
+	ck_assert_int_eq(kiln_model_load(b, tpath("sgd"), &err), KILN_EINVAL);
+	ck_assert_msg(strstr(err.msg, "exp_avg' is missing") != NULL, "message: %s", err.msg);
+	kiln_model_free(a), kiln_model_free(b);
+	rmtmp();
+}
+END_TEST
+
+/* ---- errors --------------------------------------------------------------------------- */
+
+START_TEST(wrong_shape_is_refused_and_nothing_committed)
+{
+	data d = load_data("mlp");
+	kiln_model *m = open_run("mlp_sgd");
+	kiln_tensor x = view(d.x, 0), y = view(d.y, 0);
+	y.shape[0] = 8; /* 16 rows of x, 8 targets */
+	kiln_tensor_set *before = kiln_model_state(m);
+	kiln_error err;
+	double loss;
+	ck_assert_int_eq(kiln_model_train_step(m, &x, &y, 0.1, &loss, &err), KILN_ESHAPE);
+	ck_assert_msg(strstr(err.msg, "input 'target'") != NULL, "message: %s", err.msg);
+	ck_assert_int_eq(kiln_model_steps(m), 0);
+	kiln_tensor_set *after = kiln_model_state(m);
+	assert_sets_close(before, after, 0);
+	kiln_tensor_set_free(before), kiln_tensor_set_free(after);
+	kiln_model_free(m);
+	free_data(d);
+}
+END_TEST
+
+START_TEST(compile_train_refuses_bad_requests_with_messages)
+{
+	kiln_graph *m = mlp(true, 0), *e = mlp(false, 0), *dm = mlp(true, 0.3);
+	const char *out = "/tmp/kiln_ctrain_never.so";
+	kiln_error err;
+	ck_assert_int_eq(kiln_compile_train(m, NULL, &SGD, 0, out, NULL, &err), KILN_EINVAL);
+	ck_assert_ptr_nonnull(strstr(err.msg, "the eval model (required)"));
+	kiln_compile_opts o = {.passes = "default,bnfold"};
+	ck_assert_int_eq(kiln_compile_train(m, e, &SGD, 0, out, &o, &err), KILN_EINVAL);
+	ck_assert_ptr_nonnull(strstr(err.msg, "'bnfold' folds parameters"));
+	ck_assert_int_eq(kiln_compile_train(dm, e, &SGD, 0, out, NULL, &err), KILN_EUNSUPPORTED);
+	ck_assert_msg(strstr(err.msg, "Dropout") && strstr(err.msg, "training mode"), "%s", err.msg);
+	kiln_train_opts bad = ADAMW;
+	bad.amsgrad = true;
+	ck_assert_int_eq(kiln_compile_train(m, e, &bad, 0, out, NULL, &err), KILN_EUNSUPPORTED);
+	ck_assert_ptr_nonnull(strstr(err.msg, "amsgrad"));
+	ck_assert_int_eq(access(out, F_OK), -1);
+	kiln_graph_free(m), kiln_graph_free(e), kiln_graph_free(dm);
+}
+END_TEST
+
+START_TEST(inference_library_is_not_trainable)
+{
+	kiln_graph *e = mlp(false, 0);
+	char so[1200];
+	snprintf(so, sizeof so, "%s/plain.so", so_dir("compiled_train_test"));
+	kiln_error err;
+	ck_assert_msg(kiln_compile(e, so, NULL, &err) == KILN_OK, "%s", err.msg);
+	kiln_model *m = NULL;
+	ck_assert(!kiln_load(so, &m, &err));
+	ck_assert(!kiln_model_trainable(m));
+	ck_assert_int_eq(kiln_model_save(m, "/tmp/never", &err), KILN_EINVAL);
+	ck_assert_ptr_nonnull(strstr(err.msg, "is not a training library"));
+	ck_assert_ptr_null(kiln_model_state(m));
+	kiln_model_free(m);
+	kiln_graph_free(e);
+}
+END_TEST
+
+static Suite *compiled_train_suite(void)
+{
+	Suite *s = suite_create("compiled_train");
+	TCase *tc = tcase_create("torch_parity_f32");
+	tcase_set_timeout(tc, 900);
+	tcase_add_test(tc, mlp_sgd_momentum_wd_compiled_f32_within_1e4);
+	tcase_add_test(tc, mlp_adamw_compiled_f32_within_1e4);
+	tcase_add_test(tc, cnn_sgd_compiled_f32_within_torch_spread);
+	tcase_add_test(tc, cnn_adamw_compiled_f32_within_torch_spread);
+	tcase_add_test(tc, compiled_cnn_step_matches_interpreter_trainer);
+	suite_add_tcase(s, tc);
+	tc = tcase_create("library");
+	tcase_set_timeout(tc, 600);
+	tcase_add_test(tc, typed_entry_points_match_the_generic_path);
+	tcase_add_test(tc, library_needs_only_libc_libm_libpthread);
+	tcase_add_test(tc, inference_library_is_not_trainable);
+	suite_add_tcase(s, tc);
+	tc = tcase_create("checkpoints");
+	tcase_set_timeout(tc, 600);
+	tcase_add_test(tc, cnn_adamw_save_load_continue_reproduces_losses_exactly);
+	tcase_add_test(tc, checkpoints_are_shared_with_the_interpreter_trainer);
+	tcase_add_test(tc, truncated_checkpoint_is_refused_and_previous_intact);
+	tcase_add_test(tc, corrupt_checkpoint_is_refused_by_checksum);
+	tcase_add_test(tc, checkpoint_of_another_optimizer_is_refused);
+	suite_add_tcase(s, tc);
+	tc = tcase_create("errors");
+	tcase_set_timeout(tc, 300);
+	tcase_add_test(tc, wrong_shape_is_refused_and_nothing_committed);
+	tcase_add_test(tc, compile_train_refuses_bad_requests_with_messages);
+	suite_add_tcase(s, tc);
+	return s;
+}
+
+KILN_CHECK_MAIN(compiled_train_suite)
