@@ -445,11 +445,25 @@ static int64_t eqi(int64_t a, int64_t b) { return a == b; }
 static int64_t lti(int64_t a, int64_t b) { return a < b; }
 static int64_t gti(int64_t a, int64_t b) { return a > b; }
 static int64_t andi(int64_t a, int64_t b) { return a && b; }
+
+/* Integer powers wrap like the other integer ops (numpy's), exact where a
+ * double's pow would round; a negative exponent gives 1 / a^-b truncated
+ * toward zero: 0 unless |a| is 1. */
+static int64_t powi(int64_t a, int64_t b)
+{
+	if (b < 0)
+		return a == 1 ? 1 : a == -1 ? (b & 1 ? -1 : 1) : 0;
+	uint64_t r = 1, x = (uint64_t)a;
+	for (; b; b >>= 1, x *= x)
+		if (b & 1)
+			r *= x;
+	return (int64_t)r;
+}
 static int64_t ori(int64_t a, int64_t b) { return a || b; }
 
 static int64_t (*const binary_int[KILN_OP_COUNT])(int64_t, int64_t) = {
 	[KILN_OP_ADD] = addi, [KILN_OP_SUB] = subi, [KILN_OP_MUL] = muli, [KILN_OP_DIV] = divi,
-	[KILN_OP_MAX] = maxi, [KILN_OP_MIN] = mini, [KILN_OP_EQUAL] = eqi, [KILN_OP_LESS] = lti,
+	[KILN_OP_POW] = powi, [KILN_OP_MAX] = maxi, [KILN_OP_MIN] = mini, [KILN_OP_EQUAL] = eqi, [KILN_OP_LESS] = lti,
 	[KILN_OP_GREATER] = gti, [KILN_OP_AND] = andi, [KILN_OP_OR] = ori,
 };
 

@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/stat.h>
 #include <time.h>
 
@@ -79,7 +80,7 @@ static void print_usage(const command *c, FILE *f)
 static int load(const char *path, kiln_graph **g)
 {
 	kiln_error e = {0};
-	kiln_status st = kiln_graph_load(path, g, &e);
+	kiln_status st = kiln_graph_load_any(path, g, &e);
 	if (st == KILN_OK && (st = kiln_graph_verify(*g, &e)) != KILN_OK) {
 		kiln_graph_free(*g);
 		*g = NULL;
@@ -194,9 +195,12 @@ static int cmd_inspect(int argc, char **argv)
 			return EXIT_USAGE;
 	}
 	if (!file)
-		return usage_error("inspect", "missing %s", "FILE.kir");
+		return usage_error("inspect", "missing %s", "FILE.kir or FILE.onnx");
 	kiln_graph *g;
-	if (load(file, &g))
+	size_t len = strlen(file);
+	bool onnx = len >= 5 && strcasecmp(file + len - 5, ".onnx") == 0;
+	/* an ONNX model lists every unsupported node, not just the first */
+	if (onnx ? onnx_cli_inspect_report(file, &g) : load(file, &g))
 		return 1;
 	printf("graph: %s\n", g->name);
 	print_values(g, "inputs", g->input, g->ninput);
@@ -851,7 +855,7 @@ static int cmd_help(int argc, char **argv);
 
 static const command commands[] = {
 	{"inspect", cmd_inspect,
-	 "inspect FILE.kir [--no-ir]\n"
+	 "inspect FILE.kir|FILE.onnx [--no-ir]\n"
 	 "  Prints the graph's name, inputs and outputs with their types, parameter\n"
 	 "  counts and bytes (trainable and buffers), node count, op histogram, then\n"
 	 "  the IR.  Weights load from FILE.safetensors beside it when present.\n"
@@ -911,6 +915,7 @@ static const command commands[] = {
 	 "  --batch B            fix the train step's batch (needed with convolutions)",
 	 "compile a graph to a standalone .so and its header"},
 	{"train", cmd_train, cmd_train_usage, cmd_train_summary},
+	{"export", cmd_export, cmd_export_usage, cmd_export_summary},
 	{"help", cmd_help, "help [CMD]\n  Prints help for CMD, or the list of commands.",
 	 "show help for a command"},
 };

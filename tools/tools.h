@@ -24,4 +24,13 @@ int cmd_train(int argc, char **argv);
 extern const char cmd_train_usage[];   /* synopsis line, then option lines */
 extern const char cmd_train_summary[]; /* one line for `kiln --help` */
 
+/* ---- onnx_cli.c --------------------------------------------------------- */
+
+int cmd_export(int argc, char **argv);
+extern const char cmd_export_usage[];
+extern const char cmd_export_summary[];
+/* Imports an ONNX model for `kiln inspect`; on failure prints every
+ * unsupported node, one per line, and returns 1. */
+int onnx_cli_inspect_report(const char *path, struct kiln_graph **g);
+
 #endif /* KILN_TOOLS_H */

@@ -40,6 +40,32 @@ const char *onnx_dtype_name(int32_t onnx_type);
 kiln_status onnx_tensor_read(const Onnx__TensorProto *tp, const char *dir, kiln_tensor **out,
                              kiln_error *err);
 
+/* ---- onnx_wire.c -------------------------------------------------------- */
+
+/* Deepest message nesting protobuf-c may recurse through (a model is 1, a
+ * Dimension of a graph input 7, each subgraph adds 3). */
+#define ONNX_MAX_DEPTH 64
+
+/* A protobuf-c allocator that gives out at most a budget in total. */
+typedef struct onnx_alloc {
+	ProtobufCAllocator pc; /* what protobuf-c is handed */
+	size_t budget, left;
+	bool exceeded;         /* an allocation was refused */
+} onnx_alloc;
+/* Budget for a file of file_size bytes: 16x plus 64 MiB, at most 4 GiB. */
+void onnx_alloc_init(onnx_alloc *a, size_t file_size);
+/* How deeply data's messages nest (descending where protobuf-c would),
+ * walking the wire format without recursion: max + 1 as soon as it is
+ * deeper than max (at most ONNX_MAX_DEPTH), -1 when the bytes are not
+ * well-formed protobuf. */
+int onnx_wire_depth(const void *data, size_t size, int max);
+/* Unpacks a ModelProto under both limits; on failure, EPARSE (malformed or
+ * too deep) or ENOMEM (over budget) with a message naming path.  Free
+ * with onnx_unpacked_free(m, a). */
+kiln_status onnx_unpack(const void *data, size_t size, const char *path, onnx_alloc *a,
+                        Onnx__ModelProto **out, kiln_error *err);
+void onnx_unpacked_free(Onnx__ModelProto *m, onnx_alloc *a);
+
 /* ---- onnx_import.c ------------------------------------------------------ */
 
 /* A small integer vector (rank 0 or 1) computed from shapes: each element

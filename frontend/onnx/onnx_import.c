@@ -27,6 +27,7 @@
 #include "frontend/onnx/onnx.h"
 
 #define MAX_MODEL_BYTES ((size_t)2 << 30) /* protobuf's own 2 GiB limit */
+#define MAX_INPUT_NUMEL (UINT64_C(1) << 40) /* as ir_tensor_new allows */
 
 /* ---- problems ------------------------------------------------------------- */
 
@@ -255,6 +256,22 @@ static bool skipped(const char *const *skip, const char *name)
 	return false;
 }
 
+/* Whether a spells out the schema's default: such attributes are dropped,
+ * so a model that omits a default and one that writes it import to the
+ * same graph (and export -> import gives back what import gave). */
+static bool is_default(const ir_attr_schema *s, const Onnx__AttributeProto *a)
+{
+	if (!s->has_default || attr_type(a) != attr_from_kind[s->kind])
+		return false;
+	switch (s->kind) {
+	case IR_A_INT: return a->i == strtoll(s->dflt, NULL, 10);
+	case IR_A_FLOAT: return a->f == (float)strtod(s->dflt, NULL);
+	case IR_A_STRING: return a->s.len == strlen(s->dflt) &&
+	                         !memcmp(a->s.data, s->dflt, a->s.len);
+	default: return false;
+	}
+}
+
 static bool copy_attrs(onnx_imp *c, onnx_nd *d, const char *const *skip)
 {
 	ir_attr_schema sch[32];
@@ -269,6 +286,8 @@ static bool copy_attrs(onnx_imp *c, onnx_nd *d, const char *const *skip)
 		if (k == ns)
 			onnx_problem(c, d, KILN_EUNSUPPORTED, "attribute '%s' is not supported",
 			             a->name);
+		else if (is_default(&sch[k], a))
+			continue;
 		else if (copy_attr(c, d, &sch[k], a) && !d->failed)
 			onnx_problem(c, d, KILN_ENOMEM, "out of memory setting '%s'", a->name);
 	}
@@ -362,6 +381,10 @@ ir_node *onnx_extra(onnx_imp *c, onnx_nd *d, kiln_op op, uint32_t nin, const uin
 	const char *base = d->p->name && *d->p->name ? d->p->name : d->p->op_type;
 	snprintf(name, sizeof name, "%s%s%s", base, suffix ? "/" : "", suffix ? suffix : "");
 	n->name = ir_intern(c->g, name);
+	/* an intermediate gets the node's name, which export keeps, so that
+	 * export -> import names it the same (the last one is d's output) */
+	if (suffix)
+		c->g->val[n->out[0]]->name = n->name;
 	return n;
 }
 
@@ -512,6 +535,26 @@ static int64_t sym_dim(onnx_imp *c, const char *base, int axis)
 	return ir_dim_sym(c->g, s);
 }
 
+/* The fixed dims of a graph input (symbols count as 1) must multiply to
+ * at most MAX_INPUT_NUMEL elements, the cap tensors have everywhere in
+ * kiln, so no later size computation can overflow int64. */
+static bool numel_ok(onnx_imp *c, const char *nm, const ir_type *t)
+{
+	uint64_t n = 1;
+	bool over = false;
+	for (int k = 0; k < t->rank && !over; k++) {
+		uint64_t d = t->dim[k] >= 0 ? (uint64_t)t->dim[k] : 1;
+		over = d && n > MAX_INPUT_NUMEL / d;
+		n *= over ? 1 : d;
+	}
+	if (over) {
+		char ty[256];
+		onnx_problem(c, NULL, KILN_EINVAL, "graph input '%s' is %s: more than 2^40 elements "
+		             "(kiln's limit for one tensor)", nm, ir_type_str(c->g, t, ty, sizeof ty));
+	}
+	return !over;
+}
+
 /* ValueInfo -> type: dim_value fixed, dim_param a symbol, and a missing
  * dim a fresh symbol named after the input and axis. */
 static bool input_type(onnx_imp *c, const Onnx__ValueInfoProto *vi, ir_type *t)
@@ -546,7 +589,7 @@ static bool input_type(onnx_imp *c, const Onnx__ValueInfoProto *vi, ir_type *t)
 		else
 			t->dim[k] = sym_dim(c, nm, k);
 	}
-	return true;
+	return numel_ok(c, nm, t);
 }
 
 static void add_initializers(onnx_imp *c, const Onnx__GraphProto *gp)
@@ -734,14 +777,15 @@ static kiln_status import_mem(const void *data, size_t size, const kiln_onnx_opt
                               kiln_graph **out, kiln_error *err)
 {
 	const char *path = o->path ? o->path : "model.onnx";
-	Onnx__ModelProto *m = onnx__model_proto__unpack(NULL, size, data);
-	if (!m)
-		return ir_seterr(err, KILN_EPARSE, "%s: not a valid ONNX model (protobuf decoding "
-		                 "failed)", path);
+	onnx_alloc a;
+	Onnx__ModelProto *m;
+	kiln_status st = onnx_unpack(data, size, path, &a, &m, err);
+	if (st)
+		return st;
 	const char *gname = m->graph && m->graph->name && *m->graph->name ? m->graph->name : "main";
 	onnx_imp c = {.g = kiln_graph_new(gname), .m = m, .dir = o->dir,
 	              .specialize = o->specialize};
-	kiln_status st = KILN_ENOMEM;
+	st = KILN_ENOMEM;
 	if (c.g && (c.path = ir_intern(c.g, path)) != NULL) {
 		import_graph(&c);
 		st = finish(&c, o, out, err);
@@ -749,7 +793,7 @@ static kiln_status import_mem(const void *data, size_t size, const kiln_onnx_opt
 		kiln_graph_free(c.g);
 		ir_seterr(err, st, "%s: out of memory", path);
 	}
-	onnx__model_proto__free_unpacked(m, NULL);
+	onnx_unpacked_free(m, &a);
 	return st;
 }
 
@@ -811,7 +855,18 @@ KILN_API kiln_status kiln_onnx_import_ex(const void *data, size_t size,
 		*o->report = NULL;
 	if (!out || (!data && size) || (!data && !o->path))
 		return ir_seterr(err, KILN_EINVAL, "kiln_onnx_import: null argument");
-	return data ? import_mem(data, size, o, out, err) : import_file(o, out, err);
+	kiln_error local = {0};
+	err = err ? err : &local;
+	kiln_status st = data ? import_mem(data, size, o, out, err) : import_file(o, out, err);
+	/* failures before or after the node walk (an unreadable file, a graph
+	 * that fails verification) are the report's one line */
+	if (st && o->report && (!*o->report || !**o->report)) {
+		free(*o->report);
+		size_t n = strlen(err->msg);
+		if ((*o->report = malloc(n + 2)) != NULL)
+			memcpy(*o->report, err->msg, n), strcpy(*o->report + n, "\n");
+	}
+	return st;
 }
 
 KILN_API kiln_status kiln_onnx_import_mem(const void *data, size_t size, const char *name,

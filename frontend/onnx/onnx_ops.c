@@ -215,15 +215,40 @@ static void constant(onnx_imp *c, onnx_nd *d)
 		kiln_tensor_free(t);
 }
 
+/* Pow with an integer base and a float exponent: the power is taken in
+ * the exponent's float type and the result cast back to the base's
+ * (2 ^ 0.5 is 1, not 2 ^ 0). */
+static void pow_in_float(onnx_imp *c, onnx_nd *d, uint32_t *in)
+{
+	kiln_dtype base = c->g->val[in[0]]->type.dtype, fl = c->g->val[in[1]]->type.dtype;
+	ir_node *cx = onnx_extra(c, d, KILN_OP_CAST, 1, &in[0], "cast_base");
+	if (!cx || ir_attr_set_dtype(c->g, cx, "to", fl) || !onnx_infer(c, d, cx))
+		return;
+	uint32_t fin[2] = {cx->out[0], in[1]};
+	ir_node *p = onnx_extra(c, d, KILN_OP_POW, 2, fin, "pow");
+	if (!p || !onnx_infer(c, d, p))
+		return;
+	uint32_t y = p->out[0];
+	if (!(d->n = onnx_extra(c, d, KILN_OP_CAST, 1, &y, NULL)) ||
+	    ir_attr_set_dtype(c->g, d->n, "to", base))
+		d->failed = true;
+}
+
 /* ONNX's Pow (opset 12+) lets the exponent's dtype differ from the base's
- * and returns the base's: cast the exponent, as the result would be. */
+ * and returns the base's: an exponent of another float or integer type is
+ * cast to the base's, as the result would be; a float exponent of an
+ * integer base needs the power taken in floats. */
 static void pow_op(onnx_imp *c, onnx_nd *d)
 {
 	uint32_t in[2] = {onnx_input(c, d, 0, true), onnx_input(c, d, 1, true)};
 	if (!in[0] || !in[1])
 		return;
-	kiln_dtype base = c->g->val[in[0]]->type.dtype;
-	if (c->g->val[in[1]]->type.dtype != base && kiln_dtype_is_float(base)) {
+	kiln_dtype base = c->g->val[in[0]]->type.dtype, ex = c->g->val[in[1]]->type.dtype;
+	if (ex != base && !kiln_dtype_is_float(base) && kiln_dtype_is_float(ex)) {
+		pow_in_float(c, d, in);
+		return;
+	}
+	if (ex != base) {
 		ir_node *cast = onnx_extra(c, d, KILN_OP_CAST, 1, &in[1], "cast_exponent");
 		if (!cast || ir_attr_set_dtype(c->g, cast, "to", base) || !onnx_infer(c, d, cast))
 			return;

@@ -13,12 +13,17 @@
  * (1e-2 / 1e-3 for f16 and bf16), NaN where NaN is expected; integers and
  * bools exactly.
  *
+ * Every case that passes on some backend is also imported, exported
+ * (kiln_onnx_export_mem) and imported again: the two graphs' .kir texts and
+ * parameter bytes must be identical (the "roundtrip" column and count).
+ *
  * Backends are plugged in as "run this graph on these inputs" functions:
  * the interpreter today, compiled libraries later; each gets a column.  The
- * expected-failures file lists "case [backend...]" (no backend: all); the
- * exit status is 1 when an in-scope case fails that is not listed (a
- * regression), and listed cases that now pass are printed so the list only
- * shrinks.
+ * expected-failures file lists "case [backend...]" (no backend: all) and
+ * "roundtrip: case"; the exit status is 1 when an in-scope case fails, or a
+ * passing case's round trip differs, that is not listed (a regression), and
+ * listed cases that now pass are printed so the list only shrinks.  Last,
+ * the ops of kiln's table with no passing case are printed.
  */
 #include <dirent.h>
 #include <math.h>
@@ -54,12 +59,19 @@ static const conf_backend backends[] = {
 typedef enum { R_PASS, R_FAIL, R_UNSUPPORTED } result;
 static const char *const result_name[] = {"PASS", "FAIL", "UNSUPPORTED"};
 
+/* The round trip is checked only on cases that pass on some backend. */
+typedef enum { RT_NOT_RUN, RT_SAME, RT_DIFFERS } rtrip;
+static const char *const rtrip_name[] = {"-", "SAME", "DIFFERS"};
+
 typedef struct ccase {
 	char *name;
 	result r[NBACKEND];
 	char why[NBACKEND][256];
 	bool expected[NBACKEND]; /* listed in the expected-failures file */
 	char ops[512];           /* " Op1 Op2 ": the ONNX op types it uses */
+	rtrip rt;                /* import -> export -> import */
+	char rt_why[256];
+	bool rt_expected;        /* listed as "roundtrip: case" */
 } ccase;
 
 /* ---- files --------------------------------------------------------------- */
@@ -284,27 +296,38 @@ static bool pick_inputs(const kiln_graph *g, char **names, kiln_tensor **in, int
 	return true;
 }
 
-/* Imports the model specialised to this data set's inputs (so inputs
- * feeding constant slots, like Reshape's shape, fold) and runs it on
- * backend b; "" in why when every output matches. */
+/* Imports the model specialised to a data set's inputs, so that inputs
+ * feeding constant slots (Reshape's shape, Clip's bounds) fold. */
+static kiln_status import_spec(const char *model, char **names, int nnames,
+                               kiln_tensor **in, int nin, kiln_graph **g, kiln_error *err)
+{
+	kiln_tensor_set *spec = kiln_tensor_set_new();
+	if (!spec)
+		return ir_seterr(err, KILN_ENOMEM, "out of memory");
+	for (int k = 0; k < nin && k < nnames; k++)
+		kiln_tensor_set_add(spec, names[k], in[k]);
+	kiln_onnx_opts o = {model, NULL, NULL, spec};
+	kiln_status st = kiln_onnx_import_ex(NULL, 0, &o, g, err);
+	kiln_tensor_set_free(spec);
+	return st;
+}
+
+/* Runs the case's model on one data set on backend b; "" in why when
+ * every output matches. */
 static void run_set(const conf_backend *b, const char *model, char **names, int nnames,
                     const char *dir, char *why, size_t size)
 {
 	kiln_tensor *in[MAXIO] = {0}, *want[MAXIO] = {0}, *got[MAXIO] = {0}, *use[MAXIO] = {0};
 	kiln_error err = {0};
-	kiln_tensor_set *spec = kiln_tensor_set_new();
 	kiln_graph *g = NULL;
 	int nin = read_set(dir, "input", in, why, size), nout = 0;
-	if (nin < 0 || (nout = read_set(dir, "output", want, why, size)) < 0 || !spec) {
-		free_tensors(in, nin < 0 ? 0 : nin), kiln_tensor_set_free(spec);
+	if (nin < 0 || (nout = read_set(dir, "output", want, why, size)) < 0) {
+		free_tensors(in, nin < 0 ? 0 : nin);
 		return;
 	}
-	for (int k = 0; k < nin && k < nnames; k++)
-		kiln_tensor_set_add(spec, names[k], in[k]);
-	kiln_onnx_opts o = {model, NULL, NULL, spec};
 	if (nin != nnames)
 		snprintf(why, size, "data set has %d inputs, the model %d", nin, nnames);
-	else if (kiln_onnx_import_ex(NULL, 0, &o, &g, &err))
+	else if (import_spec(model, names, nnames, in, nin, &g, &err))
 		snprintf(why, size, "import: %.240s", err.msg);
 	else if (!pick_inputs(g, names, in, nin, use) || nout != (int)g->noutput)
 		snprintf(why, size, "data set does not match the graph's inputs and outputs");
@@ -313,29 +336,96 @@ static void run_set(const conf_backend *b, const char *model, char **names, int 
 	for (int k = 0; !why[0] && k < nout; k++)
 		compare(got[k], want[k], k, why, size);
 	free_tensors(in, nin), free_tensors(want, nout), free_tensors(got, nout);
-	kiln_tensor_set_free(spec), kiln_graph_free(g);
+	kiln_graph_free(g);
+}
+
+/* The first line where two .kir texts differ, for the report. */
+static void first_diff(const char *a, const char *b, char *why, size_t size)
+{
+	int line = 1;
+	const char *la = a, *lb = b;
+	for (; *a && *a == *b; a++, b++)
+		if (*a == '\n')
+			line++, la = a + 1, lb = b + 1;
+	snprintf(why, size, ".kir line %d: '%.*s' became '%.*s'", line, (int)strcspn(la, "\n"),
+	         la, (int)strcspn(lb, "\n"), lb);
+}
+
+/* The .kir text leaves weights out: every parameter of a must come back
+ * in b under its name with the same bytes; "" in why when they do. */
+static void same_params(const kiln_graph *a, const kiln_graph *b, char *why, size_t size)
+{
+	for (uint32_t i = 1; i < a->nval && !why[0]; i++) {
+		const ir_value *v = a->val[i];
+		if (v->kind != IR_V_PARAM)
+			continue;
+		kiln_value w = v->name ? kiln_graph_find_param(b, v->name) : 0;
+		const kiln_tensor *x = v->data, *y = w ? b->val[w]->data : NULL;
+		if (!y || x->dtype != y->dtype || kiln_tensor_nbytes(x) != kiln_tensor_nbytes(y) ||
+		    memcmp(x->data, y->data, kiln_tensor_nbytes(x)))
+			snprintf(why, size, "parameter '%.200s' %s", v->name ? v->name : "?",
+			         y ? "has other data" : "is missing");
+	}
+}
+
+/* Import -> export -> import on one data set's specialisation: the two
+ * .kir texts must be the same; "" in why when they are. */
+static void roundtrip_set(const char *model, char **names, int nnames, const char *dir,
+                          char *why, size_t size)
+{
+	kiln_tensor *in[MAXIO] = {0};
+	kiln_error err = {0};
+	kiln_graph *g = NULL, *back = NULL;
+	void *data = NULL;
+	size_t n = 0;
+	char *k1 = NULL, *k2 = NULL;
+	int nin = read_set(dir, "input", in, why, size);
+	if (nin < 0)
+		return;
+	if (import_spec(model, names, nnames, in, nin, &g, &err))
+		snprintf(why, size, "import: %.240s", err.msg);
+	else if (kiln_onnx_export_mem(g, &data, &n, &err))
+		snprintf(why, size, "export: %.240s", err.msg);
+	else if (kiln_onnx_import_mem(data, n, model, &back, &err))
+		snprintf(why, size, "re-import: %.230s", err.msg);
+	else if (!(k1 = kiln_graph_to_kir(g)) || !(k2 = kiln_graph_to_kir(back)))
+		snprintf(why, size, "out of memory printing .kir");
+	else if (strcmp(k1, k2))
+		first_diff(k1, k2, why, size);
+	else
+		same_params(g, back, why, size);
+	free(k1), free(k2), free(data);
+	free_tensors(in, nin);
+	kiln_graph_free(g), kiln_graph_free(back);
 }
 
 static void run_case(const char *root, ccase *cs)
 {
-	char dir[4096], model[4200], why[256];
+	char dir[4096], model[4200], why[256], sdir[4400];
 	snprintf(dir, sizeof dir, "%s/%s", root, cs->name);
 	snprintf(model, sizeof model, "%s/model.onnx", dir);
 	int nset = 0, nnames = 0;
 	char **names = NULL;
-	bool scope = in_scope(model, cs, &names, &nnames, why, sizeof why);
+	bool scope = in_scope(model, cs, &names, &nnames, why, sizeof why), passed = false;
 	char **sets = scope ? list_dir(dir, "test_data_set_", &nset) : NULL;
 	for (int b = 0; b < NBACKEND; b++) {
 		cs->r[b] = scope ? R_PASS : R_UNSUPPORTED;
 		snprintf(cs->why[b], sizeof cs->why[b], "%s", scope ? "" : why);
 		for (int s = 0; scope && s < nset && !cs->why[b][0]; s++) {
-			char sdir[4400];
 			snprintf(sdir, sizeof sdir, "%s/%s", dir, sets[s]);
 			run_set(&backends[b], model, names, nnames, sdir, cs->why[b], sizeof cs->why[b]);
 		}
 		if (scope && cs->why[b][0])
 			cs->r[b] = R_FAIL;
+		passed = passed || cs->r[b] == R_PASS;
 	}
+	cs->rt = passed ? RT_SAME : RT_NOT_RUN;
+	for (int s = 0; passed && s < nset && !cs->rt_why[0]; s++) {
+		snprintf(sdir, sizeof sdir, "%s/%s", dir, sets[s]);
+		roundtrip_set(model, names, nnames, sdir, cs->rt_why, sizeof cs->rt_why);
+	}
+	if (cs->rt_why[0])
+		cs->rt = RT_DIFFERS;
 	free_list(sets, nset), free_list(names, nnames);
 }
 
@@ -349,19 +439,26 @@ static ccase *find_case(ccase *cs, int n, const char *name)
 	return NULL;
 }
 
-/* "case [backend...]" per line; '#' starts a comment. */
+/* "case [backend...]" per line, or "roundtrip: case" for a case whose
+ * import -> export -> import changes the graph; '#' starts a comment. */
 static void read_expected(const char *path, ccase *cs, int n)
 {
+	static const char rt[] = "roundtrip:";
 	FILE *f = path ? fopen(path, "r") : NULL;
 	char line[1024];
 	if (path && !f)
 		fprintf(stderr, "warning: cannot read %s\n", path);
 	while (f && fgets(line, sizeof line, f)) {
-		char *hash = strchr(line, '#'), *save = NULL;
+		char *hash = strchr(line, '#'), *save = NULL, *p = line + strspn(line, " \t");
 		if (hash)
 			*hash = 0;
-		char *name = strtok_r(line, " \t\r\n", &save);
+		bool is_rt = !strncmp(p, rt, sizeof rt - 1);
+		char *name = strtok_r(is_rt ? p + sizeof rt - 1 : p, " \t\r\n", &save);
 		ccase *c = name ? find_case(cs, n, name) : NULL;
+		if (c && is_rt) {
+			c->rt_expected = true;
+			continue;
+		}
 		bool any = false;
 		for (char *b; c && (b = strtok_r(NULL, " \t\r\n", &save));)
 			for (int k = 0; k < NBACKEND; k++)
@@ -387,9 +484,9 @@ static void print_cases(const ccase *cs, int n, const opts *o)
 	for (int b = 0; b < NBACKEND; b++)
 		if (o->enabled[b])
 			printf(" %-11s", backends[b].name);
-	printf("\n");
+	printf(" %-9s\n", "roundtrip");
 	for (int i = 0; i < n; i++) {
-		if (o->quiet && cs[i].r[0] == R_PASS)
+		if (o->quiet && cs[i].r[0] == R_PASS && cs[i].rt != RT_DIFFERS)
 			continue;
 		printf("%-60s", cs[i].name);
 		const char *why = "";
@@ -398,23 +495,26 @@ static void print_cases(const ccase *cs, int n, const opts *o)
 				printf(" %-11s", result_name[cs[i].r[b]]);
 				why = cs[i].why[b][0] ? cs[i].why[b] : why;
 			}
-		printf("%s%s\n", why[0] ? "  " : "", why);
+		why = why[0] ? why : cs[i].rt_why;
+		printf(" %-9s%s%s\n", rtrip_name[cs[i].rt], why[0] ? "  " : "", why);
 	}
 }
 
-/* Ops of kiln's table without a passing case on backend b. */
+/* Ops of kiln's table without a passing case on backend b, each with how
+ * many cases use it (0: the suite has none, e.g. Gelu, an opset-20 op). */
 static void print_coverage(const ccase *cs, int n, int b)
 {
 	printf("[%s] ops in kiln's table with no passing case:", backends[b].name);
 	int missing = 0;
 	for (int op = 0; op < KILN_OP_COUNT; op++) {
 		char word[96];
-		bool pass = false;
+		int pass = 0, used = 0;
 		snprintf(word, sizeof word, " %s ", ir_op(op)->onnx);
-		for (int i = 0; i < n && !pass; i++)
-			pass = cs[i].r[b] == R_PASS && strstr(cs[i].ops, word);
+		for (int i = 0; i < n; i++)
+			if (strstr(cs[i].ops, word))
+				used++, pass += cs[i].r[b] == R_PASS;
 		if (!pass)
-			printf(" %s", ir_op(op)->onnx), missing++;
+			printf(" %s (%d cases)", ir_op(op)->onnx, used), missing++;
 	}
 	printf("%s\n", missing ? "" : " none");
 }
@@ -439,6 +539,26 @@ static int summarize(const ccase *cs, int n, int b)
 	printf("[%s] pass rate in scope: %.1f%% (%d regressions, %d newly passing)\n",
 	       backends[b].name, scope ? 100.0 * cnt[R_PASS] / scope : 0.0, regress, fixed);
 	printf("%d passed, %d failed\n", cnt[R_PASS], cnt[R_FAIL]);
+	return regress ? 1 : 0;
+}
+
+/* Round-trip counts, regressions and fixed cases; 1 on a regression. */
+static int summarize_roundtrip(const ccase *cs, int n)
+{
+	int cnt[3] = {0}, regress = 0, fixed = 0;
+	for (int i = 0; i < n; i++) {
+		cnt[cs[i].rt]++;
+		if (cs[i].rt == RT_DIFFERS && !cs[i].rt_expected)
+			printf("[roundtrip] REGRESSION (import -> export -> import changes the graph, "
+			       "not in expected failures): %s: %s\n", cs[i].name, cs[i].rt_why), regress++;
+		if (cs[i].rt == RT_SAME && cs[i].rt_expected)
+			printf("[roundtrip] now round-trips, remove 'roundtrip: %s' from expected "
+			       "failures\n", cs[i].name), fixed++;
+	}
+	int run = cnt[RT_SAME] + cnt[RT_DIFFERS];
+	printf("[roundtrip] import -> export -> import on %d passing cases: %d identical .kir, "
+	       "%d differ: %.1f%% (%d regressions, %d newly identical)\n", run, cnt[RT_SAME],
+	       cnt[RT_DIFFERS], run ? 100.0 * cnt[RT_SAME] / run : 0.0, regress, fixed);
 	return regress ? 1 : 0;
 }
 
@@ -493,6 +613,7 @@ int main(int argc, char **argv)
 	for (int b = 0; b < NBACKEND; b++)
 		if (o.enabled[b])
 			rc |= summarize(cs, k, b);
+	rc |= summarize_roundtrip(cs, k);
 	free_list(names, n), free(cs);
 	return rc;
 }

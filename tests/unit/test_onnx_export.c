@@ -644,6 +644,25 @@ END_TEST
 
 /* ---- real PyTorch models ------------------------------------------------ */
 
+/* .kir leaves weights out: every parameter comes back with its bytes. */
+static void assert_same_params(const char *name, const kiln_graph *a, const kiln_graph *b)
+{
+	int n = 0;
+	for (uint32_t i = 1; i < a->nval; i++) {
+		const ir_value *v = a->val[i];
+		if (v->kind != IR_V_PARAM)
+			continue;
+		kiln_value w = kiln_graph_find_param(b, v->name);
+		ck_assert_msg(w, "%s: parameter '%s' is lost in export/import", name, v->name);
+		const kiln_tensor *x = v->data, *y = b->val[w]->data;
+		ck_assert_msg(x->dtype == y->dtype && kiln_tensor_nbytes(x) == kiln_tensor_nbytes(y) &&
+		              !memcmp(x->data, y->data, kiln_tensor_nbytes(x)),
+		              "%s: parameter '%s' changes in export/import", name, v->name);
+		n++;
+	}
+	ck_assert_int_gt(n, 0);
+}
+
 static void real_model(const char *name)
 {
 	const char *dir = getenv("KILN_REAL_MODELS");
@@ -677,6 +696,7 @@ static void real_model(const char *name)
 	              err.msg);
 	char *k1 = kiln_graph_to_kir(g), *k2 = kiln_graph_to_kir(back);
 	ck_assert_msg(k1 && k2 && !strcmp(k1, k2), "%s: .kir differs after export/import", name);
+	assert_same_params(name, g, back);
 	free(k1);
 	free(k2);
 	free(data);

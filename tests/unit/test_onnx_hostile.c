@@ -7,7 +7,8 @@
  * it from memory: the importer must return an error whose code and message
  * say what is wrong, and never crash, hang or allocate without bound (the
  * tests run under ASan with leak detection, so a leak on an error path
- * fails too).  Fields replaced in an unpacked model are put back before it
+ * fails too); deep nesting and memory-hungry encodings are built as raw
+ * bytes.  Fields replaced in an unpacked model are put back before it
  * is freed, since protobuf-c frees what it finds there.
  */
 #include <check.h>
@@ -156,6 +157,79 @@ START_TEST(hostile_huge_repeated_node_count_fails_boundedly)
 }
 END_TEST
 
+static size_t put_varint(uint8_t *p, uint64_t v)
+{
+	size_t n = 0;
+	for (; v >= 0x80; v >>= 7)
+		p[n++] = (uint8_t)(v | 0x80);
+	p[n++] = (uint8_t)v;
+	return n;
+}
+
+/* Wraps the len bytes at buf + hdr in field (length-delimited) by writing
+ * the tag and length just before them; returns the new start offset. */
+static size_t wrap(uint8_t *buf, size_t hdr, size_t len, unsigned field)
+{
+	uint8_t head[16];
+	size_t n = put_varint(head, field << 3 | 2);
+	n += put_varint(head + n, len);
+	ck_assert_uint_ge(hdr, n);
+	memcpy(buf + hdr - n, head, n);
+	return hdr - n;
+}
+
+/* Graph -> node -> attribute -> graph -> ... 100000 levels in 1.6 MB:
+ * protobuf-c would recurse once per level and overflow the stack. */
+START_TEST(hostile_deep_nesting_is_refused_before_unpacking)
+{
+	size_t cap = 4u << 20, start = cap, end = cap;
+	uint8_t *buf = malloc(cap);
+	for (int i = 0; i < 100000; i++) {
+		start = wrap(buf, start, end - start, 6); /* AttributeProto.g */
+		buf[--start] = 'a', buf[--start] = 1, buf[--start] = 0x0a; /* .name = "a" */
+		start = wrap(buf, start, end - start, 5); /* NodeProto.attribute */
+		start = wrap(buf, start, end - start, 1); /* GraphProto.node */
+	}
+	start = wrap(buf, start, end - start, 7);    /* ModelProto.graph */
+	buf[--start] = 8, buf[--start] = 0x08;        /* ir_version 8 */
+	ck_assert_int_eq(onnx_wire_depth(buf + start, end - start, 64), 65);
+	expect_error(buf + start, end - start, KILN_EPARSE,
+	             "evil.onnx: protobuf messages nested more than 64 deep");
+	free(buf);
+}
+END_TEST
+
+START_TEST(hostile_wire_depth_of_a_plain_model_is_seven)
+{
+	size_t size;
+	uint8_t *data = base_model(&size);
+	/* model > graph > input > type > tensor_type > shape > dim */
+	ck_assert_int_eq(onnx_wire_depth(data, size, ONNX_MAX_DEPTH), 7);
+	ck_assert_int_eq(onnx_wire_depth(data, size, 6), 7);
+	ck_assert_int_eq(onnx_wire_depth(data, size - 1, ONNX_MAX_DEPTH), -1);
+	free(data);
+}
+END_TEST
+
+/* 4M empty nodes: 8 MB on the wire, about 450 MB once unpacked, over the
+ * 16x + 64 MiB budget: refused while unpacking, not allocated. */
+START_TEST(hostile_unpack_over_memory_budget_is_refused)
+{
+	size_t n = 4u << 20, cap = 2 * n + 32, start = 32;
+	uint8_t *buf = malloc(cap);
+	for (size_t i = 0; i < n; i++)
+		buf[start + 2 * i] = 0x0a, buf[start + 2 * i + 1] = 0; /* GraphProto.node {} */
+	start = wrap(buf, start, cap - start, 7);
+	buf[--start] = 8, buf[--start] = 0x08;
+	char want[160];
+	size_t size = cap - start;
+	snprintf(want, sizeof want, "evil.onnx: decoding needs more than %zu bytes of memory "
+	         "(16x the file's %zu bytes plus 64 MiB", 16 * size + (64u << 20), size);
+	expect_error(buf + start, size, KILN_ENOMEM, want);
+	free(buf);
+}
+END_TEST
+
 /* ---- broken tensors ----------------------------------------------------- */
 
 START_TEST(hostile_oversized_initializer_dim_is_refused)
@@ -181,32 +255,60 @@ START_TEST(hostile_raw_data_size_mismatch_is_refused)
 }
 END_TEST
 
-/* A huge input dim costs nothing at import (no data); running the graph on
+/* Packs m with x's dims set to d0, d1 (then put back). */
+static uint8_t *with_input_dims(Onnx__ModelProto *m, int64_t d0, int64_t d1, size_t *size)
+{
+	Onnx__TensorShapeProto__Dimension **d = m->graph->input[0]->type->tensor_type->shape->dim;
+	Onnx__TensorShapeProto__Dimension saved = *d[0];
+	int64_t old1 = d[1]->dim_value;
+	d[0]->value_case = ONNX__TENSOR_SHAPE_PROTO__DIMENSION__VALUE_DIM_VALUE;
+	d[0]->dim_value = d0;
+	d[1]->dim_value = d1;
+	*size = onnx__model_proto__get_packed_size(m);
+	uint8_t *buf = malloc(*size);
+	onnx__model_proto__pack(m, buf);
+	*d[0] = saved;
+	d[1]->dim_value = old1;
+	return buf;
+}
+
+/* A big input dim costs nothing at import (no data); running the graph on
  * a real tensor is refused, not allocated for. */
-START_TEST(hostile_oversized_input_dim_is_refused_at_run)
+START_TEST(hostile_large_input_dim_is_refused_at_run)
 {
 	Onnx__ModelProto *m = base_proto();
-	Onnx__TensorShapeProto__Dimension *d = m->graph->input[0]->type->tensor_type->shape->dim[0];
-	char *sym = d->dim_param;
-	d->value_case = ONNX__TENSOR_SHAPE_PROTO__DIMENSION__VALUE_DIM_VALUE;
-	d->dim_value = (int64_t)1 << 40;
-	size_t size = onnx__model_proto__get_packed_size(m);
-	uint8_t *buf = malloc(size);
-	onnx__model_proto__pack(m, buf);
-	d->value_case = ONNX__TENSOR_SHAPE_PROTO__DIMENSION__VALUE_DIM_PARAM;
-	d->dim_param = sym;
+	size_t size;
+	uint8_t *buf = with_input_dims(m, (int64_t)1 << 38, 4, &size); /* 2^40 elements */
 	kiln_graph *g = NULL;
 	kiln_error err = {0};
 	ck_assert_msg(kiln_onnx_import_mem(buf, size, "evil.onnx", &g, &err) == KILN_OK, "%s",
 	              err.msg);
-	ck_assert_int_eq(kiln_value_dim(g, kiln_graph_input(g, 0), 0), (int64_t)1 << 40);
+	ck_assert_int_eq(kiln_value_dim(g, kiln_graph_input(g, 0), 0), (int64_t)1 << 38);
 	kiln_tensor *x = kiln_tensor_new(KILN_F32, 2, (int64_t[]){2, 4}), *y = NULL;
 	kiln_status st = kiln_graph_run(g, &x, 1, &y, 1, &err);
 	ck_assert_int_ne(st, KILN_OK);
 	ck_assert_ptr_null(y);
-	ck_assert_msg(strstr(err.msg, "1099511627776"), "%s", err.msg);
+	ck_assert_msg(strstr(err.msg, "274877906944"), "%s", err.msg);
 	kiln_tensor_free(x);
 	kiln_graph_free(g);
+	free(buf);
+	onnx__model_proto__free_unpacked(m, NULL);
+}
+END_TEST
+
+/* Input dims whose product passes kiln's 2^40-element cap, or int64
+ * itself, are refused at import, naming the input and its type. */
+START_TEST(hostile_input_element_count_over_the_cap_is_refused)
+{
+	Onnx__ModelProto *m = base_proto();
+	size_t size;
+	uint8_t *buf = with_input_dims(m, (int64_t)1 << 40, 4, &size);
+	expect_error(buf, size, KILN_EINVAL, "evil.onnx: graph input 'x' is f32[1099511627776,4]: "
+	             "more than 2^40 elements");
+	free(buf);
+	buf = with_input_dims(m, (int64_t)1 << 40, (int64_t)1 << 40, &size); /* 2^80 */
+	expect_error(buf, size, KILN_EINVAL, "graph input 'x' is f32[1099511627776,"
+	             "1099511627776]: more than 2^40 elements");
 	free(buf);
 	onnx__model_proto__free_unpacked(m, NULL);
 }
@@ -320,11 +422,15 @@ static Suite *onnx_hostile_suite(void)
 	tcase_add_test(t, hostile_every_bit_flip_is_survived);
 	tcase_add_test(t, hostile_huge_length_prefix_is_a_parse_error);
 	tcase_add_test(t, hostile_huge_repeated_node_count_fails_boundedly);
+	tcase_add_test(t, hostile_deep_nesting_is_refused_before_unpacking);
+	tcase_add_test(t, hostile_wire_depth_of_a_plain_model_is_seven);
+	tcase_add_test(t, hostile_unpack_over_memory_budget_is_refused);
 	suite_add_tcase(s, t);
 	t = tcase_create("tensors");
 	tcase_add_test(t, hostile_oversized_initializer_dim_is_refused);
 	tcase_add_test(t, hostile_raw_data_size_mismatch_is_refused);
-	tcase_add_test(t, hostile_oversized_input_dim_is_refused_at_run);
+	tcase_add_test(t, hostile_large_input_dim_is_refused_at_run);
+	tcase_add_test(t, hostile_input_element_count_over_the_cap_is_refused);
 	tcase_add_test(t, hostile_negative_dims_are_refused);
 	tcase_add_test(t, hostile_absurd_rank_is_refused);
 	tcase_add_test(t, hostile_wrong_typed_field_is_refused);

@@ -1,0 +1,120 @@
+/*
+ * onnx_cli.c: the ONNX side of the `kiln` CLI: `kiln export`, and the
+ * import that `kiln inspect MODEL.onnx` uses to list every problem at once.
+ *
+ * The importer does not stop at the first unsupported node: it collects one
+ * line per problem (node, op, domain, opset, what) into the report that
+ * kiln_onnx_opts.report asks for.  `inspect` is where users go to learn
+ * what a model needs, so it prints that whole report on stdout, not just
+ * the 1 KiB kiln_error holds, and then the usual single "kiln: error:"
+ * line on stderr.
+ */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kiln/kiln.h"
+#include "tools/tools.h"
+
+const char cmd_export_summary[] = "write a .kir or .onnx graph as an ONNX model (opset 17)";
+const char cmd_export_usage[] =
+	"export FILE.kir|FILE.onnx -o OUT.onnx\n"
+	"  Writes the graph as an ONNX model (IR version 8, opset 17) that\n"
+	"  onnx.checker and ONNX Runtime accept: parameters become initializers\n"
+	"  under their names, symbolic dims become dim_params, Gelu becomes its Erf\n"
+	"  (or Tanh) formula.  Weights of FILE.kir load from FILE.safetensors beside\n"
+	"  it.  The file is replaced atomically.\n"
+	"  -o, --output OUT.onnx   the model to write";
+
+static int fail(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static int fail(int code, const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	fputs("kiln: error: ", stderr);
+	vfprintf(stderr, fmt, ap);
+	fputc('\n', stderr);
+	va_end(ap);
+	return code;
+}
+
+/* The library's message, prefixed with the file when it does not name it. */
+static int fail_err(const char *path, const kiln_error *e, kiln_status st)
+{
+	const char *msg = e->msg[0] ? e->msg : kiln_status_str(st);
+	return strstr(msg, path) ? fail(1, "%s", msg) : fail(1, "%s: %s", path, msg);
+}
+
+/* Lines in a report ("a\nb\n" has 2). */
+static int count_lines(const char *s)
+{
+	int n = 0;
+	for (; *s; s++)
+		n += *s == '\n';
+	return n;
+}
+
+/* `kiln inspect MODEL.onnx`: 0 with the imported graph in *g, or 1 after
+ * printing every problem of the model (one per line, on stdout) and one
+ * "kiln: error:" line saying how many (on stderr). */
+int onnx_cli_inspect_report(const char *path, kiln_graph **g)
+{
+	char *report = NULL;
+	kiln_error err = {0};
+	kiln_onnx_opts o = {path, NULL, &report, NULL};
+	*g = NULL;
+	kiln_status st = kiln_onnx_import_ex(NULL, 0, &o, g, &err);
+	if (st == KILN_OK) {
+		free(report);
+		return 0;
+	}
+	int n = report ? count_lines(report) : 0;
+	if (n > 1) {
+		printf("%s: %d problems; kiln cannot import this model until each is solved:\n%s",
+		       path, n, report);
+		fail(1, "%s: %d problems importing the model (listed above)", path, n);
+	} else {
+		fail_err(path, &err, st);
+	}
+	free(report);
+	return 1;
+}
+
+#define SEE " (see 'kiln export --help')"
+
+/* `kiln export FILE.kir|FILE.onnx -o OUT.onnx`: see cmd_export_usage. */
+int cmd_export(int argc, char **argv)
+{
+	const char *in = NULL, *out = NULL;
+	for (int i = 0; i < argc; i++) {
+		const char *a = argv[i];
+		if (!strcmp(a, "-o") || !strcmp(a, "--output")) {
+			if (i + 1 == argc)
+				return fail(TOOLS_EXIT_USAGE, "option '%s' needs a file name" SEE, a);
+			out = argv[++i];
+		} else if (!strncmp(a, "--output=", 9)) {
+			out = a + 9;
+		} else if (a[0] == '-' && a[1]) {
+			return fail(TOOLS_EXIT_USAGE, "unknown option '%s'" SEE, a);
+		} else if (in) {
+			return fail(TOOLS_EXIT_USAGE, "unexpected argument '%s'" SEE, a);
+		} else {
+			in = a;
+		}
+	}
+	if (!in || !out)
+		return fail(TOOLS_EXIT_USAGE, "missing %s" SEE, !in ? "FILE.kir or FILE.onnx"
+		                                                    : "-o OUT.onnx");
+	kiln_graph *g = NULL;
+	kiln_error err = {0};
+	kiln_status st = kiln_graph_load_any(in, &g, &err);
+	if (st == KILN_OK)
+		st = kiln_graph_verify(g, &err);
+	if (st == KILN_OK)
+		st = kiln_onnx_export(g, out, &err);
+	if (st == KILN_OK)
+		printf("wrote %s\n", out);
+	kiln_graph_free(g);
+	return st == KILN_OK ? 0 : fail_err(in, &err, st);
+}
