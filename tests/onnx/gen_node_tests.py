@@ -15,6 +15,12 @@ onnx and numpy).
 
 The optional stamp file is written last, so a build system can skip the
 (slow) generation when it exists.
+
+Gelu is in kiln's op table but entered ONNX only at opset 20, after onnx
+1.12, whose suite therefore has no Gelu case.  add_gelu_cases writes two,
+named test_kiln_gelu_*, in the suite's own layout, from the opset-20
+definition (0.5*x*(1+erf(x/sqrt(2))), and the tanh form), computed here in
+float64 and stored as float32.
 """
 import os
 import sys
@@ -31,6 +37,37 @@ for alias, real in (("float", float), ("int", int), ("bool", bool),
 warnings.filterwarnings("ignore")
 
 
+def add_gelu_cases(node_dir):
+    import math
+    from onnx import helper, numpy_helper, TensorProto
+
+    rng = np.random.RandomState(20)
+    x = rng.randn(3, 4, 5).astype(np.float32)
+    xd = x.astype(np.float64)
+    erf = np.vectorize(math.erf)
+    cases = {
+        "none": 0.5 * xd * (1 + erf(xd / math.sqrt(2))),
+        "tanh": 0.5 * xd * (1 + np.tanh(math.sqrt(2 / math.pi)
+                                        * (xd + 0.044715 * xd ** 3))),
+    }
+    for approx, y in cases.items():
+        name = f"test_kiln_gelu_{approx}"
+        attrs = {} if approx == "none" else {"approximate": "tanh"}
+        node = helper.make_node("Gelu", ["x"], ["y"], **attrs)
+        graph = helper.make_graph(
+            [node], name,
+            [helper.make_tensor_value_info("x", TensorProto.FLOAT, x.shape)],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, x.shape)])
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+        d = os.path.join(node_dir, name, "test_data_set_0")
+        os.makedirs(d, exist_ok=True)
+        with open(os.path.join(node_dir, name, "model.onnx"), "wb") as f:
+            f.write(model.SerializeToString())
+        for fname, arr in (("input_0.pb", x), ("output_0.pb", y.astype(np.float32))):
+            with open(os.path.join(d, fname), "wb") as f:
+                f.write(numpy_helper.from_array(arr).SerializeToString())
+
+
 def main(argv):
     if len(argv) < 2:
         sys.stderr.write(__doc__)
@@ -40,6 +77,7 @@ def main(argv):
     os.makedirs(out, exist_ok=True)
     sys.argv = ["cmd_tools", "generate-data", "-o", out]
     cmd_tools.main()
+    add_gelu_cases(os.path.join(out, "node"))
     n = len(os.listdir(os.path.join(out, "node")))
     print(f"generated {n} node test cases into {out}/node")
     if len(argv) > 2:
