@@ -10,6 +10,9 @@
 #                         above exported into <build>/onnx_export: checker
 #                         (full_check) and ONNX Runtime vs kiln's interpreter;
 #                         skipped (77) without .venv (scripts/setup-venv.sh)
+#   test_compiled_models  (tests/unit) compiles the real models to .so
+#                         libraries and compares them with the interpreter;
+#                         it reads them from KILN_REAL_MODELS, set here
 #   fuzz_onnx_short       a 20 s libFuzzer run of the importer (clang);
 #                         tests/fuzz/run_fuzz.sh SECONDS BUILD runs longer ones
 set(KILN_ONNX_REAL_DIR ${CMAKE_BINARY_DIR}/onnx_real)
@@ -46,4 +49,13 @@ add_test(NAME fuzz_onnx_short
 	COMMAND ${CMAKE_SOURCE_DIR}/tests/fuzz/run_fuzz.sh 20 ${CMAKE_BINARY_DIR})
 set_tests_properties(fuzz_onnx_short PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 900
 	FIXTURES_REQUIRED "onnx_real;onnx_node_data")
+endif()
+
+# The real models compiled and run as libraries (tests/unit/test_compiled_models.c);
+# without the exports (no torch) it prints SKIPPED for them and still checks the
+# DSL examples.
+if(TEST test_compiled_models)
+	set_tests_properties(test_compiled_models PROPERTIES
+		ENVIRONMENT "CK_FORK=no;KILN_REAL_MODELS=${KILN_ONNX_REAL_DIR}"
+		FIXTURES_REQUIRED onnx_real TIMEOUT 1800)
 endif()

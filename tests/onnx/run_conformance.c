@@ -17,9 +17,12 @@
  * (kiln_onnx_export_mem) and imported again: the two graphs' .kir texts and
  * parameter bytes must be identical (the "roundtrip" column and count).
  *
- * Backends are plugged in as "run this graph on these inputs" functions:
- * the interpreter today, compiled libraries later; each gets a column.  The
- * expected-failures file lists "case [backend...]" (no backend: all) and
+ * Backends are plugged in as "run this graph on these inputs" functions,
+ * each with a column: "interp" (kiln_graph_run) and "so" (kiln_compile into
+ * a .so in a fresh temporary folder, kiln_load, kiln_model_run, with the
+ * same tolerances; nothing cached, about a minute for the suite on two
+ * cores); --backend picks some.  The expected-failures file lists
+ * "case [backend...]" (no backend: all), "so: case" (one backend) and
  * "roundtrip: case"; the exit status is 1 when an in-scope case fails, or a
  * passing case's round trip differs, that is not listed (a regression), and
  * listed cases that now pass are printed so the list only shrinks.  Last,
@@ -30,6 +33,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "frontend/onnx/onnx.h"
 
@@ -51,8 +56,47 @@ static kiln_status run_interp(void *ctx, const kiln_graph *g, kiln_tensor *const
 	return kiln_graph_run(g, in, nin, out, nout, err);
 }
 
+/* Removes every file in dir, then dir. */
+static void remove_dir(const char *dir)
+{
+	DIR *d = opendir(dir);
+	for (struct dirent *e; d && (e = readdir(d));) {
+		char path[4200];
+		if (strcmp(e->d_name, ".") && strcmp(e->d_name, ".."))
+			snprintf(path, sizeof path, "%s/%s", dir, e->d_name), unlink(path);
+	}
+	if (d)
+		closedir(d);
+	rmdir(dir);
+}
+
+/* The compiled backend: kiln_compile to a .so in a fresh temporary folder,
+ * kiln_load, kiln_model_run; nothing is cached between data sets. */
+static kiln_status run_so(void *ctx, const kiln_graph *g, kiln_tensor *const *in, int nin,
+                          kiln_tensor **out, int nout, kiln_error *err)
+{
+	(void)ctx;
+	const char *tmp = getenv("TMPDIR");
+	char dir[4096], so[4200];
+	snprintf(dir, sizeof dir, "%s/kiln_conf.XXXXXX", tmp && *tmp ? tmp : "/tmp");
+	if (!mkdtemp(dir))
+		return ir_seterr(err, KILN_EIO, "cannot make a temporary folder in %s", dir);
+	snprintf(so, sizeof so, "%s/conf.so", dir);
+	kiln_compile_opts o = {.name = "conf"};
+	kiln_model *m = NULL;
+	kiln_status st = kiln_compile(g, so, &o, err);
+	if (st == KILN_OK)
+		st = kiln_load(so, &m, err);
+	remove_dir(dir);
+	if (st == KILN_OK)
+		st = kiln_model_run(m, in, nin, out, nout, err);
+	kiln_model_free(m);
+	return st;
+}
+
 static const conf_backend backends[] = {
 	{"interp", run_interp, NULL},
+	{"so", run_so, NULL},
 };
 #define NBACKEND ((int)(sizeof backends / sizeof *backends))
 
@@ -399,7 +443,18 @@ static void roundtrip_set(const char *model, char **names, int nnames, const cha
 	kiln_graph_free(g), kiln_graph_free(back);
 }
 
-static void run_case(const char *root, ccase *cs)
+static double now(void)
+{
+	struct timespec t;
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+static double backend_seconds[NBACKEND]; /* summed over the cases, for the report */
+
+/* Runs every data set of the case on each enabled backend, then the round
+ * trip when one of them passes. */
+static void run_case(const char *root, ccase *cs, const bool *enabled)
 {
 	char dir[4096], model[4200], why[256], sdir[4400];
 	snprintf(dir, sizeof dir, "%s/%s", root, cs->name);
@@ -409,13 +464,16 @@ static void run_case(const char *root, ccase *cs)
 	bool scope = in_scope(model, cs, &names, &nnames, why, sizeof why), passed = false;
 	char **sets = scope ? list_dir(dir, "test_data_set_", &nset) : NULL;
 	for (int b = 0; b < NBACKEND; b++) {
-		cs->r[b] = scope ? R_PASS : R_UNSUPPORTED;
+		bool run = scope && enabled[b];
+		cs->r[b] = run ? R_PASS : R_UNSUPPORTED;
 		snprintf(cs->why[b], sizeof cs->why[b], "%s", scope ? "" : why);
-		for (int s = 0; scope && s < nset && !cs->why[b][0]; s++) {
+		double t0 = now();
+		for (int s = 0; run && s < nset && !cs->why[b][0]; s++) {
 			snprintf(sdir, sizeof sdir, "%s/%s", dir, sets[s]);
 			run_set(&backends[b], model, names, nnames, sdir, cs->why[b], sizeof cs->why[b]);
 		}
-		if (scope && cs->why[b][0])
+		backend_seconds[b] += now() - t0;
+		if (run && cs->why[b][0])
 			cs->r[b] = R_FAIL;
 		passed = passed || cs->r[b] == R_PASS;
 	}
@@ -439,11 +497,21 @@ static ccase *find_case(ccase *cs, int n, const char *name)
 	return NULL;
 }
 
-/* "case [backend...]" per line, or "roundtrip: case" for a case whose
- * import -> export -> import changes the graph; '#' starts a comment. */
+/* The backend a "NAME:" line prefix names (len chars of p), -1 if none. */
+static int prefix_backend(const char *p, size_t len)
+{
+	for (int k = 0; k < NBACKEND; k++)
+		if (strlen(backends[k].name) == len && !strncmp(backends[k].name, p, len))
+			return k;
+	return -1;
+}
+
+/* "case [backend...]" per line (no backend: all), "BACKEND: case" for one
+ * backend (so: for a case that fails only compiled), or "roundtrip: case"
+ * for a case whose import -> export -> import changes the graph; '#'
+ * starts a comment. */
 static void read_expected(const char *path, ccase *cs, int n)
 {
-	static const char rt[] = "roundtrip:";
 	FILE *f = path ? fopen(path, "r") : NULL;
 	char line[1024];
 	if (path && !f)
@@ -452,15 +520,24 @@ static void read_expected(const char *path, ccase *cs, int n)
 		char *hash = strchr(line, '#'), *save = NULL, *p = line + strspn(line, " \t");
 		if (hash)
 			*hash = 0;
-		bool is_rt = !strncmp(p, rt, sizeof rt - 1);
-		char *name = strtok_r(is_rt ? p + sizeof rt - 1 : p, " \t\r\n", &save);
+		size_t len = strcspn(p, ": \t\r\n");
+		bool prefixed = p[len] == ':';
+		bool is_rt = prefixed && len == 9 && !strncmp(p, "roundtrip", 9);
+		int only = prefixed ? prefix_backend(p, len) : -1;
+		if (prefixed && !is_rt && only < 0) {
+			fprintf(stderr, "warning: %s: unknown prefix '%.*s:'\n", path, (int)len, p);
+			continue;
+		}
+		char *name = strtok_r(prefixed ? p + len + 1 : p, " \t\r\n", &save);
 		ccase *c = name ? find_case(cs, n, name) : NULL;
 		if (c && is_rt) {
 			c->rt_expected = true;
 			continue;
 		}
-		bool any = false;
-		for (char *b; c && (b = strtok_r(NULL, " \t\r\n", &save));)
+		bool any = only >= 0;
+		if (c && only >= 0)
+			c->expected[only] = true;
+		for (char *b; c && !prefixed && (b = strtok_r(NULL, " \t\r\n", &save));)
 			for (int k = 0; k < NBACKEND; k++)
 				if (!strcmp(backends[k].name, b))
 					c->expected[k] = any = true;
@@ -486,17 +563,23 @@ static void print_cases(const ccase *cs, int n, const opts *o)
 			printf(" %-11s", backends[b].name);
 	printf(" %-9s\n", "roundtrip");
 	for (int i = 0; i < n; i++) {
-		if (o->quiet && cs[i].r[0] == R_PASS && cs[i].rt != RT_DIFFERS)
+		bool all_pass = cs[i].rt != RT_DIFFERS;
+		for (int b = 0; b < NBACKEND; b++)
+			all_pass = all_pass && (!o->enabled[b] || cs[i].r[b] == R_PASS);
+		if (o->quiet && all_pass)
 			continue;
 		printf("%-60s", cs[i].name);
-		const char *why = "";
+		const char *why = "", *who = "";
 		for (int b = 0; b < NBACKEND; b++)
 			if (o->enabled[b]) {
 				printf(" %-11s", result_name[cs[i].r[b]]);
-				why = cs[i].why[b][0] ? cs[i].why[b] : why;
+				if (!why[0] && cs[i].why[b][0])
+					why = cs[i].why[b], who = backends[b].name;
 			}
-		why = why[0] ? why : cs[i].rt_why;
-		printf(" %-9s%s%s\n", rtrip_name[cs[i].rt], why[0] ? "  " : "", why);
+		if (!why[0])
+			why = cs[i].rt_why, who = "roundtrip";
+		printf(" %-9s%s%s%s%s\n", rtrip_name[cs[i].rt], why[0] ? "  " : "", why[0] ? who : "",
+		       why[0] ? ": " : "", why);
 	}
 }
 
@@ -538,7 +621,8 @@ static int summarize(const ccase *cs, int n, int b)
 	       backends[b].name, n, scope, cnt[R_UNSUPPORTED]);
 	printf("[%s] pass rate in scope: %.1f%% (%d regressions, %d newly passing)\n",
 	       backends[b].name, scope ? 100.0 * cnt[R_PASS] / scope : 0.0, regress, fixed);
-	printf("%d passed, %d failed\n", cnt[R_PASS], cnt[R_FAIL]);
+	printf("[%s] %d passed, %d failed (%.1f s)\n", backends[b].name, cnt[R_PASS], cnt[R_FAIL],
+	       backend_seconds[b]);
 	return regress ? 1 : 0;
 }
 
@@ -606,7 +690,7 @@ int main(int argc, char **argv)
 	for (int i = 0; i < n; i++)
 		if (!o.filter || strstr(names[i], o.filter)) {
 			cs[k].name = names[i];
-			run_case(o.root, &cs[k++]);
+			run_case(o.root, &cs[k++], o.enabled);
 		}
 	read_expected(o.expected, cs, k);
 	print_cases(cs, k, &o);
