@@ -548,7 +548,25 @@ static kiln_status fix_batch(const kiln_graph *model, int64_t batch, kiln_graph 
 	return kiln_graph_optimize(g, "infer", err);
 }
 
-/* The step graph, its state table, and a refusal of what cannot compile. */
+/* Training-mode Dropout must draw new masks every step, as kiln_trainer
+ * reseeds each node from its traced seed and the micro-batch count before
+ * each run; a compiled step cannot change a node's seed attribute, so it
+ * gets the count as an i64 input CG_MICRO_INPUT and the lowering derives
+ * the same seed from it in the kernel (cg_lower_dropout). */
+static kiln_status add_micro(kiln_graph *g, kiln_error *err)
+{
+	bool random = false;
+	for (uint32_t i = 0; i < g->nnode; i++) {
+		const ir_node *n = g->node[i];
+		random |= !n->dead && ir_op(n->op)->flags & IR_RANDOM &&
+		          ir_attr_int(n, "training_mode", 0);
+	}
+	if (random)
+		kiln_input_at(g, (kiln_loc){__FILE__, __LINE__}, CG_MICRO_INPUT, KILN_I64, 0, NULL);
+	return g->status == KILN_OK ? KILN_OK : ir_seterr(err, g->status, "%s", g->errmsg);
+}
+
+/* The step graph and its state table. */
 static kiln_status build_step(const kiln_graph *model, const kiln_train_opts *t, int64_t batch,
                               train_build *tb, kiln_error *err)
 {
@@ -560,14 +578,8 @@ static kiln_status build_step(const kiln_graph *model, const kiln_train_opts *t,
 	if (st != KILN_OK)
 		return st;
 	kiln_graph *g = tb->step;
-	for (uint32_t i = 0; i < g->nnode; i++) {
-		const ir_node *n = g->node[i];
-		if (!n->dead && ir_op(n->op)->flags & IR_RANDOM && ir_attr_int(n, "training_mode", 0))
-			return ir_seterr(err, KILN_EUNSUPPORTED, "kiln_compile_train: %s '%s' in training "
-			                 "mode is not supported yet (its seed would be a compile-time "
-			                 "constant, the same mask every step); use the interpreter trainer",
-			                 ir_op(n->op)->onnx, n->name ? n->name : "?");
-	}
+	if ((st = add_micro(g, err)) != KILN_OK)
+		return st;
 	tb->names = calloc(g->nval + 1, sizeof *tb->names);
 	tb->init = calloc(g->nval + 1, sizeof *tb->init);
 	if (!tb->names || !tb->init)
@@ -628,11 +640,11 @@ static kiln_status step_contract(train_build *tb, const kiln_graph *g, const cg_
 {
 	cg_train_info *ti = &tb->ti;
 	*ti = (cg_train_info){tb->nstate, tb->names, tb->init, NULL, -1, -1, -1,
-	                      t->accum_steps > 1 ? t->accum_steps : 1};
-	int *pos[3] = {&ti->lr, &ti->t, &ti->apply};
-	const char *names[3] = {"lr", "step", "apply"};
+	                      t->accum_steps > 1 ? t->accum_steps : 1, -1};
+	int *pos[4] = {&ti->lr, &ti->t, &ti->apply, &ti->micro};
+	const char *names[4] = {"lr", "step", "apply", CG_MICRO_INPUT};
 	for (uint32_t i = 0; i < g->ninput; i++)
-		for (int k = 0; k < 3; k++)
+		for (int k = 0; k < 4; k++)
 			if (g->val[g->input[i]]->name && !strcmp(g->val[g->input[i]]->name, names[k]))
 				*pos[k] = (int)i;
 	if (!(tb->next = calloc((size_t)m->noutputs + 1, sizeof *tb->next)))
@@ -668,7 +680,7 @@ static void header_train_step(FILE *f, const cg_module *m, const cg_train_info *
 		fprintf(f, ", int64_t %s", p);
 	}
 	for (int i = 0; i < m->ninputs; i++) {
-		if (i == ti->lr || i == ti->t || i == ti->apply)
+		if (i == ti->lr || i == ti->t || i == ti->apply || i == ti->micro)
 			continue;
 		param_name(m, i, p, sizeof p);
 		fprintf(f, ",\n        const %s *%s", c_type(m->buf[m->inputs[i]].dt), p);

@@ -41,20 +41,25 @@
 
 /* ---- types ---------------------------------------------------------------- */
 
-static bool dt_float(kiln_dtype dt) { return dt == KILN_F32 || dt == KILN_F64; }
+/* f16 and bf16 are storage types: 16 bits in memory, f32 in registers,
+ * rounded (nearest-even, as the interpreter's stores) when converted to or
+ * stored as them; so their arithmetic is f32's, like a CPU without native
+ * half arithmetic does it. */
+static bool dt_half(kiln_dtype dt) { return dt == KILN_F16 || dt == KILN_BF16; }
+static bool dt_float(kiln_dtype dt) { return dt == KILN_F32 || dt == KILN_F64 || dt_half(dt); }
 static bool dt_unsigned(kiln_dtype dt) { return dt == KILN_U8 || dt == KILN_BOOL; }
 
 static bool dt_ok(kiln_dtype dt)
 {
-	return dt == KILN_F32 || dt == KILN_F64 || dt == KILN_I8 || dt == KILN_U8 ||
-	       dt == KILN_I32 || dt == KILN_I64 || dt == KILN_BOOL;
+	return dt_float(dt) || dt == KILN_I8 || dt == KILN_U8 || dt == KILN_I32 ||
+	       dt == KILN_I64 || dt == KILN_BOOL;
 }
 
 /* The type of a value in registers (bool is i1). */
 static LLVMTypeRef vty(const cg_llvm *L, kiln_dtype dt)
 {
 	switch (dt) {
-	case KILN_F32: return L->f32;
+	case KILN_F32: case KILN_F16: case KILN_BF16: return L->f32;
 	case KILN_F64: return L->f64;
 	case KILN_I8: case KILN_U8: return L->i8;
 	case KILN_I32: return L->i32;
@@ -66,7 +71,7 @@ static LLVMTypeRef vty(const cg_llvm *L, kiln_dtype dt)
 /* The type of an element in memory (bool is one byte). */
 static LLVMTypeRef mty(const cg_llvm *L, kiln_dtype dt)
 {
-	return dt == KILN_BOOL ? L->i8 : vty(L, dt);
+	return dt == KILN_BOOL ? L->i8 : dt_half(dt) ? LLVMInt16TypeInContext(L->ctx) : vty(L, dt);
 }
 
 static LLVMValueRef i64c(const cg_llvm *L, int64_t v)
@@ -363,12 +368,80 @@ static LLVMValueRef erf_f32(fn_ctx *c, LLVMValueRef x)
 
 /* ---- expressions ------------------------------------------------------------- */
 
+/* v (f32) rounded to the half type to, nearest-even, back in f32.  f16
+ * goes through LLVM's half (F16C's vcvtps2ph on x86-64-v3 and the host);
+ * bf16 is the top half of an f32, rounded with integer arithmetic (LLVM 14
+ * has no bfloat conversion on x86), NaN kept quiet. */
+static LLVMValueRef half_round(fn_ctx *c, LLVMValueRef v, kiln_dtype to)
+{
+	LLVMBuilderRef B = c->L->b;
+	if (to == KILN_F16)
+		return LLVMBuildFPExt(B, LLVMBuildFPTrunc(B, v, LLVMHalfTypeInContext(c->L->ctx), ""),
+		                      c->L->f32, "");
+	LLVMValueRef u = LLVMBuildBitCast(B, v, c->L->i32, "");
+	LLVMValueRef odd = LLVMBuildAnd(B, LLVMBuildLShr(B, u, i32c(c->L, 16), ""), i32c(c->L, 1), "");
+	LLVMValueRef r = LLVMBuildAdd(B, u, LLVMBuildAdd(B, odd, i32c(c->L, 0x7fff), ""), "");
+	r = LLVMBuildAnd(B, r, i32c(c->L, (int32_t)0xffff0000u), "");
+	LLVMValueRef qnan = LLVMBuildOr(B, LLVMBuildAnd(B, u, i32c(c->L, (int32_t)0xffff0000u), ""),
+	                                i32c(c->L, 0x00400000), "");
+	LLVMValueRef nan = LLVMBuildFCmp(B, LLVMRealUNO, v, v, "");
+	return LLVMBuildBitCast(B, LLVMBuildSelect(B, nan, qnan, r, ""), c->L->f32, "");
+}
+
+/* f64 to f32 rounded to odd (an inexact result gets its last bit set), so
+ * that rounding it again to f16 or bf16 is the one correct rounding of the
+ * f64: a direct fptrunc to half is a libcall whose ABI LLVM 14 and libgcc
+ * disagree on. */
+static LLVMValueRef f64_to_f32_odd(fn_ctx *c, LLVMValueRef v)
+{
+	LLVMBuilderRef B = c->L->b;
+	LLVMValueRef t = LLVMBuildFPTrunc(B, v, c->L->f32, "");
+	LLVMValueRef back = LLVMBuildFPExt(B, t, c->L->f64, "");
+	LLVMValueRef u = LLVMBuildBitCast(B, t, c->L->i32, "");
+	LLVMValueRef even = LLVMBuildICmp(B, LLVMIntEQ, LLVMBuildAnd(B, u, i32c(c->L, 1), ""),
+	                                  i32c(c->L, 0), "");
+	LLVMValueRef fix = LLVMBuildAnd(B, even, LLVMBuildFCmp(B, LLVMRealONE, back, v, ""), "");
+	/* sign-magnitude bits: +1 moves away from zero, -1 toward it */
+	LLVMValueRef up = LLVMBuildFCmp(B, LLVMRealOLT, intr1(c, "llvm.fabs", back),
+	                                intr1(c, "llvm.fabs", v), "");
+	LLVMValueRef step = LLVMBuildSelect(B, up, i32c(c->L, 1), i32c(c->L, -1), "");
+	u = LLVMBuildSelect(B, fix, LLVMBuildAdd(B, u, step, ""), u, "");
+	return LLVMBuildBitCast(B, u, c->L->f32, "");
+}
+
+/* A loaded 16-bit pattern of half type dt as an f32. */
+static LLVMValueRef half_load(fn_ctx *c, LLVMValueRef bits, kiln_dtype dt)
+{
+	LLVMBuilderRef B = c->L->b;
+	if (dt == KILN_F16)
+		return LLVMBuildFPExt(B, LLVMBuildBitCast(B, bits, LLVMHalfTypeInContext(c->L->ctx), ""),
+		                      c->L->f32, "");
+	LLVMValueRef u = LLVMBuildShl(B, LLVMBuildZExt(B, bits, c->L->i32, ""), i32c(c->L, 16), "");
+	return LLVMBuildBitCast(B, u, c->L->f32, "");
+}
+
+/* An f32 of half type dt as its 16-bit pattern, rounding it first (values
+ * computed in f32 reach a store unrounded). */
+static LLVMValueRef half_store(fn_ctx *c, LLVMValueRef v, kiln_dtype dt)
+{
+	LLVMBuilderRef B = c->L->b;
+	LLVMTypeRef i16 = LLVMInt16TypeInContext(c->L->ctx);
+	if (dt == KILN_F16)
+		return LLVMBuildBitCast(B, LLVMBuildFPTrunc(B, v, LLVMHalfTypeInContext(c->L->ctx), ""),
+		                        i16, "");
+	LLVMValueRef u = LLVMBuildBitCast(B, half_round(c, v, KILN_BF16), c->L->i32, "");
+	return LLVMBuildTrunc(B, LLVMBuildLShr(B, u, i32c(c->L, 16), ""), i16, "");
+}
+
 /* Converts a register value between dtypes (float -> int saturates, as the
  * interpreter's stores do; to bool is != 0). */
 static LLVMValueRef convert(fn_ctx *c, LLVMValueRef v, kiln_dtype from, kiln_dtype to)
 {
 	LLVMBuilderRef B = c->L->b;
 	LLVMTypeRef t = vty(c->L, to), ft = vty(c->L, from);
+	if (from != to && dt_half(to))
+		return half_round(c, from == KILN_F64 ? f64_to_f32_odd(c, v)
+		                  : convert(c, v, from, KILN_F32), to);
 	if (from == to || t == ft)
 		return v;
 	if (to == KILN_BOOL)
@@ -433,6 +506,8 @@ static LLVMValueRef e_load(fn_ctx *c, const cg_expr *e)
 	LLVMValueRef v = LLVMBuildLoad2(c->L->b, mty(c->L, dt), elem_ptr(c, e->buf, e->a), "");
 	if (dt == KILN_BOOL)
 		v = LLVMBuildICmp(c->L->b, LLVMIntNE, v, LLVMConstNull(c->L->i8), "");
+	if (dt_half(dt))
+		v = half_load(c, v, dt);
 	return convert(c, v, dt, e->dt);
 }
 
@@ -454,17 +529,17 @@ static LLVMValueRef u_abs(fn_ctx *c, LLVMValueRef a, kiln_dtype dt)
 
 static LLVMValueRef u_exp(fn_ctx *c, LLVMValueRef a, kiln_dtype dt)
 {
-	return dt == KILN_F32 ? exp_f32(c, a) : intr1(c, "llvm.exp", a);
+	return dt != KILN_F64 ? exp_f32(c, a) : intr1(c, "llvm.exp", a);
 }
 
 static LLVMValueRef u_tanh(fn_ctx *c, LLVMValueRef a, kiln_dtype dt)
 {
-	return dt == KILN_F32 ? tanh_f32(c, a) : libm1(c, "tanh", a);
+	return dt != KILN_F64 ? tanh_f32(c, a) : libm1(c, "tanh", a);
 }
 
 static LLVMValueRef u_erf(fn_ctx *c, LLVMValueRef a, kiln_dtype dt)
 {
-	return dt == KILN_F32 ? erf_f32(c, a) : libm1(c, "erf", a);
+	return dt != KILN_F64 ? erf_f32(c, a) : libm1(c, "erf", a);
 }
 
 static LLVMValueRef u_not(fn_ctx *c, LLVMValueRef a, kiln_dtype dt)
@@ -740,6 +815,8 @@ static void s_store(fn_ctx *c, const cg_stmt *s)
 	LLVMValueRef v = convert(c, expr(c, s->value), s->value ? s->value->dt : dt, dt);
 	if (dt == KILN_BOOL)
 		v = LLVMBuildZExt(c->L->b, v, c->L->i8, "");
+	if (dt_half(dt))
+		v = half_store(c, v, dt);
 	LLVMBuildStore(c->L->b, v, elem_ptr(c, s->buf, s->index));
 }
 
@@ -1463,7 +1540,7 @@ static LLVMValueRef state_table(cg_llvm *L, const cg_train_info *ti)
 	return a;
 }
 
-/* `kiln_train_desc`: {abi, accum, step, eval, next, lr, t, apply, pad} */
+/* `kiln_train_desc`: {abi, accum, step, eval, next, lr, t, apply, micro + 1} */
 static LLVMValueRef train_desc(cg_llvm *L, LLVMValueRef step, LLVMValueRef eval,
                                const cg_train_info *ti)
 {
@@ -1475,7 +1552,7 @@ static LLVMValueRef train_desc(cg_llvm *L, LLVMValueRef step, LLVMValueRef eval,
 		next[i] = i32c(L, ti->next[i]);
 	LLVMValueRef f[] = {i32c(L, RT_MODEL_ABI), i32c(L, ti->accum), as_ptr(L, step),
 	                    as_ptr(L, eval), array(L, L->i32, next, n, "kiln.next"),
-	                    i32c(L, ti->lr), i32c(L, ti->t), i32c(L, ti->apply), i32c(L, 0)};
+	                    i32c(L, ti->lr), i32c(L, ti->t), i32c(L, ti->apply), i32c(L, ti->micro + 1)};
 	free(next);
 	LLVMTypeRef ft[9];
 	for (int i = 0; i < 9; i++)
@@ -1493,13 +1570,14 @@ static LLVMValueRef train_desc(cg_llvm *L, LLVMValueRef step, LLVMValueRef eval,
 static void train_step_entry(cg_llvm *L, const cg_train_info *ti)
 {
 	const cg_module *m = L->m;
-	int ndata = m->ninputs - 2 - (ti->apply >= 0), n = 1 + m->nsym + ndata + 2;
+	int ndata = m->ninputs - 2 - (ti->apply >= 0) - (ti->micro >= 0);
+	int n = 1 + m->nsym + ndata + 2;
 	LLVMTypeRef *pt = calloc((size_t)n, sizeof *pt);
 	if (!pt)
 		return;
 	pt[0] = L->ptr;
 	for (int i = 1, k = 0; i <= m->nsym + ndata; i++) {
-		while (i > m->nsym && (k == ti->lr || k == ti->t || k == ti->apply))
+		while (i > m->nsym && (k == ti->lr || k == ti->t || k == ti->apply || k == ti->micro))
 			k++;
 		pt[i] = i <= m->nsym ? L->i64 : LLVMPointerType(mty(L, m->buf[m->inputs[k++]].dt), 0);
 	}

@@ -56,6 +56,8 @@ typedef struct cg_train_info {
 	const int *next;                   /* per step output: state index (-1: loss) */
 	int lr, t, apply;                  /* step input positions (apply: -1 none) */
 	int accum;                         /* micro-batches per optimizer step */
+	int micro;                         /* step input "__micro__" (i64: micro-batches
+	                                      so far, Dropout's reseeding), -1 none */
 } cg_train_info;
 
 /* Emits L->m (the step program, STATE buffers indexed into ti's table) and

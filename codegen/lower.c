@@ -243,7 +243,7 @@ static kiln_status elemwise(cg_module *m, const ir_node *n, int nop, const int *
 		t[i] = cg_btype(m, in[i]);
 	groups gr;
 	group(m, cg_btype(m, out), nop, t, &gr);
-	uint32_t h[KILN_MAX_RANK];
+	uint32_t h[KILN_MAX_RANK] = {0}; /* nest_hints fills n; gcc -O3 cannot see it */
 	cg_expr *iv[KILN_MAX_RANK], *a[4];
 	nest_hints(m, gr.n, m->buf[out].numel, h);
 	cg_stmt *body = cg_nest(m, k, k->body, gr.n, gr.ext, h, iv);
@@ -538,19 +538,23 @@ static kiln_status reduce(cg_module *m, const ir_node *n, const int *in, const i
 		kh[g.nk - 1] |= g.nr ? 0 : CG_VECTORIZE;
 	for (int d = g.nk - 1; d >= 0; d--) /* the output is the kept groups, row-major */
 		kst_out[d] = d == g.nk - 1 ? cg_int(m, 1) : cg_bin(m, CG_MUL, kst_out[d + 1], g.kext[d + 1]);
+	/* f32 sums accumulate in f64: a training step's BatchNorm statistics
+	 * and gradient sums run over a whole batch, and PyTorch's CPU kernels
+	 * sum those in double too (the CNN parity in docs/TRAINING.md) */
+	kiln_dtype at = ct == KILN_F32 && red_step[n->op] == CG_ADD ? KILN_F64 : ct;
 	cg_stmt *outer = cg_nest(m, k, k->body, g.nk, g.kext, kh, kv);
-	cg_expr *acc = cg_local(m, k, outer, ct, red_init(m, n->op, ct));
+	cg_expr *acc = cg_local(m, k, outer, at, red_init(m, n->op, at));
 	cg_stmt *inner = cg_nest(m, k, outer, g.nr, g.rext, rh, rv);
 	cg_expr *xi = cg_bin(m, CG_ADD, dot(m, g.nk, kv, g.kst), dot(m, g.nr, rv, g.rst));
-	cg_set(m, inner, acc, cg_bin(m, red_step[n->op], acc, cg_ld(m, in[0], xi)));
+	cg_set(m, inner, acc, cg_bin(m, red_step[n->op], acc, cg_cast(m, cg_ld(m, in[0], xi), at)));
 	cg_expr *res = acc;
 	if (n->op == KILN_OP_REDUCE_MEAN) {
 		cg_expr *cnt = cg_int(m, 1);
 		for (int d = 0; d < g.nr; d++)
 			cnt = cg_bin(m, CG_MUL, cnt, g.rext[d]);
-		res = cg_bin(m, CG_DIV, acc, cg_cast(m, cnt, ct));
+		res = cg_bin(m, CG_DIV, acc, cg_cast(m, cnt, at));
 	}
-	cg_append(m, outer, cg_st(m, out[0], dot(m, g.nk, kv, kst_out), res));
+	cg_append(m, outer, cg_st(m, out[0], dot(m, g.nk, kv, kst_out), cg_cast(m, res, ct)));
 	return outer->n ? KILN_OK : KILN_ENOMEM;
 }
 
@@ -621,7 +625,7 @@ static kiln_status transpose(cg_module *m, const ir_node *n, const int *in, cons
 		ys[ng - 1] = cg_stride(m, y, d);
 		prevp = p[d];
 	}
-	uint32_t h[KILN_MAX_RANK];
+	uint32_t h[KILN_MAX_RANK] = {0}; /* nest_hints fills n; gcc -O3 cannot see it */
 	nest_hints(m, ng, m->buf[out[0]].numel, h);
 	cg_stmt *body = cg_nest(m, k, k->body, ng, ext, h, iv);
 	cg_append(m, body, cg_store(m, out[0], dot(m, ng, iv, ys),
@@ -705,7 +709,7 @@ static kiln_status slice(cg_module *m, const ir_node *n, const int *in, const in
 	cg_kernel *k = cg_lower_kernel(m, n);
 	if (!k)
 		return KILN_ENOMEM;
-	uint32_t h[KILN_MAX_RANK];
+	uint32_t h[KILN_MAX_RANK] = {0}; /* nest_hints fills n; gcc -O3 cannot see it */
 	nest_hints(m, x->rank, m->buf[out[0]].numel, h);
 	cg_stmt *body = cg_nest(m, k, k->body, x->rank, ext, h, iv);
 	cg_expr *xi = cg_int(m, 0), *yi = cg_int(m, 0);
@@ -783,7 +787,7 @@ static kiln_status pad(cg_module *m, const ir_node *n, const int *in, const int 
 	cg_expr *ext[KILN_MAX_RANK], *iv[KILN_MAX_RANK];
 	for (int d = 0; d < y->rank; d++)
 		ext[d] = cg_dim(m, y->dim[d]);
-	uint32_t h[KILN_MAX_RANK];
+	uint32_t h[KILN_MAX_RANK] = {0}; /* nest_hints fills n; gcc -O3 cannot see it */
 	nest_hints(m, y->rank, m->buf[out[0]].numel, h);
 	cg_stmt *body = cg_nest(m, k, k->body, y->rank, ext, h, iv);
 	cg_expr *xi = cg_int(m, 0), *yi = cg_int(m, 0), *inside = cg_const(m, KILN_BOOL, 1);
@@ -866,6 +870,7 @@ typedef struct lowering {
 	kiln_error *err;
 	bool fuse;      /* elementwise fusion on */
 	bool *defer;    /* value id -> computed inline by its only reader (no buffer) */
+	uint32_t bias_node; /* the Add last folded into a GEMM's bias (fuse_bias), or 0 */
 } lowering;
 
 static int value_buf(lowering *L, cg_buf_kind kind, uint32_t v)
@@ -1029,7 +1034,7 @@ static kiln_status fused(lowering *L, const ir_node *root, int out, tree *t)
 		ty[i] = cg_btype(m, t->buf[i]);
 	groups gr;
 	group(m, cg_btype(m, out), t->n, ty, &gr);
-	uint32_t h[KILN_MAX_RANK];
+	uint32_t h[KILN_MAX_RANK] = {0}; /* nest_hints fills n; gcc -O3 cannot see it */
 	cg_expr *iv[KILN_MAX_RANK];
 	nest_hints(m, gr.n, m->buf[out].numel, h);
 	cg_stmt *body = cg_nest(m, k, k->body, gr.n, gr.ext, h, iv);
@@ -1065,26 +1070,79 @@ static cg_gemm *last_gemm(const cg_kernel *k)
 	return s && s->kind == CG_GEMM ? s->gemm : NULL;
 }
 
+/* The GEMM of the last kernel when value v is its result (or a view of it
+ * that an epilogue fold made) with one reader and no buffer of its own to
+ * keep: *root gets C's buffer.  NULL otherwise. */
+static cg_gemm *gemm_result(lowering *L, uint32_t v, int *root)
+{
+	cg_module *m = L->m;
+	const ir_value *x = L->g->val[v];
+	int xb = L->vbuf[v];
+	if (x->type.dtype != KILN_F32 || x->nuse != 1 || !x->def || xb < 0 ||
+	    m->buf[xb].kind != CG_BUF_TEMP || !m->nkern)
+		return NULL;
+	*root = m->buf[xb].alias >= 0 ? m->buf[xb].alias : xb;
+	uint32_t last = m->kern[m->nkern - 1].node;
+	if (last != x->def->idx && !(L->bias_node && L->bias_node == x->def->idx + 1))
+		return NULL;
+	cg_gemm *gm = last_gemm(&m->kern[m->nkern - 1]);
+	return gm && gm->c == *root ? gm : NULL;
+}
+
+/* n's result becomes a view of buffer root (a GEMM's C that computes it). */
+static bool view_of(lowering *L, const ir_node *n, int root)
+{
+	int b = value_buf(L, CG_BUF_TEMP, n->out[0]);
+	if (b < 0)
+		return false;
+	L->m->buf[b].alias = root;
+	return true;
+}
+
 /* Relu of an f32 GEMM's result, its only use, folds into the GEMM's
  * epilogue; the Relu's result becomes a view of the GEMM's output. */
 static bool fuse_relu(lowering *L, const ir_node *n)
 {
-	cg_module *m = L->m;
-	const ir_value *x = L->g->val[n->in[0]];
-	int xb = L->vbuf[n->in[0]];
-	if (n->op != KILN_OP_RELU || x->type.dtype != KILN_F32 || x->nuse != 1 || !x->def ||
-	    xb < 0 || m->buf[xb].kind != CG_BUF_TEMP || m->buf[xb].alias >= 0 ||
-	    L->out_of[n->out[0]] >= 0 || !m->nkern || m->kern[m->nkern - 1].node != x->def->idx)
+	int root;
+	if (n->op != KILN_OP_RELU || L->out_of[n->out[0]] >= 0)
 		return false;
-	cg_gemm *gm = last_gemm(&m->kern[m->nkern - 1]);
-	if (!gm || gm->c != xb || gm->act)
-		return false;
-	int b = value_buf(L, CG_BUF_TEMP, n->out[0]);
-	if (b < 0)
+	cg_gemm *gm = gemm_result(L, n->in[0], &root);
+	if (!gm || gm->act || !view_of(L, n, root))
 		return false;
 	gm->act = 1;
-	m->buf[b].alias = xb;
 	return true;
+}
+
+/* MatMul + Add of a vector along the last axis (a rank-3 Linear, as
+ * PyTorch exports it) folds the vector into the GEMM as its bias per
+ * column, so C is written once instead of written, read and rewritten;
+ * a Relu after it then folds too (fuse_relu). */
+static bool fuse_bias(lowering *L, const ir_node *n)
+{
+	if (n->op != KILN_OP_ADD || L->out_of[n->out[0]] >= 0)
+		return false;
+	const ir_type *y = &L->g->val[n->out[0]]->type;
+	for (int i = 0; i < 2; i++) {
+		int root, bb = L->vbuf[n->in[1 - i]];
+		const ir_type *x = &L->g->val[n->in[i]]->type, *b = &L->g->val[n->in[1 - i]]->type;
+		cg_gemm *gm = gemm_result(L, n->in[i], &root);
+		int64_t N = gm ? cg_expr_int(gm->N, NULL) : -1;
+		if (!gm || gm->bias >= 0 || gm->act || gm->beta != 0 || !ir_type_eq(x, y) ||
+		    bb < 0 || b->dtype != KILN_F32 || b->rank < 1 || b->rank > y->rank ||
+		    N < 1 || b->dim[b->rank - 1] != N || y->dim[y->rank - 1] != N)
+			continue;
+		bool vec = true;
+		for (int d = 0; d < b->rank - 1; d++)
+			vec = vec && b->dim[d] == 1;
+		if (!vec || !view_of(L, n, root))
+			continue;
+		gm->bias = bb;
+		gm->bias_axis = 1;
+		gm->bias_off = cg_int(L->m, 0);
+		L->bias_node = n->idx + 1;
+		return true;
+	}
+	return false;
 }
 
 /* Buffers for n's results into out[]: OUTPUT for a graph output written in
@@ -1121,7 +1179,7 @@ static kiln_status lower_node(lowering *L, const ir_node *n)
 		m->buf[b].data = a && a->kind == IR_A_TENSOR ? a->u.t : NULL;
 		return KILN_OK;
 	}
-	if (fuse_relu(L, n))
+	if (fuse_relu(L, n) || fuse_bias(L, n))
 		return KILN_OK;
 	if (!cg_lower_table[n->op])
 		return cg_lower_fail(m, n, L->err, KILN_EUNSUPPORTED, "no lowering for %s",
@@ -1156,13 +1214,22 @@ static kiln_status lower_io(lowering *L)
 		m->buf[b].io_index = (int)i;
 		m->inputs[i] = b;
 	}
+	/* a parameter nothing reads (bnfold replaced it) is not embedded */
+	bool *read = calloc(g->nval + 1, sizeof *read);
+	if (!read)
+		return KILN_ENOMEM;
+	for (uint32_t i = 0; i < g->noutput; i++)
+		read[g->output[i]] = true;
 	for (uint32_t v = 1; v < g->nval; v++)
-		if (g->val[v]->kind == IR_V_PARAM) {
+		if (g->val[v]->kind == IR_V_PARAM && (g->val[v]->nuse || read[v])) {
 			int b = value_buf(L, CG_BUF_CONST, v);
-			if (b < 0)
+			if (b < 0) {
+				free(read);
 				return KILN_ENOMEM;
+			}
 			m->buf[b].data = g->val[v]->data;
 		}
+	free(read);
 	/* the first listing of a node's result is written in place */
 	for (uint32_t i = 0; i < g->noutput; i++) {
 		uint32_t v = g->output[i];

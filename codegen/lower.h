@@ -90,6 +90,10 @@ kiln_status cg_lower_layer_norm(cg_module *m, const ir_node *n, const int *in, c
                                 kiln_error *err);
 kiln_status cg_lower_softmax(cg_module *m, const ir_node *n, const int *in, const int *out,
                              kiln_error *err);
+/* A graph input of this name (i64 scalar: a training library's micro-batch
+ * count, added by kiln_compile_train) reseeds every training-mode Dropout
+ * per run as kiln_trainer does: the seed becomes mix64(seed ^ mix64(count)). */
+#define CG_MICRO_INPUT "__micro__"
 kiln_status cg_lower_dropout(cg_module *m, const ir_node *n, const int *in, const int *out,
                              kiln_error *err);
 kiln_status cg_lower_loss(cg_module *m, const ir_node *n, const int *in, const int *out,

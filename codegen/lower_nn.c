@@ -561,6 +561,80 @@ static kiln_status conv_direct(cg_module *m, const ir_node *n, const int *in, in
 	return KILN_OK;
 }
 
+/* Output columns [lo, hi) of a 2-D conv whose every tap column lands inside
+ * the input: there a row needs no column test. */
+static void dw_span(const geom *g, int64_t *lo, int64_t *hi)
+{
+	int64_t s = g->stride[1], p = g->pad[1], last = (g->k[1] - 1) * g->dil[1];
+	*lo = (p + s - 1) / s;
+	*hi = g->in[1] - 1 - last + p < 0 ? 0 : (g->in[1] - 1 - last + p) / s + 1;
+	*lo = *lo > g->out[1] ? g->out[1] : *lo;
+	*hi = *hi > g->out[1] ? g->out[1] : *hi < *lo ? *lo : *hi;
+}
+
+/* One span of output columns [c0, c0 + ext) of output row oh of plane bm:
+ * y = bias + the sum over taps of x * w, kept in a local (taps loops of
+ * constant extent, which LLVM unrolls, so the column loop is innermost and
+ * vectorizes; inside the interior span the column index is affine and only
+ * the row, invariant in the loop, is tested). */
+static void dw_cols(cg_module *m, cg_kernel *k, cg_stmt *blk, const ir_node *n, const int *in,
+                    int y, const geom *g, cg_expr **pl, cg_expr *oh, int64_t c0, int64_t ext,
+                    bool interior)
+{
+	cg_expr *v, *tv[2];
+	cg_stmt *vb;
+	cg_append(m, blk, cg_loop(m, k, I(m, ext), interior ? CG_VECTORIZE : 0, &v, &vb));
+	cg_expr *o[2] = {oh, add(m, I(m, c0), v)};
+	kiln_dtype ct = cg_ctype(m->buf[y].dt);
+	cg_expr *acc = cg_local(m, k, vb, ct, n->nin > 2 && in[2] >= 0 ? cg_ld(m, in[2], pl[1])
+	                                                                 : fc(m, ct, 0));
+	cg_expr *ext2[2] = {I(m, g->k[0]), I(m, g->k[1])};
+	uint32_t h[2] = {CG_UNROLL, CG_UNROLL};
+	cg_stmt *tb = cg_nest(m, k, vb, 2, ext2, h, tv);
+	cg_expr *j[2], *valid;
+	taps(m, g, o, tv, j, &valid);
+	if (interior) { /* the column is inside: only the row is tested */
+		tap_row(m, g, o, tv, &valid);
+		j[1] = tap_col(m, g, o[1], tv[1]);
+	}
+	cg_expr *xi = add(m, mul(m, pl[2], I(m, g->isz)), lin(m, 2, j, g->in));
+	cg_expr *wi = add(m, mul(m, pl[1], I(m, g->ksz)), lin(m, 2, tv, g->k));
+	cg_expr *xv = cg_select(m, valid, cg_ld(m, in[0], xi), fc(m, ct, 0));
+	cg_set(m, tb, acc, add(m, acc, mul(m, xv, cg_ld(m, in[1], wi))));
+	cg_append(m, vb, cg_st(m, y, add(m, mul(m, pl[0], I(m, g->osz)),
+	                                 add(m, mul(m, oh, I(m, g->out[1])), o[1])), acc));
+}
+
+/* Depthwise 2-D conv (one input channel per output channel): per (image,
+ * channel) plane and output row, the left edge, the interior and the right
+ * edge of the row each accumulate all taps of an output pixel in a local
+ * and store it once, instead of sweeping the plane once per tap. */
+static kiln_status conv_depthwise(cg_module *m, const ir_node *n, const int *in, int y,
+                                  const geom *g, kiln_error *err)
+{
+	const ir_type *x = cg_btype(m, in[0]), *yt = cg_btype(m, y);
+	int64_t C = x->dim[1], M = yt->dim[1], Mg = M / C, lo, hi;
+	cg_kernel *k = cg_lower_kernel(m, n);
+	if (!k)
+		return nomem(m, n, err);
+	cg_expr *bm, *oh;
+	cg_stmt *blk, *rb;
+	cg_expr *nm = mul(m, cg_dim(m, x->dim[0]), I(m, M));
+	cg_append(m, k->body, cg_loop(m, k, nm, cg_par(m, mul(m, m->buf[y].numel, I(m, g->ksz))),
+	                              &bm, &blk));
+	cg_expr *mi = cg_bin(m, CG_REM, bm, I(m, M));
+	/* plane of y, channel (weight row), plane of x */
+	cg_expr *pl[3] = {bm, mi, add(m, mul(m, cg_bin(m, CG_DIV, bm, I(m, M)), I(m, C)),
+	                                 cg_bin(m, CG_DIV, mi, I(m, Mg)))};
+	cg_append(m, blk, cg_loop(m, k, I(m, g->out[0]), 0, &oh, &rb));
+	dw_span(g, &lo, &hi);
+	int64_t c0[3] = {0, lo, hi}, ext[3] = {lo, hi - lo, g->out[1] - hi};
+	for (int r = 0; r < 3; r++)
+		if (ext[r] > 0)
+			dw_cols(m, k, rb, n, in, y, g, pl, oh, c0[r], ext[r], r == 1);
+	return KILN_OK;
+}
+
 kiln_status cg_lower_conv(cg_module *m, const ir_node *n, const int *in, const int *out,
                           kiln_error *err)
 {
@@ -571,7 +645,10 @@ kiln_status cg_lower_conv(cg_module *m, const ir_node *n, const int *in, const i
 	kiln_status st = geometry(m, n, x, y, w->dim + 2, false, &g, err);
 	if (st)
 		return st;
-	if (x->dtype != KILN_F32 || ir_attr_int(n, "group", 1) != 1)
+	int64_t grp = ir_attr_int(n, "group", 1);
+	if (grp > 1 && grp == x->dim[1] && g.nsp == 2)
+		return conv_depthwise(m, n, in, out[0], &g, err);
+	if (x->dtype != KILN_F32 || grp != 1)
 		return conv_direct(m, n, in, out[0], &g, err);
 	bool pointwise = true;
 	for (int d = 0; d < g.nsp; d++)
@@ -930,26 +1007,49 @@ static cg_expr *xs(cg_module *m, cg_kernel *k, cg_stmt *blk, cg_expr *z, int s, 
 	return cg_local(m, k, blk, KILN_I64, v);
 }
 
+/* mix64 of the i64 expression z, in the kernel. */
+static cg_expr *mix_expr(cg_module *m, cg_kernel *k, cg_stmt *blk, cg_expr *z)
+{
+	z = cg_local(m, k, blk, KILN_I64, add(m, z, I(m, (int64_t)0x9e3779b97f4a7c15ULL)));
+	z = xs(m, k, blk, z, 30, 0xbf58476d1ce4e5b9ULL);
+	z = xs(m, k, blk, z, 27, 0x94d049bb133111ebULL);
+	return xs(m, k, blk, z, 31, 0);
+}
+
+/* K for a node with seed s: mix64(mix64(s) ^ 0), folded; with the graph
+ * input CG_MICRO_INPUT (count c) the seed is s' = mix64(s ^ mix64(c)), as
+ * kiln_trainer reseeds before each run, computed per element (cheap beside
+ * the generator, and it keeps the loop free of outside locals). */
+static cg_expr *dropout_key(cg_module *m, cg_kernel *k, cg_stmt *blk, uint64_t s)
+{
+	for (uint32_t j = 0; j < m->g->ninput; j++) {
+		const ir_value *v = m->g->val[m->g->input[j]];
+		if (!v->name || strcmp(v->name, CG_MICRO_INPUT) || v->type.dtype != KILN_I64 ||
+		    v->type.rank != 0)
+			continue;
+		cg_expr *c = mix_expr(m, k, blk, cg_ld(m, m->inputs[j], I(m, 0)));
+		cg_expr *s1 = mix_expr(m, k, blk, cg_bin(m, CG_XOR, I(m, (int64_t)s), c));
+		return mix_expr(m, k, blk, mix_expr(m, k, blk, s1));
+	}
+	return I(m, (int64_t)mix64(mix64(s) ^ 0));
+}
+
 /* Training mode reproduces the interpreter's counter-based generator (see
  * dropout_u in ir/interp.c) with run seed 0, the seed every compiled run
- * uses: h = mix64(K ^ i) with K = mix64(mix64(seed) ^ 0) folded here. */
+ * uses: h = mix64(K ^ i) with K from dropout_key. */
 static kiln_status dropout_train(cg_module *m, const ir_node *n, const int *in, const int *out,
                                  double ratio, kiln_error *err)
 {
 	cg_kernel *k = cg_lower_kernel(m, n);
 	if (!k)
 		return nomem(m, n, err);
-	uint64_t K = mix64(mix64((uint64_t)ir_attr_int(n, "seed", 0)) ^ 0);
 	kiln_dtype ct = cg_ctype(m->buf[in[0]].dt);
 	cg_expr *i;
 	cg_stmt *blk;
 	cg_append(m, k->body, cg_loop(m, k, m->buf[in[0]].numel,
 	                              cg_par(m, m->buf[in[0]].numel) | CG_VECTORIZE, &i, &blk));
-	cg_expr *z = cg_local(m, k, blk, KILN_I64, add(m, cg_bin(m, CG_XOR, I(m, (int64_t)K), i),
-	                                               I(m, (int64_t)0x9e3779b97f4a7c15ULL)));
-	z = xs(m, k, blk, z, 30, 0xbf58476d1ce4e5b9ULL);
-	z = xs(m, k, blk, z, 27, 0x94d049bb133111ebULL);
-	z = xs(m, k, blk, z, 31, 0);
+	cg_expr *K = dropout_key(m, k, blk, (uint64_t)ir_attr_int(n, "seed", 0));
+	cg_expr *z = mix_expr(m, k, blk, cg_bin(m, CG_XOR, K, i));
 	cg_expr *u = mul(m, cg_cast(m, cg_bin(m, CG_SHR, z, I(m, 11)), KILN_F64), fc(m, KILN_F64, 0x1.0p-53));
 	cg_expr *keep = cg_local(m, k, blk, KILN_BOOL, cg_bin(m, CG_GE, u, fc(m, KILN_F64, ratio)));
 	double scale = ratio < 1 ? 1 / (1 - ratio) : 0;

@@ -10,6 +10,11 @@
  * outputs are "loss" followed by one "<name>.next" per tensor the step
  * replaces: the model's own (BatchNorm buffers) and the optimizer's.
  *
+ * kiln_train_graph_from_inference derives that train-mode model from an
+ * inference graph (an eval-mode ONNX export): BatchNorm on batch statistics
+ * with PyTorch's running-stat updates as "<name>.next" outputs, Dropout on
+ * with a per-node seed.  `kiln train` and `kiln compile --train` both use it.
+ *
  * The key idea of the trainer is that state lives in the step graph's own
  * parameters: a step runs the graph through kiln_graph_run and copies each
  * "<name>.next" output over parameter <name>, so the graph is always the
@@ -160,6 +165,123 @@ KILN_API kiln_status kiln_build_train_step(const kiln_graph *model, const kiln_t
 	kiln_status st = g->status != KILN_OK
 	                         ? ir_seterr(err, g->status, "%s", g->errmsg)
 	                         : (err ? err->code : KILN_EVERIFY);
+	kiln_graph_free(g);
+	return st;
+}
+
+/* ---- the train-mode graph of an inference model ------------------------------------ */
+
+static uint64_t mix64(uint64_t z)
+{
+	z += 0x9e3779b97f4a7c15ULL;
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+	z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+	return z ^ (z >> 31);
+}
+
+/* running * (1 - m) + batch * m, output as "<running>.next" */
+static void update(kiln_graph *g, kiln_loc loc, const ir_value *run, kiln_value batch, double m)
+{
+	kiln_dtype dt = run->type.dtype;
+	char name[600];
+	snprintf(name, sizeof name, "%s.next", run->name);
+	kiln_value keep = kiln_mul_at(g, loc, run->id, kiln_scalar_at(g, loc, dt, 1 - m));
+	kiln_output_at(g, loc, name, kiln_add_at(g, loc, keep,
+	                                         kiln_mul_at(g, loc, batch, kiln_scalar_at(g, loc, dt, m))));
+}
+
+/* An inference BatchNormalization turned into PyTorch's training-mode batch
+ * norm, as kiln_batchnorm traces it in train mode: the node reads the batch
+ * mean and biased variance instead of its running stats, which update with
+ * PyTorch's momentum (ONNX's momentum attribute is 1 - PyTorch's) and the
+ * unbiased variance; "<prefix>num_batches_tracked", if the model has it,
+ * counts up. */
+static void bn_to_train(kiln_graph *g, ir_node *n, uint64_t seed)
+{
+	(void)seed;
+	ir_value *rm = g->val[n->in[3]], *rv = g->val[n->in[4]];
+	if (ir_attr_int(n, "training_mode", 0)) {
+		ir_errorf(g, n, KILN_EUNSUPPORTED, "is in training mode; the train-mode graph is "
+		          "derived from the inference-mode model");
+		return;
+	}
+	if (rm->kind != IR_V_PARAM || rv->kind != IR_V_PARAM || !rm->name || !rv->name) {
+		ir_errorf(g, n, KILN_EUNSUPPORTED, "the running mean and variance must be named "
+		          "parameters to be trained");
+		return;
+	}
+	kiln_loc loc = n->loc;
+	double m = 1 - ir_attr_float(n, "momentum", 0.9);
+	fe_bn_stats st = fe_bn_batch_stats(g, loc, n->in[0], rm->type.dtype);
+	if (g->status != KILN_OK)
+		return;
+	ir_set_input(g, n, 3, st.mean);
+	ir_set_input(g, n, 4, st.var);
+	rm->trainable = rv->trainable = false;
+	update(g, loc, rm, st.mean, m);
+	update(g, loc, rv, st.unbiased, m);
+	char nbt[600];
+	size_t k = strlen(rm->name), s = strlen("running_mean");
+	snprintf(nbt, sizeof nbt, "%.*snum_batches_tracked", (int)(k >= s ? k - s : 0), rm->name);
+	uint32_t p = k > s && !strcmp(rm->name + k - s, "running_mean") ? kiln_graph_find_param(g, nbt) : 0;
+	if (p && g->val[p]->type.dtype == KILN_I64 && g->val[p]->type.rank == 0)
+		update(g, loc, g->val[p], kiln_add_at(g, loc, p, kiln_scalar_at(g, loc, KILN_I64, 1)), 1);
+}
+
+/* Dropout on, each node with its own stream derived from the seed and its
+ * node index (the trainer then varies it per micro-batch). */
+static void dropout_to_train(kiln_graph *g, ir_node *n, uint64_t seed)
+{
+	ir_attr_set_int(g, n, "training_mode", 1);
+	ir_attr_set_int(g, n, "seed", (int64_t)(mix64(seed ^ mix64(n->idx)) >> 1));
+}
+
+typedef void (*to_train_fn)(kiln_graph *g, ir_node *n, uint64_t seed);
+static const to_train_fn to_train[KILN_OP_COUNT] = {
+	[KILN_OP_BATCH_NORM] = bn_to_train,
+	[KILN_OP_DROPOUT] = dropout_to_train,
+};
+
+/* A graph with "<name>.next" outputs was traced in train mode already. */
+static kiln_status refuse_train_mode(const kiln_graph *g, kiln_error *err)
+{
+	for (uint32_t i = 0; i < g->noutput; i++) {
+		const char *name = g->val[g->output[i]]->name;
+		if (name && ends_with(name, ".next"))
+			return ir_seterr(err, KILN_EINVAL, "kiln_train_graph_from_inference: graph '%s': "
+			                 "output '%s' is a state update, so the model was traced in train "
+			                 "mode; this needs the inference-mode model", g->name, name);
+	}
+	return KILN_OK;
+}
+
+KILN_API kiln_status kiln_train_graph_from_inference(const kiln_graph *inference, uint64_t seed,
+                                                     kiln_graph **train, kiln_error *err)
+{
+	if (!inference || !train)
+		return ir_seterr(err, KILN_EINVAL, "kiln_train_graph_from_inference: null argument");
+	*train = NULL;
+	if (inference->status != KILN_OK)
+		return ir_seterr(err, inference->status, "kiln_train_graph_from_inference: graph '%s' "
+		                 "has an error: %s", inference->name, inference->errmsg);
+	kiln_status st = refuse_train_mode(inference, err);
+	if (st != KILN_OK)
+		return st;
+	kiln_graph *g = ir_graph_clone(inference);
+	if (!g)
+		return ir_seterr(err, KILN_ENOMEM, "kiln_train_graph_from_inference: out of memory");
+	uint32_t nnode = g->nnode; /* the conversions append nodes */
+	for (uint32_t i = 0; i < nnode && g->status == KILN_OK; i++)
+		if (!g->node[i]->dead && to_train[g->node[i]->op])
+			to_train[g->node[i]->op](g, g->node[i], seed);
+	if (g->status == KILN_OK) /* BatchNorm nodes now read values made after them */
+		ir_toposort(g);
+	if (g->status == KILN_OK && kiln_graph_verify(g, err) == KILN_OK) {
+		*train = g;
+		return KILN_OK;
+	}
+	st = g->status != KILN_OK ? ir_seterr(err, g->status, "%s", g->errmsg)
+	                          : (err ? err->code : KILN_EVERIFY);
 	kiln_graph_free(g);
 	return st;
 }
@@ -322,14 +444,6 @@ KILN_API const kiln_graph *kiln_trainer_graph(const kiln_trainer *tr)
 }
 
 /* ---- running steps ---------------------------------------------------------------- */
-
-static uint64_t mix64(uint64_t z)
-{
-	z += 0x9e3779b97f4a7c15ULL;
-	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-	z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-	return z ^ (z >> 31);
-}
 
 /* Each micro-batch gets fresh dropout masks, fixed by the layer's traced
  * seed and the micro-batch count, which a checkpoint keeps. */
@@ -555,6 +669,58 @@ KILN_API kiln_status kiln_trainer_load(kiln_trainer *tr, const char *path, kiln_
 	if (!rc) {
 		tr->steps = counter(s, CK_STEP);
 		tr->micro = counter(s, CK_MICRO);
+	}
+	kiln_tensor_set_free(s);
+	return rc;
+}
+
+/* Checks every named parameter of g against s without changing anything. */
+static kiln_status check_trained(const kiln_graph *g, const kiln_tensor_set *s, const char *path,
+                                 kiln_error *err)
+{
+	for (uint32_t i = 1; i < g->nval; i++) {
+		const ir_value *v = g->val[i];
+		if (v->kind != IR_V_PARAM || !v->name)
+			continue;
+		const kiln_tensor *t = kiln_tensor_set_get(s, v->name);
+		if (!t)
+			return ir_seterr(err, KILN_EINVAL, "weights '%s': parameter '%s' of graph '%s' is "
+			                 "missing", path, v->name, g->name);
+		ir_type tt = {t->dtype, t->rank, {0}};
+		for (int d = 0; d < t->rank; d++)
+			tt.dim[d] = t->shape[d];
+		char a[256], b[256];
+		if (!ir_type_eq(&tt, &v->type))
+			return ir_seterr(err, KILN_ESHAPE, "weights '%s': '%s' is %s in the file but %s in "
+			                 "graph '%s'", path, v->name, ir_type_str(g, &tt, a, sizeof a),
+			                 ir_type_str(g, &v->type, b, sizeof b), g->name);
+	}
+	return KILN_OK;
+}
+
+KILN_API kiln_status kiln_graph_load_trained(kiln_graph *g, const char *path, kiln_error *err)
+{
+	if (!g || !path)
+		return ir_seterr(err, KILN_EINVAL, "kiln_graph_load_trained: null argument");
+	kiln_tensor_set *s = NULL;
+	kiln_error e = {0};
+	kiln_status rc = kiln_safetensors_read(path, &s, &e);
+	if (rc)
+		return ir_seterr(err, rc, "weights refused: %s", e.msg);
+	const kiln_tensor *st = kiln_tensor_set_get(s, CK_SUM);
+	int64_t sum = 0;
+	if (st && st->dtype == KILN_I64 && st->rank == 0)
+		memcpy(&sum, st->data, sizeof sum);
+	if (st && (st->dtype != KILN_I64 || st->rank != 0 || (uint64_t)sum != checksum(s)))
+		rc = ir_seterr(err, KILN_EPARSE, "weights '%s': checksum mismatch, the file is corrupt",
+		               path);
+	if (!rc)
+		rc = check_trained(g, s, path, err);
+	for (uint32_t i = 1; !rc && i < g->nval; i++) {
+		ir_value *v = g->val[i];
+		if (v->kind == IR_V_PARAM && v->name)
+			memcpy(v->data->data, kiln_tensor_set_get(s, v->name)->data,
+			       kiln_tensor_nbytes(v->data));
 	}
 	kiln_tensor_set_free(s);
 	return rc;

@@ -100,8 +100,10 @@ typedef struct rt_model_desc {
 
 /* A training library (kiln_compile_train) exports this as `kiln_train_desc`
  * beside `kiln_model_desc` (its eval program).  The step program's inputs
- * are the data inputs, then "lr" and "step" (f64 scalars) and "apply" (bool,
- * with accum > 1) at the positions given; its outputs are the loss, then
+ * are the data inputs, then "lr" and "step" (f64 scalars), "apply" (bool,
+ * with accum > 1) and "__micro__" (i64, the micro-batches taken so far, from
+ * which training-mode Dropout reseeds: with Dropout only) at the positions
+ * given; its outputs are the loss, then
  * one "<name>.next" per state tensor it replaces (next[i]: that index). */
 typedef struct rt_train_desc {
 	uint32_t abi;         /* RT_MODEL_ABI */
@@ -109,7 +111,8 @@ typedef struct rt_train_desc {
 	const rt_model_desc *step, *eval; /* share one state table */
 	const int32_t *next;  /* per step output: state index (-1 for output 0) */
 	int32_t lr, t, apply; /* step input positions ("apply": -1 when accum 1) */
-	int32_t pad_;
+	int32_t micro1;       /* "__micro__" input position + 1; 0: none (this was
+	                         padding, 0 in libraries made before it) */
 } rt_train_desc;
 
 /* ---- the driver (model.c), linked into every generated library --------- */
@@ -154,8 +157,8 @@ void rt_train_destroy(rt_train *t);
 kiln_status rt_train_set_threads(rt_train *t, int n);
 const char *rt_train_errmsg(const rt_train *t);
 int64_t rt_train_steps(const rt_train *t);
-/* Typed: syms of the step program, its data inputs in order (lr, step and
- * apply excluded), the loss written to *loss (the loss dtype). */
+/* Typed: syms of the step program, its data inputs in order (lr, step,
+ * apply and __micro__ excluded), the loss written to *loss (the loss dtype). */
 kiln_status rt_train_step(rt_train *t, const int64_t *syms, const void *const *in, double lr,
                           void *loss);
 /* Typed eval program run: as rt_model_run. */

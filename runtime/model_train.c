@@ -11,7 +11,9 @@
  * kiln_trainer does after the interpreter), so a failed step changes
  * nothing.  The step count is the context's: each step passes step =
  * steps + 1 to the graph (Adam's bias correction, SGD's first-step rule)
- * and, with accumulation, apply on every accum-th micro-batch.  lr is an
+ * and, with accumulation, apply on every accum-th micro-batch; a step with
+ * training-mode Dropout also gets the micro-batch count "__micro__", from
+ * which each Dropout reseeds as kiln_trainer reseeds it.  lr is an
  * argument of every step, so schedules stay with the caller.
  *
  * Checkpoints are kiln_trainer's format exactly (frontend/train.c): every
@@ -66,6 +68,12 @@ static kiln_tensor state_tensor(const rt_train *t, uint32_t i)
 
 /* ---- creating ------------------------------------------------------------- */
 
+/* The step's "__micro__" input (-1: none); stored + 1, so 0 means none. */
+static int32_t micro_pos(const rt_train_desc *d)
+{
+	return d->micro1 - 1;
+}
+
 static kiln_status check_desc(const rt_train_desc *d)
 {
 	if (!d || d->abi != RT_MODEL_ABI || !d->step || !d->next || d->accum < 1)
@@ -74,8 +82,8 @@ static kiln_status check_desc(const rt_train_desc *d)
 	if (!s->nstate || s->noutputs < 1 || (d->eval && d->eval->state != s->state) ||
 	    (d->eval && d->eval->nstate != s->nstate))
 		return KILN_EINVAL;
-	int32_t pos[3] = {d->lr, d->t, d->apply};
-	for (int k = 0; k < 3; k++)
+	int32_t pos[4] = {d->lr, d->t, d->apply, micro_pos(d)};
+	for (int k = 0; k < 4; k++)
 		if (pos[k] >= (int32_t)s->ninputs || (k < 2 && pos[k] < 0))
 			return KILN_EINVAL;
 	for (uint32_t i = 1; i < s->noutputs; i++)
@@ -188,15 +196,24 @@ static void commit(rt_train *t, bool apply)
 	t->steps += apply;
 }
 
-/* The scalars this step feeds: lr, step = steps + 1 and apply. */
+/* The scalars this step feeds: lr, step = steps + 1, apply and the
+ * micro-batches so far. */
 typedef struct scalars {
 	double lr, t;
+	int64_t micro;
 	uint8_t apply;
 } scalars;
 
 static scalars step_scalars(const rt_train *t, double lr)
 {
-	return (scalars){lr, (double)(t->steps + 1), (uint8_t)((t->micro + 1) % t->d->accum == 0)};
+	return (scalars){lr, (double)(t->steps + 1), t->micro,
+	                 (uint8_t)((t->micro + 1) % t->d->accum == 0)};
+}
+
+/* Inputs of the step that are scalars fed here, not data. */
+static int nscalars(const rt_train_desc *d)
+{
+	return 2 + (d->apply >= 0) + (micro_pos(d) >= 0);
 }
 
 /* Position i of the step's inputs: the next data input, or a scalar. */
@@ -204,7 +221,8 @@ static const void *scalar_at(const rt_train *t, scalars *s, uint32_t i)
 {
 	const rt_train_desc *d = t->d;
 	return (int32_t)i == d->lr ? (void *)&s->lr : (int32_t)i == d->t ? (void *)&s->t
-	       : (int32_t)i == d->apply ? (void *)&s->apply : NULL;
+	       : (int32_t)i == d->apply ? (void *)&s->apply
+	       : (int32_t)i == micro_pos(d) ? (void *)&s->micro : NULL;
 }
 
 kiln_status rt_train_step(rt_train *t, const int64_t *syms, const void *const *in, double lr,
@@ -213,7 +231,7 @@ kiln_status rt_train_step(rt_train *t, const int64_t *syms, const void *const *i
 	if (!t)
 		return KILN_EINVAL;
 	const rt_model_desc *s = t->d->step;
-	if ((!in && s->ninputs > 2u + (t->d->apply >= 0)) || !loss)
+	if ((!in && (int)s->ninputs > nscalars(t->d)) || !loss)
 		return fail(t, KILN_EINVAL, "model '%s': train_step: %s is NULL", s->name,
 		            !loss ? "loss" : "x");
 	scalars sc = step_scalars(t, lr);
@@ -246,17 +264,17 @@ kiln_status rt_train_step_tensors(rt_train *t, const kiln_tensor *const *in, int
 	if (!t)
 		return KILN_EINVAL;
 	const rt_model_desc *s = t->d->step;
-	int ndata = (int)s->ninputs - 2 - (t->d->apply >= 0);
+	int ndata = (int)s->ninputs - nscalars(t->d);
 	if (nin != ndata || (ndata && !in))
 		return fail(t, KILN_EINVAL, "model '%s': a train step takes %d data input(s) "
 		            "(inputs and target), got %d", s->name, ndata, nin);
 	scalars sc = step_scalars(t, lr);
 	kiln_tensor lrt = {KILN_F64, 0, {0}, &sc.lr}, tt = {KILN_F64, 0, {0}, &sc.t};
-	kiln_tensor at = {KILN_BOOL, 0, {0}, &sc.apply};
+	kiln_tensor at = {KILN_BOOL, 0, {0}, &sc.apply}, mt = {KILN_I64, 0, {0}, &sc.micro};
 	const kiln_tensor *ip[s->ninputs + 1];
 	for (uint32_t i = 0, k = 0; i < s->ninputs; i++)
 		ip[i] = (int32_t)i == t->d->lr ? &lrt : (int32_t)i == t->d->t ? &tt
-		        : (int32_t)i == t->d->apply ? &at : in[k++];
+		        : (int32_t)i == t->d->apply ? &at : (int32_t)i == micro_pos(t->d) ? &mt : in[k++];
 	double lv[1];
 	kiln_tensor lt = {(kiln_dtype)s->outputs[0].dtype, 0, {0}, lv};
 	kiln_tensor *op[s->noutputs + 1];

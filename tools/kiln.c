@@ -695,7 +695,7 @@ static int cmd_bench(int argc, char **argv)
 typedef struct train_cli {
 	bool on, wd_set, other; /* --train; --weight-decay; any other training flag */
 	kiln_train_opts t;
-	int64_t batch;
+	int64_t batch, seed; /* --batch; --seed: Dropout's masks */
 } train_cli;
 
 static bool num(const char *s, double *v)
@@ -735,7 +735,7 @@ static int train_flag(int argc, char **argv, int *i, train_cli *tc)
 	         {"--eps", offsetof(kiln_train_opts, eps)},
 	         {"--clip-norm", offsetof(kiln_train_opts, clip_norm)},
 	         {"--loss", SIZE_MAX}, {"--optimizer", SIZE_MAX}, {"--betas", SIZE_MAX},
-	         {"--accum", SIZE_MAX}, {"--batch", SIZE_MAX}};
+	         {"--accum", SIZE_MAX}, {"--batch", SIZE_MAX}, {"--seed", SIZE_MAX}};
 	if (!strcmp(argv[*i], "--train") || !strcmp(argv[*i], "--nesterov")) {
 		if (argv[*i][2] == 't')
 			tc->on = true;
@@ -759,12 +759,13 @@ static int train_flag(int argc, char **argv, int *i, train_cli *tc)
 		ok = train_choice(f[k].flag, v, &tc->t);
 	} else if (ok && k == 7) {
 		ok = sscanf(v, "%lf,%lf%c", &tc->t.beta1, &tc->t.beta2, &tail) == 2;
-	} else if (ok) { /* --accum K >= 1, --batch B >= 0: integers */
-		ok = num(v, &d) && d >= (k == 8) && d == (double)(int64_t)d && d < 1e9;
+	} else if (ok) { /* --accum K >= 1, --batch B >= 0, --seed S >= 0: integers */
+		ok = num(v, &d) && d >= (k == 8) && d == (double)(int64_t)d && d < 1e15;
+		ok = ok && (k == 10 || d < 1e9);
 		if (k == 8)
 			tc->t.accum_steps = (int)d;
 		else
-			tc->batch = (int64_t)d;
+			*(k == 9 ? &tc->batch : &tc->seed) = (int64_t)d;
 	}
 	if (!ok)
 		return usage_error("compile", "bad value for '%s'", f[k].flag), -1;
@@ -772,18 +773,18 @@ static int train_flag(int argc, char **argv, int *i, train_cli *tc)
 	return 1;
 }
 
-/* A model file is an inference graph; BatchNorm and Dropout would need
- * their train-mode form, which only the DSL traces for now. */
-static int check_trainable(const kiln_graph *g, const char *file)
+/* The training library of an inference-mode model file: its train-mode
+ * form (kiln_train_graph_from_inference: BatchNorm on batch statistics,
+ * Dropout on) for the step, the file's graph for the eval program. */
+static kiln_status compile_train(const kiln_graph *g, const train_cli *tc, const char *out,
+                                 const kiln_compile_opts *o, kiln_error *e)
 {
-	for (uint32_t i = 0; i < g->nnode; i++) {
-		const ir_node *n = g->node[i];
-		if (!n->dead && (n->op == KILN_OP_BATCH_NORM || n->op == KILN_OP_DROPOUT))
-			return fail(1, "%s: --train: %s '%s' is in inference mode in the file; trace the "
-			            "model in train mode with the DSL and use kiln_compile_train (see "
-			            "docs/TRAINING.md)", file, ir_op(n->op)->onnx, n->name ? n->name : "?");
-	}
-	return 0;
+	kiln_graph *tg = NULL;
+	kiln_status st = kiln_train_graph_from_inference(g, (uint64_t)tc->seed, &tg, e);
+	if (st == KILN_OK)
+		st = kiln_compile_train(tg, g, &tc->t, tc->batch, out, o, e);
+	kiln_graph_free(tg);
+	return st;
 }
 
 /* ---- compile ---------------------------------------------------------------- */
@@ -831,14 +832,10 @@ static int cmd_compile(int argc, char **argv)
 	kiln_graph *g = NULL;
 	kiln_error e = {0};
 	kiln_status st = kiln_graph_load_any(file, &g, &e);
-	if (st == KILN_OK && tc.on && check_trainable(g, file)) {
-		kiln_graph_free(g);
-		return 1;
-	}
 	if (tc.on && !tc.wd_set && tc.t.optim == KILN_OPT_ADAMW)
 		tc.t.weight_decay = 0.01; /* PyTorch's AdamW default */
 	if (st == KILN_OK)
-		st = tc.on ? kiln_compile_train(g, g, &tc.t, tc.batch, out, &o, &e)
+		st = tc.on ? compile_train(g, &tc, out, &o, &e)
 		           : kiln_compile(g, out, &o, &e);
 	kiln_graph_free(g);
 	if (st != KILN_OK)
@@ -905,14 +902,17 @@ static const command commands[] = {
 	 "  --train              a training library instead (docs/TRAINING.md): the\n"
 	 "                       model's train step (loss, gradients, optimizer) and\n"
 	 "                       its eval forward, with entry points _train_step,\n"
-	 "                       _eval_step, _save, _load over state it owns\n"
+	 "                       _eval_step, _save, _load over state it owns; the\n"
+	 "                       file is the inference model: BatchNorm trains on\n"
+	 "                       batch statistics, Dropout is on in the step\n"
 	 "  --loss L             cross_entropy (default) or mse, of the first output\n"
 	 "  --optimizer O        sgd (default), adam or adamw\n"
 	 "  --momentum M --dampening D --nesterov --weight-decay W (AdamW: 0.01)\n"
 	 "  --betas B1,B2 --eps E  Adam, AdamW (default 0.9,0.999 and 1e-8)\n"
 	 "  --clip-norm C        clip the global gradient norm to C first\n"
 	 "  --accum K            update every K micro-batches (default 1)\n"
-	 "  --batch B            fix the train step's batch (needed with convolutions)",
+	 "  --batch B            fix the train step's batch (needed with convolutions)\n"
+	 "  --seed S             Dropout's masks (default 0), as kiln train --seed",
 	 "compile a graph to a standalone .so and its header"},
 	{"train", cmd_train, cmd_train_usage, cmd_train_summary},
 	{"export", cmd_export, cmd_export_usage, cmd_export_summary},

@@ -1,6 +1,7 @@
 /*
- * onnx_cli.c: the ONNX side of the `kiln` CLI: `kiln export`, and the
- * import that `kiln inspect MODEL.onnx` uses to list every problem at once.
+ * onnx_cli.c: the ONNX side of the `kiln` CLI: `kiln export` (optionally
+ * with trained weights from a checkpoint), and the import that `kiln
+ * inspect MODEL.onnx` uses to list every problem at once.
  *
  * The importer does not stop at the first unsupported node: it collects one
  * line per problem (node, op, domain, opset, what) into the report that
@@ -19,13 +20,17 @@
 
 const char cmd_export_summary[] = "write a .kir or .onnx graph as an ONNX model (opset 17)";
 const char cmd_export_usage[] =
-	"export FILE.kir|FILE.onnx -o OUT.onnx\n"
+	"export FILE.kir|FILE.onnx [--weights CKPT.safetensors] -o OUT.onnx\n"
 	"  Writes the graph as an ONNX model (IR version 8, opset 17) that\n"
 	"  onnx.checker and ONNX Runtime accept: parameters become initializers\n"
 	"  under their names, symbolic dims become dim_params, Gelu becomes its Erf\n"
 	"  (or Tanh) formula.  Weights of FILE.kir load from FILE.safetensors beside\n"
 	"  it.  The file is replaced atomically.\n"
-	"  -o, --output OUT.onnx   the model to write";
+	"  -o, --output OUT.onnx   the model to write\n"
+	"  --weights CKPT          a training checkpoint (kiln train, kiln_trainer_save,\n"
+	"                          a compiled library's _save): FILE's parameters and\n"
+	"                          BatchNorm buffers are loaded from it by name;\n"
+	"                          optimizer state and counters are ignored";
 
 static int fail(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static int fail(int code, const char *fmt, ...)
@@ -83,19 +88,40 @@ int onnx_cli_inspect_report(const char *path, kiln_graph **g)
 
 #define SEE " (see 'kiln export --help')"
 
-/* `kiln export FILE.kir|FILE.onnx -o OUT.onnx`: see cmd_export_usage. */
+/* "-o F", "--output F", "--output=F" (and the same for --weights) into
+ * *val: 1 taken, 0 not this option, -1 a usage error (reported). */
+static int file_opt(int argc, char **argv, int *i, const char *lng, const char *shrt,
+                    const char **val)
+{
+	const char *a = argv[*i];
+	size_t n = strlen(lng);
+	if (!strncmp(a, lng, n) && a[n] == '=') {
+		*val = a + n + 1;
+		return 1;
+	}
+	if (strcmp(a, lng) && (!shrt || strcmp(a, shrt)))
+		return 0;
+	if (*i + 1 == argc)
+		return fail(TOOLS_EXIT_USAGE, "option '%s' needs a file name" SEE, a), -1;
+	*val = argv[++*i];
+	return 1;
+}
+
+/* `kiln export FILE.kir|FILE.onnx [--weights CKPT] -o OUT.onnx`: see
+ * cmd_export_usage. */
 int cmd_export(int argc, char **argv)
 {
-	const char *in = NULL, *out = NULL;
+	const char *in = NULL, *out = NULL, *weights = NULL;
 	for (int i = 0; i < argc; i++) {
 		const char *a = argv[i];
-		if (!strcmp(a, "-o") || !strcmp(a, "--output")) {
-			if (i + 1 == argc)
-				return fail(TOOLS_EXIT_USAGE, "option '%s' needs a file name" SEE, a);
-			out = argv[++i];
-		} else if (!strncmp(a, "--output=", 9)) {
-			out = a + 9;
-		} else if (a[0] == '-' && a[1]) {
+		int k = file_opt(argc, argv, &i, "--output", "-o", &out);
+		if (!k)
+			k = file_opt(argc, argv, &i, "--weights", NULL, &weights);
+		if (k < 0)
+			return TOOLS_EXIT_USAGE;
+		if (k > 0)
+			continue;
+		if (a[0] == '-' && a[1]) {
 			return fail(TOOLS_EXIT_USAGE, "unknown option '%s'" SEE, a);
 		} else if (in) {
 			return fail(TOOLS_EXIT_USAGE, "unexpected argument '%s'" SEE, a);
@@ -111,6 +137,10 @@ int cmd_export(int argc, char **argv)
 	kiln_status st = kiln_graph_load_any(in, &g, &err);
 	if (st == KILN_OK)
 		st = kiln_graph_verify(g, &err);
+	if (st == KILN_OK && weights && (st = kiln_graph_load_trained(g, weights, &err)) != KILN_OK) {
+		kiln_graph_free(g);
+		return fail_err(weights, &err, st);
+	}
 	if (st == KILN_OK)
 		st = kiln_onnx_export(g, out, &err);
 	if (st == KILN_OK)

@@ -6,10 +6,10 @@
  *
  * The key idea: the model file is the inference graph (what PyTorch exports
  * in eval mode, and what gets exported again at the end); the train-mode
- * graph is derived from it here, BatchNorm on batch statistics with
- * PyTorch's running-stat updates and Dropout on, plus the loss and a count
- * of correct predictions, all as "<name>.next" state of one step graph that
- * kiln_trainer runs (through the interpreter now, a compiled step later).
+ * graph is derived from it by kiln_train_graph_from_inference (BatchNorm
+ * on batch statistics with PyTorch's running-stat updates, Dropout on),
+ * plus here the loss and a count of correct predictions, all as
+ * "<name>.next" state of one step graph that kiln_trainer runs.
  * Everything that orders the data is a pure function of (seed, epoch), so a
  * run's position is just (epoch, batch), which each checkpoint stores in the
  * parameter "kiln_train.position" beside the trainer's own state; resuming
@@ -28,7 +28,6 @@
 #include <unistd.h>
 
 #include "kiln/kiln.h"
-#include "frontend/frontend.h"
 #include "ir/ir.h"
 #include "tools/tools.h"
 
@@ -358,76 +357,6 @@ static int train_opts(const opts *o, const loss_info **L, kiln_train_opts *t)
 
 /* ---- the train-mode graph ------------------------------------------------------ */
 
-static uint64_t mix64(uint64_t z)
-{
-	z += 0x9e3779b97f4a7c15ULL;
-	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-	z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-	return z ^ (z >> 31);
-}
-
-/* running * (1 - m) + batch * m, output as "<running>.next" */
-static void update(kiln_graph *g, kiln_loc loc, const ir_value *run, kiln_value batch, double m)
-{
-	kiln_dtype dt = run->type.dtype;
-	char name[600];
-	snprintf(name, sizeof name, "%s.next", run->name);
-	kiln_value keep = kiln_mul_at(g, loc, run->id, kiln_scalar_at(g, loc, dt, 1 - m));
-	kiln_output_at(g, loc, name, kiln_add_at(g, loc, keep,
-	                                         kiln_mul_at(g, loc, batch, kiln_scalar_at(g, loc, dt, m))));
-}
-
-/* An inference BatchNormalization turned into PyTorch's training-mode batch
- * norm, as kiln_batchnorm traces it in train mode: the node reads the batch
- * mean and biased variance instead of its running stats, which update with
- * PyTorch's momentum (ONNX's momentum attribute is 1 - PyTorch's) and the
- * unbiased variance; "<prefix>num_batches_tracked", if the model has it,
- * counts up. */
-static void bn_to_train(kiln_graph *g, ir_node *n, uint64_t seed)
-{
-	ir_value *rm = g->val[n->in[3]], *rv = g->val[n->in[4]];
-	if (ir_attr_int(n, "training_mode", 0)) {
-		ir_errorf(g, n, KILN_EUNSUPPORTED, "is in training mode; kiln train needs the "
-		          "inference-mode model");
-		return;
-	}
-	if (rm->kind != IR_V_PARAM || rv->kind != IR_V_PARAM || !rm->name || !rv->name) {
-		ir_errorf(g, n, KILN_EUNSUPPORTED, "the running mean and variance must be named "
-		          "parameters to be trained");
-		return;
-	}
-	kiln_loc loc = n->loc;
-	double m = 1 - ir_attr_float(n, "momentum", 0.9);
-	fe_bn_stats st = fe_bn_batch_stats(g, loc, n->in[0], rm->type.dtype);
-	if (g->status != KILN_OK)
-		return;
-	ir_set_input(g, n, 3, st.mean);
-	ir_set_input(g, n, 4, st.var);
-	rm->trainable = rv->trainable = false;
-	update(g, loc, rm, st.mean, m);
-	update(g, loc, rv, st.unbiased, m);
-	char nbt[600];
-	size_t k = strlen(rm->name), s = strlen("running_mean");
-	snprintf(nbt, sizeof nbt, "%.*snum_batches_tracked", (int)(k >= s ? k - s : 0), rm->name);
-	uint32_t p = k > s && !strcmp(rm->name + k - s, "running_mean") ? kiln_graph_find_param(g, nbt) : 0;
-	if (p && g->val[p]->type.dtype == KILN_I64 && g->val[p]->type.rank == 0)
-		update(g, loc, g->val[p], kiln_add_at(g, loc, p, kiln_scalar_at(g, loc, KILN_I64, 1)), 1);
-}
-
-/* Dropout on, each node with its own stream derived from --seed (the
- * trainer then varies it per step). */
-static void dropout_to_train(kiln_graph *g, ir_node *n, uint64_t seed)
-{
-	ir_attr_set_int(g, n, "training_mode", 1);
-	ir_attr_set_int(g, n, "seed", (int64_t)(mix64(seed ^ mix64(n->idx)) >> 1));
-}
-
-typedef void (*to_train_fn)(kiln_graph *g, ir_node *n, uint64_t seed);
-static const to_train_fn to_train[KILN_OP_COUNT] = {
-	[KILN_OP_BATCH_NORM] = bn_to_train,
-	[KILN_OP_DROPOUT] = dropout_to_train,
-};
-
 /* The "target" input, the "loss" output, the position buffer and, when
  * classifying, the batch's count of correct argmaxes as state. */
 static void add_loss(kiln_graph *g, const opts *o, const loss_info *L)
@@ -461,22 +390,15 @@ static void add_loss(kiln_graph *g, const opts *o, const loss_info *L)
 	kiln_output_at(g, HERE, CORRECT_NAME ".next", cnt);
 }
 
+/* The library's train-mode form of the model (BatchNorm on batch
+ * statistics, Dropout on with --seed), plus the loss and the counters. */
 static kiln_graph *train_graph(const kiln_graph *eval, const opts *o, const loss_info *L,
                                kiln_error *err)
 {
-	kiln_graph *g = ir_graph_clone(eval);
-	if (!g) {
-		ir_seterr(err, KILN_ENOMEM, "out of memory");
+	kiln_graph *g = NULL;
+	if (kiln_train_graph_from_inference(eval, (uint64_t)o->seed, &g, err) != KILN_OK)
 		return NULL;
-	}
-	uint32_t nnode = g->nnode; /* the conversions append nodes */
-	for (uint32_t i = 0; i < nnode && g->status == KILN_OK; i++)
-		if (!g->node[i]->dead && to_train[g->node[i]->op])
-			to_train[g->node[i]->op](g, g->node[i], (uint64_t)o->seed);
-	if (g->status == KILN_OK)
-		add_loss(g, o, L);
-	if (g->status == KILN_OK) /* BatchNorm nodes now read values made after them */
-		ir_toposort(g);
+	add_loss(g, o, L);
 	if (g->status == KILN_OK && kiln_graph_verify(g, err) == KILN_OK)
 		return g;
 	if (g->status != KILN_OK)
@@ -593,6 +515,15 @@ typedef struct run {
 static int64_t step_no(const run *r)
 {
 	return r->epoch * r->nb + r->batch; /* steps done */
+}
+
+/* SplitMix64's output function. */
+static uint64_t mix64(uint64_t z)
+{
+	z += 0x9e3779b97f4a7c15ULL;
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+	z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+	return z ^ (z >> 31);
 }
 
 /* Epoch e's order: Fisher-Yates from the last element, j = next() mod

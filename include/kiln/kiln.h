@@ -638,6 +638,25 @@ KILN_API kiln_status kiln_trainer_save(const kiln_trainer *tr, const char *path,
                                        kiln_error *err);
 KILN_API kiln_status kiln_trainer_load(kiln_trainer *tr, const char *path, kiln_error *err);
 
+/* The train-mode model of an inference graph (what torch.onnx.export writes
+ * in eval mode), for kiln_trainer_new or kiln_compile_train with the
+ * inference graph as the eval model: every BatchNormalization reads the
+ * batch mean and biased variance, and its running stats update as
+ * PyTorch's do ("<running>.next" outputs: momentum_torch = 1 - the ONNX
+ * momentum attribute, unbiased variance; "<bn>.num_batches_tracked" counts
+ * up when the model has it); every Dropout turns on with its own seed
+ * derived from seed and its node.  A graph already traced in train mode
+ * (an output named "*.next") or a BatchNorm whose running stats are not
+ * named parameters is refused.  *train is the caller's. */
+KILN_API kiln_status kiln_train_graph_from_inference(const kiln_graph *inference, uint64_t seed,
+                                                     kiln_graph **train, kiln_error *err);
+/* Loads every named parameter of g (weights and BatchNorm buffers) by name
+ * from a training checkpoint (kiln_trainer_save, a compiled library's
+ * _save): optimizer state, counters and other entries g lacks are ignored;
+ * a missing or mis-typed parameter, or a checksum mismatch, is refused and
+ * then nothing changes.  Then kiln_onnx_export writes the trained model. */
+KILN_API kiln_status kiln_graph_load_trained(kiln_graph *g, const char *path, kiln_error *err);
+
 /* Learning-rate schedules (runtime/sched.c): pure functions of the step,
  * PyTorch's last_epoch (0 for the first optimizer step).  Zero fields take
  * PyTorch's defaults. */
@@ -764,8 +783,12 @@ KILN_API kiln_value kiln_bce_with_logits_at(kiln_graph *g, kiln_loc loc, kiln_va
  * conv's weight gradient reduces over the batch as its channel axis, which
  * the lowering needs fixed.  batch 0 keeps the symbols as arguments of
  * _train_step (fine for an MLP).  Parameters are
- * never folded into constants (o->passes must not name bnfold), and
- * training-mode Dropout is refused (its seed is a compile-time constant). */
+ * never folded into constants (o->passes must not name bnfold).
+ * Training-mode Dropout draws kiln_trainer's masks: the context feeds the
+ * micro-batch count to the step (an input "__micro__" that is not an
+ * argument of _train_step).  For an inference model file, pass
+ * kiln_train_graph_from_inference's graph as model and the file's as
+ * eval_model (what `kiln compile --train` does). */
 KILN_API kiln_status kiln_compile_train(const kiln_graph *model, const kiln_graph *eval_model,
                                         const kiln_train_opts *t, int64_t batch,
                                         const char *out_path, const kiln_compile_opts *o,

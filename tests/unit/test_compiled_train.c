@@ -7,9 +7,11 @@
  * initial weights and 20 fixed batches of sklearn's digits.  Each run is
  * compiled once per process to a .so in f32, opened with kiln_load and
  * trained 20 steps: the MLP's losses must be within 1e-4 relative of
- * PyTorch's f32 run; the CNN's within SPREAD_FACTOR times the spread that
- * PyTorch's own f32 run shows against its f64 run (*_spread.npy), measured
- * against the f64 run.  The compiled step must agree with the interpreter
+ * PyTorch's f32 run; the CNN's within the spread that PyTorch's own f32 run
+ * shows against its f64 run (*_spread.npy), measured against the f64 run.
+ * Training-mode Dropout must draw the interpreter trainer's masks every
+ * step; an eval-mode ONNX file goes through `kiln compile --train` and,
+ * trained, back out through `kiln export --weights` into ONNX Runtime.  The compiled step must agree with the interpreter
  * trainer's, checkpoints must resume exactly and be readable both ways, a
  * corrupt or truncated checkpoint must be refused without changing the
  * context or the previous file, and the library must still need nothing
@@ -28,12 +30,14 @@
 
 #define DIR KILN_FIXTURES "/train/"
 #define STEPS 20
-/* The CNN in f32 may differ from PyTorch's f64 run by this many times the
- * largest difference PyTorch's own f32 run shows.  Measured: 13x for SGD
- * (4.3e-6 at step 16, chaotic momentum steps amplify rounding), 1.6x for
- * AdamW.  kiln's f32 reductions (BatchNorm statistics over 1024 values, the
- * weight gradients) accumulate in f32, PyTorch's CPU kernels in double. */
-#define SPREAD_FACTOR 20
+/* The CNN in f32 may differ from PyTorch's f64 run by no more than the
+ * largest difference PyTorch's own f32 run shows (1x; the 1e-3 slack only
+ * absorbs the rounding of this comparison).  Measured: SGD 1.85e-7 (0.57x
+ * PyTorch's 3.25e-7), AdamW 2.5049e-7 (1.000x: its worst step is PyTorch's
+ * own f32 loss).  It was 13x for SGD and 1.6x for AdamW while f32
+ * reductions (BatchNorm statistics over 1024 values) summed in f32;
+ * lowered reductions now sum f32 in f64, as PyTorch's CPU kernels do. */
+#define SPREAD_FACTOR 1.001
 
 /* ---- fixtures and models (as test_train.c) ----------------------------------- */
 
@@ -198,12 +202,15 @@ static void parity(const char *run, const char *want_file, double lr, double tol
 	snprintf(name, sizeof name, "%.3s", run);
 	data d = load_data(name);
 	kiln_model *m = open_run(run);
+	double worst = 0;
 	for (int s = 0; s < STEPS; s++) {
 		double loss = step(m, d, s, lr), w = ((double *)want->data)[s];
+		worst = fmax(worst, fabs(loss - w) / fabs(w));
 		ck_assert_msg(fabs(loss - w) <= tol * fabs(w), "%s step %d: kiln %.9g, torch %.9g "
 		              "(rel %.3g, allowed %.3g)", run, s, loss, w, fabs(loss - w) / fabs(w),
 		              tol);
 	}
+	printf("%s: worst relative difference %.9g (allowed %.9g)\n", run, worst, tol);
 	ck_assert_int_eq(kiln_model_steps(m), STEPS);
 	kiln_model_free(m);
 	free_data(d);
@@ -562,14 +569,33 @@ START_TEST(compile_train_refuses_bad_requests_with_messages)
 	kiln_compile_opts o = {.passes = "default,bnfold"};
 	ck_assert_int_eq(kiln_compile_train(m, e, &SGD, 0, out, &o, &err), KILN_EINVAL);
 	ck_assert_ptr_nonnull(strstr(err.msg, "'bnfold' folds parameters"));
-	ck_assert_int_eq(kiln_compile_train(dm, e, &SGD, 0, out, NULL, &err), KILN_EUNSUPPORTED);
-	ck_assert_msg(strstr(err.msg, "Dropout") && strstr(err.msg, "training mode"), "%s", err.msg);
 	kiln_train_opts bad = ADAMW;
 	bad.amsgrad = true;
 	ck_assert_int_eq(kiln_compile_train(m, e, &bad, 0, out, NULL, &err), KILN_EUNSUPPORTED);
 	ck_assert_ptr_nonnull(strstr(err.msg, "amsgrad"));
 	ck_assert_int_eq(access(out, F_OK), -1);
 	kiln_graph_free(m), kiln_graph_free(e), kiln_graph_free(dm);
+}
+END_TEST
+
+/* kiln_graph_load_trained refuses weights of another model, naming the
+ * missing parameter, and a model already in train mode is not derived. */
+START_TEST(load_trained_and_derivation_refuse_with_messages)
+{
+	mktmp();
+	kiln_model *a = open_run("mlp_sgd");
+	kiln_error err;
+	ck_assert(!kiln_model_save(a, tpath("mlp"), &err));
+	kiln_graph *c = cnn(false), *t = cnn(true), *d = NULL;
+	ck_assert_int_eq(kiln_graph_load_trained(c, tpath("mlp"), &err), KILN_EINVAL);
+	ck_assert_msg(strstr(err.msg, "'conv1.weight'") && strstr(err.msg, "missing"), "%s",
+	              err.msg);
+	ck_assert_int_eq(kiln_train_graph_from_inference(t, 0, &d, &err), KILN_EINVAL);
+	ck_assert_msg(strstr(err.msg, "'bn1.running_mean.next' is a state update"), "%s", err.msg);
+	ck_assert_ptr_null(d);
+	kiln_graph_free(c), kiln_graph_free(t);
+	kiln_model_free(a);
+	rmtmp();
 }
 END_TEST
 
@@ -588,6 +614,201 @@ START_TEST(inference_library_is_not_trainable)
 	ck_assert_ptr_null(kiln_model_state(m));
 	kiln_model_free(m);
 	kiln_graph_free(e);
+}
+END_TEST
+
+/* ---- training-mode Dropout ----------------------------------------------------------------- */
+
+/* The MLP with Dropout(0.5) after fc1, compiled with its symbolic batch. */
+static kiln_model *dropout_lib(void)
+{
+	static char so[1200];
+	if (!so[0]) {
+		kiln_graph *m = mlp(true, 0.5), *e = mlp(false, 0);
+		snprintf(so, sizeof so, "%s/mlp_dropout.so", so_dir("compiled_train_test"));
+		kiln_error err = {0};
+		kiln_status st = kiln_compile_train(m, e, &SGD, 0, so,
+		                                    &(kiln_compile_opts){.name = "mlpd"}, &err);
+		ck_assert_msg(st == KILN_OK, "kiln_compile_train: %s", err.msg);
+		kiln_graph_free(m), kiln_graph_free(e);
+	}
+	kiln_model *c = NULL;
+	kiln_error err;
+	ck_assert_msg(kiln_load(so, &c, &err) == KILN_OK, "%s", err.msg);
+	return c;
+}
+
+/* With lr 0 nothing changes but the masks: the same batch gives another
+ * loss every step, and the compiled step the interpreter's, so both draw
+ * the same masks; then 4 real steps agree in losses and state. */
+START_TEST(dropout_masks_match_the_interpreter_every_step)
+{
+	data d = load_data("mlp");
+	kiln_graph *m = mlp(true, 0.5), *e = mlp(false, 0);
+	kiln_trainer *tr = NULL;
+	kiln_error err;
+	ck_assert_msg(kiln_trainer_new(m, e, &SGD, &tr, &err) == KILN_OK, "%s", err.msg);
+	kiln_model *c = dropout_lib();
+	double first = 0;
+	for (int s = 0; s < 8; s++) {
+		int b = s < 4 ? 0 : s;
+		double lr = s < 4 ? 0 : 0.1, want;
+		kiln_tensor x = view(d.x, b), y = view(d.y, b);
+		ck_assert(!kiln_trainer_step(tr, &x, &y, lr, &want, &err));
+		double got = step(c, d, b, lr);
+		ck_assert_msg(fabs(got - want) <= 1e-6 * want, "step %d: compiled %.9g, interpreter "
+		              "%.9g", s, got, want);
+		if (s == 0)
+			first = got;
+		else if (s < 4)
+			ck_assert_msg(fabs(got - first) > 1e-3 * first, "step %d: loss %.9g, the same "
+			              "mask as step 0 (%.9g)?", s, got, first);
+	}
+	kiln_tensor_set *a = kiln_model_state(c), *b = kiln_trainer_state(tr);
+	assert_sets_close(a, b, 1e-5);
+	kiln_tensor_set_free(a), kiln_tensor_set_free(b);
+	kiln_model_free(c);
+	kiln_trainer_free(tr);
+	kiln_graph_free(m), kiln_graph_free(e);
+	free_data(d);
+}
+END_TEST
+
+/* 8 steps uninterrupted against 4, save, a fresh context loads, 4 more:
+ * the masks follow the checkpoint's micro-batch count. */
+START_TEST(dropout_save_load_continue_reproduces_losses_exactly)
+{
+	mktmp();
+	data d = load_data("mlp");
+	double whole[8], part[8];
+	kiln_model *a = dropout_lib();
+	for (int s = 0; s < 8; s++)
+		whole[s] = step(a, d, s, 0.1);
+	kiln_model_free(a);
+	kiln_error err;
+	for (int round = 0; round < 2; round++) {
+		kiln_model *b = dropout_lib();
+		if (round == 1)
+			ck_assert_msg(kiln_model_load(b, tpath("ck"), &err) == KILN_OK, "%s", err.msg);
+		for (int s = 4 * round; s < 4 * round + 4; s++)
+			part[s] = step(b, d, s, 0.1);
+		if (round == 0)
+			ck_assert_msg(kiln_model_save(b, tpath("ck"), &err) == KILN_OK, "%s", err.msg);
+		kiln_model_free(b);
+	}
+	for (int s = 0; s < 8; s++)
+		ck_assert_msg(whole[s] == part[s], "step %d: %.17g vs %.17g after resume", s, whole[s],
+		              part[s]);
+	free_data(d);
+	rmtmp();
+}
+END_TEST
+
+/* ---- an inference ONNX file: kiln compile --train, kiln export --weights ------------------ */
+
+/* The eval-mode CNN exported to ONNX (what torch.onnx.export writes), then
+ * `kiln compile --train` on it; returns the opened library. */
+static kiln_model *cnn_from_onnx(const char *onnx, const char *so)
+{
+	kiln_graph *e = cnn(false);
+	kiln_error err;
+	ck_assert_msg(kiln_onnx_export(e, onnx, &err) == KILN_OK, "%s", err.msg);
+	kiln_graph_free(e);
+	char cmd[4096], out[8192];
+	snprintf(cmd, sizeof cmd, "'%s/kiln' compile --train '%s' --loss cross_entropy --optimizer sgd "
+	         "--momentum 0.9 --weight-decay 5e-4 --batch 16 --name cnnx -o '%s'", KILN_BIN, onnx, so);
+	ck_assert_msg(sh(cmd, out, sizeof out) == 0, "%s\n%s", cmd, out);
+	kiln_model *c = NULL;
+	ck_assert_msg(kiln_load(so, &c, &err) == KILN_OK, "%s", err.msg);
+	ck_assert(kiln_model_trainable(c));
+	return c;
+}
+
+/* The library from the ONNX file trains as the DSL's train-mode trace does
+ * in the interpreter (5 steps), and as PyTorch's f64 run within the spread
+ * the DSL-compiled CNN meets; its loss goes down. */
+START_TEST(inference_cnn_onnx_compiles_with_train_and_trains)
+{
+	mktmp();
+	data d = load_data("cnn");
+	kiln_model *c = cnn_from_onnx(tpath("cnn.onnx"), tpath("cnn_step.so"));
+	kiln_graph *m = cnn(true), *e = cnn(false);
+	kiln_trainer *tr = NULL;
+	kiln_error err;
+	ck_assert(!kiln_trainer_new(m, e, &SGD, &tr, &err));
+	kiln_tensor *want = npy("cnn_sgd_loss_f64.npy");
+	double spread = npy_scalar("cnn_sgd_spread.npy"), loss[STEPS];
+	for (int s = 0; s < STEPS; s++) {
+		loss[s] = step(c, d, s, 0.1);
+		double w = ((double *)want->data)[s], ref;
+		ck_assert_msg(fabs(loss[s] - w) <= SPREAD_FACTOR * spread * w, "step %d: %.9g vs "
+		              "torch %.9g", s, loss[s], w);
+		if (s >= 5)
+			continue;
+		kiln_tensor x = view(d.x, s), y = view(d.y, s);
+		ck_assert(!kiln_trainer_step(tr, &x, &y, 0.1, &ref, &err));
+		ck_assert_msg(fabs(loss[s] - ref) <= 1e-5 * ref, "step %d: compiled %.9g, "
+		              "interpreter %.9g", s, loss[s], ref);
+	}
+	double head = (loss[0] + loss[1] + loss[2]) / 3, tail = (loss[17] + loss[18] + loss[19]) / 3;
+	ck_assert_msg(tail < 0.7 * head, "loss %.4g -> %.4g", head, tail);
+	kiln_tensor_free(want);
+	kiln_trainer_free(tr);
+	kiln_graph_free(m), kiln_graph_free(e);
+	kiln_model_free(c);
+	free_data(d);
+	rmtmp();
+}
+END_TEST
+
+/* Train the ONNX-derived library a few steps, save, `kiln export --weights`,
+ * and ONNX Runtime on the exported file gives the library's eval outputs
+ * within 1e-4 (tests/train/check_ort.py).  Without .venv/bin/python or
+ * onnxruntime it says "skipped" and passes (Check cannot skip one test). */
+START_TEST(exported_trained_model_matches_compiled_eval_in_ort)
+{
+	mktmp();
+	data d = load_data("cnn");
+	kiln_model *c = cnn_from_onnx(tpath("cnn.onnx"), tpath("cnn_step.so"));
+	for (int s = 0; s < 6; s++)
+		step(c, d, s, 0.1);
+	kiln_error err;
+	ck_assert(!kiln_model_save(c, tpath("ck.safetensors"), &err));
+	char cmd[4096], out[8192], onnx[128], ck[128], trained[128], xs[128];
+	snprintf(onnx, sizeof onnx, "%s", tpath("cnn.onnx"));
+	snprintf(ck, sizeof ck, "%s", tpath("ck.safetensors"));
+	snprintf(trained, sizeof trained, "%s", tpath("trained.onnx"));
+	snprintf(xs, sizeof xs, "%s", tpath("x.npy"));
+	snprintf(cmd, sizeof cmd, "'%s/kiln' export '%s' --weights '%s' -o '%s'", KILN_BIN, onnx, ck,
+	         trained);
+	ck_assert_msg(sh(cmd, out, sizeof out) == 0, "%s\n%s", cmd, out);
+	kiln_tensor x = view(d.x, 7), *got = NULL;
+	ck_assert(!kiln_model_run(c, (kiln_tensor *[]){&x}, 1, &got, 1, &err));
+	ck_assert(!kiln_npy_write(tpath("x.npy"), &x, &err));
+	ck_assert(!kiln_npy_write(tpath("out.npy"), got, &err));
+	/* the exported parameters are the trained state, not the initial weights */
+	kiln_graph *g = NULL;
+	ck_assert_msg(!kiln_graph_load_any(trained, &g, &err), "%s", err.msg);
+	kiln_tensor_set *st = kiln_model_state(c), *gp = kiln_graph_params(g);
+	const kiln_tensor *a = kiln_tensor_set_get(st, "bn1.running_var"),
+	                  *b = kiln_tensor_set_get(gp, "bn1.running_var");
+	ck_assert(a && b && !memcmp(a->data, b->data, kiln_tensor_nbytes(a)));
+	kiln_tensor_set_free(st), kiln_tensor_set_free(gp);
+	kiln_graph_free(g);
+	const char *py = KILN_SRC "/.venv/bin/python";
+	if (access(py, X_OK) != 0) {
+		printf("skipped: no %s (scripts/setup-venv.sh) for ONNX Runtime\n", py);
+	} else {
+		snprintf(cmd, sizeof cmd, "'%s' '%s/tests/train/check_ort.py' '%s' '%s' '%s'", py,
+		         KILN_SRC, trained, xs, tpath("out.npy"));
+		int rc = sh(cmd, out, sizeof out);
+		ck_assert_msg(rc == 0 || rc == 77, "%s\n%s", cmd, out);
+		printf("%s", out);
+	}
+	kiln_tensor_free(got);
+	kiln_model_free(c);
+	free_data(d);
+	rmtmp();
 }
 END_TEST
 
@@ -616,10 +837,21 @@ static Suite *compiled_train_suite(void)
 	tcase_add_test(tc, corrupt_checkpoint_is_refused_by_checksum);
 	tcase_add_test(tc, checkpoint_of_another_optimizer_is_refused);
 	suite_add_tcase(s, tc);
+	tc = tcase_create("dropout");
+	tcase_set_timeout(tc, 600);
+	tcase_add_test(tc, dropout_masks_match_the_interpreter_every_step);
+	tcase_add_test(tc, dropout_save_load_continue_reproduces_losses_exactly);
+	suite_add_tcase(s, tc);
+	tc = tcase_create("inference_onnx");
+	tcase_set_timeout(tc, 600);
+	tcase_add_test(tc, inference_cnn_onnx_compiles_with_train_and_trains);
+	tcase_add_test(tc, exported_trained_model_matches_compiled_eval_in_ort);
+	suite_add_tcase(s, tc);
 	tc = tcase_create("errors");
 	tcase_set_timeout(tc, 300);
 	tcase_add_test(tc, wrong_shape_is_refused_and_nothing_committed);
 	tcase_add_test(tc, compile_train_refuses_bad_requests_with_messages);
+	tcase_add_test(tc, load_trained_and_derivation_refuse_with_messages);
 	suite_add_tcase(s, tc);
 	return s;
 }
