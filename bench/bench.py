@@ -78,6 +78,9 @@ def torch_ms(torch, module, x, threads, seconds):
         return timed(lambda: module(xt), seconds)
 
 
+LOAD_AT_START = os.getloadavg()[0]
+
+
 def machine():
     cpu = platform.processor() or "?"
     try:
@@ -89,8 +92,9 @@ def machine():
     except OSError:
         pass
     return (f"{cpu}, {os.cpu_count()} CPUs, {platform.system()} {platform.release()}; "
-            f"load average {os.getloadavg()[0]:.1f} at the end of the run (anything above "
-            f"0 is other work competing for the CPUs)")
+            f"load average {LOAD_AT_START:.1f} at the start of the run and "
+            f"{os.getloadavg()[0]:.1f} at the end (anything above 0 is other work competing "
+            f"for the CPUs)")
 
 
 def fmt(v, digits=3):

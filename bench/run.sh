@@ -20,4 +20,4 @@ bash "$root/scripts/setup-venv.sh"
 /usr/bin/python3 "$root/bench/models.py" "$models" "${quick[@]}"
 cd "$root"
 "$root/.venv/bin/python" "$root/bench/bench.py" --kiln "$build/kiln" --models "$models" \
-	--out "$root/docs/PERFORMANCE.md" --command "bench/run.sh $*" "$@"
+	--out "$root/docs/PERFORMANCE.md" --command "${BUILD:+BUILD=$BUILD }bench/run.sh $*" "$@"

@@ -20,6 +20,12 @@
  * pay back, so small or thin problems take direct paths instead: B rows
  * contiguous (b_cs == 1) gives an axpy form over vectors of C's row, A rows
  * and B columns contiguous gives a dot form, anything else a scalar loop.
+ * Between those and the packed path sit the direct tiles: with B rows
+ * contiguous and A of few rows or C only a panel or two wide, the same
+ * register-blocked micro-kernel reads A and B in place (masked loads at the
+ * right edge), which beats packing for an MLP at batch 16, small convs and
+ * 7x7 feature maps.  (That B rows are contiguous for every Linear is
+ * bnfold's doing: it stores a constant transB weight as [K, N].)
  * With a thread pool, large problems split their columns over the threads
  * with rt_parallel_for, each thread packing into its own x->scratch.
  *
@@ -76,6 +82,7 @@ typedef struct gen {
 	LLVMValueRef zero;               /* internal constant <W x float> 0 */
 	LLVMValueRef fn;                 /* function being built */
 	LLVMValueRef p[P_COUNT + 2];     /* its parameters */
+	int nv;                          /* vectors per tile row of the micro-kernel being built */
 } gen;
 
 /* ---- small IR helpers ---------------------------------------------------- */
@@ -345,7 +352,9 @@ static void scalar_epilogue(gen *g, LLVMValueRef v, LLVMValueRef m, LLVMValueRef
 
 /* ---- the packed path ----------------------------------------------------- */
 
-enum { U_AP, U_BP, U_KC, U_C, U_CRS, U_MR, U_NR, U_BETA, U_BIAS, U_BMODE, U_RELU, U_COUNT };
+enum { U_AP, U_BP, U_KC, U_C, U_CRS, U_MR, U_NR, U_BETA, U_BIAS, U_BMODE, U_RELU, U_COUNT,
+       /* the direct micro-kernel's extra parameters */
+       U_ARS = U_COUNT, U_ACS, U_BRS, U_ALPHA, U_DCOUNT };
 
 /* kiln_sgemm_ukr(Ap, Bp, kc, C, c_rs, mr, nr, beta, bias, bmode, relu):
  * the MR x NR tile at C from packed panels; only its mr x nr corner is
@@ -357,15 +366,15 @@ static void ukr_epilogue(gen *g, LLVMValueRef *acc)
 	LLVMValueRef colb_on = icmp(g, LLVMIntEQ, p[U_BMODE], LLVMConstInt(g->L->i32, 1, 0));
 	LLVMValueRef rowb_on = icmp(g, LLVMIntEQ, p[U_BMODE], LLVMConstInt(g->L->i32, 2, 0));
 	LLVMValueRef mask[8];
-	for (int j = 0; j < g->g.NV; j++)
+	for (int j = 0; j < g->nv; j++)
 		mask[j] = lanes(g, LLVMBuildSub(g->b, p[U_NR], i64c(g, j * g->g.W), ""));
 	for (int i = 0; i < g->g.MR; i++) {
 		LLVMBasicBlockRef join = if_begin(g, icmp(g, LLVMIntSLT, i64c(g, i), p[U_MR]));
 		LLVMValueRef rowb = load_if(g, rowb_on, at(g, p[U_BIAS], i64c(g, i)));
 		LLVMValueRef crow = at(g, p[U_C], mul(g, i64c(g, i), p[U_CRS]));
-		for (int j = 0; j < g->g.NV; j++) {
+		for (int j = 0; j < g->nv; j++) {
 			LLVMValueRef off = i64c(g, j * g->g.W);
-			LLVMValueRef v = LLVMBuildLoad2(g->b, g->vf, acc[i * g->g.NV + j], "");
+			LLVMValueRef v = LLVMBuildLoad2(g->b, g->vf, acc[i * g->nv + j], "");
 			vec_epilogue(g, v, at(g, crow, off), mask[j], p[U_BETA],
 			             at(g, p[U_BIAS], off), colb_on, rowb, p[U_RELU]);
 		}
@@ -373,34 +382,76 @@ static void ukr_epilogue(gen *g, LLVMValueRef *acc)
 	}
 }
 
-static LLVMValueRef emit_ukr(gen *g)
+/* The direct micro-kernel's operand addressing, set up before the k loop:
+ * row i of A (rows past mr repeat row mr-1, computed but never stored) and
+ * the masks of the nr valid columns of B. */
+static void direct_setup(gen *g, LLVMValueRef *arow, LLVMValueRef *bmask)
+{
+	LLVMValueRef *p = g->p, last = LLVMBuildSub(g->b, p[U_MR], i64c(g, 1), "");
+	for (int i = 0; i < g->g.MR; i++)
+		arow[i] = at(g, p[U_AP], mul(g, smin(g, i64c(g, i), last), p[U_ARS]));
+	for (int j = 0; j < g->nv; j++)
+		bmask[j] = lanes(g, LLVMBuildSub(g->b, p[U_NR], i64c(g, j * g->g.W), ""));
+}
+
+/* kiln_sgemm_ukr (packed) or kiln_sgemm_ukr_direct.  Packed: A and B are
+ * the panels packa/packb wrote (alpha already in A).  Direct: A is any
+ * strided matrix (a_rs, a_cs) and B row-contiguous with row stride b_rs,
+ * read in place with masked loads past column nr, and alpha is applied
+ * before the epilogue; no packing at all, for products too small in M to
+ * pay for it.  nv < NV makes a narrow variant ("...1" for one vector) that
+ * the packed path calls for a last panel of at most nv*W columns: a
+ * 196-column C is three full panels and 4 columns, which the full tile
+ * would compute 64 lanes wide (a 3x3 256-channel conv at 14x14 goes from
+ * 82 to 100 GFLOP/s).  The direct tiles keep one call site, which LLVM
+ * inlines: with a narrow variant beside it they measured 15% slower. */
+static LLVMValueRef emit_ukr(gen *g, bool direct, int nv)
 {
 	cg_llvm *L = g->L;
-	LLVMTypeRef t[U_COUNT] = {
+	LLVMTypeRef t[U_DCOUNT] = {
 		[U_AP] = g->fp, [U_BP] = g->fp, [U_KC] = L->i64, [U_C] = g->fp, [U_CRS] = L->i64,
 		[U_MR] = L->i64, [U_NR] = L->i64, [U_BETA] = L->f32, [U_BIAS] = g->fp,
-		[U_BMODE] = L->i32, [U_RELU] = L->i1,
+		[U_BMODE] = L->i32, [U_RELU] = L->i1, [U_ARS] = L->i64, [U_ACS] = L->i64,
+		[U_BRS] = L->i64, [U_ALPHA] = L->f32,
 	};
-	LLVMValueRef fn = function(g, "kiln_sgemm_ukr", t, U_COUNT), *p = g->p;
-	int MR = g->g.MR, NV = g->g.NV, W = g->g.W;
-	LLVMValueRef acc[64], b[8];
+	char name[40];
+	snprintf(name, sizeof name, "kiln_sgemm_ukr%s%s", direct ? "_direct" : "",
+	         nv < g->g.NV ? "1" : "");
+	LLVMValueRef fn = function(g, name, t, direct ? U_DCOUNT : U_COUNT), *p = g->p;
+	g->nv = nv;
+	int MR = g->g.MR, NV = nv, W = g->g.W;
+	LLVMValueRef acc[64], b[8], arow[16], bmask[8];
 	for (int i = 0; i < MR * NV; i++)
 		acc[i] = local(g, g->vf, LLVMConstNull(g->vf));
+	if (direct)
+		direct_setup(g, arow, bmask);
 	loop lk;
 	LLVMValueRef k = loop_begin(g, &lk, i64c(g, 0), p[U_KC], 1);
-	LLVMValueRef bk = at(g, p[U_BP], mul(g, k, i64c(g, g->g.NR)));
+	LLVMValueRef bk = at(g, p[U_BP], mul(g, k, direct ? p[U_BRS] : i64c(g, g->g.NR)));
 	LLVMValueRef ak = at(g, p[U_AP], mul(g, k, i64c(g, MR)));
+	LLVMValueRef kofs = direct ? mul(g, k, p[U_ACS]) : NULL;
 	for (int j = 0; j < NV; j++)
-		b[j] = vload(g, at(g, bk, i64c(g, j * W)));
+		b[j] = direct ? mload(g, at(g, bk, i64c(g, j * W)), bmask[j])
+		              : vload(g, at(g, bk, i64c(g, j * W)));
 	for (int i = 0; i < MR; i++) {
-		LLVMValueRef a = LLVMBuildLoad2(g->b, L->f32, at(g, ak, i64c(g, i)), "");
-		LLVMValueRef av = splat(g, g->vf, a);
+		LLVMValueRef ap = direct ? at(g, arow[i], kofs) : at(g, ak, i64c(g, i));
+		LLVMValueRef av = splat(g, g->vf, LLVMBuildLoad2(g->b, L->f32, ap, ""));
 		for (int j = 0; j < NV; j++) {
 			LLVMValueRef s = acc[i * NV + j];
 			LLVMBuildStore(g->b, fma3(g, av, b[j], LLVMBuildLoad2(g->b, g->vf, s, "")), s);
 		}
 	}
 	loop_end(g, &lk);
+	if (direct) { /* alpha is almost always 1: its MR*NV products cost ~5% at small K */
+		LLVMBasicBlockRef join = if_begin(g, LLVMBuildFCmp(g->b, LLVMRealUNE, p[U_ALPHA],
+		                                                   f32c(g, 1), ""));
+		for (int i = 0; i < MR * NV; i++) {
+			LLVMValueRef v = LLVMBuildLoad2(g->b, g->vf, acc[i], "");
+			v = LLVMBuildFMul(g->b, v, splat(g, g->vf, p[U_ALPHA]), "");
+			LLVMBuildStore(g->b, v, acc[i]);
+		}
+		if_end(g, join);
+	}
 	ukr_epilogue(g, acc);
 	LLVMBuildRetVoid(g->b);
 	return fn;
@@ -487,8 +538,23 @@ static LLVMValueRef emit_packb(gen *g)
 }
 
 typedef struct packed_fns {
-	LLVMValueRef ukr, packa, packb;
+	LLVMValueRef ukr, ukr1, packa, packb;
 } packed_fns;
+
+/* The micro-kernel call for a tile nr columns wide: the one-vector
+ * variant when they fit one vector. */
+static void call_ukr(gen *g, LLVMValueRef full, LLVMValueRef narrow, LLVMValueRef *a, int n)
+{
+	LLVMBasicBlockRef one = block(g, "narrow"), wide = block(g, "wide"), join = block(g, "join");
+	LLVMBuildCondBr(g->b, icmp(g, LLVMIntSLE, a[U_NR], i64c(g, g->g.W)), one, wide);
+	LLVMPositionBuilderAtEnd(g->b, one);
+	call(g, narrow, a, (unsigned)n);
+	LLVMBuildBr(g->b, join);
+	LLVMPositionBuilderAtEnd(g->b, wide);
+	call(g, full, a, (unsigned)n);
+	LLVMBuildBr(g->b, join);
+	LLVMPositionBuilderAtEnd(g->b, join);
+}
 
 /* The jr/ir loops over one packed MC x KC block of A and KC x NC panel of B.
  * blk: ic, jc, mc, nc, kc, beta_eff, last (i1). */
@@ -516,7 +582,7 @@ static void macro_kernel(gen *g, const packed_fns *f, LLVMValueRef Ap, LLVMValue
 		[U_BIAS] = at(g, p[P_BIAS], LLVMBuildSelect(g->b, row, m, n, "")),
 		[U_BMODE] = bmode, [U_RELU] = relu,
 	};
-	call(g, f->ukr, a, U_COUNT);
+	call_ukr(g, f->ukr, f->ukr1, a, U_COUNT);
 	loop_end(g, &li);
 	loop_end(g, &lj);
 }
@@ -551,6 +617,37 @@ static LLVMValueRef emit_blocked(gen *g, const packed_fns *f)
 	macro_kernel(g, f, Ap, Bp, blk);
 	loop_end(g, &li);
 	loop_end(g, &lp);
+	loop_end(g, &lj);
+	LLVMBuildRetVoid(g->b);
+	return fn;
+}
+
+/* kiln_sgemm_tiles(args..., n0, n1), b_cs == 1: columns [n0, n1) of C
+ * as MR x NR tiles of the direct micro-kernel, every tile of an NR-column
+ * panel in turn, so the K x NR strip of B it reads stays in cache for the
+ * next tile.  Nothing is packed: for a few rows of A (an MLP at batch 16, a
+ * small conv's output channels) packing B costs as much as the product. */
+static LLVMValueRef emit_tiles(gen *g, LLVMValueRef ukr)
+{
+	LLVMTypeRef t[P_COUNT + 2];
+	LLVMValueRef fn = function(g, "kiln_sgemm_tiles", t, gemm_params(g, t, 2)), *p = g->p;
+	LLVMValueRef row = icmp(g, LLVMIntEQ, p[P_AXIS], LLVMConstInt(g->L->i32, 2, 0));
+	LLVMValueRef relu = icmp(g, LLVMIntNE, p[P_ACT], LLVMConstInt(g->L->i32, 0, 0));
+	loop lj, li;
+	LLVMValueRef jr = loop_begin(g, &lj, p[P_COUNT], p[P_COUNT + 1], g->g.NR);
+	LLVMValueRef nr = smin(g, i64c(g, g->g.NR), LLVMBuildSub(g->b, p[P_COUNT + 1], jr, ""));
+	LLVMValueRef ir = loop_begin(g, &li, i64c(g, 0), p[P_M], g->g.MR);
+	LLVMValueRef mr = smin(g, i64c(g, g->g.MR), LLVMBuildSub(g->b, p[P_M], ir, ""));
+	LLVMValueRef a[U_DCOUNT] = {
+		[U_AP] = at(g, p[P_A], mul(g, ir, p[P_ARS])), [U_BP] = at(g, p[P_B], jr),
+		[U_KC] = p[P_K], [U_C] = at(g, p[P_C], add(g, mul(g, ir, p[P_CRS]), jr)),
+		[U_CRS] = p[P_CRS], [U_MR] = mr, [U_NR] = nr, [U_BETA] = p[P_BETA],
+		[U_BIAS] = at(g, p[P_BIAS], LLVMBuildSelect(g->b, row, ir, jr, "")),
+		[U_BMODE] = p[P_AXIS], [U_RELU] = relu, [U_ARS] = p[P_ARS], [U_ACS] = p[P_ACS],
+		[U_BRS] = p[P_BRS], [U_ALPHA] = p[P_ALPHA],
+	};
+	call(g, ukr, a, U_DCOUNT);
+	loop_end(g, &li);
 	loop_end(g, &lj);
 	LLVMBuildRetVoid(g->b);
 	return fn;
@@ -705,11 +802,12 @@ static LLVMValueRef emit_naive(gen *g)
 
 /* kiln_sgemm_range(x, begin, end): NR-column panels [begin, end) of the
  * product whose arguments rt_parallel_for's caller put behind x->buf (a
- * field kiln_sgemm itself never needs), with this thread's x->scratch. */
-static LLVMValueRef emit_range(gen *g, LLVMValueRef blocked)
+ * field kiln_sgemm itself never needs), with this thread's x->scratch;
+ * blocked is kiln_sgemm_blocked or kiln_sgemm_tiles (same arguments). */
+static LLVMValueRef emit_range(gen *g, LLVMValueRef blocked, const char *name)
 {
 	LLVMTypeRef t[] = {g->xp, g->L->i64, g->L->i64};
-	LLVMValueRef fn = function(g, "kiln_sgemm_range", t, 3);
+	LLVMValueRef fn = function(g, name, t, 3);
 	LLVMValueRef x = LLVMGetParam(fn, 0), begin = LLVMGetParam(fn, 1), end = LLVMGetParam(fn, 2);
 	LLVMValueRef bp = LLVMBuildStructGEP2(g->b, g->xty, x, 0, "");
 	LLVMValueRef args = LLVMBuildLoad2(g->b, LLVMStructGetTypeAtIndex(g->xty, 0), bp, "");
@@ -755,8 +853,18 @@ static void parallel(gen *g, LLVMValueRef range)
 }
 
 /* Work (M*N*K) below which threads cost more than they save, and at or
- * below which packing does. */
-enum { PAR_WORK = 1 << 21, SMALL_WORK = 1 << 13, THIN_M = 4 };
+ * below which packing does.  B rows contiguous are not packed at all (the
+ * direct tiles) when A has at most TILE_M rows, or C at most two panels of
+ * columns (A is then read once or twice), or A at most 2*TILE_M rows and C
+ * at most TILE_N columns (B's rows close enough together that a panel's
+ * strip spans few pages).  Measured with bench/gemm_bench.c on the models'
+ * shapes (best of runs, CPU time): MLP 784->512 at batch 16 100 GFLOP/s and
+ * at batch 64 110 against 104 packed, a 1x1 conv 144->24 at 56x56 108
+ * against 93, a 3x3 512-channel conv at 7x7 (N = 49) 84 against 68.  With
+ * 64 rows or more and thousands of columns packing wins (the 7x7 stem conv
+ * of ResNet, N = 12544: 85 against 77), so it keeps those. */
+enum { PAR_WORK = 1 << 21, SMALL_WORK = 1 << 13, THIN_M = 4, TILE_M = 32,
+       TILE_N = 1024 };
 
 /* if (cond) { callee(args...); return; } */
 static void tail_if(gen *g, LLVMValueRef cond, LLVMValueRef callee, LLVMValueRef *a, int n)
@@ -771,9 +879,31 @@ static void tail_if(gen *g, LLVMValueRef cond, LLVMValueRef callee, LLVMValueRef
 }
 
 typedef struct entry_fns {
-	LLVMValueRef naive, axpy, dot, blocked, range;
+	LLVMValueRef naive, axpy, dot, blocked, range, tiles, tiles_range;
 } entry_fns;
 
+/* Columns [0, N) through cols, over the pool's threads (range) when par;
+ * then returns. */
+static void columns(gen *g, LLVMValueRef par, LLVMValueRef cols, LLVMValueRef range)
+{
+	LLVMBasicBlockRef then = block(g, "par"), serial = block(g, "serial");
+	LLVMBuildCondBr(g->b, par, then, serial);
+	LLVMPositionBuilderAtEnd(g->b, then);
+	parallel(g, range);
+	LLVMBuildRetVoid(g->b);
+	LLVMPositionBuilderAtEnd(g->b, serial);
+	LLVMValueRef a[P_COUNT + 2];
+	memcpy(a, g->p, P_COUNT * sizeof *a);
+	a[P_COUNT] = i64c(g, 0);
+	a[P_COUNT + 1] = g->p[P_N];
+	call(g, cols, a, P_COUNT + 2);
+	LLVMBuildRetVoid(g->b);
+}
+
+/* kiln_sgemm: picks a path.  Nothing to do without rows or columns; K == 0
+ * or tiny products go scalar; a few rows (M <= THIN_M) take the axpy or dot
+ * forms; B rows contiguous take the direct tiles when packing would not pay
+ * (see TILE_M); anything else is packed. */
 static LLVMValueRef emit_entry(gen *g, const entry_fns *f)
 {
 	LLVMTypeRef t[P_COUNT];
@@ -787,8 +917,8 @@ static LLVMValueRef emit_entry(gen *g, const entry_fns *f)
 	LLVMValueRef work = mul(g, mul(g, p[P_M], p[P_N]), p[P_K]);
 	LLVMValueRef direct = LLVMBuildOr(g->b, icmp(g, LLVMIntSLE, p[P_M], i64c(g, THIN_M)),
 	                                  icmp(g, LLVMIntSLE, work, i64c(g, SMALL_WORK)), "");
-	tail_if(g, LLVMBuildAnd(g->b, direct, icmp(g, LLVMIntEQ, p[P_BCS], one), ""),
-	        f->axpy, p, P_COUNT);
+	LLVMValueRef bcontig = icmp(g, LLVMIntEQ, p[P_BCS], one);
+	tail_if(g, LLVMBuildAnd(g->b, direct, bcontig, ""), f->axpy, p, P_COUNT);
 	LLVMValueRef dotok = LLVMBuildAnd(g->b, icmp(g, LLVMIntEQ, p[P_BRS], one),
 	                                  icmp(g, LLVMIntEQ, p[P_ACS], one), "");
 	tail_if(g, LLVMBuildAnd(g->b, direct, dotok, ""), f->dot, p, P_COUNT);
@@ -798,18 +928,18 @@ static LLVMValueRef emit_entry(gen *g, const entry_fns *f)
 	LLVMValueRef par = LLVMBuildAnd(g->b, LLVMBuildIsNotNull(g->b, pool, ""),
 	                                icmp(g, LLVMIntSGE, work, i64c(g, PAR_WORK)), "");
 	par = LLVMBuildAnd(g->b, par, icmp(g, LLVMIntSGE, p[P_N], i64c(g, 2 * g->g.NR)), "");
-	LLVMBasicBlockRef then = block(g, "par"), serial = block(g, "serial");
-	LLVMBuildCondBr(g->b, par, then, serial);
+	LLVMValueRef few = LLVMBuildOr(g->b, icmp(g, LLVMIntSLE, p[P_M], i64c(g, TILE_M)),
+	                               icmp(g, LLVMIntSLE, p[P_N], i64c(g, 2 * g->g.NR)), "");
+	LLVMValueRef mid = LLVMBuildAnd(g->b, icmp(g, LLVMIntSLE, p[P_M], i64c(g, 2 * TILE_M)),
+	                                icmp(g, LLVMIntSLE, p[P_N], i64c(g, TILE_N)), "");
+	few = LLVMBuildOr(g->b, few, mid, "");
+	LLVMValueRef tiles = LLVMBuildAnd(g->b, bcontig, few, "");
+	LLVMBasicBlockRef then = block(g, "tiles"), next = block(g, "packed");
+	LLVMBuildCondBr(g->b, tiles, then, next);
 	LLVMPositionBuilderAtEnd(g->b, then);
-	parallel(g, f->range);
-	LLVMBuildRetVoid(g->b);
-	LLVMPositionBuilderAtEnd(g->b, serial);
-	LLVMValueRef a[P_COUNT + 2];
-	memcpy(a, p, P_COUNT * sizeof *a);
-	a[P_COUNT] = zero;
-	a[P_COUNT + 1] = p[P_N];
-	call(g, f->blocked, a, P_COUNT + 2);
-	LLVMBuildRetVoid(g->b);
+	columns(g, par, f->tiles, f->tiles_range);
+	LLVMPositionBuilderAtEnd(g->b, next);
+	columns(g, par, f->blocked, f->range);
 	return fn;
 }
 
@@ -867,10 +997,13 @@ LLVMValueRef cg_llvm_sgemm(cg_llvm *L)
 		return L->sgemm;
 	gen g;
 	setup(&g, L);
-	packed_fns pf = {.ukr = emit_ukr(&g), .packa = emit_packa(&g), .packb = emit_packb(&g)};
+	packed_fns pf = {.ukr = emit_ukr(&g, false, g.g.NV), .ukr1 = emit_ukr(&g, false, 1),
+	                 .packa = emit_packa(&g), .packb = emit_packb(&g)};
 	entry_fns ef = {.naive = emit_naive(&g), .axpy = emit_axpy(&g), .dot = emit_dot(&g)};
 	ef.blocked = emit_blocked(&g, &pf);
-	ef.range = emit_range(&g, ef.blocked);
+	ef.range = emit_range(&g, ef.blocked, "kiln_sgemm_range");
+	ef.tiles = emit_tiles(&g, emit_ukr(&g, true, g.g.NV));
+	ef.tiles_range = emit_range(&g, ef.tiles, "kiln_sgemm_tiles_range");
 	L->sgemm = emit_entry(&g, &ef);
 	LLVMDisposeBuilder(g.b);
 	return L->sgemm;

@@ -22,6 +22,13 @@
  * marked for training (kiln_graph_set_training), a BN in training mode, and
  * a BN whose statistics are computed in the graph (train-mode batch norm,
  * or statistics fed as inputs): only Constant nodes and parameters fold.
+ *
+ * The same reasoning lets it choose a weight's layout.  A Gemm with transB
+ * reads B as [N, K] (every Linear exported from PyTorch does), which the
+ * GEMM kernel can only use by gathering columns; when B is fixed and read
+ * by that Gemm alone it is stored transposed instead, and transB becomes 0,
+ * so B's rows are contiguous in memory and kiln_sgemm multiplies straight
+ * from it (codegen/llvm_gemm.c), as ONNX Runtime's pre-packing does.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -257,6 +264,37 @@ static kiln_status fold_bn(kiln_graph *g, ir_node *bn, bool *changed)
 	return st;
 }
 
+/* Gemm(transB=1) with a fixed B read by it alone: B stored as [K, N]. */
+static kiln_status untranspose_b(kiln_graph *g, ir_node *n, bool *changed)
+{
+	uint32_t v = n->in[1];
+	const kiln_tensor *w = fixed(g, v);
+	if (!ir_attr_int(n, "transB", 0) || !w || w->rank != 2 || g->val[v]->nuse != 1 ||
+	    is_output(g, v))
+		return KILN_OK;
+	int64_t N = w->shape[0], K = w->shape[1];
+	kiln_tensor *t = kiln_tensor_new(w->dtype, 2, (int64_t[]){K, N});
+	if (!t)
+		return ir_errorf(g, n, KILN_ENOMEM, "bnfold: out of memory");
+	size_t es = kiln_dtype_size(w->dtype);
+	const char *src = w->data;
+	char *dst = t->data;
+	for (int64_t r = 0; r < N; r++)
+		for (int64_t c = 0; c < K; c++)
+			memcpy(dst + (c * N + r) * es, src + (r * K + c) * es, es);
+	uint32_t c = constant(g, n->loc, t);
+	kiln_tensor_free(t);
+	if (!c)
+		return g->status ? g->status : ir_errorf(g, n, KILN_ENOMEM, "bnfold: out of memory");
+	const ir_value *old = g->val[v];
+	ir_set_input(g, n, 1, c);
+	ir_attr_set_int(g, n, "transB", 0);
+	if (old->kind == IR_V_NODE && old->def && old->def->op == KILN_OP_CONSTANT && !old->nuse)
+		ir_node_remove(g, old->def);
+	*changed = true;
+	return g->status;
+}
+
 kiln_status pass_bnfold(kiln_graph *g, const pass_opts *o)
 {
 	(void)o;
@@ -268,6 +306,12 @@ kiln_status pass_bnfold(kiln_graph *g, const pass_opts *o)
 		ir_node *n = g->node[i];
 		if (!n->dead && n->op == KILN_OP_BATCH_NORM)
 			fold_bn(g, n, &changed);
+	}
+	/* after the folds, which may have made new Gemms */
+	for (uint32_t i = 0; i < g->nnode && g->status == KILN_OK; i++) {
+		ir_node *n = g->node[i];
+		if (!n->dead && n->op == KILN_OP_GEMM)
+			untranspose_b(g, n, &changed);
 	}
 	if (g->status != KILN_OK || !changed)
 		return g->status;

@@ -486,6 +486,38 @@ START_TEST(resnet_block_fuses_residual_add_and_relu)
 }
 END_TEST
 
+/* A rank-3 Linear as PyTorch exports it, MatMul then Add of a [5] bias,
+ * then Relu, read by the next MatMul: one GEMM kernel with the bias per
+ * column and relu in its epilogue.  An Add of a [3,5] matrix is no bias
+ * and stays a kernel (with the relu fused). */
+START_TEST(matmul_bias_add_and_relu_fold_into_the_gemm)
+{
+	for (int mat = 0; mat < 2; mat++) {
+		kiln_graph *g = kiln_graph_new("lin3");
+		kiln_value x = input(g, "x", 3, (int64_t[]){kiln_sym(g, "N"), 3, 6});
+		kiln_tensor *w = ramp(2, (int64_t[]){6, 5}, -1, 1, 2);
+		kiln_tensor *w2 = ramp(2, (int64_t[]){5, 4}, -1, 1, 4);
+		kiln_tensor *b = ramp(mat ? 2 : 1, mat ? (int64_t[]){3, 5} : (int64_t[]){5}, -1, 1, 3);
+		kiln_value h = kiln_matmul(g, x, kiln_param(g, "w", w));
+		h = kiln_relu(g, kiln_add(g, kiln_param(g, "b", b), h));
+		kiln_output(g, "y", kiln_matmul(g, h, kiln_param(g, "w2", w2)));
+		kiln_tensor_free(w), kiln_tensor_free(w2), kiln_tensor_free(b);
+		ck_assert_msg(kiln_graph_status(g) == KILN_OK, "%s", kiln_graph_errmsg(g));
+		cg_module *m = lower(g, true);
+		char *text = dump(m);
+		ck_assert_msg(m->nkern == (mat ? 3 : 2), "%s", text);
+		ck_assert_int_eq(count(text, "per column relu"), !mat);
+		ck_assert_msg(mat || !strstr(text, "add"), "%s", text);
+		free(text);
+		kiln_tensor *in = ramp(3, (int64_t[]){2, 3, 6}, -1, 1, 5);
+		fused_matches(m, g, &in, 1);
+		kiln_tensor_free(in);
+		cg_module_free(m);
+		kiln_graph_free(g);
+	}
+}
+END_TEST
+
 static Suite *fusion_suite(void)
 {
 	Suite *s = suite_create("fusion");
@@ -509,6 +541,7 @@ static Suite *fusion_suite(void)
 	tcase_add_test(tc, f16_chain_rounds_like_separate_kernels);
 	tcase_add_test(tc, cnn_after_inference_pipeline_has_fewer_kernels);
 	tcase_add_test(tc, resnet_block_fuses_residual_add_and_relu);
+	tcase_add_test(tc, matmul_bias_add_and_relu_fold_into_the_gemm);
 	suite_add_tcase(s, tc);
 	return s;
 }

@@ -282,6 +282,41 @@ START_TEST(gemm_strided_operands)
 }
 END_TEST
 
+/* B rows contiguous (bt = 0) take the unpacked tiles for up to 32 rows
+ * (64 when N <= 1024): edge tiles in both directions, strided and
+ * transposed A. */
+START_TEST(gemm_tiles_edges_and_strides)
+{
+	check_layouts(PROB(5, 63, 9));
+	check_layouts(PROB(7, 130, 1));
+	check_layouts(PROB(61, 300, 50));
+	prob p = PROB(32, 65, 77);
+	p.as = 2;
+	p.bs = 1;
+	check_layouts(p);
+}
+END_TEST
+
+/* Many rows but at most two column panels (a 7x7 conv): tiles too. */
+START_TEST(gemm_tiles_for_few_columns)
+{
+	check_layouts(PROB(200, 49, 700));
+}
+END_TEST
+
+/* Many rows and many columns: B contiguous is still packed. */
+START_TEST(gemm_packed_for_many_rows_and_columns)
+{
+	prob p = PROB(150, 300, 1000);
+	check_prob(&p, NULL);
+	p.at = 1;
+	p.beta = 0.5f;
+	p.axis = 1;
+	p.act = 1;
+	check_prob(&p, NULL);
+}
+END_TEST
+
 /* ---- epilogue ---- */
 
 static void check_epilogues(int64_t M, int64_t N, int64_t K)
@@ -309,6 +344,12 @@ END_TEST
 START_TEST(gemm_epilogue_packed)
 {
 	check_epilogues(33, 70, 300);
+}
+END_TEST
+
+START_TEST(gemm_epilogue_tiles)
+{
+	check_epilogues(9, 70, 30);
 }
 END_TEST
 
@@ -415,9 +456,14 @@ static Suite *gemm_suite(void)
 	tcase_add_test(tc, gemm_several_k_blocks);
 	tcase_add_test(tc, gemm_several_m_and_n_blocks);
 	tcase_add_test(tc, gemm_strided_operands);
+	tcase_add_test(tc, gemm_packed_for_many_rows_and_columns);
+	tc = jit_case(s, "tiles", setup_host);
+	tcase_add_test(tc, gemm_tiles_edges_and_strides);
+	tcase_add_test(tc, gemm_tiles_for_few_columns);
 	tc = jit_case(s, "epilogue", setup_host);
 	tcase_add_test(tc, gemm_epilogue_direct);
 	tcase_add_test(tc, gemm_epilogue_packed);
+	tcase_add_test(tc, gemm_epilogue_tiles);
 	tc = jit_case(s, "threads", setup_host);
 	tcase_add_test(tc, gemm_threads_split_columns);
 	tcase_add_test(tc, gemm_threads_uneven_chunks_own_scratch);
