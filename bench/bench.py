@@ -12,7 +12,9 @@ sequential execution, all graph optimisations) and PyTorch 1.13
 (torch.set_num_threads(T), inference mode) on the same random input, timed
 the same way in this process.  Writes the median latencies and the ratios
 kiln/ORT and kiln/PyTorch into the output Markdown, with the GEMM kernel
-benchmark when BUILD/gemm_bench exists, the machine and the command.
+benchmark when BUILD/gemm_bench exists, the machine and the command.  A
+section of the existing output headed "## Notes" and everything after it is
+hand-written and kept.
 """
 import argparse
 import json
@@ -146,6 +148,21 @@ def gemm_section(build):
     return ["```", (r.stdout + r.stderr).strip(), "```"]
 
 
+NOTES = "## Notes"
+
+
+def kept_notes(path):
+    """The hand-written tail of the output from its NOTES heading on, which
+    a rerun keeps (history, analysis), or ""."""
+    try:
+        with open(path) as f:
+            text = f.read()
+    except OSError:
+        return ""
+    at = text.find("\n" + NOTES + "\n")
+    return "\n" + text[at + 1:] if at >= 0 else ""
+
+
 def write(args, rows, compiled, notes, ort_v, torch_v):
     L = ["# Performance", "",
          "Median latency in ms of one inference (lower is better), measured side by side",
@@ -165,8 +182,9 @@ def write(args, rows, compiled, notes, ort_v, torch_v):
     L += ["", "## GEMM kernel", ""] + gemm_section(os.path.dirname(args.kiln))
     if notes:
         L += ["", "## Failures", ""] + [f"- {n}" for n in notes]
+    kept = kept_notes(args.out)
     with open(args.out, "w") as f:
-        f.write("\n".join(L) + "\n")
+        f.write("\n".join(L) + "\n" + kept)
     print(f"bench.py: wrote {args.out}")
 
 

@@ -344,6 +344,7 @@ END_TEST
 START_TEST(gemm_epilogue_packed)
 {
 	check_epilogues(33, 70, 300);
+	check_epilogues(70, 140, 300); /* packed for bt = 0 too; last panel narrow */
 }
 END_TEST
 
