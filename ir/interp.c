@@ -18,6 +18,12 @@
  * never a read.  Dropout in training mode uses a counter-based generator
  * documented above dropout_u(), so other backends can match it bit for bit;
  * kiln_graph_run uses run seed 0.
+ *
+ * This file holds the driver, element access, the kernel helpers, the
+ * element-wise, reduction, movement and linear-algebra kernels, and the
+ * table; the neural-network kernels (conv, pools, normalisation, softmax,
+ * dropout, losses) live in interp_nn.c, and ir/interp.h declares what the
+ * two files share.
  */
 #include <float.h>
 #include <math.h>
@@ -26,6 +32,7 @@
 #include <string.h>
 
 #include "ir/ir.h"
+#include "ir/interp.h"
 
 /* ---- element access ----------------------------------------------------- */
 
@@ -164,11 +171,8 @@ void ir_store_i64(kiln_tensor *t, int64_t i, int64_t v)
 
 /* ---- kernel helpers ------------------------------------------------------ */
 
-static kiln_status fail(ir_interp *c, const ir_node *n, kiln_status code, const char *fmt, ...)
-	__attribute__((format(printf, 4, 5)));
-
 /* Like ir_errorf, but into the run's kiln_error: the graph is const here. */
-static kiln_status fail(ir_interp *c, const ir_node *n, kiln_status code, const char *fmt, ...)
+kiln_status ir_fail(ir_interp *c, const ir_node *n, kiln_status code, const char *fmt, ...)
 {
 	char head[512] = "", d[160];
 	size_t k = 0;
@@ -187,13 +191,13 @@ static kiln_status fail(ir_interp *c, const ir_node *n, kiln_status code, const 
 	return code;
 }
 
-static bool isint(kiln_dtype dt)
+bool ir_isint(kiln_dtype dt)
 {
 	return !kiln_dtype_is_float(dt);
 }
 
 /* "f32[2,3]" for a concrete tensor, for messages. */
-static const char *tstr(const kiln_tensor *t, char *buf, size_t size)
+const char *ir_tstr(const kiln_tensor *t, char *buf, size_t size)
 {
 	size_t k = snprintf(buf, size, "%s[", kiln_dtype_name(t->dtype));
 	for (int d = 0; d < t->rank && k < size; d++)
@@ -203,7 +207,7 @@ static const char *tstr(const kiln_tensor *t, char *buf, size_t size)
 	return buf;
 }
 
-static int64_t prod(const int64_t *dims, int from, int to)
+int64_t ir_prod(const int64_t *dims, int from, int to)
 {
 	int64_t p = 1;
 	for (int d = from; d < to; d++)
@@ -212,7 +216,7 @@ static int64_t prod(const int64_t *dims, int from, int to)
 }
 
 /* Row-major coordinates of linear index i in shape[0..rank). */
-static void unravel(int64_t i, int rank, const int64_t *shape, int64_t *idx)
+void ir_unravel(int64_t i, int rank, const int64_t *shape, int64_t *idx)
 {
 	for (int d = rank - 1; d >= 0; d--) {
 		idx[d] = shape[d] ? i % shape[d] : 0;
@@ -222,7 +226,7 @@ static void unravel(int64_t i, int rank, const int64_t *shape, int64_t *idx)
 
 /* Strides of t broadcast to out's shape (right-aligned, 0 on a broadcast
  * dim); false when t does not broadcast to out. */
-static bool bstrides(const kiln_tensor *t, const kiln_tensor *out, int64_t *st)
+bool ir_bstrides(const kiln_tensor *t, const kiln_tensor *out, int64_t *st)
 {
 	int off = out->rank - t->rank;
 	int64_t s = 1;
@@ -239,7 +243,7 @@ static bool bstrides(const kiln_tensor *t, const kiln_tensor *out, int64_t *st)
 }
 
 /* Offset into a tensor with broadcast strides st of out's element i. */
-static int64_t boff(const kiln_tensor *out, const int64_t *st, int64_t i)
+int64_t ir_boff(const kiln_tensor *out, const int64_t *st, int64_t i)
 {
 	int64_t o = 0;
 	for (int d = out->rank - 1; d >= 0; d--) {
@@ -249,7 +253,7 @@ static int64_t boff(const kiln_tensor *out, const int64_t *st, int64_t i)
 	return o;
 }
 
-static int64_t naxis(int64_t axis, int rank)
+int64_t ir_naxis(int64_t axis, int rank)
 {
 	return axis < 0 ? axis + rank : axis;
 }
@@ -267,8 +271,8 @@ static kiln_status same_dtype(ir_interp *c, const ir_node *n, const kiln_tensor 
 	if (a->dtype == b->dtype)
 		return KILN_OK;
 	char x[96], y[96];
-	return fail(c, n, KILN_ESHAPE, "dtype changes from %s to %s in a move op",
-	                      tstr(a, x, sizeof x), tstr(b, y, sizeof y));
+	return ir_fail(c, n, KILN_ESHAPE, "dtype changes from %s to %s in a move op",
+	                      ir_tstr(a, x, sizeof x), ir_tstr(b, y, sizeof y));
 }
 
 /* ---- elementwise unary -------------------------------------------------- */
@@ -300,8 +304,8 @@ static kiln_status unary(ir_interp *c, const ir_node *n, kiln_tensor *const *in,
 {
 	int64_t cnt = kiln_tensor_numel(out[0]);
 	if (kiln_tensor_numel(in[0]) != cnt)
-		return fail(c, n, KILN_ESHAPE, "input and output sizes differ");
-	if (isint(in[0]->dtype) && unary_int[n->op]) {
+		return ir_fail(c, n, KILN_ESHAPE, "input and output sizes differ");
+	if (ir_isint(in[0]->dtype) && unary_int[n->op]) {
 		for (int64_t i = 0; i < cnt; i++)
 			ir_store_i64(out[0], i, unary_int[n->op](ir_load_i64(in[0], i)));
 		return KILN_OK;
@@ -319,7 +323,7 @@ static kiln_status map1p(ir_interp *c, const ir_node *n, const kiln_tensor *x,
 {
 	int64_t cnt = kiln_tensor_numel(y);
 	if (kiln_tensor_numel(x) != cnt)
-		return fail(c, n, KILN_ESHAPE, "input and output sizes differ");
+		return ir_fail(c, n, KILN_ESHAPE, "input and output sizes differ");
 	for (int64_t i = 0; i < cnt; i++)
 		ir_store(y, i, f(ir_load(x, i), p));
 	return KILN_OK;
@@ -347,7 +351,7 @@ static kiln_status gelu(ir_interp *c, const ir_node *n, kiln_tensor *const *in,
 {
 	const char *a = ir_attr_str(n, "approximate", "none");
 	if (strcmp(a, "none") && strcmp(a, "tanh"))
-		return fail(c, n, KILN_EINVAL, "approximate must be none or tanh, not '%s'", a);
+		return ir_fail(c, n, KILN_EINVAL, "approximate must be none or tanh, not '%s'", a);
 	return map1p(c, n, in[0], out[0], strcmp(a, "tanh") ? gelu_erf : gelu_tanh, NULL);
 }
 
@@ -358,10 +362,10 @@ static kiln_status clip(ir_interp *c, const ir_node *n, kiln_tensor *const *in,
                         kiln_tensor *const *out)
 {
 	double p[2] = {ir_attr_float(n, "min", -INFINITY), ir_attr_float(n, "max", INFINITY)};
-	if (!isint(in[0]->dtype))
+	if (!ir_isint(in[0]->dtype))
 		return map1p(c, n, in[0], out[0], clamp, p);
 	if (kiln_tensor_numel(in[0]) != kiln_tensor_numel(out[0]))
-		return fail(c, n, KILN_ESHAPE, "input and output sizes differ");
+		return ir_fail(c, n, KILN_ESHAPE, "input and output sizes differ");
 	int64_t lo = sat_i64(ceil(p[0]), -0x1p63, 0x1p63), hi = sat_i64(floor(p[1]), -0x1p63, 0x1p63);
 	for (int64_t i = 0, cnt = kiln_tensor_numel(out[0]); i < cnt; i++) {
 		int64_t x = ir_load_i64(in[0], i);
@@ -374,7 +378,7 @@ static kiln_status not_op(ir_interp *c, const ir_node *n, kiln_tensor *const *in
                           kiln_tensor *const *out)
 {
 	if (kiln_tensor_numel(in[0]) != kiln_tensor_numel(out[0]))
-		return fail(c, n, KILN_ESHAPE, "input and output sizes differ");
+		return ir_fail(c, n, KILN_ESHAPE, "input and output sizes differ");
 	for (int64_t i = 0, cnt = kiln_tensor_numel(out[0]); i < cnt; i++)
 		ir_store_i64(out[0], i, !ir_load_i64(in[0], i));
 	return KILN_OK;
@@ -388,9 +392,9 @@ static kiln_status cast(ir_interp *c, const ir_node *n, kiln_tensor *const *in,
 {
 	int64_t cnt = kiln_tensor_numel(out[0]);
 	if (kiln_tensor_numel(in[0]) != cnt)
-		return fail(c, n, KILN_ESHAPE, "input and output sizes differ");
+		return ir_fail(c, n, KILN_ESHAPE, "input and output sizes differ");
 	for (int64_t i = 0; i < cnt; i++) {
-		if (isint(in[0]->dtype))
+		if (ir_isint(in[0]->dtype))
 			ir_store_i64(out[0], i, ir_load_i64(in[0], i));
 		else
 			ir_store(out[0], i, ir_load(in[0], i));
@@ -407,8 +411,8 @@ static kiln_status copy(ir_interp *c, const ir_node *n, kiln_tensor *const *in,
 		return st;
 	if (kiln_tensor_numel(in[0]) != kiln_tensor_numel(out[0])) {
 		char a[96], b[96];
-		return fail(c, n, KILN_ESHAPE, "cannot view %s as %s",
-		                      tstr(in[0], a, sizeof a), tstr(out[0], b, sizeof b));
+		return ir_fail(c, n, KILN_ESHAPE, "cannot view %s as %s",
+		                      ir_tstr(in[0], a, sizeof a), ir_tstr(out[0], b, sizeof b));
 	}
 	memcpy(out[0]->data, in[0]->data, kiln_tensor_nbytes(in[0]));
 	return KILN_OK;
@@ -421,7 +425,7 @@ static double sub(double a, double b) { return a - b; }
 static double mul(double a, double b) { return a * b; }
 static double divd(double a, double b) { return a / b; }
 /* Max and Min propagate NaN, as torch.maximum and ONNX do. */
-static double maxd(double a, double b) { return a > b || isnan(a) ? a : b; }
+double ir_maxd(double a, double b) { return a > b || isnan(a) ? a : b; }
 static double mind(double a, double b) { return a < b || isnan(a) ? a : b; }
 static double eq(double a, double b) { return a == b; }
 static double lt(double a, double b) { return a < b; }
@@ -429,7 +433,7 @@ static double gt(double a, double b) { return a > b; }
 
 static double (*const binary_fn[KILN_OP_COUNT])(double, double) = {
 	[KILN_OP_ADD] = add, [KILN_OP_SUB] = sub, [KILN_OP_MUL] = mul, [KILN_OP_DIV] = divd,
-	[KILN_OP_POW] = pow, [KILN_OP_MAX] = maxd, [KILN_OP_MIN] = mind,
+	[KILN_OP_POW] = pow, [KILN_OP_MAX] = ir_maxd, [KILN_OP_MIN] = mind,
 	[KILN_OP_EQUAL] = eq, [KILN_OP_LESS] = lt, [KILN_OP_GREATER] = gt,
 };
 
@@ -467,12 +471,12 @@ static int64_t (*const binary_int[KILN_OP_COUNT])(int64_t, int64_t) = {
 	[KILN_OP_GREATER] = gti, [KILN_OP_AND] = andi, [KILN_OP_OR] = ori,
 };
 
-static kiln_status bcast_fail(ir_interp *c, const ir_node *n, const kiln_tensor *t,
-                              const kiln_tensor *out)
+kiln_status ir_bcast_fail(ir_interp *c, const ir_node *n, const kiln_tensor *t,
+                          const kiln_tensor *out)
 {
 	char a[96], b[96];
-	return fail(c, n, KILN_ESHAPE, "%s does not broadcast to %s", tstr(t, a, sizeof a),
-	            tstr(out, b, sizeof b));
+	return ir_fail(c, n, KILN_ESHAPE, "%s does not broadcast to %s", ir_tstr(t, a, sizeof a),
+	               ir_tstr(out, b, sizeof b));
 }
 
 /* Folds inputs left to right at each output index: Add..Or, and the
@@ -483,29 +487,29 @@ static kiln_status binary(ir_interp *c, const ir_node *n, kiln_tensor *const *in
 	kiln_tensor *y = out[0];
 	int64_t (*st)[KILN_MAX_RANK] = calloc(n->nin, sizeof *st);
 	if (!st)
-		return fail(c, n, KILN_ENOMEM, "out of memory");
+		return ir_fail(c, n, KILN_ENOMEM, "out of memory");
 	bool ints = binary_int[n->op] != NULL;
 	kiln_status rc = KILN_OK;
 	for (uint32_t k = 0; k < n->nin && !rc; k++) {
-		if (!bstrides(in[k], y, st[k]))
-			rc = bcast_fail(c, n, in[k], y);
-		ints = ints && isint(in[k]->dtype);
+		if (!ir_bstrides(in[k], y, st[k]))
+			rc = ir_bcast_fail(c, n, in[k], y);
+		ints = ints && ir_isint(in[k]->dtype);
 	}
 	for (int64_t i = 0, cnt = kiln_tensor_numel(y); i < cnt && !rc; i++) {
 		if (ints) {
-			int64_t acc = ir_load_i64(in[0], boff(y, st[0], i));
+			int64_t acc = ir_load_i64(in[0], ir_boff(y, st[0], i));
 			for (uint32_t k = 1; k < n->nin && !rc; k++) {
-				int64_t b = ir_load_i64(in[k], boff(y, st[k], i));
+				int64_t b = ir_load_i64(in[k], ir_boff(y, st[k], i));
 				if (n->op == KILN_OP_DIV && b == 0)
-					rc = fail(c, n, KILN_EINVAL, "integer division by zero");
+					rc = ir_fail(c, n, KILN_EINVAL, "integer division by zero");
 				else
 					acc = binary_int[n->op](acc, b);
 			}
 			ir_store_i64(y, i, acc);
 		} else {
-			double acc = ir_load(in[0], boff(y, st[0], i));
+			double acc = ir_load(in[0], ir_boff(y, st[0], i));
 			for (uint32_t k = 1; k < n->nin; k++)
-				acc = binary_fn[n->op](acc, ir_load(in[k], boff(y, st[k], i)));
+				acc = binary_fn[n->op](acc, ir_load(in[k], ir_boff(y, st[k], i)));
 			ir_store(y, i, acc);
 		}
 	}
@@ -518,14 +522,14 @@ static kiln_status where(ir_interp *c, const ir_node *n, kiln_tensor *const *in,
 {
 	int64_t st[3][KILN_MAX_RANK];
 	for (int k = 0; k < 3; k++)
-		if (!bstrides(in[k], out[0], st[k]))
-			return bcast_fail(c, n, in[k], out[0]);
+		if (!ir_bstrides(in[k], out[0], st[k]))
+			return ir_bcast_fail(c, n, in[k], out[0]);
 	kiln_status rc = same_dtype(c, n, in[1], out[0]);
 	if (!rc)
 		rc = same_dtype(c, n, in[2], out[0]);
 	for (int64_t i = 0, cnt = kiln_tensor_numel(out[0]); i < cnt && !rc; i++) {
-		int k = ir_load_i64(in[0], boff(out[0], st[0], i)) ? 1 : 2;
-		copy_elem(out[0], i, in[k], boff(out[0], st[k], i));
+		int k = ir_load_i64(in[0], ir_boff(out[0], st[0], i)) ? 1 : 2;
+		copy_elem(out[0], i, in[k], ir_boff(out[0], st[k], i));
 	}
 	return rc;
 }
@@ -544,7 +548,7 @@ typedef struct reducer {
 static const reducer reducers[KILN_OP_COUNT] = {
 	[KILN_OP_REDUCE_SUM] = {0, add, 0, addi, false},
 	[KILN_OP_REDUCE_MEAN] = {0, add, 0, addi, true},
-	[KILN_OP_REDUCE_MAX] = {-INFINITY, maxd, INT64_MIN, maxi, false},
+	[KILN_OP_REDUCE_MAX] = {-INFINITY, ir_maxd, INT64_MIN, maxi, false},
 	[KILN_OP_REDUCE_MIN] = {INFINITY, mind, INT64_MAX, mini, false},
 };
 
@@ -559,10 +563,10 @@ static kiln_status reduced_axes(ir_interp *c, const ir_node *n, int rank, bool *
 	for (int d = 0; d < rank; d++)
 		mask[d] = na == 0;
 	for (uint32_t k = 0; k < na; k++) {
-		int64_t a = naxis(axes[k], rank);
+		int64_t a = ir_naxis(axes[k], rank);
 		if (a < 0 || a >= rank)
-			return fail(c, n, KILN_EINVAL, "axis %lld out of range for rank %d",
-			            (long long)axes[k], rank);
+			return ir_fail(c, n, KILN_EINVAL, "axis %lld out of range for rank %d",
+			               (long long)axes[k], rank);
 		mask[a] = true;
 	}
 	return KILN_OK;
@@ -598,15 +602,15 @@ static kiln_status reduce(ir_interp *c, const ir_node *n, kiln_tensor *const *in
 	for (int d = 0; d < x->rank; d++)
 		kept *= mask[d] ? 1 : x->shape[d];
 	if (kept != m)
-		return fail(c, n, KILN_ESHAPE, "output has %lld elements, the kept axes %lld",
-		            (long long)m, (long long)kept);
+		return ir_fail(c, n, KILN_ESHAPE, "output has %lld elements, the kept axes %lld",
+		               (long long)m, (long long)kept);
 	int64_t per = m ? cnt / m : 0;
-	bool ints = isint(x->dtype) && !r->mean;
+	bool ints = ir_isint(x->dtype) && !r->mean;
 	double *acc = malloc((m + 1) * sizeof *acc);
 	int64_t *acci = malloc((m + 1) * sizeof *acci);
 	if (!acc || !acci) {
 		free(acc), free(acci);
-		return fail(c, n, KILN_ENOMEM, "out of memory");
+		return ir_fail(c, n, KILN_ENOMEM, "out of memory");
 	}
 	for (int64_t o = 0; o < m; o++)
 		acc[o] = r->init, acci[o] = r->initi;
@@ -632,21 +636,21 @@ static kiln_status argmax(ir_interp *c, const ir_node *n, kiln_tensor *const *in
                           kiln_tensor *const *out)
 {
 	const kiln_tensor *x = in[0];
-	int64_t axis = naxis(ir_attr_int(n, "axis", 0), x->rank);
+	int64_t axis = ir_naxis(ir_attr_int(n, "axis", 0), x->rank);
 	bool last = ir_attr_int(n, "select_last_index", 0);
 	if (axis < 0 || axis >= x->rank)
-		return fail(c, n, KILN_EINVAL, "axis out of range for rank %d", x->rank);
-	int64_t outer = prod(x->shape, 0, axis), len = x->shape[axis];
-	int64_t inner = prod(x->shape, axis + 1, x->rank);
+		return ir_fail(c, n, KILN_EINVAL, "axis out of range for rank %d", x->rank);
+	int64_t outer = ir_prod(x->shape, 0, axis), len = x->shape[axis];
+	int64_t inner = ir_prod(x->shape, axis + 1, x->rank);
 	if (kiln_tensor_numel(out[0]) != outer * inner)
-		return fail(c, n, KILN_ESHAPE, "output size does not match the input");
+		return ir_fail(c, n, KILN_ESHAPE, "output size does not match the input");
 	for (int64_t o = 0; o < outer; o++)
 		for (int64_t k = 0; k < inner; k++) {
 			int64_t best = 0, base = o * len * inner + k;
 			for (int64_t j = 1; j < len; j++) {
 				int64_t a = base + j * inner, b = base + best * inner;
 				bool more, same;
-				if (isint(x->dtype)) {
+				if (ir_isint(x->dtype)) {
 					int64_t va = ir_load_i64(x, a), vb = ir_load_i64(x, b);
 					more = va > vb, same = va == vb;
 				} else {
@@ -672,18 +676,18 @@ static kiln_status transpose(ir_interp *c, const ir_node *n, kiln_tensor *const 
 	uint32_t np = ir_attr_ints(n, "perm", &perm);
 	bool seen[KILN_MAX_RANK] = {0};
 	for (int d = 0; d < x->rank; d++) {
-		p[d] = np ? naxis(perm[d], x->rank) : x->rank - 1 - d; /* default: reverse */
+		p[d] = np ? ir_naxis(perm[d], x->rank) : x->rank - 1 - d; /* default: reverse */
 		if ((np && np != (uint32_t)x->rank) || p[d] < 0 || p[d] >= x->rank || seen[p[d]])
-			return fail(c, n, KILN_EINVAL, "perm is not a permutation of %d axes", x->rank);
+			return ir_fail(c, n, KILN_EINVAL, "perm is not a permutation of %d axes", x->rank);
 		seen[p[d]] = true;
 		if (out[0]->rank != x->rank || out[0]->shape[d] != x->shape[p[d]])
-			return fail(c, n, KILN_ESHAPE, "output is not the permuted input");
+			return ir_fail(c, n, KILN_ESHAPE, "output is not the permuted input");
 	}
 	for (int d = x->rank - 1; d >= 0; d--)
 		st[d] = d == x->rank - 1 ? 1 : st[d + 1] * x->shape[d + 1];
 	kiln_status rc = same_dtype(c, n, x, out[0]);
 	for (int64_t i = 0, cnt = kiln_tensor_numel(out[0]); i < cnt && !rc; i++) {
-		unravel(i, out[0]->rank, out[0]->shape, idx);
+		ir_unravel(i, out[0]->rank, out[0]->shape, idx);
 		int64_t off = 0;
 		for (int d = 0; d < x->rank; d++)
 			off += idx[d] * st[p[d]];
@@ -697,10 +701,10 @@ static kiln_status transpose(ir_interp *c, const ir_node *n, kiln_tensor *const 
 static kiln_status blocks(ir_interp *c, const ir_node *n, const kiln_tensor *whole,
                           kiln_tensor *const *parts, uint32_t nparts, bool split)
 {
-	int64_t axis = naxis(ir_attr_int(n, "axis", 0), whole->rank);
+	int64_t axis = ir_naxis(ir_attr_int(n, "axis", 0), whole->rank);
 	if (axis < 0 || axis >= whole->rank)
-		return fail(c, n, KILN_EINVAL, "axis out of range for rank %d", whole->rank);
-	int64_t outer = prod(whole->shape, 0, axis), inner = prod(whole->shape, axis + 1, whole->rank);
+		return ir_fail(c, n, KILN_EINVAL, "axis out of range for rank %d", whole->rank);
+	int64_t outer = ir_prod(whole->shape, 0, axis), inner = ir_prod(whole->shape, axis + 1, whole->rank);
 	int64_t total = 0;
 	size_t es = kiln_dtype_size(whole->dtype);
 	for (uint32_t k = 0; k < nparts; k++) {
@@ -709,13 +713,13 @@ static kiln_status blocks(ir_interp *c, const ir_node *n, const kiln_tensor *who
 			return rc;
 		if (parts[k]->rank != whole->rank ||
 		    kiln_tensor_numel(parts[k]) != outer * parts[k]->shape[axis] * inner)
-			return fail(c, n, KILN_ESHAPE, "piece %u does not fit the axis-%lld layout", k,
-			            (long long)axis);
+			return ir_fail(c, n, KILN_ESHAPE, "piece %u does not fit the axis-%lld layout", k,
+			               (long long)axis);
 		total += parts[k]->shape[axis];
 	}
 	if (total != whole->shape[axis])
-		return fail(c, n, KILN_ESHAPE, "pieces sum to %lld along axis %lld, not %lld",
-		            (long long)total, (long long)axis, (long long)whole->shape[axis]);
+		return ir_fail(c, n, KILN_ESHAPE, "pieces sum to %lld along axis %lld, not %lld",
+		               (long long)total, (long long)axis, (long long)whole->shape[axis]);
 	char *w = whole->data;
 	for (int64_t o = 0, at = 0; o < outer; o++)
 		for (uint32_t k = 0; k < nparts; k++) {
@@ -749,14 +753,14 @@ static kiln_status slice(ir_interp *c, const ir_node *n, kiln_tensor *const *in,
 	uint32_t ns = ir_attr_ints(n, "starts", &starts), ne = ir_attr_ints(n, "ends", &ends);
 	uint32_t na = ir_attr_ints(n, "axes", &axes), nst = ir_attr_ints(n, "steps", &steps);
 	if (ne != ns || (na && na != ns) || (nst && nst != ns) || out[0]->rank != x->rank)
-		return fail(c, n, KILN_EINVAL, "starts, ends, axes and steps differ in length");
+		return ir_fail(c, n, KILN_EINVAL, "starts, ends, axes and steps differ in length");
 	int64_t first[KILN_MAX_RANK] = {0}, step[KILN_MAX_RANK], idx[KILN_MAX_RANK];
 	for (int d = 0; d < x->rank; d++)
 		step[d] = 1;
 	for (uint32_t k = 0; k < ns; k++) {
-		int64_t a = naxis(na ? axes[k] : (int64_t)k, x->rank), dim;
+		int64_t a = ir_naxis(na ? axes[k] : (int64_t)k, x->rank), dim;
 		if (a < 0 || a >= x->rank || (nst && steps[k] == 0))
-			return fail(c, n, KILN_EINVAL, "bad axis or zero step at position %u", k);
+			return ir_fail(c, n, KILN_EINVAL, "bad axis or zero step at position %u", k);
 		dim = x->shape[a];
 		step[a] = nst ? steps[k] : 1;
 		int64_t s = starts[k] < 0 ? starts[k] + dim : starts[k];
@@ -766,12 +770,12 @@ static kiln_status slice(ir_interp *c, const ir_node *n, kiln_tensor *const *in,
 	kiln_status rc = same_dtype(c, n, x, out[0]);
 	int64_t cnt = kiln_tensor_numel(out[0]);
 	for (int64_t i = 0; i < cnt && !rc; i++) {
-		unravel(i, x->rank, out[0]->shape, idx);
+		ir_unravel(i, x->rank, out[0]->shape, idx);
 		int64_t off = 0;
 		for (int d = 0; d < x->rank; d++) {
 			int64_t j = first[d] + idx[d] * step[d];
 			if (j < 0 || j >= x->shape[d])
-				return fail(c, n, KILN_ESHAPE, "output shape reads outside axis %d", d);
+				return ir_fail(c, n, KILN_ESHAPE, "output shape reads outside axis %d", d);
 			off = off * x->shape[d] + j;
 		}
 		copy_elem(out[0], i, x, off);
@@ -785,20 +789,20 @@ static kiln_status gather(ir_interp *c, const ir_node *n, kiln_tensor *const *in
                           kiln_tensor *const *out)
 {
 	const kiln_tensor *x = in[0], *ix = in[1];
-	int64_t axis = naxis(ir_attr_int(n, "axis", 0), x->rank);
-	if (axis < 0 || axis >= x->rank || !isint(ix->dtype))
-		return fail(c, n, KILN_EINVAL, "bad axis or non-integer indices");
-	int64_t outer = prod(x->shape, 0, axis), dim = x->shape[axis];
-	int64_t inner = prod(x->shape, axis + 1, x->rank), ni = kiln_tensor_numel(ix);
+	int64_t axis = ir_naxis(ir_attr_int(n, "axis", 0), x->rank);
+	if (axis < 0 || axis >= x->rank || !ir_isint(ix->dtype))
+		return ir_fail(c, n, KILN_EINVAL, "bad axis or non-integer indices");
+	int64_t outer = ir_prod(x->shape, 0, axis), dim = x->shape[axis];
+	int64_t inner = ir_prod(x->shape, axis + 1, x->rank), ni = kiln_tensor_numel(ix);
 	kiln_status rc = same_dtype(c, n, x, out[0]);
 	if (!rc && kiln_tensor_numel(out[0]) != outer * ni * inner)
-		rc = fail(c, n, KILN_ESHAPE, "output size does not match data and indices");
+		rc = ir_fail(c, n, KILN_ESHAPE, "output size does not match data and indices");
 	for (int64_t j = 0; j < ni && !rc; j++) {
 		int64_t v = ir_load_i64(ix, j), at = v < 0 ? v + dim : v;
 		if (at < 0 || at >= dim) {
 			char a[96];
-			return fail(c, n, KILN_EINVAL, "index %lld out of range for axis %lld of %s",
-			            (long long)v, (long long)axis, tstr(x, a, sizeof a));
+			return ir_fail(c, n, KILN_EINVAL, "index %lld out of range for axis %lld of %s",
+			               (long long)v, (long long)axis, ir_tstr(x, a, sizeof a));
 		}
 		for (int64_t o = 0; o < outer; o++)
 			for (int64_t k = 0; k < inner; k++)
@@ -811,11 +815,11 @@ static kiln_status expand(ir_interp *c, const ir_node *n, kiln_tensor *const *in
                           kiln_tensor *const *out)
 {
 	int64_t st[KILN_MAX_RANK];
-	if (!bstrides(in[0], out[0], st))
-		return bcast_fail(c, n, in[0], out[0]);
+	if (!ir_bstrides(in[0], out[0], st))
+		return ir_bcast_fail(c, n, in[0], out[0]);
 	kiln_status rc = same_dtype(c, n, in[0], out[0]);
 	for (int64_t i = 0, cnt = kiln_tensor_numel(out[0]); i < cnt && !rc; i++)
-		copy_elem(out[0], i, in[0], boff(out[0], st, i));
+		copy_elem(out[0], i, in[0], ir_boff(out[0], st, i));
 	return rc;
 }
 
@@ -844,14 +848,14 @@ static kiln_status pad(ir_interp *c, const ir_node *n, kiln_tensor *const *in,
 	while (mode < 3 && strcmp(m, modes[mode]))
 		mode++;
 	if (mode == 3)
-		return fail(c, n, KILN_EUNSUPPORTED, "pad mode '%s' (constant, reflect, edge)", m);
+		return ir_fail(c, n, KILN_EUNSUPPORTED, "pad mode '%s' (constant, reflect, edge)", m);
 	if (np != 2 * (uint32_t)x->rank || out[0]->rank != x->rank)
-		return fail(c, n, KILN_EINVAL, "pads has %u entries, need %d", np, 2 * x->rank);
+		return ir_fail(c, n, KILN_EINVAL, "pads has %u entries, need %d", np, 2 * x->rank);
 	double value = ir_attr_float(n, "value", 0);
 	int64_t idx[KILN_MAX_RANK];
 	kiln_status rc = same_dtype(c, n, x, out[0]);
 	for (int64_t i = 0, cnt = kiln_tensor_numel(out[0]); i < cnt && !rc; i++) {
-		unravel(i, x->rank, out[0]->shape, idx);
+		ir_unravel(i, x->rank, out[0]->shape, idx);
 		int64_t off = 0;
 		for (int d = 0; d < x->rank && off >= 0; d++) {
 			int64_t j = idx[d] - pads[d];
@@ -874,12 +878,12 @@ static kiln_status shape(ir_interp *c, const ir_node *n, kiln_tensor *const *in,
 {
 	int r = in[0]->rank;
 	int64_t start = ir_attr_int(n, "start", 0), end = ir_attr_int(n, "end", r);
-	start = naxis(start, r), end = naxis(end, r);
+	start = ir_naxis(start, r), end = ir_naxis(end, r);
 	start = start < 0 ? 0 : start > r ? r : start;
 	end = end < start ? start : end > r ? r : end;
 	if (kiln_tensor_numel(out[0]) != end - start)
-		return fail(c, n, KILN_ESHAPE, "output has %lld entries, not %lld",
-		            (long long)kiln_tensor_numel(out[0]), (long long)(end - start));
+		return ir_fail(c, n, KILN_ESHAPE, "output has %lld entries, not %lld",
+		               (long long)kiln_tensor_numel(out[0]), (long long)(end - start));
 	for (int64_t k = start; k < end; k++)
 		ir_store_i64(out[0], k - start, in[0]->shape[k]);
 	return KILN_OK;
@@ -890,10 +894,10 @@ static kiln_status constant(ir_interp *c, const ir_node *n, kiln_tensor *const *
 {
 	const ir_attr *a = ir_attr_get(n, "value");
 	if (!a || a->kind != IR_A_TENSOR)
-		return fail(c, n, KILN_EINVAL, "missing tensor attribute 'value'");
+		return ir_fail(c, n, KILN_EINVAL, "missing tensor attribute 'value'");
 	kiln_status rc = same_dtype(c, n, a->u.t, out[0]);
 	if (!rc && kiln_tensor_numel(a->u.t) != kiln_tensor_numel(out[0]))
-		rc = fail(c, n, KILN_ESHAPE, "value and output sizes differ");
+		rc = ir_fail(c, n, KILN_ESHAPE, "value and output sizes differ");
 	if (!rc)
 		memcpy(out[0]->data, a->u.t->data, kiln_tensor_nbytes(out[0]));
 	return rc;
@@ -911,16 +915,16 @@ static kiln_status matmul(ir_interp *c, const ir_node *n, kiln_tensor *const *in
 	const kiln_tensor *a = in[0], *b = in[1];
 	kiln_tensor *y = out[0];
 	if (a->rank < 1 || b->rank < 1)
-		return fail(c, n, KILN_ESHAPE, "MatMul of a scalar");
+		return ir_fail(c, n, KILN_ESHAPE, "MatMul of a scalar");
 	bool a1 = a->rank == 1, b1 = b->rank == 1;
 	int64_t M = a1 ? 1 : a->shape[a->rank - 2], K = a->shape[a->rank - 1];
 	int64_t N = b1 ? 1 : b->shape[b->rank - 1], Kb = b1 ? b->shape[0] : b->shape[b->rank - 2];
 	int nb = y->rank - !a1 - !b1;
 	if (K != Kb || nb < 0 || nb < a->rank - 2 || nb < b->rank - 2 ||
-	    kiln_tensor_numel(y) != prod(y->shape, 0, nb) * M * N) {
+	    kiln_tensor_numel(y) != ir_prod(y->shape, 0, nb) * M * N) {
 		char x1[96], x2[96];
-		return fail(c, n, KILN_ESHAPE, "cannot multiply %s by %s", tstr(a, x1, sizeof x1),
-		            tstr(b, x2, sizeof x2));
+		return ir_fail(c, n, KILN_ESHAPE, "cannot multiply %s by %s", ir_tstr(a, x1, sizeof x1),
+		               ir_tstr(b, x2, sizeof x2));
 	}
 	/* batch views of a and b, broadcast against y's batch dims */
 	kiln_tensor batch = {.rank = nb}, av = {.rank = a1 ? 0 : a->rank - 2},
@@ -929,11 +933,11 @@ static kiln_status matmul(ir_interp *c, const ir_node *n, kiln_tensor *const *in
 	memcpy(av.shape, a->shape, av.rank * sizeof(int64_t));
 	memcpy(bv.shape, b->shape, bv.rank * sizeof(int64_t));
 	int64_t sa[KILN_MAX_RANK], sb[KILN_MAX_RANK];
-	if (!bstrides(&av, &batch, sa) || !bstrides(&bv, &batch, sb))
-		return fail(c, n, KILN_ESHAPE, "batch dims do not broadcast");
-	bool ints = isint(a->dtype) && isint(b->dtype);
-	for (int64_t t = 0, nbat = prod(batch.shape, 0, nb); t < nbat; t++) {
-		int64_t ao = boff(&batch, sa, t) * M * K, bo = boff(&batch, sb, t) * K * N;
+	if (!ir_bstrides(&av, &batch, sa) || !ir_bstrides(&bv, &batch, sb))
+		return ir_fail(c, n, KILN_ESHAPE, "batch dims do not broadcast");
+	bool ints = ir_isint(a->dtype) && ir_isint(b->dtype);
+	for (int64_t t = 0, nbat = ir_prod(batch.shape, 0, nb); t < nbat; t++) {
+		int64_t ao = ir_boff(&batch, sa, t) * M * K, bo = ir_boff(&batch, sb, t) * K * N;
 		for (int64_t i = 0; i < M; i++)
 			for (int64_t j = 0; j < N; j++) {
 				double acc = 0;
@@ -964,13 +968,13 @@ static kiln_status gemm(ir_interp *c, const ir_node *n, kiln_tensor *const *in,
 	bool ta = ir_attr_int(n, "transA", 0), tb = ir_attr_int(n, "transB", 0);
 	double alpha = ir_attr_float(n, "alpha", 1), beta = ir_attr_float(n, "beta", 1);
 	if (a->rank != 2 || b->rank != 2 || y->rank != 2)
-		return fail(c, n, KILN_ESHAPE, "Gemm needs 2-D A and B");
+		return ir_fail(c, n, KILN_ESHAPE, "Gemm needs 2-D A and B");
 	int64_t M = a->shape[ta], K = a->shape[!ta], N = b->shape[!tb];
 	int64_t sc[KILN_MAX_RANK];
 	if (b->shape[tb] != K || y->shape[0] != M || y->shape[1] != N)
-		return fail(c, n, KILN_ESHAPE, "inner dims differ");
-	if (cc && !bstrides(cc, y, sc))
-		return bcast_fail(c, n, cc, y);
+		return ir_fail(c, n, KILN_ESHAPE, "inner dims differ");
+	if (cc && !ir_bstrides(cc, y, sc))
+		return ir_bcast_fail(c, n, cc, y);
 	for (int64_t i = 0; i < M; i++)
 		for (int64_t j = 0; j < N; j++) {
 			double acc = 0;
@@ -979,481 +983,10 @@ static kiln_status gemm(ir_interp *c, const ir_node *n, kiln_tensor *const *in,
 				       ir_load(b, tb ? j * K + k : k * N + j);
 			acc *= alpha;
 			if (cc)
-				acc += beta * ir_load(cc, boff(y, sc, i * N + j));
+				acc += beta * ir_load(cc, ir_boff(y, sc, i * N + j));
 			ir_store(y, i * N + j, acc);
 		}
 	return KILN_OK;
-}
-
-/* ---- convolution and pooling -------------------------------------------- */
-
-/* Spatial geometry of a conv or pool over x [N, C, in...] -> y [N, M, out...]. */
-typedef struct geom {
-	int nsp;                                      /* spatial dims, 1..3 */
-	int64_t in[3], out[3], k[3], stride[3], dil[3];
-	int64_t pad[3], pad_end[3];                   /* begin and end padding */
-	int64_t isz, osz, ksz;                        /* products of in, out, k */
-} geom;
-
-/* An ints attribute with one entry per spatial dim, or dflt everywhere. */
-static bool spatial_attr(const ir_node *n, const char *name, int nsp, int64_t dflt,
-                         int64_t *v, int want)
-{
-	const int64_t *a;
-	uint32_t na = ir_attr_ints(n, name, &a);
-	for (int d = 0; d < want; d++)
-		v[d] = na ? a[d < (int)na ? d : 0] : dflt;
-	return na == 0 || na == (uint32_t)want || (want == 2 * nsp && na == 2 * (uint32_t)nsp);
-}
-
-/* Fills g from x, y, the kernel shape k and the attributes.  For transpose
- * the roles of in and out swap in the padding rule: explicit output_shape
- * or SAME padding derives pads from the sizes (ONNX ConvTranspose). */
-static kiln_status geometry(ir_interp *c, const ir_node *n, const kiln_tensor *x,
-                            const kiln_tensor *y, const int64_t *k, bool transpose, geom *g)
-{
-	g->nsp = x->rank - 2;
-	if (g->nsp < 1 || g->nsp > 3 || y->rank != x->rank)
-		return fail(c, n, KILN_EUNSUPPORTED, "%d spatial dims (1 to 3 supported)", g->nsp);
-	int64_t pads[6], opad[3];
-	const int64_t *oshape;
-	bool ok = spatial_attr(n, "strides", g->nsp, 1, g->stride, g->nsp) &&
-	          spatial_attr(n, "dilations", g->nsp, 1, g->dil, g->nsp) &&
-	          spatial_attr(n, "pads", g->nsp, 0, pads, 2 * g->nsp) &&
-	          spatial_attr(n, "output_padding", g->nsp, 0, opad, g->nsp);
-	const char *ap = ir_attr_str(n, "auto_pad", "NOTSET");
-	bool same = !strcmp(ap, "SAME_UPPER") || !strcmp(ap, "SAME_LOWER");
-	bool derive = same || (transpose && ir_attr_ints(n, "output_shape", &oshape));
-	if (!ok)
-		return fail(c, n, KILN_EINVAL, "strides, dilations, pads or output_padding has the wrong length");
-	g->isz = g->osz = g->ksz = 1;
-	for (int d = 0; d < g->nsp; d++) {
-		g->in[d] = x->shape[2 + d], g->out[d] = y->shape[2 + d], g->k[d] = k[d];
-		if (g->stride[d] < 1 || g->dil[d] < 1 || g->k[d] < 1)
-			return fail(c, n, KILN_EINVAL, "strides, dilations and kernel must be positive");
-		int64_t span = (g->k[d] - 1) * g->dil[d] + 1, total;
-		if (derive) {
-			total = transpose ? g->stride[d] * (g->in[d] - 1) + opad[d] + span - g->out[d]
-			                  : (g->out[d] - 1) * g->stride[d] + span - g->in[d];
-			total = total < 0 ? 0 : total;
-			/* SAME_UPPER puts the odd pixel at the end, the others at the start */
-			g->pad[d] = !strcmp(ap, "SAME_UPPER") ? total / 2 : total - total / 2;
-			g->pad_end[d] = total - g->pad[d];
-		} else if (!strcmp(ap, "VALID")) {
-			g->pad[d] = g->pad_end[d] = 0;
-		} else {
-			g->pad[d] = pads[d], g->pad_end[d] = pads[g->nsp + d];
-		}
-		g->isz *= g->in[d], g->osz *= g->out[d], g->ksz *= g->k[d];
-	}
-	return KILN_OK;
-}
-
-/* Input position of output position oc and kernel tap kc, as a linear
- * spatial index, or -1 when it falls in the padding. */
-static int64_t tap(const geom *g, const int64_t *oc, const int64_t *kc)
-{
-	int64_t off = 0;
-	for (int d = 0; d < g->nsp; d++) {
-		int64_t j = oc[d] * g->stride[d] + kc[d] * g->dil[d] - g->pad[d];
-		if (j < 0 || j >= g->in[d])
-			return -1;
-		off = off * g->in[d] + j;
-	}
-	return off;
-}
-
-/* Checks batch and channels of x [N, C, ...], weights w ([M, C/group, k...],
- * or [C, M/group, k...] transposed), bias b [M] and y [N, M, ...]. */
-static kiln_status conv_channels(ir_interp *c, const ir_node *n, const kiln_tensor *x,
-                                 const kiln_tensor *w, const kiln_tensor *b,
-                                 const kiln_tensor *y, bool transpose)
-{
-	int64_t grp = ir_attr_int(n, "group", 1), C = x->shape[1], M = y->shape[1];
-	int64_t wc = transpose ? w->shape[0] : w->shape[1] * grp;
-	int64_t wm = transpose ? w->shape[1] * grp : w->shape[0];
-	if (grp < 1 || C % grp || M % grp || wc != C || wm != M || w->rank != x->rank ||
-	    y->shape[0] != x->shape[0] || (b && kiln_tensor_numel(b) != M)) {
-		char a[96], b[96];
-		return fail(c, n, KILN_ESHAPE, "weights %s do not fit input %s with group %lld",
-		            tstr(w, a, sizeof a), tstr(x, b, sizeof b), (long long)grp);
-	}
-	return KILN_OK;
-}
-
-static kiln_status conv(ir_interp *c, const ir_node *n, kiln_tensor *const *in,
-                        kiln_tensor *const *out)
-{
-	const kiln_tensor *x = in[0], *w = in[1], *b = n->nin > 2 ? in[2] : NULL;
-	kiln_tensor *y = out[0];
-	geom g;
-	kiln_status rc = conv_channels(c, n, x, w, b, y, false);
-	if (!rc)
-		rc = geometry(c, n, x, y, w->shape + 2, false, &g);
-	if (rc)
-		return rc;
-	int64_t grp = ir_attr_int(n, "group", 1), C = x->shape[1], M = y->shape[1];
-	int64_t Cg = C / grp, Mg = M / grp, oc[3], kc[3];
-	for (int64_t i = 0, cnt = kiln_tensor_numel(y); i < cnt; i++) {
-		int64_t o = i % g.osz, m = i / g.osz % M, b0 = i / g.osz / M;
-		unravel(o, g.nsp, g.out, oc);
-		double acc = b ? ir_load(b, m) : 0;
-		for (int64_t cg = 0; cg < Cg; cg++) {
-			int64_t xc = (b0 * C + m / Mg * Cg + cg) * g.isz, wc = (m * Cg + cg) * g.ksz;
-			for (int64_t kk = 0; kk < g.ksz; kk++) {
-				unravel(kk, g.nsp, g.k, kc);
-				int64_t at = tap(&g, oc, kc);
-				if (at >= 0)
-					acc += ir_load(x, xc + at) * ir_load(w, wc + kk);
-			}
-		}
-		ir_store(y, i, acc);
-	}
-	return KILN_OK;
-}
-
-/* ConvTranspose scatters: input position i and tap k feed output position
- * i * stride + k * dil - pad.  Sums gather in double, then round once. */
-static kiln_status conv_transpose(ir_interp *c, const ir_node *n, kiln_tensor *const *in,
-                                  kiln_tensor *const *out)
-{
-	const kiln_tensor *x = in[0], *w = in[1], *b = n->nin > 2 ? in[2] : NULL;
-	kiln_tensor *y = out[0];
-	geom g;
-	kiln_status rc = conv_channels(c, n, x, w, b, y, true);
-	if (!rc)
-		rc = geometry(c, n, x, y, w->shape + 2, true, &g);
-	if (rc)
-		return rc;
-	int64_t grp = ir_attr_int(n, "group", 1), C = x->shape[1], M = y->shape[1];
-	int64_t Cg = C / grp, Mg = M / grp, ic[3], kc[3], cnt = kiln_tensor_numel(y);
-	double *acc = calloc(cnt + 1, sizeof *acc);
-	if (!acc)
-		return fail(c, n, KILN_ENOMEM, "out of memory");
-	for (int64_t i = 0, nx = kiln_tensor_numel(x); i < nx; i++) {
-		int64_t s = i % g.isz, ch = i / g.isz % C, b0 = i / g.isz / C;
-		unravel(s, g.nsp, g.in, ic);
-		double v = ir_load(x, i);
-		for (int64_t mg = 0; mg < Mg; mg++) {
-			int64_t m = ch / Cg * Mg + mg, wc = (ch * Mg + mg) * g.ksz;
-			for (int64_t kk = 0; kk < g.ksz; kk++) {
-				unravel(kk, g.nsp, g.k, kc);
-				int64_t at = 0;
-				for (int d = 0; d < g.nsp && at >= 0; d++) {
-					int64_t j = ic[d] * g.stride[d] + kc[d] * g.dil[d] - g.pad[d];
-					at = j < 0 || j >= g.out[d] ? -1 : at * g.out[d] + j;
-				}
-				if (at >= 0)
-					acc[(b0 * M + m) * g.osz + at] += v * ir_load(w, wc + kk);
-			}
-		}
-	}
-	for (int64_t i = 0; i < cnt; i++)
-		ir_store(y, i, acc[i] + (b ? ir_load(b, i / g.osz % M) : 0));
-	free(acc);
-	return KILN_OK;
-}
-
-/* MaxPool and AveragePool: padding never wins a max; AveragePool divides by
- * the taps inside the input, or with count_include_pad by those inside the
- * padded input [-pad, in + pad_end) (PyTorch's rule, also under ceil_mode). */
-static kiln_status pool(ir_interp *c, const ir_node *n, kiln_tensor *const *in,
-                        kiln_tensor *const *out)
-{
-	const kiln_tensor *x = in[0];
-	kiln_tensor *y = out[0];
-	const int64_t *ks;
-	geom g;
-	uint32_t nk = ir_attr_ints(n, "kernel_shape", &ks);
-	if (nk != (uint32_t)x->rank - 2 || x->rank < 3)
-		return fail(c, n, KILN_EINVAL, "kernel_shape has %u entries for %d spatial dims", nk,
-		            x->rank - 2);
-	kiln_status rc = geometry(c, n, x, y, ks, false, &g);
-	if (rc)
-		return rc;
-	if (y->shape[0] != x->shape[0] || y->shape[1] != x->shape[1])
-		return fail(c, n, KILN_ESHAPE, "batch or channels change");
-	bool is_max = n->op == KILN_OP_MAX_POOL, incl = ir_attr_int(n, "count_include_pad", 0);
-	int64_t oc[3], kc[3];
-	for (int64_t i = 0, cnt = kiln_tensor_numel(y); i < cnt; i++) {
-		int64_t o = i % g.osz, xc = i / g.osz * g.isz;
-		unravel(o, g.nsp, g.out, oc);
-		double acc = is_max ? -INFINITY : 0;
-		int64_t taps = 0;
-		for (int64_t kk = 0; kk < g.ksz; kk++) {
-			unravel(kk, g.nsp, g.k, kc);
-			int64_t at = tap(&g, oc, kc);
-			bool padded = true;
-			for (int d = 0; d < g.nsp; d++) {
-				int64_t j = oc[d] * g.stride[d] + kc[d] * g.dil[d];
-				padded = padded && j < g.in[d] + g.pad[d] + g.pad_end[d];
-			}
-			taps += at >= 0 || (incl && padded);
-			if (at >= 0)
-				acc = is_max ? maxd(acc, ir_load(x, xc + at)) : acc + ir_load(x, xc + at);
-		}
-		ir_store(y, i, is_max ? acc : acc / taps);
-	}
-	return KILN_OK;
-}
-
-static kiln_status global_avg_pool(ir_interp *c, const ir_node *n, kiln_tensor *const *in,
-                                   kiln_tensor *const *out)
-{
-	const kiln_tensor *x = in[0];
-	int64_t nc = prod(x->shape, 0, x->rank < 2 ? x->rank : 2), sp = kiln_tensor_numel(x) / (nc ? nc : 1);
-	if (x->rank < 2 || kiln_tensor_numel(out[0]) != nc)
-		return fail(c, n, KILN_ESHAPE, "needs [N, C, ...] input and [N, C, 1...] output");
-	for (int64_t i = 0; i < nc; i++) {
-		double acc = 0;
-		for (int64_t s = 0; s < sp; s++)
-			acc += ir_load(x, i * sp + s);
-		ir_store(out[0], i, acc / sp);
-	}
-	return KILN_OK;
-}
-
-/* ---- normalisation ------------------------------------------------------ */
-
-/* Per-channel statistics of x [N, C, ...] over every axis but 1 (the
- * population variance, as ONNX's training-mode BatchNormalization uses). */
-static void channel_stats(const kiln_tensor *x, int64_t ch, double *mean, double *var)
-{
-	int64_t C = x->shape[1], inner = prod(x->shape, 2, x->rank), cnt = x->shape[0] * inner;
-	double s = 0, s2 = 0;
-	for (int64_t i = 0; i < cnt; i++)
-		s += ir_load(x, (i / inner * C + ch) * inner + i % inner);
-	*mean = s / cnt;
-	for (int64_t i = 0; i < cnt; i++) {
-		double d = ir_load(x, (i / inner * C + ch) * inner + i % inner) - *mean;
-		s2 += d * d;
-	}
-	*var = s2 / cnt;
-}
-
-/* BatchNormalization: inputs X, scale, B, input_mean, input_var.  Training
- * mode normalises with batch statistics and, when asked for, outputs
- * running = input * momentum + current * (1 - momentum). */
-static kiln_status batch_norm(ir_interp *c, const ir_node *n, kiln_tensor *const *in,
-                              kiln_tensor *const *out)
-{
-	const kiln_tensor *x = in[0];
-	double eps = ir_attr_float(n, "epsilon", 1e-5), mom = ir_attr_float(n, "momentum", 0.9);
-	bool train = ir_attr_int(n, "training_mode", 0);
-	if (x->rank < 2)
-		return fail(c, n, KILN_ESHAPE, "input needs rank >= 2");
-	int64_t C = x->shape[1], inner = prod(x->shape, 2, x->rank);
-	if (kiln_tensor_numel(out[0]) != kiln_tensor_numel(x))
-		return fail(c, n, KILN_ESHAPE, "input and output sizes differ");
-	for (int k = 1; k < 5; k++)
-		if (kiln_tensor_numel(in[k]) != C)
-			return fail(c, n, KILN_ESHAPE, "input %d has %lld entries, not C = %lld", k,
-			            (long long)kiln_tensor_numel(in[k]), (long long)C);
-	for (uint32_t k = 1; k < n->nout; k++)
-		if (kiln_tensor_numel(out[k]) != C)
-			return fail(c, n, KILN_ESHAPE, "output %u must have C entries", k);
-	for (int64_t ch = 0; ch < C; ch++) {
-		double mean = ir_load(in[3], ch), var = ir_load(in[4], ch);
-		if (train && kiln_tensor_numel(x) > 0)
-			channel_stats(x, ch, &mean, &var);
-		double scale = ir_load(in[1], ch) / sqrt(var + eps), bias = ir_load(in[2], ch);
-		for (int64_t b = 0; b < x->shape[0]; b++)
-			for (int64_t k = 0; k < inner; k++) {
-				int64_t i = (b * C + ch) * inner + k;
-				ir_store(out[0], i, (ir_load(x, i) - mean) * scale + bias);
-			}
-		if (n->nout > 1)
-			ir_store(out[1], ch, ir_load(in[3], ch) * mom + mean * (1 - mom));
-		if (n->nout > 2)
-			ir_store(out[2], ch, ir_load(in[4], ch) * mom + var * (1 - mom));
-	}
-	return KILN_OK;
-}
-
-/* LayerNormalization over axes [axis, rank); scale and bias broadcast
- * against X's full shape, and the optional Mean and InvStdDev outputs hold
- * one value per outer index. */
-static kiln_status layer_norm(ir_interp *c, const ir_node *n, kiln_tensor *const *in,
-                              kiln_tensor *const *out)
-{
-	const kiln_tensor *x = in[0], *sc = in[1], *b = n->nin > 2 ? in[2] : NULL;
-	int64_t axis = naxis(ir_attr_int(n, "axis", -1), x->rank), ss[KILN_MAX_RANK], sb[KILN_MAX_RANK];
-	double eps = ir_attr_float(n, "epsilon", 1e-5);
-	if (axis < 0 || axis >= x->rank)
-		return fail(c, n, KILN_EINVAL, "axis out of range for rank %d", x->rank);
-	if (!bstrides(sc, x, ss))
-		return bcast_fail(c, n, sc, x);
-	if (b && !bstrides(b, x, sb))
-		return bcast_fail(c, n, b, x);
-	int64_t outer = prod(x->shape, 0, axis), inner = prod(x->shape, axis, x->rank);
-	if (kiln_tensor_numel(out[0]) != kiln_tensor_numel(x))
-		return fail(c, n, KILN_ESHAPE, "input and output sizes differ");
-	for (uint32_t k = 1; k < n->nout; k++)
-		if (kiln_tensor_numel(out[k]) != outer)
-			return fail(c, n, KILN_ESHAPE, "output %u must have %lld entries", k, (long long)outer);
-	for (int64_t o = 0; o < outer; o++) {
-		double s = 0, s2 = 0;
-		for (int64_t k = 0; k < inner; k++)
-			s += ir_load(x, o * inner + k);
-		double mean = s / inner;
-		for (int64_t k = 0; k < inner; k++) {
-			double d = ir_load(x, o * inner + k) - mean;
-			s2 += d * d;
-		}
-		double inv = 1 / sqrt(s2 / inner + eps);
-		for (int64_t k = 0, i = o * inner; k < inner; k++, i++) {
-			double v = (ir_load(x, i) - mean) * inv * ir_load(sc, boff(x, ss, i));
-			ir_store(out[0], i, b ? v + ir_load(b, boff(x, sb, i)) : v);
-		}
-		if (n->nout > 1)
-			ir_store(out[1], o, mean);
-		if (n->nout > 2)
-			ir_store(out[2], o, inv);
-	}
-	return KILN_OK;
-}
-
-/* log_softmax of x along axis into lp (numel(x) doubles), stable: the max
- * is subtracted before exponentiating. */
-static void log_softmax_into(const kiln_tensor *x, int64_t axis, double *lp)
-{
-	int64_t outer = prod(x->shape, 0, axis), len = x->shape[axis];
-	int64_t inner = prod(x->shape, axis + 1, x->rank);
-	for (int64_t o = 0; o < outer; o++)
-		for (int64_t k = 0; k < inner; k++) {
-			int64_t base = o * len * inner + k;
-			double mx = -INFINITY, s = 0;
-			for (int64_t j = 0; j < len; j++)
-				mx = maxd(mx, ir_load(x, base + j * inner));
-			for (int64_t j = 0; j < len; j++)
-				s += exp(ir_load(x, base + j * inner) - mx);
-			for (int64_t j = 0; j < len; j++)
-				lp[base + j * inner] = ir_load(x, base + j * inner) - mx - log(s);
-		}
-}
-
-/* Softmax and LogSoftmax (opset 13: one axis). */
-static kiln_status softmax(ir_interp *c, const ir_node *n, kiln_tensor *const *in,
-                           kiln_tensor *const *out)
-{
-	int64_t axis = naxis(ir_attr_int(n, "axis", -1), in[0]->rank);
-	int64_t cnt = kiln_tensor_numel(in[0]);
-	if (axis < 0 || axis >= in[0]->rank || kiln_tensor_numel(out[0]) != cnt)
-		return fail(c, n, KILN_EINVAL, "axis out of range for rank %d", in[0]->rank);
-	double *lp = malloc((cnt + 1) * sizeof *lp);
-	if (!lp)
-		return fail(c, n, KILN_ENOMEM, "out of memory");
-	log_softmax_into(in[0], axis, lp);
-	for (int64_t i = 0; i < cnt; i++)
-		ir_store(out[0], i, n->op == KILN_OP_SOFTMAX ? exp(lp[i]) : lp[i]);
-	free(lp);
-	return KILN_OK;
-}
-
-/* ---- dropout ------------------------------------------------------------ */
-
-static uint64_t mix64(uint64_t z)
-{
-	z += 0x9e3779b97f4a7c15ULL;
-	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-	z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-	return z ^ (z >> 31);
-}
-
-/* Dropout's counter-based generator, which every backend reproduces
- * bit-exactly: for element i (row-major) of a node with attribute seed s,
- * run with interpreter seed r,
- *     h = mix64(mix64(mix64(s) ^ r) ^ i),  u = (h >> 11) * 2^-53,
- * where mix64 is the splitmix64 step (add 0x9e3779b97f4a7c15, then the
- * 30/27/31 xor-shift-multiply finaliser).  The element is kept when
- * u >= ratio, and y = x * keep / (1 - ratio) (0 when ratio is 1). */
-static double dropout_u(uint64_t seed_attr, uint64_t run_seed, uint64_t i)
-{
-	uint64_t h = mix64(mix64(mix64(seed_attr) ^ run_seed) ^ i);
-	return (double)(h >> 11) * 0x1.0p-53;
-}
-
-static kiln_status dropout(ir_interp *c, const ir_node *n, kiln_tensor *const *in,
-                           kiln_tensor *const *out)
-{
-	double ratio = ir_attr_float(n, "ratio", 0.5);
-	bool train = ir_attr_int(n, "training_mode", 0) && ratio > 0;
-	uint64_t seed = (uint64_t)ir_attr_int(n, "seed", 0);
-	int64_t cnt = kiln_tensor_numel(out[0]);
-	if (ratio < 0 || ratio > 1 || kiln_tensor_numel(in[0]) != cnt ||
-	    (n->nout > 1 && kiln_tensor_numel(out[1]) != cnt))
-		return fail(c, n, KILN_EINVAL, "ratio %g outside [0, 1] or sizes differ", ratio);
-	double scale = ratio < 1 ? 1 / (1 - ratio) : 0;
-	for (int64_t i = 0; i < cnt; i++) {
-		bool keep = !train || dropout_u(seed, c->seed, (uint64_t)i) >= ratio;
-		double x = ir_load(in[0], i);
-		ir_store(out[0], i, !train ? x : keep ? x * scale : 0);
-		if (n->nout > 1)
-			ir_store_i64(out[1], i, keep);
-	}
-	return KILN_OK;
-}
-
-/* ---- losses ------------------------------------------------------------- */
-
-/* NegativeLogLikelihoodLoss over log-probabilities lp laid out like x
- * [N, C, d...] and target t [N, d...], as the ONNX spec: an element whose
- * target is ignore_index contributes 0 and weighs 0; "mean" divides the
- * weighted sum by the summed weights of the others (NaN if none). */
-static kiln_status nll_core(ir_interp *c, const ir_node *n, const double *lp,
-                            const kiln_tensor *x, const kiln_tensor *t, const kiln_tensor *w,
-                            kiln_tensor *loss)
-{
-	const char *red = ir_attr_str(n, "reduction", "mean");
-	bool has_ig = ir_attr_get(n, "ignore_index") != NULL, none = !strcmp(red, "none");
-	int64_t ig = ir_attr_int(n, "ignore_index", 0);
-	if (none + !strcmp(red, "sum") + !strcmp(red, "mean") != 1)
-		return fail(c, n, KILN_EINVAL, "reduction must be none, sum or mean, not '%s'", red);
-	if (x->rank < 2 || !isint(t->dtype) || (w && kiln_tensor_numel(w) != x->shape[1]))
-		return fail(c, n, KILN_ESHAPE, "needs scores [N,C,...], integer targets, weight [C]");
-	int64_t N = x->shape[0], C = x->shape[1], D = prod(x->shape, 2, x->rank);
-	if (kiln_tensor_numel(t) != N * D || kiln_tensor_numel(loss) != (none ? N * D : 1))
-		return fail(c, n, KILN_ESHAPE, "target or loss size does not match the scores");
-	double sum = 0, wsum = 0;
-	for (int64_t i = 0; i < N * D; i++) {
-		int64_t tg = ir_load_i64(t, i), b = i / D, d = i % D;
-		double l = 0, wt = 0;
-		if (!has_ig || tg != ig) {
-			if (tg < 0 || tg >= C)
-				return fail(c, n, KILN_EINVAL, "target %lld out of range [0, %lld)",
-				            (long long)tg, (long long)C);
-			wt = w ? ir_load(w, tg) : 1;
-			l = -lp[(b * C + tg) * D + d] * wt;
-		}
-		if (none)
-			ir_store(loss, i, l);
-		sum += l, wsum += wt;
-	}
-	if (!none)
-		ir_store(loss, 0, !strcmp(red, "sum") ? sum : sum / wsum);
-	return KILN_OK;
-}
-
-static kiln_status loss(ir_interp *c, const ir_node *n, kiln_tensor *const *in,
-                        kiln_tensor *const *out)
-{
-	const kiln_tensor *x = in[0];
-	int64_t cnt = kiln_tensor_numel(x);
-	bool ce = n->op == KILN_OP_SOFTMAX_CE;
-	if (x->rank < 2 || (n->nout > 1 && kiln_tensor_numel(out[1]) != cnt))
-		return fail(c, n, KILN_ESHAPE, "scores need rank >= 2 and log_prob their size");
-	double *lp = malloc((cnt + 1) * sizeof *lp);
-	if (!lp)
-		return fail(c, n, KILN_ENOMEM, "out of memory");
-	for (int64_t i = 0; i < cnt; i++)
-		lp[i] = ir_load(x, i);
-	if (ce)
-		log_softmax_into(x, 1, lp);
-	kiln_status rc = nll_core(c, n, lp, x, in[1], n->nin > 2 ? in[2] : NULL, out[0]);
-	for (int64_t i = 0; i < cnt && !rc && n->nout > 1; i++)
-		ir_store(out[1], i, lp[i]);
-	free(lp);
-	return rc;
 }
 
 /* ---- the table ---------------------------------------------------------- */
@@ -1474,36 +1007,36 @@ const ir_interp_fn ir_interp_table[KILN_OP_COUNT] = {
 	[KILN_OP_REDUCE_SUM] = reduce, [KILN_OP_REDUCE_MEAN] = reduce,
 	[KILN_OP_REDUCE_MAX] = reduce, [KILN_OP_REDUCE_MIN] = reduce, [KILN_OP_ARGMAX] = argmax,
 	[KILN_OP_MATMUL] = matmul, [KILN_OP_GEMM] = gemm,
-	[KILN_OP_CONV] = conv, [KILN_OP_CONV_TRANSPOSE] = conv_transpose,
-	[KILN_OP_MAX_POOL] = pool, [KILN_OP_AVERAGE_POOL] = pool,
-	[KILN_OP_GLOBAL_AVERAGE_POOL] = global_avg_pool,
-	[KILN_OP_BATCH_NORM] = batch_norm, [KILN_OP_LAYER_NORM] = layer_norm,
-	[KILN_OP_SOFTMAX] = softmax, [KILN_OP_LOG_SOFTMAX] = softmax,
+	[KILN_OP_CONV] = ir_interp_conv, [KILN_OP_CONV_TRANSPOSE] = ir_interp_conv_transpose,
+	[KILN_OP_MAX_POOL] = ir_interp_pool, [KILN_OP_AVERAGE_POOL] = ir_interp_pool,
+	[KILN_OP_GLOBAL_AVERAGE_POOL] = ir_interp_global_avg_pool,
+	[KILN_OP_BATCH_NORM] = ir_interp_batch_norm, [KILN_OP_LAYER_NORM] = ir_interp_layer_norm,
+	[KILN_OP_SOFTMAX] = ir_interp_softmax, [KILN_OP_LOG_SOFTMAX] = ir_interp_softmax,
 	[KILN_OP_RESHAPE] = copy, [KILN_OP_TRANSPOSE] = transpose, [KILN_OP_CONCAT] = concat,
 	[KILN_OP_SPLIT] = split, [KILN_OP_SLICE] = slice, [KILN_OP_GATHER] = gather,
 	[KILN_OP_FLATTEN] = copy, [KILN_OP_SQUEEZE] = copy, [KILN_OP_UNSQUEEZE] = copy,
 	[KILN_OP_EXPAND] = expand, [KILN_OP_PAD] = pad, [KILN_OP_SHAPE] = shape,
-	[KILN_OP_CONSTANT] = constant, [KILN_OP_DROPOUT] = dropout,
-	[KILN_OP_SOFTMAX_CE] = loss, [KILN_OP_NLL_LOSS] = loss,
+	[KILN_OP_CONSTANT] = constant, [KILN_OP_DROPOUT] = ir_interp_dropout,
+	[KILN_OP_SOFTMAX_CE] = ir_interp_loss, [KILN_OP_NLL_LOSS] = ir_interp_loss,
 };
 
 kiln_status ir_interp_node(ir_interp *c, const ir_node *n, kiln_tensor *const *in,
                            kiln_tensor *const *out)
 {
 	if (n->op >= KILN_OP_COUNT || !ir_interp_table[n->op])
-		return fail(c, n, KILN_EUNSUPPORTED, "the interpreter has no kernel for this op");
+		return ir_fail(c, n, KILN_EUNSUPPORTED, "the interpreter has no kernel for this op");
 	const ir_op_info *op = ir_op(n->op);
 	if (n->nin < op->in_min || n->nout < op->out_min ||
 	    (op->in_max != IR_VARIADIC && n->nin > op->in_max) ||
 	    (op->out_max != IR_VARIADIC && n->nout > op->out_max))
-		return fail(c, n, KILN_EVERIFY, "%u inputs and %u outputs do not fit the op", n->nin,
-		            n->nout);
+		return ir_fail(c, n, KILN_EVERIFY, "%u inputs and %u outputs do not fit the op", n->nin,
+		               n->nout);
 	for (uint32_t k = 0; k < n->nin; k++)
 		if (!in[k] && k < op->in_min)
-			return fail(c, n, KILN_EVERIFY, "input %u is missing", k);
+			return ir_fail(c, n, KILN_EVERIFY, "input %u is missing", k);
 	for (uint32_t k = 0; k < n->nout; k++)
 		if (!out[k])
-			return fail(c, n, KILN_EVERIFY, "output %u is missing", k);
+			return ir_fail(c, n, KILN_EVERIFY, "output %u is missing", k);
 	return ir_interp_table[n->op](c, n, in, out);
 }
 
@@ -1566,7 +1099,7 @@ static kiln_status bind_input(run *r, int i, const kiln_tensor *x)
 		return KILN_OK;
 	return ir_seterr(r->err, KILN_ESHAPE, "kiln_graph_run: input '%s' expects %s, got %s (%s)",
 	                 v->name ? v->name : "?", ir_type_str(g, &v->type, want, sizeof want),
-	                 tstr(x, got, sizeof got), why);
+	                 ir_tstr(x, got, sizeof got), why);
 }
 
 /* Allocates value id with its concrete shape. */

@@ -1,7 +1,9 @@
 /*
  * ir.h: the graph IR, private to the library; one section per file that
  * owns each part (ir.c, shape.c, verify.c, kir_print.c, kir_parse.c,
- * interp.c).
+ * interp.c).  shape_nn.c and interp_nn.c hold the neural-network rules and
+ * kernels; what they share with shape.c and interp.c is in the private
+ * headers ir/shape.h and ir/interp.h, not here.
  *
  * A graph owns an arena.  Values and nodes are arena objects reached
  * through two pointer arrays, so an ir_node * or ir_value * stays valid
