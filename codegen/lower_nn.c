@@ -320,18 +320,9 @@ static kiln_status geometry(cg_module *m, const ir_node *n, const ir_type *x, co
 		if (g->in[d] < 0 || g->out[d] < 0 || g->k[d] < 1 || g->stride[d] < 1 || g->dil[d] < 1)
 			return cg_lower_fail(m, n, err, KILN_EUNSUPPORTED,
 			                     "symbolic spatial dims or bad strides/kernel");
-		int64_t span = (g->k[d] - 1) * g->dil[d] + 1, total;
-		if (derive) {
-			total = transpose ? g->stride[d] * (g->in[d] - 1) + opad[d] + span - g->out[d]
-			                  : (g->out[d] - 1) * g->stride[d] + span - g->in[d];
-			total = total < 0 ? 0 : total;
-			g->pad[d] = !strcmp(ap, "SAME_UPPER") ? total / 2 : total - total / 2;
-			g->pad_end[d] = total - g->pad[d];
-		} else if (!strcmp(ap, "VALID")) {
-			g->pad[d] = g->pad_end[d] = 0;
-		} else {
-			g->pad[d] = pads[d], g->pad_end[d] = pads[g->nsp + d];
-		}
+		int64_t span = (g->k[d] - 1) * g->dil[d] + 1;
+		ir_conv_pad(ap, derive, transpose, g->in[d], g->out[d], span, g->stride[d], opad[d],
+		            pads[d], pads[g->nsp + d], &g->pad[d], &g->pad_end[d]);
 		g->isz *= g->in[d], g->osz *= g->out[d], g->ksz *= g->k[d];
 	}
 	return KILN_OK;

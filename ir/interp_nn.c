@@ -66,19 +66,9 @@ static kiln_status geometry(ir_interp *c, const ir_node *n, const kiln_tensor *x
 		g->in[d] = x->shape[2 + d], g->out[d] = y->shape[2 + d], g->k[d] = k[d];
 		if (g->stride[d] < 1 || g->dil[d] < 1 || g->k[d] < 1)
 			return ir_fail(c, n, KILN_EINVAL, "strides, dilations and kernel must be positive");
-		int64_t span = (g->k[d] - 1) * g->dil[d] + 1, total;
-		if (derive) {
-			total = transpose ? g->stride[d] * (g->in[d] - 1) + opad[d] + span - g->out[d]
-			                  : (g->out[d] - 1) * g->stride[d] + span - g->in[d];
-			total = total < 0 ? 0 : total;
-			/* SAME_UPPER puts the odd pixel at the end, the others at the start */
-			g->pad[d] = !strcmp(ap, "SAME_UPPER") ? total / 2 : total - total / 2;
-			g->pad_end[d] = total - g->pad[d];
-		} else if (!strcmp(ap, "VALID")) {
-			g->pad[d] = g->pad_end[d] = 0;
-		} else {
-			g->pad[d] = pads[d], g->pad_end[d] = pads[g->nsp + d];
-		}
+		int64_t span = (g->k[d] - 1) * g->dil[d] + 1;
+		ir_conv_pad(ap, derive, transpose, g->in[d], g->out[d], span, g->stride[d], opad[d],
+		            pads[d], pads[g->nsp + d], &g->pad[d], &g->pad_end[d]);
 		g->isz *= g->in[d], g->osz *= g->out[d], g->ksz *= g->k[d];
 	}
 	return KILN_OK;

@@ -261,6 +261,13 @@ kiln_status ir_infer_types(kiln_graph *g, const ir_node *n, ir_type *out);
 /* NumPy broadcast of two types' shapes into *out (dtype from a). */
 kiln_status ir_broadcast(kiln_graph *g, const ir_node *n, const ir_type *a, const ir_type *b,
                          ir_type *out);
+/* Begin/end padding of one spatial dim of a conv or conv-transpose whose
+ * input and output sizes are known: derived from auto_pad (SAME_UPPER puts
+ * the odd pixel at the end, SAME_LOWER and output_shape at the start) when
+ * derive is set, zero for VALID, else the pads attribute's pair. */
+void ir_conv_pad(const char *auto_pad, bool derive, bool transpose, int64_t in, int64_t out,
+                 int64_t span, int64_t stride, int64_t opad, int64_t attr_begin,
+                 int64_t attr_end, int64_t *begin, int64_t *end);
 typedef kiln_status (*ir_shape_fn)(kiln_graph *g, const ir_node *n, const ir_type *in,
                                    ir_type *out);
 extern const ir_shape_fn ir_shape_table[KILN_OP_COUNT];

@@ -468,3 +468,21 @@ kiln_status ir_shape_loss(kiln_graph *g, const ir_node *n, const ir_type *in, ir
 		out[1] = *x;
 	return KILN_OK;
 }
+
+void ir_conv_pad(const char *auto_pad, bool derive, bool transpose, int64_t in, int64_t out,
+                 int64_t span, int64_t stride, int64_t opad, int64_t attr_begin,
+                 int64_t attr_end, int64_t *begin, int64_t *end)
+{
+	if (derive) {
+		int64_t total = transpose ? stride * (in - 1) + opad + span - out
+		                          : (out - 1) * stride + span - in;
+		total = total < 0 ? 0 : total;
+		*begin = !strcmp(auto_pad, "SAME_UPPER") ? total / 2 : total - total / 2;
+		*end = total - *begin;
+	} else if (!strcmp(auto_pad, "VALID")) {
+		*begin = *end = 0;
+	} else {
+		*begin = attr_begin;
+		*end = attr_end;
+	}
+}
