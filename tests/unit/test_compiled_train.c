@@ -25,6 +25,7 @@
 #include <unistd.h>
 
 #include "check_main.h"
+#include "tmpdir.h"
 #include "kiln/kiln.h"
 #include "so_util.h"
 
@@ -368,28 +369,14 @@ END_TEST
 
 /* ---- checkpoints ----------------------------------------------------------------------- */
 
-static char tmpl[64];
-
 static void mktmp(void)
 {
-	snprintf(tmpl, sizeof tmpl, "/tmp/kiln_ctrain_XXXXXX");
-	ck_assert_ptr_nonnull(mkdtemp(tmpl));
+	tmp_make("kiln_ctrain");
 }
 
 static void rmtmp(void)
 {
-	char cmd[128];
-	snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpl);
-	ck_assert_int_eq(system(cmd), 0);
-}
-
-static const char *tpath(const char *name)
-{
-	static char bufs[2][128];
-	static int k;
-	char *b = bufs[k++ % 2];
-	snprintf(b, 128, "%s/%s", tmpl, name);
-	return b;
+	tmp_remove();
 }
 
 /* 12 uninterrupted steps against 6, save, a fresh context loads, 6 more. */

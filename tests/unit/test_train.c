@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "check_main.h"
+#include "tmpdir.h"
 #include "kiln/kiln.h"
 
 #define DIR KILN_FIXTURES "/train/"
@@ -438,28 +439,14 @@ END_TEST
 
 /* ---- checkpoints ------------------------------------------------------------------ */
 
-static char tmpl[64];
-
 static void mktmp(void)
 {
-	snprintf(tmpl, sizeof tmpl, "/tmp/kiln_train_XXXXXX");
-	ck_assert_ptr_nonnull(mkdtemp(tmpl));
+	tmp_make("kiln_train");
 }
 
 static void rmtmp(void)
 {
-	char cmd[128];
-	snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpl);
-	ck_assert_int_eq(system(cmd), 0);
-}
-
-static const char *tpath(const char *name)
-{
-	static char bufs[2][128];
-	static int k;
-	char *b = bufs[k++ % 2];
-	snprintf(b, 128, "%s/%s", tmpl, name);
-	return b;
+	tmp_remove();
 }
 
 /* Uninterrupted 12 steps vs 6, save, a fresh trainer loads, 6 more: the
