@@ -175,3 +175,49 @@ kiln_status rt_pread(int fd, void *buf, size_t n, uint64_t off, const char *path
 	}
 	return KILN_OK;
 }
+
+rt_file_kind rt_file_sniff(const char *path)
+{
+	unsigned char b[512];
+	int fd = path ? open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK) : -1;
+	struct stat st;
+	if (fd < 0)
+		return RT_FILE_UNKNOWN;
+	ssize_t n = fstat(fd, &st) == 0 && S_ISREG(st.st_mode) ? pread(fd, b, sizeof b, 0) : -1;
+	close(fd);
+	if (n < 0)
+		return RT_FILE_UNKNOWN;
+	if (n >= 4 && !memcmp(b, "\x7f" "ELF", 4))
+		return RT_FILE_ELF;
+	if (n >= 6 && !memcmp(b, "\x93NUMPY", 6))
+		return RT_FILE_NPY;
+	if (n >= 9 && b[8] == '{' && !b[7] && !b[6] && !b[5])
+		return RT_FILE_SAFETENSORS;
+	bool text = true;
+	for (ssize_t i = 0; i < n && text; i++)
+		text = b[i] >= 0x20 || b[i] == '\t' || b[i] == '\n' || b[i] == '\r' || b[i] >= 0x80;
+	if (!text)
+		return RT_FILE_ONNX;
+	ssize_t i = 0;
+	for (;;) {
+		while (i < n && (b[i] == ' ' || b[i] == '\t' || b[i] == '\n' || b[i] == '\r'))
+			i++;
+		if (i < n && b[i] == '#') {
+			while (i < n && b[i] != '\n')
+				i++;
+			continue;
+		}
+		break;
+	}
+	return n - i >= 5 && !memcmp(b + i, "graph", 5) ? RT_FILE_KIR : RT_FILE_TEXT;
+}
+
+const char *rt_file_kind_name(rt_file_kind k)
+{
+	static const char *const name[] = {
+		[RT_FILE_UNKNOWN] = "an unreadable file", [RT_FILE_KIR] = "a .kir graph",
+		[RT_FILE_ONNX] = "an ONNX model", [RT_FILE_ELF] = "a compiled library (ELF shared object)",
+		[RT_FILE_NPY] = "a NumPy array (.npy)", [RT_FILE_SAFETENSORS] = "a safetensors file",
+		[RT_FILE_TEXT] = "a text file"};
+	return (unsigned)k < sizeof name / sizeof *name ? name[k] : "?";
+}

@@ -61,6 +61,19 @@ kiln_status rt_open_read(const char *path, int *fd, uint64_t *size, kiln_error *
 kiln_status rt_pread(int fd, void *buf, size_t n, uint64_t off, const char *path,
                      kiln_error *err);
 
+/* What a file holds, judged by its first bytes, never by its name. */
+typedef enum rt_file_kind {
+	RT_FILE_UNKNOWN,     /* unreadable, or none of these */
+	RT_FILE_KIR,         /* text that (after blanks and # comments) starts "graph" */
+	RT_FILE_ONNX,        /* binary that is not one of the others: a protobuf */
+	RT_FILE_ELF,         /* \x7fELF: a compiled library */
+	RT_FILE_NPY,         /* \x93NUMPY */
+	RT_FILE_SAFETENSORS, /* u64 header length, then '{' */
+	RT_FILE_TEXT,        /* other text: a .kir that will not parse */
+} rt_file_kind;
+rt_file_kind rt_file_sniff(const char *path);
+const char *rt_file_kind_name(rt_file_kind k); /* "a compiled library (ELF)", ... */
+
 /* ---- pool.c ------------------------------------------------------------ */
 
 typedef struct rt_pool rt_pool; /* also in runtime/model.h */

@@ -25,6 +25,7 @@
 #include <sys/stat.h>
 
 #include "frontend/onnx/onnx.h"
+#include "runtime/rt.h"
 
 #define MAX_MODEL_BYTES ((size_t)2 << 30) /* protobuf's own 2 GiB limit */
 #define MAX_INPUT_NUMEL (UINT64_C(1) << 40) /* as ir_tensor_new allows */
@@ -886,10 +887,28 @@ KILN_API kiln_status kiln_onnx_import(const char *path, kiln_graph **out, kiln_e
 	return kiln_onnx_import_ex(NULL, 0, &o, out, err);
 }
 
+/* By content, not name: a model saved as "m.bin" loads, and a library or an
+ * array passed by mistake is named for what it is. */
 KILN_API kiln_status kiln_graph_load_any(const char *path, kiln_graph **out, kiln_error *err)
 {
 	size_t n = path ? strlen(path) : 0;
-	if (n >= 5 && !strcasecmp(path + n - 5, ".onnx"))
+	rt_file_kind k = rt_file_sniff(path);
+	if (out)
+		*out = NULL;
+	switch (k) {
+	case RT_FILE_ONNX:
 		return kiln_onnx_import(path, out, err);
-	return kiln_graph_load(path, out, err);
+	case RT_FILE_ELF:
+	case RT_FILE_NPY:
+	case RT_FILE_SAFETENSORS:
+		return ir_seterr(err, KILN_EINVAL, "%s: this is %s, not a model (.kir or ONNX)%s",
+		                 path, rt_file_kind_name(k),
+		                 k == RT_FILE_ELF ? "; 'kiln run' and 'kiln inspect' take it as it is" : "");
+	case RT_FILE_UNKNOWN: /* unreadable: the loader says why, under the name's kind */
+		if (n >= 5 && !strcasecmp(path + n - 5, ".onnx"))
+			return kiln_onnx_import(path, out, err);
+		return kiln_graph_load(path, out, err);
+	default:
+		return kiln_graph_load(path, out, err);
+	}
 }
