@@ -562,7 +562,7 @@ static kiln_status add_micro(kiln_graph *g, kiln_error *err)
 		          ir_attr_int(n, "training_mode", 0);
 	}
 	if (random)
-		kiln_input_at(g, (kiln_loc){__FILE__, __LINE__}, CG_MICRO_INPUT, KILN_I64, 0, NULL);
+		kiln_input_at(g, ir_graph_loc(g), CG_MICRO_INPUT, KILN_I64, 0, NULL);
 	return g->status == KILN_OK ? KILN_OK : ir_seterr(err, g->status, "%s", g->errmsg);
 }
 

@@ -33,7 +33,7 @@
 #include "frontend/frontend.h"
 #include "passes/passes.h"
 
-#define HERE ((kiln_loc){__FILE__, __LINE__})
+#define HERE ir_graph_loc(g) /* the model's place, never this file: messages name the user's */
 
 static bool ends_with(const char *s, const char *suffix)
 {

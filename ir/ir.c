@@ -151,6 +151,19 @@ kiln_status ir_errorf(kiln_graph *g, const ir_node *n, kiln_status code, const c
 	return st;
 }
 
+kiln_loc ir_graph_loc(const kiln_graph *g)
+{
+	for (uint32_t i = 0; g && i < g->noutput; i++) {
+		const ir_node *d = g->val[g->output[i]]->def;
+		if (d && d->loc.file)
+			return d->loc;
+	}
+	for (uint32_t i = 0; g && i < g->nnode; i++)
+		if (g->node[i]->loc.file)
+			return g->node[i]->loc;
+	return (kiln_loc){0};
+}
+
 kiln_status ir_errorf_at(kiln_graph *g, kiln_loc loc, kiln_status code, const char *fmt, ...)
 {
 	va_list ap;

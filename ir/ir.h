@@ -237,6 +237,12 @@ kiln_status ir_errorf(kiln_graph *g, const ir_node *n, kiln_status code, const c
                       ...) __attribute__((format(printf, 4, 5)));
 kiln_status ir_errorf_at(kiln_graph *g, kiln_loc loc, kiln_status code, const char *fmt,
                          ...) __attribute__((format(printf, 4, 5)));
+/* Where nodes that kiln adds on the user's behalf (a loss, optimizer
+ * updates, counters) say they come from: the location of the node behind
+ * the first output that has one (the model file, or its .kir line or DSL
+ * call), else of any node; {0} when none has one.  Never kiln's own
+ * source, so messages about those nodes name the user's file. */
+kiln_loc ir_graph_loc(const kiln_graph *g);
 /* Fill a caller's kiln_error (may be NULL); returns code. */
 kiln_status ir_seterr(kiln_error *err, kiln_status code, const char *fmt, ...)
 	__attribute__((format(printf, 3, 4)));

@@ -35,7 +35,8 @@
 
 #include "passes/passes.h"
 
-#define HERE ((kiln_loc){__FILE__, __LINE__})
+/* the model's location (ir_graph_loc), so messages name the user's file */
+#define HERE (s->loc)
 
 /* One rewrite: the graph, its options and the scalar inputs. */
 typedef struct opt {
@@ -44,6 +45,7 @@ typedef struct opt {
 	uint32_t lr, step, apply; /* f64, f64, bool (0 without accumulation) */
 	uint32_t first;           /* bool: t <= 1, PyTorch's "no momentum buffer yet" */
 	double b1, b2, eps;       /* resolved Adam defaults */
+	kiln_loc loc;             /* of every node added: ir_graph_loc of the model */
 } opt;
 
 /* ---- small builders ------------------------------------------------------ */
@@ -249,8 +251,8 @@ kiln_status pass_optim(kiln_graph *g, const kiln_train_opts *o, const pass_optim
 		return ir_errorf(g, NULL, KILN_EINVAL, "optimizer: accum_steps %d needs an apply "
 		                 "input exactly when > 1", o->accum_steps);
 	opt s = {g, o, io->lr, io->step, io->apply, 0, o->beta1 ? o->beta1 : 0.9,
-	         o->beta2 ? o->beta2 : 0.999, o->eps ? o->eps : 1e-8};
-	s.first = kiln_less_at(g, HERE, io->step, num(&s, KILN_F64, 1.5));
+	         o->beta2 ? o->beta2 : 0.999, o->eps ? o->eps : 1e-8, ir_graph_loc(g)};
+	s.first = kiln_less_at(g, s.loc, io->step, num(&s, KILN_F64, 1.5));
 	uint32_t *grad = calloc((size_t)io->n + 1, sizeof *grad);
 	if (!grad)
 		return ir_errorf(g, NULL, KILN_ENOMEM, "optimizer: out of memory");

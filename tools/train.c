@@ -31,7 +31,9 @@
 #include "ir/ir.h"
 #include "tools/tools.h"
 
-#define HERE ((kiln_loc){__FILE__, __LINE__})
+/* Nodes the tool adds (loss, counters) carry the model's location, so a
+ * message about them names the user's file, never this one. */
+#define HERE ir_graph_loc(g)
 #define POS_NAME "kiln_train.position"
 #define CORRECT_NAME "kiln_train.correct"
 #define EVAL_CHUNK 256 /* rows per eval run: bounds the interpreter's memory */
@@ -908,7 +910,8 @@ static int setup(run *r, const opts *o)
 	kiln_status st = tg ? kiln_trainer_new(tg, r->eval, &to, &r->tr, &e) : e.code;
 	kiln_graph_free(tg);
 	if (st != KILN_OK)
-		return fail(1, "%s: %s", o->model, e.msg[0] ? e.msg : kiln_status_str(st));
+		return e.msg[0] && strstr(e.msg, o->model) ? fail_err(&e, st)
+		       : fail(1, "%s: %s", o->model, e.msg[0] ? e.msg : kiln_status_str(st));
 	int64_t bshape[KILN_MAX_RANK];
 	memcpy(bshape, r->x->shape, sizeof bshape);
 	bshape[0] = o->batch;
