@@ -27,6 +27,7 @@
  */
 #include <ctype.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <spawn.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -82,8 +83,20 @@ static kiln_status make_temp(const char *path, char *tmp, size_t size, kiln_erro
 	return KILN_OK;
 }
 
+/* fsync, then rename over path: the new contents are on disk before the
+ * name points at them, so a crash leaves the old file or the new one. */
 static kiln_status commit(const char *tmp, const char *path, kiln_error *err)
 {
+	int fd = open(tmp, O_RDONLY | O_CLOEXEC);
+	if (fd < 0 || fsync(fd) != 0) {
+		kiln_status st = ir_seterr(err, KILN_EIO, "%s: cannot write: fsync: %s", path,
+		                           strerror(errno));
+		if (fd >= 0)
+			close(fd);
+		unlink(tmp);
+		return st;
+	}
+	close(fd);
 	if (rename(tmp, path) != 0) {
 		kiln_status st = ir_seterr(err, KILN_EIO, "%s: cannot write: %s", path, strerror(errno));
 		unlink(tmp);
@@ -372,7 +385,7 @@ static kiln_status header(const cg_module *m, const cg_module *eval, const cg_tr
 	write(f, m, eval, ti, name, hbase ? hbase + 1 : path, base ? base + 1 : so_path);
 	if (ferror(f) | fclose(f)) {
 		unlink(tmp);
-		return ir_seterr(err, KILN_EIO, "%s: write failed", path);
+		return ir_seterr(err, KILN_EIO, "%s: write failed: %s", path, strerror(errno));
 	}
 	return commit(tmp, path, err);
 }
