@@ -19,6 +19,7 @@
 #include <strings.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "kiln/kiln.h"
 #include "ir/ir.h"
@@ -184,6 +185,49 @@ static void print_histogram(const kiln_graph *g)
 		printf("  %6d  %s\n", h[i].count, ir_op(h[i].op)->kir);
 }
 
+static int load_so(const char *path, kiln_model **m);
+static const char *io_type(const kiln_model_io *io, char *buf, size_t size);
+
+/* `kiln inspect model.so`: the signature a compiled library describes. */
+static int inspect_so(const char *file)
+{
+	kiln_model *m = NULL;
+	if (load_so(file, &m))
+		return 1;
+	char ty[256];
+	bool train = kiln_model_trainable(m);
+	printf("library: %s\nmodel: %s\nkind: %s\n", file, kiln_model_name(m),
+	       train ? "training library (train step, eval, save, load; the signature is the "
+	               "eval program's)" : "inference library");
+	int nin = kiln_model_num_inputs(m), nout = kiln_model_num_outputs(m);
+	printf("inputs: %d\n", nin);
+	for (int i = 0; i < nin; i++)
+		printf("  %s: %s\n", kiln_model_input_name(m, i), io_type(kiln_model_input(m, i), ty, sizeof ty));
+	printf("outputs: %d\n", nout);
+	for (int i = 0; i < nout; i++)
+		printf("  %s: %s\n", kiln_model_output_name(m, i),
+		       io_type(kiln_model_output(m, i), ty, sizeof ty));
+	if (kiln_model_num_syms(m) > 0) {
+		printf("symbols:");
+		for (int i = 0; i < kiln_model_num_syms(m); i++)
+			printf(" %s", kiln_model_sym_name(m, i));
+		printf("\n");
+	}
+	if (train) {
+		kiln_tensor_set *st = kiln_model_state(m);
+		printf("steps taken: %lld\n", (long long)kiln_model_steps(m));
+		if (st) {
+			int64_t bytes = 0;
+			for (int i = 0; i < st->count; i++)
+				bytes += (int64_t)kiln_tensor_nbytes(st->items[i].tensor);
+			printf("state: %d tensors, %lld bytes\n", st->count, (long long)bytes);
+		}
+		kiln_tensor_set_free(st);
+	}
+	kiln_model_free(m);
+	return 0;
+}
+
 static int cmd_inspect(int argc, char **argv)
 {
 	const char *file = NULL;
@@ -197,10 +241,11 @@ static int cmd_inspect(int argc, char **argv)
 	if (!file)
 		return usage_error("inspect", "missing %s", "FILE.kir or FILE.onnx");
 	kiln_graph *g;
-	size_t len = strlen(file);
-	bool onnx = len >= 5 && strcasecmp(file + len - 5, ".onnx") == 0;
+	rt_file_kind kind = rt_file_sniff(file);
+	if (kind == RT_FILE_ELF)
+		return inspect_so(file);
 	/* an ONNX model lists every unsupported node, not just the first */
-	if (onnx ? onnx_cli_inspect_report(file, &g) : load(file, &g))
+	if (kind == RT_FILE_ONNX ? onnx_cli_inspect_report(file, &g) : load(file, &g))
 		return 1;
 	printf("graph: %s\n", g->name);
 	print_values(g, "inputs", g->input, g->ninput);
@@ -309,52 +354,146 @@ static const char *tensor_type(const kiln_tensor *t, char *buf, size_t size)
 	return buf;
 }
 
-/* DIR/<name>.npy, with path separators in the name made harmless. */
-static void out_path(char *buf, size_t size, const char *dir, const char *name, int i)
+/* The output files of `run -o DIR`: DIR/<name>.npy, one file per output.
+ * Path separators and a leading dot become '_'.  Outputs whose names are
+ * plain file names claim them first, in output order; every other output
+ * takes its cleaned name if still free, else the first suffix _1, _2, ...
+ * that is neither taken nor some output's own name.  So the files depend
+ * only on the outputs' names and order. */
+typedef struct out_files {
+	int n;
+	char **path;  /* [n] */
+	bool *renamed; /* [n]: the file is not DIR/<name>.npy */
+} out_files;
+
+static void out_files_free(out_files *f)
 {
-	char safe[256];
-	if (!name)
-		snprintf(safe, sizeof safe, "output%d", i);
-	else
-		snprintf(safe, sizeof safe, "%s", name);
-	for (char *p = safe; *p; p++)
-		if (*p == '/' || *p == '\\' || (p == safe && *p == '.'))
-			*p = '_';
-	snprintf(buf, size, "%s/%s.npy", dir, safe);
+	for (int i = 0; f->path && i < f->n; i++)
+		free(f->path[i]);
+	free(f->path);
+	free(f->renamed);
+	*f = (out_files){0};
 }
 
-static int write_outputs(const kiln_graph *g, const char *dir, kiln_tensor **out)
+static void safe_name(char *buf, size_t size, const char *name, int i)
+{
+	if (!name || !*name)
+		snprintf(buf, size, "output%d", i);
+	else
+		snprintf(buf, size, "%s", name);
+	for (char *p = buf; *p; p++)
+		if (*p == '/' || *p == '\\' || (p == buf && *p == '.'))
+			*p = '_';
+}
+
+static bool name_used(char (*names)[256], int n, const char *s)
+{
+	for (int k = 0; k < n; k++)
+		if (!strcmp(names[k], s))
+			return true;
+	return false;
+}
+
+static int out_files_make(const char *dir, int n, const char *const *names, out_files *f)
+{
+	char (*base)[256] = calloc((size_t)n + 1, sizeof *base);
+	char (*got)[256] = calloc((size_t)n + 1, sizeof *got); /* "": not yet chosen */
+	*f = (out_files){n, calloc((size_t)n + 1, sizeof *f->path),
+	                 calloc((size_t)n + 1, sizeof *f->renamed)};
+	bool ok = base && got && f->path && f->renamed;
+	for (int i = 0; ok && i < n; i++)
+		safe_name(base[i], sizeof base[i], names[i], i);
+	for (int i = 0; ok && i < n; i++)
+		if (names[i] && !strcmp(names[i], base[i]) && !name_used(got, n, base[i]))
+			snprintf(got[i], sizeof got[i], "%s", base[i]);
+	for (int i = 0; ok && i < n; i++) {
+		if (!got[i][0]) {
+			char cand[256];
+			snprintf(cand, sizeof cand, "%s", base[i]);
+			for (int k = 1; name_used(got, n, cand) || (k > 1 && name_used(base, n, cand)); k++)
+				snprintf(cand, sizeof cand, "%.240s_%d", base[i], k);
+			memcpy(got[i], cand, sizeof cand);
+		}
+		size_t len = strlen(dir) + strlen(got[i]) + 8;
+		if (!(f->path[i] = malloc(len))) {
+			ok = false;
+			break;
+		}
+		snprintf(f->path[i], len, "%s/%s.npy", dir, got[i]);
+		f->renamed[i] = !names[i] || strcmp(names[i], got[i]) != 0;
+	}
+	free(base);
+	free(got);
+	if (!ok)
+		out_files_free(f);
+	return ok ? 0 : fail(1, "out of memory");
+}
+
+/* Before running: the output folder takes files, and no output file is an
+ * input (the model, its weights, an -i file). */
+static int out_files_check(const run_args *a, const out_files *f)
+{
+	if (!a->outdir)
+		return 0;
+	if (files_check_dir("-o", a->outdir))
+		return 1;
+	int nin = a->nspec + 2;
+	tool_file *in = calloc((size_t)nin, sizeof *in), *out = calloc((size_t)f->n + 1, sizeof *out);
+	char *side = files_model_sidecar(a->file);
+	int rc = in && out ? 0 : fail(1, "out of memory");
+	if (!rc) {
+		in[0] = (tool_file){"the model", a->file, NULL};
+		in[1] = (tool_file){"the model", side, " (its weights)"};
+		for (int k = 0; k < a->nspec; k++) {
+			const char *eq = strchr(a->spec[k], '=');
+			in[k + 2] = (tool_file){"-i", eq ? eq + 1 : NULL, NULL};
+		}
+		for (int i = 0; i < f->n; i++)
+			out[i] = (tool_file){"-o", f->path[i], " (an output of the model)"};
+		rc = files_check_clash(in, nin, out, f->n);
+		for (int i = 0; !rc && i < f->n; i++) /* an existing name must be a plain file */
+			rc = access(f->path[i], F_OK) == 0 && files_check_dest("-o", f->path[i], false);
+	}
+	free(side);
+	free(in);
+	free(out);
+	return rc;
+}
+
+/* Writes (or, without -o, describes) every output; a renamed file says
+ * which output it holds. */
+static int write_outputs(const char *dir, const char *const *names, const out_files *f,
+                         kiln_tensor **out)
 {
 	if (dir && mkdir(dir, 0777) != 0 && errno != EEXIST)
 		return fail(1, "cannot create directory '%s': %s", dir, strerror(errno));
-	for (uint32_t i = 0; i < g->noutput; i++) {
-		const char *name = g->val[g->output[i]]->name;
-		char ty[256], path[4096];
+	for (int i = 0; i < f->n; i++) {
+		const char *name = names[i] ? names[i] : "?";
+		char ty[256];
 		if (!dir) {
-			printf("%s: %s\n", name ? name : "?", tensor_type(out[i], ty, sizeof ty));
+			printf("%s: %s\n", name, tensor_type(out[i], ty, sizeof ty));
 			continue;
 		}
-		out_path(path, sizeof path, dir, name, (int)i);
 		kiln_error e = {0};
-		kiln_status st = kiln_npy_write(path, out[i], &e);
+		kiln_status st = kiln_npy_write(f->path[i], out[i], &e);
 		if (st != KILN_OK)
 			return fail_err(&e, st);
-		printf("%s: %s -> %s\n", name ? name : "?", tensor_type(out[i], ty, sizeof ty), path);
+		printf("%s: %s -> %s%s\n", name, tensor_type(out[i], ty, sizeof ty), f->path[i],
+		       f->renamed[i] ? " (file name changed: the output's name is not a unique, "
+		                       "plain file name)" : "");
 	}
 	return 0;
 }
 
 /* ---- compiled libraries (.so): run and bench ------------------------------- */
 
-static bool is_so(const char *path)
-{
-	size_t n = strlen(path);
-	return n > 3 && strcmp(path + n - 3, ".so") == 0;
-}
-
 static int load_so(const char *path, kiln_model **m)
 {
 	kiln_error e = {0};
+	rt_file_kind k = rt_file_sniff(path);
+	if (k != RT_FILE_ELF && k != RT_FILE_UNKNOWN)
+		return fail(1, "%s: this is %s, not a compiled library: make one with 'kiln compile'",
+		            path, rt_file_kind_name(k));
 	kiln_status st = kiln_load(path, m, &e);
 	return st == KILN_OK ? 0 : fail_err(&e, st);
 }
@@ -413,44 +552,32 @@ static int so_read_inputs(const kiln_model *m, const run_args *a, kiln_tensor **
 	return 0;
 }
 
-static int so_write_outputs(const kiln_model *m, const char *dir, kiln_tensor **out)
-{
-	if (dir && mkdir(dir, 0777) != 0 && errno != EEXIST)
-		return fail(1, "cannot create directory '%s': %s", dir, strerror(errno));
-	for (int i = 0; i < kiln_model_num_outputs(m); i++) {
-		const char *name = kiln_model_output_name(m, i);
-		char ty[256], path[4096];
-		if (!dir) {
-			printf("%s: %s\n", name, tensor_type(out[i], ty, sizeof ty));
-			continue;
-		}
-		out_path(path, sizeof path, dir, name, i);
-		kiln_error e = {0};
-		kiln_status st = kiln_npy_write(path, out[i], &e);
-		if (st != KILN_OK)
-			return fail_err(&e, st);
-		printf("%s: %s -> %s\n", name, tensor_type(out[i], ty, sizeof ty), path);
-	}
-	return 0;
-}
-
 /* `kiln run model.so`: the same, through kiln_load. */
 static int run_so(const run_args *a)
 {
 	kiln_model *m = NULL;
 	int rc = load_so(a->file, &m), nin = 0, nout = 0;
 	kiln_tensor **in = NULL, **out = NULL;
+	const char **names = NULL;
+	out_files f = {0};
 	if (!rc) {
 		nin = kiln_model_num_inputs(m);
 		nout = kiln_model_num_outputs(m);
 		in = calloc(nin + 1, sizeof *in);
 		out = calloc(nout + 1, sizeof *out);
-		rc = in && out ? so_read_inputs(m, a, in) : fail(1, "out of memory");
+		names = calloc(nout + 1, sizeof *names);
+		rc = in && out && names ? so_read_inputs(m, a, in) : fail(1, "out of memory");
 	}
+	for (int i = 0; !rc && i < nout; i++)
+		names[i] = kiln_model_output_name(m, i);
+	if (!rc)
+		rc = out_files_make(a->outdir ? a->outdir : ".", nout, names, &f);
+	if (!rc)
+		rc = out_files_check(a, &f);
 	if (!rc) {
 		kiln_error e = {0};
 		kiln_status st = kiln_model_run(m, in, nin, out, nout, &e);
-		rc = st == KILN_OK ? so_write_outputs(m, a->outdir, out) : fail_err(&e, st);
+		rc = st == KILN_OK ? write_outputs(a->outdir, names, &f, out) : fail_err(&e, st);
 	}
 	for (int i = 0; in && i < nin; i++)
 		kiln_tensor_free(in[i]);
@@ -458,6 +585,8 @@ static int run_so(const run_args *a)
 		kiln_tensor_free(out[i]);
 	free(in);
 	free(out);
+	free(names);
+	out_files_free(&f);
 	kiln_model_free(m);
 	return rc;
 }
@@ -468,8 +597,10 @@ static int cmd_run(int argc, char **argv)
 	run_args a = {.spec = spec};
 	kiln_graph *g = NULL;
 	kiln_tensor **in = NULL, **out = NULL;
+	const char **names = NULL;
+	out_files f = {0};
 	int rc = spec ? run_parse(argc, argv, &a) : fail(1, "out of memory");
-	if (!rc && is_so(a.file)) {
+	if (!rc && rt_file_sniff(a.file) == RT_FILE_ELF) {
 		rc = run_so(&a);
 		free(spec);
 		return rc;
@@ -479,12 +610,19 @@ static int cmd_run(int argc, char **argv)
 	if (!rc) {
 		in = calloc(g->ninput + 1, sizeof *in);
 		out = calloc(g->noutput + 1, sizeof *out);
-		rc = in && out ? read_inputs(g, &a, in) : fail(1, "out of memory");
+		names = calloc(g->noutput + 1, sizeof *names);
+		rc = in && out && names ? read_inputs(g, &a, in) : fail(1, "out of memory");
 	}
+	for (uint32_t i = 0; !rc && i < g->noutput; i++)
+		names[i] = g->val[g->output[i]]->name;
+	if (!rc)
+		rc = out_files_make(a.outdir ? a.outdir : ".", (int)g->noutput, names, &f);
+	if (!rc)
+		rc = out_files_check(&a, &f);
 	if (!rc) {
 		kiln_error e = {0};
 		kiln_status st = kiln_graph_run(g, in, (int)g->ninput, out, (int)g->noutput, &e);
-		rc = st == KILN_OK ? write_outputs(g, a.outdir, out) : fail_err(&e, st);
+		rc = st == KILN_OK ? write_outputs(a.outdir, names, &f, out) : fail_err(&e, st);
 	}
 	for (uint32_t i = 0; g && in && i < g->ninput; i++)
 		kiln_tensor_free(in[i]);
@@ -492,12 +630,32 @@ static int cmd_run(int argc, char **argv)
 		kiln_tensor_free(out[i]);
 	free(in);
 	free(out);
+	free(names);
+	out_files_free(&f);
 	free(spec);
 	kiln_graph_free(g);
 	return rc;
 }
 
 /* ---- opt ---------------------------------------------------------------- */
+
+/* Before any work: no output (out[0], and out[1] derived from it by
+ * swapping ext for with, when out[1].path is NULL and ext is given) is the
+ * model file, its weights or another output, and each can be written. */
+static int check_outputs(const char *model, tool_file *out, int nout, const char *ext,
+                         const char *with)
+{
+	char *side = files_model_sidecar(model), *derived = NULL;
+	if (ext && nout > 1 && !out[1].path)
+		out[1].path = derived = files_swap_ext(out[0].path, ext, with);
+	tool_file in[] = {{"the model", model, NULL}, {"the model", side, " (its weights)"}};
+	int rc = files_check_clash(in, 2, out, nout);
+	for (int i = 0; !rc && i < nout; i++)
+		rc = out[i].path && files_check_dest(out[i].flag, out[i].path, false);
+	free(side);
+	free(derived);
+	return rc;
+}
 
 static int cmd_opt(int argc, char **argv)
 {
@@ -526,6 +684,10 @@ static int cmd_opt(int argc, char **argv)
 	}
 	if (!file)
 		return usage_error("opt", "missing %s", "FILE.kir");
+	if (outfile && check_outputs(file, (tool_file[]){{"-o", outfile, NULL},
+	                             {"-o", NULL, " (the weights written beside it)"}}, 2, ".kir",
+	                             ".safetensors"))
+		return 1;
 	kiln_graph *g;
 	if (load(file, &g))
 		return 1;
@@ -779,6 +941,17 @@ static int train_flag(int argc, char **argv, int *i, train_cli *tc)
 static kiln_status compile_train(const kiln_graph *g, const train_cli *tc, const char *out,
                                  const kiln_compile_opts *o, kiln_error *e)
 {
+	/* a conv's weight gradient is a convolution with the batch as its
+	 * reduced channel axis, which the lowering needs fixed: say so here,
+	 * not as the lowering's "symbolic channel counts" */
+	for (uint32_t i = 0; !tc->batch && i < g->nnode; i++) {
+		const ir_node *n = g->node[i];
+		if (!n->dead && (n->op == KILN_OP_CONV || n->op == KILN_OP_CONV_TRANSPOSE)) {
+			char d[160];
+			return ir_seterr(e, KILN_EUNSUPPORTED, "training a model with %s needs a fixed "
+			                 "batch size: pass --batch N", ir_node_desc(n, d, sizeof d));
+		}
+	}
 	kiln_graph *tg = NULL;
 	kiln_status st = kiln_train_graph_from_inference(g, (uint64_t)tc->seed, &tg, e);
 	if (st == KILN_OK)
@@ -827,6 +1000,11 @@ static int cmd_compile(int argc, char **argv)
 		return usage_error("compile", "missing %s", !file ? "FILE.kir or FILE.onnx" : "-o OUT");
 	if (tc.other && !tc.on)
 		return usage_error("compile", "%s", "optimizer and loss options need --train");
+	bool lib = !o.emit || !strcmp(o.emit, "so"); /* a library brings its header */
+	if (check_outputs(file, (tool_file[]){{"-o", out, NULL},
+	                  {"-o", NULL, " (the header written beside the library)"}}, lib ? 2 : 1,
+	                  ".so", ".h"))
+		return 1;
 	struct timespec t0, t1;
 	clock_gettime(CLOCK_MONOTONIC, &t0);
 	kiln_graph *g = NULL;
@@ -852,10 +1030,12 @@ static int cmd_help(int argc, char **argv);
 
 static const command commands[] = {
 	{"inspect", cmd_inspect,
-	 "inspect FILE.kir|FILE.onnx [--no-ir]\n"
+	 "inspect FILE.kir|FILE.onnx|MODEL.so [--no-ir]\n"
 	 "  Prints the graph's name, inputs and outputs with their types, parameter\n"
 	 "  counts and bytes (trainable and buffers), node count, op histogram, then\n"
-	 "  the IR.  Weights load from FILE.safetensors beside it when present.\n"
+	 "  the IR.  Weights load from FILE.safetensors beside it when present.  A\n"
+	 "  compiled library prints its signature and whether it trains.  Files are\n"
+	 "  recognised by content, not by name.\n"
 	 "  --no-ir      omit the IR",
 	 "summarize a graph: signature, parameters, op histogram, IR"},
 	{"run", cmd_run,
@@ -864,7 +1044,9 @@ static const command commands[] = {
 	 "  'kiln compile' through kiln_load (inputs checked against its signature).\n"
 	 "  -i, --input NAME=X.npy   the graph input NAME (every input is required)\n"
 	 "  -o, --output DIR         write DIR/<output name>.npy for every output\n"
-	 "                           (created if missing; without -o only shapes print)",
+	 "                           (created if missing; without -o only shapes print);\n"
+	 "                           '/' in a name becomes '_', and a name another\n"
+	 "                           output took gets _1, _2, ... (printed)",
 	 "run a graph through the reference interpreter on .npy inputs"},
 	{"opt", cmd_opt,
 	 "opt FILE.kir [--passes=LIST] [--dump-after=PASS|all] [--verify] [-o OUT.kir]\n"
@@ -978,5 +1160,7 @@ int main(int argc, char **argv)
 			print_usage(c, stdout);
 			return 0;
 		}
-	return c->run(argc - 2, argv + 2);
+	int rc = c->run(argc - 2, argv + 2);
+	/* what was printed is output too: a full disk must not exit 0 */
+	return files_finish_stdout() && !rc ? 1 : rc;
 }

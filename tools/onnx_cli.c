@@ -132,6 +132,14 @@ int cmd_export(int argc, char **argv)
 	if (!in || !out)
 		return fail(TOOLS_EXIT_USAGE, "missing %s" SEE, !in ? "FILE.kir or FILE.onnx"
 		                                                    : "-o OUT.onnx");
+	char *side = files_model_sidecar(in);
+	tool_file ins[] = {{"the model", in, NULL}, {"the model", side, " (its weights)"},
+	                   {"--weights", weights, NULL}};
+	int rc = files_check_clash(ins, 3, &(tool_file){"-o", out, NULL}, 1) ||
+	         files_check_dest("-o", out, false);
+	free(side);
+	if (rc)
+		return 1;
 	kiln_graph *g = NULL;
 	kiln_error err = {0};
 	kiln_status st = kiln_graph_load_any(in, &g, &err);

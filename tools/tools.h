@@ -15,7 +15,46 @@
 #ifndef KILN_TOOLS_H
 #define KILN_TOOLS_H
 
+#include <stdbool.h>
+
+#include "runtime/rt.h"
+
 enum { TOOLS_EXIT_USAGE = 2 };
+
+/* ---- files.c ------------------------------------------------------------ */
+
+/* A file a command reads or writes, for the checks below: the flag that
+ * named it ("--x", "-o", "the model"), its path, and what it is when the
+ * command derives it ("the header written beside it"). */
+typedef struct tool_file {
+	const char *flag, *path, *note;
+} tool_file;
+
+/* 1 after one "kiln: error:" line naming both flags when an output is the
+ * same file as an input or as another output (by st_dev/st_ino, so links
+ * and other spellings of a name count); 0 otherwise.  NULL paths are
+ * skipped. */
+int files_check_clash(const tool_file *in, int nin, const tool_file *out, int nout);
+/* Whether a and b are (or would be) one file; whether file lies in dir. */
+bool files_same(const char *a, const char *b);
+bool files_in_dir(const char *file, const char *dir);
+/* Before any work: path can be written (its folder exists and takes a new
+ * file; path is not a folder, nor, unless stream, a device that a rename
+ * would replace).  stream: written in place (a log), so an existing file
+ * must open for writing.  1 after an error line naming flag. */
+int files_check_dest(const char *flag, const char *path, bool stream);
+/* dir is a writable folder, or can be made (its parent takes it). */
+int files_check_dir(const char *flag, const char *dir);
+/* path with ext (if it ends so) replaced by with, malloc'd. */
+char *files_swap_ext(const char *path, const char *ext, const char *with);
+/* The weights file a model file brings with it (FILE.safetensors beside a
+ * .kir graph, judged by content), malloc'd; NULL for other models. */
+char *files_model_sidecar(const char *model);
+/* After a rename into path: fsyncs its folder (1 after a message if that
+ * fails; a folder that will not open is skipped, as rt_write_atomic does). */
+int files_sync_dir(const char *path);
+/* Flushes stdout: 1 after an error line when anything printed was lost. */
+int files_finish_stdout(void);
 
 /* ---- train.c ------------------------------------------------------------ */
 

@@ -46,7 +46,9 @@ const char cmd_train_usage[] =
 	"  is derived: BatchNorm uses batch statistics and updates its running stats\n"
 	"  as PyTorch does, Dropout is on.  Each epoch draws a fresh order from\n"
 	"  --seed; the last partial batch is kept (DataLoader's default).  A step is\n"
-	"  one batch; with --accum K the optimizer updates every K steps.\n"
+	"  one batch; with --accum K the optimizer updates every K steps.  An output\n"
+	"  that is an input, or a destination that cannot be written, is refused\n"
+	"  before anything loads, and NaN or inf in the data when it loads.\n"
 	"  --x X.npy, --y Y.npy    training inputs and targets (classes: integers)\n"
 	"  --val-x F --val-y F     validation set: accuracy after every epoch\n"
 	"  --loss L                cross_entropy (default), nll, mse, l1, smooth_l1,\n"
@@ -100,6 +102,7 @@ typedef struct opts {
 	double lr, momentum, dampening, wd, eps, clip, smoothing;
 	int64_t accum, epochs, batch, seed, every, stop_after;
 	bool nesterov, quiet;
+	bool batch_set; /* --batch given, so it may not exceed the data */
 } opts;
 
 typedef enum { O_STR, O_F64, O_I64, O_FLAG } opt_kind;
@@ -222,6 +225,7 @@ static int parse_args(int argc, char **argv, opts *o)
 		}
 		if (!val && i + 1 >= argc)
 			return usage_error("option '%s' needs a value", d->name);
+		o->batch_set |= d->off == offsetof(opts, batch);
 		if (set_opt(o, d, val ? val : argv[++i]))
 			return TOOLS_EXIT_USAGE;
 	}
@@ -255,14 +259,17 @@ static int sched_item(char *item, kiln_sched *s)
 static int parse_sched(const opts *o, int64_t total, kiln_sched *s)
 {
 	*s = (kiln_sched){.kind = KILN_SCHED_CONSTANT, .base_lr = o->lr};
-	char buf[256];
-	if (o->sched && snprintf(buf, sizeof buf, "%s", o->sched) < (int)sizeof buf) {
-		char *save = NULL;
-		for (char *it = strtok_r(buf, ",", &save); it; it = strtok_r(NULL, ",", &save))
-			if (sched_item(it, s))
-				return usage_error("bad --schedule '%s': expected step:STEP:GAMMA, "
-				                   "cosine[:T_MAX], onecycle:MAX_LR or warmup:N", o->sched);
-	}
+	char *buf = o->sched ? strdup(o->sched) : NULL; /* any length */
+	if (o->sched && !buf)
+		return fail(1, "out of memory");
+	char *save = NULL;
+	for (char *it = buf ? strtok_r(buf, ",", &save) : NULL; it; it = strtok_r(NULL, ",", &save))
+		if (sched_item(it, s)) {
+			free(buf);
+			return usage_error("bad --schedule '%s': expected step:STEP:GAMMA, "
+			                   "cosine[:T_MAX], onecycle:MAX_LR or warmup:N", o->sched);
+		}
+	free(buf);
 	/* after a warmup the main schedule starts from its own step 0
 	 * (SequentialLR), so by default it spans what is left */
 	int64_t rest = total - s->warmup_steps;
@@ -461,6 +468,33 @@ static int class_targets(const char *path, kiln_tensor **y, int64_t C)
 	return 0;
 }
 
+/* A NaN or an infinity in the data is the file's fault, not the learning
+ * rate's: name the file and the first bad element, as an index. */
+static int check_finite(const char *path, const kiln_tensor *t)
+{
+	if (!kiln_dtype_is_float(t->dtype))
+		return 0;
+	int64_t n = kiln_tensor_numel(t);
+	for (int64_t i = 0; i < n; i++) {
+		double v = ir_load(t, i);
+		if (isfinite(v))
+			continue;
+		char idx[256];
+		size_t k = 0;
+		int64_t rest = i, stride = n;
+		for (int d = 0; d < t->rank && k < sizeof idx; d++) {
+			stride = t->shape[d] ? stride / t->shape[d] : 1;
+			k += snprintf(idx + k, sizeof idx - k, "%s%lld", d ? "," : "",
+			              (long long)(stride ? rest / stride : 0));
+			rest = stride ? rest % stride : 0;
+		}
+		return fail(1, "%s: element [%s] (sample %lld) is %s; the data must be finite",
+		            path, idx, (long long)(t->rank ? i / (n / t->shape[0]) : 0),
+		            isnan(v) ? "NaN" : v > 0 ? "inf" : "-inf");
+	}
+	return 0;
+}
+
 /* Reads one (x, y) pair and checks it against the model's input and output. */
 static int load_pair(const char *xp, const char *yp, const kiln_graph *g, const loss_info *L,
                      kiln_tensor **x, kiln_tensor **y)
@@ -472,7 +506,8 @@ static int load_pair(const char *xp, const char *yp, const kiln_graph *g, const 
 	if (st != KILN_OK)
 		return fail_err(&e, st);
 	const ir_value *in = g->val[g->input[0]], *out = g->val[g->output[0]];
-	if (check_rows(xp, *x, -1, g, &in->type, false, "the model's input"))
+	if (check_rows(xp, *x, -1, g, &in->type, false, "the model's input") || check_finite(xp, *x) ||
+	    check_finite(yp, *y))
 		return 1;
 	ir_type want = out->type;
 	char b[256];
@@ -567,6 +602,16 @@ static int64_t *state_i64(const run *r, const char *name)
 
 /* ---- checkpoints ----------------------------------------------------------------- */
 
+/* Whether name is one kiln writes, "ckpt-<step, 9 digits>.safetensors". */
+static bool ckpt_name(const char *name, long long *step)
+{
+	char tail[32], canon[300];
+	if (sscanf(name, "ckpt-%lld.%31s", step, tail) != 2 || *step < 0)
+		return false;
+	snprintf(canon, sizeof canon, "ckpt-%09lld.safetensors", *step);
+	return !strcmp(canon, name);
+}
+
 /* Steps of DIR's "ckpt-<step>.safetensors" files, ascending; *n of them. */
 static int64_t *list_ckpts(const char *dir, int *n)
 {
@@ -576,11 +621,7 @@ static int64_t *list_ckpts(const char *dir, int *n)
 	*n = 0;
 	for (struct dirent *e; d && (e = readdir(d));) {
 		long long s;
-		char tail[32], canon[300];
-		if (sscanf(e->d_name, "ckpt-%lld.%31s", &s, tail) != 2 || s < 0)
-			continue;
-		snprintf(canon, sizeof canon, "ckpt-%09lld.safetensors", s);
-		if (strcmp(canon, e->d_name))
+		if (!ckpt_name(e->d_name, &s))
 			continue; /* only names we write */
 		if (*n == cap) {
 			int64_t *nv = realloc(v, (size_t)(cap = cap * 2 + 8) * sizeof *v);
@@ -677,7 +718,15 @@ static int resume(run *r)
 
 /* ---- the CSV curve ---------------------------------------------------------------- */
 
-/* Keeps the header and the rows up to step `upto` of an existing log. */
+/* A failed write to the log is an error, never a shorter curve. */
+static int log_error(run *r, const char *what)
+{
+	int e = errno ? errno : EIO;
+	return fail(1, "cannot write --log '%s' (%s): %s", r->o->log, what, strerror(e));
+}
+
+/* Keeps the header and the rows up to step `upto` of an existing log,
+ * written to a temporary, fsynced and renamed over it. */
 static int trim_log(const char *path, int64_t upto)
 {
 	FILE *f = fopen(path, "r");
@@ -690,30 +739,57 @@ static int trim_log(const char *path, int64_t upto)
 		fclose(f);
 		return fail(1, "cannot write '%s': %s", tmp, strerror(errno));
 	}
-	for (bool first = true; fgets(line, sizeof line, f); first = false) {
+	bool ok = true;
+	for (bool first = true; ok && fgets(line, sizeof line, f); first = false) {
 		long long s;
 		if (first || (sscanf(line, "%lld,", &s) == 1 && s <= upto))
-			fputs(line, w);
+			ok = fputs(line, w) >= 0;
 	}
 	fclose(f);
-	if (fclose(w) != 0 || rename(tmp, path) != 0)
-		return fail(1, "cannot rewrite '%s': %s", path, strerror(errno));
-	return 0;
+	errno = 0;
+	ok = ok && fflush(w) == 0 && fsync(fileno(w)) == 0;
+	int e = errno;
+	ok = (fclose(w) == 0) & ok;
+	if (ok && rename(tmp, path) == 0)
+		return files_sync_dir(path);
+	e = e ? e : errno;
+	unlink(tmp);
+	return fail(1, "cannot rewrite --log '%s': %s", path, strerror(e ? e : EIO));
 }
 
 static int open_log(run *r)
 {
 	const char *path = r->o->log;
+	struct stat sb;
 	if (!path)
 		return 0;
-	if (r->o->resume && access(path, F_OK) == 0) {
+	/* a device or pipe (/dev/stdout) has nothing to cut back */
+	bool regular = stat(path, &sb) == 0 && S_ISREG(sb.st_mode);
+	errno = 0;
+	if (r->o->resume && regular) {
 		if (trim_log(path, step_no(r)))
 			return 1;
 		r->log = fopen(path, "a");
 	} else if ((r->log = fopen(path, "w"))) {
 		fprintf(r->log, "step,epoch,lr,loss%s\n", r->vx ? ",val_acc" : "");
 	}
-	return r->log ? 0 : fail(1, "cannot write '%s': %s", path, strerror(errno));
+	if (!r->log)
+		return fail(1, "cannot write --log '%s': %s", path, strerror(errno));
+	return ferror(r->log) || fflush(r->log) ? log_error(r, "the header") : 0;
+}
+
+/* Closes the log; 1 after a message when what it held did not reach it. */
+static int close_log(run *r)
+{
+	if (!r->log)
+		return 0;
+	errno = 0;
+	bool bad = ferror(r->log) || fflush(r->log) != 0;
+	int e = errno;
+	bad = (fclose(r->log) != 0) | bad;
+	r->log = NULL;
+	errno = e ? e : errno;
+	return bad ? log_error(r, "closing it") : 0;
 }
 
 /* ---- evaluation ------------------------------------------------------------------- */
@@ -821,13 +897,18 @@ static int one_step(run *r)
 	if (last && r->vx && accuracy(r, r->vx, r->vy, &r->val_acc, NULL))
 		return 1;
 	if (r->log) {
+		errno = 0;
 		fprintf(r->log, "%lld,%lld,%.17g,%.17g", (long long)step_no(r) + 1,
 		        (long long)r->epoch + 1, lr, loss);
 		if (r->vx)
 			fprintf(r->log, last ? ",%.6f\n" : ",\n", r->val_acc);
 		else
 			fputc('\n', r->log);
-		fflush(r->log);
+		if (ferror(r->log) || fflush(r->log) != 0) {
+			char what[64];
+			snprintf(what, sizeof what, "step %lld", (long long)step_no(r) + 1);
+			return log_error(r, what);
+		}
 	}
 	if (r->tty)
 		progress(r, loss);
@@ -878,6 +959,15 @@ static int load_model(const char *path, kiln_graph **g)
 			return fail(1, "%s: output '%s' is a state update, so the model was traced in train "
 			            "mode; kiln train needs the inference-mode model", path, name);
 	}
+	for (uint32_t i = 1; i < m->nval; i++) {
+		const ir_value *v = m->val[i];
+		if (v->kind != IR_V_PARAM || !v->data || !kiln_dtype_is_float(v->data->dtype))
+			continue;
+		for (int64_t k = 0; k < kiln_tensor_numel(v->data); k++)
+			if (!isfinite(ir_load(v->data, k)))
+				return fail(1, "%s: parameter '%s' is not finite (element %lld is %g)", path,
+				            v->name ? v->name : "?", (long long)k, ir_load(v->data, k));
+	}
 	char b[256];
 	const ir_value *in = m->ninput == 1 ? m->val[m->input[0]] : NULL;
 	if (!in || m->noutput < 1)
@@ -888,6 +978,46 @@ static int load_model(const char *path, kiln_graph **g)
 		            "(e.g. dynamic_axes in torch.onnx.export)", path, in->name,
 		            ir_type_str(m, &in->type, b, sizeof b));
 	return 0;
+}
+
+/* Before anything loads or trains: no output is an input or another
+ * output, none is a checkpoint's name inside --checkpoint (those are written
+ * and deleted there), and every destination takes files, so that a bad
+ * --export or --checkpoint fails now and not after the last epoch. */
+static int check_files(const opts *o)
+{
+	struct stat sb;
+	bool resume_dir = o->resume && stat(o->resume, &sb) == 0 && S_ISDIR(sb.st_mode);
+	size_t n = o->export_path ? strlen(o->export_path) : 0;
+	bool kir = n > 4 && !strcmp(o->export_path + n - 4, ".kir");
+	char *side = files_model_sidecar(o->model);
+	char *eside = kir ? files_swap_ext(o->export_path, ".kir", ".safetensors") : NULL;
+	tool_file in[] = {{"the model", o->model, NULL}, {"the model", side, " (its weights)"},
+	                  {"--x", o->x, NULL}, {"--y", o->y, NULL}, {"--val-x", o->val_x, NULL},
+	                  {"--val-y", o->val_y, NULL},
+	                  {"--resume", resume_dir ? NULL : o->resume, NULL}};
+	tool_file out[] = {{"--log", o->log, NULL}, {"--val-out", o->val_out, NULL},
+	                   {"--export", o->export_path, NULL},
+	                   {"--export", eside, " (the weights written beside it)"}};
+	int nin = sizeof in / sizeof *in, nout = sizeof out / sizeof *out;
+	int rc = files_check_clash(in, nin, out, nout);
+	for (int k = 0; !rc && o->ckpt_dir && k < nin - 1 + nout; k++) {
+		const tool_file *f = k < nin - 1 ? &in[k] : &out[k - nin + 1]; /* not --resume */
+		const char *base = f->path ? strrchr(f->path, '/') : NULL;
+		long long step;
+		if (f->path && ckpt_name(base ? base + 1 : f->path, &step) &&
+		    files_in_dir(f->path, o->ckpt_dir))
+			rc = fail(1, "%s '%s' is a checkpoint's name inside --checkpoint '%s', where "
+			          "checkpoints are written and the older ones deleted", f->flag, f->path,
+			          o->ckpt_dir);
+	}
+	for (int k = 0; !rc && k < nout; k++)
+		rc = out[k].path && files_check_dest(out[k].flag, out[k].path, k == 0);
+	if (!rc && o->ckpt_dir)
+		rc = files_check_dir("--checkpoint", o->ckpt_dir);
+	free(side);
+	free(eside);
+	return rc;
 }
 
 static int setup(run *r, const opts *o)
@@ -902,7 +1032,19 @@ static int setup(run *r, const opts *o)
 	r->n = r->x->shape[0];
 	if (r->n < 1)
 		return fail(1, "%s has no samples", o->x);
+	/* before any batch buffer is allocated: an explicit --batch larger than
+	 * the data is a mistake; the default 32 on a smaller data set makes one
+	 * short batch, as DataLoader does (buffers hold at most the data) */
+	if (o->batch > r->n && o->batch_set)
+		return fail(TOOLS_EXIT_USAGE, "--batch %lld is more than the %lld samples in %s: pass "
+		            "--batch %lld or less", (long long)o->batch, (long long)r->n, o->x,
+		            (long long)r->n);
 	r->nb = (r->n + o->batch - 1) / o->batch;
+	if (o->accum > r->nb * o->epochs)
+		return fail(TOOLS_EXIT_USAGE, "--accum %lld is more than the run's %lld steps (%lld "
+		            "epoch(s) of %lld batches): no optimizer update would happen",
+		            (long long)o->accum, (long long)(r->nb * o->epochs), (long long)o->epochs,
+		            (long long)r->nb);
 	if (parse_sched(o, r->nb * o->epochs / o->accum, &r->sched))
 		return TOOLS_EXIT_USAGE;
 	kiln_error e = {0};
@@ -914,10 +1056,10 @@ static int setup(run *r, const opts *o)
 		       : fail(1, "%s: %s", o->model, e.msg[0] ? e.msg : kiln_status_str(st));
 	int64_t bshape[KILN_MAX_RANK];
 	memcpy(bshape, r->x->shape, sizeof bshape);
-	bshape[0] = o->batch;
+	bshape[0] = o->batch < r->n ? o->batch : r->n;
 	r->bx = kiln_tensor_new(r->x->dtype, r->x->rank, bshape);
 	memcpy(bshape, r->y->shape, sizeof bshape);
-	bshape[0] = o->batch;
+	bshape[0] = o->batch < r->n ? o->batch : r->n;
 	r->by = kiln_tensor_new(r->y->dtype, r->y->rank, bshape);
 	r->perm = malloc((size_t)r->n * sizeof *r->perm);
 	if (!r->bx || !r->by || !r->perm)
@@ -993,14 +1135,14 @@ static void run_free(run *r)
 	kiln_tensor_free(r->vy), kiln_tensor_free(r->bx), kiln_tensor_free(r->by);
 	free(r->perm);
 	if (r->log)
-		fclose(r->log);
+		fclose(r->log); /* after a failure; success closes it with close_log */
 }
 
 int cmd_train(int argc, char **argv)
 {
 	opts o;
 	int rc = parse_args(argc, argv, &o);
-	if (rc)
+	if (rc || (rc = check_files(&o)))
 		return rc;
 	run r = {.o = &o, .last_ckpt = -1, .tty = !o.quiet && isatty(2)};
 	rc = setup(&r, &o);
@@ -1014,9 +1156,11 @@ int cmd_train(int argc, char **argv)
 			fputs("\r\033[K", stderr);
 		fprintf(stderr, "kiln: stopped before step %lld (--stop-after)\n",
 		        (long long)step_no(&r) + 1);
-		rc = 0;
+		rc = close_log(&r);
 	} else if (!rc) {
-		rc = finish(&r);
+		rc = close_log(&r);
+		if (!rc)
+			rc = finish(&r);
 	}
 	run_free(&r);
 	return rc;

@@ -7,10 +7,13 @@
  * kiln_graph_run on the same graph).
  */
 #include <check.h>
+#include <errno.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -150,6 +153,13 @@ static void write_file(const char *name, const char *text)
 	ck_assert_ptr_nonnull(f);
 	fputs(text, f);
 	fclose(f);
+}
+
+static int mkdir_in(const char *name)
+{
+	char path[128];
+	snprintf(path, sizeof path, "%s/%s", dir, name);
+	return mkdir(path, 0777);
 }
 
 /* ---- help and version --------------------------------------------------- */
@@ -379,15 +389,364 @@ START_TEST(opt_rejects_an_unknown_pass_listing_the_known_ones)
 }
 END_TEST
 
+/* ---- outputs that are inputs (the same file, by inode) -------------------- */
+
+static void write_npy(const char *name, kiln_dtype dt, int rank, const int64_t *shape,
+                      const void *data)
+{
+	char path[128];
+	snprintf(path, sizeof path, "%s/%s", dir, name);
+	kiln_tensor *t = kiln_tensor_new(dt, rank, shape);
+	memcpy(t->data, data, kiln_tensor_nbytes(t));
+	kiln_error e = {0};
+	ck_assert_msg(kiln_npy_write(path, t, &e) == KILN_OK, "%s", e.msg);
+	kiln_tensor_free(t);
+}
+
+/* A trainable .kir written by hand (so node locations are its lines):
+ * y = relu(x * w) [N,3], and 8 samples of x with class targets y.npy and
+ * regression targets yr.npy. */
+static void train_data(void)
+{
+	write_file("t.kir", "graph @t(%x: f32[N,3]) -> (%y: f32[N,3]) {\n"
+	                    "  param %w: f32[3]\n"
+	                    "  %0 = mul %x, %w : f32[N,3]\n"
+	                    "  %y = relu %0 : f32[N,3]\n"
+	                    "  ret %y\n}\n");
+	float x[24];
+	for (int i = 0; i < 24; i++)
+		x[i] = (float)(i % 7) - 3;
+	write_npy("x.npy", KILN_F32, 2, (int64_t[]){8, 3}, x);
+	write_npy("yr.npy", KILN_F32, 2, (int64_t[]){8, 3}, x);
+	write_npy("y.npy", KILN_I64, 1, (int64_t[]){8}, (int64_t[]){0, 1, 2, 0, 1, 2, 0, 1});
+}
+
+/* The bytes of dir/name, to show that a refused command left it alone. */
+static char *file_bytes(const char *name)
+{
+	char path[128];
+	snprintf(path, sizeof path, "%s/%s", dir, name);
+	return slurp(path);
+}
+
+static void assert_unchanged(const char *name, const char *before)
+{
+	char *now = file_bytes(name);
+	ck_assert_msg(strcmp(now, before) == 0 && strlen(before) > 0, "%s was changed", name);
+	free(now);
+}
+
+START_TEST(compile_refuses_to_overwrite_its_model)
+{
+	save_model("m.kir");
+	char *kir = file_bytes("m.kir");
+	result r = kiln("compile m.kir -o m.kir");
+	assert_fails(r, "-o 'm.kir' is the same file as the model 'm.kir'");
+	result_free(&r);
+	r = kiln("compile m.kir -o ./m.kir --emit=kir"); /* another spelling, same inode */
+	assert_fails(r, "the same file as the model 'm.kir'");
+	result_free(&r);
+	char cmd[256];
+	snprintf(cmd, sizeof cmd, "ln -s m.kir '%s/link.kir'", dir);
+	ck_assert_int_eq(system(cmd), 0);
+	r = kiln("compile m.kir -o link.kir --emit=kir");
+	assert_fails(r, "-o 'link.kir' is the same file as the model 'm.kir'");
+	result_free(&r);
+	/* derived files: the weights the model brings, the header beside a library */
+	r = kiln("compile m.kir -o m.safetensors --emit=kir");
+	assert_fails(r, "the model 'm.safetensors' (its weights)");
+	result_free(&r);
+	save_model("lib.h");
+	r = kiln("compile lib.h -o lib.so");
+	assert_fails(r, "-o 'lib.h' (the header written beside the library) is the same file as "
+	                "the model 'lib.h'");
+	result_free(&r);
+	assert_unchanged("m.kir", kir);
+	free(kir);
+}
+END_TEST
+
+START_TEST(opt_export_and_run_refuse_to_overwrite_an_input)
+{
+	save_model("m.kir");
+	char *kir = file_bytes("m.kir");
+	result r = kiln("opt m.kir --passes=cse -o m.kir");
+	assert_fails(r, "-o 'm.kir' is the same file as the model 'm.kir'");
+	result_free(&r);
+	r = kiln("export m.kir -o m.kir");
+	assert_fails(r, "-o 'm.kir' is the same file as the model 'm.kir'");
+	result_free(&r);
+	assert_unchanged("m.kir", kir);
+	free(kir);
+	/* run -o DIR writes DIR/y.npy: not when that is an -i file */
+	ck_assert_int_eq(mkdir_in("out"), 0);
+	write_x("out/y.npy", (float[]){1, 2, 3}, 1);
+	char *y = file_bytes("out/y.npy");
+	r = kiln("run m.kir -i x=out/y.npy -o out");
+	assert_fails(r, "-o 'out/y.npy' (an output of the model) is the same file as -i 'out/y.npy'");
+	result_free(&r);
+	assert_unchanged("out/y.npy", y);
+	free(y);
+}
+END_TEST
+
+START_TEST(train_refuses_outputs_that_are_its_data)
+{
+	train_data();
+	char *y = file_bytes("y.npy"), *x = file_bytes("x.npy");
+	result r = kiln("train t.kir --x x.npy --y y.npy --log y.npy");
+	assert_fails(r, "--log 'y.npy' is the same file as --y 'y.npy'");
+	result_free(&r);
+	r = kiln("train t.kir --x x.npy --y y.npy --val-x x.npy --val-y y.npy --val-out x.npy");
+	assert_fails(r, "--val-out 'x.npy' is the same file as --x 'x.npy'");
+	result_free(&r);
+	r = kiln("train t.kir --x x.npy --y y.npy --export t.kir");
+	assert_fails(r, "--export 't.kir' is the same file as the model 't.kir'");
+	result_free(&r);
+	r = kiln("train t.kir --x x.npy --y y.npy --export x.kir --log x.safetensors");
+	assert_fails(r, "the weights written beside it) are the same file");
+	result_free(&r);
+	r = kiln("train t.kir --x x.npy --y y.npy --checkpoint . --log ckpt-000000001.safetensors");
+	assert_fails(r, "--log 'ckpt-000000001.safetensors' is a checkpoint's name inside "
+	                "--checkpoint '.'");
+	result_free(&r);
+	assert_unchanged("y.npy", y);
+	assert_unchanged("x.npy", x);
+	free(x), free(y);
+}
+END_TEST
+
+/* ---- failed writes ------------------------------------------------------- */
+
+START_TEST(train_log_on_a_full_disk_fails)
+{
+	if (access("/dev/full", W_OK) != 0) {
+		printf("skipped train_log_on_a_full_disk_fails: no writable /dev/full\n");
+		return;
+	}
+	train_data();
+	result r = kiln("train t.kir --x x.npy --y y.npy --batch 2 --epochs 3 --log /dev/full");
+	assert_fails(r, "cannot write --log '/dev/full'");
+	contains(r.err, strerror(ENOSPC));
+	result_free(&r);
+	/* standard output is an output too */
+	save_model("m.kir");
+	r = kiln("opt m.kir > /dev/full");
+	assert_fails(r, "cannot write to standard output");
+	contains(r.err, strerror(ENOSPC));
+	result_free(&r);
+}
+END_TEST
+
+/* ---- destinations are checked before the work -------------------------------- */
+
+START_TEST(train_checks_destinations_before_training)
+{
+	train_data();
+	write_file("afile", "x");
+	const char *bad[][2] = {
+		{"--export nosuch/t.onnx", "--export 'nosuch/t.onnx': the folder 'nosuch' does not exist"},
+		{"--val-x x.npy --val-y y.npy --val-out nosuch/o.npy", "--val-out 'nosuch/o.npy'"},
+		{"--log nosuch/c.csv", "--log 'nosuch/c.csv'"},
+		{"--checkpoint afile", "--checkpoint 'afile' is not a folder"},
+		{"--checkpoint nosuch/ck", "--checkpoint 'nosuch/ck': the folder 'nosuch' does not exist"},
+		{"--export .", "--export '.' is a folder"},
+	};
+	for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+		result r = kiln("train t.kir --x x.npy --y y.npy --batch 2 --epochs 2 %s", bad[i][0]);
+		assert_fails(r, bad[i][1]);
+		ck_assert_msg(!strstr(r.out, "epoch"), "trained before failing: %s", r.out);
+		result_free(&r);
+	}
+}
+END_TEST
+
+/* ---- run -o DIR: one file per output ------------------------------------------- */
+
+START_TEST(run_gives_every_output_its_own_file)
+{
+	write_file("d.kir", "graph @d(%x: f32[N,3]) -> (%a/b: f32[N,3], %a_b: f32[N,3], %c: f32[N,3]) {\n"
+	                    "  %a/b = relu %x : f32[N,3]\n"
+	                    "  %a_b = neg %x : f32[N,3]\n"
+	                    "  %c = abs %x : f32[N,3]\n"
+	                    "  ret %a/b, %a_b, %c\n}\n");
+	write_x("x.npy", (float[]){1, -2, 3}, 1);
+	result r = kiln("run d.kir -i x=x.npy -o out");
+	ck_assert_msg(r.rc == 0, "%s", r.err);
+	contains(r.out, "a/b: f32[1,3] -> out/a_b_1.npy (file name changed");
+	contains(r.out, "a_b: f32[1,3] -> out/a_b.npy\n");
+	contains(r.out, "c: f32[1,3] -> out/c.npy\n");
+	result_free(&r);
+	const char *file[] = {"out/a_b_1.npy", "out/a_b.npy"};
+	const float want[][3] = {{1, 0, 3}, {-1, 2, -3}};
+	for (int k = 0; k < 2; k++) {
+		char path[128];
+		kiln_tensor *t = NULL;
+		kiln_error e = {0};
+		snprintf(path, sizeof path, "%s/%s", dir, file[k]);
+		ck_assert_msg(kiln_npy_read(path, &t, &e) == KILN_OK, "%s", e.msg);
+		for (int i = 0; i < 3; i++)
+			ck_assert_float_eq(((float *)t->data)[i], want[k][i]);
+		kiln_tensor_free(t);
+	}
+}
+END_TEST
+
+/* ---- kiln train: options checked against the data -------------------------------- */
+
+START_TEST(train_validates_batch_schedule_accum_and_data)
+{
+	train_data();
+	result r = kiln("train t.kir --x x.npy --y y.npy --batch 100000000000");
+	assert_fails(r, "--batch 100000000000 is more than the 8 samples in x.npy");
+	result_free(&r);
+	r = kiln("train t.kir --x x.npy --y y.npy --batch 4 --accum 3");
+	assert_fails(r, "--accum 3 is more than the run's 2 steps");
+	result_free(&r);
+	/* a schedule of any length is read, not dropped */
+	char sched[600] = "";
+	for (int i = 0; i < 40; i++)
+		strcat(sched, "warmup:1,");
+	r = kiln("train t.kir --x x.npy --y y.npy --batch 2 --schedule %sbogus", sched);
+	assert_fails(r, "bad --schedule");
+	result_free(&r);
+	r = kiln("train t.kir --x x.npy --y y.npy --batch 2 --epochs 3 --schedule %scosine --quiet",
+	         sched);
+	ck_assert_msg(r.rc == 0, "%s", r.err);
+	result_free(&r);
+	/* NaN in the data is the data's fault: name the file and the index */
+	float x[24] = {0};
+	x[3 * 5 + 1] = 0.0f / 0.0f;
+	write_npy("nan.npy", KILN_F32, 2, (int64_t[]){8, 3}, x);
+	r = kiln("train t.kir --x nan.npy --y y.npy --batch 2");
+	assert_fails(r, "nan.npy: element [5,1] (sample 5) is NaN");
+	ck_assert_ptr_null(strstr(r.err, "--lr"));
+	result_free(&r);
+}
+END_TEST
+
+/* ---- compile --train: what a CNN needs ------------------------------------------ */
+
+START_TEST(compile_train_cnn_without_batch_says_so)
+{
+	write_file("cnn.kir", "graph @cnn(%x: f32[N,1,4,4]) -> (%y: f32[N,2,4,4]) {\n"
+	                      "  param %w: f32[2,1,3,3]\n"
+	                      "  %y = conv %x, %w {pads=[1,1,1,1]} : f32[N,2,4,4] name(\"conv1\")\n"
+	                      "  ret %y\n}\n");
+	result r = kiln("compile --train cnn.kir -o c.so");
+	assert_fails(r, "training a model with Conv 'conv1' needs a fixed batch size: pass --batch N");
+	result_free(&r);
+}
+END_TEST
+
+/* ---- inspect a compiled library; kinds by content ------------------------------------ */
+
+START_TEST(inspect_prints_a_library_signature)
+{
+	save_model("m.kir");
+	result r = kiln("compile m.kir -o m.so");
+	ck_assert_msg(r.rc == 0, "%s", r.err);
+	result_free(&r);
+	r = kiln("inspect m.so");
+	ck_assert_msg(r.rc == 0, "%s", r.err);
+	contains(r.out, "model: m\n");
+	contains(r.out, "kind: inference library");
+	contains(r.out, "inputs: 1\n  x: f32[N,3]\n");
+	contains(r.out, "outputs: 1\n  y: f32[N,3]\n");
+	result_free(&r);
+	r = kiln("compile --train m.kir --loss mse --batch 4 -o step.so");
+	ck_assert_msg(r.rc == 0, "%s", r.err);
+	result_free(&r);
+	r = kiln("inspect step.so");
+	ck_assert_msg(r.rc == 0, "%s", r.err);
+	contains(r.out, "kind: training library");
+	result_free(&r);
+	/* by content, not name: a library called .bin, a graph called .onnx */
+	char cmd[512];
+	snprintf(cmd, sizeof cmd, "cd '%s' && cp m.so lib.bin && cp m.kir g.onnx && "
+	         "cp m.safetensors g.safetensors", dir);
+	ck_assert_int_eq(system(cmd), 0);
+	r = kiln("inspect lib.bin");
+	ck_assert_msg(r.rc == 0, "%s", r.err);
+	contains(r.out, "kind: inference library");
+	result_free(&r);
+	write_x("x.npy", (float[]){1, 2, 3}, 1);
+	r = kiln("run lib.bin -i x=x.npy");
+	ck_assert_msg(r.rc == 0, "%s", r.err);
+	contains(r.out, "y: f32[1,3]");
+	result_free(&r);
+	r = kiln("inspect --no-ir g.onnx");
+	ck_assert_msg(r.rc == 0, "%s", r.err);
+	contains(r.out, "graph: m");
+	result_free(&r);
+	r = kiln("export m.kir -o m.onnx");
+	ck_assert_msg(r.rc == 0, "%s", r.err);
+	result_free(&r);
+	snprintf(cmd, sizeof cmd, "cd '%s' && cp m.onnx model.bin", dir);
+	ck_assert_int_eq(system(cmd), 0);
+	r = kiln("inspect --no-ir model.bin");
+	ck_assert_msg(r.rc == 0, "%s", r.err);
+	contains(r.out, "graph: m");
+	contains(r.out, "x: f32[N,3]");
+	result_free(&r);
+	r = kiln("inspect x.npy");
+	assert_fails(r, "x.npy: this is a NumPy array (.npy), not a model");
+	result_free(&r);
+	r = kiln("bench m.kir");
+	assert_fails(r, "m.kir: this is a .kir graph, not a compiled library");
+	result_free(&r);
+}
+END_TEST
+
+/* ---- messages name the user's files, never kiln's sources ------------------------------- */
+
+/* No "<file>.c:" of kiln's and no path into kiln's source tree. */
+static void assert_no_source_paths(const result *r)
+{
+	ck_assert_msg(!strstr(r->err, KILN_SRC), "a kiln source path in: %s", r->err);
+	ck_assert_msg(!strstr(r->err, ".c:"), "a C source location in: %s", r->err);
+}
+
+START_TEST(messages_name_no_kiln_source_file)
+{
+	train_data();
+	write_file("cnn.kir", "graph @cnn(%x: f32[N,1,4,4]) -> (%y: f32[N,2,4,4]) {\n"
+	                      "  param %w: f32[2,1,3,3]\n"
+	                      "  %y = conv %x, %w {pads=[1,1,1,1]} : f32[N,2,4,4]\n"
+	                      "  ret %y\n}\n");
+	/* the loss is traced by the tool: its message names t.kir's line */
+	result r = kiln("train t.kir --x x.npy --y yr.npy --loss mse --batch 2");
+	ck_assert_int_ne(r.rc, 0);
+	contains(r.err, "t.kir:");
+	assert_no_source_paths(&r);
+	result_free(&r);
+	const char *cmds[] = {
+		"train t.kir --x x.npy --y yr.npy --loss smooth_l1 --batch 2",
+		"train t.kir --x x.npy --y y.npy --loss nll --batch 2 --optimizer adam --clip-norm 1",
+		"compile --train cnn.kir -o c.so",
+		"compile --train t.kir --loss cross_entropy --accum 2 -o c.so --emit=bogus",
+		"train cnn.kir --x x.npy --y y.npy",
+		"run t.kir -i x=y.npy",
+	};
+	for (size_t i = 0; i < sizeof cmds / sizeof *cmds; i++) {
+		r = kiln("%s", cmds[i]);
+		assert_no_source_paths(&r);
+		result_free(&r);
+	}
+}
+END_TEST
+
 static Suite *cli_suite(void)
 {
 	Suite *s = suite_create("cli");
 	TCase *help = tcase_create("help"), *err = tcase_create("errors");
 	TCase *ins = tcase_create("inspect"), *run = tcase_create("run"), *opt = tcase_create("opt");
-	TCase *all[] = {help, err, ins, run, opt};
-	for (int i = 0; i < 5; i++) {
+	TCase *files = tcase_create("files"), *train = tcase_create("train");
+	TCase *all[] = {help, err, ins, run, opt, files, train};
+	int nall = sizeof all / sizeof *all;
+	for (int i = 0; i < nall; i++) {
 		tcase_add_checked_fixture(all[i], setup, teardown);
-		tcase_set_timeout(all[i], 60);
+		tcase_set_timeout(all[i], 120);
 	}
 	tcase_add_test(help, version_prints_the_version);
 	tcase_add_test(help, help_lists_every_command);
@@ -397,13 +756,23 @@ static Suite *cli_suite(void)
 	tcase_add_test(err, unknown_flag_fails);
 	tcase_add_test(err, missing_file_fails);
 	tcase_add_test(err, parse_error_names_file_and_line);
+	tcase_add_test(err, messages_name_no_kiln_source_file);
 	tcase_add_test(ins, inspect_prints_signature_params_and_histogram);
+	tcase_add_test(ins, inspect_prints_a_library_signature);
 	tcase_add_test(run, run_writes_outputs_matching_the_interpreter);
 	tcase_add_test(run, run_rejects_bad_inputs);
+	tcase_add_test(run, run_gives_every_output_its_own_file);
 	tcase_add_test(opt, opt_without_passes_round_trips);
 	tcase_add_test(opt, opt_runs_passes_and_dumps_to_stderr);
 	tcase_add_test(opt, opt_rejects_an_unknown_pass_listing_the_known_ones);
-	for (int i = 0; i < 5; i++)
+	tcase_add_test(files, compile_refuses_to_overwrite_its_model);
+	tcase_add_test(files, opt_export_and_run_refuse_to_overwrite_an_input);
+	tcase_add_test(files, train_refuses_outputs_that_are_its_data);
+	tcase_add_test(files, train_log_on_a_full_disk_fails);
+	tcase_add_test(files, train_checks_destinations_before_training);
+	tcase_add_test(train, train_validates_batch_schedule_accum_and_data);
+	tcase_add_test(train, compile_train_cnn_without_batch_says_so);
+	for (int i = 0; i < nall; i++)
 		suite_add_tcase(s, all[i]);
 	return s;
 }
