@@ -277,13 +277,51 @@ static const char *io_name(const cg_module *m, int b)
 	return m->buf[b].name ? m->buf[b].name : v && v->name ? v->name : "";
 }
 
-/* Parameter i of _run: the value's name as a C identifier, or in<i>/out<i>
- * when that is empty or would clash with ctx. */
-static void param_name(const cg_module *m, int io, char *out, size_t size)
+/* Names a prototype's parameter may not take: C and C++ keywords, the
+ * types the header uses, and the entry points' own parameters. */
+static bool reserved(const char *s)
+{
+	static const char *const r[] = {
+		"auto", "break", "case", "char", "const", "continue", "default", "do", "double",
+		"else", "enum", "extern", "float", "for", "goto", "if", "inline", "int", "long",
+		"register", "restrict", "return", "short", "signed", "sizeof", "static", "struct",
+		"switch", "typedef", "union", "unsigned", "void", "volatile", "while", "bool",
+		"class", "delete", "false", "new", "namespace", "operator", "private", "protected",
+		"public", "template", "this", "throw", "true", "try", "typename", "using", "virtual",
+		"int8_t", "uint8_t", "uint16_t", "int32_t", "int64_t", "ctx", "lr", "loss"};
+	for (size_t i = 0; i < sizeof r / sizeof *r; i++)
+		if (!strcmp(s, r[i]))
+			return true;
+	return false;
+}
+
+static void param_base(const cg_module *m, int io, char *out, size_t size)
 {
 	int b = io < m->ninputs ? m->inputs[io] : m->outputs[io - m->ninputs];
 	c_name(out, size, io_name(m, b));
-	if (!io_name(m, b)[0] || strcmp(out, "ctx") == 0)
+	if (!io_name(m, b)[0] || reserved(out))
+		snprintf(out, size, "%s%d", io < m->ninputs ? "in" : "out",
+		         io < m->ninputs ? io : io - m->ninputs);
+}
+
+/* Parameter i of _run: the value's name as a C identifier, or in<i>/out<i>
+ * when that is empty, reserved, or the same identifier as a symbol or an
+ * earlier parameter ('a/b' and 'a_b' are both a_b), so every header
+ * compiles. */
+static void param_name(const cg_module *m, int io, char *out, size_t size)
+{
+	char other[256];
+	param_base(m, io, out, size);
+	bool clash = false;
+	for (int k = 0; !clash && k < m->nsym; k++) {
+		c_name(other, sizeof other, ir_dim_symname(m->g, k));
+		clash = !strcmp(other, out);
+	}
+	for (int j = 0; !clash && j < io; j++) {
+		param_base(m, j, other, sizeof other);
+		clash = !strcmp(other, out);
+	}
+	if (clash)
 		snprintf(out, size, "%s%d", io < m->ninputs ? "in" : "out",
 		         io < m->ninputs ? io : io - m->ninputs);
 }

@@ -592,6 +592,24 @@ START_TEST(run_gives_every_output_its_own_file)
 }
 END_TEST
 
+/* The header's parameters are names too: 'a/b' and 'a_b' are one C
+ * identifier, 'N' is the symbol's, 'float' a keyword.  It must compile. */
+START_TEST(compile_header_parameters_are_distinct_identifiers)
+{
+	write_file("hd.kir", "graph @hd(%a/b: f32[N,3], %a_b: f32[N,3]) -> (%N: f32[N,3], "
+	                     "%float: f32[N,3]) {\n"
+	                     "  %N = add %a/b, %a_b : f32[N,3]\n"
+	                     "  %float = neg %a_b : f32[N,3]\n"
+	                     "  ret %N, %float\n}\n");
+	result r = kiln("compile hd.kir -o hd.so");
+	ck_assert_msg(r.rc == 0, "%s", r.err);
+	result_free(&r);
+	char cmd[256];
+	snprintf(cmd, sizeof cmd, "cc -fsyntax-only -x c '%s/hd.h'", dir);
+	ck_assert_msg(system(cmd) == 0, "hd.h does not compile");
+}
+END_TEST
+
 /* ---- kiln train: options checked against the data -------------------------------- */
 
 START_TEST(train_validates_batch_schedule_accum_and_data)
@@ -762,6 +780,7 @@ static Suite *cli_suite(void)
 	tcase_add_test(run, run_writes_outputs_matching_the_interpreter);
 	tcase_add_test(run, run_rejects_bad_inputs);
 	tcase_add_test(run, run_gives_every_output_its_own_file);
+	tcase_add_test(run, compile_header_parameters_are_distinct_identifiers);
 	tcase_add_test(opt, opt_without_passes_round_trips);
 	tcase_add_test(opt, opt_runs_passes_and_dumps_to_stderr);
 	tcase_add_test(opt, opt_rejects_an_unknown_pass_listing_the_known_ones);
