@@ -941,21 +941,21 @@ static int train_flag(int argc, char **argv, int *i, train_cli *tc)
 static kiln_status compile_train(const kiln_graph *g, const train_cli *tc, const char *out,
                                  const kiln_compile_opts *o, kiln_error *e)
 {
-	/* a conv's weight gradient is a convolution with the batch as its
-	 * reduced channel axis, which the lowering needs fixed: say so here,
-	 * not as the lowering's "symbolic channel counts" */
-	for (uint32_t i = 0; !tc->batch && i < g->nnode; i++) {
-		const ir_node *n = g->node[i];
-		if (!n->dead && (n->op == KILN_OP_CONV || n->op == KILN_OP_CONV_TRANSPOSE)) {
-			char d[160];
-			return ir_seterr(e, KILN_EUNSUPPORTED, "training a model with %s needs a fixed "
-			                 "batch size: pass --batch N", ir_node_desc(n, d, sizeof d));
-		}
-	}
 	kiln_graph *tg = NULL;
 	kiln_status st = kiln_train_graph_from_inference(g, (uint64_t)tc->seed, &tg, e);
 	if (st == KILN_OK)
 		st = kiln_compile_train(tg, g, &tc->t, tc->batch, out, o, e);
+	/* a conv's weight gradient is a convolution with the batch as its
+	 * reduced channel axis, which the lowering needs fixed: say what to do,
+	 * not the lowering's "symbolic channel counts" */
+	for (uint32_t i = 0; st != KILN_OK && !tc->batch && strstr(e->msg, "symbolic channel") &&
+	                     i < g->nnode; i++) {
+		const ir_node *n = g->node[i];
+		char d[160];
+		if (!n->dead && (n->op == KILN_OP_CONV || n->op == KILN_OP_CONV_TRANSPOSE))
+			st = ir_seterr(e, st, "training a model with %s needs a fixed batch size: pass "
+			               "--batch N", ir_node_desc(n, d, sizeof d));
+	}
 	kiln_graph_free(tg);
 	return st;
 }

@@ -745,6 +745,11 @@ static int trim_log(const char *path, int64_t upto)
 		if (first || (sscanf(line, "%lld,", &s) == 1 && s <= upto))
 			ok = fputs(line, w) >= 0;
 	}
+	if (ferror(f)) { /* a read error must not cut the curve short */
+		int e = errno;
+		fclose(f), fclose(w), unlink(tmp);
+		return fail(1, "cannot read --log '%s': %s", path, strerror(e ? e : EIO));
+	}
 	fclose(f);
 	errno = 0;
 	ok = ok && fflush(w) == 0 && fsync(fileno(w)) == 0;
