@@ -234,7 +234,12 @@ static kiln_status run_cc(char *const *argv, kiln_error *err)
 	return KILN_OK;
 }
 
-/* cc -shared -o <tmp> <obj> <runtime archive> -lm -lpthread, then rename. */
+/* cc -shared -o <tmp> <obj> <runtime archive> -lm -lpthread, then rename.
+ * The library is named (SONAME) after its file, so a program linked with
+ * -l:model.so records that name.  Nothing it defines binds to another
+ * library's definition: the runtime archive's symbols are hidden
+ * (--exclude-libs), the module's own references are internal (llvm.c),
+ * and -Bsymbolic binds whatever else is exported to itself. */
 static kiln_status link_so(cg_llvm *L, const char *path, kiln_error *err)
 {
 	char obj[4200], so[4200];
@@ -244,10 +249,13 @@ static kiln_status link_so(cg_llvm *L, const char *path, kiln_error *err)
 	st = write_stage(L, "obj", obj, err);
 	if (st == KILN_OK)
 		st = make_temp(path, so, sizeof so, err);
+	const char *base = strrchr(path, '/');
+	base = base ? base + 1 : path;
 	if (st == KILN_OK) {
 		const char *rt = getenv("KILN_RT_LIB");
 		char *argv[] = {"cc", "-shared", "-Wl,-z,defs", "-Wl,-z,noexecstack",
-		                "-Wl,--exclude-libs,ALL", "-o", so, obj,
+		                "-Wl,--exclude-libs,ALL", "-Wl,-Bsymbolic", "-Xlinker", "-soname",
+		                "-Xlinker", (char *)base, "-o", so, obj,
 		                (char *)(rt && *rt ? rt : KILN_RT_GEN_LIB), "-lm", "-lpthread",
 		                NULL};
 		st = run_cc(argv, err);

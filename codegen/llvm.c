@@ -28,7 +28,11 @@
  * (exact layout of runtime/model.h, weights as 64-byte aligned private
  * globals) exported as `kiln_model_desc`, and the typed entry points
  * <name>_create/_run/_destroy/_set_threads/_errmsg over runtime/model.c.
- * Everything else has internal linkage.
+ * Everything else has internal linkage, the runtime functions the module
+ * calls are declared hidden (the runtime archive is linked into the same
+ * library), and the exported descriptions are aliases of internal
+ * constants, so no reference of the library's own goes through the GOT or
+ * PLT and two libraries in one process never resolve to each other's.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -105,6 +109,13 @@ static LLVMValueRef extern_fn(cg_llvm *L, const char *name, LLVMTypeRef ty)
 {
 	LLVMValueRef f = LLVMGetNamedFunction(L->mod, name);
 	return f ? f : add_fn(L, name, ty, false);
+}
+
+LLVMValueRef cg_llvm_runtime_fn(cg_llvm *L, const char *name, LLVMTypeRef ty)
+{
+	LLVMValueRef f = extern_fn(L, name, ty);
+	LLVMSetVisibility(f, LLVMHiddenVisibility);
+	return f;
 }
 
 /* ---- what a statement touches ---------------------------------------------- */
@@ -1305,8 +1316,27 @@ static LLVMValueRef kernel_tables(cg_llvm *L, const desc_types *t, LLVMValueRef 
 }
 
 /* The program's description (runtime/model.h's layout, field by field),
- * global gname; state: the shared state table (NULL pointer, nstate 0 for
+ * exported as gname (NULL: not exported); state: the shared state table (NULL pointer, nstate 0 for
  * an inference model). */
+/* A description: an internal constant "kiln.<name>" that the library's own
+ * code refers to, PC-relative, plus the exported alias <name> that
+ * kiln_load finds with dlsym (NULL name: not exported).  Referring to the
+ * exported name instead would go through the GOT, where the first library
+ * a process loaded with the same name would win. */
+static LLVMValueRef desc_global(cg_llvm *L, LLVMTypeRef ty, LLVMValueRef init, const char *name)
+{
+	char local[64];
+	snprintf(local, sizeof local, "kiln.%s", name ? name : "step_desc");
+	LLVMValueRef g = LLVMAddGlobal(L->mod, ty, local);
+	LLVMSetInitializer(g, init);
+	LLVMSetGlobalConstant(g, 1);
+	LLVMSetLinkage(g, LLVMInternalLinkage);
+	LLVMSetAlignment(g, 8);
+	if (name)
+		LLVMAddAlias2(L->mod, ty, 0, g, name);
+	return g;
+}
+
 typedef struct state_ref {
 	LLVMValueRef table;
 	int n;
@@ -1333,11 +1363,8 @@ static LLVMValueRef model_desc(cg_llvm *L, LLVMValueRef *kfns, LLVMValueRef nume
 		kerns, knames, numel, io_dims,
 		LLVMConstInt(L->i64, cg_sgemm_scratch_floats(L->t), 0), i32c(L, state.n), i32c(L, 0),
 		state.table ? state.table : LLVMConstNull(L->ptr)};
-	LLVMValueRef g = LLVMAddGlobal(L->mod, t.desc, gname);
-	LLVMSetInitializer(g, LLVMConstNamedStruct(t.desc, f, sizeof f / sizeof *f));
-	LLVMSetGlobalConstant(g, 1);
-	LLVMSetAlignment(g, 8);
-	return g;
+	return desc_global(L, t.desc, LLVMConstNamedStruct(t.desc, f, sizeof f / sizeof *f),
+	                   gname);
 }
 
 /* ---- typed entry points -------------------------------------------------------- */
@@ -1356,7 +1383,7 @@ static LLVMValueRef rt_call(cg_llvm *L, const char *name, LLVMTypeRef ret, LLVMT
                             LLVMValueRef *args, int n)
 {
 	LLVMTypeRef ft = LLVMFunctionType(ret, pt, (unsigned)n, 0);
-	return LLVMBuildCall2(L->b, ft, extern_fn(L, name, ft), args, (unsigned)n, "");
+	return LLVMBuildCall2(L->b, ft, cg_llvm_runtime_fn(L, name, ft), args, (unsigned)n, "");
 }
 
 /* An [n x ty] stack array holding the function's parameters from first. */
@@ -1470,8 +1497,8 @@ static kiln_status program(cg_llvm *L, const char *gname, state_ref state, LLVMV
 	                     LLVMPointerType(LLVMFunctionType(LLVMVoidTypeInContext(L->ctx),
 	                                                      (LLVMTypeRef[]){kt, L->i64, L->i64},
 	                                                      3, 0), 0)};
-	L->par_for = extern_fn(L, "rt_parallel_for",
-	                       LLVMFunctionType(LLVMVoidTypeInContext(L->ctx), rt, 3, 0));
+	L->par_for = cg_llvm_runtime_fn(L, "rt_parallel_for",
+	                                LLVMFunctionType(LLVMVoidTypeInContext(L->ctx), rt, 3, 0));
 	LLVMValueRef *fns = calloc((size_t)m->nkern + 1, sizeof *fns);
 	if (!fns)
 		return ir_seterr(err, KILN_ENOMEM, "out of memory emitting kernels");
@@ -1558,11 +1585,7 @@ static LLVMValueRef train_desc(cg_llvm *L, LLVMValueRef step, LLVMValueRef eval,
 	for (int i = 0; i < 9; i++)
 		ft[i] = LLVMTypeOf(f[i]);
 	LLVMTypeRef ty = LLVMStructTypeInContext(L->ctx, ft, 9, 0);
-	LLVMValueRef g = LLVMAddGlobal(L->mod, ty, "kiln_train_desc");
-	LLVMSetInitializer(g, LLVMConstNamedStruct(ty, f, 9));
-	LLVMSetGlobalConstant(g, 1);
-	LLVMSetAlignment(g, 8);
-	return g;
+	return desc_global(L, ty, LLVMConstNamedStruct(ty, f, 9), "kiln_train_desc");
 }
 
 /* int <name>_train_step(ctx, int64_t sym..., const T *data..., double lr,
@@ -1617,9 +1640,8 @@ kiln_status cg_llvm_train(cg_llvm *L, const cg_module *eval, const cg_train_info
 	if (!state.table)
 		return ir_seterr(err, KILN_ENOMEM, "out of memory emitting the state table");
 	LLVMValueRef sd = NULL, ed = NULL;
-	kiln_status st = program(L, "kiln.step_desc", state, &sd, err);
+	kiln_status st = program(L, NULL, state, &sd, err);
 	if (st == KILN_OK) {
-		LLVMSetLinkage(sd, LLVMPrivateLinkage);
 		L->m = eval;
 		st = program(L, "kiln_model_desc", state, &ed, err);
 	}

@@ -43,6 +43,10 @@ typedef struct cg_llvm {
 	const char *name;         /* the model's C name: prefix of the entry points */
 } cg_llvm;
 
+/* A runtime function (rt_*), declared once with hidden visibility: it is
+ * linked into the same library, so calls to it are direct. */
+LLVMValueRef cg_llvm_runtime_fn(cg_llvm *L, const char *name, LLVMTypeRef ty);
+
 /* Emits every kernel of m as `void <kernel name>(rt_exec *)` plus the
  * numel/io_dims functions and the rt_model_desc; see emit.c for the rest. */
 kiln_status cg_llvm_kernels(cg_llvm *L, kiln_error *err);

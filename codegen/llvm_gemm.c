@@ -980,13 +980,11 @@ static void setup(gen *g, cg_llvm *L)
 	LLVMSetAlignment(g->zero, 64);
 	LLVMSetGlobalConstant(g->zero, 1);
 	LLVMSetLinkage(g->zero, LLVMInternalLinkage);
-	if (!L->par_for)
-		L->par_for = LLVMGetNamedFunction(L->mod, "rt_parallel_for");
 	if (!L->par_for) {
 		LLVMTypeRef rt[] = {g->xp, L->i64, L->i64};
 		LLVMTypeRef rfn = LLVMFunctionType(LLVMVoidTypeInContext(L->ctx), rt, 3, 0);
 		LLVMTypeRef pt[] = {g->xp, L->i64, LLVMPointerType(rfn, 0)};
-		L->par_for = LLVMAddFunction(L->mod, "rt_parallel_for",
+		L->par_for = cg_llvm_runtime_fn(L, "rt_parallel_for",
 		    LLVMFunctionType(LLVMVoidTypeInContext(L->ctx), pt, 3, 0));
 	}
 }

@@ -592,7 +592,7 @@ START_TEST(emit_stages_write_their_formats)
 	char *kir = emit(g, "kir", ".kir"), *ll = emit(g, "ll", ".ll");
 	char *as = emit(g, "asm", ".s"), *obj = emit(g, "obj", ".o");
 	ck_assert_ptr_nonnull(strstr(kir, "for "));
-	ck_assert_ptr_nonnull(strstr(ll, "@kiln_model_desc = constant"));
+	ck_assert_ptr_nonnull(strstr(ll, "@kiln_model_desc = alias"));
 	ck_assert_ptr_nonnull(strstr(ll, "define i32 @small_run(i8* %0, i64 %1"));
 	ck_assert_ptr_nonnull(strstr(as, "small_create:"));
 	ck_assert_mem_eq(obj, "\177ELF", 4);
