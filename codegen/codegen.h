@@ -72,6 +72,9 @@ typedef enum cg_stmt_kind {
 	CG_ASSIGN, /* var = value (a local scalar of type dt) */
 	CG_IF,     /* if (cond) then else (else may be NULL) */
 	CG_GEMM,   /* gemm (see cg_gemm) */
+	CG_CHECK,  /* unless lo <= value < hi (i64): the run fails with "<what>
+	              <value> out of range [lo, hi)" after this kernel, which
+	              carries on (the first failed check of a run is reported) */
 } cg_stmt_kind;
 
 enum {
@@ -111,6 +114,8 @@ struct cg_stmt {
 	cg_expr *cond;         /* CG_IF */
 	cg_stmt *then_s, *else_s;
 	cg_gemm *gemm;         /* CG_GEMM */
+	cg_expr *lo, *hi;      /* CG_CHECK: the range of value */
+	const char *what;      /* CG_CHECK: "file:12: Gather 'g': index" */
 };
 
 typedef enum cg_buf_kind {
@@ -185,6 +190,7 @@ cg_stmt *cg_store(cg_module *m, int buf, cg_expr *index, cg_expr *value);
 cg_stmt *cg_assign(cg_module *m, int var, kiln_dtype dt, cg_expr *value);
 cg_stmt *cg_if(cg_module *m, cg_expr *cond, cg_stmt *then_s, cg_stmt *else_s);
 cg_stmt *cg_gemm_stmt(cg_module *m, const cg_gemm *gm);
+cg_stmt *cg_check(cg_module *m, const char *what, cg_expr *value, cg_expr *lo, cg_expr *hi);
 /* Textual dump of the whole module (`kiln compile --emit=kir`). */
 void cg_print(const cg_module *m, FILE *out);
 /* Value of an index expression (constants, sizes, + - * / % min max) with
@@ -230,6 +236,11 @@ int64_t cg_expr_int(const cg_expr *e, const int64_t *sym);
  *   on their own.
  * - Both arms of CG_SELECT are safe to evaluate: indices that may leave a
  *   buffer (padding taps, Gather indices, loss targets) are clamped first.
+ *   Where the interpreter rejects such an index (Gather's indices, a loss's
+ *   targets), a CG_CHECK of every one runs before it is used clamped, so the
+ *   run fails with the interpreter's reason (a backend records the first
+ *   failed check of a run, from any thread, and fails the run after that
+ *   kernel: rt_out_of_range in runtime/model.h).
  * - Float CG_MAX/CG_MIN propagate NaN: max(a, b) = (a > b || a != a) ? a : b
  *   (Relu is max(x, 0)).  Comparisons are ordered (NaN: false; CG_NE true).
  * - CG_CAST: float -> integer truncates toward zero and saturates to the

@@ -144,11 +144,11 @@ static void llvm_open(cg_llvm *L, const cg_target *t, const cg_module *m, const 
 	L->f64 = LLVMDoubleTypeInContext(L->ctx);
 	L->ptr = LLVMPointerType(L->i8, 0);
 	/* struct rt_exec { void **buf; const int64_t *sym; rt_pool *pool;
-	 *                  float *scratch; int64_t thread; } */
+	 *                  float *scratch; int64_t thread; rt_fault *fault; } */
 	L->exec_ty = LLVMStructCreateNamed(L->ctx, "rt_exec");
-	LLVMTypeRef f[5] = {LLVMPointerType(L->ptr, 0), LLVMPointerType(L->i64, 0), L->ptr,
-	                    LLVMPointerType(L->f32, 0), L->i64};
-	LLVMStructSetBody(L->exec_ty, f, 5, 0);
+	LLVMTypeRef f[6] = {LLVMPointerType(L->ptr, 0), LLVMPointerType(L->i64, 0), L->ptr,
+	                    LLVMPointerType(L->f32, 0), L->i64, L->ptr};
+	LLVMStructSetBody(L->exec_ty, f, 6, 0);
 }
 
 static void llvm_close(cg_llvm *L)
@@ -378,7 +378,8 @@ static void write_header(FILE *f, const cg_module *m, const char *name, const ch
 	        " * and grown only for a larger batch); use one context per thread.\n"
 	        " * Functions returning int return a kiln_status:\n"
 	        " *   0 OK, 1 EINVAL (null pointer, a size that does not fit the signature,\n"
-	        " *   a batch of 0 where it is not allowed), 3 EUNSUPPORTED, 5 ENOMEM;\n"
+	        " *   a batch of 0 where it is not allowed, an index or target out of\n"
+	        " *   range: the outputs are then unspecified), 3 EUNSUPPORTED, 5 ENOMEM;\n"
 	        " *   %s_errmsg(ctx) says why.  %s_set_threads(ctx, 0) uses\n"
 	        " *   $KILN_NUM_THREADS (default 1).  %s_create returns NULL when out of\n"
 	        " *   memory.  The library also exports `kiln_model_desc`, the self-describing\n"

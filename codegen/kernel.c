@@ -363,6 +363,18 @@ cg_stmt *cg_gemm_stmt(cg_module *m, const cg_gemm *gm)
 	return s;
 }
 
+cg_stmt *cg_check(cg_module *m, const char *what, cg_expr *value, cg_expr *lo, cg_expr *hi)
+{
+	if (!value || !lo || !hi)
+		return NULL;
+	cg_stmt *s = stmt(m, CG_CHECK);
+	if (s && !(s->what = ir_arena_strdup(m->arena, what ? what : "index")))
+		return NULL;
+	if (s)
+		s->value = value, s->lo = lo, s->hi = hi;
+	return s;
+}
+
 /* ---- printing ----------------------------------------------------------- */
 
 static const char *const unop_name[CG_UNOP_COUNT] = {
@@ -579,6 +591,15 @@ static void pstmt(const printer *p, const cg_stmt *s, int depth)
 		fputc('}', p->out);
 		break;
 	case CG_GEMM: pgemm(p, s->gemm); break;
+	case CG_CHECK:
+		fputs("check ", p->out);
+		pexpr(p, s->value, 0);
+		fputs(" in [", p->out);
+		pexpr(p, s->lo, 0);
+		fputs(", ", p->out);
+		pexpr(p, s->hi, 0);
+		fprintf(p->out, ") \"%s\"", s->what);
+		break;
 	default: break;
 	}
 	fputc('\n', p->out);

@@ -339,6 +339,14 @@ static void stmt(ev *e, const cg_stmt *s)
 			stmt(e, s->else_s);
 		break;
 	case CG_GEMM: gemm(e, s->gemm); break;
+	case CG_CHECK: {
+		int64_t v = expr(e, s->value).i, lo = expr(e, s->lo).i, hi = expr(e, s->hi).i;
+		if (!e->st && (v < lo || v >= hi))
+			e->st = ir_seterr(e->err, KILN_EINVAL, "%s %lld out of range [%lld, %lld) "
+			                  "(kernel %s)", s->what, (long long)v, (long long)lo,
+			                  (long long)hi, e->k ? e->k->name : "?");
+		break;
+	}
 	}
 }
 

@@ -192,6 +192,8 @@ static void scan_stmt(scan *s, const cg_stmt *st)
 	scan_expr(s, st->index);
 	scan_expr(s, st->value);
 	scan_expr(s, st->cond);
+	scan_expr(s, st->lo);
+	scan_expr(s, st->hi);
 	scan_stmt(s, st->body);
 	scan_stmt(s, st->then_s);
 	scan_stmt(s, st->else_s);
@@ -910,10 +912,41 @@ static void s_gemm(fn_ctx *c, const cg_stmt *s)
 	loop_end(c, &l, 0);
 }
 
+static LLVMTypeRef exec_ptr(const cg_llvm *L);
+static LLVMValueRef cstr(cg_llvm *L, const char *s);
+
+/* if (value < lo || value >= hi) rt_out_of_range(x, what, value, lo, hi):
+ * a cold call (the runtime records the first fault of a run) on a branch
+ * the loop around it rarely takes. */
+static void s_check(fn_ctx *c, const cg_stmt *s)
+{
+	cg_llvm *L = c->L;
+	LLVMBuilderRef B = L->b;
+	LLVMValueRef v = iexpr(c, s->value), lo = iexpr(c, s->lo), hi = iexpr(c, s->hi);
+	LLVMValueRef bad = LLVMBuildOr(B, LLVMBuildICmp(B, LLVMIntSLT, v, lo, ""),
+	                               LLVMBuildICmp(B, LLVMIntSGE, v, hi, ""), "");
+	LLVMBasicBlockRef fault = LLVMAppendBasicBlockInContext(L->ctx, c->fn, "fault");
+	LLVMBasicBlockRef ok = LLVMAppendBasicBlockInContext(L->ctx, c->fn, "checked");
+	LLVMValueRef br = LLVMBuildCondBr(B, bad, fault, ok);
+	LLVMValueRef w[3] = {LLVMMDStringInContext(L->ctx, "branch_weights", 14), i32c(L, 1),
+	                     i32c(L, 1 << 20)};
+	LLVMSetMetadata(br, LLVMGetMDKindIDInContext(L->ctx, "prof", 4),
+	                LLVMMDNodeInContext(L->ctx, w, 3));
+	LLVMPositionBuilderAtEnd(B, fault);
+	LLVMTypeRef pt[5] = {exec_ptr(L), L->ptr, L->i64, L->i64, L->i64};
+	LLVMTypeRef ft = LLVMFunctionType(LLVMVoidTypeInContext(L->ctx), pt, 5, 0);
+	LLVMValueRef f = cg_llvm_runtime_fn(L, "rt_out_of_range", ft);
+	add_attr(L, f, LLVMAttributeFunctionIndex, "cold");
+	LLVMValueRef args[5] = {c->x, cstr(L, s->what), v, lo, hi};
+	LLVMBuildCall2(B, ft, f, args, 5, "");
+	LLVMBuildBr(B, ok);
+	LLVMPositionBuilderAtEnd(B, ok);
+}
+
 typedef void (*stmt_fn)(fn_ctx *c, const cg_stmt *s);
 static const stmt_fn stmt_table[] = {
 	[CG_BLOCK] = s_block, [CG_FOR] = s_for, [CG_STORE] = s_store,
-	[CG_ASSIGN] = s_assign, [CG_IF] = s_if, [CG_GEMM] = s_gemm,
+	[CG_ASSIGN] = s_assign, [CG_IF] = s_if, [CG_GEMM] = s_gemm, [CG_CHECK] = s_check,
 };
 
 static void stmt(fn_ctx *c, const cg_stmt *s)
@@ -921,7 +954,8 @@ static void stmt(fn_ctx *c, const cg_stmt *s)
 	if (!s || c->st != KILN_OK)
 		return;
 	if ((unsigned)s->kind >= sizeof stmt_table / sizeof *stmt_table || !stmt_table[s->kind] ||
-	    (s->kind == CG_GEMM && !s->gemm)) {
+	    (s->kind == CG_GEMM && !s->gemm) ||
+	    (s->kind == CG_CHECK && (!s->value || !s->lo || !s->hi || !s->what))) {
 		fail(c, KILN_EINVAL, "a malformed statement");
 		return;
 	}

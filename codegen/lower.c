@@ -53,6 +53,40 @@ kiln_status cg_lower_fail(const cg_module *m, const ir_node *n, kiln_error *err,
 	return ir_seterr(err, code, "%s%s", head, body);
 }
 
+cg_stmt *cg_lower_check(cg_module *m, const ir_node *n, const char *what, cg_expr *v,
+                        cg_expr *lo, cg_expr *hi)
+{
+	char head[700] = "", d[160];
+	size_t k = 0;
+	if (n && n->loc.file)
+		k += snprintf(head, sizeof head, "%s:%d: ", n->loc.file, n->loc.line);
+	if (n && k < sizeof head)
+		snprintf(head + k, sizeof head - k, "%s: %s", ir_node_desc(n, d, sizeof d), what);
+	return cg_check(m, head, v, lo, hi);
+}
+
+void cg_lower_check_all(cg_module *m, cg_kernel *k, const ir_node *n, const char *what,
+                        int b, cg_expr *count, cg_expr *lo, cg_expr *hi, const int64_t *ignore)
+{
+	cg_expr *mn = cg_local(m, k, k->body, KILN_I64, cg_int(m, INT64_MAX));
+	cg_expr *mx = cg_local(m, k, k->body, KILN_I64, cg_int(m, INT64_MIN));
+	cg_expr *j, *v;
+	cg_stmt *body, *slow = cg_block(m);
+	cg_append(m, k->body, cg_loop(m, k, count, CG_VECTORIZE | CG_REDUCE, &j, &body));
+	v = cg_cast(m, cg_load(m, b, j), KILN_I64);
+	cg_expr *skip = ignore ? cg_bin(m, CG_EQ, v, cg_int(m, *ignore)) : NULL;
+	cg_set(m, body, mn, cg_bin(m, CG_MIN, mn, skip ? cg_select(m, skip, lo, v) : v));
+	cg_set(m, body, mx, cg_bin(m, CG_MAX, mx, skip ? cg_select(m, skip, lo, v) : v));
+	cg_append(m, slow, cg_loop(m, k, count, 0, &j, &body));
+	v = cg_local(m, k, body, KILN_I64, cg_cast(m, cg_load(m, b, j), KILN_I64));
+	cg_stmt *chk = cg_lower_check(m, n, what, v, lo, hi);
+	if (ignore)
+		chk = cg_if(m, cg_bin(m, CG_NE, v, cg_int(m, *ignore)), chk, NULL);
+	cg_append(m, body, chk);
+	cg_append(m, k->body, cg_if(m, cg_bin(m, CG_OR, cg_bin(m, CG_LT, mn, lo),
+	                                      cg_bin(m, CG_GE, mx, hi)), slow, NULL));
+}
+
 cg_kernel *cg_lower_kernel(cg_module *m, const ir_node *n)
 {
 	char name[64];
@@ -722,9 +756,10 @@ static kiln_status slice(cg_module *m, const ir_node *n, const int *in, const in
 	return KILN_OK;
 }
 
-/* Gather: negative indices count from the end.  A kernel cannot report the
- * interpreter's out-of-range error, so an index outside [-dim, dim) is
- * clamped into [0, dim): never a read outside the data. */
+/* Gather: negative indices count from the end.  Every index is checked
+ * against [-dim, dim) first (cg_lower_check_all: the interpreter's error;
+ * the copy loops stay free of branches), and then used clamped into
+ * [0, dim), so even a failing run never reads outside the data. */
 static kiln_status gather(cg_module *m, const ir_node *n, const int *in, const int *out,
                           kiln_error *err)
 {
@@ -737,6 +772,10 @@ static kiln_status gather(cg_module *m, const ir_node *n, const int *in, const i
 	if (!k)
 		return KILN_ENOMEM;
 	cg_expr *dim = cg_dim(m, x->dim[axis]), *ni = m->buf[in[1]].numel;
+	char what[64];
+	snprintf(what, sizeof what, "axis %lld index", (long long)axis);
+	cg_lower_check_all(m, k, n, what, in[1], ni, cg_bin(m, CG_SUB, cg_int(m, 0), dim), dim,
+	                   NULL);
 	cg_expr *ext[3] = {cg_prod(m, x, 0, (int)axis), ni, cg_prod(m, x, (int)axis + 1, x->rank)};
 	uint32_t h[3] = {cg_par(m, m->buf[out[0]].numel), 0, CG_VECTORIZE};
 	cg_expr *iv[3];

@@ -39,6 +39,17 @@ kiln_status cg_lower_fail(const cg_module *m, const ir_node *n, kiln_error *err,
 	__attribute__((format(printf, 5, 6)));
 /* A kernel for node n named k<index>_<kir mnemonic>; NULL on ENOMEM. */
 cg_kernel *cg_lower_kernel(cg_module *m, const ir_node *n);
+/* CG_CHECK of v in [lo, hi) whose message names n as cg_lower_fail does:
+ * "<file>:<line>: <Op> '<name>': <what> <v> out of range [lo, hi)". */
+cg_stmt *cg_lower_check(cg_module *m, const ir_node *n, const char *what, cg_expr *v,
+                        cg_expr *lo, cg_expr *hi);
+/* Appends to k's body a check that each of the count elements of integer
+ * buffer b is in [lo, hi) (or equals *ignore, when not NULL), reporting the
+ * first that is not by cg_lower_check.  A branch-free min/max pass (it
+ * vectorizes) decides; only when it finds one out of range does a second
+ * loop check them in order, so valid indices cost one streaming pass. */
+void cg_lower_check_all(cg_module *m, cg_kernel *k, const ir_node *n, const char *what,
+                        int b, cg_expr *count, cg_expr *lo, cg_expr *hi, const int64_t *ignore);
 /* A kernel-private TEMP buffer (value 0) of numel elements. */
 int cg_lower_scratch(cg_module *m, kiln_dtype dt, cg_expr *numel);
 const ir_type *cg_btype(const cg_module *m, int buf);

@@ -1084,8 +1084,9 @@ kiln_status cg_lower_dropout(cg_module *m, const ir_node *n, const int *in, cons
 
 /* NLL over log-probabilities lp [N, C, d...] and targets t [N, d...]: an
  * ignored target adds 0 and weighs 0; "mean" divides by the summed weights.
- * A kernel cannot report the interpreter's out-of-range target error, so
- * such a target is clamped into [0, C). */
+ * Every target that is not ignored is checked against [0, C) first
+ * (cg_lower_check_all: the interpreter's error), then used clamped, so even
+ * a failing run never reads outside lp. */
 static kiln_status nll(cg_module *m, const ir_node *n, const ir_type *x, int lp, int t, int w,
                        int y, kiln_error *err)
 {
@@ -1100,6 +1101,9 @@ static kiln_status nll(cg_module *m, const ir_node *n, const ir_type *x, int lp,
 	cg_expr *C = cg_dim(m, x->dim[1]), *D = cg_prod(m, x, 2, x->rank), *i;
 	cg_expr *cnt = mul(m, cg_dim(m, x->dim[0]), D);
 	cg_stmt *blk;
+	int64_t ignore = ir_attr_int(n, "ignore_index", 0);
+	cg_lower_check_all(m, k, n, "target", t, cnt, I(m, 0), C,
+	                   ir_attr_get(n, "ignore_index") ? &ignore : NULL);
 	cg_expr *s = none ? NULL : cg_local(m, k, k->body, ct, fc(m, ct, 0));
 	cg_expr *ws = none ? NULL : cg_local(m, k, k->body, ct, fc(m, ct, 0));
 	cg_append(m, k->body, cg_loop(m, k, cnt, none ? cg_par(m, cnt) : CG_REDUCE, &i, &blk));

@@ -69,6 +69,11 @@ static void walk(cg_module *m, const cg_stmt *s, int t)
 		walk(m, s->then_s, t);
 		walk(m, s->else_s, t);
 		break;
+	case CG_CHECK:
+		walk_expr(m, s->value, t);
+		walk_expr(m, s->lo, t);
+		walk_expr(m, s->hi, t);
+		break;
 	case CG_GEMM:
 		touch(m, s->gemm->a, t);
 		touch(m, s->gemm->b, t);

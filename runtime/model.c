@@ -36,6 +36,7 @@
  * its own small dtype table instead of calling tensor.c.
  */
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -194,9 +195,9 @@ kiln_status rt_model_validate(const rt_model_desc *d, char *msg, size_t size)
 {
 	if (!d)
 		return snprintf(msg, size, "no model description"), KILN_EINVAL;
-	if (d->abi != RT_MODEL_ABI)
-		return snprintf(msg, size, "model ABI %u, but this runtime reads ABI %d", d->abi,
-		                RT_MODEL_ABI),
+	if (d->abi < RT_MODEL_ABI_MIN || d->abi > RT_MODEL_ABI)
+		return snprintf(msg, size, "model ABI %u, but this runtime reads ABI %d to %d",
+		                d->abi, RT_MODEL_ABI_MIN, RT_MODEL_ABI),
 		       KILN_EUNSUPPORTED;
 	if (!d->name || (d->nsym && !d->sym_names) || (d->ninputs && !d->inputs) ||
 	    (d->noutputs && !d->outputs) || (d->nbuf && (!d->bufs || !d->numel)) ||
@@ -720,13 +721,34 @@ static kiln_status execute(rt_model *m, const void *const *in, void *const *out)
 		copy_buf(m, m->buf[m->pre[k].to], m->pre[k].to, m->buf[m->pre[k].from]);
 	for (uint32_t b = 0; b < d->nbuf; b++)
 		m->buf[b] = m->buf[m->home[b]];
-	rt_exec x = {.buf = m->buf, .sym = m->sym, .pool = m->pool, .scratch = m->scratch};
-	for (uint32_t k = 0; k < d->nkern; k++)
+	rt_fault fault = {0};
+	rt_exec x = {.buf = m->buf, .sym = m->sym, .pool = m->pool, .scratch = m->scratch,
+	             .fault = &fault};
+	for (uint32_t k = 0; k < d->nkern; k++) {
 		d->kernels[k](&x);
+		if (atomic_load_explicit(&fault.set, memory_order_acquire))
+			return fail(m, KILN_EINVAL, "model '%s': %s %lld out of range [%lld, %lld) "
+			            "(kernel %s)", d->name, fault.what ? fault.what : "index",
+			            (long long)fault.value, (long long)fault.lo, (long long)fault.hi,
+			            d->kernel_names && d->kernel_names[k] ? d->kernel_names[k] : "?");
+	}
 	for (int k = 0; k < m->npost; k++)
 		copy_buf(m, own_ptr(m, m->post[k].to, in, out), m->post[k].to,
 		         m->buf[m->post[k].from]);
 	return KILN_OK;
+}
+
+void rt_out_of_range(rt_exec *x, const char *what, int64_t value, int64_t lo, int64_t hi)
+{
+	int32_t unset = 0;
+	if (!x || !x->fault ||
+	    !atomic_compare_exchange_strong_explicit(&x->fault->set, &unset, 1,
+	                                             memory_order_acq_rel, memory_order_relaxed))
+		return;
+	x->fault->what = what;
+	x->fault->value = value;
+	x->fault->lo = lo;
+	x->fault->hi = hi;
 }
 
 kiln_status rt_model_run(rt_model *m, const int64_t *syms, const void *const *in,

@@ -20,9 +20,21 @@
 
 #include "kiln/kiln.h"
 
-#define RT_MODEL_ABI 2 /* 2: RT_BUF_STATE, the state table, rt_train_desc */
+#define RT_MODEL_ABI 3 /* 2: RT_BUF_STATE, the state table, rt_train_desc;
+                          3: rt_exec.fault (kernels report bad indices) */
+#define RT_MODEL_ABI_MIN 2 /* ABI 2 kernels run unchanged: they never report */
 
 typedef struct rt_pool rt_pool;
+
+/* The first fault a run's kernels report: a data-dependent index (Gather's
+ * indices, a loss's targets) outside [lo, hi).  The kernel carries on with
+ * the index clamped, so it never reads outside a buffer; the driver fails
+ * the run after that kernel with what, value and the range. */
+typedef struct rt_fault {
+	_Atomic int32_t set;  /* 0 until the first report; the first one wins */
+	const char *what;     /* "model.c:12: Gather 'embed': index" */
+	int64_t value, lo, hi;
+} rt_fault;
 
 /* What every kernel receives.  Workers of a parallel loop get a copy with
  * their own scratch. */
@@ -32,10 +44,16 @@ typedef struct rt_exec {
 	rt_pool *pool;       /* NULL: run parallel loops inline */
 	float *scratch;      /* this thread's GEMM packing scratch */
 	int64_t thread;      /* this thread's index, 0..nthreads-1 */
+	rt_fault *fault;     /* where rt_out_of_range records (ABI 3) */
 } rt_exec;
 
 typedef void (*rt_kernel_fn)(rt_exec *x);
 typedef void (*rt_range_fn)(rt_exec *x, int64_t begin, int64_t end);
+
+/* Called by a kernel (CG_CHECK, codegen.h) when value is not in [lo, hi):
+ * records the fault in x->fault unless one is recorded already.  Safe from
+ * any thread of a parallel loop. */
+void rt_out_of_range(rt_exec *x, const char *what, int64_t value, int64_t lo, int64_t hi);
 
 /* Runs fn over [0, n) in chunks on the pool (inline when there is none or
  * when called from inside a parallel loop). */

@@ -76,7 +76,8 @@ static int32_t micro_pos(const rt_train_desc *d)
 
 static kiln_status check_desc(const rt_train_desc *d)
 {
-	if (!d || d->abi != RT_MODEL_ABI || !d->step || !d->next || d->accum < 1)
+	if (!d || d->abi < RT_MODEL_ABI_MIN || d->abi > RT_MODEL_ABI || !d->step || !d->next ||
+	    d->accum < 1)
 		return KILN_EINVAL;
 	const rt_model_desc *s = d->step;
 	if (!s->nstate || s->noutputs < 1 || (d->eval && d->eval->state != s->state) ||

@@ -26,6 +26,8 @@
  * runs in every build; the summary TCase prints the total.
  */
 #include <dirent.h>
+#include <dlfcn.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -170,6 +172,166 @@ START_TEST(half_casts_round_exactly_like_the_interpreter)
 }
 END_TEST
 
+/* ---- data-dependent indices out of range ------------------------------------------ */
+
+/* g: one named node over two inputs (data f32, indices/targets) and one
+ * output, so its typed entry point is name_run(ctx, data, idx, out). */
+static kiln_graph *indexed(const char *name, kiln_op op, const char *attrs, int rank_x,
+                           const int64_t *dx, kiln_dtype it, int rank_i, const int64_t *di)
+{
+	kiln_graph *g = kiln_graph_new(name);
+	uint32_t in[2] = {input(g, "x", KILN_F32, rank_x, dx), input(g, "i", it, rank_i, di)};
+	ir_output_add(g, op1(g, op, 2, in, attrs), NULL);
+	g->node[g->nnode - 1]->name = ir_intern(g, "pick");
+	ck_assert_msg(kiln_graph_status(g) == KILN_OK, "%s", kiln_graph_errmsg(g));
+	return g;
+}
+
+/* f32 results: Gather's copies are exact, a loss's mean within 1e-6. */
+static void assert_near(const float *got, const kiln_tensor *ref, const char *what)
+{
+	for (int64_t i = 0; i < kiln_tensor_numel(ref); i++) {
+		float w = ((const float *)ref->data)[i];
+		ck_assert_msg(fabsf(got[i] - w) <= 1e-6f * (1 + fabsf(w)), "%s: [%lld] %g, "
+		              "interpreter %g", what, (long long)i, got[i], w);
+	}
+}
+
+typedef void *(*ix_create_fn)(void);
+typedef int (*ix_run_fn)(void *, const float *, const void *, float *);
+typedef const char *(*ix_errmsg_fn)(const void *);
+typedef void (*ix_destroy_fn)(void *);
+
+static void *ix_sym(void *h, const char *name, const char *what)
+{
+	char s[128];
+	snprintf(s, sizeof s, "%s_%s", name, what);
+	void *p = dlsym(h, s);
+	ck_assert_msg(p != NULL, "%s: %s", s, dlerror());
+	return p;
+}
+
+/* Runs g on in (x, idx) in the interpreter, through kiln_load and through
+ * the typed entry point.  want NULL: all three succeed and agree exactly;
+ * else all three fail with EINVAL and every message holds want and
+ * "<Op> 'pick'" (node), and the library's holds bound too.  A failed run
+ * leaves the context usable: the same context then runs good (in range). */
+static void run_indexed(kiln_graph *g, kiln_tensor *x, kiln_tensor *idx, const char *want,
+                        const char *bound, kiln_tensor *good)
+{
+	const char *name = kiln_graph_name(g), *op = ir_op(g->node[g->nnode - 1]->op)->onnx;
+	char node[64];
+	snprintf(node, sizeof node, "%s 'pick'", op);
+	kiln_tensor *in[2] = {x, idx}, *ref = NULL, *got = NULL;
+	kiln_error e = {0};
+	kiln_status st = kiln_graph_run(g, in, 2, &ref, 1, &e);
+	if (want) {
+		ck_assert_int_eq(st, KILN_EINVAL);
+		ck_assert_msg(strstr(e.msg, want) && strstr(e.msg, node), "interpreter: %s", e.msg);
+	} else {
+		ck_assert_msg(st == KILN_OK, "interpreter: %s", e.msg);
+	}
+	char dir[] = "/tmp/kiln_compiled_ix.XXXXXX", so[1200];
+	ck_assert_ptr_nonnull(mkdtemp(dir));
+	snprintf(so, sizeof so, "%s/%s.so", dir, name);
+	ck_assert_msg(kiln_compile(g, so, &(kiln_compile_opts){.name = name}, &e) == KILN_OK,
+	              "%s", e.msg);
+	kiln_model *m = NULL;
+	ck_assert_msg(kiln_load(so, &m, &e) == KILN_OK, "%s", e.msg);
+	st = kiln_model_run(m, in, 2, &got, 1, &e);
+	if (want) {
+		ck_assert_int_eq(st, KILN_EINVAL);
+		ck_assert_msg(strstr(e.msg, want) && strstr(e.msg, node) && strstr(e.msg, bound),
+		              "kiln_model_run: %s", e.msg);
+		ck_assert_ptr_null(got);
+	} else {
+		ck_assert_msg(st == KILN_OK, "kiln_model_run: %s", e.msg);
+		ck_assert_int_eq(kiln_tensor_numel(got), kiln_tensor_numel(ref));
+		assert_near(got->data, ref, "kiln_model_run");
+	}
+	kiln_model_free(m);
+	/* the library's own driver, through its typed entry point */
+	void *h = dlopen(so, RTLD_NOW | RTLD_LOCAL);
+	ck_assert_msg(h != NULL, "%s", dlerror());
+	void *ctx = ((ix_create_fn)ix_sym(h, name, "create"))();
+	ix_run_fn run = (ix_run_fn)ix_sym(h, name, "run");
+	ix_errmsg_fn errmsg = (ix_errmsg_fn)ix_sym(h, name, "errmsg");
+	ck_assert_ptr_nonnull(ctx);
+	float out[64] = {0};
+	int rc = run(ctx, x->data, idx->data, out);
+	if (want) {
+		ck_assert_int_eq(rc, KILN_EINVAL);
+		const char *msg = errmsg(ctx);
+		ck_assert_msg(strstr(msg, want) && strstr(msg, node) && strstr(msg, bound),
+		              "%s_run: %s", name, msg);
+		ck_assert_int_eq(run(ctx, x->data, good->data, out), KILN_OK);
+	} else {
+		ck_assert_msg(rc == KILN_OK, "%s_run: %s", name, errmsg(ctx));
+		assert_near(out, ref, "typed run");
+	}
+	((ix_destroy_fn)ix_sym(h, name, "destroy"))(ctx);
+	dlclose(h);
+	kiln_tensor_free(ref), kiln_tensor_free(got);
+	char cmd[1300];
+	snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+	ck_assert_int_eq(system(cmd), 0);
+}
+
+static const double X20[20] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10,
+                               11, 12, 13, 14, 15, 16, 17, 18, 19, 20};
+
+/* Gather on axis 0 (i64 indices) and axis 1 (i32): an index just past
+ * either end is refused as the interpreter refuses it, never clamped to a
+ * row; -dim and dim-1 are fine. */
+START_TEST(gather_index_out_of_range_is_an_error)
+{
+	const int64_t dx[2] = {5, 4}, di[1] = {4}, di2[2] = {2, 2};
+	kiln_tensor *x = tensor(KILN_F32, 2, dx, X20);
+	kiln_tensor *good = tensor(KILN_I64, 1, di, (double[]){0, -5, 4, -1});
+	kiln_tensor *past = tensor(KILN_I64, 1, di, (double[]){0, -5, 5, 1});
+	kiln_tensor *below = tensor(KILN_I64, 1, di, (double[]){0, -6, 4, 1});
+	kiln_graph *g = indexed("gather0", KILN_OP_GATHER, "axis=0", 2, dx, KILN_I64, 1, di);
+	run_indexed(g, x, good, NULL, NULL, NULL);
+	run_indexed(g, x, past, "index 5 out of range", "[-5, 5)", good);
+	run_indexed(g, x, below, "index -6 out of range", "[-5, 5)", good);
+	kiln_graph_free(g);
+	kiln_tensor *good1 = tensor(KILN_I32, 2, di2, (double[]){3, -4, 0, -1});
+	kiln_tensor *bad1 = tensor(KILN_I32, 2, di2, (double[]){3, -4, 4, -1});
+	g = indexed("gather1", KILN_OP_GATHER, "axis=1", 2, dx, KILN_I32, 2, di2);
+	run_indexed(g, x, good1, NULL, NULL, NULL);
+	run_indexed(g, x, bad1, "index 4 out of range", "[-4, 4)", good1);
+	kiln_graph_free(g);
+	kiln_tensor_free(x), kiln_tensor_free(good), kiln_tensor_free(past);
+	kiln_tensor_free(below), kiln_tensor_free(good1), kiln_tensor_free(bad1);
+}
+END_TEST
+
+/* NegativeLogLikelihoodLoss and SoftmaxCrossEntropyLoss targets: outside
+ * [0, C) is the interpreter's error unless it is the ignore_index, which
+ * may lie outside (PyTorch's -100). */
+START_TEST(loss_target_out_of_range_is_an_error)
+{
+	const int64_t dx[2] = {5, 4}, dt[1] = {5};
+	kiln_tensor *x = tensor(KILN_F32, 2, dx, X20);
+	kiln_tensor *good = tensor(KILN_I64, 1, dt, (double[]){0, 3, -100, 1, 2});
+	kiln_tensor *past = tensor(KILN_I64, 1, dt, (double[]){0, 3, 4, 1, 2});
+	kiln_tensor *neg = tensor(KILN_I64, 1, dt, (double[]){0, 3, -1, 1, 2});
+	kiln_graph *g = indexed("nll", KILN_OP_NLL_LOSS, "ignore_index=-100", 2, dx, KILN_I64, 1,
+	                        dt);
+	run_indexed(g, x, good, NULL, NULL, NULL);
+	run_indexed(g, x, past, "target 4 out of range", "[0, 4)", good);
+	run_indexed(g, x, neg, "target -1 out of range", "[0, 4)", good);
+	kiln_graph_free(g);
+	g = indexed("sce", KILN_OP_SOFTMAX_CE, "reduction=none", 2, dx, KILN_I64, 1, dt);
+	kiln_tensor *good2 = tensor(KILN_I64, 1, dt, (double[]){0, 3, 2, 1, 2});
+	run_indexed(g, x, good2, NULL, NULL, NULL);
+	run_indexed(g, x, past, "target 4 out of range", "[0, 4)", good2);
+	kiln_graph_free(g);
+	kiln_tensor_free(x), kiln_tensor_free(good), kiln_tensor_free(past);
+	kiln_tensor_free(neg), kiln_tensor_free(good2);
+}
+END_TEST
+
 /* The last test: how long compiling took, so a slow backend shows. */
 START_TEST(report_compile_time)
 {
@@ -197,6 +359,8 @@ static Suite *compiled_ops_suite(void)
 	TCase *tc = tcase_create("summary");
 	tcase_add_test(tc, known_gaps_name_real_cases);
 	tcase_add_test(tc, half_casts_round_exactly_like_the_interpreter);
+	tcase_add_test(tc, gather_index_out_of_range_is_an_error);
+	tcase_add_test(tc, loss_target_out_of_range_is_an_error);
 	tcase_add_test(tc, report_compile_time);
 	suite_add_tcase(s, tc);
 	return s;

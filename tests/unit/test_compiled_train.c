@@ -342,6 +342,17 @@ START_TEST(typed_entry_points_match_the_generic_path)
 	float loss;
 	ck_assert_int_eq(train(ctx, 0, x.data, d.y->data, 0.1, &loss), KILN_EINVAL);
 	ck_assert_int_eq(steps(ctx), 4);
+	/* so is a target outside the 10 classes, as the interpreter refuses it */
+	int64_t bad[16];
+	memcpy(bad, view(d.y, 9).data, sizeof bad);
+	bad[7] = 10;
+	ck_assert_int_eq(train(ctx, 16, x.data, bad, 0.1, &loss), KILN_EINVAL);
+	const char *msg = ((const char *(*)(const void *))dlsym(h, "mlp_errmsg"))(ctx);
+	ck_assert_msg(strstr(msg, "target 10 out of range [0, 10)"), "%s", msg);
+	ck_assert_int_eq(steps(ctx), 4);
+	float again[16 * 10];
+	ck_assert_int_eq(eval(ctx, 16, x.data, again), 0);
+	ck_assert(!memcmp(again, logits, sizeof logits)); /* the state did not change */
 	kiln_tensor_free(want);
 	destroy(ctx);
 	kiln_model_free(m);

@@ -362,7 +362,7 @@ START_TEST(create_validates_description)
 	ck_assert_int_eq(rt_model_create(&d, &m), KILN_EUNSUPPORTED);
 	ck_assert_ptr_null(m);
 	ck_assert_int_eq(rt_model_validate(&d, msg, sizeof msg), KILN_EUNSUPPORTED);
-	ck_assert_str_eq(msg, "model ABI 99, but this runtime reads ABI 2");
+	ck_assert_str_eq(msg, "model ABI 99, but this runtime reads ABI 2 to 3");
 
 	rt_buf_desc cyc[7];
 	memcpy(cyc, v_bufs, sizeof cyc);
