@@ -162,6 +162,18 @@ static void llvm_close(cg_llvm *L)
 	memset(L, 0, sizeof *L);
 }
 
+/* The target's preferred vector width on every function defined, so that
+ * the vectorizer does not follow a CPU's prefer-256-bit tuning (target.c). */
+static void tune(cg_llvm *L)
+{
+	char w[16];
+	snprintf(w, sizeof w, "%d", L->t->prefer_bits);
+	for (LLVMValueRef f = LLVMGetFirstFunction(L->mod); f && L->t->prefer_bits;
+	     f = LLVMGetNextFunction(f))
+		if (!LLVMIsDeclaration(f))
+			LLVMAddTargetDependentFunctionAttr(f, "prefer-vector-width", w);
+}
+
 static kiln_status verify(cg_llvm *L, kiln_error *err)
 {
 	char *msg = NULL;
@@ -516,6 +528,8 @@ static kiln_status backend(const cg_module *m, const char *out, const kiln_compi
 	diag d = {{0}};
 	llvm_open(&L, &t, m, name, &d);
 	st = tp ? cg_llvm_train(&L, tp->eval, tp->ti, err) : cg_llvm_kernels(&L, err);
+	if (st == KILN_OK)
+		tune(&L);
 	if (st == KILN_OK)
 		st = verify(&L, err);
 	if (st == KILN_OK)

@@ -18,12 +18,13 @@ typedef struct cg_target {
 	char *cpu;         /* "znver4", or "generic" when LLVM 14 does not know it */
 	char *features;    /* "+avx512f,+avx512bw,..." */
 	int vec_bits;      /* widest float vector: 512, 256 or 128 */
+	int prefer_bits;   /* "prefer-vector-width" of every function; 0: the CPU's */
 	LLVMTargetMachineRef tm;
 } cg_target;
 
-/* cpu/features NULL: the host's (LLVMGetHostCPUName/Features), so LLVM 14
- * still uses AVX-512 on CPUs it names "generic"; cpu "x86-64-v3" etc. give
- * portable builds. */
+/* cpu/features NULL: $KILN_CPU and $KILN_FEATURES when set, else the
+ * host's (LLVMGetHostCPUName/Features), so LLVM 14 still uses AVX-512 on
+ * CPUs it names "generic"; cpu "x86-64-v3" etc. give portable builds. */
 kiln_status cg_target_init(cg_target *t, const char *cpu, const char *features,
                            kiln_error *err);
 void cg_target_free(cg_target *t);

@@ -10,6 +10,17 @@
  * the names LLVM 14 knows for x86 (from `llc-14 -march=x86-64 -mcpu=help`)
  * and rejected with a message instead.  vec_bits, the widest float vector,
  * sizes the GEMM micro-kernel.
+ *
+ * LLVM 14 tunes every AVX-512 Intel CPU it knows (skylake-avx512 through
+ * sapphirerapids, and icelake-client, its name for newer Xeons it does not
+ * know) with prefer-256-bit, so its vectorizer picks ymm for the loops the
+ * GEMM does not cover.  kiln's kernels are long, regular loops that want
+ * the widest vectors, so where the target has AVX-512 every function gets
+ * "prefer-vector-width"="512" (prefer_bits), unless the feature string
+ * itself asks for +prefer-256-bit or +prefer-128-bit.
+ *
+ * $KILN_CPU and $KILN_FEATURES stand in for the host when no CPU is given,
+ * so a test or a build machine can target a CPU it is not running on.
  */
 #include <pthread.h>
 #include <stdlib.h>
@@ -122,12 +133,35 @@ static int vector_bits(const char *cpu, const char *features)
 	return a512 > 0 ? 512 : a256 > 0 ? 256 : 128;
 }
 
+/* 512 where the target has AVX-512 and its features do not ask for
+ * narrower vectors; 0: leave it to the CPU's tuning. */
+static int preferred_bits(int vec_bits, const char *features)
+{
+	if (vec_bits < 512 || feature_sign(features, "prefer-256-bit") > 0 ||
+	    feature_sign(features, "prefer-128-bit") > 0)
+		return 0;
+	return 512;
+}
+
+static const char *env(const char *name)
+{
+	const char *s = getenv(name);
+	return s && *s ? s : NULL;
+}
+
 kiln_status cg_target_init(cg_target *t, const char *cpu, const char *features,
                            kiln_error *err)
 {
 	memset(t, 0, sizeof *t);
 	pthread_once(&init_once, init_llvm);
 	t->triple = LLVMGetDefaultTargetTriple();
+	bool from_env = !cpu && env("KILN_CPU");
+	if (from_env) {
+		cpu = env("KILN_CPU");
+		features = features ? features : env("KILN_FEATURES");
+	} else if (!cpu && !features) {
+		features = env("KILN_FEATURES"); /* on the host's CPU */
+	}
 	if (cpu) {
 		t->cpu = LLVMCreateMessage(cpu);
 		t->features = LLVMCreateMessage(features ? features : "");
@@ -138,8 +172,9 @@ kiln_status cg_target_init(cg_target *t, const char *cpu, const char *features,
 	kiln_status st = KILN_OK;
 	if (strncmp(t->triple, "x86_64", 6) == 0) {
 		if (!in_list(x86_cpus, t->cpu, strlen(t->cpu)))
-			st = ir_seterr(err, KILN_EINVAL, "unknown CPU '%s' (LLVM 14 knows e.g. "
-			               "x86-64-v3, x86-64-v4, skylake-avx512, znver3)", t->cpu);
+			st = ir_seterr(err, KILN_EINVAL, "unknown CPU '%s'%s (LLVM 14 knows e.g. "
+			               "x86-64-v3, x86-64-v4, skylake-avx512, znver3)", t->cpu,
+			               from_env ? " (from $KILN_CPU)" : "");
 		else if (features)
 			st = check_features(features, err);
 	}
@@ -152,6 +187,7 @@ kiln_status cg_target_init(cg_target *t, const char *cpu, const char *features,
 	LLVMDisposeMessage(msg);
 	if (st == KILN_OK) {
 		t->vec_bits = vector_bits(t->cpu, t->features);
+		t->prefer_bits = preferred_bits(t->vec_bits, t->features);
 		t->tm = LLVMCreateTargetMachine(target, t->triple, t->cpu, t->features,
 		                                LLVMCodeGenLevelAggressive, LLVMRelocPIC,
 		                                LLVMCodeModelDefault);

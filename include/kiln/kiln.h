@@ -702,9 +702,12 @@ KILN_API double kiln_sched_lr(const kiln_sched *s, int64_t step);
 typedef struct kiln_compile_opts {
 	const char *name;     /* C name of the model (entry-point prefix);
 	                         NULL: the graph's name, made an identifier */
-	const char *cpu;      /* LLVM CPU ("x86-64-v3", "skylake-avx512"); NULL: host */
-	const char *features; /* "+avx2,-avx512f"...; NULL: the host's when cpu is
-	                         NULL, else the cpu's own */
+	const char *cpu;      /* LLVM CPU ("x86-64-v3", "skylake-avx512"); NULL:
+	                         $KILN_CPU if set, else the host */
+	const char *features; /* "+avx2,-avx512f"...; NULL: $KILN_FEATURES if set,
+	                         else the host's when the CPU is the host, else
+	                         the cpu's own.  With AVX-512 the kernels prefer
+	                         512-bit vectors unless this has +prefer-256-bit */
 	const char *emit;     /* NULL or "so": the library; "kir" (kernel IR), "ll"
 	                         (LLVM IR after -O3), "asm", "obj": that stage only */
 	const char *passes;   /* graph passes as for kiln_graph_optimize; NULL: default */

@@ -293,6 +293,131 @@ START_TEST(exp_kernel_vectorizes_to_zmm_on_avx512_host)
 }
 END_TEST
 
+/* ---- target selection ------------------------------------------------------ */
+
+/* Feature strings as LLVMGetHostCPUFeatures reports them (ISA only, never
+ * tuning) on a Sapphire Rapids-class Xeon, which LLVM 14 names
+ * icelake-client, and on a Zen 5, which it names generic. */
+#define SPR_FEATURES                                                                      \
+	"+avx512f,+avx512dq,+avx512cd,+avx512bw,+avx512vl,+avx512vnni,+avx512bf16,"        \
+	"+avx512fp16,+avx512ifma,+avx512vbmi,+avx512vbmi2,+avx512bitalg,+avx512vpopcntdq," \
+	"+amx-tile,+amx-int8,+amx-bf16,+avx2,+fma,+bmi2,+serialize,+tsxldtrk"
+#define ZEN5_FEATURES                                                                      \
+	"+avx512f,+avx512dq,+avx512cd,+avx512bw,+avx512vl,+avx512vnni,+avx512bf16,"        \
+	"+avx512ifma,+avx512vbmi,+avx512vbmi2,+avx512bitalg,+avx512vpopcntdq,"             \
+	"+avx512vp2intersect,+avx2,+fma,+bmi2"
+
+/* The assembly of the exp kernel (k0_unary, its body inlined) compiled for
+ * cpu and features; nothing runs, so any x86 host can check any CPU. */
+static char *exp_kernel_asm(const char *cpu, const char *features)
+{
+	cg_module *m = unary_module(CG_EXP, 4096);
+	char s[512];
+	kiln_compile_opts o = {.emit = "asm", .cpu = cpu, .features = features};
+	kiln_error e = {0};
+	ck_assert_msg(cg_emit(m, path_of(s, "vecx", ".s"), &o, "vecx", &e) == KILN_OK, "%s: %s",
+	              cpu, e.msg);
+	cg_module_free(m);
+	char *text = slurp(s);
+	remove_outputs("vecx");
+	char *k = strstr(text, "\nk0_unary:");
+	ck_assert_msg(k != NULL, "%s: no k0_unary in the assembly", cpu);
+	char *end = strstr(k, ".Lfunc_end");
+	ck_assert_ptr_nonnull(end);
+	memmove(text, k, (size_t)(end - k));
+	text[end - k] = 0;
+	return text;
+}
+
+/* Every AVX-512 target vectorizes the exp loop with zmm, though LLVM 14
+ * tunes its Intel CPUs with prefer-256-bit; a feature string that asks for
+ * 256-bit vectors gets ymm, and so does an AVX2 CPU. */
+START_TEST(exp_kernel_uses_zmm_on_every_avx512_cpu)
+{
+	static const struct {
+		const char *cpu, *features, *want, *not;
+	} c[] = {
+		{"icelake-client", SPR_FEATURES, "zmm", NULL},
+		{"icelake-client", NULL, "zmm", NULL},
+		{"icelake-server", NULL, "zmm", NULL},
+		{"sapphirerapids", NULL, "zmm", NULL},
+		{"skylake-avx512", NULL, "zmm", NULL},
+		{"x86-64-v4", NULL, "zmm", NULL},
+		{"generic", ZEN5_FEATURES, "zmm", NULL},
+		{"znver3", ZEN5_FEATURES, "zmm", NULL},
+		{"skylake-avx512", "+prefer-256-bit", "ymm", "zmm"},
+		{"icelake-client", SPR_FEATURES ",+prefer-256-bit", "ymm", "zmm"},
+		{"x86-64-v3", NULL, "ymm", "zmm"},
+	};
+	for (size_t i = 0; i < sizeof c / sizeof *c; i++) {
+		char *text = exp_kernel_asm(c[i].cpu, c[i].features);
+		ck_assert_msg(strstr(text, c[i].want), "%s %s: no %s in the exp kernel", c[i].cpu,
+		              c[i].features ? c[i].features : "", c[i].want);
+		ck_assert_msg(!c[i].not || !strstr(text, c[i].not), "%s %s: %s in the exp kernel",
+		              c[i].cpu, c[i].features ? c[i].features : "", c[i].not);
+		ck_assert_ptr_null(strstr(text, "expf"));
+		free(text);
+	}
+}
+END_TEST
+
+/* $KILN_CPU / $KILN_FEATURES stand in for the host; an explicit CPU wins
+ * over them; without them the host's name and features are used as LLVM
+ * reports them (a Zen 5 is "generic" but keeps AVX-512 through its
+ * features). */
+static void restore_env(const char *name, const char *saved)
+{
+	if (saved)
+		setenv(name, saved, 1);
+	else
+		unsetenv(name);
+}
+
+START_TEST(target_is_the_host_unless_overridden)
+{
+	char *saved_cpu = getenv("KILN_CPU") ? strdup(getenv("KILN_CPU")) : NULL;
+	char *saved_features = getenv("KILN_FEATURES") ? strdup(getenv("KILN_FEATURES")) : NULL;
+	setenv("KILN_CPU", "icelake-client", 1);
+	setenv("KILN_FEATURES", SPR_FEATURES, 1);
+	cg_target env_t, expl_t, bad_t;
+	kiln_error e = {0}, be = {0};
+	kiln_status st_env = cg_target_init(&env_t, NULL, NULL, &e);
+	kiln_status st_expl = cg_target_init(&expl_t, "x86-64-v3", NULL, NULL);
+	setenv("KILN_CPU", "pentium9", 1);
+	kiln_status st_bad = cg_target_init(&bad_t, NULL, NULL, &be);
+	unsetenv("KILN_CPU");
+	unsetenv("KILN_FEATURES");
+	ck_assert_msg(st_env == KILN_OK, "%s", e.msg);
+	ck_assert_str_eq(env_t.cpu, "icelake-client");
+	ck_assert_str_eq(env_t.features, SPR_FEATURES);
+	ck_assert_int_eq(env_t.vec_bits, 512);
+	ck_assert_int_eq(env_t.prefer_bits, 512);
+	cg_target_free(&env_t);
+	ck_assert_int_eq(st_expl, KILN_OK);
+	ck_assert_str_eq(expl_t.cpu, "x86-64-v3");
+	ck_assert_int_eq(expl_t.vec_bits, 256);
+	ck_assert_int_eq(expl_t.prefer_bits, 0);
+	cg_target_free(&expl_t);
+	ck_assert_int_eq(st_bad, KILN_EINVAL);
+	ck_assert_msg(strstr(be.msg, "unknown CPU 'pentium9' (from $KILN_CPU)"), "%s", be.msg);
+
+	cg_target t;
+	ck_assert_int_eq(cg_target_init(&t, NULL, NULL, NULL), KILN_OK);
+	char *name = LLVMGetHostCPUName(), *features = LLVMGetHostCPUFeatures();
+	ck_assert_str_eq(t.cpu, name);
+	ck_assert_str_eq(t.features, features);
+	bool avx512 = strstr(features, "+avx512f") != NULL;
+	ck_assert_int_eq(t.vec_bits == 512, avx512);
+	ck_assert_int_eq(t.prefer_bits, avx512 ? 512 : 0);
+	LLVMDisposeMessage(name);
+	LLVMDisposeMessage(features);
+	cg_target_free(&t);
+	restore_env("KILN_CPU", saved_cpu);
+	restore_env("KILN_FEATURES", saved_features);
+	free(saved_cpu), free(saved_features);
+}
+END_TEST
+
 /* ---- parallel loops ------------------------------------------------------- */
 
 /* y[i*C + j] = x[i*C + j] * s + i for i < R (parallel), j < C; with
@@ -671,6 +796,8 @@ static Suite *codegen_suite(void)
 	tcase_add_test(tc, tanh_within_1e6_of_libm);
 	tcase_add_test(tc, erf_within_1e6_of_libm);
 	tcase_add_test(tc, exp_kernel_vectorizes_to_zmm_on_avx512_host);
+	tcase_add_test(tc, exp_kernel_uses_zmm_on_every_avx512_cpu);
+	tcase_add_test(tc, target_is_the_host_unless_overridden);
 	suite_add_tcase(s, tc);
 	tc = tcase_create("parallel");
 	tcase_add_checked_fixture(tc, setup, teardown);
