@@ -74,7 +74,8 @@ typedef enum cg_stmt_kind {
 	CG_GEMM,   /* gemm (see cg_gemm) */
 	CG_CHECK,  /* unless lo <= value < hi (i64): the run fails with "<what>
 	              <value> out of range [lo, hi)" after this kernel, which
-	              carries on (the first failed check of a run is reported) */
+	              carries on (the first failed check of a run is reported);
+	              lo and hi NULL: unless value != 0, failing with "<what>" */
 } cg_stmt_kind;
 
 enum {
@@ -114,7 +115,7 @@ struct cg_stmt {
 	cg_expr *cond;         /* CG_IF */
 	cg_stmt *then_s, *else_s;
 	cg_gemm *gemm;         /* CG_GEMM */
-	cg_expr *lo, *hi;      /* CG_CHECK: the range of value */
+	cg_expr *lo, *hi;      /* CG_CHECK: the range of value (NULL: nonzero) */
 	const char *what;      /* CG_CHECK: "file:12: Gather 'g': index" */
 };
 
@@ -190,6 +191,7 @@ cg_stmt *cg_store(cg_module *m, int buf, cg_expr *index, cg_expr *value);
 cg_stmt *cg_assign(cg_module *m, int var, kiln_dtype dt, cg_expr *value);
 cg_stmt *cg_if(cg_module *m, cg_expr *cond, cg_stmt *then_s, cg_stmt *else_s);
 cg_stmt *cg_gemm_stmt(cg_module *m, const cg_gemm *gm);
+/* lo and hi both NULL: a check that value is not 0 */
 cg_stmt *cg_check(cg_module *m, const char *what, cg_expr *value, cg_expr *lo, cg_expr *hi);
 /* Textual dump of the whole module (`kiln compile --emit=kir`). */
 void cg_print(const cg_module *m, FILE *out);
@@ -240,7 +242,9 @@ int64_t cg_expr_int(const cg_expr *e, const int64_t *sym);
  *   targets), a CG_CHECK of every one runs before it is used clamped, so the
  *   run fails with the interpreter's reason (a backend records the first
  *   failed check of a run, from any thread, and fails the run after that
- *   kernel: rt_out_of_range in runtime/model.h).
+ *   kernel: rt_out_of_range in runtime/model.h).  Likewise every divisor of
+ *   an integer Div is checked (nonzero) before the division, which is never
+ *   fused with other nodes.
  * - Float CG_MAX/CG_MIN propagate NaN: max(a, b) = (a > b || a != a) ? a : b
  *   (Relu is max(x, 0)).  Comparisons are ordered (NaN: false; CG_NE true).
  * - CG_CAST: float -> integer truncates toward zero and saturates to the

@@ -365,7 +365,7 @@ cg_stmt *cg_gemm_stmt(cg_module *m, const cg_gemm *gm)
 
 cg_stmt *cg_check(cg_module *m, const char *what, cg_expr *value, cg_expr *lo, cg_expr *hi)
 {
-	if (!value || !lo || !hi)
+	if (!value || !lo != !hi)
 		return NULL;
 	cg_stmt *s = stmt(m, CG_CHECK);
 	if (s && !(s->what = ir_arena_strdup(m->arena, what ? what : "index")))
@@ -594,11 +594,16 @@ static void pstmt(const printer *p, const cg_stmt *s, int depth)
 	case CG_CHECK:
 		fputs("check ", p->out);
 		pexpr(p, s->value, 0);
-		fputs(" in [", p->out);
-		pexpr(p, s->lo, 0);
-		fputs(", ", p->out);
-		pexpr(p, s->hi, 0);
-		fprintf(p->out, ") \"%s\"", s->what);
+		if (s->lo) {
+			fputs(" in [", p->out);
+			pexpr(p, s->lo, 0);
+			fputs(", ", p->out);
+			pexpr(p, s->hi, 0);
+			fputc(')', p->out);
+		} else {
+			fputs(" != 0", p->out);
+		}
+		fprintf(p->out, " \"%s\"", s->what);
 		break;
 	default: break;
 	}

@@ -340,8 +340,12 @@ static void stmt(ev *e, const cg_stmt *s)
 		break;
 	case CG_GEMM: gemm(e, s->gemm); break;
 	case CG_CHECK: {
-		int64_t v = expr(e, s->value).i, lo = expr(e, s->lo).i, hi = expr(e, s->hi).i;
-		if (!e->st && (v < lo || v >= hi))
+		int64_t v = expr(e, s->value).i;
+		int64_t lo = s->lo ? expr(e, s->lo).i : 0, hi = s->hi ? expr(e, s->hi).i : 0;
+		if (!e->st && !s->lo && v == 0)
+			e->st = ir_seterr(e->err, KILN_EINVAL, "%s (kernel %s)", s->what,
+			                  e->k ? e->k->name : "?");
+		else if (!e->st && s->lo && (v < lo || v >= hi))
 			e->st = ir_seterr(e->err, KILN_EINVAL, "%s %lld out of range [%lld, %lld) "
 			                  "(kernel %s)", s->what, (long long)v, (long long)lo,
 			                  (long long)hi, e->k ? e->k->name : "?");

@@ -917,14 +917,17 @@ static LLVMValueRef cstr(cg_llvm *L, const char *s);
 
 /* if (value < lo || value >= hi) rt_out_of_range(x, what, value, lo, hi):
  * a cold call (the runtime records the first fault of a run) on a branch
- * the loop around it rarely takes. */
+ * the loop around it rarely takes.  Without lo and hi: if (value == 0),
+ * reported with the empty range [0, 0) (the runtime then prints what). */
 static void s_check(fn_ctx *c, const cg_stmt *s)
 {
 	cg_llvm *L = c->L;
 	LLVMBuilderRef B = L->b;
-	LLVMValueRef v = iexpr(c, s->value), lo = iexpr(c, s->lo), hi = iexpr(c, s->hi);
-	LLVMValueRef bad = LLVMBuildOr(B, LLVMBuildICmp(B, LLVMIntSLT, v, lo, ""),
-	                               LLVMBuildICmp(B, LLVMIntSGE, v, hi, ""), "");
+	LLVMValueRef v = iexpr(c, s->value);
+	LLVMValueRef lo = s->lo ? iexpr(c, s->lo) : i64c(L, 0), hi = s->hi ? iexpr(c, s->hi) : lo;
+	LLVMValueRef bad = s->lo ? LLVMBuildOr(B, LLVMBuildICmp(B, LLVMIntSLT, v, lo, ""),
+	                                       LLVMBuildICmp(B, LLVMIntSGE, v, hi, ""), "")
+	                         : LLVMBuildICmp(B, LLVMIntEQ, v, lo, "");
 	LLVMBasicBlockRef fault = LLVMAppendBasicBlockInContext(L->ctx, c->fn, "fault");
 	LLVMBasicBlockRef ok = LLVMAppendBasicBlockInContext(L->ctx, c->fn, "checked");
 	LLVMValueRef br = LLVMBuildCondBr(B, bad, fault, ok);
@@ -955,7 +958,7 @@ static void stmt(fn_ctx *c, const cg_stmt *s)
 		return;
 	if ((unsigned)s->kind >= sizeof stmt_table / sizeof *stmt_table || !stmt_table[s->kind] ||
 	    (s->kind == CG_GEMM && !s->gemm) ||
-	    (s->kind == CG_CHECK && (!s->value || !s->lo || !s->hi || !s->what))) {
+	    (s->kind == CG_CHECK && (!s->value || !s->lo != !s->hi || !s->what))) {
 		fail(c, KILN_EINVAL, "a malformed statement");
 		return;
 	}

@@ -70,21 +70,25 @@ void cg_lower_check_all(cg_module *m, cg_kernel *k, const ir_node *n, const char
 {
 	cg_expr *mn = cg_local(m, k, k->body, KILN_I64, cg_int(m, INT64_MAX));
 	cg_expr *mx = cg_local(m, k, k->body, KILN_I64, cg_int(m, INT64_MIN));
-	cg_expr *j, *v;
+	cg_expr *j, *v, *one = cg_int(m, 1), *zero = cg_int(m, 0);
 	cg_stmt *body, *slow = cg_block(m);
 	cg_append(m, k->body, cg_loop(m, k, count, CG_VECTORIZE | CG_REDUCE, &j, &body));
 	v = cg_cast(m, cg_load(m, b, j), KILN_I64);
+	if (!lo) /* nonzero: the range [1, 2) of v != 0 */
+		v = cg_select(m, cg_bin(m, CG_EQ, v, zero), zero, one);
 	cg_expr *skip = ignore ? cg_bin(m, CG_EQ, v, cg_int(m, *ignore)) : NULL;
 	cg_set(m, body, mn, cg_bin(m, CG_MIN, mn, skip ? cg_select(m, skip, lo, v) : v));
 	cg_set(m, body, mx, cg_bin(m, CG_MAX, mx, skip ? cg_select(m, skip, lo, v) : v));
 	cg_append(m, slow, cg_loop(m, k, count, 0, &j, &body));
 	v = cg_local(m, k, body, KILN_I64, cg_cast(m, cg_load(m, b, j), KILN_I64));
-	cg_stmt *chk = cg_lower_check(m, n, what, v, lo, hi);
+	cg_stmt *chk = lo ? cg_lower_check(m, n, what, v, lo, hi) : cg_lower_check(m, n, what, v,
+	                                                                             NULL, NULL);
 	if (ignore)
 		chk = cg_if(m, cg_bin(m, CG_NE, v, cg_int(m, *ignore)), chk, NULL);
 	cg_append(m, body, chk);
-	cg_append(m, k->body, cg_if(m, cg_bin(m, CG_OR, cg_bin(m, CG_LT, mn, lo),
-	                                      cg_bin(m, CG_GE, mx, hi)), slow, NULL));
+	cg_append(m, k->body, cg_if(m, cg_bin(m, CG_OR, cg_bin(m, CG_LT, mn, lo ? lo : one),
+	                                      cg_bin(m, CG_GE, mx, hi ? hi : cg_int(m, 2))),
+	                            slow, NULL));
 }
 
 cg_kernel *cg_lower_kernel(cg_module *m, const ir_node *n)
@@ -435,11 +439,24 @@ static const scal_fn scal[KILN_OP_COUNT] = {
 	[KILN_OP_WHERE] = s_where,
 };
 
+/* An integer Div the interpreter refuses to run on a zero divisor: so does
+ * the kernel (never fused, fusible below), checking every divisor first. */
+static bool int_div_node(const kiln_graph *g, const ir_node *n)
+{
+	return n->op == KILN_OP_DIV && !kiln_dtype_is_float(g->val[n->out[0]]->type.dtype);
+}
+
 static kiln_status elementwise(cg_module *m, const ir_node *n, const int *in, const int *out,
                                kiln_error *err)
 {
 	if (n->nin > 4)
 		return cg_lower_fail(m, n, err, KILN_EUNSUPPORTED, "%u operands (at most 4)", n->nin);
+	cg_kernel *k = NULL;
+	if (int_div_node(m->g, n) && !(k = cg_lower_kernel(m, n)))
+		return cg_lower_fail(m, n, err, KILN_ENOMEM, "out of memory");
+	for (uint32_t i = 1; k && i < n->nin; i++)
+		cg_lower_check_all(m, k, n, "integer division by zero", in[i], m->buf[in[i]].numel,
+		                   NULL, NULL, NULL);
 	kiln_status st = elemwise(m, n, (int)n->nin, in, out[0], scal[n->op], false);
 	return st ? cg_lower_fail(m, n, err, st, "out of memory") : KILN_OK;
 }
@@ -947,16 +964,17 @@ typedef struct tree {
 	cg_expr *ld[CG_FUSE_MAX]; /* their loads at the root's index */
 } tree;
 
-static bool fusible(const ir_node *n)
+static bool fusible(const kiln_graph *g, const ir_node *n)
 {
-	return cg_lower_table[n->op] == elementwise && n->nout == 1 && n->nin <= 4;
+	return cg_lower_table[n->op] == elementwise && n->nout == 1 && n->nin <= 4 &&
+	       !int_div_node(g, n);
 }
 
 /* n's result can be computed inline by its only reader. */
 static bool deferrable(const lowering *L, const ir_node *n)
 {
 	const ir_value *y = L->g->val[n->out[0]];
-	if (y->nuse != 1 || L->out_of[n->out[0]] >= 0 || !fusible(y->uses[0]))
+	if (y->nuse != 1 || L->out_of[n->out[0]] >= 0 || !fusible(L->g, y->uses[0]))
 		return false;
 	const ir_type *u = &L->g->val[y->uses[0]->out[0]]->type;
 	if (u->rank != y->type.rank)
@@ -1223,7 +1241,7 @@ static kiln_status lower_node(lowering *L, const ir_node *n)
 	if (!cg_lower_table[n->op])
 		return cg_lower_fail(m, n, L->err, KILN_EUNSUPPORTED, "no lowering for %s",
 		                     ir_op(n->op)->onnx);
-	bool fusing = L->fuse && fusible(n);
+	bool fusing = L->fuse && fusible(L->g, n);
 	if (fusing && deferrable(L, n)) {
 		L->defer[n->out[0]] = true;
 		return KILN_OK;

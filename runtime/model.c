@@ -726,11 +726,15 @@ static kiln_status execute(rt_model *m, const void *const *in, void *const *out)
 	             .fault = &fault};
 	for (uint32_t k = 0; k < d->nkern; k++) {
 		d->kernels[k](&x);
-		if (atomic_load_explicit(&fault.set, memory_order_acquire))
-			return fail(m, KILN_EINVAL, "model '%s': %s %lld out of range [%lld, %lld) "
-			            "(kernel %s)", d->name, fault.what ? fault.what : "index",
-			            (long long)fault.value, (long long)fault.lo, (long long)fault.hi,
-			            d->kernel_names && d->kernel_names[k] ? d->kernel_names[k] : "?");
+		if (!atomic_load_explicit(&fault.set, memory_order_acquire))
+			continue;
+		const char *what = fault.what ? fault.what : "index";
+		const char *kn = d->kernel_names && d->kernel_names[k] ? d->kernel_names[k] : "?";
+		if (fault.lo >= fault.hi)
+			return fail(m, KILN_EINVAL, "model '%s': %s (kernel %s)", d->name, what, kn);
+		return fail(m, KILN_EINVAL, "model '%s': %s %lld out of range [%lld, %lld) "
+		            "(kernel %s)", d->name, what, (long long)fault.value,
+		            (long long)fault.lo, (long long)fault.hi, kn);
 	}
 	for (int k = 0; k < m->npost; k++)
 		copy_buf(m, own_ptr(m, m->post[k].to, in, out), m->post[k].to,

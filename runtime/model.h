@@ -27,9 +27,11 @@
 typedef struct rt_pool rt_pool;
 
 /* The first fault a run's kernels report: a data-dependent index (Gather's
- * indices, a loss's targets) outside [lo, hi).  The kernel carries on with
- * the index clamped, so it never reads outside a buffer; the driver fails
- * the run after that kernel with what, value and the range. */
+ * indices, a loss's targets) outside [lo, hi), or with lo >= hi a fault
+ * that what alone describes (an integer division by zero).  The kernel
+ * carries on with the index clamped (the divisor made safe), so it never
+ * reads outside a buffer or traps; the driver fails the run after that
+ * kernel with what, value and the range. */
 typedef struct rt_fault {
 	_Atomic int32_t set;  /* 0 until the first report; the first one wins */
 	const char *what;     /* "model.c:12: Gather 'embed': index" */

@@ -176,20 +176,27 @@ END_TEST
 
 /* g: one named node over two inputs (data f32, indices/targets) and one
  * output, so its typed entry point is name_run(ctx, data, idx, out). */
-static kiln_graph *indexed(const char *name, kiln_op op, const char *attrs, int rank_x,
-                           const int64_t *dx, kiln_dtype it, int rank_i, const int64_t *di)
+static kiln_graph *indexed2(const char *name, kiln_op op, const char *attrs, kiln_dtype xt,
+                            int rank_x, const int64_t *dx, kiln_dtype it, int rank_i,
+                            const int64_t *di)
 {
 	kiln_graph *g = kiln_graph_new(name);
-	uint32_t in[2] = {input(g, "x", KILN_F32, rank_x, dx), input(g, "i", it, rank_i, di)};
+	uint32_t in[2] = {input(g, "x", xt, rank_x, dx), input(g, "i", it, rank_i, di)};
 	ir_output_add(g, op1(g, op, 2, in, attrs), NULL);
 	g->node[g->nnode - 1]->name = ir_intern(g, "pick");
 	ck_assert_msg(kiln_graph_status(g) == KILN_OK, "%s", kiln_graph_errmsg(g));
 	return g;
 }
 
-/* f32 results: Gather's copies are exact, a loss's mean within 1e-6. */
-static void assert_near(const float *got, const kiln_tensor *ref, const char *what)
+/* f32 results: Gather's copies are exact, a loss's mean within 1e-6;
+ * integers exact. */
+static void assert_near(const void *gotp, const kiln_tensor *ref, const char *what)
 {
+	const float *got = gotp;
+	if (ref->dtype != KILN_F32) {
+		ck_assert_msg(!memcmp(gotp, ref->data, kiln_tensor_nbytes(ref)), "%s differs", what);
+		return;
+	}
 	for (int64_t i = 0; i < kiln_tensor_numel(ref); i++) {
 		float w = ((const float *)ref->data)[i];
 		ck_assert_msg(fabsf(got[i] - w) <= 1e-6f * (1 + fabsf(w)), "%s: [%lld] %g, "
@@ -197,8 +204,14 @@ static void assert_near(const float *got, const kiln_tensor *ref, const char *wh
 	}
 }
 
+static kiln_graph *indexed(const char *name, kiln_op op, const char *attrs, int rank_x,
+                           const int64_t *dx, kiln_dtype it, int rank_i, const int64_t *di)
+{
+	return indexed2(name, op, attrs, KILN_F32, rank_x, dx, it, rank_i, di);
+}
+
 typedef void *(*ix_create_fn)(void);
-typedef int (*ix_run_fn)(void *, const float *, const void *, float *);
+typedef int (*ix_run_fn)(void *, const void *, const void *, void *);
 typedef const char *(*ix_errmsg_fn)(const void *);
 typedef void (*ix_destroy_fn)(void *);
 
@@ -257,7 +270,7 @@ static void run_indexed(kiln_graph *g, kiln_tensor *x, kiln_tensor *idx, const c
 	ix_run_fn run = (ix_run_fn)ix_sym(h, name, "run");
 	ix_errmsg_fn errmsg = (ix_errmsg_fn)ix_sym(h, name, "errmsg");
 	ck_assert_ptr_nonnull(ctx);
-	float out[64] = {0};
+	int64_t out[64] = {0};
 	int rc = run(ctx, x->data, idx->data, out);
 	if (want) {
 		ck_assert_int_eq(rc, KILN_EINVAL);
@@ -332,6 +345,33 @@ START_TEST(loss_target_out_of_range_is_an_error)
 }
 END_TEST
 
+/* An integer Div by zero is the interpreter's error, whichever operand
+ * broadcasts; the kernel must not trap or give 0 either. */
+START_TEST(integer_division_by_zero_is_an_error)
+{
+	const int64_t d6[1] = {6}, d1[1] = {1};
+	static const kiln_dtype dts[2] = {KILN_I32, KILN_I64};
+	for (int k = 0; k < 2; k++) {
+		kiln_tensor *x = tensor(dts[k], 1, d6, (double[]){7, -7, 100, 3, -9, 0});
+		kiln_tensor *good = tensor(dts[k], 1, d6, (double[]){2, 2, -3, 1, -1, 5});
+		kiln_tensor *zero = tensor(dts[k], 1, d6, (double[]){2, 2, -3, 0, -1, 5});
+		kiln_graph *g = indexed2(k ? "div64" : "div32", KILN_OP_DIV, "", dts[k], 1, d6,
+		                         dts[k], 1, d6);
+		run_indexed(g, x, good, NULL, NULL, NULL);
+		run_indexed(g, x, zero, "integer division by zero", "kernel k0_div", good);
+		kiln_graph_free(g);
+		kiln_tensor *zero1 = tensor(dts[k], 1, d1, (double[]){0});
+		kiln_tensor *four = tensor(dts[k], 1, d1, (double[]){4});
+		g = indexed2(k ? "divb64" : "divb32", KILN_OP_DIV, "", dts[k], 1, d6, dts[k], 1, d1);
+		run_indexed(g, x, four, NULL, NULL, NULL);
+		run_indexed(g, x, zero1, "integer division by zero", "kernel k0_div", four);
+		kiln_graph_free(g);
+		kiln_tensor_free(x), kiln_tensor_free(good), kiln_tensor_free(zero);
+		kiln_tensor_free(zero1), kiln_tensor_free(four);
+	}
+}
+END_TEST
+
 /* The last test: how long compiling took, so a slow backend shows. */
 START_TEST(report_compile_time)
 {
@@ -361,6 +401,7 @@ static Suite *compiled_ops_suite(void)
 	tcase_add_test(tc, half_casts_round_exactly_like_the_interpreter);
 	tcase_add_test(tc, gather_index_out_of_range_is_an_error);
 	tcase_add_test(tc, loss_target_out_of_range_is_an_error);
+	tcase_add_test(tc, integer_division_by_zero_is_an_error);
 	tcase_add_test(tc, report_compile_time);
 	suite_add_tcase(s, tc);
 	return s;
