@@ -626,7 +626,9 @@ static void mark_locals(const cg_stmt *s, bool *local, int nvar)
 	}
 }
 
-static const char *const kind_name[] = {"input", "output", "const", "temp"};
+static const char *const kind_name[] = {
+	[CG_BUF_INPUT] = "input", [CG_BUF_OUTPUT] = "output", [CG_BUF_CONST] = "const",
+	[CG_BUF_TEMP] = "temp", [CG_BUF_STATE] = "state"};
 
 static void pbuf(const printer *p, const cg_buf *b)
 {

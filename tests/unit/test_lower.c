@@ -400,6 +400,34 @@ START_TEST(gather_checks_then_clamps_out_of_range_indices)
 }
 END_TEST
 
+/* The kernel IR printer names every buffer kind (a training module's
+ * state too) and prints checks with their range and message. */
+START_TEST(printer_names_state_buffers_and_checks)
+{
+	cg_module *m = cg_module_new(NULL);
+	int s = cg_buf_new(m, CG_BUF_STATE, KILN_F32, cg_int(m, 4));
+	int i = cg_buf_new(m, CG_BUF_INPUT, KILN_I64, cg_int(m, 4));
+	m->buf[s].type = (ir_type){KILN_F32, 1, {4}};
+	m->buf[i].type = (ir_type){KILN_I64, 1, {4}};
+	cg_kernel *k = cg_kernel_new(m, "k0_check", 0);
+	cg_append(m, k->body, cg_check(m, "Gather 'g': index", cg_load(m, i, cg_int(m, 1)),
+	                               cg_int(m, -4), cg_int(m, 4)));
+	cg_append(m, k->body, cg_check(m, "Div: integer division by zero",
+	                               cg_load(m, i, cg_int(m, 2)), NULL, NULL));
+	char *text = NULL;
+	size_t len = 0;
+	FILE *f = open_memstream(&text, &len);
+	cg_print(m, f);
+	fclose(f);
+	ck_assert_msg(strstr(text, "buf0 state f32[4]"), "%s", text);
+	ck_assert_msg(strstr(text, "check buf1[1] in [-4, 4) \"Gather 'g': index\""), "%s", text);
+	ck_assert_msg(strstr(text, "check buf1[2] != 0 \"Div: integer division by zero\""), "%s",
+	              text);
+	free(text);
+	cg_module_free(m);
+}
+END_TEST
+
 START_TEST(lowering_rejects_symbolic_channels)
 {
 	kiln_graph *g = kiln_graph_new("conv");
@@ -522,6 +550,7 @@ static Suite *lower_suite(void)
 	tcase_add_test(tc, shape_stores_the_bound_symbolic_dims);
 	tcase_add_test(tc, constant_output_and_repeated_outputs_are_copied);
 	tcase_add_test(tc, gather_checks_then_clamps_out_of_range_indices);
+	tcase_add_test(tc, printer_names_state_buffers_and_checks);
 	tcase_add_test(tc, lowering_rejects_symbolic_channels);
 	tcase_add_test(tc, eval_rejects_wrong_input_count_and_shape);
 	suite_add_tcase(s, tc);
