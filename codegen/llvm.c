@@ -1352,9 +1352,6 @@ static LLVMValueRef kernel_tables(cg_llvm *L, const desc_types *t, LLVMValueRef 
 	return array(L, t->kfn, fns, m->nkern, "kiln.kernels");
 }
 
-/* The program's description (runtime/model.h's layout, field by field),
- * exported as gname (NULL: not exported); state: the shared state table (NULL pointer, nstate 0 for
- * an inference model). */
 /* A description: an internal constant "kiln.<name>" that the library's own
  * code refers to, PC-relative, plus the exported alias <name> that
  * kiln_load finds with dlsym (NULL name: not exported).  Referring to the
@@ -1374,6 +1371,9 @@ static LLVMValueRef desc_global(cg_llvm *L, LLVMTypeRef ty, LLVMValueRef init, c
 	return g;
 }
 
+/* The program's description (runtime/model.h's layout, field by field),
+ * exported as gname (NULL: not exported); state: the shared state table
+ * (NULL pointer, nstate 0 for an inference model). */
 typedef struct state_ref {
 	LLVMValueRef table;
 	int n;

@@ -81,8 +81,7 @@ void cg_lower_check_all(cg_module *m, cg_kernel *k, const ir_node *n, const char
 	cg_set(m, body, mx, cg_bin(m, CG_MAX, mx, skip ? cg_select(m, skip, lo, v) : v));
 	cg_append(m, slow, cg_loop(m, k, count, 0, &j, &body));
 	v = cg_local(m, k, body, KILN_I64, cg_cast(m, cg_load(m, b, j), KILN_I64));
-	cg_stmt *chk = lo ? cg_lower_check(m, n, what, v, lo, hi) : cg_lower_check(m, n, what, v,
-	                                                                             NULL, NULL);
+	cg_stmt *chk = cg_lower_check(m, n, what, v, lo, hi);
 	if (ignore)
 		chk = cg_if(m, cg_bin(m, CG_NE, v, cg_int(m, *ignore)), chk, NULL);
 	cg_append(m, body, chk);

@@ -44,8 +44,8 @@ cg_kernel *cg_lower_kernel(cg_module *m, const ir_node *n);
 cg_stmt *cg_lower_check(cg_module *m, const ir_node *n, const char *what, cg_expr *v,
                         cg_expr *lo, cg_expr *hi);
 /* Appends to k's body a check that each of the count elements of integer
- * buffer b is in [lo, hi) (or equals *ignore, when not NULL), reporting the
- * first that is not by cg_lower_check.  A branch-free min/max pass (it
+ * buffer b is in [lo, hi) (or equals *ignore, when not NULL), or with lo
+ * and hi NULL is not 0, reporting the first that is not by cg_lower_check.  A branch-free min/max pass (it
  * vectorizes) decides; only when it finds one out of range does a second
  * loop check them in order, so valid indices cost one streaming pass. */
 void cg_lower_check_all(cg_module *m, cg_kernel *k, const ir_node *n, const char *what,
