@@ -29,9 +29,11 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <spawn.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -41,7 +43,6 @@
 #include "codegen/llvm.h"
 #include "passes/passes.h"
 #include "codegen/lower.h"
-#include "passes/passes.h"
 
 extern char **environ;
 
@@ -70,17 +71,29 @@ static bool ends_with(const char *s, const char *suf)
 	return a >= b && strcmp(s + a - b, suf) == 0;
 }
 
-/* A temporary file beside path ("<path>.XXXXXX"); its name into tmp. */
-static kiln_status make_temp(const char *path, char *tmp, size_t size, kiln_error *err)
+/* A new, empty temporary file beside path ("<path>.tmp<pid>.<seq>"); its
+ * name into tmp.  It is created with mode (0666 for data, 0777 for the
+ * library) less the umask, as any new file would be: mkstemp's 0600 would
+ * leave the header unreadable to others and the linker keeps the mode of
+ * the file it writes over (0711). */
+static kiln_status make_temp(const char *path, mode_t mode, char *tmp, size_t size,
+                             kiln_error *err)
 {
-	if (snprintf(tmp, size, "%s.XXXXXX", path) >= (int)size)
-		return ir_seterr(err, KILN_EINVAL, "%s: path too long", path);
-	int fd = mkstemp(tmp);
-	if (fd < 0)
-		return ir_seterr(err, KILN_EIO, "%s: cannot create a temporary file: %s", path,
-		                 strerror(errno));
-	close(fd);
-	return KILN_OK;
+	static atomic_uint seq;
+	for (int tries = 0; tries < 100; tries++) {
+		if (snprintf(tmp, size, "%s.tmp%ld.%u", path, (long)getpid(),
+		             atomic_fetch_add(&seq, 1)) >= (int)size)
+			return ir_seterr(err, KILN_EINVAL, "%s: path too long", path);
+		int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, mode);
+		if (fd >= 0) {
+			close(fd);
+			return KILN_OK;
+		}
+		if (errno != EEXIST)
+			break;
+	}
+	return ir_seterr(err, KILN_EIO, "%s: cannot create a temporary file: %s", path,
+	                 strerror(errno));
 }
 
 /* fsync, then rename over path: the new contents are on disk before the
@@ -206,7 +219,7 @@ static kiln_status optimize(cg_llvm *L, kiln_error *err)
 static kiln_status write_stage(cg_llvm *L, const char *emit, const char *path, kiln_error *err)
 {
 	char tmp[4200];
-	kiln_status st = make_temp(path, tmp, sizeof tmp, err);
+	kiln_status st = make_temp(path, 0666, tmp, sizeof tmp, err);
 	if (st != KILN_OK)
 		return st;
 	char *msg = NULL;
@@ -255,12 +268,12 @@ static kiln_status run_cc(char *const *argv, kiln_error *err)
 static kiln_status link_so(cg_llvm *L, const char *path, kiln_error *err)
 {
 	char obj[4200], so[4200];
-	kiln_status st = make_temp(path, obj, sizeof obj, err);
+	kiln_status st = make_temp(path, 0666, obj, sizeof obj, err);
 	if (st != KILN_OK)
 		return st;
 	st = write_stage(L, "obj", obj, err);
 	if (st == KILN_OK)
-		st = make_temp(path, so, sizeof so, err);
+		st = make_temp(path, 0777, so, sizeof so, err);
 	const char *base = strrchr(path, '/');
 	base = base ? base + 1 : path;
 	if (st == KILN_OK) {
@@ -432,7 +445,7 @@ static kiln_status header(const cg_module *m, const cg_module *eval, const cg_tr
 	if (n + 3 >= sizeof path)
 		return ir_seterr(err, KILN_EINVAL, "%s: path too long", so_path);
 	snprintf(path, sizeof path, "%.*s.h", (int)n, so_path);
-	kiln_status st = make_temp(path, tmp, sizeof tmp, err);
+	kiln_status st = make_temp(path, 0666, tmp, sizeof tmp, err);
 	if (st != KILN_OK)
 		return st;
 	FILE *f = fopen(tmp, "w");
@@ -454,7 +467,7 @@ static kiln_status header(const cg_module *m, const cg_module *eval, const cg_tr
 static kiln_status emit_kir(const cg_module *m, const char *path, kiln_error *err)
 {
 	char tmp[4200];
-	kiln_status st = make_temp(path, tmp, sizeof tmp, err);
+	kiln_status st = make_temp(path, 0666, tmp, sizeof tmp, err);
 	if (st != KILN_OK)
 		return st;
 	FILE *f = fopen(tmp, "w");

@@ -466,6 +466,33 @@ START_TEST(compile_refuses_to_overwrite_its_model)
 }
 END_TEST
 
+/* What kiln compile writes gets a new file's permissions (0666 or, for the
+ * library, 0777, less the umask), not mkstemp's 0600: a header no one else
+ * can read, or a library other users cannot load. */
+START_TEST(compile_outputs_get_the_umask_permissions)
+{
+	save_model("m.kir");
+	mode_t old = umask(027); /* inherited by the child */
+	result r = kiln("compile m.kir -o m.so");
+	ck_assert_msg(r.rc == 0, "%s", r.err);
+	result_free(&r);
+	r = kiln("compile m.kir -o m.ll --emit=ll");
+	ck_assert_msg(r.rc == 0, "%s", r.err);
+	result_free(&r);
+	umask(old);
+	const char *names[] = {"m.so", "m.h", "m.ll"};
+	mode_t want[] = {0750, 0640, 0640};
+	for (int i = 0; i < 3; i++) {
+		char path[128];
+		struct stat st;
+		snprintf(path, sizeof path, "%s/%s", dir, names[i]);
+		ck_assert_int_eq(stat(path, &st), 0);
+		ck_assert_msg((st.st_mode & 07777) == want[i], "%s has mode %o, want %o", names[i],
+		              (unsigned)(st.st_mode & 07777), (unsigned)want[i]);
+	}
+}
+END_TEST
+
 START_TEST(opt_export_and_run_refuse_to_overwrite_an_input)
 {
 	save_model("m.kir");
@@ -785,6 +812,7 @@ static Suite *cli_suite(void)
 	tcase_add_test(opt, opt_runs_passes_and_dumps_to_stderr);
 	tcase_add_test(opt, opt_rejects_an_unknown_pass_listing_the_known_ones);
 	tcase_add_test(files, compile_refuses_to_overwrite_its_model);
+	tcase_add_test(files, compile_outputs_get_the_umask_permissions);
 	tcase_add_test(files, opt_export_and_run_refuse_to_overwrite_an_input);
 	tcase_add_test(files, train_refuses_outputs_that_are_its_data);
 	tcase_add_test(files, train_log_on_a_full_disk_fails);
