@@ -17,7 +17,10 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -132,26 +135,107 @@ kiln_status rt_write_atomic(const char *path, const void *data, size_t n, kiln_e
 
 kiln_status rt_open_read(const char *path, int *fd, uint64_t *size, kiln_error *err)
 {
+	*fd = -1;
 	if (!path)
 		return rt_seterr(err, KILN_EINVAL, "read: path is NULL");
-	/* O_NONBLOCK: opening a FIFO must not hang; it is rejected below. */
-	*fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-	if (*fd < 0)
+	/* O_NONBLOCK: opening a FIFO or a device must not hang; such files are
+	 * refused below, and a regular file gets blocking reads back. */
+	int f = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+	if (f < 0)
 		return ioerr(err, path, "cannot open", errno);
 	struct stat st;
-	if (fstat(*fd, &st) < 0) {
+	int flags;
+	if (fstat(f, &st) < 0 || (S_ISREG(st.st_mode) &&
+	                          ((flags = fcntl(f, F_GETFL)) < 0 ||
+	                           fcntl(f, F_SETFL, flags & ~O_NONBLOCK) < 0))) {
 		int e = errno;
-		close(*fd);
-		*fd = -1;
+		close(f);
 		return ioerr(err, path, "cannot stat", e);
 	}
 	if (!S_ISREG(st.st_mode)) {
-		close(*fd);
-		*fd = -1;
-		return rt_seterr(err, KILN_EIO, "%s: not a regular file", path);
+		close(f);
+		return rt_seterr(err, KILN_EIO, "%s: not a regular file (a %s)", path,
+		                 S_ISFIFO(st.st_mode)  ? "FIFO"
+		                 : S_ISDIR(st.st_mode) ? "directory"
+		                 : S_ISSOCK(st.st_mode) ? "socket"
+		                                        : "device");
 	}
+	*fd = f;
 	*size = (uint64_t)st.st_size;
 	return KILN_OK;
+}
+
+kiln_status rt_read_file(const char *path, uint64_t max, void **data, size_t *size,
+                         kiln_error *err)
+{
+	*data = NULL;
+	*size = 0;
+	int fd;
+	uint64_t n;
+	kiln_status st = rt_open_read(path, &fd, &n, err);
+	if (st != KILN_OK)
+		return st;
+	char *buf = NULL;
+	if (n > max || n > SIZE_MAX - 1)
+		st = rt_seterr(err, KILN_EIO, "%s: file too large (%llu bytes; at most %llu)", path,
+		               (unsigned long long)n, (unsigned long long)max);
+	else if (!(buf = malloc((size_t)n + 1)))
+		st = rt_seterr(err, KILN_ENOMEM, "%s: out of memory", path);
+	else if ((st = rt_pread(fd, buf, (size_t)n, 0, path, err)) == KILN_OK)
+		buf[n] = 0;
+	close(fd);
+	if (st != KILN_OK) {
+		free(buf);
+		return st;
+	}
+	*data = buf;
+	*size = (size_t)n;
+	return KILN_OK;
+}
+
+/* Whether rel, a relative path, has a ".." component. */
+static bool has_dotdot(const char *rel)
+{
+	for (const char *p = rel; *p;) {
+		size_t n = strcspn(p, "/");
+		if (n == 2 && p[0] == '.' && p[1] == '.')
+			return true;
+		p += n;
+		p += *p == '/';
+	}
+	return false;
+}
+
+kiln_status rt_open_read_in(const char *dir, const char *rel, int *fd, uint64_t *size,
+                            kiln_error *err)
+{
+	*fd = -1;
+	if (!dir || !rel || !*rel || rel[0] == '/' || has_dotdot(rel))
+		return rt_seterr(err, KILN_EINVAL, "'%s' must be a relative path inside the "
+		                 "folder '%s', without '..'", rel ? rel : "", dir ? dir : "");
+	size_t n = strlen(dir) + strlen(rel) + 2;
+	char *joined = malloc(n), *rdir = NULL, *rfile = NULL;
+	kiln_status st = KILN_OK;
+	if (!joined)
+		return rt_seterr(err, KILN_ENOMEM, "out of memory");
+	snprintf(joined, n, "%s/%s", dir, rel);
+	/* Links are resolved on both sides: a symlink inside the folder may
+	 * point at another file inside it, never outside. */
+	if (!(rdir = realpath(dir, NULL)))
+		st = ioerr(err, dir, "cannot resolve the folder", errno);
+	else if (!(rfile = realpath(joined, NULL)))
+		st = ioerr(err, joined, "cannot open", errno);
+	else {
+		size_t k = strlen(rdir);
+		bool root = k == 1 && rdir[0] == '/';
+		if (!root && (strncmp(rfile, rdir, k) != 0 || rfile[k] != '/'))
+			st = rt_seterr(err, KILN_EINVAL, "%s: resolves to '%s', outside the folder "
+			               "'%s' (a symbolic link?); refused", joined, rfile, rdir);
+	}
+	if (st == KILN_OK)
+		st = rt_open_read(rfile, fd, size, err);
+	free(joined), free(rdir), free(rfile);
+	return st;
 }
 
 kiln_status rt_pread(int fd, void *buf, size_t n, uint64_t off, const char *path,

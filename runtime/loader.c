@@ -22,6 +22,7 @@
 #include <dlfcn.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "rt.h"
 #include "runtime/model.h"
@@ -104,13 +105,23 @@ KILN_API kiln_status kiln_load(const char *path, kiln_model **out, kiln_error *e
 	kiln_model *m = calloc(1, sizeof *m);
 	if (!m)
 		return rt_seterr(err, KILN_ENOMEM, "%s: out of memory", path);
+	/* dlopen would wait forever on a FIFO: only a regular file gets that far */
+	int fd;
+	uint64_t size;
+	kiln_error e = {0};
+	kiln_status st = rt_open_read(path, &fd, &size, &e);
+	if (st != KILN_OK) {
+		free(m);
+		return rt_seterr(err, st, "cannot load '%s': %s", path, e.msg);
+	}
+	close(fd);
 	dlerror();
 	if (!(m->dl = open_lib(path))) {
 		const char *why = dlerror();
 		free(m);
 		return rt_seterr(err, KILN_EIO, "cannot load '%s': %s", path, why ? why : "dlopen failed");
 	}
-	kiln_status st = attach(m, path, err);
+	st = attach(m, path, err);
 	if (st != KILN_OK) {
 		kiln_model_free(m);
 		return st;

@@ -55,8 +55,20 @@ kiln_status rt_write_atomic(const char *path, const void *data, size_t n, kiln_e
 kiln_status rt_write_atomicv(const char *path, const rt_chunk *chunks, int nchunks,
                              kiln_error *err);
 
-/* Opens a regular file for reading and reports its size. */
+/* Opens a regular file for reading and reports its size.  Every reader of
+ * an input file goes through here: the open does not block (a FIFO or a
+ * device given as input is refused at once, not waited on), and anything
+ * but a regular file is refused. */
 kiln_status rt_open_read(const char *path, int *fd, uint64_t *size, kiln_error *err);
+/* The whole file (at most max bytes) in a malloc'd buffer with a NUL after
+ * its last byte. */
+kiln_status rt_read_file(const char *path, uint64_t max, void **data, size_t *size,
+                         kiln_error *err);
+/* rt_open_read of dir/rel, where rel must stay inside dir: no absolute
+ * path, no ".." component, and its real path (symbolic links resolved)
+ * must lie under dir's real path. */
+kiln_status rt_open_read_in(const char *dir, const char *rel, int *fd, uint64_t *size,
+                            kiln_error *err);
 /* Reads exactly n bytes at off; a short read (the file shrank) is KILN_EIO. */
 kiln_status rt_pread(int fd, void *buf, size_t n, uint64_t off, const char *path,
                      kiln_error *err);

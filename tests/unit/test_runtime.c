@@ -771,6 +771,58 @@ START_TEST(npy_missing_file_or_directory_is_eio)
 }
 END_TEST
 
+static void fifo_alarm(int sig)
+{
+	(void)sig;
+	static const char msg[] = "a reader blocked on a FIFO\n";
+	ssize_t r = write(2, msg, sizeof msg - 1);
+	(void)r;
+	_exit(3);
+}
+
+/* Every reader refuses a FIFO at once instead of waiting for a writer
+ * (the alarm fails the test rather than let it hang): .npy, safetensors,
+ * .kir, a .kir's weights file and a model library. */
+START_TEST(readers_refuse_a_fifo_without_blocking)
+{
+	signal(SIGALRM, fifo_alarm);
+	alarm(10);
+	kiln_error err = {0};
+	kiln_tensor *t = NULL;
+	kiln_tensor_set *s = NULL;
+	kiln_graph *g = NULL;
+	kiln_model *m = NULL;
+	const char *names[] = {"a.npy", "a.safetensors", "a.kir", "a.so"};
+	for (int i = 0; i < 4; i++) {
+		const char *p = tpath(names[i]);
+		ck_assert_int_eq(mkfifo(p, 0644), 0);
+		kiln_status st = i == 0 ? kiln_npy_read(p, &t, &err)
+		                 : i == 1 ? kiln_safetensors_read(p, &s, &err)
+		                 : i == 2 ? kiln_graph_load(p, &g, &err)
+		                          : kiln_load(p, &m, &err);
+		ck_assert_int_eq(st, KILN_EIO);
+		ck_assert_msg(strstr(err.msg, p) && strstr(err.msg, "not a regular file (a FIFO)"),
+		              "%s: %s", names[i], err.msg);
+	}
+	/* a .kir whose weights file is a FIFO */
+	const char *kir = tpath("b.kir");
+	FILE *f = fopen(kir, "w");
+	ck_assert_ptr_nonnull(f);
+	fputs("graph @b(%x: f32[2]) -> (%y: f32[2]) {\n  param %w: f32[2]\n"
+	      "  %y = add %x, %w : f32[2]\n  ret %y\n}\n", f);
+	fclose(f);
+	ck_assert_int_eq(mkfifo(tpath("b.safetensors"), 0644), 0);
+	ck_assert_int_eq(kiln_graph_load(kir, &g, &err), KILN_EIO);
+	ck_assert_msg(strstr(err.msg, "b.safetensors") && strstr(err.msg, "FIFO"), "%s", err.msg);
+	ck_assert_ptr_null(t);
+	ck_assert_ptr_null(s);
+	ck_assert_ptr_null(g);
+	ck_assert_ptr_null(m);
+	alarm(0);
+	signal(SIGALRM, SIG_DFL);
+}
+END_TEST
+
 /* ---- safetensors: round trips and the library's layout ------------------ */
 
 static kiln_tensor_set *sample_set(void)
@@ -1389,6 +1441,7 @@ static Suite *runtime_suite(void)
 	tcase_add_test(tc, npy_rejects_unknown_version);
 	tcase_add_test(tc, npy_reads_nonzero_bool_bytes_as_true);
 	tcase_add_test(tc, npy_missing_file_or_directory_is_eio);
+	tcase_add_test(tc, readers_refuse_a_fifo_without_blocking);
 	suite_add_tcase(s, tc);
 
 	tc = tcase("safetensors_roundtrip");
