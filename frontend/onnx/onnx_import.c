@@ -22,7 +22,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
-#include <sys/stat.h>
 
 #include "frontend/onnx/onnx.h"
 #include "runtime/rt.h"
@@ -798,30 +797,15 @@ static kiln_status import_mem(const void *data, size_t size, const kiln_onnx_opt
 	return st;
 }
 
-/* The whole file, bounded by protobuf's 2 GiB message limit. */
+/* The whole file, bounded by protobuf's 2 GiB message limit; a FIFO or
+ * anything else but a regular file is refused without waiting on it. */
 static kiln_status slurp(const char *path, void **data, size_t *size, kiln_error *err)
 {
-	FILE *f = fopen(path, "rb");
-	struct stat sb;
-	*data = NULL;
-	if (!f || fstat(fileno(f), &sb) || !S_ISREG(sb.st_mode) ||
-	    (size_t)sb.st_size > MAX_MODEL_BYTES) {
-		kiln_status st = ir_seterr(err, KILN_EIO, "%s: cannot read: %s", path,
-		                           !f ? strerror(errno) : "not a regular file under 2 GiB");
-		if (f)
-			fclose(f);
-		return st;
-	}
-	*size = (size_t)sb.st_size;
-	*data = malloc(*size + 1);
-	bool ok = *data && fread(*data, 1, *size, f) == *size;
-	fclose(f);
-	if (!ok) {
-		free(*data);
-		*data = NULL;
-		return ir_seterr(err, KILN_EIO, "%s: read failed", path);
-	}
-	return KILN_OK;
+	kiln_error e = {0};
+	kiln_status st = rt_read_file(path, MAX_MODEL_BYTES, data, size, &e);
+	size_t n = strlen(path);
+	const char *why = strncmp(e.msg, path, n) == 0 && e.msg[n] == ':' ? e.msg + n + 2 : e.msg;
+	return st ? ir_seterr(err, st, "%s: cannot read: %s", path, why) : KILN_OK;
 }
 
 /* Reads o->path; external data defaults to the file's folder. */

@@ -9,13 +9,13 @@
  * allocated, so a hostile shape cannot make the importer allocate more
  * than the file holds.
  */
-#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
+#include <unistd.h>
 
 #include "frontend/onnx/onnx.h"
+#include "runtime/rt.h"
 
 /* ---- dtypes --------------------------------------------------------------- */
 
@@ -82,18 +82,19 @@ static kiln_status tensor_numel(const Onnx__TensorProto *tp, int64_t *numel, kil
 	return KILN_OK;
 }
 
-/* external_data's location must stay inside dir: no '..', no absolute path. */
-static kiln_status external_path(const Onnx__TensorProto *tp, const char *dir, char *path,
-                                 size_t size, int64_t *off, int64_t *len, kiln_error *err)
+/* external_data's location, offset and length; the location is checked
+ * against the model's folder when the file is opened (rt_open_read_in). */
+static kiln_status external_ref(const Onnx__TensorProto *tp, const char *dir, const char **loc,
+                                int64_t *off, int64_t *len, kiln_error *err)
 {
-	const char *loc = NULL;
+	*loc = NULL;
 	*off = 0, *len = -1;
 	for (size_t i = 0; i < tp->n_external_data; i++) {
 		const Onnx__StringStringEntryProto *e = tp->external_data[i];
 		if (!e->key || !e->value)
 			continue;
 		if (!strcmp(e->key, "location"))
-			loc = e->value;
+			*loc = e->value;
 		else if (!strcmp(e->key, "offset"))
 			*off = strtoll(e->value, NULL, 10);
 		else if (!strcmp(e->key, "length"))
@@ -102,46 +103,42 @@ static kiln_status external_path(const Onnx__TensorProto *tp, const char *dir, c
 	if (!dir)
 		return ir_seterr(err, KILN_EUNSUPPORTED, "tensor '%s': external data needs the "
 		                 "model's folder (import from a file)", tname(tp));
-	if (!loc || !*loc || loc[0] == '/' || strstr(loc, ".."))
+	if (!*loc || !**loc || (*loc)[0] == '/' || strstr(*loc, ".."))
 		return ir_seterr(err, KILN_EINVAL, "tensor '%s': external data location '%s' must "
 		                 "be a relative path inside the model's folder", tname(tp),
-		                 loc ? loc : "");
+		                 *loc ? *loc : "");
 	if (*off < 0 || *len < -1)
 		return ir_seterr(err, KILN_EINVAL, "tensor '%s': negative external data offset or "
 		                 "length", tname(tp));
-	if ((size_t)snprintf(path, size, "%s/%s", dir, loc) >= size)
-		return ir_seterr(err, KILN_EINVAL, "tensor '%s': external data path too long",
-		                 tname(tp));
 	return KILN_OK;
 }
 
+/* Reads the tensor's bytes from its external file, which must be a regular
+ * file whose real path (symbolic links resolved) lies inside dir's. */
 static kiln_status read_external(const Onnx__TensorProto *tp, const char *dir, size_t nbytes,
                                  kiln_tensor *t, kiln_error *err)
 {
-	char path[4096];
+	const char *loc;
 	int64_t off, len;
-	kiln_status st = external_path(tp, dir, path, sizeof path, &off, &len, err);
+	kiln_status st = external_ref(tp, dir, &loc, &off, &len, err);
 	if (st)
 		return st;
 	if (len >= 0 && (uint64_t)len != nbytes)
 		return ir_seterr(err, KILN_EPARSE, "tensor '%s': external length %lld, but its "
 		                 "shape needs %zu bytes", tname(tp), (long long)len, nbytes);
-	FILE *f = fopen(path, "rb");
-	struct stat sb;
-	if (!f || fstat(fileno(f), &sb) || !S_ISREG(sb.st_mode)) {
-		if (f)
-			fclose(f);
-		return ir_seterr(err, KILN_EIO, "tensor '%s': cannot read external data '%s': %s",
-		                 tname(tp), path, f ? "not a regular file" : strerror(errno));
-	}
-	bool fits = (uint64_t)off <= (uint64_t)sb.st_size &&
-	            nbytes <= (uint64_t)sb.st_size - (uint64_t)off;
-	bool ok = fits && fseeko(f, off, SEEK_SET) == 0 && fread(t->data, 1, nbytes, f) == nbytes;
-	fclose(f);
-	if (!ok)
-		return ir_seterr(err, KILN_EIO, "tensor '%s': external data '%s' has no %zu bytes "
-		                 "at offset %lld", tname(tp), path, nbytes, (long long)off);
-	return KILN_OK;
+	int fd;
+	uint64_t size;
+	kiln_error e = {0};
+	if ((st = rt_open_read_in(dir, loc, &fd, &size, &e)) != KILN_OK)
+		return ir_seterr(err, st, "tensor '%s': cannot read external data: %s", tname(tp),
+		                 e.msg);
+	if ((uint64_t)off > size || nbytes > size - (uint64_t)off)
+		st = ir_seterr(err, KILN_EIO, "tensor '%s': external data '%s/%s' has no %zu bytes "
+		               "at offset %lld", tname(tp), dir, loc, nbytes, (long long)off);
+	else if ((st = rt_pread(fd, t->data, nbytes, (uint64_t)off, loc, &e)) != KILN_OK)
+		st = ir_seterr(err, st, "tensor '%s': %s", tname(tp), e.msg);
+	close(fd);
+	return st;
 }
 
 /* The typed field holding this dtype's data, as (count, pointer, width). */

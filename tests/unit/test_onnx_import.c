@@ -9,7 +9,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
 #include <sys/stat.h>
+#include <unistd.h>
 #include <sys/wait.h>
 
 #include "frontend/onnx/onnx.h"
@@ -513,9 +515,11 @@ END_TEST
 /* ---- initializers ------------------------------------------------------------ */
 
 /* y = x + w with w in float_data or raw_data: the same param. */
-static kiln_graph *add_model(bool raw, const char *ext_location)
+static const float add_w[4] = {0.5f, -1.0f, 2.25f, 3.0f};
+
+static Onnx__ModelProto *add_proto(bool raw, const char *ext_location)
 {
-	static const float w[4] = {0.5f, -1.0f, 2.25f, 3.0f};
+	const float *w = add_w;
 	Onnx__ModelProto *m = model(13);
 	input(m, "x", F32, "4");
 	Onnx__TensorProto *t = tensor("w", F32, 1, (int64_t[]){4});
@@ -527,32 +531,47 @@ static kiln_graph *add_model(bool raw, const char *ext_location)
 		t->has_data_location = 1;
 		t->data_location = ONNX__TENSOR_PROTO__DATA_LOCATION__EXTERNAL;
 	} else if (raw) {
-		t->has_raw_data = 1, t->raw_data.len = sizeof w;
-		t->raw_data.data = memcpy(A(sizeof w), w, sizeof w);
+		t->has_raw_data = 1, t->raw_data.len = sizeof add_w;
+		t->raw_data.data = memcpy(A(sizeof add_w), w, sizeof add_w);
 	} else {
-		t->n_float_data = 4, t->float_data = memcpy(A(sizeof w), w, sizeof w);
+		t->n_float_data = 4, t->float_data = memcpy(A(sizeof add_w), w, sizeof add_w);
 	}
 	PUSH(m->graph->initializer, m->graph->n_initializer, t);
 	node(m, "Add", "x,w", "y", NULL);
 	output(m, "y");
-	if (!ext_location)
-		return import_ok(m);
-	/* external data needs a file next to the model */
-	char dir[512], path[600];
-	snprintf(dir, sizeof dir, "%s/onnx_import_test", KILN_BIN);
+	return m;
+}
+
+/* Writes dir/model.onnx (w's data external, at ext_location) and dir/w.bin. */
+static void write_ext_model(const char *dir, const char *ext_location)
+{
+	Onnx__ModelProto *m = add_proto(false, ext_location);
+	char path[600];
 	mkdir(dir, 0755);
 	snprintf(path, sizeof path, "%s/w.bin", dir);
 	FILE *f = fopen(path, "wb");
 	ck_assert_ptr_nonnull(f);
-	fwrite(w, sizeof w, 1, f);
+	fwrite(add_w, sizeof add_w, 1, f);
 	fclose(f);
 	snprintf(path, sizeof path, "%s/model.onnx", dir);
 	size_t n = onnx__model_proto__get_packed_size(m);
 	uint8_t *buf = A(n);
 	onnx__model_proto__pack(m, buf);
 	f = fopen(path, "wb");
+	ck_assert_ptr_nonnull(f);
 	fwrite(buf, n, 1, f);
 	fclose(f);
+}
+
+static kiln_graph *add_model(bool raw, const char *ext_location)
+{
+	if (!ext_location)
+		return import_ok(add_proto(raw, NULL));
+	/* external data needs a file next to the model */
+	char dir[512], path[600];
+	snprintf(dir, sizeof dir, "%s/onnx_import_test", KILN_BIN);
+	write_ext_model(dir, ext_location);
+	snprintf(path, sizeof path, "%s/model.onnx", dir);
 	kiln_graph *g = NULL;
 	kiln_error err = {0};
 	kiln_onnx_import(path, &g, &err);
@@ -592,6 +611,124 @@ START_TEST(external_data_outside_the_model_folder_is_refused)
 {
 	ck_assert_ptr_null(add_model(false, "../w.bin"));
 	ck_assert_ptr_null(add_model(false, "/etc/passwd"));
+	pool_free();
+}
+END_TEST
+
+/* A scratch folder holding a model whose external data is at loc, and
+ * what importing it gave. */
+static char ext_dir[64];
+
+static kiln_status import_ext(const char *loc, kiln_graph **g, kiln_error *err)
+{
+	char path[128];
+	snprintf(path, sizeof path, "%s/model.onnx", ext_dir);
+	write_ext_model(ext_dir, loc);
+	return kiln_onnx_import(path, g, err);
+}
+
+static void ext_setup(void)
+{
+	strcpy(ext_dir, "/tmp/kiln_ext_XXXXXX");
+	ck_assert_ptr_nonnull(mkdtemp(ext_dir));
+}
+
+static void ext_teardown(void)
+{
+	char cmd[128];
+	snprintf(cmd, sizeof cmd, "rm -rf '%s'", ext_dir);
+	ck_assert_int_eq(system(cmd), 0);
+}
+
+/* A symbolic link in the model's folder to a file outside it is refused,
+ * whatever the file holds (it used to be read as the weights). */
+START_TEST(external_data_symlink_out_of_the_folder_is_refused)
+{
+	char sub[96], out[128], link[128];
+	FILE *f;
+	snprintf(out, sizeof out, "%s/secret.bin", ext_dir);
+	ck_assert_ptr_nonnull(f = fopen(out, "wb"));
+	fwrite(add_w, sizeof add_w, 1, f);
+	fclose(f);
+	snprintf(sub, sizeof sub, "%s/model", ext_dir);
+	mkdir(sub, 0755);
+	snprintf(link, sizeof link, "%s/link.bin", sub);
+	ck_assert_int_eq(symlink(out, link), 0);
+	char saved[sizeof ext_dir];
+	strcpy(saved, ext_dir);
+	strcpy(ext_dir, sub);
+	kiln_graph *g = NULL;
+	kiln_error err = {0};
+	ck_assert_int_eq(import_ext("link.bin", &g, &err), KILN_EINVAL);
+	ck_assert_ptr_null(g);
+	ck_assert_msg(strstr(err.msg, "tensor 'w'") && strstr(err.msg, "outside the folder") &&
+	              strstr(err.msg, "secret.bin"), "%s", err.msg);
+	/* a link to a folder outside is no way round it */
+	snprintf(link, sizeof link, "%s/up", sub);
+	ck_assert_int_eq(symlink(saved, link), 0);
+	ck_assert_int_eq(import_ext("up/secret.bin", &g, &err), KILN_EINVAL);
+	ck_assert_msg(strstr(err.msg, "outside the folder"), "%s", err.msg);
+	/* nor a link to /etc/passwd */
+	snprintf(link, sizeof link, "%s/passwd.bin", sub);
+	ck_assert_int_eq(symlink("/etc/passwd", link), 0);
+	ck_assert_int_eq(import_ext("passwd.bin", &g, &err), KILN_EINVAL);
+	ck_assert_msg(strstr(err.msg, "outside the folder"), "%s", err.msg);
+	strcpy(ext_dir, saved);
+	pool_free();
+}
+END_TEST
+
+/* A link that stays inside the folder is followed. */
+START_TEST(external_data_symlink_inside_the_folder_is_read)
+{
+	char link[128];
+	snprintf(link, sizeof link, "%s/link.bin", ext_dir);
+	ck_assert_int_eq(symlink("w.bin", link), 0);
+	kiln_graph *g = NULL;
+	kiln_error err = {0};
+	ck_assert_msg(import_ext("link.bin", &g, &err) == KILN_OK, "%s", err.msg);
+	assert_w(g);
+	pool_free();
+}
+END_TEST
+
+static void on_alarm(int sig)
+{
+	(void)sig;
+	static const char msg[] = "a FIFO made the importer hang\n";
+	ssize_t r = write(2, msg, sizeof msg - 1);
+	(void)r;
+	_exit(3);
+}
+
+/* A FIFO as the model or as its external data is refused at once; the
+ * alarm fails the test instead of letting it hang. */
+START_TEST(fifos_are_refused_without_blocking)
+{
+	signal(SIGALRM, on_alarm);
+	alarm(10);
+	char fifo[128], path[128];
+	snprintf(fifo, sizeof fifo, "%s/fifo.bin", ext_dir);
+	ck_assert_int_eq(mkfifo(fifo, 0644), 0);
+	kiln_graph *g = NULL;
+	kiln_error err = {0};
+	ck_assert_int_eq(import_ext("fifo.bin", &g, &err), KILN_EIO);
+	ck_assert_msg(strstr(err.msg, "tensor 'w'") && strstr(err.msg, "not a regular file (a FIFO)"),
+	              "%s", err.msg);
+	ck_assert_ptr_null(g);
+	snprintf(path, sizeof path, "%s/fifo.onnx", ext_dir);
+	ck_assert_int_eq(mkfifo(path, 0644), 0);
+	ck_assert_int_eq(kiln_onnx_import(path, &g, &err), KILN_EIO);
+	ck_assert_msg(strstr(err.msg, "fifo.onnx: cannot read") && strstr(err.msg, "FIFO"), "%s",
+	              err.msg);
+	ck_assert_ptr_null(g);
+	/* a folder is not data either */
+	snprintf(path, sizeof path, "%s/sub", ext_dir);
+	mkdir(path, 0755);
+	ck_assert_int_eq(import_ext("sub", &g, &err), KILN_EIO);
+	ck_assert_msg(strstr(err.msg, "directory"), "%s", err.msg);
+	alarm(0);
+	signal(SIGALRM, SIG_DFL);
 	pool_free();
 }
 END_TEST
@@ -894,6 +1031,12 @@ static Suite *onnx_import_suite(void)
 	tcase_add_test(t, external_data_is_read_next_to_the_model);
 	tcase_add_test(t, external_data_outside_the_model_folder_is_refused);
 	tcase_add_test(t, raw_data_of_the_wrong_size_is_an_error);
+	suite_add_tcase(s, t);
+	t = tcase_create("external files");
+	tcase_add_checked_fixture(t, ext_setup, ext_teardown);
+	tcase_add_test(t, external_data_symlink_out_of_the_folder_is_refused);
+	tcase_add_test(t, external_data_symlink_inside_the_folder_is_read);
+	tcase_add_test(t, fifos_are_refused_without_blocking);
 	suite_add_tcase(s, t);
 	t = tcase_create("folding");
 	tcase_add_test(t, shape_gather_concat_reshape_chain_folds);
