@@ -105,6 +105,32 @@ uint32_t pass_gbcast(kiln_graph *g, kiln_loc loc, uint32_t v, uint32_t like)
 	return kiln_where_at(g, loc, kiln_equal_at(g, loc, like, like), v, v);
 }
 
+/* The number of elements of x over the axes in mask[], as a scalar of x's
+ * dtype: a constant when those dims are fixed, else the fixed part times
+ * the symbolic dims read from Shape(x) when the graph runs, so a mean over
+ * a symbolic batch differentiates in the interpreter and in compiled code
+ * alike (Shape, Gather and Cast are ordinary ops on both). */
+uint32_t pass_gcount(kiln_graph *g, kiln_loc loc, uint32_t x, const bool *mask)
+{
+	const ir_type *xt = pass_gtype(g, x);
+	double fixed = 1;
+	uint32_t shp = 0, cnt = 0;
+	for (int d = 0; d < xt->rank; d++) {
+		if (!mask[d])
+			continue;
+		if (xt->dim[d] >= 0) {
+			fixed *= (double)xt->dim[d];
+			continue;
+		}
+		if (!shp)
+			shp = kiln_cast_at(g, loc, kiln_shape_of_at(g, loc, x), xt->dtype);
+		uint32_t dim = kiln_gather_at(g, loc, shp, kiln_scalar_at(g, loc, KILN_I64, d), 0);
+		cnt = cnt ? kiln_mul_at(g, loc, cnt, dim) : dim;
+	}
+	uint32_t k = kiln_scalar_at(g, loc, xt->dtype, fixed);
+	return !cnt ? k : fixed == 1 ? cnt : kiln_mul_at(g, loc, cnt, k);
+}
+
 /* Sum (or mean) over mask[] of x reduced to dy: dy gets its reduced axes
  * back as 1s, is divided by the count for a mean, then broadcast to x. */
 uint32_t pass_greduce_back(kiln_graph *g, kiln_loc loc, uint32_t dy, uint32_t x,
@@ -113,22 +139,15 @@ uint32_t pass_greduce_back(kiln_graph *g, kiln_loc loc, uint32_t dy, uint32_t x,
 	if (!dy || g->status != KILN_OK)
 		return 0;
 	const ir_type *xt = pass_gtype(g, x);
-	int64_t axes[KILN_MAX_RANK], count = 1;
+	int64_t axes[KILN_MAX_RANK];
 	int na = 0;
 	for (int d = 0; d < xt->rank; d++)
-		if (mask[d]) {
+		if (mask[d])
 			axes[na++] = d;
-			count = xt->dim[d] >= 0 && count >= 0 ? count * xt->dim[d] : -1;
-		}
 	if (!keepdims && na)
 		dy = kiln_unsqueeze_at(g, loc, dy, na, axes);
-	if (mean && count < 0) {
-		ir_errorf_at(g, loc, KILN_EUNSUPPORTED, "gradient: mean over symbolic dims of %s",
-		             ir_type_str(g, xt, (char[128]){0}, 128));
-		return 0;
-	}
 	if (mean)
-		dy = kiln_div_at(g, loc, dy, kiln_scalar_at(g, loc, xt->dtype, (double)count));
+		dy = kiln_div_at(g, loc, dy, pass_gcount(g, loc, x, mask));
 	return pass_gbcast(g, loc, dy, x);
 }
 

@@ -98,6 +98,9 @@ const ir_type *pass_gtype(const kiln_graph *g, uint32_t v);
 uint32_t pass_gconst(kiln_graph *g, kiln_loc loc, kiln_tensor *t); /* frees t */
 uint32_t pass_greshape(kiln_graph *g, kiln_loc loc, uint32_t v, const ir_type *to);
 uint32_t pass_gbcast(kiln_graph *g, kiln_loc loc, uint32_t v, uint32_t like);
+/* Elements of x over the axes in mask[], as a scalar of x's dtype; symbolic
+ * dims come from Shape(x) at run time. */
+uint32_t pass_gcount(kiln_graph *g, kiln_loc loc, uint32_t x, const bool *mask);
 /* Gradient of a sum (mean) over the axes in mask[] of x: dy broadcast back. */
 uint32_t pass_greduce_back(kiln_graph *g, kiln_loc loc, uint32_t dy, uint32_t x,
                            const bool *mask, bool keepdims, bool mean);

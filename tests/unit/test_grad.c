@@ -353,6 +353,56 @@ START_TEST(sum_and_mean_match_with_keepdims_0_and_1)
 }
 END_TEST
 
+/* f64 input declared with dims sym (symbolic entries allowed), fed data of
+ * the fixed dims, uniform in [lo, hi) */
+static kiln_value uni_sym(const char *name, int rank, const int64_t *sym, const int64_t *dims,
+                          double lo, double hi)
+{
+	kiln_value v = kiln_input(g, name, KILN_F64, rank, sym);
+	ck_assert_msg(v, "%s", kiln_graph_errmsg(g));
+	kiln_tensor *t = data[ndata++] = kiln_tensor_new(KILN_F64, rank, dims);
+	ck_assert_ptr_nonnull(t);
+	for (int64_t i = 0; i < kiln_tensor_numel(t); i++)
+		ir_store(t, i, lo + (hi - lo) * urand());
+	return v;
+}
+
+/* The count a mean divides by comes from the symbolic dims when the graph
+ * runs (it used to be "gradient: mean over symbolic dims"): checked for
+ * two batch sizes, mixed with fixed dims, and exactly 1/n for mean(x). */
+START_TEST(mean_over_a_symbolic_batch_matches_finite_differences)
+{
+	for (int64_t n = 1; n <= 5; n += 4) {
+		teardown(), setup();
+		int64_t N = kiln_sym(g, "N");
+		kiln_value x = uni_sym("x", 2, D(N, 3), D(n, 3), -1, 1);
+		gradcheck(kiln_reduce_mean(g, kiln_mul(g, x, x), 0, NULL, false));
+		teardown(), setup();
+		N = kiln_sym(g, "N");
+		x = uni_sym("x", 3, D(N, 3, 4), D(n, 3, 4), -1, 1);
+		gradcheck(kiln_reduce_mean(g, x, 2, D(0, 2), false));
+		teardown(), setup();
+		N = kiln_sym(g, "N");
+		int64_t M = kiln_sym(g, "M");
+		x = uni_sym("x", 3, D(N, 2, M), D(n, 2, 6 - n), -1, 1);
+		gradcheck(kiln_reduce_mean(g, kiln_mul(g, x, x), 2, D(2, 0), true));
+		/* d mean(x) / dx = 1/(3n) exactly, with n known only at run time */
+		teardown(), setup();
+		N = kiln_sym(g, "N");
+		x = uni_sym("x", 2, D(N, 3), D(n, 3), -1, 1);
+		kiln_value y = kiln_reduce_mean(g, x, 0, NULL, false), dx;
+		ck_assert_msg(kiln_grad(g, y, 1, &x, &dx) == KILN_OK, "%s", kiln_graph_errmsg(g));
+		kiln_output(g, "y", y);
+		kiln_output(g, "dx", dx);
+		kiln_error err;
+		ck_assert_msg(kiln_graph_run(g, data, 1, outs, 2, &err) == KILN_OK, "%s", err.msg);
+		ck_assert_int_eq(kiln_tensor_numel(outs[1]), 3 * n);
+		for (int64_t i = 0; i < 3 * n; i++)
+			ck_assert_double_eq(ir_load(outs[1], i), 1.0 / (double)(3 * n));
+	}
+}
+END_TEST
+
 START_TEST(max_and_min_reductions_route_to_the_extreme)
 {
 	for (int keep = 0; keep < 2; keep++) {
@@ -732,6 +782,25 @@ START_TEST(dsl_losses_match_finite_differences)
 }
 END_TEST
 
+/* Every mean-reduced DSL loss over a symbolic batch, as `kiln train` traces
+ * them, for two batch sizes. */
+START_TEST(mean_losses_over_a_symbolic_batch_match_finite_differences)
+{
+	for (int64_t n = 2; n <= 5; n += 3) {
+		for (int k = 0; k < 4; k++) {
+			teardown(), setup();
+			int64_t N = kiln_sym(g, "N");
+			kiln_value p = uni_sym("p", 2, D(N, 3), D(n, 3), -2, 2);
+			kiln_value t = uni_sym("t", 2, D(N, 3), D(n, 3), k == 3 ? 0 : -2, k == 3 ? 1 : 2);
+			gradcheck(k == 0   ? kiln_mse_loss(g, p, t, "mean")
+			          : k == 1 ? kiln_l1_loss(g, p, t, "mean")
+			          : k == 2 ? kiln_smooth_l1_loss(g, p, t, "mean", 1.0)
+			                   : kiln_bce_with_logits(g, p, t, KILN_NONE, KILN_NONE, "mean"));
+		}
+	}
+}
+END_TEST
+
 /* ---- the driver ------------------------------------------------------------------------ */
 
 START_TEST(every_differentiable_op_has_a_rule)
@@ -932,6 +1001,8 @@ static Suite *grad_suite(void)
 		            values_off_the_loss_path_get_no_gradient_nodes,
 		            broadcast_gradients_sum_back_to_the_operand_shape,
 		            symbolic_batch_dims_differentiate,
+		            mean_over_a_symbolic_batch_matches_finite_differences,
+		            mean_losses_over_a_symbolic_batch_match_finite_differences,
 		            grad_params_refuses_a_short_array_and_says_how_many,
 		            grad_rejects_a_loss_that_is_not_a_scalar, grad_rejects_integer_wrt_values,
 		            gradient_graph_round_trips_through_kir}},
