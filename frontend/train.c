@@ -32,6 +32,7 @@
 
 #include "frontend/frontend.h"
 #include "passes/passes.h"
+#include "runtime/model.h"
 
 #define HERE ir_graph_loc(g) /* the model's place, never this file: messages name the user's */
 
@@ -590,17 +591,6 @@ KILN_API kiln_status kiln_trainer_save(const kiln_trainer *tr, const char *path,
 	return rc;
 }
 
-/* A counter from the file: an i64 scalar >= 0, or -1. */
-static int64_t counter(const kiln_tensor_set *s, const char *name)
-{
-	const kiln_tensor *t = kiln_tensor_set_get(s, name);
-	if (!t || t->dtype != KILN_I64 || t->rank != 0)
-		return -1;
-	int64_t v;
-	memcpy(&v, t->data, sizeof v);
-	return v < 0 ? -1 : v;
-}
-
 /* Checks a checkpoint against the trainer without changing anything. */
 static kiln_status check_ckpt(const kiln_trainer *tr, const kiln_tensor_set *s,
                               const char *path, kiln_error *err)
@@ -615,9 +605,10 @@ static kiln_status check_ckpt(const kiln_trainer *tr, const kiln_tensor_set *s,
 	if ((uint64_t)sum != checksum(s))
 		return ir_seterr(err, KILN_EPARSE, "checkpoint '%s': checksum mismatch, the file is "
 		                 "corrupt", path);
-	if (counter(s, CK_STEP) < 0 || counter(s, CK_MICRO) < 0)
-		return ir_seterr(err, KILN_EPARSE, "checkpoint '%s': " CK_STEP " and " CK_MICRO
-		                 " must be i64 scalars >= 0", path);
+	int64_t steps, micro;
+	kiln_status rc = rt_ckpt_counters(s, path, &steps, &micro, err);
+	if (rc)
+		return rc;
 	int nparam = 0;
 	for (uint32_t i = 1; i < g->nval; i++) {
 		const ir_value *v = g->val[i];
@@ -666,10 +657,8 @@ KILN_API kiln_status kiln_trainer_load(kiln_trainer *tr, const char *path, kiln_
 			memcpy(tr->g->val[p]->data->data, s->items[i].tensor->data,
 			       kiln_tensor_nbytes(s->items[i].tensor));
 	}
-	if (!rc) {
-		tr->steps = counter(s, CK_STEP);
-		tr->micro = counter(s, CK_MICRO);
-	}
+	if (!rc)
+		rt_ckpt_counters(s, path, &tr->steps, &tr->micro, NULL);
 	kiln_tensor_set_free(s);
 	return rc;
 }

@@ -195,5 +195,14 @@ kiln_status rt_train_load(rt_train *t, const char *path);
 kiln_tensor_set *rt_train_state(const rt_train *t);
 /* The checkpoint checksum: FNV-1a sums over every tensor but "__checksum__". */
 uint64_t rt_ckpt_checksum(const kiln_tensor_set *s);
+/* The largest step or micro-batch count a checkpoint may hold: the step
+ * graph takes steps + 1 as an f64, exact up to 2^53, and no run counts
+ * that far, so anything above is an edited or corrupt file. */
+#define RT_CKPT_MAX_COUNT ((int64_t)1 << 53)
+/* Reads "__step__" and "__micro__" from a checkpoint: i64 scalars in
+ * [0, RT_CKPT_MAX_COUNT] with steps <= micro, else a message naming the
+ * field and its value. */
+kiln_status rt_ckpt_counters(const kiln_tensor_set *s, const char *path, int64_t *steps,
+                             int64_t *micro, kiln_error *err);
 
 #endif /* KILN_RT_MODEL_H */

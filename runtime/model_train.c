@@ -365,15 +365,27 @@ kiln_status rt_train_save(rt_train *t, const char *path)
 	return st == KILN_OK ? st : fail(t, st, "%s", e.msg);
 }
 
-/* A counter from the file: an i64 scalar >= 0, or -1. */
-static int64_t counter(const kiln_tensor_set *s, const char *name)
+kiln_status rt_ckpt_counters(const kiln_tensor_set *s, const char *path, int64_t *steps,
+                             int64_t *micro, kiln_error *err)
 {
-	const kiln_tensor *t = kiln_tensor_set_get(s, name);
-	int64_t v;
-	if (!t || t->dtype != KILN_I64 || t->rank != 0)
-		return -1;
-	memcpy(&v, t->data, sizeof v);
-	return v < 0 ? -1 : v;
+	static const char *const names[2] = {CK_STEP, CK_MICRO};
+	int64_t v[2];
+	for (int i = 0; i < 2; i++) {
+		const kiln_tensor *t = kiln_tensor_set_get(s, names[i]);
+		if (!t || t->dtype != KILN_I64 || t->rank != 0)
+			return rt_seterr(err, KILN_EPARSE, "checkpoint '%s': %s must be an i64 scalar",
+			                 path, names[i]);
+		memcpy(&v[i], t->data, sizeof v[i]);
+		if (v[i] < 0 || v[i] > RT_CKPT_MAX_COUNT)
+			return rt_seterr(err, KILN_EPARSE, "checkpoint '%s': %s is %lld, outside "
+			                 "[0, 2^53]", path, names[i], (long long)v[i]);
+	}
+	if (v[0] > v[1])
+		return rt_seterr(err, KILN_EPARSE, "checkpoint '%s': " CK_STEP " is %lld but "
+		                 CK_MICRO " only %lld (every optimizer step takes a micro-batch)",
+		                 path, (long long)v[0], (long long)v[1]);
+	*steps = v[0], *micro = v[1];
+	return KILN_OK;
 }
 
 static bool same_shape(const kiln_tensor *a, const kiln_tensor *b)
@@ -403,9 +415,10 @@ static kiln_status check_ckpt(rt_train *t, const kiln_tensor_set *s, const char 
 	if (want != rt_ckpt_checksum(s))
 		return fail(t, KILN_EPARSE, "checkpoint '%s': checksum mismatch, the file is corrupt",
 		            path);
-	if (counter(s, CK_STEP) < 0 || counter(s, CK_MICRO) < 0)
-		return fail(t, KILN_EPARSE, "checkpoint '%s': " CK_STEP " and " CK_MICRO " must be "
-		            "i64 scalars >= 0", path);
+	int64_t steps, micro;
+	kiln_error e = {0};
+	if (rt_ckpt_counters(s, path, &steps, &micro, &e) != KILN_OK)
+		return fail(t, e.code, "%s", e.msg);
 	for (uint32_t i = 0; i < d->nstate; i++) {
 		const kiln_tensor *f = kiln_tensor_set_get(s, d->state[i].name);
 		kiln_tensor v = state_tensor(t, i);
@@ -444,10 +457,8 @@ kiln_status rt_train_load(rt_train *t, const char *path)
 		const kiln_tensor *f = kiln_tensor_set_get(s, t->d->step->state[i].name);
 		memcpy(t->state[i], f->data, kiln_tensor_nbytes(f));
 	}
-	if (st == KILN_OK) {
-		t->steps = counter(s, CK_STEP);
-		t->micro = counter(s, CK_MICRO);
-	}
+	if (st == KILN_OK)
+		rt_ckpt_counters(s, path, &t->steps, &t->micro, NULL);
 	kiln_tensor_set_free(s);
 	return st;
 }

@@ -705,9 +705,15 @@ static int resume(run *r)
 	    same(ck, "--accum", pos[POS_ACCUM], r->o->accum) ||
 	    same(ck, "training samples", pos[POS_NTRAIN], r->n))
 		return 1;
-	if (pos[POS_EPOCH] < 0 || pos[POS_BATCH] < 0 || pos[POS_BATCH] >= r->nb)
-		return fail(1, "cannot resume from '%s': bad position (epoch %lld, batch %lld)", ck,
-		            (long long)pos[POS_EPOCH], (long long)pos[POS_BATCH]);
+	/* the position must be where the trainer's own counters say the run
+	 * is: (epoch * batches + batch) steps, one optimizer update per --accum */
+	if (pos[POS_EPOCH] < 0 || pos[POS_BATCH] < 0 || pos[POS_BATCH] >= r->nb ||
+	    pos[POS_EPOCH] > (INT64_MAX - pos[POS_BATCH]) / r->nb ||
+	    (pos[POS_EPOCH] * r->nb + pos[POS_BATCH]) / r->o->accum != kiln_trainer_steps(r->tr))
+		return fail(1, "cannot resume from '%s': bad position (epoch %lld, batch %lld) for "
+		            "%lld batches per epoch and %lld optimizer steps taken", ck,
+		            (long long)pos[POS_EPOCH], (long long)pos[POS_BATCH], (long long)r->nb,
+		            (long long)kiln_trainer_steps(r->tr));
 	r->epoch = pos[POS_EPOCH], r->batch = pos[POS_BATCH];
 	r->last_ckpt = step_no(r);
 	if (!r->o->quiet)

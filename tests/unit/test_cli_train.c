@@ -8,7 +8,8 @@
  * Each run trains a few epochs on a learnable target, with a last partial
  * batch so the batch size changes between steps, and the test reads the
  * per-step CSV: every loss finite, the last epoch's mean loss well below
- * the first's.
+ * the first's.  A resume from a checkpoint whose position or counters were
+ * edited (checksum recomputed) must be refused with one message.
  */
 #include <check.h>
 #include <math.h>
@@ -20,6 +21,7 @@
 #include "check_main.h"
 #include "kiln/kiln.h"
 #include "tmpdir.h"
+#include "ckpt_edit.h"
 
 #define ROWS 60 /* batches of 16: the last one has 12 rows */
 #define EPOCHS 6
@@ -93,14 +95,14 @@ static void save_data(const char *loss)
 
 /* Runs `kiln train` in the scratch folder; returns the exit status and
  * leaves stderr in err.txt. */
-static int train(const char *loss, const char *optim, double lr)
+static int train(const char *loss, const char *optim, double lr, const char *more)
 {
 	char cmd[1024];
 	snprintf(cmd, sizeof cmd,
 	         "cd '%s' && '%s/kiln' train model.kir --x x.npy --y y.npy --loss %s "
 	         "--optimizer %s --lr %g --epochs %d --batch 16 --seed 1 --log curve.csv --quiet "
-	         ">out.txt 2>err.txt",
-	         tmpl, KILN_BIN, loss, optim, lr, EPOCHS);
+	         "%s >out.txt 2>err.txt",
+	         tmpl, KILN_BIN, loss, optim, lr, EPOCHS, more);
 	int st = system(cmd);
 	return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
 }
@@ -146,7 +148,7 @@ static void trains(const char *loss, const char *optim, double lr, double factor
 {
 	save_model(!strcmp(loss, "nll"));
 	save_data(loss);
-	int rc = train(loss, optim, lr);
+	int rc = train(loss, optim, lr, "");
 	ck_assert_msg(rc == 0, "kiln train --loss %s: exit %d: %s", loss, rc, slurp(tpath("err.txt")));
 	double mean[EPOCHS];
 	epoch_losses(mean);
@@ -191,6 +193,55 @@ START_TEST(nll_trains_and_the_loss_falls)
 }
 END_TEST
 
+/* ---- resuming from an edited checkpoint ---------------------------------------- */
+
+/* A run stopped at step 8 (checkpoints at 4 and 8), its newest checkpoint
+ * edited by how (checksum recomputed), then resumed: refused with one
+ * error line naming msg, and nothing else on stderr (no sanitizer report
+ * of an overflow). */
+static void resume_refused(void (*how)(const char *path), const char *msg)
+{
+	save_model(false);
+	save_data("mse");
+	int rc = train("mse", "sgd", 0.1, "--checkpoint ck --every 4 --stop-after 8");
+	ck_assert_msg(rc == 0, "exit %d: %s", rc, slurp(tpath("err.txt")));
+	how(tpath("ck/ckpt-000000008.safetensors"));
+	rc = train("mse", "sgd", 0.1, "--checkpoint ck --every 4 --resume ck");
+	const char *err = slurp(tpath("err.txt"));
+	ck_assert_int_eq(rc, 1);
+	ck_assert_msg(strncmp(err, "kiln: error: ", 13) == 0 && strstr(err, msg) &&
+	              strchr(err, '\n') == err + strlen(err) - 1, "stderr: %s", err);
+}
+
+static void epoch_huge(const char *path)
+{
+	ckpt_set_i64(path, "kiln_train.position", 0, INT64_MAX / 2);
+}
+
+static void epoch_behind(const char *path)
+{
+	ckpt_set_i64(path, "kiln_train.position", 0, 1); /* step 4, but 8 were taken */
+}
+
+static void step_huge(const char *path)
+{
+	ckpt_set_i64(path, "__step__", 0, INT64_MAX);
+}
+
+START_TEST(resume_refuses_an_edited_position)
+{
+	resume_refused(epoch_huge, "bad position (epoch 4611686018427387903, batch 0)");
+	resume_refused(epoch_behind, "bad position (epoch 1, batch 0) for 4 batches per epoch "
+	                             "and 8 optimizer steps taken");
+}
+END_TEST
+
+START_TEST(resume_refuses_edited_trainer_counters)
+{
+	resume_refused(step_huge, "__step__ is 9223372036854775807, outside [0, 2^53]");
+}
+END_TEST
+
 static Suite *cli_train_suite(void)
 {
 	Suite *s = suite_create("cli_train");
@@ -203,6 +254,12 @@ static Suite *cli_train_suite(void)
 	tcase_add_test(tc, bce_with_logits_trains_and_the_loss_falls);
 	tcase_add_test(tc, cross_entropy_trains_and_the_loss_falls);
 	tcase_add_test(tc, nll_trains_and_the_loss_falls);
+	suite_add_tcase(s, tc);
+	tc = tcase_create("resume");
+	tcase_add_checked_fixture(tc, setup, teardown);
+	tcase_set_timeout(tc, 120);
+	tcase_add_test(tc, resume_refuses_an_edited_position);
+	tcase_add_test(tc, resume_refuses_edited_trainer_counters);
 	suite_add_tcase(s, tc);
 	return s;
 }

@@ -26,6 +26,7 @@
 
 #include "check_main.h"
 #include "tmpdir.h"
+#include "ckpt_edit.h"
 #include "kiln/kiln.h"
 #include "so_util.h"
 
@@ -560,6 +561,25 @@ static void refuse(void (*how)(const char *path), const char *msg)
 	rmtmp();
 }
 
+static void step_max(const char *path)
+{
+	ckpt_set_i64(path, "__step__", 0, INT64_MAX);
+}
+
+static void micro_past_2_53(const char *path)
+{
+	ckpt_set_i64(path, "__micro__", 0, ((int64_t)1 << 53) + 1);
+}
+
+/* A library's load range-checks the counters as the interpreter trainer's
+ * does (the checksum is recomputed, so only the range check can refuse). */
+START_TEST(edited_counters_are_refused_by_the_library)
+{
+	refuse(step_max, "__step__ is 9223372036854775807, outside [0, 2^53]");
+	refuse(micro_past_2_53, "__micro__ is 9007199254740993, outside [0, 2^53]");
+}
+END_TEST
+
 START_TEST(truncated_checkpoint_is_refused_and_previous_intact)
 {
 	refuse(truncate_half, "checkpoint refused");
@@ -885,6 +905,7 @@ static Suite *compiled_train_suite(void)
 	tcase_add_test(tc, truncated_checkpoint_is_refused_and_previous_intact);
 	tcase_add_test(tc, corrupt_checkpoint_is_refused_by_checksum);
 	tcase_add_test(tc, checkpoint_of_another_optimizer_is_refused);
+	tcase_add_test(tc, edited_counters_are_refused_by_the_library);
 	suite_add_tcase(s, tc);
 	tc = tcase_create("dropout");
 	tcase_set_timeout(tc, 600);

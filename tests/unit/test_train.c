@@ -19,6 +19,7 @@
 
 #include "check_main.h"
 #include "tmpdir.h"
+#include "ckpt_edit.h"
 #include "kiln/kiln.h"
 
 #define DIR KILN_FIXTURES "/train/"
@@ -575,6 +576,40 @@ START_TEST(corrupt_checkpoint_is_refused_by_checksum)
 }
 END_TEST
 
+/* Counters edited with the checksum recomputed: refused with the field and
+ * its value before anything can overflow (INT64_MAX used to load, and the
+ * next step computed steps + 1). */
+static void step_max(const char *path)
+{
+	ckpt_set_i64(path, "__step__", 0, INT64_MAX);
+}
+
+static void micro_max(const char *path)
+{
+	ckpt_set_i64(path, "__micro__", 0, INT64_MAX);
+}
+
+static void step_negative(const char *path)
+{
+	ckpt_set_i64(path, "__step__", 0, -5);
+}
+
+static void step_past_micro(const char *path)
+{
+	ckpt_set_i64(path, "__step__", 0, 9);
+}
+
+START_TEST(edited_counters_are_refused_naming_field_and_value)
+{
+	mktmp();
+	refuse(step_max, "__step__ is 9223372036854775807, outside [0, 2^53]");
+	refuse(micro_max, "__micro__ is 9223372036854775807, outside [0, 2^53]");
+	refuse(step_negative, "__step__ is -5, outside [0, 2^53]");
+	refuse(step_past_micro, "__step__ is 9 but __micro__ only 5");
+	rmtmp();
+}
+END_TEST
+
 START_TEST(checkpoint_of_another_optimizer_is_refused)
 {
 	mktmp();
@@ -650,6 +685,7 @@ static Suite *train_suite(void)
 	tcase_add_test(tc, truncated_checkpoint_is_refused_and_previous_intact);
 	tcase_add_test(tc, corrupt_checkpoint_is_refused_by_checksum);
 	tcase_add_test(tc, checkpoint_of_another_optimizer_is_refused);
+	tcase_add_test(tc, edited_counters_are_refused_naming_field_and_value);
 	tcase_add_test(tc, eval_uses_the_trained_parameters);
 	suite_add_tcase(s, tc);
 	return s;
