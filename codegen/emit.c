@@ -516,6 +516,8 @@ static kiln_status check_opts(const kiln_graph *g, const char *out, const kiln_c
 		                 !g ? "the graph" : "the output path");
 	if (kiln_graph_status(g) != KILN_OK)
 		return ir_seterr(err, kiln_graph_status(g), "%s", kiln_graph_errmsg(g));
+	if (ir_check_weights(g, "compile", err) != KILN_OK)
+		return KILN_EINVAL;
 	for (size_t i = 0; o->emit && i < sizeof emits / sizeof *emits; i++)
 		if (strcmp(o->emit, emits[i]) == 0)
 			return KILN_OK;
@@ -821,6 +823,9 @@ static kiln_status check_train(const kiln_graph *model, const kiln_graph *eval,
 	if (!model || !eval || !t)
 		return ir_seterr(err, KILN_EINVAL, "kiln_compile_train: %s is NULL", !model ? "the "
 		                 "model" : !eval ? "the eval model (required)" : "the train options");
+	if (ir_check_weights(model, "compile", err) != KILN_OK ||
+	    ir_check_weights(eval, "compile", err) != KILN_OK)
+		return KILN_EINVAL;
 	if (o->passes && strstr(o->passes, "bnfold"))
 		return ir_seterr(err, KILN_EINVAL, "kiln_compile_train: pass 'bnfold' folds parameters "
 		                 "into constants, which a training library updates");

@@ -133,6 +133,8 @@ KILN_API kiln_status kiln_build_train_step(const kiln_graph *model, const kiln_t
 	if (model->status != KILN_OK)
 		return ir_seterr(err, model->status, "kiln_build_train_step: graph '%s' has an error: "
 		                 "%s", model->name, model->errmsg);
+	if (ir_check_weights(model, "train", err) != KILN_OK)
+		return KILN_EINVAL;
 	kiln_graph *g = ir_graph_clone(model);
 	if (!g)
 		return ir_seterr(err, KILN_ENOMEM, "kiln_build_train_step: out of memory");
@@ -265,7 +267,9 @@ KILN_API kiln_status kiln_train_graph_from_inference(const kiln_graph *inference
 	if (inference->status != KILN_OK)
 		return ir_seterr(err, inference->status, "kiln_train_graph_from_inference: graph '%s' "
 		                 "has an error: %s", inference->name, inference->errmsg);
-	kiln_status st = refuse_train_mode(inference, err);
+	kiln_status st = ir_check_weights(inference, "train", err);
+	if (st == KILN_OK)
+		st = refuse_train_mode(inference, err);
 	if (st != KILN_OK)
 		return st;
 	kiln_graph *g = ir_graph_clone(inference);
@@ -401,6 +405,8 @@ KILN_API kiln_status kiln_trainer_new(const kiln_graph *model, const kiln_graph 
 	if (eval_model && eval_model->status != KILN_OK)
 		return ir_seterr(err, eval_model->status, "kiln_trainer_new: eval graph '%s' has an "
 		                 "error: %s", eval_model->name, eval_model->errmsg);
+	if (ir_check_weights(eval_model, "evaluate", err) != KILN_OK)
+		return KILN_EINVAL;
 	kiln_trainer *tr = calloc(1, sizeof *tr);
 	if (!tr)
 		return ir_seterr(err, KILN_ENOMEM, "kiln_trainer_new: out of memory");
@@ -711,6 +717,8 @@ KILN_API kiln_status kiln_graph_load_trained(kiln_graph *g, const char *path, ki
 			memcpy(v->data->data, kiln_tensor_set_get(s, v->name)->data,
 			       kiln_tensor_nbytes(v->data));
 	}
+	if (!rc)
+		g->weights_missing = NULL; /* every parameter was in the file */
 	kiln_tensor_set_free(s);
 	return rc;
 }

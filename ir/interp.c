@@ -1201,6 +1201,8 @@ KILN_API kiln_status kiln_graph_run(const kiln_graph *g, kiln_tensor *const *inp
 	if (g->status != KILN_OK)
 		return ir_seterr(err, g->status, "kiln_graph_run: graph '%s' has an error: %s", g->name,
 		                 g->errmsg);
+	if (ir_check_weights(g, "run", err) != KILN_OK)
+		return KILN_EINVAL;
 	if (ninputs != (int)g->ninput || noutputs != (int)g->noutput)
 		return ir_seterr(err, KILN_EINVAL,
 		                 "kiln_graph_run: graph '%s' has %u inputs and %u outputs, got %d and %d",

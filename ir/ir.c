@@ -1176,7 +1176,27 @@ KILN_API kiln_status kiln_graph_load_params(kiln_graph *g, const kiln_tensor_set
 		ir_value *v = g->val[kiln_graph_find_param(g, s->items[i].name)];
 		memcpy(v->data->data, s->items[i].tensor->data, kiln_tensor_nbytes(v->data));
 	}
+	g->weights_missing = NULL; /* every parameter has its data now */
 	return KILN_OK;
+}
+
+kiln_status ir_check_weights(const kiln_graph *g, const char *what, kiln_error *err)
+{
+	if (!g || !g->weights_missing)
+		return KILN_OK;
+	uint32_t n = 0, first = 0;
+	for (uint32_t i = 1; i < g->nval; i++)
+		if (g->val[i]->kind == IR_V_PARAM) {
+			first = first ? first : i;
+			n++;
+		}
+	return ir_seterr(err, KILN_EINVAL, "cannot %s graph '%s': its weights file '%s' is missing, "
+	                 "so its %u parameters ('%s'%s) have no values; put the weights file "
+	                 "beside the .kir (kiln_graph_save writes both), or load weights first "
+	                 "(kiln_graph_load_params, kiln_graph_load_trained, kiln export --weights)",
+	                 what, g->name, g->weights_missing, n,
+	                 first && g->val[first]->name ? g->val[first]->name : "?",
+	                 n > 1 ? ", ..." : "");
 }
 
 KILN_API kiln_tensor_set *kiln_graph_params(const kiln_graph *g)
@@ -1204,6 +1224,8 @@ kiln_graph *ir_graph_clone(const kiln_graph *g)
 		return NULL;
 	c->rng = g->rng;
 	c->training = g->training;
+	if (g->weights_missing && !(c->weights_missing = ir_intern(c, g->weights_missing)))
+		goto fail;
 	/* symbols and expressions are copied verbatim, so dim ints carry over */
 	if (!grow((void **)&c->sym, &c->capsym, g->nsym, sizeof *c->sym) ||
 	    !grow((void **)&c->dexp, &c->capdexp, g->ndexp, sizeof *c->dexp))

@@ -177,6 +177,10 @@ struct kiln_graph {
 	char errmsg[1024];
 	uint64_t rng;       /* parameter initialisation generator state */
 	bool training;
+	/* The weights file a .kir's parameters need that kiln_graph_load did
+	 * not find; until weights are loaded the parameters hold zeros, and
+	 * run, compile, export and train refuse the graph (ir_check_weights). */
+	const char *weights_missing;
 };
 
 const char *ir_intern(kiln_graph *g, const char *s);
@@ -202,6 +206,9 @@ kiln_status ir_compact(kiln_graph *g);
 kiln_status ir_toposort(kiln_graph *g);
 /* A deep copy; NULL on ENOMEM. */
 kiln_graph *ir_graph_clone(const kiln_graph *g);
+/* KILN_OK, or an error naming the missing weights file when g came from a
+ * .kir whose parameters have no data (what: "run", "compile", ...). */
+kiln_status ir_check_weights(const kiln_graph *g, const char *what, kiln_error *err);
 
 /* attributes: set replaces; get returns the default when absent */
 kiln_status ir_attr_set_int(kiln_graph *g, ir_node *n, const char *name, int64_t v);

@@ -10,7 +10,10 @@
  * weights first: a crash between the two leaves the old .kir, which a
  * mismatched weight file makes fail loudly on load rather than silently.
  * A graph without parameters removes a stale FILE.safetensors, so that load
- * never pairs a graph with weights saved for another one.
+ * never pairs a graph with weights saved for another one.  A .kir with
+ * parameters whose FILE.safetensors is missing loads (inspect and opt need
+ * no weights) but is marked, and run, compile, export and train refuse it
+ * rather than use all-zero weights; saving it writes no weights file.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -70,7 +73,9 @@ static bool has_params(const kiln_graph *g)
 
 static kiln_status save_weights(const kiln_graph *g, const char *path, kiln_error *err)
 {
-	if (!has_params(g)) {
+	/* a graph loaded without its weights is saved without them too, so the
+	 * copy is refused as the original is instead of getting zeros */
+	if (!has_params(g) || g->weights_missing) {
 		if (unlink(path) != 0 && errno != ENOENT)
 			return ir_seterr(err, KILN_EIO, "%s: cannot remove stale weights: %s", path,
 			                 strerror(errno));
@@ -142,11 +147,16 @@ static void prefix_msg(kiln_error *err, const char *path)
 	err->msg[n + (len < room ? len : room)] = 0;
 }
 
+/* A missing weights file is not an error here: inspecting or optimising
+ * the graph needs no weights.  It is recorded, and running, compiling,
+ * exporting or training the graph refuses it (ir_check_weights). */
 static kiln_status load_weights(kiln_graph *g, const char *path, kiln_error *err)
 {
-	if (access(path, F_OK) != 0)
-		return errno == ENOENT ? KILN_OK
-		                       : ir_seterr(err, KILN_EIO, "%s: %s", path, strerror(errno));
+	if (access(path, F_OK) != 0 && errno == ENOENT) {
+		if (has_params(g) && !(g->weights_missing = ir_intern(g, path)))
+			return ir_seterr(err, KILN_ENOMEM, "out of memory");
+		return KILN_OK;
+	}
 	kiln_tensor_set *s = NULL;
 	kiln_status st = kiln_safetensors_read(path, &s, err);
 	if (st == KILN_OK && (st = kiln_graph_load_params(g, s, err)) != KILN_OK)

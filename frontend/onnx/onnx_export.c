@@ -670,7 +670,9 @@ KILN_API kiln_status kiln_onnx_export_mem(const kiln_graph *g, void **data, size
 	*size = 0;
 	if (g->status != KILN_OK)
 		return ir_seterr(err, g->status, "onnx export: graph has an error: %s", g->errmsg);
-	kiln_status st = kiln_graph_verify(g, err);
+	kiln_status st = ir_check_weights(g, "export", err);
+	if (st == KILN_OK)
+		st = kiln_graph_verify(g, err);
 	if (st != KILN_OK)
 		return st;
 	ex x = {.g = g, .a = ir_arena_new(), .err = err};

@@ -9,7 +9,8 @@
  * batch so the batch size changes between steps, and the test reads the
  * per-step CSV: every loss finite, the last epoch's mean loss well below
  * the first's.  A resume from a checkpoint whose position or counters were
- * edited (checksum recomputed) must be refused with one message.
+ * edited (checksum recomputed) must be refused with one message, and so
+ * must run, compile, export and train of a .kir whose weights file is gone.
  */
 #include <check.h>
 #include <math.h>
@@ -242,6 +243,49 @@ START_TEST(resume_refuses_edited_trainer_counters)
 }
 END_TEST
 
+/* ---- a .kir without its weights file --------------------------------------------- */
+
+/* Runs `kiln ARGS` in the scratch folder: the exit status, stderr in err.txt. */
+static int kiln(const char *args)
+{
+	char cmd[1024];
+	snprintf(cmd, sizeof cmd, "cd '%s' && '%s/kiln' %s >out.txt 2>err.txt", tmpl, KILN_BIN,
+	         args);
+	int st = system(cmd);
+	return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
+}
+
+/* One "kiln: error:" line naming the missing file and a way out. */
+static void refused_for_missing_weights(const char *args)
+{
+	int rc = kiln(args);
+	const char *err = slurp(tpath("err.txt"));
+	ck_assert_msg(rc == 1, "kiln %s: exit %d: %s", args, rc, err);
+	ck_assert_msg(strncmp(err, "kiln: error: ", 13) == 0 &&
+	              strstr(err, "weights file 'model.safetensors' is missing") &&
+	              strstr(err, "put the weights file beside the .kir") &&
+	              strchr(err, '\n') == err + strlen(err) - 1, "kiln %s: %s", args, err);
+}
+
+/* run, compile, export and train used to go ahead with all-zero weights */
+START_TEST(kir_without_its_weights_file_is_refused)
+{
+	save_model(false);
+	save_data("mse");
+	ck_assert_int_eq(kiln("run model.kir -i x=x.npy -o outs"), 0);
+	ck_assert_int_eq(remove(tpath("model.safetensors")), 0);
+	refused_for_missing_weights("run model.kir -i x=x.npy -o outs");
+	refused_for_missing_weights("compile model.kir -o model.so");
+	refused_for_missing_weights("export model.kir -o model.onnx");
+	refused_for_missing_weights("train model.kir --x x.npy --y y.npy --loss mse");
+	refused_for_missing_weights("compile --train model.kir --loss mse -o step.so");
+	ck_assert_ptr_null(fopen(tpath("model.so"), "r"));
+	ck_assert_ptr_null(fopen(tpath("model.onnx"), "r"));
+	/* inspect needs no weights */
+	ck_assert_int_eq(kiln("inspect model.kir"), 0);
+}
+END_TEST
+
 static Suite *cli_train_suite(void)
 {
 	Suite *s = suite_create("cli_train");
@@ -260,6 +304,11 @@ static Suite *cli_train_suite(void)
 	tcase_set_timeout(tc, 120);
 	tcase_add_test(tc, resume_refuses_an_edited_position);
 	tcase_add_test(tc, resume_refuses_edited_trainer_counters);
+	suite_add_tcase(s, tc);
+	tc = tcase_create("weights");
+	tcase_add_checked_fixture(tc, setup, teardown);
+	tcase_set_timeout(tc, 120);
+	tcase_add_test(tc, kir_without_its_weights_file_is_refused);
 	suite_add_tcase(s, tc);
 	return s;
 }

@@ -550,6 +550,100 @@ START_TEST(save_without_params_removes_stale_weights)
 }
 END_TEST
 
+#define MISSING "model.safetensors' is missing"
+
+/* A .kir with parameters whose weights file is missing loads (inspect and
+ * opt need no weights), but running, compiling, exporting or training it
+ * is refused naming the file instead of using all-zero weights; loading
+ * weights lifts that, and saving it writes no weights file of zeros. */
+START_TEST(missing_weights_refuse_run_compile_export_and_train)
+{
+	char *dir = tmpdir(), kir[256], copy[256], st[256];
+	snprintf(kir, sizeof kir, "%s/model.kir", dir);
+	snprintf(copy, sizeof copy, "%s/copy.kir", dir);
+	snprintf(st, sizeof st, "%s/copy.safetensors", dir);
+	FILE *f = fopen(kir, "w");
+	ck_assert_ptr_nonnull(f);
+	fputs("graph @m(%x: f32[N,2]) -> (%y: f32[N,2]) {\n  param %w: f32[2]\n"
+	      "  %y = add %x, %w : f32[N,2]\n  ret %y\n}\n", f);
+	fclose(f);
+	kiln_graph *g = NULL, *t = NULL;
+	kiln_error err = {0};
+	ck_assert_msg(kiln_graph_load(kir, &g, &err) == KILN_OK, "%s", err.msg);
+	kiln_tensor *x = kiln_tensor_new(KILN_F32, 2, (int64_t[]){1, 2}), *y = NULL;
+	ck_assert_int_eq(kiln_graph_run(g, &x, 1, &y, 1, &err), KILN_EINVAL);
+	ck_assert_msg(strstr(err.msg, "cannot run graph 'm'") && strstr(err.msg, MISSING) &&
+	              strstr(err.msg, "1 parameters ('w')"), "%s", err.msg);
+	void *data = NULL;
+	size_t size = 0;
+	ck_assert_int_eq(kiln_onnx_export_mem(g, &data, &size, &err), KILN_EINVAL);
+	ck_assert_msg(strstr(err.msg, "cannot export") && strstr(err.msg, MISSING), "%s", err.msg);
+	snprintf(copy, sizeof copy, "%s/m.so", dir);
+	ck_assert_int_eq(kiln_compile(g, copy, NULL, &err), KILN_EINVAL);
+	ck_assert_msg(strstr(err.msg, "cannot compile") && strstr(err.msg, MISSING), "%s", err.msg);
+	ck_assert(!exists(copy));
+	ck_assert_int_eq(kiln_train_graph_from_inference(g, 0, &t, &err), KILN_EINVAL);
+	ck_assert_msg(strstr(err.msg, "cannot train") && strstr(err.msg, MISSING), "%s", err.msg);
+	kiln_trainer *tr = NULL;
+	kiln_train_opts o = {.optim = KILN_OPT_SGD, .loss = KILN_LOSS_MSE};
+	ck_assert_int_eq(kiln_trainer_new(g, NULL, &o, &tr, &err), KILN_EINVAL);
+	ck_assert_msg(strstr(err.msg, "cannot train") && strstr(err.msg, MISSING), "%s", err.msg);
+	ck_assert_ptr_null(tr);
+	/* saved elsewhere, it stays without weights rather than gaining zeros */
+	snprintf(copy, sizeof copy, "%s/copy.kir", dir);
+	ck_assert_msg(kiln_graph_save(g, copy, &err) == KILN_OK, "%s", err.msg);
+	ck_assert(!exists(st));
+	kiln_graph *h = NULL;
+	ck_assert_msg(kiln_graph_load(copy, &h, &err) == KILN_OK, "%s", err.msg);
+	ck_assert_int_eq(kiln_graph_run(h, &x, 1, &y, 1, &err), KILN_EINVAL);
+	ck_assert_msg(strstr(err.msg, "copy.safetensors' is missing"), "%s", err.msg);
+	/* weights loaded: it runs, with them */
+	kiln_tensor *w = kiln_tensor_new(KILN_F32, 1, (int64_t[]){2});
+	((float *)w->data)[0] = 1.5f, ((float *)w->data)[1] = -2;
+	kiln_tensor_set *s = kiln_tensor_set_new();
+	ck_assert_int_eq(kiln_tensor_set_add(s, "w", w), KILN_OK);
+	ck_assert_msg(kiln_graph_load_params(g, s, &err) == KILN_OK, "%s", err.msg);
+	ck_assert_msg(kiln_graph_run(g, &x, 1, &y, 1, &err) == KILN_OK, "%s", err.msg);
+	ck_assert_float_eq(((float *)y->data)[0], 1.5f);
+	ck_assert_float_eq(((float *)y->data)[1], -2.0f);
+	kiln_tensor_free(y);
+	kiln_tensor_set_free(s), kiln_tensor_free(w), kiln_tensor_free(x);
+	kiln_graph_free(g), kiln_graph_free(h);
+	unlink(kir), unlink(copy);
+	rmdir(dir);
+	free(dir);
+}
+END_TEST
+
+/* A .kir without parameters needs no weights file. */
+START_TEST(graph_without_params_runs_without_weights_file)
+{
+	char *dir = tmpdir(), kir[256];
+	snprintf(kir, sizeof kir, "%s/relu.kir", dir);
+	FILE *f = fopen(kir, "w");
+	ck_assert_ptr_nonnull(f);
+	fputs("graph @r(%x: f32[2]) -> (%y: f32[2]) {\n  %y = relu %x : f32[2]\n  ret %y\n}\n", f);
+	fclose(f);
+	kiln_graph *g = NULL;
+	kiln_error err = {0};
+	ck_assert_msg(kiln_graph_load(kir, &g, &err) == KILN_OK, "%s", err.msg);
+	kiln_tensor *x = kiln_tensor_new(KILN_F32, 1, (int64_t[]){2}), *y = NULL;
+	((float *)x->data)[0] = -1, ((float *)x->data)[1] = 3;
+	ck_assert_msg(kiln_graph_run(g, &x, 1, &y, 1, &err) == KILN_OK, "%s", err.msg);
+	ck_assert_float_eq(((float *)y->data)[0], 0);
+	ck_assert_float_eq(((float *)y->data)[1], 3);
+	void *data = NULL;
+	size_t size = 0;
+	ck_assert_msg(kiln_onnx_export_mem(g, &data, &size, &err) == KILN_OK, "%s", err.msg);
+	free(data);
+	kiln_tensor_free(x), kiln_tensor_free(y);
+	kiln_graph_free(g);
+	unlink(kir);
+	rmdir(dir);
+	free(dir);
+}
+END_TEST
+
 START_TEST(load_reports_missing_file_and_bad_text)
 {
 	char *dir = tmpdir(), kir[256];
@@ -594,6 +688,8 @@ static Suite *kir_suite(void)
 	tcase_add_test(tc, save_load_round_trips_weights);
 	tcase_add_test(tc, save_without_params_removes_stale_weights);
 	tcase_add_test(tc, load_reports_missing_file_and_bad_text);
+	tcase_add_test(tc, missing_weights_refuse_run_compile_export_and_train);
+	tcase_add_test(tc, graph_without_params_runs_without_weights_file);
 	suite_add_tcase(s, tc);
 	return s;
 }
