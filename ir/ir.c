@@ -550,7 +550,7 @@ kiln_tensor *ir_tensor_new(kiln_graph *g, kiln_dtype dt, int rank, const int64_t
 		return NULL;
 	uint64_t n = 1;
 	for (int i = 0; i < rank; i++) {
-		if (shape[i] < 0 || (shape[i] && n > (UINT64_C(1) << 40) / (uint64_t)shape[i]))
+		if (shape[i] < 0 || (shape[i] && n > IR_MAX_NUMEL / (uint64_t)shape[i]))
 			return NULL;
 		n *= (uint64_t)shape[i];
 	}

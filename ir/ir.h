@@ -205,6 +205,9 @@ kiln_status ir_compact(kiln_graph *g);
 /* Reorders the schedule topologically (stable); ESHAPE-free, EVERIFY on a cycle. */
 kiln_status ir_toposort(kiln_graph *g);
 /* A deep copy; NULL on ENOMEM. */
+/* The most elements one tensor may have anywhere in kiln (ir_tensor_new,
+ * the ONNX importer's inputs and initializers, .kir types). */
+#define IR_MAX_NUMEL (UINT64_C(1) << 40)
 kiln_graph *ir_graph_clone(const kiln_graph *g);
 /* KILN_OK, or an error naming the missing weights file when g came from a
  * .kir whose parameters have no data (what: "run", "compile", ...). */

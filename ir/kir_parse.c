@@ -548,9 +548,28 @@ static kiln_dtype parse_dtype(parser *P)
 	return dt;
 }
 
+/* As the ONNX importer limits graph inputs: every fixed dim, and the
+ * product of the non-zero fixed dims (symbols count as 1), at most 2^40,
+ * kiln's cap for one tensor, so no size or stride computed from the type
+ * later can overflow int64. */
+static bool numel_ok(parser *P, const tok *start, const ir_type *t)
+{
+	uint64_t n = 1;
+	char b[256];
+	for (int i = 0; i < t->rank; i++) {
+		uint64_t d = t->dim[i] > 0 ? (uint64_t)t->dim[i] : 1;
+		if (d > IR_MAX_NUMEL / n)
+			return perr(P, start, "type %s has more than 2^40 elements (kiln's limit for "
+			            "one tensor)", ir_type_str(P->g, t, b, sizeof b));
+		n *= d;
+	}
+	return true;
+}
+
 /* type = dtype '[' (dim (',' dim)*)? ']' */
 static bool parse_type(parser *P, ir_type *t)
 {
+	tok start = P->tk;
 	*t = (ir_type){.dtype = parse_dtype(P)};
 	if (!expect(P, "["))
 		return false;
@@ -561,7 +580,7 @@ static bool parse_type(parser *P, ir_type *t)
 			return perr(P, &P->tk, "type has more than %d dimensions", KILN_MAX_RANK);
 		t->dim[t->rank++] = parse_dim(P);
 	} while (accept(P, ","));
-	return expect(P, "]");
+	return expect(P, "]") && numel_ok(P, &start, t);
 }
 
 /* A type for data (params, dense tensors): no symbols. */

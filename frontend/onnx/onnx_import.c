@@ -27,7 +27,7 @@
 #include "runtime/rt.h"
 
 #define MAX_MODEL_BYTES ((size_t)2 << 30) /* protobuf's own 2 GiB limit */
-#define MAX_INPUT_NUMEL (UINT64_C(1) << 40) /* as ir_tensor_new allows */
+#define MAX_INPUT_NUMEL IR_MAX_NUMEL /* as ir_tensor_new allows */
 
 /* ---- problems ------------------------------------------------------------- */
 

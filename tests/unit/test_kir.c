@@ -408,6 +408,17 @@ static const bad_case bad_cases[] = {
 	 "t.kir:2:13: type f32[N] must have fixed dimensions"},
 	{"  param %w: f32[1099511627776]\n  %0 = relu %x : f32[2]\n  ret %0\n}\n",
 	 KILN_EPARSE, "t.kir:2:9: parameters exceed 4294967296 bytes"},
+	/* element counts past 2^40, kiln's cap for one tensor, as the ONNX
+	 * importer refuses them; the first two overflow 64 bits */
+	{"  %0 = relu %x : f32[4294967296,4294967296,4294967296]\n  ret %0\n}\n", KILN_EPARSE,
+	 "t.kir:2:18: type f32[4294967296,4294967296,4294967296] has more than 2^40 elements "
+	 "(kiln's limit for one tensor)"},
+	{"  param %w: u8[65536,65536,65536,65536,2]\n  %0 = relu %x : f32[2]\n  ret %0\n}\n",
+	 KILN_EPARSE, "t.kir:2:13: type u8[65536,65536,65536,65536,2] has more than 2^40"},
+	{"  %0 = relu %x : f32[N,1099511627777]\n  ret %0\n}\n", KILN_EPARSE,
+	 "t.kir:2:18: type f32[N,1099511627777] has more than 2^40 elements"},
+	{"  %0 = relu %x : f32[0,2097152,1048576]\n  ret %0\n}\n", KILN_EPARSE,
+	 "t.kir:2:18: type f32[0,2097152,1048576] has more than 2^40 elements"},
 	{"  %0 = relu %x : f32[2] $\n  ret %0\n}\n", KILN_EPARSE,
 	 "t.kir:2:25: unexpected character '$'"},
 	{"  %0 = relu %x : f32[2]\n}\n", KILN_EPARSE, "t.kir:3:1: expected 'ret' before '}'"},
