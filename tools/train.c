@@ -732,9 +732,13 @@ static int log_error(run *r, const char *what)
 }
 
 /* Keeps the header and the rows up to step `upto` of an existing log,
- * written to a temporary, fsynced and renamed over it. */
+ * written to a temporary, fsynced and renamed over it.  Only a regular file
+ * is read back: a FIFO or device given as --log is never waited on here. */
 static int trim_log(const char *path, int64_t upto)
 {
+	struct stat sb;
+	if (stat(path, &sb) != 0 || !S_ISREG(sb.st_mode))
+		return 0;
 	FILE *f = fopen(path, "r");
 	if (!f)
 		return 0;

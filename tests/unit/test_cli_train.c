@@ -243,6 +243,30 @@ START_TEST(resume_refuses_edited_trainer_counters)
 }
 END_TEST
 
+/* --log may be a FIFO with a reader elsewhere: a resume appends to it and
+ * never reads it back (reading waited forever for a writer); timeout
+ * guards the test. */
+START_TEST(resume_with_a_fifo_log_does_not_hang)
+{
+	save_model(false);
+	save_data("mse");
+	int rc = train("mse", "sgd", 0.1, "--checkpoint ck --every 4 --stop-after 8");
+	ck_assert_msg(rc == 0, "exit %d: %s", rc, slurp(tpath("err.txt")));
+	char cmd[1024];
+	snprintf(cmd, sizeof cmd,
+	         "cd '%s' && mkfifo log.fifo && { timeout 40 cat log.fifo >fifo_out.txt & } && "
+	         "timeout 30 '%s/kiln' train model.kir --x x.npy --y y.npy --loss mse --optimizer sgd "
+	         "--lr 0.1 --epochs %d --batch 16 --seed 1 --quiet --checkpoint ck --every 4 "
+	         "--resume ck --log log.fifo >out.txt 2>err.txt; st=$?; wait; exit $st",
+	         tmpl, KILN_BIN, EPOCHS);
+	int st = system(cmd);
+	rc = WIFEXITED(st) ? WEXITSTATUS(st) : 128;
+	ck_assert_msg(rc == 0, "exit %d: %s", rc, slurp(tpath("err.txt")));
+	const char *out = slurp(tpath("fifo_out.txt"));
+	ck_assert_msg(strncmp(out, "9,3,", 4) == 0, "the log got: %.200s", out);
+}
+END_TEST
+
 /* ---- a .kir without its weights file --------------------------------------------- */
 
 /* Runs `kiln ARGS` in the scratch folder: the exit status, stderr in err.txt. */
@@ -304,6 +328,7 @@ static Suite *cli_train_suite(void)
 	tcase_set_timeout(tc, 120);
 	tcase_add_test(tc, resume_refuses_an_edited_position);
 	tcase_add_test(tc, resume_refuses_edited_trainer_counters);
+	tcase_add_test(tc, resume_with_a_fifo_log_does_not_hang);
 	suite_add_tcase(s, tc);
 	tc = tcase_create("weights");
 	tcase_add_checked_fixture(tc, setup, teardown);
