@@ -1082,6 +1082,9 @@ static kiln_status bind_input(run *r, int i, const kiln_tensor *x)
 			snprintf(why, sizeof why, "%s=%lld vs %s=%lld: symbol bound to two sizes",
 			         ir_dim_symname(g, k), (long long)r->sym[k], ir_dim_symname(g, k),
 			         (long long)x->shape[d]);
+		else if (k >= 0 && x->shape[d] > IR_DIM_MAX) /* an empty tensor's other dims */
+			snprintf(why, sizeof why, "dim %d is %lld, more than a symbolic dim may be "
+			         "(2^48)", d, (long long)x->shape[d]);
 		else if (k >= 0)
 			r->sym[k] = x->shape[d];
 	}

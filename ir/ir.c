@@ -501,12 +501,12 @@ int64_t ir_dim_eval(const kiln_graph *g, int64_t d, const int64_t *symval)
 		return d;
 	if (e->op == IR_DSYM)
 		return symval ? symval[e->a] : -1;
-	int64_t a = ir_dim_eval(g, e->a, symval), b = ir_dim_eval(g, e->b, symval);
+	int64_t a = ir_dim_eval(g, e->a, symval), b = ir_dim_eval(g, e->b, symval), r;
 	if (a < 0 || b < 0)
 		return -1;
-	switch (e->op) {
-	case IR_DADD: return a + b;
-	case IR_DMUL: return a * b;
+	switch (e->op) { /* symbols come from input shapes: overflow is -1, never UB */
+	case IR_DADD: return __builtin_add_overflow(a, b, &r) ? -1 : r;
+	case IR_DMUL: return __builtin_mul_overflow(a, b, &r) ? -1 : r;
 	case IR_DDIV: return b ? a / b : -1;
 	default: return -1;
 	}

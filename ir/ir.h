@@ -205,6 +205,10 @@ kiln_status ir_compact(kiln_graph *g);
 /* Reorders the schedule topologically (stable); ESHAPE-free, EVERIFY on a cycle. */
 kiln_status ir_toposort(kiln_graph *g);
 /* A deep copy; NULL on ENOMEM. */
+/* Dims above this are refused at the door (shape inference, and the sizes
+ * kiln_graph_run binds symbols to), so that sums of a few of them and
+ * products with window sizes cannot overflow. */
+#define IR_DIM_MAX ((int64_t)1 << 48)
 /* The most elements one tensor may have anywhere in kiln (ir_tensor_new,
  * the ONNX importer's inputs and initializers, .kir types). */
 #define IR_MAX_NUMEL (UINT64_C(1) << 40)

@@ -24,10 +24,6 @@ typedef char tbuf[192];
 			return st_;                                               \
 	} while (0)
 
-/* Dims above this are refused at the door, so that sums of a few of them
- * and products with window sizes cannot overflow. */
-#define IR_DIM_MAX ((int64_t)1 << 48)
-
 /* ---- checks (shape.c) ---------------------------------------------------- */
 
 /* "[1,2,3]" for an ints attribute, for messages. */

@@ -524,6 +524,10 @@ static kiln_status mismatch(rt_model *m, uint32_t i, bool bound, const kiln_tens
 
 /* ---- binding and checking ---------------------------------------------------- */
 
+/* The largest size a symbol may be bound to: the compiler's IR_DIM_MAX, so
+ * that sizes computed from a few symbols cannot overflow. */
+#define RT_SYM_MAX ((int64_t)1 << 48)
+
 /* One input: dtype, rank and fixed dims; binds or checks its symbols. */
 static kiln_status bind_input(rt_model *m, uint32_t i, const kiln_tensor *t)
 {
@@ -543,6 +547,9 @@ static kiln_status bind_input(rt_model *m, uint32_t i, const kiln_tensor *t)
 			            io->name, sym, tensor_str(t, got, sizeof got));
 		if (v < 0)
 			return mismatch(m, i, false, t);
+		if (v > RT_SYM_MAX) /* only an empty tensor gets here */
+			return fail(m, KILN_EINVAL, "input '%s': %s = %lld (got %s); sizes must be in "
+			            "[1, 2^48]", io->name, sym, (long long)v, tensor_str(t, got, sizeof got));
 		if (m->sym[want] == 0) {
 			m->sym[want] = v;
 			m->bound_by[want] = (int32_t)i;
@@ -774,8 +781,8 @@ kiln_status rt_model_run(rt_model *m, const int64_t *syms, const void *const *in
 		if (syms[s] == 0)
 			return fail(m, KILN_EINVAL, "model '%s': batch %s = 0; sizes must be at least 1",
 			            d->name, d->sym_names[s]);
-		if (syms[s] < 0)
-			return fail(m, KILN_EINVAL, "model '%s': %s = %lld; sizes must be at least 1",
+		if (syms[s] < 0 || syms[s] > RT_SYM_MAX)
+			return fail(m, KILN_EINVAL, "model '%s': %s = %lld; sizes must be in [1, 2^48]",
 			            d->name, d->sym_names[s], (long long)syms[s]);
 		m->sym[s] = syms[s];
 	}

@@ -197,6 +197,38 @@ START_TEST(run_rejects_inconsistent_symbol_binding)
 }
 END_TEST
 
+/* An empty input may carry any other dim (a .npy of shape (0, 2^63-1) is
+ * valid); a symbol is not bound past 2^48, so M + M below cannot overflow
+ * (it used to: UBSan's signed overflow in ir_dim_eval). */
+START_TEST(run_rejects_a_symbol_bound_past_2_48)
+{
+	kiln_graph *g = kiln_graph_new("cat");
+	kiln_value x = kiln_input(g, "x", KILN_F32, 2, (int64_t[]){kiln_sym(g, "N"),
+	                                                          kiln_sym(g, "M")});
+	kiln_output(g, "y", kiln_concat(g, 2, (kiln_value[]){x, x}, 1));
+	ck_assert_msg(kiln_graph_status(g) == KILN_OK, "%s", kiln_graph_errmsg(g));
+	kiln_tensor *in = kiln_tensor_new(KILN_F32, 2, (int64_t[]){0, INT64_MAX});
+	kiln_error err = run_fails(g, &in, 1, 1);
+	ck_assert_int_eq(err.code, KILN_ESHAPE);
+	ck_assert_msg(strstr(err.msg, "dim 1 is 9223372036854775807, more than a symbolic dim may "
+	                     "be (2^48)"), "%s", err.msg);
+	kiln_tensor_free(in);
+	/* at 2^48 it runs: an empty result of twice that */
+	in = kiln_tensor_new(KILN_F32, 2, (int64_t[]){0, (int64_t)1 << 48});
+	kiln_tensor *y = NULL;
+	ck_assert_msg(kiln_graph_run(g, &in, 1, &y, 1, &err) == KILN_OK, "%s", err.msg);
+	ck_assert_int_eq(y->shape[1], (int64_t)1 << 49);
+	kiln_tensor_free(in), kiln_tensor_free(y);
+	/* dim expressions that overflow evaluate to -1, the "unbound" answer */
+	int64_t N = kiln_sym(g, "N"), M = kiln_sym(g, "M");
+	int64_t big[2] = {INT64_MAX / 2, 3};
+	ck_assert_int_eq(ir_dim_eval(g, ir_dim_mul(g, N, M), big), -1);
+	ck_assert_int_eq(ir_dim_eval(g, ir_dim_add(g, ir_dim_add(g, N, N), N), big), -1);
+	ck_assert_int_eq(ir_dim_eval(g, ir_dim_add(g, N, M), big), INT64_MAX / 2 + 3);
+	kiln_graph_free(g);
+}
+END_TEST
+
 START_TEST(run_rejects_gather_index_out_of_range)
 {
 	kiln_graph *g = kiln_graph_new("gather");
@@ -358,6 +390,7 @@ static Suite *interp_suite(void)
 	tcase_add_test(tc, run_rejects_wrong_dtype);
 	tcase_add_test(tc, run_rejects_wrong_fixed_dim);
 	tcase_add_test(tc, run_rejects_inconsistent_symbol_binding);
+	tcase_add_test(tc, run_rejects_a_symbol_bound_past_2_48);
 	tcase_add_test(tc, run_rejects_gather_index_out_of_range);
 	tcase_add_test(tc, run_rejects_integer_division_by_zero);
 	tcase_add_test(tc, run_rejects_loss_target_out_of_range);

@@ -321,6 +321,12 @@ START_TEST(rejects_batch_0)
 	                              (void *const[]){&b}),
 	                 KILN_EINVAL);
 	ck_assert_ptr_nonnull(strstr(rt_model_errmsg(m), "N = -2"));
+	/* nor past 2^48, where sizes computed from symbols could overflow */
+	ck_assert_int_eq(rt_model_run(m, (int64_t[]){(int64_t)1 << 49}, (const void *const[]){&a},
+	                              (void *const[]){&b}),
+	                 KILN_EINVAL);
+	ck_assert_str_eq(rt_model_errmsg(m), "model 'relu1': N = 562949953421312; sizes must be "
+	                 "in [1, 2^48]");
 	kiln_tensor_free(x);
 	kiln_tensor_free(y);
 	rt_model_destroy(m);
