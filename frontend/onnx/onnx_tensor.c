@@ -103,10 +103,9 @@ static kiln_status external_ref(const Onnx__TensorProto *tp, const char *dir, co
 	if (!dir)
 		return ir_seterr(err, KILN_EUNSUPPORTED, "tensor '%s': external data needs the "
 		                 "model's folder (import from a file)", tname(tp));
-	if (!*loc || !**loc || (*loc)[0] == '/' || strstr(*loc, ".."))
-		return ir_seterr(err, KILN_EINVAL, "tensor '%s': external data location '%s' must "
-		                 "be a relative path inside the model's folder", tname(tp),
-		                 *loc ? *loc : "");
+	if (!*loc || !**loc)
+		return ir_seterr(err, KILN_EINVAL, "tensor '%s': external data location '' must "
+		                 "be a relative path inside the model's folder", tname(tp));
 	if (*off < 0 || *len < -1)
 		return ir_seterr(err, KILN_EINVAL, "tensor '%s': negative external data offset or "
 		                 "length", tname(tp));

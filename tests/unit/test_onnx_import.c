@@ -678,7 +678,8 @@ START_TEST(external_data_symlink_out_of_the_folder_is_refused)
 }
 END_TEST
 
-/* A link that stays inside the folder is followed. */
+/* A link that stays inside the folder is followed; ".." inside a name is
+ * no escape, only a ".." component is. */
 START_TEST(external_data_symlink_inside_the_folder_is_read)
 {
 	char link[128];
@@ -688,6 +689,12 @@ START_TEST(external_data_symlink_inside_the_folder_is_read)
 	kiln_error err = {0};
 	ck_assert_msg(import_ext("link.bin", &g, &err) == KILN_OK, "%s", err.msg);
 	assert_w(g);
+	snprintf(link, sizeof link, "%s/w..v2.bin", ext_dir);
+	ck_assert_int_eq(symlink("w.bin", link), 0);
+	ck_assert_msg(import_ext("./w..v2.bin", &g, &err) == KILN_OK, "%s", err.msg);
+	assert_w(g);
+	ck_assert_int_eq(import_ext("sub/../w.bin", &g, &err), KILN_EINVAL);
+	ck_assert_msg(strstr(err.msg, "must be a relative path inside the folder"), "%s", err.msg);
 	pool_free();
 }
 END_TEST
