@@ -111,8 +111,10 @@ KILN_API kiln_status kiln_load(const char *path, kiln_model **out, kiln_error *e
 	kiln_error e = {0};
 	kiln_status st = rt_open_read(path, &fd, &size, &e);
 	if (st != KILN_OK) {
+		size_t n = strlen(path); /* e.msg starts "path: " */
 		free(m);
-		return rt_seterr(err, st, "cannot load '%s': %s", path, e.msg);
+		return rt_seterr(err, st, "cannot load '%s': %s", path,
+		                 strncmp(e.msg, path, n) == 0 && e.msg[n] == ':' ? e.msg + n + 2 : e.msg);
 	}
 	close(fd);
 	dlerror();
