@@ -145,12 +145,16 @@ kiln_status rt_open_read(const char *path, int *fd, uint64_t *size, kiln_error *
 		return ioerr(err, path, "cannot open", errno);
 	struct stat st;
 	int flags;
-	if (fstat(f, &st) < 0 || (S_ISREG(st.st_mode) &&
-	                          ((flags = fcntl(f, F_GETFL)) < 0 ||
-	                           fcntl(f, F_SETFL, flags & ~O_NONBLOCK) < 0))) {
+	if (fstat(f, &st) < 0) {
 		int e = errno;
 		close(f);
 		return ioerr(err, path, "cannot stat", e);
+	}
+	if (S_ISREG(st.st_mode) && ((flags = fcntl(f, F_GETFL)) < 0 ||
+	                            fcntl(f, F_SETFL, flags & ~O_NONBLOCK) < 0)) {
+		int e = errno;
+		close(f);
+		return ioerr(err, path, "fcntl", e);
 	}
 	if (!S_ISREG(st.st_mode)) {
 		close(f);
