@@ -171,6 +171,12 @@ int files_check_dest(const char *flag, const char *path, bool stream)
 			return fail("%s '%s' is a folder, not a file", flag, path);
 		if (!S_ISREG(st.st_mode) && !stream)
 			return fail("%s '%s' is not a regular file (it would be replaced)", flag, path);
+		if (stream && S_ISFIFO(st.st_mode)) {
+			/* opening and closing it would hand its reader an end of file */
+			if (access(path, W_OK) != 0)
+				return fail("%s '%s': cannot write: %s", flag, path, strerror(errno));
+			return 0;
+		}
 		if (stream) { /* written in place: the file itself must open for writing */
 			int fd = open(path, O_WRONLY | O_NONBLOCK | O_CLOEXEC);
 			if (fd < 0)
