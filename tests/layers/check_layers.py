@@ -1,0 +1,179 @@
+#!/usr/bin/python3
+"""check_layers.py: no folder of kiln includes or calls a folder above it or
+a sibling (docs/ARCHITECTURE.md, "Layers").
+
+    check_layers.py SRCDIR BUILDDIR
+
+Floors, lowest first:
+
+    runtime/ < ir/ < {frontend/, passes/, codegen/} < driver/ < tools/
+
+frontend/, passes/ and codegen/ are siblings: none includes or calls
+another.  include/kiln/kiln.h is the public API and may be included from
+anywhere; tools/ may include only kiln/kiln.h, driver/driver.h and its own
+headers.
+
+(a) Includes: every `#include "folder/..."` in the source folders is read;
+    one that reaches a folder above or beside its own fails, naming the file
+    and line.
+(b) Calls: `nm` of every object file the build made for each folder (CMake
+    keeps them under BUILDDIR/CMakeFiles/<target>.dir/<folder>/); a symbol a
+    folder uses but does not define, which is defined only in folders above
+    it or beside it, fails, naming the object and the symbol.  Symbols
+    defined nowhere in kiln (libc, LLVM, protobuf-c) are not ours to judge.
+    The generated protobuf-c bindings (onnx_pb/) count as frontend/.
+
+Exit status 0 when the layering holds, 1 with one line per violation when
+not, 2 when the build has no objects to read.
+"""
+import os
+import re
+import subprocess
+import sys
+
+FLOOR = {"runtime": 0, "ir": 1, "frontend": 2, "passes": 2, "codegen": 2,
+         "driver": 3, "tools": 4}
+FOLDERS = list(FLOOR)
+# what tools/ may include besides its own headers (item: the CLI is a client
+# of the public header and the driver's documented header only)
+TOOLS_MAY_INCLUDE = {"kiln/kiln.h", "driver/driver.h"}
+
+
+def may_use(user, used):
+    """True when folder user may include or call folder used."""
+    return user == used or FLOOR[used] < FLOOR[user]
+
+
+def folder_of(path):
+    """The layer folder of a path relative to the source dir, or None."""
+    top = path.split("/", 1)[0]
+    if top == "onnx_pb":
+        return "frontend"
+    return top if top in FLOOR else None
+
+
+def check_includes(src):
+    bad = []
+    inc = re.compile(r'^\s*#\s*include\s+"([^"]+)"')
+    for folder in FOLDERS:
+        root = os.path.join(src, folder)
+        for dirpath, _, files in os.walk(root):
+            for f in sorted(files):
+                if not f.endswith((".c", ".h", ".def")):
+                    continue
+                path = os.path.join(dirpath, f)
+                rel = os.path.relpath(path, src)
+                with open(path, encoding="utf-8", errors="replace") as fh:
+                    for lineno, line in enumerate(fh, 1):
+                        m = inc.match(line)
+                        if not m:
+                            continue
+                        target = m.group(1)
+                        top = target.split("/", 1)[0] if "/" in target else None
+                        if folder == "tools":
+                            if "/" in target and top != "tools" and \
+                                    target not in TOOLS_MAY_INCLUDE:
+                                bad.append("%s:%d: tools/ includes \"%s\": only "
+                                           "kiln/kiln.h and driver/driver.h"
+                                           % (rel, lineno, target))
+                            continue
+                        if top is None or top not in FLOOR:
+                            continue  # same-folder header, kiln/kiln.h, system
+                        if not may_use(folder, top):
+                            kind = "a sibling" if FLOOR[top] == FLOOR[folder] \
+                                else "a folder above it"
+                            bad.append("%s:%d: %s/ includes \"%s\" from %s (%s/)"
+                                       % (rel, lineno, folder, target, kind, top))
+    return bad
+
+
+def objects(build):
+    """{object path: folder} for every object CMake built from a layer."""
+    out = {}
+    base = os.path.join(build, "CMakeFiles")
+    if not os.path.isdir(base):
+        return out
+    for target in sorted(os.listdir(base)):
+        # the libraries and the CLI; tests, examples, benches and the
+        # never-sanitized runtime copy (kilnrt_gen) repeat or use them
+        if target not in ("kilnrt.dir", "kiln.dir", "kiln_cli.dir"):
+            continue
+        tdir = os.path.join(base, target)
+        for dirpath, _, files in os.walk(tdir):
+            for f in files:
+                if not f.endswith(".o"):
+                    continue
+                path = os.path.join(dirpath, f)
+                folder = folder_of(os.path.relpath(path, tdir))
+                if folder:
+                    out[path] = folder
+    return out
+
+
+def nm(path):
+    """(defined, undefined) global symbol names of one object."""
+    res = subprocess.run(["nm", "-P", path], capture_output=True, text=True,
+                         check=True)
+    defined, undefined = set(), set()
+    for line in res.stdout.splitlines():
+        parts = line.split()
+        if len(parts) < 2:
+            continue
+        name, kind = parts[0], parts[1]
+        if kind == "U":
+            undefined.add(name)
+        elif kind in "TDBRCVWGS" and kind.isupper():
+            defined.add(name)
+    return defined, undefined
+
+
+def check_calls(build):
+    objs = objects(build)
+    if not objs:
+        return None
+    where = {}  # symbol -> set of folders defining it
+    uses = []
+    for path, folder in sorted(objs.items()):
+        defined, undefined = nm(path)
+        for s in defined:
+            where.setdefault(s, set()).add(folder)
+        uses.append((path, folder, undefined))
+    bad = []
+    for path, folder, undefined in uses:
+        rel = os.path.relpath(path, build)
+        for s in sorted(undefined):
+            homes = where.get(s)
+            if not homes:
+                continue
+            if any(may_use(folder, h) for h in homes):
+                continue
+            home = sorted(homes)[0]
+            kind = "a sibling" if FLOOR[home] == FLOOR[folder] else "a folder above it"
+            bad.append("%s: %s/ calls %s, defined only in %s (%s/)"
+                       % (rel, folder, s, kind, "/, ".join(sorted(homes))))
+    return bad
+
+
+def main():
+    if len(sys.argv) != 3:
+        sys.stderr.write(__doc__)
+        return 2
+    src, build = sys.argv[1], sys.argv[2]
+    bad = check_includes(src)
+    calls = check_calls(build)
+    if calls is None:
+        sys.stderr.write("check_layers: no object files under %s/CMakeFiles\n" % build)
+        return 2
+    bad += calls
+    for b in bad:
+        print(b)
+    if bad:
+        print("check_layers: %d violation(s) of the layering (docs/ARCHITECTURE.md)"
+              % len(bad))
+        return 1
+    print("check_layers: the layering holds")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
