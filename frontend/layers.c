@@ -57,7 +57,7 @@ static kiln_value param(kiln_graph *g, kiln_loc loc, const char *layer, const ch
 		ir_errorf_at(g, loc, KILN_EINVAL, "layer name '%.40s...' is too long", layer);
 		return KILN_NONE;
 	}
-	if (fe_name_taken(g, name)) {
+	if (ir_name_taken(g, name)) {
 		ir_errorf_at(g, loc, KILN_EINVAL, "parameter '%s' already exists (two layers named "
 		             "'%s'?)", name, layer);
 		return KILN_NONE;
@@ -99,7 +99,7 @@ static const ir_type *layer_in(kiln_graph *g, kiln_loc loc, const char *kind, co
 		ir_errorf_at(g, loc, KILN_EINVAL, "%s: a layer needs a name", kind);
 		return NULL;
 	}
-	const ir_value *p = fe_value(g, loc, kind, "input", x);
+	const ir_value *p = ir_operand(g, loc, kind, "input", x);
 	if (!p)
 		return NULL;
 	const ir_type *t = &p->type;
@@ -115,10 +115,10 @@ static const ir_type *layer_in(kiln_graph *g, kiln_loc loc, const char *kind, co
 }
 
 /* Ends a layer: on error undoes everything since m, else names y's node. */
-static kiln_value done(kiln_graph *g, fe_mark m, kiln_value y, const char *name)
+static kiln_value done(kiln_graph *g, ir_mark m, kiln_value y, const char *name)
 {
 	if (g->status != KILN_OK || !y) {
-		fe_rollback(g, m);
+		ir_rollback(g, m);
 		return KILN_NONE;
 	}
 	ir_value *v = g->val[y];
@@ -144,7 +144,7 @@ KILN_API kiln_value kiln_linear_at(kiln_graph *g, kiln_loc loc, const char *name
 	const ir_type *t = layer_in(g, loc, "Linear", name, x, 1, KILN_MAX_RANK, -1);
 	if (!t || !positive(g, loc, "Linear", name, "out_features", out_features))
 		return KILN_NONE;
-	fe_mark m = fe_mark_of(g);
+	ir_mark m = ir_mark_of(g);
 	int rank = t->rank;
 	int64_t in = t->dim[rank - 1];
 	double bound = in > 0 ? 1 / sqrt((double)in) : 0; /* kaiming_uniform(a=sqrt(5)) */
@@ -192,7 +192,7 @@ static kiln_value convnd(kiln_graph *g, kiln_loc loc, const char *kind, int nsp,
 		             (long long)in, (long long)out);
 		return KILN_NONE;
 	}
-	fe_mark m = fe_mark_of(g);
+	ir_mark m = ir_mark_of(g);
 	double bound = fan_in > 0 ? 1 / sqrt((double)fan_in) : 0;
 	kiln_dtype dt = pdtype(t);
 	kiln_value w = param(g, loc, name, "weight", dt, nsp + 2, wdim, UNIFORM, bound, true);
@@ -296,7 +296,7 @@ KILN_API kiln_value kiln_batchnorm_at(kiln_graph *g, kiln_loc loc, const char *n
 		return KILN_NONE;
 	eps = eps > 0 ? eps : 1e-5;
 	momentum = momentum > 0 ? momentum : 0.1;
-	fe_mark m = fe_mark_of(g);
+	ir_mark m = ir_mark_of(g);
 	kiln_dtype dt = pdtype(t);
 	const int64_t *c = &t->dim[1];
 	kiln_value in[5] = {
@@ -332,7 +332,7 @@ KILN_API kiln_value kiln_layernorm_at(kiln_graph *g, kiln_loc loc, const char *n
 		             ir_type_str(g, t, buf, sizeof buf));
 		return KILN_NONE;
 	}
-	fe_mark m = fe_mark_of(g);
+	ir_mark m = ir_mark_of(g);
 	const int64_t *dims = &t->dim[t->rank - nnorm];
 	kiln_value w = param(g, loc, name, "weight", pdtype(t), nnorm, dims, FILL, 1, true);
 	kiln_value b = param(g, loc, name, "bias", pdtype(t), nnorm, dims, FILL, 0, true);
@@ -349,11 +349,11 @@ KILN_API kiln_value kiln_embedding_at(kiln_graph *g, kiln_loc loc, const char *n
 		ir_errorf_at(g, loc, KILN_EINVAL, "Embedding: a layer needs a name");
 		return KILN_NONE;
 	}
-	if (!fe_value(g, loc, "Embedding", "indices", idx) ||
+	if (!ir_operand(g, loc, "Embedding", "indices", idx) ||
 	    !positive(g, loc, "Embedding", name, "num_embeddings", num) ||
 	    !positive(g, loc, "Embedding", name, "embedding_dim", dim))
 		return KILN_NONE;
-	fe_mark m = fe_mark_of(g);
+	ir_mark m = ir_mark_of(g);
 	kiln_value w = param(g, loc, name, "weight", KILN_F32, 2, (int64_t[]){num, dim}, NORMAL, 0,
 	                     true);
 	return done(g, m, kiln_gather_at(g, loc, w, idx, 0), name);
@@ -384,7 +384,7 @@ static kiln_value maxpool2d(kiln_graph *g, kiln_loc loc, const char *name, kiln_
 	kiln_conv_opts c;
 	if (!pool_opts(g, loc, "MaxPool2d", name, o, &c))
 		return KILN_NONE;
-	fe_mark m = fe_mark_of(g);
+	ir_mark m = ir_mark_of(g);
 	return done(g, m, kiln_max_pool_at(g, loc, x, &c), name);
 }
 
@@ -394,7 +394,7 @@ static kiln_value avgpool2d(kiln_graph *g, kiln_loc loc, const char *name, kiln_
 	kiln_conv_opts c;
 	if (!pool_opts(g, loc, "AvgPool2d", name, o, &c))
 		return KILN_NONE;
-	fe_mark m = fe_mark_of(g);
+	ir_mark m = ir_mark_of(g);
 	return done(g, m, kiln_avg_pool_at(g, loc, x, &c), name);
 }
 
@@ -531,7 +531,7 @@ KILN_API kiln_value kiln_sequential_at(kiln_graph *g, kiln_loc loc, const char *
 		return KILN_NONE;
 	}
 	name = name ? name : "";
-	fe_mark m = fe_mark_of(g);
+	ir_mark m = ir_mark_of(g);
 	for (int i = 0; layers[i].kind != KILN_L_END && g->status == KILN_OK; i++) {
 		unsigned kind = (unsigned)layers[i].kind;
 		if (kind >= sizeof seq_table / sizeof *seq_table || !seq_table[kind]) {
@@ -544,7 +544,7 @@ KILN_API kiln_value kiln_sequential_at(kiln_graph *g, kiln_loc loc, const char *
 		x = seq_table[kind](g, loc, lname, x, &layers[i]);
 	}
 	if (g->status != KILN_OK) {
-		fe_rollback(g, m);
+		ir_rollback(g, m);
 		return KILN_NONE;
 	}
 	return x;

@@ -39,10 +39,10 @@ static kiln_value reduce(kiln_graph *g, kiln_loc loc, kiln_value v, const char *
 }
 
 /* Keeps a traced result, or undoes everything since m when it failed. */
-static kiln_value done(kiln_graph *g, fe_mark m, kiln_value y)
+static kiln_value done(kiln_graph *g, ir_mark m, kiln_value y)
 {
 	if (g->status != KILN_OK || !y) {
-		fe_rollback(g, m);
+		ir_rollback(g, m);
 		return KILN_NONE;
 	}
 	return y;
@@ -96,7 +96,7 @@ KILN_API kiln_value kiln_cross_entropy_at(kiln_graph *g, kiln_loc loc, kiln_valu
 	if (label_smoothing == 0)
 		return kiln_softmax_cross_entropy_at(g, loc, logits, target, weight, r, true,
 		                                     ignore_index);
-	fe_mark m = fe_mark_of(g);
+	ir_mark m = ir_mark_of(g);
 	kiln_value lp = kiln_log_softmax_at(g, loc, logits, 1);
 	kiln_value nll = kiln_nll_loss_at(g, loc, lp, target, weight, r, true, ignore_index);
 	if (!nll)
@@ -120,7 +120,7 @@ KILN_API kiln_value kiln_l1_loss_at(kiln_graph *g, kiln_loc loc, kiln_value pred
 {
 	if (!g || g->status != KILN_OK || !(r = reduction(g, loc, "L1Loss", r)))
 		return KILN_NONE;
-	fe_mark m = fe_mark_of(g);
+	ir_mark m = ir_mark_of(g);
 	kiln_value d = kiln_abs_at(g, loc, kiln_sub_at(g, loc, pred, target));
 	return done(g, m, reduce(g, loc, d, r));
 }
@@ -136,7 +136,7 @@ KILN_API kiln_value kiln_smooth_l1_loss_at(kiln_graph *g, kiln_loc loc, kiln_val
 	}
 	if (beta == 0) /* PyTorch's special case: exactly L1 */
 		return kiln_l1_loss_at(g, loc, pred, target, r);
-	fe_mark m = fe_mark_of(g);
+	ir_mark m = ir_mark_of(g);
 	kiln_value d = kiln_abs_at(g, loc, kiln_sub_at(g, loc, pred, target));
 	kiln_dtype dt = d ? dtype_of(g, d) : KILN_F32;
 	kiln_value q = kiln_mul_at(g, loc, kiln_mul_at(g, loc, d, d),
@@ -161,9 +161,9 @@ KILN_API kiln_value kiln_bce_with_logits_at(kiln_graph *g, kiln_loc loc, kiln_va
                                             kiln_value pos_weight, const char *r)
 {
 	if (!g || g->status != KILN_OK || !(r = reduction(g, loc, "BCEWithLogitsLoss", r)) ||
-	    !fe_value(g, loc, "BCEWithLogitsLoss", "logits", logits))
+	    !ir_operand(g, loc, "BCEWithLogitsLoss", "logits", logits))
 		return KILN_NONE;
-	fe_mark m = fe_mark_of(g);
+	ir_mark m = ir_mark_of(g);
 	kiln_dtype dt = dtype_of(g, logits);
 	int64_t last = -1;
 	kiln_value zero = kiln_mul_at(g, loc, logits, kiln_scalar_at(g, loc, dt, 0));

@@ -1,5 +1,6 @@
 /*
- * dsl.c: the tracing DSL: one builder per op in kiln.h, each appending a
+ * build.c: the IR's typed node builder, the tracing DSL's core: one builder
+ * per op in kiln.h (the gradient rules and optimizer use them too), each appending a
  * node to the graph and returning its result's handle.
  *
  * Every builder is the same three steps: begin() checks the sticky error and
@@ -23,16 +24,16 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "frontend/frontend.h"
+#include "ir/build.h"
 
 /* ---- marks, rollback and operand checks (shared with layers.c) -------- */
 
-fe_mark fe_mark_of(const kiln_graph *g)
+ir_mark ir_mark_of(const kiln_graph *g)
 {
-	return (fe_mark){g->nnode, g->nval, g->ninput, g->noutput};
+	return (ir_mark){g->nnode, g->nval, g->ninput, g->noutput};
 }
 
-void fe_rollback(kiln_graph *g, fe_mark m)
+void ir_rollback(kiln_graph *g, ir_mark m)
 {
 	/* newest first, so use lists of older values lose exactly our uses */
 	while (g->nnode > m.nnode)
@@ -47,7 +48,7 @@ void fe_rollback(kiln_graph *g, fe_mark m)
 		g->noutput = m.noutput;
 }
 
-const ir_value *fe_value(kiln_graph *g, kiln_loc loc, const char *op, const char *what,
+const ir_value *ir_operand(kiln_graph *g, kiln_loc loc, const char *op, const char *what,
                          kiln_value v)
 {
 	if (v == KILN_NONE) {
@@ -64,7 +65,7 @@ const ir_value *fe_value(kiln_graph *g, kiln_loc loc, const char *op, const char
 	return p;
 }
 
-bool fe_name_taken(const kiln_graph *g, const char *name)
+bool ir_name_taken(const kiln_graph *g, const char *name)
 {
 	for (uint32_t i = 1; i < g->nval; i++) {
 		const ir_value *v = g->val[i];
@@ -94,7 +95,7 @@ static ir_node *begin(kiln_graph *g, kiln_loc loc, kiln_op op, uint32_t nin,
 	for (uint32_t i = 0; i < nin; i++) {
 		char what[32];
 		snprintf(what, sizeof what, "input %u", (unsigned)i);
-		if (!fe_value(g, loc, ir_op(op)->onnx, what, in[i]))
+		if (!ir_operand(g, loc, ir_op(op)->onnx, what, in[i]))
 			return NULL;
 	}
 	return ir_node_new(g, op, nin, in, nout, loc);
@@ -113,7 +114,7 @@ static bool settle(kiln_graph *g, ir_node *n)
 	}
 	if (g->status == KILN_OK)
 		return true;
-	fe_rollback(g, (fe_mark){n->idx, n->out[0], g->ninput, g->noutput});
+	ir_rollback(g, (ir_mark){n->idx, n->out[0], g->ninput, g->noutput});
 	return false;
 }
 
@@ -411,7 +412,7 @@ KILN_API kiln_value kiln_batch_norm_at(kiln_graph *g, kiln_loc loc, kiln_value x
  * requires a scale input even when the caller has none. */
 static kiln_value ones_tail(kiln_graph *g, kiln_loc loc, kiln_value x, int64_t axis)
 {
-	const ir_value *p = fe_value(g, loc, "LayerNormalization", "input 0", x);
+	const ir_value *p = ir_operand(g, loc, "LayerNormalization", "input 0", x);
 	if (!p)
 		return KILN_NONE;
 	const ir_type *t = &p->type;
@@ -445,7 +446,7 @@ KILN_API kiln_value kiln_layer_norm_at(kiln_graph *g, kiln_loc loc, kiln_value x
 {
 	if (!ready(g))
 		return KILN_NONE;
-	fe_mark m = fe_mark_of(g);
+	ir_mark m = ir_mark_of(g);
 	if (!scale)
 		scale = ones_tail(g, loc, x, axis);
 	ir_node *n = begin(g, loc, KILN_OP_LAYER_NORM, bias ? 3 : 2, (kiln_value[]){x, scale, bias}, 1);
@@ -455,7 +456,7 @@ KILN_API kiln_value kiln_layer_norm_at(kiln_graph *g, kiln_loc loc, kiln_value x
 	}
 	kiln_value y = finish(g, n);
 	if (!y)
-		fe_rollback(g, m);
+		ir_rollback(g, m);
 	return y;
 }
 
@@ -478,7 +479,7 @@ KILN_API kiln_value kiln_log_softmax_at(kiln_graph *g, kiln_loc loc, kiln_value 
 KILN_API kiln_value kiln_dropout_at(kiln_graph *g, kiln_loc loc, kiln_value x, double p,
                                     bool training, uint64_t seed)
 {
-	if (!ready(g) || !fe_value(g, loc, "Dropout", "input 0", x))
+	if (!ready(g) || !ir_operand(g, loc, "Dropout", "input 0", x))
 		return KILN_NONE;
 	if (!(p >= 0 && p < 1)) {
 		ir_errorf_at(g, loc, KILN_EINVAL, "Dropout: ratio %g is not in [0, 1)", p);
@@ -687,7 +688,7 @@ KILN_API kiln_value kiln_mse_loss_at(kiln_graph *g, kiln_loc loc, kiln_value pre
 		             reduction);
 		return KILN_NONE;
 	}
-	fe_mark m = fe_mark_of(g);
+	ir_mark m = ir_mark_of(g);
 	kiln_value d = kiln_sub_at(g, loc, pred, target);
 	kiln_value sq = kiln_mul_at(g, loc, d, d);
 	kiln_value y = sq;
@@ -696,7 +697,7 @@ KILN_API kiln_value kiln_mse_loss_at(kiln_graph *g, kiln_loc loc, kiln_value pre
 	else if (!strcmp(reduction, "sum"))
 		y = kiln_reduce_sum_at(g, loc, sq, 0, NULL, false);
 	if (!y)
-		fe_rollback(g, m);
+		ir_rollback(g, m);
 	return y;
 }
 
@@ -707,7 +708,7 @@ static bool fresh_name(kiln_graph *g, kiln_loc loc, const char *what, const char
 {
 	if (!name || !*name)
 		ir_errorf_at(g, loc, KILN_EINVAL, "%s: a name is required", what);
-	else if (fe_name_taken(g, name))
+	else if (ir_name_taken(g, name))
 		ir_errorf_at(g, loc, KILN_EINVAL, "%s: the name '%s' is already used in graph '%s'",
 		             what, name, g->name);
 	return g->status == KILN_OK;
@@ -742,10 +743,10 @@ KILN_API void kiln_output_at(kiln_graph *g, kiln_loc loc, const char *name, kiln
 {
 	if (!ready(g))
 		return;
-	const ir_value *p = fe_value(g, loc, "Output", "value", v);
+	const ir_value *p = ir_operand(g, loc, "Output", "value", v);
 	if (!p || !fresh_name(g, loc, "Output", name))
 		return;
-	fe_mark m = fe_mark_of(g);
+	ir_mark m = ir_mark_of(g);
 	/* a value has one name: an input, a parameter or an already named
 	 * output gets an Identity whose result carries the new name */
 	if (p->kind != IR_V_NODE || p->name)
@@ -753,7 +754,7 @@ KILN_API void kiln_output_at(kiln_graph *g, kiln_loc loc, const char *name, kiln
 	if (v && ir_output_add(g, v, name) != KILN_OK)
 		ir_errorf_at(g, loc, KILN_ENOMEM, "Output '%s': out of memory", name);
 	if (g->status != KILN_OK)
-		fe_rollback(g, m);
+		ir_rollback(g, m);
 }
 
 KILN_API kiln_value kiln_param_at(kiln_graph *g, kiln_loc loc, const char *name,
