@@ -271,7 +271,7 @@ extern const cg_lower_fn cg_lower_table[KILN_OP_COUNT];
 kiln_status cg_eval(const cg_module *m, kiln_tensor *const *inputs, int ninputs,
                     kiln_tensor **outputs, int noutputs, kiln_error *err);
 
-/* ---- memory planning (passes/memplan.c) --------------------------------- */
+/* ---- memory planning (memplan.c) --------------------------------------- */
 
 /* Assigns TEMP buffers (following aliases) to slots by lifetime so that
  * buffers live at the same time never share one; fills slot/first/last and

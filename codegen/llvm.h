@@ -92,10 +92,19 @@ uint64_t cg_sgemm_scratch_floats(const cg_target *t);
 
 /* ---- emit.c ------------------------------------------------------------- */
 
-/* The back half of kiln_compile: a lowered, memory-planned module to
+/* The back half of kiln_compile (driver/compile.c): a lowered, memory-planned module to
  * out_path (o->emit as there; the .so gets its header), entry points
  * prefixed with name.  Tests feed it hand-built modules. */
 kiln_status cg_emit(const cg_module *m, const char *out_path, const kiln_compile_opts *o,
                     const char *name, kiln_error *err);
+/* The back half of kiln_compile_train: step program m (STATE buffers
+ * indexed into ti's table) and eval into one .so at out_path, with its
+ * header. */
+kiln_status cg_emit_train(const cg_module *m, const cg_module *eval, const cg_train_info *ti,
+                          const char *out_path, const kiln_compile_opts *o, const char *name,
+                          kiln_error *err);
+/* A C identifier from s: other characters become '_', a leading digit gets
+ * one before it; "model" when s is empty. */
+void cg_c_name(char *out, size_t size, const char *s);
 
 #endif /* KILN_CG_LLVM_H */

@@ -1,0 +1,312 @@
+/*
+ * compile.c: kiln_compile and kiln_compile_train, the drivers from a graph
+ * to a standalone library.
+ *
+ * The pipeline is a flat list of stages on a private clone of the graph:
+ * graph passes (passes/), cg_lower, cg_memplan (codegen/), then cg_emit
+ * (codegen/emit.c: LLVM, the link, the header).  kiln_compile_train (the
+ * last section) builds the train step (driver/train.c), runs the same
+ * stages on it and the eval model, and turns every named parameter into a
+ * STATE buffer indexed into one state table (docs/TRAINING.md).
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "codegen/llvm.h"
+#include "codegen/lower.h"
+#include "passes/passes.h"
+
+static bool ends_with(const char *s, const char *suf)
+{
+	size_t a = strlen(s), b = strlen(suf);
+	return a >= b && strcmp(s + a - b, suf) == 0;
+}
+
+/* ---- kiln_compile ------------------------------------------------------------ */
+/* Graph -> optimized clone -> kernel IR with a memory plan. */
+static kiln_status to_kernels(const kiln_graph *g, const kiln_compile_opts *o, kiln_graph **gc,
+                              cg_module **m, kiln_error *err)
+{
+	*gc = ir_graph_clone(g);
+	if (!*gc)
+		return ir_seterr(err, KILN_ENOMEM, "out of memory cloning graph '%s'",
+		                 kiln_graph_name(g));
+	kiln_status st = kiln_graph_verify(*gc, err);
+	/* PASS_INFERENCE treats parameters as constants (bnfold folds them into
+	 * conv weights): right for an inference library, whose weights are
+	 * embedded and immutable; a library that trains its parameters must
+	 * name its own pass list. */
+	if (st == KILN_OK)
+		st = kiln_graph_optimize(*gc, o->passes ? o->passes : PASS_INFERENCE, err);
+	if (st == KILN_OK)
+		st = kiln_graph_verify(*gc, err);
+	if (st == KILN_OK)
+		st = cg_lower_ex(*gc, &(cg_lower_opts){.fuse = true}, m, err);
+	if (st == KILN_OK)
+		st = cg_memplan(*m, err);
+	return st;
+}
+
+static kiln_status check_opts(const kiln_graph *g, const char *out, const kiln_compile_opts *o,
+                              kiln_error *err)
+{
+	static const char *const emits[] = {"so", "kir", "ll", "asm", "obj"};
+	if (!g || !out || !*out)
+		return ir_seterr(err, KILN_EINVAL, "kiln_compile: %s is NULL",
+		                 !g ? "the graph" : "the output path");
+	if (kiln_graph_status(g) != KILN_OK)
+		return ir_seterr(err, kiln_graph_status(g), "%s", kiln_graph_errmsg(g));
+	if (ir_check_weights(g, "compile", err) != KILN_OK)
+		return KILN_EINVAL;
+	for (size_t i = 0; o->emit && i < sizeof emits / sizeof *emits; i++)
+		if (strcmp(o->emit, emits[i]) == 0)
+			return KILN_OK;
+	return o->emit ? ir_seterr(err, KILN_EINVAL, "kiln_compile: unknown --emit '%s' (want "
+	                           "so, kir, ll, asm or obj)", o->emit) : KILN_OK;
+}
+
+KILN_API kiln_status kiln_compile(const kiln_graph *g, const char *out_path,
+                                  const kiln_compile_opts *opts, kiln_error *err)
+{
+	kiln_compile_opts o = opts ? *opts : (kiln_compile_opts){0};
+	kiln_status st = check_opts(g, out_path, &o, err);
+	if (st != KILN_OK)
+		return st;
+	char name[128];
+	cg_c_name(name, sizeof name, o.name ? o.name : kiln_graph_name(g));
+	kiln_graph *gc = NULL;
+	cg_module *m = NULL;
+	st = to_kernels(g, &o, &gc, &m, err);
+	if (st == KILN_OK)
+		st = cg_emit(m, out_path, &o, name, err);
+	cg_module_free(m);
+	kiln_graph_free(gc);
+	return st;
+}
+
+/* ---- compiled training ------------------------------------------------------------
+ * The step graph from kiln_build_train_step and the eval model go through
+ * to_kernels each; every named parameter of either becomes a STATE buffer
+ * whose io_index is its row in the state table: the step graph's named
+ * parameters in value order, so the table is exactly what kiln_trainer
+ * checkpoints.  Each "<p>.next" output is paired with p's row; the eval
+ * model's parameters must all be rows of the same type. */
+
+typedef struct train_build {
+	kiln_graph *step;         /* kiln_build_train_step's graph: owns the init data */
+	const char **names;       /* the state table */
+	const kiln_tensor **init;
+	int nstate;
+	int *next;                /* per step output */
+	cg_train_info ti;
+} train_build;
+
+static void train_build_free(train_build *tb)
+{
+	kiln_graph_free(tb->step);
+	free(tb->names), free(tb->init), free(tb->next);
+}
+
+static int state_index(const train_build *tb, const char *name)
+{
+	for (int i = 0; name && i < tb->nstate; i++)
+		if (strcmp(tb->names[i], name) == 0)
+			return i;
+	return -1;
+}
+
+/* A clone of model whose inputs have batch (> 0) for every symbolic dim 0,
+ * with every type inferred again.  Convolutions' weight gradients reduce
+ * over the batch as their channel axis, which the lowering needs fixed. */
+static kiln_status fix_batch(const kiln_graph *model, int64_t batch, kiln_graph **out,
+                             kiln_error *err)
+{
+	kiln_graph *g = *out = ir_graph_clone(model);
+	if (!g)
+		return ir_seterr(err, KILN_ENOMEM, "kiln_compile_train: out of memory");
+	for (uint32_t i = 0; i < g->ninput; i++) {
+		ir_type *t = &g->val[g->input[i]]->type;
+		if (t->rank > 0 && ir_dim_symbol_index(g, t->dim[0]) >= 0)
+			t->dim[0] = batch;
+	}
+	return kiln_graph_optimize(g, "infer", err);
+}
+
+/* Training-mode Dropout must draw new masks every step, as kiln_trainer
+ * reseeds each node from its traced seed and the micro-batch count before
+ * each run; a compiled step cannot change a node's seed attribute, so it
+ * gets the count as an i64 input CG_MICRO_INPUT and the lowering derives
+ * the same seed from it in the kernel (cg_lower_dropout). */
+static kiln_status add_micro(kiln_graph *g, kiln_error *err)
+{
+	bool random = false;
+	for (uint32_t i = 0; i < g->nnode; i++) {
+		const ir_node *n = g->node[i];
+		random |= !n->dead && ir_op(n->op)->flags & IR_RANDOM &&
+		          ir_attr_int(n, "training_mode", 0);
+	}
+	if (random)
+		kiln_input_at(g, ir_graph_loc(g), CG_MICRO_INPUT, KILN_I64, 0, NULL);
+	return g->status == KILN_OK ? KILN_OK : ir_seterr(err, g->status, "%s", g->errmsg);
+}
+
+/* The step graph and its state table. */
+static kiln_status build_step(const kiln_graph *model, const kiln_train_opts *t, int64_t batch,
+                              train_build *tb, kiln_error *err)
+{
+	kiln_graph *fixed = NULL;
+	kiln_status st = batch > 0 ? fix_batch(model, batch, &fixed, err) : KILN_OK;
+	if (st == KILN_OK)
+		st = kiln_build_train_step(fixed ? fixed : model, t, &tb->step, err);
+	kiln_graph_free(fixed);
+	if (st != KILN_OK)
+		return st;
+	kiln_graph *g = tb->step;
+	if ((st = add_micro(g, err)) != KILN_OK)
+		return st;
+	tb->names = calloc(g->nval + 1, sizeof *tb->names);
+	tb->init = calloc(g->nval + 1, sizeof *tb->init);
+	if (!tb->names || !tb->init)
+		return ir_seterr(err, KILN_ENOMEM, "kiln_compile_train: out of memory");
+	for (uint32_t v = 1; v < g->nval; v++)
+		if (g->val[v]->kind == IR_V_PARAM && g->val[v]->name && g->val[v]->data) {
+			tb->names[tb->nstate] = g->val[v]->name;
+			tb->init[tb->nstate++] = g->val[v]->data;
+		}
+	return KILN_OK;
+}
+
+static bool fits(const kiln_tensor *t, const cg_buf *b)
+{
+	if (t->dtype != b->dt || t->rank != b->type.rank)
+		return false;
+	for (int d = 0; d < t->rank; d++)
+		if (t->shape[d] != b->type.dim[d])
+			return false;
+	return true;
+}
+
+/* Every parameter buffer of m becomes STATE, its row found by name. */
+static kiln_status mark_state(const train_build *tb, const kiln_graph *g, cg_module *m,
+                              const char *what, kiln_error *err)
+{
+	for (int b = 0; b < m->nbuf; b++) {
+		cg_buf *cb = &m->buf[b];
+		const ir_value *v = cb->value ? g->val[cb->value] : NULL;
+		if (cb->kind != CG_BUF_CONST || !v || v->kind != IR_V_PARAM)
+			continue;
+		int k = state_index(tb, v->name);
+		if (k < 0 || !fits(tb->init[k], cb))
+			return ir_seterr(err, KILN_EINVAL, "kiln_compile_train: %s parameter '%s' has no "
+			                 "match of the same type in the train step", what,
+			                 v->name ? v->name : "?");
+		cb->kind = CG_BUF_STATE;
+		cb->io_index = k;
+		cb->data = NULL;
+	}
+	return KILN_OK;
+}
+
+/* With the batch fixed, the graph still declares its symbol; a program no
+ * buffer of which has a symbolic dim takes no sizes (nothing binds them). */
+static void drop_unused_syms(cg_module *m)
+{
+	for (int b = 0; b < m->nbuf; b++)
+		for (int d = 0; d < m->buf[b].type.rank; d++)
+			if (m->buf[b].type.dim[d] < 0)
+				return;
+	m->nsym = 0;
+}
+
+/* Inputs "lr", "step", "apply" and each "<p>.next" output's row. */
+static kiln_status step_contract(train_build *tb, const kiln_graph *g, const cg_module *m,
+                                 const kiln_train_opts *t, kiln_error *err)
+{
+	cg_train_info *ti = &tb->ti;
+	*ti = (cg_train_info){tb->nstate, tb->names, tb->init, NULL, -1, -1, -1,
+	                      t->accum_steps > 1 ? t->accum_steps : 1, -1};
+	int *pos[4] = {&ti->lr, &ti->t, &ti->apply, &ti->micro};
+	const char *names[4] = {"lr", "step", "apply", CG_MICRO_INPUT};
+	for (uint32_t i = 0; i < g->ninput; i++)
+		for (int k = 0; k < 4; k++)
+			if (g->val[g->input[i]]->name && !strcmp(g->val[g->input[i]]->name, names[k]))
+				*pos[k] = (int)i;
+	if (!(tb->next = calloc((size_t)m->noutputs + 1, sizeof *tb->next)))
+		return ir_seterr(err, KILN_ENOMEM, "kiln_compile_train: out of memory");
+	tb->next[0] = -1;
+	for (int i = 1; i < m->noutputs; i++) {
+		const char *name = g->val[g->output[i]]->name;
+		char p[600];
+		size_t n = name ? strlen(name) : 0;
+		if (n > 5 && n - 5 < sizeof p && ends_with(name, ".next"))
+			snprintf(p, sizeof p, "%.*s", (int)(n - 5), name);
+		int k = n > 5 && n - 5 < sizeof p ? state_index(tb, p) : -1;
+		if (k < 0 || !fits(tb->init[k], &m->buf[m->outputs[i]]))
+			return ir_seterr(err, KILN_EVERIFY, "kiln_compile_train: output '%s' has no "
+			                 "parameter of the same type to replace", name ? name : "?");
+		tb->next[i] = k;
+	}
+	ti->next = tb->next;
+	return ti->lr >= 0 && ti->t >= 0 && (ti->accum == 1) == (ti->apply < 0)
+	               ? KILN_OK
+	               : ir_seterr(err, KILN_EVERIFY, "kiln_compile_train: the step graph lacks "
+	                           "its lr, step or apply input");
+}
+
+static kiln_status check_train(const kiln_graph *model, const kiln_graph *eval,
+                               const kiln_train_opts *t, const char *out,
+                               const kiln_compile_opts *o, kiln_error *err)
+{
+	if (!model || !eval || !t)
+		return ir_seterr(err, KILN_EINVAL, "kiln_compile_train: %s is NULL", !model ? "the "
+		                 "model" : !eval ? "the eval model (required)" : "the train options");
+	if (ir_check_weights(model, "compile", err) != KILN_OK ||
+	    ir_check_weights(eval, "compile", err) != KILN_OK)
+		return KILN_EINVAL;
+	if (o->passes && strstr(o->passes, "bnfold"))
+		return ir_seterr(err, KILN_EINVAL, "kiln_compile_train: pass 'bnfold' folds parameters "
+		                 "into constants, which a training library updates");
+	if (o->emit && strcmp(o->emit, "so") != 0)
+		return ir_seterr(err, KILN_EINVAL, "kiln_compile_train: --emit=%s is not supported "
+		                 "for a training library (only the .so)", o->emit);
+	kiln_status st = check_opts(model, out, o, err);
+	return st == KILN_OK ? check_opts(eval, out, o, err) : st;
+}
+
+KILN_API kiln_status kiln_compile_train(const kiln_graph *model, const kiln_graph *eval_model,
+                                        const kiln_train_opts *t, int64_t batch,
+                                        const char *out_path, const kiln_compile_opts *opts,
+                                        kiln_error *err)
+{
+	kiln_compile_opts o = opts ? *opts : (kiln_compile_opts){0};
+	kiln_status st = check_train(model, eval_model, t, out_path, &o, err);
+	if (st != KILN_OK)
+		return st;
+	o.passes = o.passes ? o.passes : PASS_DEFAULT;
+	char name[128];
+	cg_c_name(name, sizeof name, o.name ? o.name : kiln_graph_name(model));
+	train_build tb = {0};
+	kiln_graph *gs = NULL, *ge = NULL;
+	cg_module *ms = NULL, *me = NULL;
+	st = batch < 0 ? ir_seterr(err, KILN_EINVAL, "kiln_compile_train: batch %lld < 0",
+	                           (long long)batch)
+	               : build_step(model, t, batch, &tb, err);
+	if (st == KILN_OK)
+		st = to_kernels(tb.step, &o, &gs, &ms, err);
+	if (st == KILN_OK)
+		st = to_kernels(eval_model, &o, &ge, &me, err);
+	if (st == KILN_OK)
+		drop_unused_syms(ms);
+	if (st == KILN_OK)
+		st = mark_state(&tb, gs, ms, "train-step", err);
+	if (st == KILN_OK)
+		st = mark_state(&tb, ge, me, "eval", err);
+	if (st == KILN_OK)
+		st = step_contract(&tb, gs, ms, t, err);
+	if (st == KILN_OK)
+		st = cg_emit_train(ms, me, &tb.ti, out_path, &o, name, err);
+	cg_module_free(ms), cg_module_free(me);
+	kiln_graph_free(gs), kiln_graph_free(ge);
+	train_build_free(&tb);
+	return st;
+}
