@@ -66,7 +66,7 @@ kiln_status onnx_unpack(const void *data, size_t size, const char *path, onnx_al
                         Onnx__ModelProto **out, kiln_error *err);
 void onnx_unpacked_free(Onnx__ModelProto *m, onnx_alloc *a);
 
-/* ---- onnx_import.c ------------------------------------------------------ */
+/* ---- onnx_node.c (helpers of onnx_import.c and onnx_ops.c) ------------- */
 
 /* A small integer vector (rank 0 or 1) computed from shapes: each element
  * a number, or (sym) a kiln dim that may be symbolic. */
@@ -146,6 +146,12 @@ bool onnx_float_input(onnx_imp *c, onnx_nd *d, uint32_t i, const char *name);
 bool onnx_int_input(onnx_imp *c, onnx_nd *d, uint32_t i, const char *name);
 /* The ONNX attribute called name on d, or NULL. */
 const Onnx__AttributeProto *onnx_attr(const onnx_nd *d, const char *name);
+/* The domain of node p ("" for the default) and the opset c imports it at. */
+const char *onnx_domain_of(const Onnx__NodeProto *p);
+int64_t onnx_opset_of(const onnx_imp *c, const char *domain);
+/* The ONNX-name table: key (interned in c->g) -> value id (0: poisoned). */
+bool onnx_name_set(onnx_imp *c, const char *key, uint32_t v, bool *oom);
+bool onnx_name_get(const onnx_imp *c, const char *key, uint32_t *v);
 
 /* ---- onnx_fold.c -------------------------------------------------------- */
 
