@@ -24,18 +24,6 @@
 #include "kiln/kiln.h"
 #include "tools/tools.h"
 
-static int fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static int fail(const char *fmt, ...)
-{
-	va_list ap;
-	va_start(ap, fmt);
-	fputs("kiln: error: ", stderr);
-	vfprintf(stderr, fmt, ap);
-	fputc('\n', stderr);
-	va_end(ap);
-	return 1;
-}
-
 /* The folder part of path ("." for a bare name), malloc'd. */
 static char *dir_of(const char *path)
 {
@@ -118,7 +106,7 @@ int files_check_clash(const tool_file *in, int nin, const tool_file *out, int no
 				continue;
 			ident x = identify(in[k].path);
 			if (same(&o, &x))
-				return fail("%s '%s'%s is the same file as %s '%s'%s: kiln will not overwrite "
+				return tool_fail(1, "%s '%s'%s is the same file as %s '%s'%s: kiln will not overwrite "
 				            "an input; write the output somewhere else", out[i].flag,
 				            out[i].path, out[i].note ? out[i].note : "", in[k].flag,
 				            in[k].path, in[k].note ? in[k].note : "");
@@ -128,7 +116,7 @@ int files_check_clash(const tool_file *in, int nin, const tool_file *out, int no
 				continue;
 			ident x = identify(out[k].path);
 			if (same(&o, &x))
-				return fail("%s '%s'%s and %s '%s'%s are the same file: each output needs "
+				return tool_fail(1, "%s '%s'%s and %s '%s'%s are the same file: each output needs "
 				            "its own", out[k].flag, out[k].path, out[k].note ? out[k].note : "",
 				            out[i].flag, out[i].path, out[i].note ? out[i].note : "");
 		}
@@ -141,13 +129,13 @@ static int probe_dir(const char *flag, const char *path, const char *dir)
 {
 	struct stat st;
 	if (stat(dir, &st) != 0)
-		return fail("%s '%s': the folder '%s' does not exist", flag, path, dir);
+		return tool_fail(1, "%s '%s': the folder '%s' does not exist", flag, path, dir);
 	if (!S_ISDIR(st.st_mode))
-		return fail("%s '%s': '%s' is not a folder", flag, path, dir);
+		return tool_fail(1, "%s '%s': '%s' is not a folder", flag, path, dir);
 	size_t n = strlen(dir) + 32;
 	char *tmp = malloc(n);
 	if (!tmp)
-		return fail("out of memory");
+		return tool_fail(1, "out of memory");
 	snprintf(tmp, n, "%s/.kiln-probe-XXXXXX", dir);
 	int fd = mkstemp(tmp);
 	int e = errno;
@@ -157,7 +145,7 @@ static int probe_dir(const char *flag, const char *path, const char *dir)
 	}
 	free(tmp);
 	if (fd < 0)
-		return fail("%s '%s': cannot write in the folder '%s': %s", flag, path, dir, strerror(e));
+		return tool_fail(1, "%s '%s': cannot write in the folder '%s': %s", flag, path, dir, strerror(e));
 	return 0;
 }
 
@@ -165,29 +153,29 @@ int files_check_dest(const char *flag, const char *path, bool stream)
 {
 	struct stat st;
 	if (!*path)
-		return fail("%s: the file name is empty", flag);
+		return tool_fail(1, "%s: the file name is empty", flag);
 	if (stat(path, &st) == 0) {
 		if (S_ISDIR(st.st_mode))
-			return fail("%s '%s' is a folder, not a file", flag, path);
+			return tool_fail(1, "%s '%s' is a folder, not a file", flag, path);
 		if (!S_ISREG(st.st_mode) && !stream)
-			return fail("%s '%s' is not a regular file (it would be replaced)", flag, path);
+			return tool_fail(1, "%s '%s' is not a regular file (it would be replaced)", flag, path);
 		if (stream && S_ISFIFO(st.st_mode)) {
 			/* opening and closing it would hand its reader an end of file */
 			if (access(path, W_OK) != 0)
-				return fail("%s '%s': cannot write: %s", flag, path, strerror(errno));
+				return tool_fail(1, "%s '%s': cannot write: %s", flag, path, strerror(errno));
 			return 0;
 		}
 		if (stream) { /* written in place: the file itself must open for writing */
 			int fd = open(path, O_WRONLY | O_NONBLOCK | O_CLOEXEC);
 			if (fd < 0)
-				return fail("%s '%s': cannot write: %s", flag, path, strerror(errno));
+				return tool_fail(1, "%s '%s': cannot write: %s", flag, path, strerror(errno));
 			close(fd);
 			if (!S_ISREG(st.st_mode))
 				return 0;
 		}
 	}
 	char *d = dir_of(path);
-	int rc = d ? probe_dir(flag, path, d) : fail("out of memory");
+	int rc = d ? probe_dir(flag, path, d) : tool_fail(1, "out of memory");
 	free(d);
 	return rc;
 }
@@ -196,14 +184,14 @@ int files_check_dir(const char *flag, const char *dir)
 {
 	struct stat st;
 	if (!*dir)
-		return fail("%s: the folder name is empty", flag);
+		return tool_fail(1, "%s: the folder name is empty", flag);
 	if (stat(dir, &st) == 0) {
 		if (!S_ISDIR(st.st_mode))
-			return fail("%s '%s' is not a folder", flag, dir);
+			return tool_fail(1, "%s '%s' is not a folder", flag, dir);
 		return probe_dir(flag, dir, dir);
 	}
 	char *d = dir_of(dir); /* it will be made: its parent must take it */
-	int rc = d ? probe_dir(flag, dir, d) : fail("out of memory");
+	int rc = d ? probe_dir(flag, dir, d) : tool_fail(1, "out of memory");
 	free(d);
 	return rc;
 }
@@ -234,7 +222,7 @@ int files_sync_dir(const char *path)
 	int fd = d ? open(d, O_RDONLY | O_DIRECTORY | O_CLOEXEC) : -1;
 	int rc = 0;
 	if (fd >= 0 && fsync(fd) != 0 && errno != EINVAL)
-		rc = fail("'%s': fsync of the folder '%s': %s", path, d, strerror(errno));
+		rc = tool_fail(1, "'%s': fsync of the folder '%s': %s", path, d, strerror(errno));
 	if (fd >= 0)
 		close(fd);
 	free(d);
@@ -245,7 +233,7 @@ int files_finish_stdout(void)
 {
 	if (fflush(stdout) != 0 || ferror(stdout)) {
 		int e = errno;
-		return fail("cannot write to standard output: %s", strerror(e ? e : EIO));
+		return tool_fail(1, "cannot write to standard output: %s", strerror(e ? e : EIO));
 	}
 	return 0;
 }

@@ -22,11 +22,7 @@
 #include <unistd.h>
 
 #include "kiln/kiln.h"
-#include "ir/ir.h"
-#include "passes/passes.h"
 #include "tools/tools.h"
-
-enum { EXIT_USAGE = 2 };
 
 typedef struct command {
 	const char *name;
@@ -37,29 +33,11 @@ typedef struct command {
 
 static const command *find_command(const char *name);
 
-static int fail(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static int fail(int code, const char *fmt, ...)
-{
-	va_list ap;
-	va_start(ap, fmt);
-	fputs("kiln: error: ", stderr);
-	vfprintf(stderr, fmt, ap);
-	fputc('\n', stderr);
-	va_end(ap);
-	return code;
-}
-
-/* One message from a library error, falling back on the status name. */
-static int fail_err(const kiln_error *e, kiln_status st)
-{
-	return fail(1, "%s", e->msg[0] ? e->msg : kiln_status_str(st));
-}
-
 static int usage_error(const char *cmd, const char *fmt, const char *arg)
 {
 	char msg[512];
 	snprintf(msg, sizeof msg, fmt, arg);
-	return fail(EXIT_USAGE, "%s (see 'kiln %s --help')", msg, cmd);
+	return tool_fail(TOOLS_EXIT_USAGE, "%s (see 'kiln %s --help')", msg, cmd);
 }
 
 static bool is_help(const char *a)
@@ -90,8 +68,8 @@ static int load(const char *path, kiln_graph **g)
 		return 0;
 	/* parse errors carry file:line:col already; others get the file */
 	if (!strstr(e.msg, path))
-		return fail(1, "%s: %s", path, e.msg[0] ? e.msg : kiln_status_str(st));
-	return fail_err(&e, st);
+		return tool_fail(1, "%s: %s", path, e.msg[0] ? e.msg : kiln_status_str(st));
+	return tool_fail_err(NULL, &e, st);
 }
 
 /* An option's value: "--name=V", or "--name V" / "-x V" from the next arg. */
@@ -236,7 +214,7 @@ static int cmd_inspect(int argc, char **argv)
 		if (strcmp(argv[i], "--no-ir") == 0)
 			ir = false;
 		else if (positional("inspect", argv[i], &file))
-			return EXIT_USAGE;
+			return TOOLS_EXIT_USAGE;
 	}
 	if (!file)
 		return usage_error("inspect", "missing %s", "FILE.kir or FILE.onnx");
@@ -256,7 +234,7 @@ static int cmd_inspect(int argc, char **argv)
 		char *text = kiln_graph_to_kir(g);
 		if (!text) {
 			kiln_graph_free(g);
-			return fail(1, "out of memory printing the IR");
+			return tool_fail(1, "out of memory printing the IR");
 		}
 		printf("\n%s", text);
 		free(text);
@@ -286,7 +264,7 @@ static int run_parse(int argc, char **argv, run_args *a)
 				return usage_error("run", "option '%s' needs a directory", argv[i]);
 			a->outdir = v;
 		} else if (positional("run", argv[i], &a->file)) {
-			return EXIT_USAGE;
+			return TOOLS_EXIT_USAGE;
 		}
 	}
 	if (!a->file)
@@ -321,24 +299,24 @@ static int read_inputs(const kiln_graph *g, const run_args *a, kiln_tensor **in)
 	for (int k = 0; k < a->nspec; k++) {
 		const char *eq = strchr(a->spec[k], '=');
 		if (!eq || eq == a->spec[k] || !eq[1])
-			return fail(EXIT_USAGE, "bad -i '%s': expected NAME=FILE.npy", a->spec[k]);
+			return tool_fail(TOOLS_EXIT_USAGE, "bad -i '%s': expected NAME=FILE.npy", a->spec[k]);
 		int i = input_index(g, a->spec[k], eq - a->spec[k]);
 		input_names(g, names, sizeof names);
 		if (i < 0)
-			return fail(EXIT_USAGE, "unknown input '%.*s'; graph '%s' has inputs: %s",
+			return tool_fail(TOOLS_EXIT_USAGE, "unknown input '%.*s'; graph '%s' has inputs: %s",
 			            (int)(eq - a->spec[k]), a->spec[k], g->name, names);
 		if (in[i])
-			return fail(EXIT_USAGE, "input '%s' given twice", g->val[g->input[i]]->name);
+			return tool_fail(TOOLS_EXIT_USAGE, "input '%s' given twice", g->val[g->input[i]]->name);
 		kiln_error e = {0};
 		kiln_status st = kiln_npy_read(eq + 1, &in[i], &e);
 		if (st != KILN_OK)
-			return fail_err(&e, st);
+			return tool_fail_err(NULL, &e, st);
 	}
 	for (uint32_t i = 0; i < g->ninput; i++)
 		if (!in[i]) {
 			char ty[256];
 			const ir_value *v = g->val[g->input[i]];
-			return fail(EXIT_USAGE, "missing input '%s' (%s): give -i %s=FILE.npy", v->name,
+			return tool_fail(TOOLS_EXIT_USAGE, "missing input '%s' (%s): give -i %s=FILE.npy", v->name,
 			            ir_type_str(g, &v->type, ty, sizeof ty), v->name);
 		}
 	return 0;
@@ -426,7 +404,7 @@ static int out_files_make(const char *dir, int n, const char *const *names, out_
 	free(got);
 	if (!ok)
 		out_files_free(f);
-	return ok ? 0 : fail(1, "out of memory");
+	return ok ? 0 : tool_fail(1, "out of memory");
 }
 
 /* Before running: the output folder takes files, and no output file is an
@@ -440,7 +418,7 @@ static int out_files_check(const run_args *a, const out_files *f)
 	int nin = a->nspec + 2;
 	tool_file *in = calloc((size_t)nin, sizeof *in), *out = calloc((size_t)f->n + 1, sizeof *out);
 	char *side = files_model_sidecar(a->file);
-	int rc = in && out ? 0 : fail(1, "out of memory");
+	int rc = in && out ? 0 : tool_fail(1, "out of memory");
 	if (!rc) {
 		in[0] = (tool_file){"the model", a->file, NULL};
 		in[1] = (tool_file){"the model", side, " (its weights)"};
@@ -466,7 +444,7 @@ static int write_outputs(const char *dir, const char *const *names, const out_fi
                          kiln_tensor **out)
 {
 	if (dir && mkdir(dir, 0777) != 0 && errno != EEXIST)
-		return fail(1, "cannot create directory '%s': %s", dir, strerror(errno));
+		return tool_fail(1, "cannot create directory '%s': %s", dir, strerror(errno));
 	for (int i = 0; i < f->n; i++) {
 		const char *name = names[i] ? names[i] : "?";
 		char ty[256];
@@ -477,7 +455,7 @@ static int write_outputs(const char *dir, const char *const *names, const out_fi
 		kiln_error e = {0};
 		kiln_status st = kiln_npy_write(f->path[i], out[i], &e);
 		if (st != KILN_OK)
-			return fail_err(&e, st);
+			return tool_fail_err(NULL, &e, st);
 		printf("%s: %s -> %s%s\n", name, tensor_type(out[i], ty, sizeof ty), f->path[i],
 		       f->renamed[i] ? " (file name changed: the output's name is not a unique, "
 		                       "plain file name)" : "");
@@ -492,10 +470,10 @@ static int load_so(const char *path, kiln_model **m)
 	kiln_error e = {0};
 	rt_file_kind k = rt_file_sniff(path);
 	if (k != RT_FILE_ELF && k != RT_FILE_UNKNOWN)
-		return fail(1, "%s: this is %s, not a compiled library: make one with 'kiln compile'",
+		return tool_fail(1, "%s: this is %s, not a compiled library: make one with 'kiln compile'",
 		            path, rt_file_kind_name(k));
 	kiln_status st = kiln_load(path, m, &e);
-	return st == KILN_OK ? 0 : fail_err(&e, st);
+	return st == KILN_OK ? 0 : tool_fail_err(NULL, &e, st);
 }
 
 /* "f32[N,784]" from a loaded model's signature. */
@@ -529,24 +507,24 @@ static int so_read_inputs(const kiln_model *m, const run_args *a, kiln_tensor **
 	for (int k = 0; k < a->nspec; k++) {
 		const char *eq = strchr(a->spec[k], '=');
 		if (!eq || eq == a->spec[k] || !eq[1])
-			return fail(EXIT_USAGE, "bad -i '%s': expected NAME=FILE.npy", a->spec[k]);
+			return tool_fail(TOOLS_EXIT_USAGE, "bad -i '%s': expected NAME=FILE.npy", a->spec[k]);
 		int i = so_input_index(m, a->spec[k], eq - a->spec[k]);
 		if (i < 0)
-			return fail(EXIT_USAGE, "unknown input '%.*s'; model '%s' has %d input(s), the first '%s'",
+			return tool_fail(TOOLS_EXIT_USAGE, "unknown input '%.*s'; model '%s' has %d input(s), the first '%s'",
 			            (int)(eq - a->spec[k]), a->spec[k], kiln_model_name(m),
 			            kiln_model_num_inputs(m), kiln_model_input_name(m, 0));
 		if (in[i])
-			return fail(EXIT_USAGE, "input '%s' given twice", kiln_model_input_name(m, i));
+			return tool_fail(TOOLS_EXIT_USAGE, "input '%s' given twice", kiln_model_input_name(m, i));
 		kiln_error e = {0};
 		kiln_status st = kiln_npy_read(eq + 1, &in[i], &e);
 		if (st != KILN_OK)
-			return fail_err(&e, st);
+			return tool_fail_err(NULL, &e, st);
 	}
 	for (int i = 0; i < kiln_model_num_inputs(m); i++)
 		if (!in[i]) {
 			char ty[256];
 			const kiln_model_io *io = kiln_model_input(m, i);
-			return fail(EXIT_USAGE, "missing input '%s' (%s): give -i %s=FILE.npy", io->name,
+			return tool_fail(TOOLS_EXIT_USAGE, "missing input '%s' (%s): give -i %s=FILE.npy", io->name,
 			            io_type(io, ty, sizeof ty), io->name);
 		}
 	return 0;
@@ -566,7 +544,7 @@ static int run_so(const run_args *a)
 		in = calloc(nin + 1, sizeof *in);
 		out = calloc(nout + 1, sizeof *out);
 		names = calloc(nout + 1, sizeof *names);
-		rc = in && out && names ? so_read_inputs(m, a, in) : fail(1, "out of memory");
+		rc = in && out && names ? so_read_inputs(m, a, in) : tool_fail(1, "out of memory");
 	}
 	for (int i = 0; !rc && i < nout; i++)
 		names[i] = kiln_model_output_name(m, i);
@@ -577,7 +555,7 @@ static int run_so(const run_args *a)
 	if (!rc) {
 		kiln_error e = {0};
 		kiln_status st = kiln_model_run(m, in, nin, out, nout, &e);
-		rc = st == KILN_OK ? write_outputs(a->outdir, names, &f, out) : fail_err(&e, st);
+		rc = st == KILN_OK ? write_outputs(a->outdir, names, &f, out) : tool_fail_err(NULL, &e, st);
 	}
 	for (int i = 0; in && i < nin; i++)
 		kiln_tensor_free(in[i]);
@@ -599,7 +577,7 @@ static int cmd_run(int argc, char **argv)
 	kiln_tensor **in = NULL, **out = NULL;
 	const char **names = NULL;
 	out_files f = {0};
-	int rc = spec ? run_parse(argc, argv, &a) : fail(1, "out of memory");
+	int rc = spec ? run_parse(argc, argv, &a) : tool_fail(1, "out of memory");
 	if (!rc && rt_file_sniff(a.file) == RT_FILE_ELF) {
 		rc = run_so(&a);
 		free(spec);
@@ -611,7 +589,7 @@ static int cmd_run(int argc, char **argv)
 		in = calloc(g->ninput + 1, sizeof *in);
 		out = calloc(g->noutput + 1, sizeof *out);
 		names = calloc(g->noutput + 1, sizeof *names);
-		rc = in && out && names ? read_inputs(g, &a, in) : fail(1, "out of memory");
+		rc = in && out && names ? read_inputs(g, &a, in) : tool_fail(1, "out of memory");
 	}
 	for (uint32_t i = 0; !rc && i < g->noutput; i++)
 		names[i] = g->val[g->output[i]]->name;
@@ -622,7 +600,7 @@ static int cmd_run(int argc, char **argv)
 	if (!rc) {
 		kiln_error e = {0};
 		kiln_status st = kiln_graph_run(g, in, (int)g->ninput, out, (int)g->noutput, &e);
-		rc = st == KILN_OK ? write_outputs(a.outdir, names, &f, out) : fail_err(&e, st);
+		rc = st == KILN_OK ? write_outputs(a.outdir, names, &f, out) : tool_fail_err(NULL, &e, st);
 	}
 	for (uint32_t i = 0; g && in && i < g->ninput; i++)
 		kiln_tensor_free(in[i]);
@@ -679,7 +657,7 @@ static int cmd_opt(int argc, char **argv)
 		} else if (strcmp(argv[i], "--verify") == 0) {
 			o.verify = true;
 		} else if (positional("opt", argv[i], &file)) {
-			return EXIT_USAGE;
+			return TOOLS_EXIT_USAGE;
 		}
 	}
 	if (!file)
@@ -695,13 +673,13 @@ static int cmd_opt(int argc, char **argv)
 	kiln_status st = pass_run_list(g, passes, &o, &e);
 	int rc = 0;
 	if (st != KILN_OK) {
-		rc = fail_err(&e, st);
+		rc = tool_fail_err(NULL, &e, st);
 	} else if (outfile) {
 		st = kiln_graph_save(g, outfile, &e);
-		rc = st == KILN_OK ? 0 : fail_err(&e, st);
+		rc = st == KILN_OK ? 0 : tool_fail_err(NULL, &e, st);
 	} else {
 		char *text = kiln_graph_to_kir(g);
-		rc = text ? (fputs(text, stdout), 0) : fail(1, "out of memory printing the IR");
+		rc = text ? (fputs(text, stdout), 0) : tool_fail(1, "out of memory printing the IR");
 		free(text);
 	}
 	kiln_graph_free(g);
@@ -737,7 +715,7 @@ static int bench_parse(int argc, char **argv, bench_args *a)
 			if (!v || (*opts[k].dst = strtod(v, &end), end == v || *end) || *opts[k].dst < 0)
 				return usage_error("bench", "option '%s' needs a number >= 0", o);
 		} else if (positional("bench", argv[i], &a->file)) {
-			return EXIT_USAGE;
+			return TOOLS_EXIT_USAGE;
 		}
 	}
 	if (!a->file)
@@ -756,12 +734,12 @@ static int bench_inputs(const kiln_model *m, int64_t batch, kiln_tensor **in)
 		int64_t dims[KILN_MAX_RANK];
 		for (int k = 0; k < io->rank; k++) {
 			if (io->dim_names[k] && strcmp(io->dim_names[k], "?") == 0)
-				return fail(1, "input '%s' has a computed dim: give inputs with 'kiln run'",
+				return tool_fail(1, "input '%s' has a computed dim: give inputs with 'kiln run'",
 				            io->name);
 			dims[k] = io->dim_names[k] ? batch : io->dims[k];
 		}
 		if (!(in[i] = kiln_tensor_new(io->dtype, io->rank, dims)))
-			return fail(1, "cannot allocate input '%s'", io->name);
+			return tool_fail(1, "cannot allocate input '%s'", io->name);
 		if (io->dtype != KILN_F32)
 			continue; /* zeros: valid indices and masks */
 		float *p = in[i]->data;
@@ -793,10 +771,10 @@ static int bench_time(kiln_model *m, const bench_args *a, kiln_tensor **in, kiln
 	double *t = malloc(cap * sizeof *t), start = now_ms();
 	kiln_error e = {0};
 	if (!t)
-		return fail(1, "out of memory");
+		return tool_fail(1, "out of memory");
 	for (int i = 0; i < (int)a->warmup; i++)
 		if (kiln_model_run_into(m, in, nin, out, nout, &e) != KILN_OK)
-			return free(t), fail_err(&e, e.code);
+			return free(t), tool_fail_err(NULL, &e, e.code);
 	start = now_ms();
 	while (n < cap && (a->runs ? n < (int)a->runs : n < 10 || now_ms() - start < a->seconds * 1e3)) {
 		double t0 = now_ms();
@@ -829,17 +807,17 @@ static int cmd_bench(int argc, char **argv)
 	if (!rc)
 		rc = load_so(a.file, &m);
 	if (!rc && kiln_model_set_threads(m, (int)a.threads, &e) != KILN_OK)
-		rc = fail_err(&e, e.code);
+		rc = tool_fail_err(NULL, &e, e.code);
 	if (!rc) {
 		nin = kiln_model_num_inputs(m);
 		nout = kiln_model_num_outputs(m);
 		in = calloc(nin + 1, sizeof *in);
 		out = calloc(nout + 1, sizeof *out);
-		rc = in && out ? bench_inputs(m, (int64_t)a.batch, in) : fail(1, "out of memory");
+		rc = in && out ? bench_inputs(m, (int64_t)a.batch, in) : tool_fail(1, "out of memory");
 	}
 	/* the first run allocates the outputs and the context's scratch */
 	if (!rc && kiln_model_run(m, in, nin, out, nout, &e) != KILN_OK)
-		rc = fail_err(&e, e.code);
+		rc = tool_fail_err(NULL, &e, e.code);
 	if (!rc)
 		rc = bench_time(m, &a, in, out);
 	for (int i = 0; in && i < nin; i++)
@@ -981,12 +959,12 @@ static int cmd_compile(int argc, char **argv)
 			k++;
 		int tf = k == sizeof opts / sizeof *opts ? train_flag(argc, argv, &i, &tc) : 0;
 		if (tf < 0)
-			return EXIT_USAGE;
+			return TOOLS_EXIT_USAGE;
 		if (tf > 0)
 			continue;
 		if (k == sizeof opts / sizeof *opts) {
 			if (positional("compile", argv[i], &file))
-				return EXIT_USAGE;
+				return TOOLS_EXIT_USAGE;
 			continue;
 		}
 		if (!(v = optval(argc, argv, &i, opts[k].lng, opts[k].shrt)))
@@ -1017,7 +995,7 @@ static int cmd_compile(int argc, char **argv)
 		           : kiln_compile(g, out, &o, &e);
 	kiln_graph_free(g);
 	if (st != KILN_OK)
-		return fail_err(&e, st);
+		return tool_fail_err(NULL, &e, st);
 	clock_gettime(CLOCK_MONOTONIC, &t1);
 	fprintf(stderr, "kiln: compiled %s -> %s in %.2f s\n", file, out,
 	        (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec));
@@ -1130,7 +1108,7 @@ static int cmd_help(int argc, char **argv)
 	}
 	const command *c = find_command(argv[0]);
 	if (!c || argc > 1)
-		return fail(EXIT_USAGE, "unknown command '%s' (see 'kiln --help')",
+		return tool_fail(TOOLS_EXIT_USAGE, "unknown command '%s' (see 'kiln --help')",
 		            c ? argv[1] : argv[0]);
 	print_usage(c, stdout);
 	return 0;
@@ -1140,7 +1118,7 @@ int main(int argc, char **argv)
 {
 	if (argc < 2) {
 		main_help(stderr);
-		return EXIT_USAGE;
+		return TOOLS_EXIT_USAGE;
 	}
 	if (strcmp(argv[1], "--version") == 0 || strcmp(argv[1], "-V") == 0) {
 		printf("kiln %s\n", KILN_VERSION);
@@ -1153,8 +1131,8 @@ int main(int argc, char **argv)
 	const command *c = find_command(argv[1]);
 	if (!c) {
 		if (argv[1][0] == '-')
-			return fail(EXIT_USAGE, "unknown option '%s' (see 'kiln --help')", argv[1]);
-		return fail(EXIT_USAGE, "unknown command '%s' (see 'kiln --help')", argv[1]);
+			return tool_fail(TOOLS_EXIT_USAGE, "unknown option '%s' (see 'kiln --help')", argv[1]);
+		return tool_fail(TOOLS_EXIT_USAGE, "unknown command '%s' (see 'kiln --help')", argv[1]);
 	}
 	for (int i = 2; i < argc; i++)
 		if (is_help(argv[i])) {

@@ -32,25 +32,6 @@ const char cmd_export_usage[] =
 	"                          BatchNorm buffers are loaded from it by name;\n"
 	"                          optimizer state and counters are ignored";
 
-static int fail(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static int fail(int code, const char *fmt, ...)
-{
-	va_list ap;
-	va_start(ap, fmt);
-	fputs("kiln: error: ", stderr);
-	vfprintf(stderr, fmt, ap);
-	fputc('\n', stderr);
-	va_end(ap);
-	return code;
-}
-
-/* The library's message, prefixed with the file when it does not name it. */
-static int fail_err(const char *path, const kiln_error *e, kiln_status st)
-{
-	const char *msg = e->msg[0] ? e->msg : kiln_status_str(st);
-	return strstr(msg, path) ? fail(1, "%s", msg) : fail(1, "%s: %s", path, msg);
-}
-
 /* Lines in a report ("a\nb\n" has 2). */
 static int count_lines(const char *s)
 {
@@ -78,9 +59,9 @@ int onnx_cli_inspect_report(const char *path, kiln_graph **g)
 	if (n > 1) {
 		printf("%s: %d problems; kiln cannot import this model until each is solved:\n%s",
 		       path, n, report);
-		fail(1, "%s: %d problems importing the model (listed above)", path, n);
+		tool_fail(1, "%s: %d problems importing the model (listed above)", path, n);
 	} else {
-		fail_err(path, &err, st);
+		tool_fail_err(path, &err, st);
 	}
 	free(report);
 	return 1;
@@ -102,7 +83,7 @@ static int file_opt(int argc, char **argv, int *i, const char *lng, const char *
 	if (strcmp(a, lng) && (!shrt || strcmp(a, shrt)))
 		return 0;
 	if (*i + 1 == argc)
-		return fail(TOOLS_EXIT_USAGE, "option '%s' needs a file name" SEE, a), -1;
+		return tool_fail(TOOLS_EXIT_USAGE, "option '%s' needs a file name" SEE, a), -1;
 	*val = argv[++*i];
 	return 1;
 }
@@ -122,15 +103,15 @@ int cmd_export(int argc, char **argv)
 		if (k > 0)
 			continue;
 		if (a[0] == '-' && a[1]) {
-			return fail(TOOLS_EXIT_USAGE, "unknown option '%s'" SEE, a);
+			return tool_fail(TOOLS_EXIT_USAGE, "unknown option '%s'" SEE, a);
 		} else if (in) {
-			return fail(TOOLS_EXIT_USAGE, "unexpected argument '%s'" SEE, a);
+			return tool_fail(TOOLS_EXIT_USAGE, "unexpected argument '%s'" SEE, a);
 		} else {
 			in = a;
 		}
 	}
 	if (!in || !out)
-		return fail(TOOLS_EXIT_USAGE, "missing %s" SEE, !in ? "FILE.kir or FILE.onnx"
+		return tool_fail(TOOLS_EXIT_USAGE, "missing %s" SEE, !in ? "FILE.kir or FILE.onnx"
 		                                                    : "-o OUT.onnx");
 	char *side = files_model_sidecar(in);
 	tool_file ins[] = {{"the model", in, NULL}, {"the model", side, " (its weights)"},
@@ -147,12 +128,12 @@ int cmd_export(int argc, char **argv)
 		st = kiln_graph_verify(g, &err);
 	if (st == KILN_OK && weights && (st = kiln_graph_load_trained(g, weights, &err)) != KILN_OK) {
 		kiln_graph_free(g);
-		return fail_err(weights, &err, st);
+		return tool_fail_err(weights, &err, st);
 	}
 	if (st == KILN_OK)
 		st = kiln_onnx_export(g, out, &err);
 	if (st == KILN_OK)
 		printf("wrote %s\n", out);
 	kiln_graph_free(g);
-	return st == KILN_OK ? 0 : fail_err(in, &err, st);
+	return st == KILN_OK ? 0 : tool_fail_err(in, &err, st);
 }

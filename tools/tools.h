@@ -17,9 +17,19 @@
 
 #include <stdbool.h>
 
-#include "runtime/rt.h"
+#include "driver/driver.h"
 
 enum { TOOLS_EXIT_USAGE = 2 };
+
+/* ---- fail.c ------------------------------------------------------------- */
+
+/* The CLI's one error helper: one "kiln: error: ..." line on stderr;
+ * returns code (1, or TOOLS_EXIT_USAGE for a bad command line). */
+int tool_fail(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* A library error as that line: e's message (the status name when it has
+ * none), prefixed with "path: " when path is given and the message does
+ * not already name it; returns 1. */
+int tool_fail_err(const char *path, const kiln_error *e, kiln_status st);
 
 /* ---- files.c ------------------------------------------------------------ */
 

@@ -28,7 +28,6 @@
 #include <unistd.h>
 
 #include "kiln/kiln.h"
-#include "ir/ir.h"
 #include "tools/tools.h"
 
 /* Nodes the tool adds (loss, counters) carry the model's location, so a
@@ -77,23 +76,6 @@ const char cmd_train_usage[] =
 
 /* ---- errors ------------------------------------------------------------ */
 
-static int fail(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static int fail(int code, const char *fmt, ...)
-{
-	va_list ap;
-	va_start(ap, fmt);
-	fputs("kiln: error: ", stderr);
-	vfprintf(stderr, fmt, ap);
-	fputc('\n', stderr);
-	va_end(ap);
-	return code;
-}
-
-static int fail_err(const kiln_error *e, kiln_status st)
-{
-	return fail(1, "%s", e->msg[0] ? e->msg : kiln_status_str(st));
-}
-
 /* ---- options ------------------------------------------------------------ */
 
 typedef struct opts {
@@ -138,7 +120,7 @@ static int usage_error(const char *fmt, const char *arg)
 {
 	char msg[512];
 	snprintf(msg, sizeof msg, fmt, arg);
-	return fail(TOOLS_EXIT_USAGE, "%s (see 'kiln train --help')", msg);
+	return tool_fail(TOOLS_EXIT_USAGE, "%s (see 'kiln train --help')", msg);
 }
 
 static bool parse_f64(const char *s, double *v)
@@ -261,7 +243,7 @@ static int parse_sched(const opts *o, int64_t total, kiln_sched *s)
 	*s = (kiln_sched){.kind = KILN_SCHED_CONSTANT, .base_lr = o->lr};
 	char *buf = o->sched ? strdup(o->sched) : NULL; /* any length */
 	if (o->sched && !buf)
-		return fail(1, "out of memory");
+		return tool_fail(1, "out of memory");
 	char *save = NULL;
 	for (char *it = buf ? strtok_r(buf, ",", &save) : NULL; it; it = strtok_r(NULL, ",", &save))
 		if (sched_item(it, s)) {
@@ -279,7 +261,7 @@ static int parse_sched(const opts *o, int64_t total, kiln_sched *s)
 		s->total_steps = rest;
 	kiln_error e = {0};
 	if (kiln_sched_check(s, &e) != KILN_OK)
-		return fail(TOOLS_EXIT_USAGE, "--schedule '%s' over %lld updates: %s",
+		return tool_fail(TOOLS_EXIT_USAGE, "--schedule '%s' over %lld updates: %s",
 		            o->sched ? o->sched : "constant", (long long)total, e.msg);
 	return 0;
 }
@@ -443,7 +425,7 @@ static int check_rows(const char *path, const kiln_tensor *t, int64_t rows, cons
 	if (ok)
 		return 0;
 	char a[256], b[256];
-	return fail(1, "%s is %s, but %s is %s%s%s", path, tensor_str(t, a, sizeof a), what,
+	return tool_fail(1, "%s is %s, but %s is %s%s%s", path, tensor_str(t, a, sizeof a), what,
 	            ir_type_str(g, want, b, sizeof b), ints ? " (any integer dtype)" : "",
 	            rows >= 0 ? ", one row per sample of --x" : "");
 }
@@ -453,12 +435,12 @@ static int class_targets(const char *path, kiln_tensor **y, int64_t C)
 {
 	kiln_tensor *t = kiln_tensor_new(KILN_I64, (*y)->rank, (*y)->shape);
 	if (!t)
-		return fail(1, "out of memory");
+		return tool_fail(1, "out of memory");
 	for (int64_t i = 0; i < kiln_tensor_numel(t); i++) {
 		int64_t c = ir_load_i64(*y, i);
 		if (c < 0 || (C >= 0 && c >= C)) {
 			kiln_tensor_free(t);
-			return fail(1, "%s: target %lld at element %lld is not a class of the model's %lld",
+			return tool_fail(1, "%s: target %lld at element %lld is not a class of the model's %lld",
 			            path, (long long)c, (long long)i, (long long)C);
 		}
 		((int64_t *)t->data)[i] = c;
@@ -488,7 +470,7 @@ static int check_finite(const char *path, const kiln_tensor *t)
 			              (long long)(stride ? rest / stride : 0));
 			rest = stride ? rest % stride : 0;
 		}
-		return fail(1, "%s: element [%s] (sample %lld) is %s; the data must be finite",
+		return tool_fail(1, "%s: element [%s] (sample %lld) is %s; the data must be finite",
 		            path, idx, (long long)(t->rank ? i / (n / t->shape[0]) : 0),
 		            isnan(v) ? "NaN" : v > 0 ? "inf" : "-inf");
 	}
@@ -504,7 +486,7 @@ static int load_pair(const char *xp, const char *yp, const kiln_graph *g, const 
 	if (st == KILN_OK)
 		st = kiln_npy_read(yp, y, &e);
 	if (st != KILN_OK)
-		return fail_err(&e, st);
+		return tool_fail_err(NULL, &e, st);
 	const ir_value *in = g->val[g->input[0]], *out = g->val[g->output[0]];
 	if (check_rows(xp, *x, -1, g, &in->type, false, "the model's input") || check_finite(xp, *x) ||
 	    check_finite(yp, *y))
@@ -512,7 +494,7 @@ static int load_pair(const char *xp, const char *yp, const kiln_graph *g, const 
 	ir_type want = out->type;
 	char b[256];
 	if (L->classify && want.rank < 2)
-		return fail(1, "--loss %s needs class scores [N,C,...] as the model's first output, "
+		return tool_fail(1, "--loss %s needs class scores [N,C,...] as the model's first output, "
 		            "it is %s", L->name, ir_type_str(g, &want, b, sizeof b));
 	if (L->classify) {
 		memmove(&want.dim[1], &want.dim[2], (size_t)(want.rank - 2) * sizeof want.dim[0]);
@@ -657,7 +639,7 @@ static int save_ckpt(run *r)
 	kiln_error e = {0};
 	kiln_status st = kiln_trainer_save(r->tr, path, &e);
 	if (st != KILN_OK)
-		return fail_err(&e, st);
+		return tool_fail_err(NULL, &e, st);
 	r->last_ckpt = step_no(r);
 	int n;
 	int64_t *all = list_ckpts(o->ckpt_dir, &n);
@@ -674,7 +656,7 @@ static int same(const char *ck, const char *what, int64_t saved, int64_t now)
 {
 	if (saved == now)
 		return 0;
-	return fail(1, "cannot resume from '%s': it was made with %s %lld, this run has %lld", ck,
+	return tool_fail(1, "cannot resume from '%s': it was made with %s %lld, this run has %lld", ck,
 	            what, (long long)saved, (long long)now);
 }
 
@@ -690,15 +672,15 @@ static int resume(run *r)
 			ckpt_path(path, sizeof path, ck, all[n - 1]);
 		free(all);
 		if (!n)
-			return fail(1, "--resume '%s': no ckpt-<step>.safetensors in it", ck);
+			return tool_fail(1, "--resume '%s': no ckpt-<step>.safetensors in it", ck);
 		ck = path;
 	}
 	kiln_error e = {0};
 	kiln_status st = kiln_trainer_load(r->tr, ck, &e);
 	if (st != KILN_OK && strstr(e.msg, ck))
-		return fail(1, "cannot resume: %s", e.msg);
+		return tool_fail(1, "cannot resume: %s", e.msg);
 	if (st != KILN_OK)
-		return fail(1, "cannot resume from '%s': %s", ck, e.msg);
+		return tool_fail(1, "cannot resume from '%s': %s", ck, e.msg);
 	const int64_t *pos = state_i64(r, POS_NAME);
 	if (same(ck, "--seed", pos[POS_SEED], r->o->seed) ||
 	    same(ck, "--batch", pos[POS_BSIZE], r->o->batch) ||
@@ -710,7 +692,7 @@ static int resume(run *r)
 	if (pos[POS_EPOCH] < 0 || pos[POS_BATCH] < 0 || pos[POS_BATCH] >= r->nb ||
 	    pos[POS_EPOCH] > (INT64_MAX - pos[POS_BATCH]) / r->nb ||
 	    (pos[POS_EPOCH] * r->nb + pos[POS_BATCH]) / r->o->accum != kiln_trainer_steps(r->tr))
-		return fail(1, "cannot resume from '%s': bad position (epoch %lld, batch %lld) for "
+		return tool_fail(1, "cannot resume from '%s': bad position (epoch %lld, batch %lld) for "
 		            "%lld batches per epoch and %lld optimizer steps taken", ck,
 		            (long long)pos[POS_EPOCH], (long long)pos[POS_BATCH], (long long)r->nb,
 		            (long long)kiln_trainer_steps(r->tr));
@@ -728,7 +710,7 @@ static int resume(run *r)
 static int log_error(run *r, const char *what)
 {
 	int e = errno ? errno : EIO;
-	return fail(1, "cannot write --log '%s' (%s): %s", r->o->log, what, strerror(e));
+	return tool_fail(1, "cannot write --log '%s' (%s): %s", r->o->log, what, strerror(e));
 }
 
 /* Keeps the header and the rows up to step `upto` of an existing log,
@@ -747,7 +729,7 @@ static int trim_log(const char *path, int64_t upto)
 	FILE *w = fopen(tmp, "w");
 	if (!w) {
 		fclose(f);
-		return fail(1, "cannot write '%s': %s", tmp, strerror(errno));
+		return tool_fail(1, "cannot write '%s': %s", tmp, strerror(errno));
 	}
 	bool ok = true;
 	for (bool first = true; ok && fgets(line, sizeof line, f); first = false) {
@@ -758,7 +740,7 @@ static int trim_log(const char *path, int64_t upto)
 	if (ferror(f)) { /* a read error must not cut the curve short */
 		int e = errno;
 		fclose(f), fclose(w), unlink(tmp);
-		return fail(1, "cannot read --log '%s': %s", path, strerror(e ? e : EIO));
+		return tool_fail(1, "cannot read --log '%s': %s", path, strerror(e ? e : EIO));
 	}
 	fclose(f);
 	errno = 0;
@@ -769,7 +751,7 @@ static int trim_log(const char *path, int64_t upto)
 		return files_sync_dir(path);
 	e = e ? e : errno;
 	unlink(tmp);
-	return fail(1, "cannot rewrite --log '%s': %s", path, strerror(e ? e : EIO));
+	return tool_fail(1, "cannot rewrite --log '%s': %s", path, strerror(e ? e : EIO));
 }
 
 static int open_log(run *r)
@@ -789,7 +771,7 @@ static int open_log(run *r)
 		fprintf(r->log, "step,epoch,lr,loss%s\n", r->vx ? ",val_acc" : "");
 	}
 	if (!r->log)
-		return fail(1, "cannot write --log '%s': %s", path, strerror(errno));
+		return tool_fail(1, "cannot write --log '%s': %s", path, strerror(errno));
 	return ferror(r->log) || fflush(r->log) ? log_error(r, "the header") : 0;
 }
 
@@ -838,7 +820,7 @@ static int accuracy(run *r, const kiln_tensor *x, const kiln_tensor *y, double *
 		kiln_error e = {0};
 		kiln_status st = kiln_trainer_eval(r->tr, &view, &out, &e);
 		if (st != KILN_OK)
-			return fail_err(&e, st);
+			return tool_fail_err(NULL, &e, st);
 		hits += count_correct(out, (const int64_t *)y->data + lo * (kiln_tensor_numel(y) / n),
 		                      view.shape[0]);
 		if (keep && !*keep) {
@@ -853,7 +835,7 @@ static int accuracy(run *r, const kiln_tensor *x, const kiln_tensor *y, double *
 		kiln_tensor_free(out);
 	}
 	*acc = (double)hits / (double)kiln_tensor_numel(y);
-	return keep && !*keep ? fail(1, "out of memory") : 0;
+	return keep && !*keep ? tool_fail(1, "out of memory") : 0;
 }
 
 /* ---- the loop ------------------------------------------------------------------- */
@@ -898,9 +880,9 @@ static int one_step(run *r)
 	kiln_status st = kiln_trainer_step(r->tr, r->bx, r->by, lr, &loss, &e);
 	r->step_time += now() - t0;
 	if (st != KILN_OK)
-		return fail(1, "step %lld: %s", (long long)step_no(r) + 1, e.msg);
+		return tool_fail(1, "step %lld: %s", (long long)step_no(r) + 1, e.msg);
 	if (!isfinite(loss))
-		return fail(1, "step %lld: the loss is %g (lower --lr, or --clip-norm?)",
+		return tool_fail(1, "step %lld: the loss is %g (lower --lr, or --clip-norm?)",
 		            (long long)step_no(r) + 1, loss);
 	r->loss_sum += loss * (double)r->bx->shape[0];
 	r->seen += r->bx->shape[0];
@@ -965,13 +947,13 @@ static int load_model(const char *path, kiln_graph **g)
 		*g = NULL;
 	}
 	if (st != KILN_OK)
-		return strstr(e.msg, path) ? fail_err(&e, st) : fail(1, "%s: %s", path, e.msg);
+		return strstr(e.msg, path) ? tool_fail_err(NULL, &e, st) : tool_fail(1, "%s: %s", path, e.msg);
 	const kiln_graph *m = *g;
 	for (uint32_t i = 0; i < m->noutput; i++) {
 		const char *name = m->val[m->output[i]]->name;
 		size_t n = name ? strlen(name) : 0;
 		if (n > 5 && !strcmp(name + n - 5, ".next"))
-			return fail(1, "%s: output '%s' is a state update, so the model was traced in train "
+			return tool_fail(1, "%s: output '%s' is a state update, so the model was traced in train "
 			            "mode; kiln train needs the inference-mode model", path, name);
 	}
 	for (uint32_t i = 1; i < m->nval; i++) {
@@ -980,16 +962,16 @@ static int load_model(const char *path, kiln_graph **g)
 			continue;
 		for (int64_t k = 0; k < kiln_tensor_numel(v->data); k++)
 			if (!isfinite(ir_load(v->data, k)))
-				return fail(1, "%s: parameter '%s' is not finite (element %lld is %g)", path,
+				return tool_fail(1, "%s: parameter '%s' is not finite (element %lld is %g)", path,
 				            v->name ? v->name : "?", (long long)k, ir_load(v->data, k));
 	}
 	char b[256];
 	const ir_value *in = m->ninput == 1 ? m->val[m->input[0]] : NULL;
 	if (!in || m->noutput < 1)
-		return fail(1, "%s: kiln train needs one input and at least one output, the model "
+		return tool_fail(1, "%s: kiln train needs one input and at least one output, the model "
 		            "has %u and %u", path, m->ninput, m->noutput);
 	if (in->type.rank < 1 || in->type.dim[0] >= 0)
-		return fail(1, "%s: input '%s' is %s; kiln train needs a symbolic batch dim first "
+		return tool_fail(1, "%s: input '%s' is %s; kiln train needs a symbolic batch dim first "
 		            "(e.g. dynamic_axes in torch.onnx.export)", path, in->name,
 		            ir_type_str(m, &in->type, b, sizeof b));
 	return 0;
@@ -1022,7 +1004,7 @@ static int check_files(const opts *o)
 		long long step;
 		if (f->path && ckpt_name(base ? base + 1 : f->path, &step) &&
 		    files_in_dir(f->path, o->ckpt_dir))
-			rc = fail(1, "%s '%s' is a checkpoint's name inside --checkpoint '%s', where "
+			rc = tool_fail(1, "%s '%s' is a checkpoint's name inside --checkpoint '%s', where "
 			          "checkpoints are written and the older ones deleted", f->flag, f->path,
 			          o->ckpt_dir);
 	}
@@ -1046,17 +1028,17 @@ static int setup(run *r, const opts *o)
 		return 1;
 	r->n = r->x->shape[0];
 	if (r->n < 1)
-		return fail(1, "%s has no samples", o->x);
+		return tool_fail(1, "%s has no samples", o->x);
 	/* before any batch buffer is allocated: an explicit --batch larger than
 	 * the data is a mistake; the default 32 on a smaller data set makes one
 	 * short batch, as DataLoader does (buffers hold at most the data) */
 	if (o->batch > r->n && o->batch_set)
-		return fail(TOOLS_EXIT_USAGE, "--batch %lld is more than the %lld samples in %s: pass "
+		return tool_fail(TOOLS_EXIT_USAGE, "--batch %lld is more than the %lld samples in %s: pass "
 		            "--batch %lld or less", (long long)o->batch, (long long)r->n, o->x,
 		            (long long)r->n);
 	r->nb = (r->n + o->batch - 1) / o->batch;
 	if (o->accum > r->nb * o->epochs)
-		return fail(TOOLS_EXIT_USAGE, "--accum %lld is more than the run's %lld steps (%lld "
+		return tool_fail(TOOLS_EXIT_USAGE, "--accum %lld is more than the run's %lld steps (%lld "
 		            "epoch(s) of %lld batches): no optimizer update would happen",
 		            (long long)o->accum, (long long)(r->nb * o->epochs), (long long)o->epochs,
 		            (long long)r->nb);
@@ -1067,8 +1049,8 @@ static int setup(run *r, const opts *o)
 	kiln_status st = tg ? kiln_trainer_new(tg, r->eval, &to, &r->tr, &e) : e.code;
 	kiln_graph_free(tg);
 	if (st != KILN_OK)
-		return e.msg[0] && strstr(e.msg, o->model) ? fail_err(&e, st)
-		       : fail(1, "%s: %s", o->model, e.msg[0] ? e.msg : kiln_status_str(st));
+		return e.msg[0] && strstr(e.msg, o->model) ? tool_fail_err(NULL, &e, st)
+		       : tool_fail(1, "%s: %s", o->model, e.msg[0] ? e.msg : kiln_status_str(st));
 	int64_t bshape[KILN_MAX_RANK];
 	memcpy(bshape, r->x->shape, sizeof bshape);
 	bshape[0] = o->batch < r->n ? o->batch : r->n;
@@ -1078,9 +1060,9 @@ static int setup(run *r, const opts *o)
 	r->by = kiln_tensor_new(r->y->dtype, r->y->rank, bshape);
 	r->perm = malloc((size_t)r->n * sizeof *r->perm);
 	if (!r->bx || !r->by || !r->perm)
-		return fail(1, "out of memory");
+		return tool_fail(1, "out of memory");
 	if (o->ckpt_dir && mkdir(o->ckpt_dir, 0777) != 0 && errno != EEXIST)
-		return fail(1, "cannot create '%s': %s", o->ckpt_dir, strerror(errno));
+		return tool_fail(1, "cannot create '%s': %s", o->ckpt_dir, strerror(errno));
 	return 0;
 }
 
@@ -1089,7 +1071,7 @@ static int export_model(run *r, const char *path)
 {
 	kiln_tensor_set *s = kiln_trainer_state(r->tr);
 	if (!s)
-		return fail(1, "out of memory");
+		return tool_fail(1, "out of memory");
 	kiln_graph *g = r->eval;
 	for (uint32_t i = 1; i < g->nval; i++) {
 		ir_value *v = g->val[i];
@@ -1103,7 +1085,7 @@ static int export_model(run *r, const char *path)
 	kiln_error e = {0};
 	kiln_status st = kir ? kiln_graph_save(g, path, &e) : kiln_onnx_export(g, path, &e);
 	if (st != KILN_OK)
-		return fail(1, "--export '%s': %s", path, e.msg[0] ? e.msg : kiln_status_str(st));
+		return tool_fail(1, "--export '%s': %s", path, e.msg[0] ? e.msg : kiln_status_str(st));
 	if (!r->o->quiet)
 		printf("exported %s\n", path);
 	return 0;
@@ -1116,7 +1098,7 @@ static int write_val_out(run *r, const char *path)
 	kiln_status st;
 	int rc = accuracy(r, r->vx, r->vy, &r->val_acc, &out);
 	if (!rc && (st = kiln_npy_write(path, out, &e)) != KILN_OK)
-		rc = fail_err(&e, st);
+		rc = tool_fail_err(NULL, &e, st);
 	kiln_tensor_free(out);
 	return rc;
 }
