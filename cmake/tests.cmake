@@ -25,3 +25,9 @@ add_test(NAME onnx_conformance
 		--expected ${CMAKE_SOURCE_DIR}/tests/onnx/expected_failures.txt)
 set_tests_properties(onnx_conformance PROPERTIES FIXTURES_REQUIRED onnx_node_data
 	ENVIRONMENT "CK_FORK=no" TIMEOUT 900)
+
+# The layering (docs/ARCHITECTURE.md, "Layers"): no folder includes or calls
+# one above it or a sibling; read from the sources and from nm of the
+# objects this build made, so it runs after the build like every test.
+add_test(NAME layers COMMAND ${KILN_PYTHON} ${CMAKE_SOURCE_DIR}/tests/layers/check_layers.py
+	${CMAKE_SOURCE_DIR} ${CMAKE_BINARY_DIR})

@@ -24,7 +24,8 @@ headers.
     The generated protobuf-c bindings (onnx_pb/) count as frontend/.
 
 Exit status 0 when the layering holds, 1 with one line per violation when
-not, 2 when the build has no objects to read.
+not, 2 when the build has no objects to read.  Besides the floors, a few
+pairs of files inside one folder must call one way only (ONE_WAY).
 """
 import os
 import re
@@ -37,6 +38,10 @@ FOLDERS = list(FLOOR)
 # what tools/ may include besides its own headers (item: the CLI is a client
 # of the public header and the driver's documented header only)
 TOOLS_MAY_INCLUDE = {"kiln/kiln.h", "driver/driver.h"}
+# within a folder: (a, b) means a's object may not call anything b defines
+# (the ONNX node walk calls the per-op table, never the reverse; both share
+# onnx_node.c)
+ONE_WAY = [("frontend/onnx/onnx_ops.c", "frontend/onnx/onnx_import.c")]
 
 
 def may_use(user, used):
@@ -144,6 +149,16 @@ def check_calls(src, build):
             where.setdefault(s, set()).add(folder)
         uses.append((path, folder, undefined))
     bad = []
+    by_src = {}
+    for path, folder in objs.items():
+        tdir = path.split(os.sep + "CMakeFiles" + os.sep, 1)[1].split(os.sep, 1)[1]
+        by_src[tdir[:-2]] = path
+    for a, b in ONE_WAY:
+        if a in by_src and b in by_src:
+            bdef = nm(by_src[b])[0]
+            for s in sorted(nm(by_src[a])[1] & bdef):
+                bad.append("%s: calls %s, defined in %s (the calls run one way: %s -> %s)"
+                           % (a, s, b, b, a))
     for path, folder, undefined in uses:
         rel = os.path.relpath(path, build)
         for s in sorted(undefined):
