@@ -21,18 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "passes/passes.h"
-
-/* Rules read as formulas: these expand to the DSL builders at the forward
- * node's location, with g and n in scope. */
-#define L n->loc
-#define ADD(a, b) kiln_add_at(g, L, a, b)
-#define SUB(a, b) kiln_sub_at(g, L, a, b)
-#define MUL(a, b) kiln_mul_at(g, L, a, b)
-#define DIV(a, b) kiln_div_at(g, L, a, b)
-#define NEG(a) kiln_neg_at(g, L, a)
-#define K(v) kiln_scalar_at(g, L, pass_gtype(g, n->in[0])->dtype, v)
-#define ZERO_WHERE(c, a) kiln_where_at(g, L, c, a, K(0)) /* c ? a : 0 */
+#include "passes/grad.h" /* the rules' shorthand: ADD, MUL, K, ... */
 
 /* ---- helpers shared with grad_nn.c ---------------------------------------- */
 

@@ -18,14 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "passes/passes.h"
-
-#define L n->loc
-#define ADD(a, b) kiln_add_at(g, L, a, b)
-#define SUB(a, b) kiln_sub_at(g, L, a, b)
-#define MUL(a, b) kiln_mul_at(g, L, a, b)
-#define DIV(a, b) kiln_div_at(g, L, a, b)
-#define K(v) kiln_scalar_at(g, L, pass_gtype(g, n->in[0])->dtype, v)
+#include "passes/grad.h" /* the rules' shorthand: ADD, MUL, K, ... */
 
 /* ---- window geometry -------------------------------------------------------- */
 
