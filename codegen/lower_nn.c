@@ -280,52 +280,23 @@ static kiln_status gemm_loops(cg_module *m, const ir_node *n, const int *in, int
 
 /* ---- convolution geometry ---------------------------------------------- */
 
-typedef struct geom {
-	int nsp;
-	int64_t in[3], out[3], k[3], stride[3], dil[3], pad[3], pad_end[3];
-	int64_t isz, osz, ksz;
-} geom;
+typedef ir_conv_geom geom;
 
-static bool spatial_attr(const ir_node *n, const char *name, int nsp, int64_t dflt,
-                         int64_t *v, int want)
-{
-	const int64_t *a;
-	uint32_t na = ir_attr_ints(n, name, &a);
-	for (int d = 0; d < want; d++)
-		v[d] = na ? a[d < (int)na ? d : 0] : dflt;
-	return na == 0 || na == (uint32_t)want;
-}
-
-/* The interpreter's rule (ir/interp.c geometry()), on fixed spatial dims. */
+/* The interpreter's rule (ir_conv_geom_of), on fixed spatial dims. */
 static kiln_status geometry(cg_module *m, const ir_node *n, const ir_type *x, const ir_type *y,
                             const int64_t *k, bool transpose, geom *g, kiln_error *err)
 {
-	g->nsp = x->rank - 2;
-	if (g->nsp < 1 || g->nsp > 3 || y->rank != x->rank)
+	switch (ir_conv_geom_of(n, x->rank, x->dim, y->rank, y->dim, k, transpose, g)) {
+	case IR_GEOM_OK:
+		return KILN_OK;
+	case IR_GEOM_RANK:
 		return cg_lower_fail(m, n, err, KILN_EUNSUPPORTED, "%d spatial dims", g->nsp);
-	int64_t pads[6], opad[3];
-	const int64_t *oshape;
-	bool ok = spatial_attr(n, "strides", g->nsp, 1, g->stride, g->nsp) &&
-	          spatial_attr(n, "dilations", g->nsp, 1, g->dil, g->nsp) &&
-	          spatial_attr(n, "pads", g->nsp, 0, pads, 2 * g->nsp) &&
-	          spatial_attr(n, "output_padding", g->nsp, 0, opad, g->nsp);
-	const char *ap = ir_attr_str(n, "auto_pad", "NOTSET");
-	bool same = !strcmp(ap, "SAME_UPPER") || !strcmp(ap, "SAME_LOWER");
-	bool derive = same || (transpose && ir_attr_ints(n, "output_shape", &oshape));
-	if (!ok)
+	case IR_GEOM_ATTR:
 		return cg_lower_fail(m, n, err, KILN_EINVAL, "spatial attribute of the wrong length");
-	g->isz = g->osz = g->ksz = 1;
-	for (int d = 0; d < g->nsp; d++) {
-		g->in[d] = x->dim[2 + d], g->out[d] = y->dim[2 + d], g->k[d] = k[d];
-		if (g->in[d] < 0 || g->out[d] < 0 || g->k[d] < 1 || g->stride[d] < 1 || g->dil[d] < 1)
-			return cg_lower_fail(m, n, err, KILN_EUNSUPPORTED,
-			                     "symbolic spatial dims or bad strides/kernel");
-		int64_t span = (g->k[d] - 1) * g->dil[d] + 1;
-		ir_conv_pad(ap, derive, transpose, g->in[d], g->out[d], span, g->stride[d], opad[d],
-		            pads[d], pads[g->nsp + d], &g->pad[d], &g->pad_end[d]);
-		g->isz *= g->in[d], g->osz *= g->out[d], g->ksz *= g->k[d];
+	default:
+		return cg_lower_fail(m, n, err, KILN_EUNSUPPORTED,
+		                     "symbolic spatial dims or bad strides/kernel");
 	}
-	return KILN_OK;
 }
 
 /* Fixed channel dims (the batch alone may be symbolic). */

@@ -22,56 +22,23 @@
 
 /* ---- convolution and pooling -------------------------------------------- */
 
-/* Spatial geometry of a conv or pool over x [N, C, in...] -> y [N, M, out...]. */
-typedef struct geom {
-	int nsp;                                      /* spatial dims, 1..3 */
-	int64_t in[3], out[3], k[3], stride[3], dil[3];
-	int64_t pad[3], pad_end[3];                   /* begin and end padding */
-	int64_t isz, osz, ksz;                        /* products of in, out, k */
-} geom;
+/* Spatial geometry of a conv or pool: the rule shared with the lowering. */
+typedef ir_conv_geom geom;
 
-/* An ints attribute with one entry per spatial dim, or dflt everywhere. */
-static bool spatial_attr(const ir_node *n, const char *name, int nsp, int64_t dflt,
-                         int64_t *v, int want)
-{
-	const int64_t *a;
-	uint32_t na = ir_attr_ints(n, name, &a);
-	for (int d = 0; d < want; d++)
-		v[d] = na ? a[d < (int)na ? d : 0] : dflt;
-	return na == 0 || na == (uint32_t)want || (want == 2 * nsp && na == 2 * (uint32_t)nsp);
-}
-
-/* Fills g from x, y, the kernel shape k and the attributes.  For transpose
- * the roles of in and out swap in the padding rule: explicit output_shape
- * or SAME padding derives pads from the sizes (ONNX ConvTranspose). */
+/* Fills g from x, y, the kernel shape k and the attributes (ir_conv_geom_of). */
 static kiln_status geometry(ir_interp *c, const ir_node *n, const kiln_tensor *x,
                             const kiln_tensor *y, const int64_t *k, bool transpose, geom *g)
 {
-	g->nsp = x->rank - 2;
-	if (g->nsp < 1 || g->nsp > 3 || y->rank != x->rank)
+	switch (ir_conv_geom_of(n, x->rank, x->shape, y->rank, y->shape, k, transpose, g)) {
+	case IR_GEOM_OK:
+		return KILN_OK;
+	case IR_GEOM_RANK:
 		return ir_fail(c, n, KILN_EUNSUPPORTED, "%d spatial dims (1 to 3 supported)", g->nsp);
-	int64_t pads[6], opad[3];
-	const int64_t *oshape;
-	bool ok = spatial_attr(n, "strides", g->nsp, 1, g->stride, g->nsp) &&
-	          spatial_attr(n, "dilations", g->nsp, 1, g->dil, g->nsp) &&
-	          spatial_attr(n, "pads", g->nsp, 0, pads, 2 * g->nsp) &&
-	          spatial_attr(n, "output_padding", g->nsp, 0, opad, g->nsp);
-	const char *ap = ir_attr_str(n, "auto_pad", "NOTSET");
-	bool same = !strcmp(ap, "SAME_UPPER") || !strcmp(ap, "SAME_LOWER");
-	bool derive = same || (transpose && ir_attr_ints(n, "output_shape", &oshape));
-	if (!ok)
+	case IR_GEOM_ATTR:
 		return ir_fail(c, n, KILN_EINVAL, "strides, dilations, pads or output_padding has the wrong length");
-	g->isz = g->osz = g->ksz = 1;
-	for (int d = 0; d < g->nsp; d++) {
-		g->in[d] = x->shape[2 + d], g->out[d] = y->shape[2 + d], g->k[d] = k[d];
-		if (g->stride[d] < 1 || g->dil[d] < 1 || g->k[d] < 1)
-			return ir_fail(c, n, KILN_EINVAL, "strides, dilations and kernel must be positive");
-		int64_t span = (g->k[d] - 1) * g->dil[d] + 1;
-		ir_conv_pad(ap, derive, transpose, g->in[d], g->out[d], span, g->stride[d], opad[d],
-		            pads[d], pads[g->nsp + d], &g->pad[d], &g->pad_end[d]);
-		g->isz *= g->in[d], g->osz *= g->out[d], g->ksz *= g->k[d];
+	default:
+		return ir_fail(c, n, KILN_EINVAL, "strides, dilations and kernel must be positive");
 	}
-	return KILN_OK;
 }
 
 /* Input position of output position oc and kernel tap kc, as a linear

@@ -288,6 +288,29 @@ kiln_status ir_broadcast(kiln_graph *g, const ir_node *n, const ir_type *a, cons
 void ir_conv_pad(const char *auto_pad, bool derive, bool transpose, int64_t in, int64_t out,
                  int64_t span, int64_t stride, int64_t opad, int64_t attr_begin,
                  int64_t attr_end, int64_t *begin, int64_t *end);
+/* Spatial geometry of a conv, conv-transpose or pool over x [N, C, in...]
+ * -> y [N, M, out...] with kernel k[] (conv_geom.c): the rule the
+ * interpreter and the lowering share. */
+typedef struct ir_conv_geom {
+	int nsp;                                      /* spatial dims, 1..3 */
+	int64_t in[3], out[3], k[3], stride[3], dil[3];
+	int64_t pad[3], pad_end[3];                   /* begin and end padding */
+	int64_t isz, osz, ksz;                        /* products of in, out, k */
+} ir_conv_geom;
+typedef enum ir_geom_status {
+	IR_GEOM_OK,
+	IR_GEOM_RANK, /* not 1 to 3 spatial dims, or x and y ranks differ */
+	IR_GEOM_ATTR, /* strides, dilations, pads or output_padding of the wrong length */
+	IR_GEOM_DIM,  /* a symbolic (negative) size, or a stride, dilation or kernel < 1 */
+} ir_geom_status;
+/* Fills g from the dims of x and y (ranks xrank, yrank), the kernel's
+ * spatial dims k and n's attributes.  For transpose the roles of in and
+ * out swap in the padding rule: explicit output_shape or SAME padding
+ * derives pads from the sizes (ONNX ConvTranspose).  The caller words the
+ * error for what it returns. */
+ir_geom_status ir_conv_geom_of(const ir_node *n, int xrank, const int64_t *x, int yrank,
+                               const int64_t *y, const int64_t *k, bool transpose,
+                               ir_conv_geom *g);
 typedef kiln_status (*ir_shape_fn)(kiln_graph *g, const ir_node *n, const ir_type *in,
                                    ir_type *out);
 extern const ir_shape_fn ir_shape_table[KILN_OP_COUNT];
