@@ -537,47 +537,14 @@ KILN_API kiln_status kiln_trainer_eval(kiln_trainer *tr, const kiln_tensor *x,
 
 /* ---- checkpoints ------------------------------------------------------------------ */
 
-#define CK_STEP "__step__"
-#define CK_MICRO "__micro__"
-#define CK_SUM "__checksum__"
-
-/* FNV-1a over a tensor's name, dtype, shape and bytes. */
-static uint64_t fnv(uint64_t h, const void *p, size_t n)
-{
-	const unsigned char *b = p;
-	for (size_t i = 0; i < n; i++)
-		h = (h ^ b[i]) * 0x100000001b3ULL;
-	return h;
-}
-
-/* The checksum of every tensor but CK_SUM: a sum of per-tensor hashes, so
- * it does not depend on the order the file lists them in. */
-static uint64_t checksum(const kiln_tensor_set *s)
-{
-	uint64_t sum = 0;
-	for (int i = 0; i < s->count; i++) {
-		const kiln_tensor *t = s->items[i].tensor;
-		if (!strcmp(s->items[i].name, CK_SUM))
-			continue;
-		uint64_t h = fnv(0xcbf29ce484222325ULL, s->items[i].name, strlen(s->items[i].name) + 1);
-		int32_t head[2] = {(int32_t)t->dtype, t->rank};
-		h = fnv(h, head, sizeof head);
-		h = fnv(h, t->shape, (size_t)t->rank * sizeof t->shape[0]);
-		sum += fnv(h, t->data, kiln_tensor_nbytes(t));
-	}
-	return sum;
-}
-
-static kiln_status add_i64(kiln_tensor_set *s, const char *name, int64_t v)
-{
-	return kiln_tensor_set_add(s, name, &(kiln_tensor){KILN_I64, 0, {0}, &v});
-}
+/* The format is runtime/model.h's (RT_CKPT_*), which a compiled training
+ * library reads and writes too. */
 
 /* Every named parameter of the step graph and the counters. */
 KILN_API kiln_tensor_set *kiln_trainer_state(const kiln_trainer *tr)
 {
 	kiln_tensor_set *s = tr ? kiln_graph_params(tr->g) : NULL;
-	if (s && (add_i64(s, CK_STEP, tr->steps) || add_i64(s, CK_MICRO, tr->micro))) {
+	if (s && rt_ckpt_add_counters(s, tr->steps, tr->micro)) {
 		kiln_tensor_set_free(s);
 		return NULL;
 	}
@@ -590,7 +557,7 @@ KILN_API kiln_status kiln_trainer_save(const kiln_trainer *tr, const char *path,
 	if (!tr || !path)
 		return ir_seterr(err, KILN_EINVAL, "kiln_trainer_save: null argument");
 	kiln_tensor_set *s = kiln_trainer_state(tr);
-	kiln_status rc = s && !add_i64(s, CK_SUM, (int64_t)checksum(s))
+	kiln_status rc = s && !rt_ckpt_seal(s)
 	                         ? kiln_safetensors_write(path, s, err)
 	                         : ir_seterr(err, KILN_ENOMEM, "kiln_trainer_save: out of memory");
 	kiln_tensor_set_free(s);
@@ -602,17 +569,10 @@ static kiln_status check_ckpt(const kiln_trainer *tr, const kiln_tensor_set *s,
                               const char *path, kiln_error *err)
 {
 	const kiln_graph *g = tr->g;
-	int64_t sum = 0;
-	const kiln_tensor *st = kiln_tensor_set_get(s, CK_SUM);
-	if (!st || st->dtype != KILN_I64 || st->rank != 0)
-		return ir_seterr(err, KILN_EPARSE, "checkpoint '%s': no " CK_SUM " (not a kiln "
-		                 "checkpoint?)", path);
-	memcpy(&sum, st->data, sizeof sum);
-	if ((uint64_t)sum != checksum(s))
-		return ir_seterr(err, KILN_EPARSE, "checkpoint '%s': checksum mismatch, the file is "
-		                 "corrupt", path);
 	int64_t steps, micro;
-	kiln_status rc = rt_ckpt_counters(s, path, &steps, &micro, err);
+	kiln_status rc = rt_ckpt_check_sum(s, path, err);
+	if (rc == KILN_OK)
+		rc = rt_ckpt_counters(s, path, &steps, &micro, err);
 	if (rc)
 		return rc;
 	int nparam = 0;
@@ -702,11 +662,11 @@ KILN_API kiln_status kiln_graph_load_trained(kiln_graph *g, const char *path, ki
 	kiln_status rc = kiln_safetensors_read(path, &s, &e);
 	if (rc)
 		return ir_seterr(err, rc, "weights refused: %s", e.msg);
-	const kiln_tensor *st = kiln_tensor_set_get(s, CK_SUM);
+	const kiln_tensor *st = kiln_tensor_set_get(s, RT_CKPT_SUM);
 	int64_t sum = 0;
 	if (st && st->dtype == KILN_I64 && st->rank == 0)
 		memcpy(&sum, st->data, sizeof sum);
-	if (st && (st->dtype != KILN_I64 || st->rank != 0 || (uint64_t)sum != checksum(s)))
+	if (st && (st->dtype != KILN_I64 || st->rank != 0 || (uint64_t)sum != rt_ckpt_checksum(s)))
 		rc = ir_seterr(err, KILN_EPARSE, "weights '%s': checksum mismatch, the file is corrupt",
 		               path);
 	if (!rc)

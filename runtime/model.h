@@ -193,8 +193,25 @@ kiln_status rt_train_save(rt_train *t, const char *path);
 kiln_status rt_train_load(rt_train *t, const char *path);
 /* A copy of the state and counters (caller frees). */
 kiln_tensor_set *rt_train_state(const rt_train *t);
-/* The checkpoint checksum: FNV-1a sums over every tensor but "__checksum__". */
+/* ---- the checkpoint format -------------------------------------------------
+ * One format for kiln_trainer (driver/train.c) and a compiled training
+ * library (rt_train_save/load): a safetensors file of every state tensor
+ * under its name, i64 scalars RT_CKPT_STEP and RT_CKPT_MICRO, and
+ * RT_CKPT_SUM, the sum of per-tensor FNV-1a hashes of name, dtype, shape
+ * and bytes over every other tensor (so the order in the file does not
+ * matter). */
+#define RT_CKPT_STEP "__step__"
+#define RT_CKPT_MICRO "__micro__"
+#define RT_CKPT_SUM "__checksum__"
+/* The checkpoint checksum: FNV-1a sums over every tensor but RT_CKPT_SUM. */
 uint64_t rt_ckpt_checksum(const kiln_tensor_set *s);
+/* Adds the counters to s; KILN_ENOMEM (or a duplicate name's status). */
+kiln_status rt_ckpt_add_counters(kiln_tensor_set *s, int64_t steps, int64_t micro);
+/* Adds RT_CKPT_SUM over everything already in s: the last step of a save. */
+kiln_status rt_ckpt_seal(kiln_tensor_set *s);
+/* KILN_EPARSE naming path when s has no i64 scalar RT_CKPT_SUM ("not a
+ * kiln checkpoint?") or it does not match the contents ("corrupt"). */
+kiln_status rt_ckpt_check_sum(const kiln_tensor_set *s, const char *path, kiln_error *err);
 /* The largest step or micro-batch count a checkpoint may hold: the step
  * graph takes steps + 1 as an f64, exact up to 2^53, and no run counts
  * that far, so anything above is an edited or corrupt file. */

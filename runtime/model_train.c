@@ -30,9 +30,6 @@
 #include "rt.h"
 #include "runtime/model.h"
 
-#define CK_STEP "__step__"
-#define CK_MICRO "__micro__"
-#define CK_SUM "__checksum__"
 
 enum { ALIGN = 64 };
 
@@ -319,7 +316,7 @@ uint64_t rt_ckpt_checksum(const kiln_tensor_set *s)
 	uint64_t sum = 0;
 	for (int i = 0; i < s->count; i++) {
 		const kiln_tensor *t = s->items[i].tensor;
-		if (!strcmp(s->items[i].name, CK_SUM))
+		if (!strcmp(s->items[i].name, RT_CKPT_SUM))
 			continue;
 		uint64_t h = fnv(0xcbf29ce484222325ULL, s->items[i].name, strlen(s->items[i].name) + 1);
 		int32_t head[2] = {(int32_t)t->dtype, t->rank};
@@ -335,6 +332,31 @@ static kiln_status add_i64(kiln_tensor_set *s, const char *name, int64_t v)
 	return kiln_tensor_set_add(s, name, &(kiln_tensor){KILN_I64, 0, {0}, &v});
 }
 
+kiln_status rt_ckpt_add_counters(kiln_tensor_set *s, int64_t steps, int64_t micro)
+{
+	kiln_status st = add_i64(s, RT_CKPT_STEP, steps);
+	return st == KILN_OK ? add_i64(s, RT_CKPT_MICRO, micro) : st;
+}
+
+kiln_status rt_ckpt_seal(kiln_tensor_set *s)
+{
+	return add_i64(s, RT_CKPT_SUM, (int64_t)rt_ckpt_checksum(s));
+}
+
+kiln_status rt_ckpt_check_sum(const kiln_tensor_set *s, const char *path, kiln_error *err)
+{
+	const kiln_tensor *sum = kiln_tensor_set_get(s, RT_CKPT_SUM);
+	uint64_t want = 0;
+	if (!sum || sum->dtype != KILN_I64 || sum->rank != 0)
+		return rt_seterr(err, KILN_EPARSE, "checkpoint '%s': no " RT_CKPT_SUM " (not a kiln "
+		                 "checkpoint?)", path);
+	memcpy(&want, sum->data, sizeof want);
+	if (want != rt_ckpt_checksum(s))
+		return rt_seterr(err, KILN_EPARSE, "checkpoint '%s': checksum mismatch, the file is "
+		                 "corrupt", path);
+	return KILN_OK;
+}
+
 kiln_tensor_set *rt_train_state(const rt_train *t)
 {
 	kiln_tensor_set *s = t ? kiln_tensor_set_new() : NULL;
@@ -343,7 +365,7 @@ kiln_tensor_set *rt_train_state(const rt_train *t)
 		kiln_tensor v = state_tensor(t, i);
 		ok = kiln_tensor_set_add(s, t->d->step->state[i].name, &v) == KILN_OK;
 	}
-	if (ok && !add_i64(s, CK_STEP, t->steps) && !add_i64(s, CK_MICRO, t->micro))
+	if (ok && !rt_ckpt_add_counters(s, t->steps, t->micro))
 		return s;
 	kiln_tensor_set_free(s);
 	return NULL;
@@ -357,7 +379,7 @@ kiln_status rt_train_save(rt_train *t, const char *path)
 		return fail(t, KILN_EINVAL, "save: path is NULL");
 	kiln_tensor_set *s = rt_train_state(t);
 	kiln_error e = {0};
-	kiln_status st = s && !add_i64(s, CK_SUM, (int64_t)rt_ckpt_checksum(s))
+	kiln_status st = s && !rt_ckpt_seal(s)
 	                         ? kiln_safetensors_write(path, s, &e)
 	                         : (e.code = KILN_ENOMEM, snprintf(e.msg, sizeof e.msg,
 	                                                           "save: out of memory"), KILN_ENOMEM);
@@ -368,7 +390,7 @@ kiln_status rt_train_save(rt_train *t, const char *path)
 kiln_status rt_ckpt_counters(const kiln_tensor_set *s, const char *path, int64_t *steps,
                              int64_t *micro, kiln_error *err)
 {
-	static const char *const names[2] = {CK_STEP, CK_MICRO};
+	static const char *const names[2] = {RT_CKPT_STEP, RT_CKPT_MICRO};
 	int64_t v[2];
 	for (int i = 0; i < 2; i++) {
 		const kiln_tensor *t = kiln_tensor_set_get(s, names[i]);
@@ -381,8 +403,8 @@ kiln_status rt_ckpt_counters(const kiln_tensor_set *s, const char *path, int64_t
 			                 "[0, 2^53]", path, names[i], (long long)v[i]);
 	}
 	if (v[0] > v[1])
-		return rt_seterr(err, KILN_EPARSE, "checkpoint '%s': " CK_STEP " is %lld but "
-		                 CK_MICRO " only %lld (every optimizer step takes a micro-batch)",
+		return rt_seterr(err, KILN_EPARSE, "checkpoint '%s': " RT_CKPT_STEP " is %lld but "
+		                 RT_CKPT_MICRO " only %lld (every optimizer step takes a micro-batch)",
 		                 path, (long long)v[0], (long long)v[1]);
 	*steps = v[0], *micro = v[1];
 	return KILN_OK;
@@ -406,18 +428,10 @@ static bool has_state(const rt_model_desc *d, const char *name)
 static kiln_status check_ckpt(rt_train *t, const kiln_tensor_set *s, const char *path)
 {
 	const rt_model_desc *d = t->d->step;
-	const kiln_tensor *sum = kiln_tensor_set_get(s, CK_SUM);
-	uint64_t want = 0;
-	if (!sum || sum->dtype != KILN_I64 || sum->rank != 0)
-		return fail(t, KILN_EPARSE, "checkpoint '%s': no " CK_SUM " (not a kiln checkpoint?)",
-		            path);
-	memcpy(&want, sum->data, sizeof want);
-	if (want != rt_ckpt_checksum(s))
-		return fail(t, KILN_EPARSE, "checkpoint '%s': checksum mismatch, the file is corrupt",
-		            path);
 	int64_t steps, micro;
 	kiln_error e = {0};
-	if (rt_ckpt_counters(s, path, &steps, &micro, &e) != KILN_OK)
+	if (rt_ckpt_check_sum(s, path, &e) != KILN_OK ||
+	    rt_ckpt_counters(s, path, &steps, &micro, &e) != KILN_OK)
 		return fail(t, e.code, "%s", e.msg);
 	for (uint32_t i = 0; i < d->nstate; i++) {
 		const kiln_tensor *f = kiln_tensor_set_get(s, d->state[i].name);
