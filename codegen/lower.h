@@ -2,7 +2,7 @@
  * lower.h: helpers shared by lower.c (the driver, elementwise, reductions,
  * data movement, fusion) and lower_nn.c (linear algebra, convolution,
  * pooling, normalisation, losses), plus cg_lower_ex, the lowering with
- * options, for drivers (emit.c) and tests.
+ * options, for drivers (driver/compile.c) and tests.
  */
 #ifndef KILN_CG_LOWER_H
 #define KILN_CG_LOWER_H

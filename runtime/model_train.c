@@ -16,7 +16,7 @@
  * which each Dropout reseeds as kiln_trainer reseeds it.  lr is an
  * argument of every step, so schedules stay with the caller.
  *
- * Checkpoints are kiln_trainer's format exactly (frontend/train.c): every
+ * Checkpoints are kiln_trainer's format exactly (driver/train.c; RT_CKPT_* in model.h): every
  * state tensor under its name, i64 scalars "__step__", "__micro__" and
  * "__checksum__" (sum of per-tensor FNV-1a hashes of name, dtype, shape and
  * bytes), written atomically by the safetensors writer.  Loading reads and

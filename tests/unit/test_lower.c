@@ -1,5 +1,5 @@
 /* test_lower.c: graph -> kernel IR lowering (codegen/lower*.c), the kernel
- * IR evaluator (codegen/keval.c), the memory plan (passes/memplan.c) and
+ * IR evaluator (codegen/keval.c), the memory plan (codegen/memplan.c) and
  * the kernel IR dump (codegen/kernel.c).
  *
  * Every op case of op_cases.h (the one-node graphs test_interp.c checks
