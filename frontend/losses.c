@@ -1,6 +1,6 @@
 /*
- * losses.c: PyTorch's loss functions as DSL composites (cross-entropy with
- * label smoothing, L1, smooth L1, binary cross-entropy with logits).
+ * losses.c: PyTorch's loss functions as DSL composites (MSE, cross-entropy
+ * with label smoothing, L1, smooth L1, binary cross-entropy with logits).
  *
  * Each loss is traced from ordinary ops with gradient rules, so kiln_grad
  * differentiates it with no loss-specific backward code, and each follows
@@ -113,6 +113,17 @@ KILN_API kiln_value kiln_cross_entropy_at(kiln_graph *g, kiln_loc loc, kiln_valu
 	kiln_value a = kiln_mul_at(g, loc, nll, kiln_scalar_at(g, loc, dt, 1 - label_smoothing));
 	kiln_value b = kiln_mul_at(g, loc, s, kiln_scalar_at(g, loc, dt, label_smoothing / C));
 	return done(g, m, kiln_add_at(g, loc, a, b));
+}
+
+/* MSE is a composite: (pred - target)^2, then mean, sum or nothing. */
+KILN_API kiln_value kiln_mse_loss_at(kiln_graph *g, kiln_loc loc, kiln_value pred,
+                                     kiln_value target, const char *r)
+{
+	if (!g || g->status != KILN_OK || !(r = reduction(g, loc, "MSELoss", r)))
+		return KILN_NONE;
+	ir_mark m = ir_mark_of(g);
+	kiln_value d = kiln_sub_at(g, loc, pred, target);
+	return done(g, m, reduce(g, loc, kiln_mul_at(g, loc, d, d), r));
 }
 
 KILN_API kiln_value kiln_l1_loss_at(kiln_graph *g, kiln_loc loc, kiln_value pred,

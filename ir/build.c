@@ -9,7 +9,7 @@
  * and, if anything failed, rolls the graph back to how it was before the
  * call.  The node's location is the caller's KILN_HERE, so an error from
  * shape.c reads "mnist.c:42: MatMul: inner dims differ: ..." with the user's
- * line, not ours.  Builders that trace several nodes (MSE loss, layer norm
+ * line, not ours.  Builders that trace several nodes (layer norm
  * without scale) take a mark and roll back to it, so a failed call never
  * leaves half a composite behind.
  *
@@ -674,31 +674,6 @@ KILN_API kiln_value kiln_nll_loss_at(kiln_graph *g, kiln_loc loc, kiln_value log
 {
 	return loss(g, loc, KILN_OP_NLL_LOSS, logp, target, weight, reduction, has_ignore,
 	            ignore_index);
-}
-
-/* MSE is a composite: (pred - target)^2, then mean, sum or nothing. */
-KILN_API kiln_value kiln_mse_loss_at(kiln_graph *g, kiln_loc loc, kiln_value pred,
-                                     kiln_value target, const char *reduction)
-{
-	if (!ready(g))
-		return KILN_NONE;
-	reduction = reduction ? reduction : "mean";
-	if (!reduction_ok(reduction)) {
-		ir_errorf_at(g, loc, KILN_EINVAL, "MSELoss: reduction '%s' is not mean, sum or none",
-		             reduction);
-		return KILN_NONE;
-	}
-	ir_mark m = ir_mark_of(g);
-	kiln_value d = kiln_sub_at(g, loc, pred, target);
-	kiln_value sq = kiln_mul_at(g, loc, d, d);
-	kiln_value y = sq;
-	if (!strcmp(reduction, "mean"))
-		y = kiln_reduce_mean_at(g, loc, sq, 0, NULL, false);
-	else if (!strcmp(reduction, "sum"))
-		y = kiln_reduce_sum_at(g, loc, sq, 0, NULL, false);
-	if (!y)
-		ir_rollback(g, m);
-	return y;
 }
 
 /* ---- graph inputs, outputs, parameters and constants ---------------------- */
