@@ -260,6 +260,9 @@ kiln_status cg_lower(const kiln_graph *g, cg_module **out, kiln_error *err);
 typedef kiln_status (*cg_lower_fn)(cg_module *m, const ir_node *n, const int *in,
                                    const int *out, kiln_error *err);
 extern const cg_lower_fn cg_lower_table[KILN_OP_COUNT];
+/* op's entry in cg_lower_table, or the elementwise lowering of its formula
+ * in ir_scalar_table (NULL: none) */
+cg_lower_fn cg_lower_rule(kiln_op op);
 
 /* ---- evaluation of kernel IR (keval.c) ---------------------------------- */
 

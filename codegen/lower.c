@@ -354,18 +354,38 @@ static cg_expr *s_sigmoid(cg_module *m, const ir_node *n, cg_expr **a, kiln_dtyp
 	return cg_bin(m, CG_DIV, fc(m, ct, 1), cg_bin(m, CG_ADD, fc(m, ct, 1), e));
 }
 
-static cg_expr *s_gelu(cg_module *m, const ir_node *n, cg_expr **a, kiln_dtype ct)
+/* An op with a formula in ir_scalar_table (Gelu, Softplus, ...): the
+ * formula, instruction by instruction, as kernel-IR scalar expressions
+ * (shared subexpressions stay shared). */
+static const cg_unop sunop[] = {
+	[IR_S_NEG] = CG_NEG, [IR_S_ABS] = CG_ABS, [IR_S_EXP] = CG_EXP, [IR_S_LOG] = CG_LOG,
+	[IR_S_SQRT] = CG_SQRT, [IR_S_TANH] = CG_TANH, [IR_S_ERF] = CG_ERF,
+};
+static const cg_binop sbinop[] = {
+	[IR_S_ADD] = CG_ADD, [IR_S_SUB] = CG_SUB, [IR_S_MUL] = CG_MUL, [IR_S_DIV] = CG_DIV,
+	[IR_S_MAX] = CG_MAX, [IR_S_MIN] = CG_MIN, [IR_S_LT] = CG_LT,
+};
+
+static cg_expr *s_formula(cg_module *m, const ir_node *n, cg_expr **a, kiln_dtype ct)
 {
-	cg_expr *x = a[0], *inner;
-	if (!strcmp(ir_attr_str(n, "approximate", "none"), "tanh")) {
-		cg_expr *x3 = cg_bin(m, CG_MUL, cg_bin(m, CG_MUL, x, x), x);
-		cg_expr *u = cg_bin(m, CG_ADD, x, cg_bin(m, CG_MUL, fc(m, ct, 0.044715), x3));
-		inner = cg_un(m, CG_TANH, cg_bin(m, CG_MUL, fc(m, ct, sqrt(2 / M_PI)), u));
-	} else {
-		inner = cg_un(m, CG_ERF, cg_bin(m, CG_MUL, x, fc(m, ct, M_SQRT1_2)));
+	ir_sexpr e;
+	cg_expr *v[IR_SEXPR_MAX];
+	if (ir_scalar_build(n, &e))
+		return NULL;
+	for (int i = 0; i < e.n; i++) {
+		const ir_sinst *s = &e.i[i];
+		switch (s->op) {
+		case IR_S_X: v[i] = a[0]; break;
+		case IR_S_K: v[i] = fc(m, ct, s->k); break;
+		case IR_S_NEG: case IR_S_ABS: case IR_S_EXP: case IR_S_LOG: case IR_S_SQRT:
+		case IR_S_TANH: case IR_S_ERF:
+			v[i] = cg_un(m, sunop[s->op], v[s->a]);
+			break;
+		case IR_S_SELECT: v[i] = cg_select(m, v[s->a], v[s->b], v[s->c]); break;
+		default: v[i] = cg_bin(m, sbinop[s->op], v[s->a], v[s->b]); break;
+		}
 	}
-	cg_expr *half_x = cg_bin(m, CG_MUL, fc(m, ct, 0.5), x);
-	return cg_bin(m, CG_MUL, half_x, cg_bin(m, CG_ADD, fc(m, ct, 1), inner));
+	return v[e.root];
 }
 
 /* Absent bounds are unbounded; NaN passes (comparisons with NaN fail);
@@ -429,7 +449,7 @@ static const scal_fn scal[KILN_OP_COUNT] = {
 	[KILN_OP_CEIL] = s_unary, [KILN_OP_SIN] = s_unary, [KILN_OP_COS] = s_unary,
 	[KILN_OP_TANH] = s_unary, [KILN_OP_ERF] = s_unary, [KILN_OP_NOT] = s_unary,
 	[KILN_OP_RECIPROCAL] = s_recip, [KILN_OP_RELU] = s_relu, [KILN_OP_LEAKY_RELU] = s_leaky,
-	[KILN_OP_SIGMOID] = s_sigmoid, [KILN_OP_GELU] = s_gelu, [KILN_OP_CLIP] = s_clip,
+	[KILN_OP_SIGMOID] = s_sigmoid, [KILN_OP_CLIP] = s_clip,
 	[KILN_OP_CAST] = s_cast,
 	[KILN_OP_ADD] = s_binary, [KILN_OP_SUB] = s_binary, [KILN_OP_MUL] = s_binary,
 	[KILN_OP_DIV] = s_binary, [KILN_OP_POW] = s_binary, [KILN_OP_MAX] = s_binary,
@@ -437,6 +457,12 @@ static const scal_fn scal[KILN_OP_COUNT] = {
 	[KILN_OP_GREATER] = s_binary, [KILN_OP_AND] = s_binary, [KILN_OP_OR] = s_binary,
 	[KILN_OP_WHERE] = s_where,
 };
+
+/* The table's entry, else the op's formula. */
+static scal_fn scal_of(kiln_op op)
+{
+	return scal[op] ? scal[op] : s_formula;
+}
 
 /* An integer Div the interpreter refuses to run on a zero divisor: so does
  * the kernel (never fused, fusible below), checking every divisor first. */
@@ -456,7 +482,7 @@ static kiln_status elementwise(cg_module *m, const ir_node *n, const int *in, co
 	for (uint32_t i = 1; k && i < n->nin; i++)
 		cg_lower_check_all(m, k, n, "integer division by zero", in[i], m->buf[in[i]].numel,
 		                   NULL, NULL, NULL);
-	kiln_status st = elemwise(m, n, (int)n->nin, in, out[0], scal[n->op], false);
+	kiln_status st = elemwise(m, n, (int)n->nin, in, out[0], scal_of(n->op), false);
 	return st ? cg_lower_fail(m, n, err, st, "out of memory") : KILN_OK;
 }
 
@@ -891,7 +917,7 @@ const cg_lower_fn cg_lower_table[KILN_OP_COUNT] = {
 	[KILN_OP_CEIL] = elementwise, [KILN_OP_SIN] = elementwise, [KILN_OP_COS] = elementwise,
 	[KILN_OP_RELU] = elementwise, [KILN_OP_LEAKY_RELU] = elementwise,
 	[KILN_OP_SIGMOID] = elementwise, [KILN_OP_TANH] = elementwise,
-	[KILN_OP_GELU] = elementwise, [KILN_OP_ERF] = elementwise, [KILN_OP_CLIP] = elementwise,
+	[KILN_OP_ERF] = elementwise, [KILN_OP_CLIP] = elementwise,
 	[KILN_OP_NOT] = elementwise, [KILN_OP_CAST] = elementwise, [KILN_OP_IDENTITY] = view,
 	[KILN_OP_ADD] = elementwise, [KILN_OP_SUB] = elementwise, [KILN_OP_MUL] = elementwise,
 	[KILN_OP_DIV] = elementwise, [KILN_OP_POW] = elementwise, [KILN_OP_MAX] = elementwise,
@@ -914,6 +940,13 @@ const cg_lower_fn cg_lower_table[KILN_OP_COUNT] = {
 	[KILN_OP_DROPOUT] = cg_lower_dropout,
 	[KILN_OP_SOFTMAX_CE] = cg_lower_loss, [KILN_OP_NLL_LOSS] = cg_lower_loss,
 };
+
+cg_lower_fn cg_lower_rule(kiln_op op)
+{
+	if (op >= KILN_OP_COUNT)
+		return NULL;
+	return cg_lower_table[op] ? cg_lower_table[op] : ir_scalar_table[op] ? elementwise : NULL;
+}
 
 /* ---- the driver ---------------------------------------------------------------- */
 
@@ -965,7 +998,7 @@ typedef struct tree {
 
 static bool fusible(const kiln_graph *g, const ir_node *n)
 {
-	return cg_lower_table[n->op] == elementwise && n->nout == 1 && n->nin <= 4 &&
+	return cg_lower_rule(n->op) == elementwise && n->nout == 1 && n->nin <= 4 &&
 	       !int_div_node(g, n);
 }
 
@@ -1024,7 +1057,7 @@ static cg_expr *tree_expr(const lowering *L, const ir_node *n, const tree *t)
 		a[i] = t->ld[k];
 	}
 	kiln_dtype ct = cg_ctype(L->g->val[n->in[n->op == KILN_OP_WHERE ? 1 : 0]]->type.dtype);
-	return scal[n->op](m, n, a, ct);
+	return scal_of(n->op)(m, n, a, ct);
 }
 
 /* "add_relu": the tree's ops in schedule order, for the kernel's name. */
@@ -1237,7 +1270,7 @@ static kiln_status lower_node(lowering *L, const ir_node *n)
 	}
 	if (fuse_relu(L, n) || fuse_bias(L, n))
 		return KILN_OK;
-	if (!cg_lower_table[n->op])
+	if (!cg_lower_rule(n->op))
 		return cg_lower_fail(m, n, L->err, KILN_EUNSUPPORTED, "no lowering for %s",
 		                     ir_op(n->op)->onnx);
 	bool fusing = L->fuse && fusible(L->g, n);
@@ -1253,7 +1286,7 @@ static kiln_status lower_node(lowering *L, const ir_node *n)
 		st = out_bufs(L, n, out);
 	if (st)
 		return st;
-	st = fusing ? fused(L, n, out[0], &t) : cg_lower_table[n->op](m, n, in, out, L->err);
+	st = fusing ? fused(L, n, out[0], &t) : cg_lower_rule(n->op)(m, n, in, out, L->err);
 	if (st == KILN_ENOMEM && L->err && !L->err->msg[0])
 		cg_lower_fail(m, n, L->err, st, "out of memory");
 	return st;

@@ -338,21 +338,23 @@ static kiln_status leaky_relu(ir_interp *c, const ir_node *n, kiln_tensor *const
 	return map1p(c, n, in[0], out[0], leaky, &alpha);
 }
 
-static double gelu_erf(double x, const double *p) { return 0.5 * x * (1 + erf(x * M_SQRT1_2)); }
-
-static double gelu_tanh(double x, const double *p)
+/* An op with a formula in ir_scalar_table (Gelu, Softplus, ...): the
+ * formula evaluated in double per element. */
+static kiln_status formula(ir_interp *c, const ir_node *n, kiln_tensor *const *in,
+                           kiln_tensor *const *out)
 {
-	double k = sqrt(2 / M_PI);
-	return 0.5 * x * (1 + tanh(k * (x + 0.044715 * x * x * x)));
-}
-
-static kiln_status gelu(ir_interp *c, const ir_node *n, kiln_tensor *const *in,
-                        kiln_tensor *const *out)
-{
-	const char *a = ir_attr_str(n, "approximate", "none");
-	if (strcmp(a, "none") && strcmp(a, "tanh"))
-		return ir_fail(c, n, KILN_EINVAL, "approximate must be none or tanh, not '%s'", a);
-	return map1p(c, n, in[0], out[0], strcmp(a, "tanh") ? gelu_erf : gelu_tanh, NULL);
+	ir_sexpr e;
+	kiln_status st = ir_scalar_build(n, &e);
+	if (st == KILN_EINVAL)
+		return ir_fail(c, n, st, "attributes the op's formula does not take");
+	if (st)
+		return ir_fail(c, n, st, "cannot build the op's formula");
+	int64_t cnt = kiln_tensor_numel(out[0]);
+	if (kiln_tensor_numel(in[0]) != cnt)
+		return ir_fail(c, n, KILN_ESHAPE, "input and output sizes differ");
+	for (int64_t i = 0; i < cnt; i++)
+		ir_store(out[0], i, ir_scalar_eval(&e, ir_load(in[0], i)));
+	return KILN_OK;
 }
 
 /* Clip's absent bounds are unbounded; NaN passes through. */
@@ -997,7 +999,7 @@ const ir_interp_fn ir_interp_table[KILN_OP_COUNT] = {
 	[KILN_OP_FLOOR] = unary, [KILN_OP_CEIL] = unary, [KILN_OP_SIN] = unary,
 	[KILN_OP_COS] = unary, [KILN_OP_RELU] = unary, [KILN_OP_SIGMOID] = unary,
 	[KILN_OP_TANH] = unary, [KILN_OP_ERF] = unary,
-	[KILN_OP_LEAKY_RELU] = leaky_relu, [KILN_OP_GELU] = gelu, [KILN_OP_CLIP] = clip,
+	[KILN_OP_LEAKY_RELU] = leaky_relu, [KILN_OP_CLIP] = clip,
 	[KILN_OP_NOT] = not_op, [KILN_OP_CAST] = cast, [KILN_OP_IDENTITY] = copy,
 	[KILN_OP_ADD] = binary, [KILN_OP_SUB] = binary, [KILN_OP_MUL] = binary,
 	[KILN_OP_DIV] = binary, [KILN_OP_POW] = binary, [KILN_OP_MAX] = binary,
@@ -1020,10 +1022,17 @@ const ir_interp_fn ir_interp_table[KILN_OP_COUNT] = {
 	[KILN_OP_SOFTMAX_CE] = ir_interp_loss, [KILN_OP_NLL_LOSS] = ir_interp_loss,
 };
 
+ir_interp_fn ir_interp_kernel(kiln_op op)
+{
+	if (op >= KILN_OP_COUNT)
+		return NULL;
+	return ir_interp_table[op] ? ir_interp_table[op] : ir_scalar_table[op] ? formula : NULL;
+}
+
 kiln_status ir_interp_node(ir_interp *c, const ir_node *n, kiln_tensor *const *in,
                            kiln_tensor *const *out)
 {
-	if (n->op >= KILN_OP_COUNT || !ir_interp_table[n->op])
+	if (!ir_interp_kernel(n->op))
 		return ir_fail(c, n, KILN_EUNSUPPORTED, "the interpreter has no kernel for this op");
 	const ir_op_info *op = ir_op(n->op);
 	if (n->nin < op->in_min || n->nout < op->out_min ||
@@ -1037,7 +1046,7 @@ kiln_status ir_interp_node(ir_interp *c, const ir_node *n, kiln_tensor *const *i
 	for (uint32_t k = 0; k < n->nout; k++)
 		if (!out[k])
 			return ir_fail(c, n, KILN_EVERIFY, "output %u is missing", k);
-	return ir_interp_table[n->op](c, n, in, out);
+	return ir_interp_kernel(n->op)(c, n, in, out);
 }
 
 /* ---- kiln_graph_run ----------------------------------------------------- */

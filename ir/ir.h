@@ -314,6 +314,8 @@ ir_geom_status ir_conv_geom_of(const ir_node *n, int xrank, const int64_t *x, in
 typedef kiln_status (*ir_shape_fn)(kiln_graph *g, const ir_node *n, const ir_type *in,
                                    ir_type *out);
 extern const ir_shape_fn ir_shape_table[KILN_OP_COUNT];
+/* op's entry in ir_shape_table, or the default its flags give (NULL: none) */
+ir_shape_fn ir_shape_rule(kiln_op op);
 
 /* ---- verify.c ----------------------------------------------------------- */
 
@@ -326,6 +328,41 @@ kiln_status ir_verify(const kiln_graph *g, kiln_error *err);
 char *ir_print(const kiln_graph *g); /* malloc'd */
 kiln_status ir_parse(const char *text, const char *filename, kiln_graph **out,
                      kiln_error *err);
+
+/* ---- scalar.c ----------------------------------------------------------- */
+
+/* An elementwise op's arithmetic, written once: an SSA list of primitives
+ * over the input x, built from the node's attributes by the op's rule. */
+typedef enum ir_sop {
+	IR_S_X,      /* the op's input */
+	IR_S_K,      /* the constant k */
+	IR_S_NEG, IR_S_ABS, IR_S_EXP, IR_S_LOG, IR_S_SQRT, IR_S_TANH, IR_S_ERF, /* op(a) */
+	IR_S_ADD, IR_S_SUB, IR_S_MUL, IR_S_DIV, /* a op b */
+	IR_S_MAX, IR_S_MIN, /* propagate NaN, as the kernels do */
+	IR_S_LT,     /* a < b: a condition, read only by SELECT */
+	IR_S_SELECT, /* a ? b : c */
+} ir_sop;
+typedef struct ir_sinst {
+	ir_sop op;
+	int a, b, c; /* earlier instructions */
+	double k;    /* IR_S_K */
+} ir_sinst;
+#define IR_SEXPR_MAX 128
+typedef struct ir_sexpr {
+	ir_sinst i[IR_SEXPR_MAX];
+	int n, root; /* root: the instruction whose value is the result */
+	bool full;
+} ir_sexpr;
+/* A rule: appends n's formula over instruction x, returns its instruction
+ * (-1 on an attribute it refuses). */
+typedef int (*ir_scalar_rule)(ir_sexpr *e, const ir_node *n, int x);
+extern const ir_scalar_rule ir_scalar_table[KILN_OP_COUNT];
+int ir_sx(ir_sexpr *e, ir_sop op, int a, int b, int c, double k);
+/* n's formula (KILN_EUNSUPPORTED: the op has no rule; KILN_EINVAL: a bad
+ * attribute), and its derivative with respect to x. */
+kiln_status ir_scalar_build(const ir_node *n, ir_sexpr *e);
+kiln_status ir_scalar_deriv(const ir_node *n, ir_sexpr *e);
+double ir_scalar_eval(const ir_sexpr *e, double x);
 
 /* ---- interp.c ----------------------------------------------------------- */
 
@@ -340,6 +377,8 @@ typedef struct ir_interp {
 typedef kiln_status (*ir_interp_fn)(ir_interp *c, const ir_node *n, kiln_tensor *const *in,
                                     kiln_tensor *const *out);
 extern const ir_interp_fn ir_interp_table[KILN_OP_COUNT];
+/* op's entry in ir_interp_table, or its formula's evaluator (NULL: none) */
+ir_interp_fn ir_interp_kernel(kiln_op op);
 kiln_status ir_interp_node(ir_interp *c, const ir_node *n, kiln_tensor *const *in,
                            kiln_tensor *const *out);
 /* dtype-generic element access used by kernels (and constant folding) */

@@ -676,6 +676,18 @@ const ir_shape_fn ir_shape_table[KILN_OP_COUNT] = {
 	[KILN_OP_SOFTMAX_CE] = ir_shape_loss, [KILN_OP_NLL_LOSS] = ir_shape_loss,
 };
 
+/* An op without an entry takes its rule from its flags: IR_ELEM with
+ * IR_BCAST broadcasts its inputs, IR_ELEM alone keeps its input's type. */
+ir_shape_fn ir_shape_rule(kiln_op op)
+{
+	if (op >= KILN_OP_COUNT)
+		return NULL;
+	if (ir_shape_table[op])
+		return ir_shape_table[op];
+	uint32_t f = ir_op(op)->flags;
+	return !(f & IR_ELEM) ? NULL : f & IR_BCAST ? shape_bcast : shape_same;
+}
+
 /* Ops whose first input is not governed by the flag rule below: Where's is
  * the bool condition, Cast and Shape take any dtype. */
 static const bool any_first_dtype[KILN_OP_COUNT] = {
@@ -744,9 +756,10 @@ static kiln_status infer(kiln_graph *g, const ir_node *n, ir_type *in, ir_type *
 		FAIL(KILN_ESHAPE, "needs a %s input, got %s", want, TS(&in[0], a));
 	}
 	memset(out, 0, n->nout * sizeof *out);
-	if (!ir_shape_table[n->op])
+	ir_shape_fn rule = ir_shape_rule(n->op);
+	if (!rule)
 		FAIL(KILN_EUNSUPPORTED, "no shape rule for this op");
-	return ir_shape_table[n->op](g, n, in, out);
+	return rule(g, n, in, out);
 }
 
 kiln_status ir_infer_types(kiln_graph *g, const ir_node *n, ir_type *out)

@@ -137,7 +137,7 @@ static kiln_status step(ad *a, const ir_node *n)
 	}
 	if (!any_out || !any_in)
 		return KILN_OK;
-	pass_grad_fn rule = pass_grad_table[n->op];
+	pass_grad_fn rule = pass_grad_rule(n->op);
 	if (!rule)
 		return ir_errorf(g, n, KILN_EUNSUPPORTED, "no gradient rule for %s",
 		                 ir_op(n->op)->onnx);

@@ -236,24 +236,46 @@ static kiln_status gerf(kiln_graph *g, const ir_node *n, const uint32_t *dy, uin
 	return g->status;
 }
 
-/* erf form: Phi(x) + x phi(x); tanh form: 0.5 (1 + t) + 0.5 x (1 - t^2) u'
- * with t = tanh(u), u = k (x + 0.044715 x^3), the interpreter's formula. */
-static kiln_status ggelu(kiln_graph *g, const ir_node *n, const uint32_t *dy, uint32_t *dx)
+/* An op with a formula in ir_scalar_table (Gelu, Softplus, ...): dy times
+ * the formula's symbolic derivative, written out as graph nodes; only the
+ * instructions the derivative reads are emitted. */
+static uint32_t emit(kiln_graph *g, const ir_node *n, const ir_sexpr *e, int i, uint32_t *v)
 {
-	uint32_t x = n->in[0], x2 = MUL(x, x), d;
-	if (strcmp(ir_attr_str(n, "approximate", "none"), "tanh")) {
-		uint32_t cdf = MUL(K(0.5), ADD(K(1), kiln_erf_at(g, L, MUL(x, K(M_SQRT1_2)))));
-		uint32_t pdf = MUL(kiln_exp_at(g, L, MUL(x2, K(-0.5))), K(1 / sqrt(2 * M_PI)));
-		d = ADD(cdf, MUL(x, pdf));
-	} else {
-		double k = sqrt(2 / M_PI);
-		uint32_t u = MUL(K(k), ADD(x, MUL(K(0.044715), MUL(x2, x))));
-		uint32_t t = kiln_tanh_at(g, L, u);
-		uint32_t du = MUL(K(k), ADD(K(1), MUL(K(3 * 0.044715), x2)));
-		uint32_t sech2 = SUB(K(1), MUL(t, t));
-		d = ADD(MUL(K(0.5), ADD(K(1), t)), MUL(MUL(K(0.5), x), MUL(sech2, du)));
+	if (v[i])
+		return v[i];
+	const ir_sinst *s = &e->i[i];
+	uint32_t a = s->op > IR_S_K ? emit(g, n, e, s->a, v) : 0;
+	uint32_t b = s->op >= IR_S_ADD ? emit(g, n, e, s->b, v) : 0;
+	switch (s->op) {
+	case IR_S_X: return v[i] = n->in[0];
+	case IR_S_K: return v[i] = K(s->k);
+	case IR_S_NEG: return v[i] = NEG(a);
+	case IR_S_ABS: return v[i] = kiln_abs_at(g, L, a);
+	case IR_S_EXP: return v[i] = kiln_exp_at(g, L, a);
+	case IR_S_LOG: return v[i] = kiln_log_at(g, L, a);
+	case IR_S_SQRT: return v[i] = kiln_sqrt_at(g, L, a);
+	case IR_S_TANH: return v[i] = kiln_tanh_at(g, L, a);
+	case IR_S_ERF: return v[i] = kiln_erf_at(g, L, a);
+	case IR_S_ADD: return v[i] = ADD(a, b);
+	case IR_S_SUB: return v[i] = SUB(a, b);
+	case IR_S_MUL: return v[i] = MUL(a, b);
+	case IR_S_DIV: return v[i] = DIV(a, b);
+	case IR_S_MAX: return v[i] = kiln_max_at(g, L, a, b);
+	case IR_S_MIN: return v[i] = kiln_min_at(g, L, a, b);
+	case IR_S_LT: return v[i] = kiln_less_at(g, L, a, b);
+	case IR_S_SELECT: return v[i] = kiln_where_at(g, L, a, b, emit(g, n, e, s->c, v));
 	}
-	dx[0] = MUL(dy[0], d);
+	return 0;
+}
+
+static kiln_status gformula(kiln_graph *g, const ir_node *n, const uint32_t *dy, uint32_t *dx)
+{
+	ir_sexpr e;
+	uint32_t v[IR_SEXPR_MAX] = {0};
+	kiln_status st = ir_scalar_deriv(n, &e);
+	if (st)
+		return ir_errorf(g, n, st, "gradient: cannot build the derivative of the formula");
+	dx[0] = MUL(dy[0], emit(g, n, &e, e.root, v));
 	return g->status;
 }
 
@@ -656,13 +678,20 @@ static kiln_status ggather(kiln_graph *g, const ir_node *n, const uint32_t *dy, 
 	return g->status;
 }
 
+pass_grad_fn pass_grad_rule(kiln_op op)
+{
+	if (op >= KILN_OP_COUNT)
+		return NULL;
+	return pass_grad_table[op] ? pass_grad_table[op] : ir_scalar_table[op] ? gformula : NULL;
+}
+
 /* ---- the table ---------------------------------------------------------------------- */
 
 const pass_grad_fn pass_grad_table[KILN_OP_COUNT] = {
 	[KILN_OP_NEG] = gneg, [KILN_OP_ABS] = gabs, [KILN_OP_EXP] = gexp, [KILN_OP_LOG] = glog,
 	[KILN_OP_SQRT] = gsqrt, [KILN_OP_RECIPROCAL] = grecip, [KILN_OP_SIN] = gsin,
 	[KILN_OP_COS] = gcos, [KILN_OP_RELU] = grelu, [KILN_OP_LEAKY_RELU] = gleaky,
-	[KILN_OP_SIGMOID] = gsigmoid, [KILN_OP_TANH] = gtanh, [KILN_OP_GELU] = ggelu,
+	[KILN_OP_SIGMOID] = gsigmoid, [KILN_OP_TANH] = gtanh,
 	[KILN_OP_ERF] = gerf, [KILN_OP_CLIP] = gclip, [KILN_OP_CAST] = gcast,
 	[KILN_OP_IDENTITY] = gidentity,
 

@@ -92,6 +92,9 @@ kiln_status pass_grad(kiln_graph *g, kiln_loc loc, uint32_t loss, int nwrt,
 typedef kiln_status (*pass_grad_fn)(kiln_graph *g, const ir_node *n, const uint32_t *dy,
                                     uint32_t *dx);
 extern const pass_grad_fn pass_grad_table[KILN_OP_COUNT];
+/* op's entry in pass_grad_table, or dy times its formula's derivative
+ * (NULL: none) */
+pass_grad_fn pass_grad_rule(kiln_op op);
 
 /* Helpers shared by the rule files (grad.c). */
 const ir_type *pass_gtype(const kiln_graph *g, uint32_t v);

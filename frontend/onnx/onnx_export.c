@@ -500,59 +500,76 @@ static bool ex_node(ex *x, const ir_node *n)
 	return true;
 }
 
-/* One helper node of a decomposition: op_type(a[, b]) into a fresh value
- * named after n's output (or into out when given); NULL operands propagate. */
-static const char *op2(ex *x, const ir_node *n, const char *op_type, const char *a,
-                       const char *b, const char *out)
+/* One helper node of a decomposition: op_type(a[, b[, c]]) into a fresh
+ * value named after n's output and op (or into out when given); NULL
+ * operands propagate. */
+static const char *op3(ex *x, const ir_node *n, const char *op_type, const char *a,
+                       const char *b, const char *c, const char *out)
 {
 	char base[600];
-	snprintf(base, sizeof base, "%.500s_gelu", x->vname[n->out[0]]);
-	Onnx__NodeProto *np = a ? node_new(x, op_type, 2) : NULL;
+	snprintf(base, sizeof base, "%.500s_%s", x->vname[n->out[0]], ir_op(n->op)->kir);
+	Onnx__NodeProto *np = a ? node_new(x, op_type, 3) : NULL;
 	char **o = np ? alloc(x, sizeof *o) : NULL;
 	if (!o || !(out = out ? out : fresh(x, base)))
 		return NULL;
 	np->input[np->n_input++] = (char *)a;
 	if (b)
 		np->input[np->n_input++] = (char *)b;
+	if (c)
+		np->input[np->n_input++] = (char *)c;
 	o[0] = (char *)out;
 	np->n_output = 1;
 	np->output = o;
 	return out;
 }
 
-static const char *k(ex *x, const ir_node *n, double v)
+static const char *op2(ex *x, const ir_node *n, const char *op_type, const char *a,
+                       const char *b, const char *out)
 {
-	char base[600];
-	snprintf(base, sizeof base, "%.500s_gelu_c", x->vname[n->out[0]]);
-	kiln_tensor *t = scalar(x, x->g->val[n->in[0]]->type.dtype, v);
-	return t ? constant(x, base, t) : NULL;
+	return op3(x, n, op_type, a, b, NULL, out);
 }
 
-/* Gelu arrives in opset 20; before that it is its formula:
- * 0.5 x (1 + erf(x / sqrt 2)), or with approximate="tanh"
- * 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).  Each call below has at
- * most one argument that emits nodes, so the node order is fixed. */
-static bool ex_gelu(ex *x, const ir_node *n)
+/* An op opset 17 lacks (Gelu arrives in opset 20) is its formula from
+ * ir_scalar_table, one ONNX node per instruction, the last writing n's
+ * output; constants become Constant nodes in the input's dtype. */
+static bool ex_formula(ex *x, const ir_node *n)
 {
-	const char *in = x->vname[n->in[0]], *u;
-	if (strcmp(ir_attr_str(n, "approximate", "none"), "tanh") == 0) {
-		const char *x2 = op2(x, n, "Mul", in, in, NULL);
-		const char *x3 = op2(x, n, "Mul", x2, in, NULL);
-		const char *c = op2(x, n, "Mul", x3, k(x, n, 0.044715), NULL);
-		const char *s = op2(x, n, "Add", in, c, NULL);
-		u = op2(x, n, "Tanh", op2(x, n, "Mul", s, k(x, n, sqrt(2 / M_PI)), NULL), NULL, NULL);
-	} else {
-		u = op2(x, n, "Erf", op2(x, n, "Mul", in, k(x, n, M_SQRT1_2), NULL), NULL, NULL);
+	static const char *const name[] = {
+		[IR_S_NEG] = "Neg", [IR_S_ABS] = "Abs", [IR_S_EXP] = "Exp", [IR_S_LOG] = "Log",
+		[IR_S_SQRT] = "Sqrt", [IR_S_TANH] = "Tanh", [IR_S_ERF] = "Erf", [IR_S_ADD] = "Add",
+		[IR_S_SUB] = "Sub", [IR_S_MUL] = "Mul", [IR_S_DIV] = "Div", [IR_S_MAX] = "Max",
+		[IR_S_MIN] = "Min", [IR_S_LT] = "Less", [IR_S_SELECT] = "Where",
+	};
+	ir_sexpr e;
+	const char *v[IR_SEXPR_MAX];
+	if (ir_scalar_build(n, &e))
+		return fail(x, KILN_EINVAL, "onnx export: %s has attributes its formula refuses",
+		            ir_op(n->op)->onnx);
+	char base[600];
+	snprintf(base, sizeof base, "%.500s_%s_c", x->vname[n->out[0]], ir_op(n->op)->kir);
+	for (int i = 0; i < e.n; i++) {
+		const ir_sinst *s = &e.i[i];
+		const char *out = i == e.root ? x->vname[n->out[0]] : NULL;
+		if (s->op == IR_S_X) {
+			v[i] = x->vname[n->in[0]];
+		} else if (s->op == IR_S_K) {
+			kiln_tensor *t = scalar(x, x->g->val[n->in[0]]->type.dtype, s->k);
+			v[i] = t ? constant(x, base, t) : NULL;
+		} else {
+			v[i] = op3(x, n, name[s->op], v[s->a], s->op >= IR_S_ADD ? v[s->b] : NULL,
+			           s->op == IR_S_SELECT ? v[s->c] : NULL, out);
+		}
+		if (!v[i])
+			return false;
 	}
-	const char *h = op2(x, n, "Mul", op2(x, n, "Add", u, k(x, n, 1.0), NULL), in, NULL);
-	return op2(x, n, "Mul", h, k(x, n, 0.5), x->vname[n->out[0]]) != NULL;
+	return true;
 }
 
 typedef bool (*export_fn)(ex *x, const ir_node *n);
 
 /* Ops whose export is not ex_node's one-to-one mapping. */
 static const export_fn special[KILN_OP_COUNT] = {
-	[KILN_OP_GELU] = ex_gelu,
+	[KILN_OP_GELU] = ex_formula,
 };
 
 bool onnx_export_maps(kiln_op op)

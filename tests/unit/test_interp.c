@@ -33,7 +33,7 @@ END_TEST
 
 static bool has_kernel(kiln_op op)
 {
-	return ir_interp_table[op] != NULL;
+	return ir_interp_kernel(op) != NULL;
 }
 
 START_TEST(every_op_has_a_kernel_and_a_fixture_case)

@@ -76,7 +76,7 @@ END_TEST
 /* Constant is a CONST buffer made by the driver; Shape is tested below */
 static bool has_lowering(kiln_op op)
 {
-	return op == KILN_OP_CONSTANT || cg_lower_table[op];
+	return op == KILN_OP_CONSTANT || cg_lower_rule(op);
 }
 
 START_TEST(every_op_has_a_lowering_and_a_case)

@@ -19,9 +19,9 @@ START_TEST(every_op_has_a_shape_rule)
 {
 	char missing[2048] = "";
 	for (int op = 0; op < KILN_OP_COUNT; op++)
-		if (!ir_shape_table[op])
+		if (!ir_shape_rule(op))
 			note(missing, sizeof missing, ir_op(op)->onnx);
-	ck_assert_msg(!missing[0], "ops without an ir_shape_table entry: %s", missing);
+	ck_assert_msg(!missing[0], "ops without a shape rule (ir_shape_rule): %s", missing);
 }
 END_TEST
 
@@ -29,9 +29,9 @@ START_TEST(every_op_has_an_interpreter)
 {
 	char missing[2048] = "";
 	for (int op = 0; op < KILN_OP_COUNT; op++)
-		if (!ir_interp_table[op])
+		if (!ir_interp_kernel(op))
 			note(missing, sizeof missing, ir_op(op)->onnx);
-	ck_assert_msg(!missing[0], "ops without an ir_interp_table entry: %s", missing);
+	ck_assert_msg(!missing[0], "ops without an interpreter kernel (ir_interp_kernel): %s", missing);
 }
 END_TEST
 
