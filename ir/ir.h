@@ -38,6 +38,7 @@ enum {
 	IR_MOVE = 1 << 7,   /* pure data movement, no arithmetic */
 	IR_NODIFF = 1 << 8, /* output is not differentiable */
 	IR_RANDOM = 1 << 9, /* draws random numbers (in training mode) */
+	IR_EXPAND = 1 << 10, /* ONNX opset 17 lacks it: exported as its formula (scalar.c) */
 };
 
 typedef enum kiln_op {

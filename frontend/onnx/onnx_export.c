@@ -567,15 +567,17 @@ static bool ex_formula(ex *x, const ir_node *n)
 
 typedef bool (*export_fn)(ex *x, const ir_node *n);
 
-/* Ops whose export is not ex_node's one-to-one mapping. */
-static const export_fn special[KILN_OP_COUNT] = {
-	[KILN_OP_GELU] = ex_formula,
-};
+/* ex_node's one-to-one mapping, except for ops flagged IR_EXPAND (opset 17
+ * lacks them): those are their formula. */
+static export_fn exporter(kiln_op op)
+{
+	return ir_op(op)->flags & IR_EXPAND ? ex_formula : ex_node;
+}
 
 bool onnx_export_maps(kiln_op op)
 {
 	/* every op maps: one-to-one, or specially; this is what the test walks */
-	return op < KILN_OP_COUNT && (special[op] || ir_op(op)->onnx != NULL);
+	return op < KILN_OP_COUNT && (exporter(op) != ex_node || ir_op(op)->onnx != NULL);
 }
 
 /* ---- graph and model ---------------------------------------------------- */
@@ -633,7 +635,7 @@ static bool build_graph(ex *x, Onnx__GraphProto *gp)
 	for (uint32_t i = 0; i < g->nnode && x->st == KILN_OK; i++) {
 		const ir_node *n = g->node[i];
 		if (!n->dead)
-			(special[n->op] ? special[n->op] : ex_node)(x, n);
+			exporter(n->op)(x, n);
 	}
 	if (x->st != KILN_OK || !outputs(x, gp, is_out))
 		return false;
