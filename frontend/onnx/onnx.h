@@ -170,9 +170,6 @@ void onnx_fold(onnx_imp *c, const ir_node *n);
 typedef void (*onnx_import_fn)(onnx_imp *c, onnx_nd *d);
 extern const onnx_import_fn onnx_import_table[KILN_OP_COUNT];
 void onnx_import_node(onnx_imp *c, onnx_nd *d);
-/* Ops whose ONNX definition is the same from opset 1 to 17 (bar new
- * dtypes): the only ones imported from models older than opset 7. */
-extern const bool onnx_same_since_v1[KILN_OP_COUNT];
 
 /* ---- onnx_export.c ------------------------------------------------------ */
 

@@ -267,13 +267,6 @@ const onnx_import_fn onnx_import_table[KILN_OP_COUNT] = {
 	[KILN_OP_CONSTANT] = constant, [KILN_OP_POW] = pow_op,
 };
 
-/* Per the ONNX operator changelog: no attribute or semantic change after
- * version 1 (later versions only widened the type lists). */
-const bool onnx_same_since_v1[KILN_OP_COUNT] = {
-	[KILN_OP_NOT] = true, [KILN_OP_GLOBAL_AVERAGE_POOL] = true,
-	[KILN_OP_TRANSPOSE] = true, [KILN_OP_IDENTITY] = true, [KILN_OP_MATMUL] = true,
-};
-
 /* Ops without an entry map one to one. */
 void onnx_import_node(onnx_imp *c, onnx_nd *d)
 {
