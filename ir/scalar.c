@@ -65,8 +65,15 @@ static int gelu(ir_sexpr *e, const ir_node *n, int x)
 	return MUL(MUL(K(0.5), x), ADD(K(1), inner));
 }
 
+/* log(1 + exp(x)) as max(x, 0) + log(1 + exp(-|x|)): no overflow. */
+static int softplus(ir_sexpr *e, const ir_node *n, int x)
+{
+	return ADD(B(MAX, x, K(0)), U(LOG, ADD(K(1), U(EXP, U(NEG, U(ABS, x))))));
+}
+
 const ir_scalar_rule ir_scalar_table[KILN_OP_COUNT] = {
 	[KILN_OP_GELU] = gelu,
+	[KILN_OP_SOFTPLUS] = softplus,
 };
 
 kiln_status ir_scalar_build(const ir_node *n, ir_sexpr *e)

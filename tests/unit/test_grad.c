@@ -247,6 +247,13 @@ START_TEST(gelu_both_forms_match_finite_differences)
 }
 END_TEST
 
+/* The composites' gradients are their formulas' symbolic derivatives. */
+START_TEST(composites_match_finite_differences)
+{
+	gradcheck(kiln_softplus(g, uni("x", 1, D(10), -4, 4)));
+}
+END_TEST
+
 START_TEST(clip_passes_gradient_only_inside_its_bounds)
 {
 	gradcheck(kiln_clip(g, away("x", 2, D(4, 5)), -0.5, 0.7));
@@ -965,6 +972,7 @@ static Suite *grad_suite(void)
 		                 log_sqrt_reciprocal_match_finite_differences,
 		                 kinked_unary_ops_match_away_from_the_kink,
 		                 gelu_both_forms_match_finite_differences,
+		                 composites_match_finite_differences,
 		                 clip_passes_gradient_only_inside_its_bounds,
 		                 cast_between_floats_carries_the_gradient_back,
 		                 binary_ops_with_broadcasting_match_finite_differences,

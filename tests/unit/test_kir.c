@@ -164,6 +164,11 @@ static const char *const op_cases[] = {
 	"  %1 = add %\"w\\\"q\", %bn.running_var : f32[2] loc(\"onnx::Add_7\":0)\n"
 	"  ret %out, %\"42\", %1\n"
 	"}\n",
+	/* composites whose formula is in ir/scalar.c */
+	"graph @composite(%x: f32[N,4]) -> (%y: f32[N,4]) {\n"
+	"  %y = softplus %x : f32[N,4]\n"
+	"  ret %y\n"
+	"}\n",
 };
 #define NCASES (int)(sizeof op_cases / sizeof op_cases[0])
 
