@@ -39,8 +39,8 @@ enum {
 	IR_NODIFF = 1 << 8, /* output is not differentiable */
 	IR_RANDOM = 1 << 9, /* draws random numbers (in training mode) */
 	IR_EXPAND = 1 << 10, /* ONNX opset 17 lacks it: exported as its formula (scalar.c) */
-	IR_ONNX_V1 = 1 << 11, /* its ONNX definition is opset 1's (later ones only widened
-	                         the types), so models older than opset 7 may use it */
+	IR_ONNX_PRE7 = 1 << 11, /* its ONNX definition predates opset 7 (later versions only
+	                           widened the types): models older than opset 7 may use it */
 };
 
 typedef enum kiln_op {

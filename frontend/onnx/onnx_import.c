@@ -170,7 +170,7 @@ static void add_node(onnx_imp *c, const Onnx__NodeProto *p)
 		             "default ONNX domain is)", dom);
 	else if (!p->op_type || (d.op = ir_op_from_onnx(p->op_type)) == KILN_OP_COUNT)
 		onnx_problem(c, &d, KILN_EUNSUPPORTED, "op is not in kiln's op table");
-	else if (c->opset < 7 && !(ir_op(d.op)->flags & IR_ONNX_V1))
+	else if (c->opset < 7 && !(ir_op(d.op)->flags & IR_ONNX_PRE7))
 		onnx_problem(c, &d, KILN_EUNSUPPORTED, "opsets before 7 are supported only for ops "
 		             "whose definition has not changed since (this one has)");
 	else
