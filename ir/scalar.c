@@ -71,9 +71,17 @@ static int softplus(ir_sexpr *e, const ir_node *n, int x)
 	return ADD(B(MAX, x, K(0)), U(LOG, ADD(K(1), U(EXP, U(NEG, U(ABS, x))))));
 }
 
+/* max(0, min(1, alpha x + beta)) */
+static int hard_sigmoid(ir_sexpr *e, const ir_node *n, int x)
+{
+	double alpha = ir_attr_float(n, "alpha", 0.2), beta = ir_attr_float(n, "beta", 0.5);
+	return B(MAX, K(0), B(MIN, ADD(MUL(K(alpha), x), K(beta)), K(1)));
+}
+
 const ir_scalar_rule ir_scalar_table[KILN_OP_COUNT] = {
 	[KILN_OP_GELU] = gelu,
 	[KILN_OP_SOFTPLUS] = softplus,
+	[KILN_OP_HARD_SIGMOID] = hard_sigmoid,
 };
 
 kiln_status ir_scalar_build(const ir_node *n, ir_sexpr *e)
