@@ -78,10 +78,17 @@ static int hard_sigmoid(ir_sexpr *e, const ir_node *n, int x)
 	return B(MAX, K(0), B(MIN, ADD(MUL(K(alpha), x), K(beta)), K(1)));
 }
 
+/* x max(0, min(1, x/6 + 1/2)) */
+static int hard_swish(ir_sexpr *e, const ir_node *n, int x)
+{
+	return MUL(x, B(MAX, K(0), B(MIN, ADD(MUL(K(1.0 / 6), x), K(0.5)), K(1))));
+}
+
 const ir_scalar_rule ir_scalar_table[KILN_OP_COUNT] = {
 	[KILN_OP_GELU] = gelu,
 	[KILN_OP_SOFTPLUS] = softplus,
 	[KILN_OP_HARD_SIGMOID] = hard_sigmoid,
+	[KILN_OP_HARD_SWISH] = hard_swish,
 };
 
 kiln_status ir_scalar_build(const ir_node *n, ir_sexpr *e)

@@ -253,6 +253,8 @@ START_TEST(composites_match_finite_differences)
 	gradcheck(kiln_softplus(g, uni("x", 1, D(10), -4, 4)));
 	teardown(), setup(); /* both flat parts and the slope; no point near a kink */
 	gradcheck(kiln_hard_sigmoid(g, uni("x", 1, D(10), -4, 4)));
+	teardown(), setup();
+	gradcheck(kiln_hard_swish(g, uni("x", 1, D(10), -4, 4)));
 }
 END_TEST
 

@@ -167,7 +167,8 @@ static const char *const op_cases[] = {
 	/* composites whose formula is in ir/scalar.c */
 	"graph @composite(%x: f32[N,4]) -> (%y: f32[N,4]) {\n"
 	"  %0 = softplus %x : f32[N,4]\n"
-	"  %y = hard_sigmoid %0 {alpha=0.25, beta=0.45} : f32[N,4]\n"
+	"  %1 = hard_sigmoid %0 {alpha=0.25, beta=0.45} : f32[N,4]\n"
+	"  %y = hard_swish %1 : f32[N,4]\n"
 	"  ret %y\n"
 	"}\n",
 };
