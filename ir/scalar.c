@@ -84,11 +84,18 @@ static int hard_swish(ir_sexpr *e, const ir_node *n, int x)
 	return MUL(x, B(MAX, K(0), B(MIN, ADD(MUL(K(1.0 / 6), x), K(0.5)), K(1))));
 }
 
+/* x tanh(softplus(x)); ONNX has it from opset 18 */
+static int mish(ir_sexpr *e, const ir_node *n, int x)
+{
+	return MUL(x, U(TANH, softplus(e, n, x)));
+}
+
 const ir_scalar_rule ir_scalar_table[KILN_OP_COUNT] = {
 	[KILN_OP_GELU] = gelu,
 	[KILN_OP_SOFTPLUS] = softplus,
 	[KILN_OP_HARD_SIGMOID] = hard_sigmoid,
 	[KILN_OP_HARD_SWISH] = hard_swish,
+	[KILN_OP_MISH] = mish,
 };
 
 kiln_status ir_scalar_build(const ir_node *n, ir_sexpr *e)

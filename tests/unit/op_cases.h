@@ -65,7 +65,7 @@ static const opcase opcase_elementwise[] = {
 	{"leaky_relu", KILN_OP_LEAKY_RELU, "alpha=0.2"}, {"gelu", KILN_OP_GELU, ""},
 	{"gelu_tanh", KILN_OP_GELU, "approximate=tanh"}, {"softplus", KILN_OP_SOFTPLUS, ""},
 	{"hard_sigmoid", KILN_OP_HARD_SIGMOID, "alpha=0.25 beta=0.45"},
-	{"hard_swish", KILN_OP_HARD_SWISH, ""},
+	{"hard_swish", KILN_OP_HARD_SWISH, ""}, {"mish", KILN_OP_MISH, ""},
 	{"clip", KILN_OP_CLIP, "min=-0.5 max=0.7"}, {"clip_min_only", KILN_OP_CLIP, "min=0"},
 	{"sigmoid_f64", KILN_OP_SIGMOID, "", F64TOL}, {"neg_i64", KILN_OP_NEG, ""},
 	{"clip_i64", KILN_OP_CLIP, "min=-2 max=4"}, {"not", KILN_OP_NOT, ""},

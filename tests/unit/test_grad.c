@@ -255,6 +255,8 @@ START_TEST(composites_match_finite_differences)
 	gradcheck(kiln_hard_sigmoid(g, uni("x", 1, D(10), -4, 4)));
 	teardown(), setup();
 	gradcheck(kiln_hard_swish(g, uni("x", 1, D(10), -4, 4)));
+	teardown(), setup();
+	gradcheck(kiln_mish(g, uni("x", 1, D(10), -4, 4)));
 }
 END_TEST
 

@@ -168,7 +168,8 @@ static const char *const op_cases[] = {
 	"graph @composite(%x: f32[N,4]) -> (%y: f32[N,4]) {\n"
 	"  %0 = softplus %x : f32[N,4]\n"
 	"  %1 = hard_sigmoid %0 {alpha=0.25, beta=0.45} : f32[N,4]\n"
-	"  %y = hard_swish %1 : f32[N,4]\n"
+	"  %2 = hard_swish %1 : f32[N,4]\n"
+	"  %y = mish %2 : f32[N,4]\n"
 	"  ret %y\n"
 	"}\n",
 };
