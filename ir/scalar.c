@@ -90,12 +90,55 @@ static int mish(ir_sexpr *e, const ir_node *n, int x)
 	return MUL(x, U(TANH, softplus(e, n, x)));
 }
 
+/* x / (1 + |x|) */
+static int softsign(ir_sexpr *e, const ir_node *n, int x)
+{
+	return DIV(x, ADD(K(1), U(ABS, x)));
+}
+
+/* x > 0 ? x : a (exp(x) - 1), the negative side scaled by alpha */
+static int elu_with(ir_sexpr *e, int x, double a)
+{
+	return SELECT(B(LT, K(0), x), x, MUL(K(a), SUB(U(EXP, x), K(1))));
+}
+
+static int elu(ir_sexpr *e, const ir_node *n, int x)
+{
+	return elu_with(e, x, ir_attr_float(n, "alpha", 1));
+}
+
+/* gamma elu(x, alpha), with SELU's constants as defaults */
+static int selu(ir_sexpr *e, const ir_node *n, int x)
+{
+	double alpha = ir_attr_float(n, "alpha", 1.67326319217681884765625);
+	return MUL(K(ir_attr_float(n, "gamma", 1.05070102214813232421875)), elu_with(e, x, alpha));
+}
+
+/* max(0, x) + min(0, alpha (exp(x / alpha) - 1)) */
+static int celu(ir_sexpr *e, const ir_node *n, int x)
+{
+	double alpha = ir_attr_float(n, "alpha", 1);
+	int neg = MUL(K(alpha), SUB(U(EXP, DIV(x, K(alpha))), K(1)));
+	return ADD(B(MAX, K(0), x), B(MIN, K(0), neg));
+}
+
+/* x > alpha ? x : 0 */
+static int thresholded_relu(ir_sexpr *e, const ir_node *n, int x)
+{
+	return SELECT(B(LT, K(ir_attr_float(n, "alpha", 1)), x), x, K(0));
+}
+
 const ir_scalar_rule ir_scalar_table[KILN_OP_COUNT] = {
 	[KILN_OP_GELU] = gelu,
 	[KILN_OP_SOFTPLUS] = softplus,
 	[KILN_OP_HARD_SIGMOID] = hard_sigmoid,
 	[KILN_OP_HARD_SWISH] = hard_swish,
 	[KILN_OP_MISH] = mish,
+	[KILN_OP_SOFTSIGN] = softsign,
+	[KILN_OP_ELU] = elu,
+	[KILN_OP_SELU] = selu,
+	[KILN_OP_CELU] = celu,
+	[KILN_OP_THRESHOLDED_RELU] = thresholded_relu,
 };
 
 kiln_status ir_scalar_build(const ir_node *n, ir_sexpr *e)

@@ -225,7 +225,8 @@ KILN_API kiln_status kiln_graph_run(const kiln_graph *g, kiln_tensor *const *inp
 
 #define KILN_UNARY_OPS(X) X(neg) X(abs) X(exp) X(log) X(sqrt) X(reciprocal) \
 	X(relu) X(sigmoid) X(tanh) X(erf) X(not) X(identity) X(floor) X(ceil) X(sin) X(cos) \
-	X(softplus) X(hard_sigmoid) X(hard_swish) X(mish)
+	X(softplus) X(hard_sigmoid) X(hard_swish) X(mish) X(softsign) X(elu) X(selu) X(celu) \
+	X(thresholded_relu)
 #define KILN_BINARY_OPS(X) X(add) X(sub) X(mul) X(div) X(pow) X(max) X(min) \
 	X(equal) X(less) X(greater) X(and) X(or)
 
@@ -255,6 +256,11 @@ KILN_BINARY_OPS(KILN_DECL_BINARY)
 #define kiln_hard_sigmoid(g, ...) kiln_hard_sigmoid_at(g, KILN_HERE, __VA_ARGS__)
 #define kiln_hard_swish(g, ...) kiln_hard_swish_at(g, KILN_HERE, __VA_ARGS__)
 #define kiln_mish(g, ...) kiln_mish_at(g, KILN_HERE, __VA_ARGS__)
+#define kiln_softsign(g, ...) kiln_softsign_at(g, KILN_HERE, __VA_ARGS__)
+#define kiln_elu(g, ...) kiln_elu_at(g, KILN_HERE, __VA_ARGS__)
+#define kiln_selu(g, ...) kiln_selu_at(g, KILN_HERE, __VA_ARGS__)
+#define kiln_celu(g, ...) kiln_celu_at(g, KILN_HERE, __VA_ARGS__)
+#define kiln_thresholded_relu(g, ...) kiln_thresholded_relu_at(g, KILN_HERE, __VA_ARGS__)
 #define kiln_add(g, ...) kiln_add_at(g, KILN_HERE, __VA_ARGS__)
 #define kiln_sub(g, ...) kiln_sub_at(g, KILN_HERE, __VA_ARGS__)
 #define kiln_mul(g, ...) kiln_mul_at(g, KILN_HERE, __VA_ARGS__)

@@ -257,6 +257,16 @@ START_TEST(composites_match_finite_differences)
 	gradcheck(kiln_hard_swish(g, uni("x", 1, D(10), -4, 4)));
 	teardown(), setup();
 	gradcheck(kiln_mish(g, uni("x", 1, D(10), -4, 4)));
+	teardown(), setup();
+	gradcheck(kiln_softsign(g, uni("x", 1, D(10), -4, 4)));
+	teardown(), setup();
+	gradcheck(kiln_elu(g, away("x", 2, D(3, 4))));
+	teardown(), setup();
+	gradcheck(kiln_selu(g, away("x", 2, D(3, 4))));
+	teardown(), setup();
+	gradcheck(kiln_celu(g, away("x", 2, D(3, 4))));
+	teardown(), setup(); /* alpha 1: x in +-[0.2, 1.2] has points on both sides */
+	gradcheck(kiln_thresholded_relu(g, away("x", 2, D(3, 4))));
 }
 END_TEST
 

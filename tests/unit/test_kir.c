@@ -169,7 +169,12 @@ static const char *const op_cases[] = {
 	"  %0 = softplus %x : f32[N,4]\n"
 	"  %1 = hard_sigmoid %0 {alpha=0.25, beta=0.45} : f32[N,4]\n"
 	"  %2 = hard_swish %1 : f32[N,4]\n"
-	"  %y = mish %2 : f32[N,4]\n"
+	"  %3 = mish %2 : f32[N,4]\n"
+	"  %4 = softsign %3 : f32[N,4]\n"
+	"  %5 = elu %4 {alpha=0.5} : f32[N,4]\n"
+	"  %6 = selu %5 : f32[N,4]\n"
+	"  %7 = celu %6 {alpha=2.0} : f32[N,4]\n"
+	"  %y = thresholded_relu %7 {alpha=0.1} : f32[N,4]\n"
 	"  ret %y\n"
 	"}\n",
 };
