@@ -341,12 +341,6 @@ static cg_expr *s_relu(cg_module *m, const ir_node *n, cg_expr **a, kiln_dtype c
 	return cg_bin(m, CG_MAX, a[0], fc(m, ct, 0));
 }
 
-static cg_expr *s_leaky(cg_module *m, const ir_node *n, cg_expr **a, kiln_dtype ct)
-{
-	cg_expr *ax = cg_bin(m, CG_MUL, a[0], fc(m, ct, ir_attr_float(n, "alpha", 0.01)));
-	return cg_select(m, cg_bin(m, CG_LT, a[0], fc(m, ct, 0)), ax, a[0]);
-}
-
 /* 1/(1+exp(-x)): exp overflows to inf for very negative x, giving 0. */
 static cg_expr *s_sigmoid(cg_module *m, const ir_node *n, cg_expr **a, kiln_dtype ct)
 {
@@ -448,7 +442,7 @@ static const scal_fn scal[KILN_OP_COUNT] = {
 	[KILN_OP_LOG] = s_unary, [KILN_OP_SQRT] = s_unary, [KILN_OP_FLOOR] = s_unary,
 	[KILN_OP_CEIL] = s_unary, [KILN_OP_SIN] = s_unary, [KILN_OP_COS] = s_unary,
 	[KILN_OP_TANH] = s_unary, [KILN_OP_ERF] = s_unary, [KILN_OP_NOT] = s_unary,
-	[KILN_OP_RECIPROCAL] = s_recip, [KILN_OP_RELU] = s_relu, [KILN_OP_LEAKY_RELU] = s_leaky,
+	[KILN_OP_RECIPROCAL] = s_recip, [KILN_OP_RELU] = s_relu,
 	[KILN_OP_SIGMOID] = s_sigmoid, [KILN_OP_CLIP] = s_clip,
 	[KILN_OP_CAST] = s_cast,
 	[KILN_OP_ADD] = s_binary, [KILN_OP_SUB] = s_binary, [KILN_OP_MUL] = s_binary,
@@ -915,7 +909,7 @@ const cg_lower_fn cg_lower_table[KILN_OP_COUNT] = {
 	[KILN_OP_LOG] = elementwise, [KILN_OP_SQRT] = elementwise,
 	[KILN_OP_RECIPROCAL] = elementwise, [KILN_OP_FLOOR] = elementwise,
 	[KILN_OP_CEIL] = elementwise, [KILN_OP_SIN] = elementwise, [KILN_OP_COS] = elementwise,
-	[KILN_OP_RELU] = elementwise, [KILN_OP_LEAKY_RELU] = elementwise,
+	[KILN_OP_RELU] = elementwise,
 	[KILN_OP_SIGMOID] = elementwise, [KILN_OP_TANH] = elementwise,
 	[KILN_OP_ERF] = elementwise, [KILN_OP_CLIP] = elementwise,
 	[KILN_OP_NOT] = elementwise, [KILN_OP_CAST] = elementwise, [KILN_OP_IDENTITY] = view,

@@ -329,15 +329,6 @@ static kiln_status map1p(ir_interp *c, const ir_node *n, const kiln_tensor *x,
 	return KILN_OK;
 }
 
-static double leaky(double x, const double *p) { return x < 0 ? p[0] * x : x; }
-
-static kiln_status leaky_relu(ir_interp *c, const ir_node *n, kiln_tensor *const *in,
-                              kiln_tensor *const *out)
-{
-	double alpha = ir_attr_float(n, "alpha", 0.01);
-	return map1p(c, n, in[0], out[0], leaky, &alpha);
-}
-
 /* An op with a formula in ir_scalar_table (Gelu, Softplus, ...): the
  * formula evaluated in double per element. */
 static kiln_status formula(ir_interp *c, const ir_node *n, kiln_tensor *const *in,
@@ -999,7 +990,7 @@ const ir_interp_fn ir_interp_table[KILN_OP_COUNT] = {
 	[KILN_OP_FLOOR] = unary, [KILN_OP_CEIL] = unary, [KILN_OP_SIN] = unary,
 	[KILN_OP_COS] = unary, [KILN_OP_RELU] = unary, [KILN_OP_SIGMOID] = unary,
 	[KILN_OP_TANH] = unary, [KILN_OP_ERF] = unary,
-	[KILN_OP_LEAKY_RELU] = leaky_relu, [KILN_OP_CLIP] = clip,
+	[KILN_OP_CLIP] = clip,
 	[KILN_OP_NOT] = not_op, [KILN_OP_CAST] = cast, [KILN_OP_IDENTITY] = copy,
 	[KILN_OP_ADD] = binary, [KILN_OP_SUB] = binary, [KILN_OP_MUL] = binary,
 	[KILN_OP_DIV] = binary, [KILN_OP_POW] = binary, [KILN_OP_MAX] = binary,

@@ -65,6 +65,12 @@ static int gelu(ir_sexpr *e, const ir_node *n, int x)
 	return MUL(MUL(K(0.5), x), ADD(K(1), inner));
 }
 
+/* x > 0 ? x : alpha x; the gradient at 0 is alpha's, as PyTorch's */
+static int leaky_relu(ir_sexpr *e, const ir_node *n, int x)
+{
+	return SELECT(B(LT, K(0), x), x, MUL(x, K(ir_attr_float(n, "alpha", 0.01))));
+}
+
 /* log(1 + exp(x)) as max(x, 0) + log(1 + exp(-|x|)): no overflow. */
 static int softplus(ir_sexpr *e, const ir_node *n, int x)
 {
@@ -129,6 +135,7 @@ static int thresholded_relu(ir_sexpr *e, const ir_node *n, int x)
 }
 
 const ir_scalar_rule ir_scalar_table[KILN_OP_COUNT] = {
+	[KILN_OP_LEAKY_RELU] = leaky_relu,
 	[KILN_OP_GELU] = gelu,
 	[KILN_OP_SOFTPLUS] = softplus,
 	[KILN_OP_HARD_SIGMOID] = hard_sigmoid,

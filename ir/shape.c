@@ -639,7 +639,7 @@ const ir_shape_fn ir_shape_table[KILN_OP_COUNT] = {
 	[KILN_OP_LOG] = shape_same, [KILN_OP_SQRT] = shape_same,
 	[KILN_OP_RECIPROCAL] = shape_same, [KILN_OP_FLOOR] = shape_same,
 	[KILN_OP_CEIL] = shape_same, [KILN_OP_SIN] = shape_same, [KILN_OP_COS] = shape_same,
-	[KILN_OP_RELU] = shape_same, [KILN_OP_LEAKY_RELU] = shape_same,
+	[KILN_OP_RELU] = shape_same,
 	[KILN_OP_SIGMOID] = shape_same, [KILN_OP_TANH] = shape_same,
 	[KILN_OP_GELU] = shape_gelu, [KILN_OP_ERF] = shape_same, [KILN_OP_CLIP] = shape_same,
 	[KILN_OP_NOT] = shape_same, [KILN_OP_CAST] = shape_cast,

@@ -206,13 +206,6 @@ static kiln_status grelu(kiln_graph *g, const ir_node *n, const uint32_t *dy, ui
 	return g->status;
 }
 
-static kiln_status gleaky(kiln_graph *g, const ir_node *n, const uint32_t *dy, uint32_t *dx)
-{
-	uint32_t low = MUL(dy[0], K(ir_attr_float(n, "alpha", 0.01)));
-	dx[0] = kiln_where_at(g, L, kiln_greater_at(g, L, n->in[0], K(0)), dy[0], low);
-	return g->status;
-}
-
 static kiln_status gsigmoid(kiln_graph *g, const ir_node *n, const uint32_t *dy, uint32_t *dx)
 {
 	uint32_t y = n->out[0];
@@ -690,7 +683,7 @@ pass_grad_fn pass_grad_rule(kiln_op op)
 const pass_grad_fn pass_grad_table[KILN_OP_COUNT] = {
 	[KILN_OP_NEG] = gneg, [KILN_OP_ABS] = gabs, [KILN_OP_EXP] = gexp, [KILN_OP_LOG] = glog,
 	[KILN_OP_SQRT] = gsqrt, [KILN_OP_RECIPROCAL] = grecip, [KILN_OP_SIN] = gsin,
-	[KILN_OP_COS] = gcos, [KILN_OP_RELU] = grelu, [KILN_OP_LEAKY_RELU] = gleaky,
+	[KILN_OP_COS] = gcos, [KILN_OP_RELU] = grelu,
 	[KILN_OP_SIGMOID] = gsigmoid, [KILN_OP_TANH] = gtanh,
 	[KILN_OP_ERF] = gerf, [KILN_OP_CLIP] = gclip, [KILN_OP_CAST] = gcast,
 	[KILN_OP_IDENTITY] = gidentity,
