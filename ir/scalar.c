@@ -24,9 +24,14 @@
 
 /* ---- building ------------------------------------------------------------ */
 
+/* Appends one instruction (operands not used are -1); a failed operand (-1
+ * where one is needed) fails it too, and a full list sets e->full. */
 int ir_sx(ir_sexpr *e, ir_sop op, int a, int b, int c, double k)
 {
-	if (e->n >= IR_SEXPR_MAX || a < -1 || b < -1 || c < -1) {
+	int need = op <= IR_S_K ? 0 : op < IR_S_ADD ? 1 : op < IR_S_SELECT ? 2 : 3;
+	if ((need > 0 && a < 0) || (need > 1 && b < 0) || (need > 2 && c < 0))
+		return -1;
+	if (e->n >= IR_SEXPR_MAX) {
 		e->full = true;
 		return -1;
 	}
@@ -35,10 +40,10 @@ int ir_sx(ir_sexpr *e, ir_sop op, int a, int b, int c, double k)
 }
 
 /* Rules read as formulas: e is in scope. */
-#define X() ir_sx(e, IR_S_X, 0, 0, 0, 0)
-#define K(v) ir_sx(e, IR_S_K, 0, 0, 0, v)
-#define U(op, a) ir_sx(e, IR_S_##op, a, 0, 0, 0)
-#define B(op, a, b) ir_sx(e, IR_S_##op, a, b, 0, 0)
+#define X() ir_sx(e, IR_S_X, -1, -1, -1, 0)
+#define K(v) ir_sx(e, IR_S_K, -1, -1, -1, v)
+#define U(op, a) ir_sx(e, IR_S_##op, a, -1, -1, 0)
+#define B(op, a, b) ir_sx(e, IR_S_##op, a, b, -1, 0)
 #define ADD(a, b) B(ADD, a, b)
 #define SUB(a, b) B(SUB, a, b)
 #define MUL(a, b) B(MUL, a, b)
@@ -167,6 +172,7 @@ double ir_scalar_eval(const ir_sexpr *e, double x)
 	for (int i = 0; i < e->n; i++) {
 		const ir_sinst *s = &e->i[i];
 		double a = s->a >= 0 ? v[s->a] : 0, b = s->b >= 0 ? v[s->b] : 0;
+		double c = s->c >= 0 ? v[s->c] : 0;
 		switch (s->op) {
 		case IR_S_X: v[i] = x; break;
 		case IR_S_K: v[i] = s->k; break;
@@ -184,7 +190,7 @@ double ir_scalar_eval(const ir_sexpr *e, double x)
 		case IR_S_MAX: v[i] = isnan(a) || isnan(b) ? NAN : a > b ? a : b; break;
 		case IR_S_MIN: v[i] = isnan(a) || isnan(b) ? NAN : a < b ? a : b; break;
 		case IR_S_LT: v[i] = a < b; break;
-		case IR_S_SELECT: v[i] = a != 0 ? b : v[s->c]; break;
+		case IR_S_SELECT: v[i] = a != 0 ? b : c; break;
 		}
 	}
 	return e->n ? v[e->root] : x;
@@ -222,7 +228,7 @@ static int dselect(ir_sexpr *e, int c, int a, int b)
 static int dinst(ir_sexpr *e, int i, const int *d)
 {
 	ir_sinst s = e->i[i];
-	int a = s.a, b = s.b, da = d[a], db = d[b];
+	int a = s.a, b = s.b, da = a >= 0 ? d[a] : ZERO, db = b >= 0 ? d[b] : ZERO;
 	switch (s.op) {
 	case IR_S_X: return ONE;
 	case IR_S_K: case IR_S_LT: return ZERO;

@@ -1,6 +1,7 @@
 /* test_optable.c: the op table in ops.def and the per-stage tables that
  * hang off it.  A new op row fails here, listing what it still lacks, until
  * every stage has an entry for it. */
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -32,6 +33,32 @@ START_TEST(every_op_has_an_interpreter)
 		if (!ir_interp_kernel(op))
 			note(missing, sizeof missing, ir_op(op)->onnx);
 	ck_assert_msg(!missing[0], "ops without an interpreter kernel (ir_interp_kernel): %s", missing);
+}
+END_TEST
+
+/* Every formula in ir/scalar.c builds with its attributes' defaults, and
+ * its symbolic derivative agrees with central differences of the formula,
+ * in double, at points away from every kink. */
+START_TEST(every_formula_has_a_matching_derivative)
+{
+	static const double at[] = {-1.3, -0.41, 0.37, 2.1};
+	for (int op = 0; op < KILN_OP_COUNT; op++) {
+		if (!ir_scalar_table[op])
+			continue;
+		ir_node n = {.op = (kiln_op)op};
+		ir_sexpr f, d;
+		ck_assert_msg(ir_scalar_build(&n, &f) == KILN_OK, "%s: no formula", ir_op(op)->onnx);
+		ck_assert_msg(ir_scalar_deriv(&n, &d) == KILN_OK, "%s: no derivative",
+		              ir_op(op)->onnx);
+		for (size_t i = 0; i < sizeof at / sizeof at[0]; i++) {
+			double h = 1e-6, x = at[i];
+			double fd = (ir_scalar_eval(&f, x + h) - ir_scalar_eval(&f, x - h)) / (2 * h);
+			double got = ir_scalar_eval(&d, x);
+			ck_assert_msg(fabs(got - fd) <= 1e-6 * (1 + fabs(fd)),
+			              "%s'(%g) = %.9g, central difference %.9g", ir_op(op)->onnx, x,
+			              got, fd);
+		}
+	}
 }
 END_TEST
 
@@ -125,6 +152,7 @@ static Suite *optable_suite(void)
 	TCase *t = tcase_create("tables");
 	tcase_add_test(t, every_op_has_a_shape_rule);
 	tcase_add_test(t, every_op_has_an_interpreter);
+	tcase_add_test(t, every_formula_has_a_matching_derivative);
 	suite_add_tcase(s, t);
 	t = tcase_create("schema");
 	tcase_add_test(t, every_schema_parses);
