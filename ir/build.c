@@ -750,6 +750,22 @@ KILN_API kiln_value kiln_param_at(kiln_graph *g, kiln_loc loc, const char *name,
 	return v;
 }
 
+KILN_API kiln_value kiln_buffer_at(kiln_graph *g, kiln_loc loc, const char *name,
+                                   const kiln_tensor *init)
+{
+	if (!ready(g) || !fresh_name(g, loc, "Buffer", name))
+		return KILN_NONE;
+	if (!init || kiln_dtype_size(init->dtype) == 0 || init->rank < 0 ||
+	    init->rank > KILN_MAX_RANK || !init->data) {
+		ir_errorf_at(g, loc, KILN_EINVAL, "Buffer '%s': invalid tensor", name);
+		return KILN_NONE;
+	}
+	kiln_value v = ir_param_new(g, name, init, false);
+	if (!v)
+		ir_errorf_at(g, loc, KILN_ENOMEM, "Buffer '%s': out of memory or bad shape", name);
+	return v;
+}
+
 KILN_API kiln_value kiln_constant_at(kiln_graph *g, kiln_loc loc, const kiln_tensor *t)
 {
 	if (ready(g) && (!t || kiln_dtype_size(t->dtype) == 0 || t->rank < 0 ||

@@ -144,3 +144,39 @@ KILN_API kiln_status kiln_graph_optimize(kiln_graph *g, const char *passes, kiln
 {
 	return pass_run_list(g, passes, NULL, err);
 }
+
+/* ---- the registry and the pipeline through kiln.h ---------------------- */
+
+KILN_API int kiln_pass_count(void)
+{
+	return pass_count;
+}
+
+KILN_API const char *kiln_pass_name(int i)
+{
+	return i >= 0 && i < pass_count ? pass_table[i].name : NULL;
+}
+
+KILN_API const char *kiln_pass_desc(int i)
+{
+	return i >= 0 && i < pass_count ? pass_table[i].desc : NULL;
+}
+
+KILN_API bool kiln_pass_known(const char *name)
+{
+	return name && pass_find(name) != NULL;
+}
+
+KILN_API const char *kiln_pass_default(void)
+{
+	return PASS_DEFAULT;
+}
+
+KILN_API kiln_status kiln_graph_run_passes(kiln_graph *g, const char *list,
+                                           const kiln_pass_opts *o, kiln_error *err)
+{
+	pass_opts po = {0};
+	if (o)
+		po = (pass_opts){.verify = o->verify, .dump_after = o->dump_after, .dump = o->dump};
+	return pass_run_list(g, list, &po, err);
+}

@@ -309,3 +309,21 @@ const char *rt_file_kind_name(rt_file_kind k)
 		[RT_FILE_TEXT] = "a text file"};
 	return (unsigned)k < sizeof name / sizeof *name ? name[k] : "?";
 }
+
+/* The public names of the same (kiln.h): one enum in the same order. */
+_Static_assert((int)KILN_FILE_UNKNOWN == RT_FILE_UNKNOWN && (int)KILN_FILE_KIR == RT_FILE_KIR &&
+               (int)KILN_FILE_ONNX == RT_FILE_ONNX && (int)KILN_FILE_ELF == RT_FILE_ELF &&
+               (int)KILN_FILE_NPY == RT_FILE_NPY &&
+               (int)KILN_FILE_SAFETENSORS == RT_FILE_SAFETENSORS &&
+               (int)KILN_FILE_TEXT == RT_FILE_TEXT,
+               "kiln_file_kind and rt_file_kind differ");
+
+KILN_API kiln_file_kind kiln_file_sniff(const char *path)
+{
+	return (kiln_file_kind)rt_file_sniff(path);
+}
+
+KILN_API const char *kiln_file_kind_name(kiln_file_kind k)
+{
+	return rt_file_kind_name((rt_file_kind)k);
+}

@@ -29,6 +29,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -137,6 +138,21 @@ KILN_API kiln_status kiln_safetensors_read(const char *path, kiln_tensor_set **o
 KILN_API kiln_status kiln_safetensors_write(const char *path, const kiln_tensor_set *s,
                                             kiln_error *err);
 
+/* What a file holds, judged by its first bytes, never by its name. */
+typedef enum kiln_file_kind {
+	KILN_FILE_UNKNOWN,     /* unreadable, not a regular file, or none of these */
+	KILN_FILE_KIR,         /* text that (after blanks and # comments) starts "graph" */
+	KILN_FILE_ONNX,        /* binary that is not one of the others: a protobuf */
+	KILN_FILE_ELF,         /* \x7fELF: a compiled library */
+	KILN_FILE_NPY,         /* \x93NUMPY */
+	KILN_FILE_SAFETENSORS, /* u64 header length, then '{' */
+	KILN_FILE_TEXT,        /* other text: a .kir that will not parse */
+} kiln_file_kind;
+KILN_API kiln_file_kind kiln_file_sniff(const char *path);
+/* "a compiled library (ELF shared object)", "an ONNX model", ...; "?" for
+ * a value out of range. */
+KILN_API const char *kiln_file_kind_name(kiln_file_kind k);
+
 /* ---- graphs ---------------------------------------------------------- */
 
 typedef struct kiln_graph kiln_graph;
@@ -195,6 +211,51 @@ KILN_API kiln_status kiln_graph_load_params(kiln_graph *g, const kiln_tensor_set
                                             kiln_error *err);
 KILN_API kiln_tensor_set *kiln_graph_params(const kiln_graph *g); /* a copy */
 
+/* Parameters one by one, in value (creation) order: trainable weights and
+ * buffers (trainable=false: BatchNorm running stats, kiln_buffer state).
+ * kiln_graph_param is KILN_NONE when i is out of range. */
+KILN_API int kiln_graph_num_params(const kiln_graph *g);
+KILN_API kiln_value kiln_graph_param(const kiln_graph *g, int i);
+KILN_API bool kiln_param_trainable(const kiln_graph *g, kiln_value p);
+/* The parameter's tensor, owned by the graph; NULL when p is not a
+ * parameter.  Its values may be written in place (same shape): the next
+ * run, step or save reads them (e.g. kiln_trainer_graph's buffers). */
+KILN_API kiln_tensor *kiln_param_data(const kiln_graph *g, kiln_value p);
+/* A buffer: a parameter the optimizer never updates (trainable=false, as
+ * PyTorch's register_buffer), data copied from init.  A duplicate name or a
+ * bad tensor is recorded in the graph as kiln_param_at does. */
+KILN_API kiln_value kiln_buffer_at(kiln_graph *g, kiln_loc loc, const char *name,
+                                   const kiln_tensor *init);
+#define kiln_buffer(g, ...) kiln_buffer_at(g, KILN_HERE, __VA_ARGS__)
+
+/* Where the graph's nodes came from, for nodes a client adds to a loaded
+ * model so that messages name the model's file: the location of the node
+ * defining its first located output, else of its first located node;
+ * {NULL, 0} when none has one. */
+KILN_API kiln_loc kiln_graph_loc(const kiln_graph *g);
+/* Prints the type dt[dims] as kiln_value_type_str does ("f32[N,784]"):
+ * dims may be g's symbols (negative handles from kiln_sym). */
+KILN_API const char *kiln_type_str(const kiln_graph *g, kiln_dtype dt, int rank,
+                                   const int64_t *dims, char *buf, size_t size);
+
+/* The op histogram of the live nodes: one entry per op the graph uses, op
+ * being its .kir name ("conv", "add"), most used first, ties by name.
+ * Fills out[0..min(cap, n)) and returns n, the number of distinct ops (so
+ * cap 0 asks for the size; KILN_OP_KINDS always suffices); *nodes (may be
+ * NULL) gets the number of live nodes.  0 for a NULL graph. */
+typedef struct kiln_op_count {
+	const char *op;
+	int count;
+} kiln_op_count;
+#define KILN_OP_KINDS 256
+KILN_API int kiln_graph_op_histogram(const kiln_graph *g, kiln_op_count *out, int cap,
+                                     int *nodes);
+
+/* Element i (row-major) of a tensor of any dtype, converted as a cast
+ * would: as a double, or as an int64 (saturating). */
+KILN_API double kiln_tensor_get(const kiln_tensor *t, int64_t i);
+KILN_API int64_t kiln_tensor_get_i64(const kiln_tensor *t, int64_t i);
+
 /* ---- textual IR (.kir) ----------------------------------------------- */
 
 /* Returns a malloc'd string; the caller frees it. */
@@ -212,6 +273,30 @@ KILN_API kiln_status kiln_graph_verify(const kiln_graph *g, kiln_error *err);
 
 /* Runs a comma-separated pass list ("fold,cse,dce"); NULL: the default. */
 KILN_API kiln_status kiln_graph_optimize(kiln_graph *g, const char *passes, kiln_error *err);
+
+/* The pass registry, in the order `kiln opt --help` lists it: name and a
+ * one-line description of pass i (NULL when i is out of range). */
+KILN_API int kiln_pass_count(void);
+KILN_API const char *kiln_pass_name(int i);
+KILN_API const char *kiln_pass_desc(int i);
+KILN_API bool kiln_pass_known(const char *name);
+/* The pipeline "default" stands for in a list ("infer,fold,cse,dce"). */
+KILN_API const char *kiln_pass_default(void);
+
+typedef struct kiln_pass_opts {
+	bool verify;            /* verify the graph after every pass (always in
+	                           debug builds); a failure is KILN_EVERIFY */
+	const char *dump_after; /* a pass name or "all": print the IR after it */
+	FILE *dump;             /* where dumps go; NULL: stderr */
+} kiln_pass_opts;
+
+/* kiln_graph_optimize with options: list is comma-separated, "default"
+ * expands to kiln_pass_default(), "" runs nothing, NULL is "default".
+ * Every name is checked before any pass runs, so an unknown one changes
+ * nothing (EINVAL, the message lists the known passes); a pass's error is
+ * copied into err and left in the graph.  o may be NULL. */
+KILN_API kiln_status kiln_graph_run_passes(kiln_graph *g, const char *list,
+                                           const kiln_pass_opts *o, kiln_error *err);
 
 /* Runs the graph through the reference interpreter.  inputs are in graph
  * input order; outputs are allocated here and owned by the caller. */
