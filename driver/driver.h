@@ -1,29 +1,33 @@
 /*
- * driver.h: the driver's internal header, for the `kiln` CLI (tools/) and
- * nothing below the driver.
+ * driver.h: the driver's header for the `kiln` CLI (tools/), beside the
+ * public API; nothing below the driver includes it.
  *
  * The drivers (compile.c: kiln_compile, kiln_compile_train; train.c:
  * kiln_build_train_step, kiln_train_graph_from_inference, kiln_trainer) are
- * declared in include/kiln/kiln.h, the public API.  The CLI also reads what
- * the public API does not offer, and reaches it through this header only:
+ * declared in include/kiln/kiln.h.  The CLI reads graphs, runs passes and
+ * sniffs files through kiln.h too (kiln_graph_param, kiln_graph_op_histogram,
+ * kiln_graph_run_passes, kiln_file_sniff...).  What is here is a step of the
+ * CLI's own that needs the graph's nodes, done by the driver (cli.c).
  *
- *   - the graph's structure (ir/ir.h): `kiln inspect` walks nodes and
- *     values, `kiln train` adds its accuracy counters and reads parameters;
- *   - the pass registry (passes/passes.h): `kiln opt --passes=...` runs a
- *     pass list and lists the passes in its help;
- *   - file kinds (runtime/rt.h): every input is sniffed before it is opened.
- *
- * So tools/ includes kiln/kiln.h, this header and its own, and no other
- * folder's header (tests/layers/check_layers.py checks it); narrowing these
- * three to functions of the driver is the way to make the CLI a client of
- * kiln.h alone.
+ * This header includes kiln/kiln.h and nothing of ir/, passes/ or
+ * runtime/, and tools/ includes kiln/kiln.h, this header and its own only:
+ * tests/layers/check_layers.py holds both, and that tools/ calls nothing
+ * but kiln.h's functions and the driver's.
  */
 #ifndef KILN_DRIVER_H
 #define KILN_DRIVER_H
 
 #include "kiln/kiln.h"
-#include "ir/ir.h"
-#include "passes/passes.h"
-#include "runtime/rt.h"
+
+/* `kiln compile --train` of an inference-mode model file: the train-mode
+ * form of inference (kiln_train_graph_from_inference with seed) compiled
+ * by kiln_compile_train with inference as the eval program.  When that
+ * fails because a conv's weight gradient needs the batch fixed and batch
+ * is 0, err says so, naming the model's first convolution and asking for
+ * --batch N, instead of the lowering's "symbolic channel counts". */
+kiln_status driver_compile_train_inference(const kiln_graph *inference, uint64_t seed,
+                                           const kiln_train_opts *t, int64_t batch,
+                                           const char *out_path, const kiln_compile_opts *o,
+                                           kiln_error *err);
 
 #endif /* KILN_DRIVER_H */

@@ -211,8 +211,8 @@ char *files_swap_ext(const char *path, const char *ext, const char *with)
 
 char *files_model_sidecar(const char *model)
 {
-	rt_file_kind k = rt_file_sniff(model);
-	return k == RT_FILE_KIR || k == RT_FILE_TEXT ? files_swap_ext(model, ".kir", ".safetensors")
+	kiln_file_kind k = kiln_file_sniff(model);
+	return k == KILN_FILE_KIR || k == KILN_FILE_TEXT ? files_swap_ext(model, ".kir", ".safetensors")
 	                                             : NULL;
 }
 

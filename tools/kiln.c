@@ -7,8 +7,9 @@
  * lines.  Failures print exactly one line, "kiln: error: ...", on stderr,
  * carrying the library's own message (which names the file, line and op),
  * and exit non-zero: 1 when the work failed, 2 when the command line was
- * wrong.  The tool links the library statically and so may use its private
- * headers: `opt` drives the pass pipeline directly to get --dump-after.
+ * wrong.  The tool is a client of kiln/kiln.h (and driver/driver.h) only:
+ * `opt` runs the pass registry through kiln_graph_run_passes to get
+ * --dump-after, `inspect` reads the graph through its accessors.
  */
 #include <errno.h>
 #include <stdarg.h>
@@ -49,9 +50,9 @@ static void print_usage(const command *c, FILE *f)
 {
 	fprintf(f, "usage: kiln %s\n", c->usage);
 	if (strcmp(c->name, "opt") == 0) {
-		fprintf(f, "\npasses (--passes=default is %s):\n", PASS_DEFAULT);
-		for (int i = 0; i < pass_count; i++)
-			fprintf(f, "  %-10s %s\n", pass_table[i].name, pass_table[i].desc);
+		fprintf(f, "\npasses (--passes=default is %s):\n", kiln_pass_default());
+		for (int i = 0; i < kiln_pass_count(); i++)
+			fprintf(f, "  %-10s %s\n", kiln_pass_name(i), kiln_pass_desc(i));
 	}
 }
 
@@ -103,39 +104,31 @@ static int positional(const char *cmd, const char *arg, const char **file)
 
 /* ---- inspect ------------------------------------------------------------ */
 
-typedef struct hist {
-	kiln_op op;
-	int count;
-} hist;
-
-static int by_count(const void *a, const void *b)
-{
-	const hist *x = a, *y = b;
-	if (x->count != y->count)
-		return y->count - x->count;
-	return strcmp(ir_op(x->op)->kir, ir_op(y->op)->kir);
-}
-
-static void print_values(const kiln_graph *g, const char *title, const uint32_t *ids, uint32_t n)
+/* The graph's inputs (outputs: false) with their types. */
+static void print_values(const kiln_graph *g, const char *title, bool inputs)
 {
 	char buf[512];
-	printf("%s: %u\n", title, n);
-	for (uint32_t i = 0; i < n; i++) {
-		const ir_value *v = g->val[ids[i]];
-		printf("  %s: %s\n", v->name ? v->name : "?", ir_type_str(g, &v->type, buf, sizeof buf));
+	int n = inputs ? kiln_graph_num_inputs(g) : kiln_graph_num_outputs(g);
+	printf("%s: %d\n", title, n);
+	for (int i = 0; i < n; i++) {
+		kiln_value v = inputs ? kiln_graph_input(g, i) : kiln_graph_output(g, i);
+		const char *name = kiln_value_name(g, v);
+		printf("  %s: %s\n", name ? name : "?", kiln_value_type_str(g, v, buf, sizeof buf));
 	}
 }
 
 static void print_params(const kiln_graph *g)
 {
 	int64_t cnt[2] = {0}, elems[2] = {0}, bytes[2] = {0}; /* [buffer, trainable] */
-	for (uint32_t i = 1; i < g->nval; i++) {
-		const ir_value *v = g->val[i];
-		if (v->kind != IR_V_PARAM || !v->data)
+	for (int i = 0; i < kiln_graph_num_params(g); i++) {
+		kiln_value p = kiln_graph_param(g, i);
+		const kiln_tensor *t = kiln_param_data(g, p);
+		int k = kiln_param_trainable(g, p);
+		if (!t)
 			continue;
-		cnt[v->trainable]++;
-		elems[v->trainable] += kiln_tensor_numel(v->data);
-		bytes[v->trainable] += (int64_t)kiln_tensor_nbytes(v->data);
+		cnt[k]++;
+		elems[k] += kiln_tensor_numel(t);
+		bytes[k] += (int64_t)kiln_tensor_nbytes(t);
 	}
 	printf("parameters: %lld tensors, %lld elements, %lld bytes\n",
 	       (long long)(cnt[0] + cnt[1]), (long long)(elems[0] + elems[1]),
@@ -148,19 +141,11 @@ static void print_params(const kiln_graph *g)
 
 static void print_histogram(const kiln_graph *g)
 {
-	hist h[KILN_OP_COUNT];
-	int live = 0;
-	for (int i = 0; i < KILN_OP_COUNT; i++)
-		h[i] = (hist){(kiln_op)i, 0};
-	for (uint32_t i = 0; i < g->nnode; i++)
-		if (!g->node[i]->dead) {
-			h[g->node[i]->op].count++;
-			live++;
-		}
-	qsort(h, KILN_OP_COUNT, sizeof *h, by_count);
+	kiln_op_count h[KILN_OP_KINDS];
+	int live = 0, n = kiln_graph_op_histogram(g, h, KILN_OP_KINDS, &live);
 	printf("nodes: %d\nop histogram:\n", live);
-	for (int i = 0; i < KILN_OP_COUNT && h[i].count; i++)
-		printf("  %6d  %s\n", h[i].count, ir_op(h[i].op)->kir);
+	for (int i = 0; i < n && i < KILN_OP_KINDS; i++)
+		printf("  %6d  %s\n", h[i].count, h[i].op);
 }
 
 static int load_so(const char *path, kiln_model **m);
@@ -219,15 +204,15 @@ static int cmd_inspect(int argc, char **argv)
 	if (!file)
 		return usage_error("inspect", "missing %s", "FILE.kir or FILE.onnx");
 	kiln_graph *g;
-	rt_file_kind kind = rt_file_sniff(file);
-	if (kind == RT_FILE_ELF)
+	kiln_file_kind kind = kiln_file_sniff(file);
+	if (kind == KILN_FILE_ELF)
 		return inspect_so(file);
 	/* an ONNX model lists every unsupported node, not just the first */
-	if (kind == RT_FILE_ONNX ? onnx_cli_inspect_report(file, &g) : load(file, &g))
+	if (kind == KILN_FILE_ONNX ? onnx_cli_inspect_report(file, &g) : load(file, &g))
 		return 1;
-	printf("graph: %s\n", g->name);
-	print_values(g, "inputs", g->input, g->ninput);
-	print_values(g, "outputs", g->output, g->noutput);
+	printf("graph: %s\n", kiln_graph_name(g));
+	print_values(g, "inputs", true);
+	print_values(g, "outputs", false);
 	print_params(g);
 	print_histogram(g);
 	if (ir) {
@@ -272,12 +257,17 @@ static int run_parse(int argc, char **argv, run_args *a)
 	return 0;
 }
 
+static const char *input_name(const kiln_graph *g, int i)
+{
+	return kiln_value_name(g, kiln_graph_input(g, i));
+}
+
 static int input_index(const kiln_graph *g, const char *name, size_t len)
 {
-	for (uint32_t i = 0; i < g->ninput; i++) {
-		const char *n = g->val[g->input[i]]->name;
+	for (int i = 0; i < kiln_graph_num_inputs(g); i++) {
+		const char *n = input_name(g, i);
 		if (n && strlen(n) == len && strncmp(n, name, len) == 0)
-			return (int)i;
+			return i;
 	}
 	return -1;
 }
@@ -286,8 +276,8 @@ static void input_names(const kiln_graph *g, char *buf, size_t size)
 {
 	size_t n = 0;
 	buf[0] = 0;
-	for (uint32_t i = 0; i < g->ninput && n < size; i++) {
-		const char *s = g->val[g->input[i]]->name;
+	for (int i = 0; i < kiln_graph_num_inputs(g) && n < size; i++) {
+		const char *s = input_name(g, i);
 		n += snprintf(buf + n, size - n, "%s%s", i ? ", " : "", s ? s : "?");
 	}
 }
@@ -304,20 +294,20 @@ static int read_inputs(const kiln_graph *g, const run_args *a, kiln_tensor **in)
 		input_names(g, names, sizeof names);
 		if (i < 0)
 			return tool_fail(TOOLS_EXIT_USAGE, "unknown input '%.*s'; graph '%s' has inputs: %s",
-			            (int)(eq - a->spec[k]), a->spec[k], g->name, names);
+			            (int)(eq - a->spec[k]), a->spec[k], kiln_graph_name(g), names);
 		if (in[i])
-			return tool_fail(TOOLS_EXIT_USAGE, "input '%s' given twice", g->val[g->input[i]]->name);
+			return tool_fail(TOOLS_EXIT_USAGE, "input '%s' given twice", input_name(g, i));
 		kiln_error e = {0};
 		kiln_status st = kiln_npy_read(eq + 1, &in[i], &e);
 		if (st != KILN_OK)
 			return tool_fail_err(NULL, &e, st);
 	}
-	for (uint32_t i = 0; i < g->ninput; i++)
+	for (int i = 0; i < kiln_graph_num_inputs(g); i++)
 		if (!in[i]) {
 			char ty[256];
-			const ir_value *v = g->val[g->input[i]];
-			return tool_fail(TOOLS_EXIT_USAGE, "missing input '%s' (%s): give -i %s=FILE.npy", v->name,
-			            ir_type_str(g, &v->type, ty, sizeof ty), v->name);
+			const char *name = input_name(g, i);
+			return tool_fail(TOOLS_EXIT_USAGE, "missing input '%s' (%s): give -i %s=FILE.npy", name,
+			            kiln_value_type_str(g, kiln_graph_input(g, i), ty, sizeof ty), name);
 		}
 	return 0;
 }
@@ -468,10 +458,10 @@ static int write_outputs(const char *dir, const char *const *names, const out_fi
 static int load_so(const char *path, kiln_model **m)
 {
 	kiln_error e = {0};
-	rt_file_kind k = rt_file_sniff(path);
-	if (k != RT_FILE_ELF && k != RT_FILE_UNKNOWN)
+	kiln_file_kind k = kiln_file_sniff(path);
+	if (k != KILN_FILE_ELF && k != KILN_FILE_UNKNOWN)
 		return tool_fail(1, "%s: this is %s, not a compiled library: make one with 'kiln compile'",
-		            path, rt_file_kind_name(k));
+		            path, kiln_file_kind_name(k));
 	kiln_status st = kiln_load(path, m, &e);
 	return st == KILN_OK ? 0 : tool_fail_err(NULL, &e, st);
 }
@@ -578,33 +568,34 @@ static int cmd_run(int argc, char **argv)
 	const char **names = NULL;
 	out_files f = {0};
 	int rc = spec ? run_parse(argc, argv, &a) : tool_fail(1, "out of memory");
-	if (!rc && rt_file_sniff(a.file) == RT_FILE_ELF) {
+	if (!rc && kiln_file_sniff(a.file) == KILN_FILE_ELF) {
 		rc = run_so(&a);
 		free(spec);
 		return rc;
 	}
 	if (!rc)
 		rc = load(a.file, &g);
+	int nin = g ? kiln_graph_num_inputs(g) : 0, nout = g ? kiln_graph_num_outputs(g) : 0;
 	if (!rc) {
-		in = calloc(g->ninput + 1, sizeof *in);
-		out = calloc(g->noutput + 1, sizeof *out);
-		names = calloc(g->noutput + 1, sizeof *names);
+		in = calloc((size_t)nin + 1, sizeof *in);
+		out = calloc((size_t)nout + 1, sizeof *out);
+		names = calloc((size_t)nout + 1, sizeof *names);
 		rc = in && out && names ? read_inputs(g, &a, in) : tool_fail(1, "out of memory");
 	}
-	for (uint32_t i = 0; !rc && i < g->noutput; i++)
-		names[i] = g->val[g->output[i]]->name;
+	for (int i = 0; !rc && i < nout; i++)
+		names[i] = kiln_value_name(g, kiln_graph_output(g, i));
 	if (!rc)
-		rc = out_files_make(a.outdir ? a.outdir : ".", (int)g->noutput, names, &f);
+		rc = out_files_make(a.outdir ? a.outdir : ".", nout, names, &f);
 	if (!rc)
 		rc = out_files_check(&a, &f);
 	if (!rc) {
 		kiln_error e = {0};
-		kiln_status st = kiln_graph_run(g, in, (int)g->ninput, out, (int)g->noutput, &e);
+		kiln_status st = kiln_graph_run(g, in, nin, out, nout, &e);
 		rc = st == KILN_OK ? write_outputs(a.outdir, names, &f, out) : tool_fail_err(NULL, &e, st);
 	}
-	for (uint32_t i = 0; g && in && i < g->ninput; i++)
+	for (int i = 0; in && i < nin; i++)
 		kiln_tensor_free(in[i]);
-	for (uint32_t i = 0; g && out && i < g->noutput; i++)
+	for (int i = 0; out && i < nout; i++)
 		kiln_tensor_free(out[i]);
 	free(in);
 	free(out);
@@ -638,7 +629,7 @@ static int check_outputs(const char *model, tool_file *out, int nout, const char
 static int cmd_opt(int argc, char **argv)
 {
 	const char *file = NULL, *passes = "", *outfile = NULL, *v;
-	pass_opts o = {.dump = stderr};
+	kiln_pass_opts o = {.dump = stderr};
 	for (int i = 0; i < argc; i++) {
 		if (is_opt(argv[i], "--passes", NULL)) {
 			if (!(v = optval(argc, argv, &i, "--passes", NULL)))
@@ -647,7 +638,7 @@ static int cmd_opt(int argc, char **argv)
 		} else if (is_opt(argv[i], "--dump-after", NULL)) {
 			if (!(v = optval(argc, argv, &i, "--dump-after", NULL)))
 				return usage_error("opt", "option '%s' needs a pass name or 'all'", argv[i]);
-			if (strcmp(v, "all") != 0 && !pass_find(v))
+			if (strcmp(v, "all") != 0 && !kiln_pass_known(v))
 				return usage_error("opt", "--dump-after: unknown pass '%s'", v);
 			o.dump_after = v;
 		} else if (is_opt(argv[i], "--output", "-o")) {
@@ -670,7 +661,7 @@ static int cmd_opt(int argc, char **argv)
 	if (load(file, &g))
 		return 1;
 	kiln_error e = {0};
-	kiln_status st = pass_run_list(g, passes, &o, &e);
+	kiln_status st = kiln_graph_run_passes(g, passes, &o, &e);
 	int rc = 0;
 	if (st != KILN_OK) {
 		rc = tool_fail_err(NULL, &e, st);
@@ -913,31 +904,6 @@ static int train_flag(int argc, char **argv, int *i, train_cli *tc)
 	return 1;
 }
 
-/* The training library of an inference-mode model file: its train-mode
- * form (kiln_train_graph_from_inference: BatchNorm on batch statistics,
- * Dropout on) for the step, the file's graph for the eval program. */
-static kiln_status compile_train(const kiln_graph *g, const train_cli *tc, const char *out,
-                                 const kiln_compile_opts *o, kiln_error *e)
-{
-	kiln_graph *tg = NULL;
-	kiln_status st = kiln_train_graph_from_inference(g, (uint64_t)tc->seed, &tg, e);
-	if (st == KILN_OK)
-		st = kiln_compile_train(tg, g, &tc->t, tc->batch, out, o, e);
-	/* a conv's weight gradient is a convolution with the batch as its
-	 * reduced channel axis, which the lowering needs fixed: say what to do,
-	 * not the lowering's "symbolic channel counts" */
-	for (uint32_t i = 0; st != KILN_OK && !tc->batch && strstr(e->msg, "symbolic channel") &&
-	                     i < g->nnode; i++) {
-		const ir_node *n = g->node[i];
-		char d[160];
-		if (!n->dead && (n->op == KILN_OP_CONV || n->op == KILN_OP_CONV_TRANSPOSE))
-			st = ir_seterr(e, st, "training a model with %s needs a fixed batch size: pass "
-			               "--batch N", ir_node_desc(n, d, sizeof d));
-	}
-	kiln_graph_free(tg);
-	return st;
-}
-
 /* ---- compile ---------------------------------------------------------------- */
 
 static int cmd_compile(int argc, char **argv)
@@ -991,7 +957,8 @@ static int cmd_compile(int argc, char **argv)
 	if (tc.on && !tc.wd_set && tc.t.optim == KILN_OPT_ADAMW)
 		tc.t.weight_decay = 0.01; /* PyTorch's AdamW default */
 	if (st == KILN_OK)
-		st = tc.on ? compile_train(g, &tc, out, &o, &e)
+		st = tc.on ? driver_compile_train_inference(g, (uint64_t)tc.seed, &tc.t, tc.batch, out,
+		                                            &o, &e)
 		           : kiln_compile(g, out, &o, &e);
 	kiln_graph_free(g);
 	if (st != KILN_OK)

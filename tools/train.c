@@ -32,7 +32,7 @@
 
 /* Nodes the tool adds (loss, counters) carry the model's location, so a
  * message about them names the user's file, never this one. */
-#define HERE ir_graph_loc(g)
+#define HERE kiln_graph_loc(g)
 #define POS_NAME "kiln_train.position"
 #define CORRECT_NAME "kiln_train.correct"
 #define EVAL_CHUNK 256 /* rows per eval run: bounds the interpreter's memory */
@@ -348,37 +348,80 @@ static int train_opts(const opts *o, const loss_info **L, kiln_train_opts *t)
 
 /* ---- the train-mode graph ------------------------------------------------------ */
 
-/* The "target" input, the "loss" output, the position buffer and, when
- * classifying, the batch's count of correct argmaxes as state. */
-static void add_loss(kiln_graph *g, const opts *o, const loss_info *L)
+/* A library-style error into err (kiln_error's code and message); returns
+ * code. */
+static kiln_status set_err(kiln_error *err, kiln_status code, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
+static kiln_status set_err(kiln_error *err, kiln_status code, const char *fmt, ...)
 {
-	uint32_t pred = g->output[0];
-	ir_type t = g->val[pred]->type;
+	va_list ap;
+	va_start(ap, fmt);
+	err->code = code;
+	vsnprintf(err->msg, sizeof err->msg, fmt, ap);
+	va_end(ap);
+	return code;
+}
+
+/* A value's type, to print or to derive the target's from. */
+typedef struct vtype {
+	kiln_dtype dtype;
+	int rank;
+	int64_t dim[KILN_MAX_RANK]; /* >= 0 fixed, < 0 the graph's symbol */
+} vtype;
+
+static vtype type_of(const kiln_graph *g, kiln_value v)
+{
+	vtype t = {kiln_value_dtype(g, v), kiln_value_rank(g, v), {0}};
+	for (int i = 0; i < t.rank && i < KILN_MAX_RANK; i++)
+		t.dim[i] = kiln_value_dim(g, v, i);
+	return t;
+}
+
+static const char *type_str(const kiln_graph *g, const vtype *t, char *buf, size_t size)
+{
+	return kiln_type_str(g, t->dtype, t->rank, t->dim, buf, size);
+}
+
+/* The class targets' type of class scores t ([N,C,d...] -> i64[N,d...]). */
+static vtype class_type(vtype t)
+{
+	memmove(&t.dim[1], &t.dim[2], (size_t)(t.rank - 2) * sizeof t.dim[0]);
+	t.rank--, t.dtype = KILN_I64;
+	return t;
+}
+
+/* The "target" input, the "loss" output, the position buffer and, when
+ * classifying, the batch's count of correct argmaxes as state.  Builder
+ * errors stay in g; the one of its own goes to err. */
+static kiln_status add_loss(kiln_graph *g, const opts *o, const loss_info *L, kiln_error *err)
+{
+	kiln_value pred = kiln_graph_output(g, 0);
+	vtype t = type_of(g, pred);
 	if (L->classify) {
 		if (t.rank < 2) {
 			char b[256];
-			ir_errorf(g, NULL, KILN_ESHAPE, "--loss %s needs class scores [N,C,...] as the "
-			          "model's first output, it is %s", L->name, ir_type_str(g, &t, b, sizeof b));
-			return;
+			return set_err(err, KILN_ESHAPE, "--loss %s needs class scores [N,C,...] as the "
+			               "model's first output, it is %s", L->name, type_str(g, &t, b, sizeof b));
 		}
-		memmove(&t.dim[1], &t.dim[2], (size_t)(t.rank - 2) * sizeof t.dim[0]);
-		t.rank--, t.dtype = KILN_I64;
+		t = class_type(t);
 	}
-	uint32_t y = kiln_input_at(g, HERE, "target", t.dtype, t.rank, t.dim);
+	kiln_value y = kiln_input_at(g, HERE, "target", t.dtype, t.rank, t.dim);
 	kiln_output_at(g, HERE, "loss", L->build(g, pred, y, o));
 	kiln_tensor *pos = kiln_tensor_new(KILN_I64, 1, (int64_t[]){8});
-	if (!pos || !ir_param_new(g, POS_NAME, pos, false))
-		ir_errorf(g, NULL, KILN_ENOMEM, "out of memory");
+	if (pos)
+		kiln_buffer_at(g, HERE, POS_NAME, pos);
 	kiln_tensor_free(pos);
-	if (!L->classify || g->status != KILN_OK)
-		return;
+	if (!pos)
+		return set_err(err, KILN_ENOMEM, "out of memory");
+	if (!L->classify || kiln_graph_status(g) != KILN_OK)
+		return KILN_OK;
 	kiln_value hit = kiln_equal_at(g, HERE, kiln_argmax_at(g, HERE, pred, 1, false), y);
 	kiln_value cnt = kiln_reduce_sum_at(g, HERE, kiln_cast_at(g, HERE, hit, KILN_I64), 0, NULL,
 	                                    false);
 	int64_t zero = 0;
-	if (!ir_param_new(g, CORRECT_NAME, &(kiln_tensor){KILN_I64, 0, {0}, &zero}, false))
-		ir_errorf(g, NULL, KILN_ENOMEM, "out of memory");
+	kiln_buffer_at(g, HERE, CORRECT_NAME, &(kiln_tensor){KILN_I64, 0, {0}, &zero});
 	kiln_output_at(g, HERE, CORRECT_NAME ".next", cnt);
+	return KILN_OK;
 }
 
 /* The library's train-mode form of the model (BatchNorm on batch
@@ -389,11 +432,11 @@ static kiln_graph *train_graph(const kiln_graph *eval, const opts *o, const loss
 	kiln_graph *g = NULL;
 	if (kiln_train_graph_from_inference(eval, (uint64_t)o->seed, &g, err) != KILN_OK)
 		return NULL;
-	add_loss(g, o, L);
-	if (g->status == KILN_OK && kiln_graph_verify(g, err) == KILN_OK)
+	kiln_status st = add_loss(g, o, L, err);
+	if (st == KILN_OK && (st = kiln_graph_status(g)) != KILN_OK)
+		set_err(err, st, "%s", kiln_graph_errmsg(g));
+	if (st == KILN_OK && kiln_graph_verify(g, err) == KILN_OK)
 		return g;
-	if (g->status != KILN_OK)
-		ir_seterr(err, g->status, "%s", g->errmsg);
 	kiln_graph_free(g);
 	return NULL;
 }
@@ -413,7 +456,7 @@ static const char *tensor_str(const kiln_tensor *t, char *buf, size_t size)
 /* t must be [rows] + want's dims after the first (symbolic ones match
  * anything) with want's dtype (any integer dtype when ints). */
 static int check_rows(const char *path, const kiln_tensor *t, int64_t rows, const kiln_graph *g,
-                      const ir_type *want, bool ints, const char *what)
+                      const vtype *want, bool ints, const char *what)
 {
 	bool ok = t->rank == want->rank && t->rank >= 1 && (rows < 0 || t->shape[0] == rows);
 	for (int i = 1; ok && i < t->rank; i++)
@@ -426,7 +469,7 @@ static int check_rows(const char *path, const kiln_tensor *t, int64_t rows, cons
 		return 0;
 	char a[256], b[256];
 	return tool_fail(1, "%s is %s, but %s is %s%s%s", path, tensor_str(t, a, sizeof a), what,
-	            ir_type_str(g, want, b, sizeof b), ints ? " (any integer dtype)" : "",
+	            type_str(g, want, b, sizeof b), ints ? " (any integer dtype)" : "",
 	            rows >= 0 ? ", one row per sample of --x" : "");
 }
 
@@ -437,7 +480,7 @@ static int class_targets(const char *path, kiln_tensor **y, int64_t C)
 	if (!t)
 		return tool_fail(1, "out of memory");
 	for (int64_t i = 0; i < kiln_tensor_numel(t); i++) {
-		int64_t c = ir_load_i64(*y, i);
+		int64_t c = kiln_tensor_get_i64(*y, i);
 		if (c < 0 || (C >= 0 && c >= C)) {
 			kiln_tensor_free(t);
 			return tool_fail(1, "%s: target %lld at element %lld is not a class of the model's %lld",
@@ -458,7 +501,7 @@ static int check_finite(const char *path, const kiln_tensor *t)
 		return 0;
 	int64_t n = kiln_tensor_numel(t);
 	for (int64_t i = 0; i < n; i++) {
-		double v = ir_load(t, i);
+		double v = kiln_tensor_get(t, i);
 		if (isfinite(v))
 			continue;
 		char idx[256];
@@ -487,25 +530,24 @@ static int load_pair(const char *xp, const char *yp, const kiln_graph *g, const 
 		st = kiln_npy_read(yp, y, &e);
 	if (st != KILN_OK)
 		return tool_fail_err(NULL, &e, st);
-	const ir_value *in = g->val[g->input[0]], *out = g->val[g->output[0]];
-	if (check_rows(xp, *x, -1, g, &in->type, false, "the model's input") || check_finite(xp, *x) ||
+	kiln_value out = kiln_graph_output(g, 0);
+	vtype in = type_of(g, kiln_graph_input(g, 0)), want = type_of(g, out);
+	if (check_rows(xp, *x, -1, g, &in, false, "the model's input") || check_finite(xp, *x) ||
 	    check_finite(yp, *y))
 		return 1;
-	ir_type want = out->type;
 	char b[256];
 	if (L->classify && want.rank < 2)
 		return tool_fail(1, "--loss %s needs class scores [N,C,...] as the model's first output, "
-		            "it is %s", L->name, ir_type_str(g, &want, b, sizeof b));
-	if (L->classify) {
-		memmove(&want.dim[1], &want.dim[2], (size_t)(want.rank - 2) * sizeof want.dim[0]);
-		want.rank--, want.dtype = KILN_I64;
-	}
+		            "it is %s", L->name, type_str(g, &want, b, sizeof b));
+	int64_t classes = L->classify ? want.dim[1] : 0;
+	if (L->classify)
+		want = class_type(want);
 	char what[300];
-	snprintf(what, sizeof what, "the target of '%s' for --loss %s", out->name ? out->name : "?",
-	         L->name);
+	const char *oname = kiln_value_name(g, out);
+	snprintf(what, sizeof what, "the target of '%s' for --loss %s", oname ? oname : "?", L->name);
 	if (check_rows(yp, *y, (*x)->shape[0], g, &want, L->classify, what))
 		return 1;
-	return L->classify ? class_targets(yp, y, out->type.dim[1]) : 0;
+	return L->classify ? class_targets(yp, y, classes) : 0;
 }
 
 /* ---- the run ------------------------------------------------------------------- */
@@ -578,8 +620,8 @@ static void fill_batch(run *r, int64_t b)
 static int64_t *state_i64(const run *r, const char *name)
 {
 	const kiln_graph *g = kiln_trainer_graph(r->tr);
-	uint32_t p = kiln_graph_find_param(g, name);
-	return p ? g->val[p]->data->data : NULL;
+	kiln_tensor *t = kiln_param_data(g, kiln_graph_find_param(g, name));
+	return t ? t->data : NULL;
 }
 
 /* ---- checkpoints ----------------------------------------------------------------- */
@@ -799,7 +841,8 @@ static int64_t count_correct(const kiln_tensor *out, const int64_t *y, int64_t n
 		for (int64_t j = 0; j < inner; j++) {
 			int64_t best = 0;
 			for (int64_t c = 1; c < C; c++)
-				if (ir_load(out, (i * C + c) * inner + j) > ir_load(out, (i * C + best) * inner + j))
+				if (kiln_tensor_get(out, (i * C + c) * inner + j) >
+				    kiln_tensor_get(out, (i * C + best) * inner + j))
 					best = c;
 			hits += best == y[i * inner + j];
 		}
@@ -949,31 +992,34 @@ static int load_model(const char *path, kiln_graph **g)
 	if (st != KILN_OK)
 		return strstr(e.msg, path) ? tool_fail_err(NULL, &e, st) : tool_fail(1, "%s: %s", path, e.msg);
 	const kiln_graph *m = *g;
-	for (uint32_t i = 0; i < m->noutput; i++) {
-		const char *name = m->val[m->output[i]]->name;
+	for (int i = 0; i < kiln_graph_num_outputs(m); i++) {
+		const char *name = kiln_value_name(m, kiln_graph_output(m, i));
 		size_t n = name ? strlen(name) : 0;
 		if (n > 5 && !strcmp(name + n - 5, ".next"))
 			return tool_fail(1, "%s: output '%s' is a state update, so the model was traced in train "
 			            "mode; kiln train needs the inference-mode model", path, name);
 	}
-	for (uint32_t i = 1; i < m->nval; i++) {
-		const ir_value *v = m->val[i];
-		if (v->kind != IR_V_PARAM || !v->data || !kiln_dtype_is_float(v->data->dtype))
+	for (int i = 0; i < kiln_graph_num_params(m); i++) {
+		kiln_value p = kiln_graph_param(m, i);
+		const kiln_tensor *t = kiln_param_data(m, p);
+		if (!t || !kiln_dtype_is_float(t->dtype))
 			continue;
-		for (int64_t k = 0; k < kiln_tensor_numel(v->data); k++)
-			if (!isfinite(ir_load(v->data, k)))
+		const char *name = kiln_value_name(m, p);
+		for (int64_t k = 0; k < kiln_tensor_numel(t); k++)
+			if (!isfinite(kiln_tensor_get(t, k)))
 				return tool_fail(1, "%s: parameter '%s' is not finite (element %lld is %g)", path,
-				            v->name ? v->name : "?", (long long)k, ir_load(v->data, k));
+				            name ? name : "?", (long long)k, kiln_tensor_get(t, k));
 	}
 	char b[256];
-	const ir_value *in = m->ninput == 1 ? m->val[m->input[0]] : NULL;
-	if (!in || m->noutput < 1)
+	int nin = kiln_graph_num_inputs(m), nout = kiln_graph_num_outputs(m);
+	kiln_value in = nin == 1 ? kiln_graph_input(m, 0) : KILN_NONE;
+	if (!in || nout < 1)
 		return tool_fail(1, "%s: kiln train needs one input and at least one output, the model "
-		            "has %u and %u", path, m->ninput, m->noutput);
-	if (in->type.rank < 1 || in->type.dim[0] >= 0)
+		            "has %d and %d", path, nin, nout);
+	if (kiln_value_rank(m, in) < 1 || kiln_value_dim(m, in, 0) >= 0)
 		return tool_fail(1, "%s: input '%s' is %s; kiln train needs a symbolic batch dim first "
-		            "(e.g. dynamic_axes in torch.onnx.export)", path, in->name,
-		            ir_type_str(m, &in->type, b, sizeof b));
+		            "(e.g. dynamic_axes in torch.onnx.export)", path, kiln_value_name(m, in),
+		            kiln_value_type_str(m, in, b, sizeof b));
 	return 0;
 }
 
@@ -1073,11 +1119,13 @@ static int export_model(run *r, const char *path)
 	if (!s)
 		return tool_fail(1, "out of memory");
 	kiln_graph *g = r->eval;
-	for (uint32_t i = 1; i < g->nval; i++) {
-		ir_value *v = g->val[i];
-		const kiln_tensor *t = v->kind == IR_V_PARAM && v->name ? kiln_tensor_set_get(s, v->name) : NULL;
-		if (t && kiln_tensor_nbytes(t) == kiln_tensor_nbytes(v->data))
-			memcpy(v->data->data, t->data, kiln_tensor_nbytes(t));
+	for (int i = 0; i < kiln_graph_num_params(g); i++) {
+		kiln_value p = kiln_graph_param(g, i);
+		const char *name = kiln_value_name(g, p);
+		kiln_tensor *d = kiln_param_data(g, p);
+		const kiln_tensor *t = name && d ? kiln_tensor_set_get(s, name) : NULL;
+		if (t && kiln_tensor_nbytes(t) == kiln_tensor_nbytes(d))
+			memcpy(d->data, t->data, kiln_tensor_nbytes(t));
 	}
 	kiln_tensor_set_free(s);
 	size_t n = strlen(path);
