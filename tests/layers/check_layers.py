@@ -10,18 +10,25 @@ Floors, lowest first:
 
 frontend/, passes/ and codegen/ are siblings: none includes or calls
 another.  include/kiln/kiln.h is the public API and may be included from
-anywhere; tools/ may include only kiln/kiln.h, driver/driver.h and its own
-headers.
+anywhere.  The CLI is a client of the public API: tools/ may include only
+kiln/kiln.h, driver/driver.h and its own headers, and driver/driver.h
+includes kiln/kiln.h and no header of ir/, passes/, runtime/ or any other
+folder.
 
 (a) Includes: every `#include "folder/..."` in the source folders is read;
     one that reaches a folder above or beside its own fails, naming the file
-    and line.
+    and line.  So does any include of tools/ but those three (a bare
+    "x.h" must be a file in tools/), and any include of driver/driver.h
+    but kiln/kiln.h and system headers.
 (b) Calls: `nm` of every object file the build made for each folder (CMake
     keeps them under BUILDDIR/CMakeFiles/<target>.dir/<folder>/); a symbol a
     folder uses but does not define, which is defined only in folders above
     it or beside it, fails, naming the object and the symbol.  Symbols
     defined nowhere in kiln (libc, LLVM, protobuf-c) are not ours to judge.
     The generated protobuf-c bindings (onnx_pb/) count as frontend/.
+    tools/ may call, of kiln's own symbols, only those defined in tools/ or
+    declared by include/kiln/kiln.h or driver/driver.h: a call to any other
+    (ir_*, pass_*, rt_*...) fails even though its folder is below.
 
 Exit status 0 when the layering holds, 1 with one line per violation when
 not, 2 when the build has no objects to read.  Besides the floors, a few
@@ -38,6 +45,12 @@ FOLDERS = list(FLOOR)
 # what tools/ may include besides its own headers (item: the CLI is a client
 # of the public header and the driver's documented header only)
 TOOLS_MAY_INCLUDE = {"kiln/kiln.h", "driver/driver.h"}
+# the headers whose declarations are all tools/ may call
+CLIENT_HEADERS = ["include/kiln/kiln.h", "driver/driver.h"]
+# what driver/driver.h, the driver's header for tools/, may include besides
+# system headers: it must not pass an internal header through to the CLI
+DRIVER_H = "driver/driver.h"
+DRIVER_H_MAY_INCLUDE = {"kiln/kiln.h"}
 # within a folder: (a, b) means a's object may not call anything b defines
 # (the ONNX node walk calls the per-op table, never the reverse; both share
 # onnx_node.c)
@@ -75,11 +88,17 @@ def check_includes(src):
                             continue
                         target = m.group(1)
                         top = target.split("/", 1)[0] if "/" in target else None
+                        if rel == DRIVER_H and target not in DRIVER_H_MAY_INCLUDE:
+                            bad.append("%s:%d: %s includes \"%s\": the CLI's header "
+                                       "includes only kiln/kiln.h, so no internal "
+                                       "header reaches tools/" % (rel, lineno, rel, target))
+                            continue
                         if folder == "tools":
-                            if "/" in target and top != "tools" and \
-                                    target not in TOOLS_MAY_INCLUDE:
+                            own = top == "tools" or (top is None and os.path.exists(
+                                os.path.join(dirpath, target)))
+                            if not own and target not in TOOLS_MAY_INCLUDE:
                                 bad.append("%s:%d: tools/ includes \"%s\": only "
-                                           "kiln/kiln.h and driver/driver.h"
+                                           "kiln/kiln.h, driver/driver.h and tools/'s own"
                                            % (rel, lineno, target))
                             continue
                         if top is None or top not in FLOOR:
@@ -137,6 +156,29 @@ def nm(path):
     return defined, undefined
 
 
+def client_api(src):
+    """Names of the functions and globals CLIENT_HEADERS themselves declare
+    (not what they include), read from the preprocessor's output: kiln.h
+    declares its elementwise builders through X-macros."""
+    names = set()
+    decl = re.compile(r"\b([A-Za-z_]\w*)\s*\(")
+    marker = re.compile(r'^#\s*\d+\s+"([^"]*)"')
+    own = {os.path.realpath(os.path.join(src, h)) for h in CLIENT_HEADERS}
+    cc = os.environ.get("CC") or "cc"
+    for h in CLIENT_HEADERS:
+        res = subprocess.run([cc, "-E", "-I", os.path.join(src, "include"), "-I", src,
+                              os.path.join(src, h)],
+                             capture_output=True, text=True, check=True)
+        keep = False
+        for line in res.stdout.splitlines():
+            m = marker.match(line)
+            if m:
+                keep = os.path.realpath(m.group(1)) in own
+            elif keep:
+                names.update(decl.findall(line))
+    return names
+
+
 def check_calls(src, build):
     objs = objects(src, build)
     if not objs:
@@ -159,11 +201,17 @@ def check_calls(src, build):
             for s in sorted(nm(by_src[a])[1] & bdef):
                 bad.append("%s: calls %s, defined in %s (the calls run one way: %s -> %s)"
                            % (a, s, b, b, a))
+    api = client_api(src)
     for path, folder, undefined in uses:
         rel = os.path.relpath(path, build)
         for s in sorted(undefined):
             homes = where.get(s)
             if not homes:
+                continue
+            if folder == "tools" and "tools" not in homes and s not in api:
+                bad.append("%s: tools/ calls %s (defined in %s/), which neither "
+                           "kiln/kiln.h nor driver/driver.h declares"
+                           % (rel, s, "/, ".join(sorted(homes))))
                 continue
             if any(may_use(folder, h) for h in homes):
                 continue
