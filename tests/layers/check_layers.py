@@ -3,6 +3,9 @@
 a sibling (docs/ARCHITECTURE.md, "Layers").
 
     check_layers.py SRCDIR BUILDDIR
+    check_layers.py --dot [FILE] the picture of the layers, as Graphviz;
+                                 with FILE (docs/layers.dot, ctest
+                                 layers_dot): exit 1 when FILE differs
 
 Floors, lowest first:
 
@@ -42,6 +45,12 @@ import sys
 FLOOR = {"runtime": 0, "ir": 1, "frontend": 2, "passes": 2, "codegen": 2,
          "driver": 3, "tools": 4}
 FOLDERS = list(FLOOR)
+# the CMake targets whose objects are read, and the folders each is built
+# from (the generated protobuf-c bindings, onnx_pb/, go into kiln with
+# frontend/); kilnrt_gen repeats kilnrt's sources, never sanitized
+TARGETS = {"kiln_cli": ["tools"],
+           "kiln": ["driver", "frontend", "passes", "codegen", "ir"],
+           "kilnrt": ["runtime"]}
 # what tools/ may include besides its own headers (item: the CLI is a client
 # of the public header and the driver's documented header only)
 TOOLS_MAY_INCLUDE = {"kiln/kiln.h", "driver/driver.h"}
@@ -121,7 +130,7 @@ def objects(src, build):
     for target in sorted(os.listdir(base)):
         # the libraries and the CLI; tests, examples, benches and the
         # never-sanitized runtime copy (kilnrt_gen) repeat or use them
-        if target not in ("kilnrt.dir", "kiln.dir", "kiln_cli.dir"):
+        if target[:-len(".dir")] not in TARGETS or not target.endswith(".dir"):
             continue
         tdir = os.path.join(base, target)
         for dirpath, _, files in os.walk(tdir):
@@ -222,7 +231,68 @@ def check_calls(src, build):
     return bad
 
 
+def dot():
+    """The layers as a Graphviz digraph: one box per folder inside its CMake
+    target, an arrow from each folder to the floor just below it (what it
+    may include and call, and so everything below that), tools/ to the two
+    headers it may include."""
+    target_label = {
+        "kiln_cli": "target kiln_cli: the `kiln` executable",
+        "kiln": "target kiln: libkiln.a",
+        "kilnrt": "target kilnrt: libkilnrt.a\\n(kilnrt_gen: the same sources, linked "
+                  "into every compiled model)"}
+    out = ["// docs/layers.dot: written by tests/layers/check_layers.py --dot",
+           "// (ctest layers_dot fails when it is stale).  Render with",
+           "//   dot -Tsvg docs/layers.dot -o docs/layers.svg",
+           "digraph layers {",
+           '\tgraph [rankdir=TB, fontname="Helvetica", fontsize=11, labelloc=b, '
+           'label="an arrow: may include and call it and every floor below it; '
+           'siblings on one row use none of each other;\\n'
+           'tools/ may use kiln/kiln.h and driver/driver.h only '
+           '(checked by tests/layers/check_layers.py, ctest layers)"];',
+           '\tnode [shape=box, style=rounded, fontname="Helvetica", fontsize=11];',
+           '\tedge [fontname="Helvetica", fontsize=9];']
+    for t, folders in TARGETS.items():
+        out.append("\tsubgraph cluster_%s {" % t)
+        out.append('\t\tlabel="%s"; style=dashed; fontsize=10;' % target_label[t])
+        for f in folders:
+            out.append('\t\t"%s/";' % f)
+        for lo in sorted({FLOOR[f] for f in folders}):
+            row = [f for f in folders if FLOOR[f] == lo]
+            if len(row) > 1:  # siblings side by side
+                out.append("\t\t{ rank=same; %s }" % " ".join('"%s/";' % f for f in row))
+        out.append("\t}")
+    out.append('\t"kiln/kiln.h" [shape=note, label="include/kiln/kiln.h\\npublic API, '
+               'includable anywhere;\\ndefined by the floor that owns each call"];')
+    out.append('\t"driver/driver.h" [shape=note, label="driver/driver.h\\nincludes '
+               'kiln/kiln.h only"];')
+    out.append('\t"tools/" -> "kiln/kiln.h" [label="includes, calls"];')
+    out.append('\t"tools/" -> "driver/driver.h" [label="includes, calls"];')
+    out.append('\t"driver/driver.h" -> "driver/" [style=dashed, arrowhead=none];')
+    for f in FOLDERS:
+        if f == "tools":
+            continue
+        below = [b for b in FOLDERS if FLOOR[b] < FLOOR[f]]
+        if below:
+            top = max(FLOOR[b] for b in below)
+            for b in FOLDERS:
+                if FLOOR[b] == top:
+                    out.append('\t"%s/" -> "%s/";' % (f, b))
+    out.append("}")
+    return "\n".join(out) + "\n"
+
+
 def main():
+    if sys.argv[1:2] == ["--dot"] and len(sys.argv) <= 3:
+        if len(sys.argv) == 2:
+            sys.stdout.write(dot())
+            return 0
+        with open(sys.argv[2], encoding="utf-8") as fh:
+            if fh.read() == dot():
+                return 0
+        print("check_layers: %s is stale: regenerate it with "
+              "tests/layers/check_layers.py --dot > %s" % (sys.argv[2], sys.argv[2]))
+        return 1
     if len(sys.argv) != 3:
         sys.stderr.write(__doc__)
         return 2
