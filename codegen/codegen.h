@@ -134,7 +134,11 @@ typedef struct cg_buf {
 	kiln_dtype dt;
 	const char *name;      /* value name, or NULL */
 	uint32_t value;        /* graph value it holds (0 for kernel scratch) */
-	ir_type type;          /* its shape, dims possibly symbolic */
+	ir_type type;          /* its shape, dims possibly symbolic (a backend reads
+	                          only type.rank, and type.dim[d] where dim[d] is NULL) */
+	cg_expr *dim[KILN_MAX_RANK]; /* each dim as an i64 expression over CG_SIZE
+	                          (cg_module_describe); NULL: type.dim[d] is fixed */
+	const char *type_text; /* INPUT/OUTPUT: "f32[N,784]", for headers and messages */
 	cg_expr *numel;        /* element count, may use CG_SIZE */
 	const kiln_tensor *data; /* CG_BUF_CONST */
 	int alias;             /* >= 0: a view of buffer alias (same bytes) */
@@ -147,13 +151,16 @@ typedef struct cg_buf {
 typedef struct cg_kernel {
 	const char *name;      /* "k3_conv" ... unique within the module */
 	uint32_t node;         /* graph node index it came from (for messages) */
+	const char *origin;    /* that node described ("Gather 'emb' at m.c:12"), or NULL */
 	cg_stmt *body;
 	int nvar;              /* variables 0..nvar-1 (loop vars and locals) */
 } cg_kernel;
 
 typedef struct cg_module {
 	ir_arena *arena;       /* all statements, expressions, names */
-	const kiln_graph *g;
+	const kiln_graph *g;   /* lowering, keval and cg_print only: no backend reads it */
+	const char *name;      /* the graph's name, or NULL */
+	const char **symname;  /* nsym symbol names ("N"), or NULL */
 	cg_buf *buf;           /* malloc'd */
 	int nbuf, capbuf;
 	cg_kernel *kern;       /* malloc'd; run in this order */
@@ -168,6 +175,11 @@ typedef struct cg_module {
 
 cg_module *cg_module_new(const kiln_graph *g);
 void cg_module_free(cg_module *m);
+/* Records in m what a backend needs from the graph, so that none reads it:
+ * name, symbol names, every buffer's dims as expressions, I/O type texts,
+ * kernel origins.  cg_lower calls it last; a hand-built module without a
+ * graph needs none of it (fixed dims, no symbols).  KILN_ENOMEM or OK. */
+kiln_status cg_module_describe(cg_module *m);
 int cg_buf_new(cg_module *m, cg_buf_kind kind, kiln_dtype dt, cg_expr *numel);
 cg_kernel *cg_kernel_new(cg_module *m, const char *name, uint32_t node);
 int cg_var_new(cg_kernel *k);

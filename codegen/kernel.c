@@ -87,6 +87,47 @@ cg_kernel *cg_kernel_new(cg_module *m, const char *name, uint32_t node)
 	return k->name && k->body ? k : NULL;
 }
 
+kiln_status cg_module_describe(cg_module *m)
+{
+	const kiln_graph *g = m->g;
+	if (!g)
+		return KILN_OK;
+	const char *gn = kiln_graph_name(g);
+	m->name = gn ? ir_arena_strdup(m->arena, gn) : NULL;
+	if (m->nsym > 0) {
+		m->symname = ir_alloc(m->arena, (size_t)m->nsym * sizeof *m->symname);
+		if (!m->symname)
+			return KILN_ENOMEM;
+		for (int k = 0; k < m->nsym; k++) {
+			const char *s = ir_dim_symname(g, k);
+			if (!(m->symname[k] = ir_arena_strdup(m->arena, s ? s : "")))
+				return KILN_ENOMEM;
+		}
+	}
+	for (int b = 0; b < m->nbuf; b++) {
+		cg_buf *bf = &m->buf[b];
+		for (int d = 0; d < bf->type.rank; d++)
+			if (!(bf->dim[d] = cg_dim(m, bf->type.dim[d])))
+				return KILN_ENOMEM;
+	}
+	for (int i = 0; i < m->ninputs + m->noutputs; i++) {
+		int b = i < m->ninputs ? m->inputs[i] : m->outputs[i - m->ninputs];
+		char ty[256];
+		if (b < 0 || b >= m->nbuf)
+			continue;
+		ir_type_str(g, &m->buf[b].type, ty, sizeof ty);
+		if (!(m->buf[b].type_text = ir_arena_strdup(m->arena, ty)))
+			return KILN_ENOMEM;
+	}
+	for (int k = 0; k < m->nkern; k++) {
+		char nd[160] = "";
+		if (m->kern[k].node < g->nnode && ir_node_desc(g->node[m->kern[k].node], nd, sizeof nd)
+		    && nd[0] && !(m->kern[k].origin = ir_arena_strdup(m->arena, nd)))
+			return KILN_ENOMEM;
+	}
+	return KILN_OK;
+}
+
 int cg_var_new(cg_kernel *k)
 {
 	return k->nvar++;

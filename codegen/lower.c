@@ -1389,6 +1389,8 @@ kiln_status cg_lower_ex(const kiln_graph *g, const cg_lower_opts *o, cg_module *
 	if (!st)
 		st = lower_graph(&L);
 	free(L.vbuf), free(L.out_of), free(L.defer);
+	if (!st && cg_module_describe(L.m))
+		st = ir_seterr(err, KILN_ENOMEM, "cg_lower: out of memory");
 	if (st) {
 		cg_module_free(L.m);
 		return st;
