@@ -23,7 +23,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "codegen/llvm.h"
+#include "codegen/backend.h"
 #include "codegen/lower.h"
 #include "kiln/kiln.h"
 #include "passes/passes.h"
@@ -70,7 +70,7 @@ static kiln_model *build(const kiln_graph *g, const char *path, bool checks)
 		n += strip(m->kern[k].body);
 	if (!checks && n == 0)
 		die(path, "no check to strip");
-	if (cg_emit(m, path, &(kiln_compile_opts){0}, "bench", &e))
+	if (cg_emit(NULL, m, path, &(kiln_compile_opts){0}, "bench", &e))
 		die("emit", e.msg);
 	cg_module_free(m);
 	kiln_graph_free(c);

@@ -1,28 +1,23 @@
 /*
  * emit.c: a lowered, memory-planned kernel module to a standalone library
- * (cg_emit, cg_emit_train); driver/compile.c runs the stages before it.
+ * (cg_emit, cg_emit_train) through a backend (backend.h; the registry is
+ * here); driver/compile.c runs the stages before it.
  *
- * The stages here: LLVM IR (llvm.c), LLVMVerifyModule,
- * the new pass manager's default<O3> for the target machine, an object
- * file, and a link with the system C compiler against the never-sanitized
- * runtime archive (KILN_RT_GEN_LIB, or $KILN_RT_LIB), which puts the model
- * driver and thread pool into the library so it needs only libc, libm and
- * libpthread.  --emit stops early and writes that stage instead (kir, ll,
- * asm, obj).  Beside a .so goes its readable header.
+ * Each kernel is first checked against the backend's supports(), so a
+ * kernel it cannot take fails the compile naming the backend, the kernel
+ * and why; then the backend emits the kernels and the library around them
+ * and writes the library (or, with --emit, that stage: kir is printed here
+ * and needs no backend).  Beside a .so goes its readable header, written
+ * here from the module alone.
  *
  * Every file is written to a temporary name in its destination folder and
- * renamed into place, so a failed compile never leaves a half-written
- * library; the linker runs through posix_spawnp with an argument vector
- * (no shell, so any path is safe) and its exit status is checked.  LLVM
- * diagnostics go to a handler: errors become the compile's message,
- * warnings (say, a loop hinted for vectorization that LLVM would not
- * vectorize) are dropped.
+ * renamed into place (cg_temp_file, cg_commit_file), so a failed compile
+ * never leaves a half-written library; tools (the linker) run through
+ * posix_spawnp with an argument vector (no shell, so any path is safe) and
+ * their exit status is checked (cg_run_tool).
  *
  * cg_emit_train (the last section) emits a training library: the step and
- * eval programs over one state table (docs/TRAINING.md).  The link
- * hides every symbol the runtime archive brings (--exclude-libs), so a
- * library exports only its entry points and descriptions, never kiln_*
- * functions that would clash with a process's own kiln.
+ * eval programs over one state table (docs/TRAINING.md).
  */
 #include <ctype.h>
 #include <errno.h>
@@ -36,11 +31,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <llvm-c/Analysis.h>
-#include <llvm-c/Transforms/PassBuilder.h>
-
-#include "codegen/llvm.h"
-#include "codegen/lower.h"
+#include "codegen/backend.h"
 
 extern char **environ;
 
@@ -74,15 +65,15 @@ static bool ends_with(const char *s, const char *suf)
  * library) less the umask, as any new file would be: mkstemp's 0600 would
  * leave the header unreadable to others and the linker keeps the mode of
  * the file it writes over (0711). */
-static kiln_status make_temp(const char *path, mode_t mode, char *tmp, size_t size,
-                             kiln_error *err)
+kiln_status cg_temp_file(const char *path, unsigned mode, char *tmp, size_t size,
+                         kiln_error *err)
 {
 	static atomic_uint seq;
 	for (int tries = 0; tries < 100; tries++) {
 		if (snprintf(tmp, size, "%s.tmp%ld.%u", path, (long)getpid(),
 		             atomic_fetch_add(&seq, 1)) >= (int)size)
 			return ir_seterr(err, KILN_EINVAL, "%s: path too long", path);
-		int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, mode);
+		int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, (mode_t)mode);
 		if (fd >= 0) {
 			close(fd);
 			return KILN_OK;
@@ -96,7 +87,7 @@ static kiln_status make_temp(const char *path, mode_t mode, char *tmp, size_t si
 
 /* fsync, then rename over path: the new contents are on disk before the
  * name points at them, so a crash leaves the old file or the new one. */
-static kiln_status commit(const char *tmp, const char *path, kiln_error *err)
+kiln_status cg_commit_file(const char *tmp, const char *path, kiln_error *err)
 {
 	int fd = open(tmp, O_RDONLY | O_CLOEXEC);
 	if (fd < 0 || fsync(fd) != 0) {
@@ -116,130 +107,9 @@ static kiln_status commit(const char *tmp, const char *path, kiln_error *err)
 	return KILN_OK;
 }
 
-/* ---- LLVM ---------------------------------------------------------------- */
-
-typedef struct diag {
-	char msg[512];
-} diag;
-
-static void on_diag(LLVMDiagnosticInfoRef di, void *ud)
-{
-	diag *d = ud;
-	if (LLVMGetDiagInfoSeverity(di) != LLVMDSError || d->msg[0])
-		return;
-	char *s = LLVMGetDiagInfoDescription(di);
-	snprintf(d->msg, sizeof d->msg, "%s", s ? s : "error");
-	LLVMDisposeMessage(s);
-}
-
-static void llvm_open(cg_llvm *L, const cg_target *t, const cg_module *m, const char *name,
-                      diag *d)
-{
-	memset(L, 0, sizeof *L);
-	L->ctx = LLVMContextCreate();
-	LLVMContextSetDiagnosticHandler(L->ctx, on_diag, d);
-	L->mod = LLVMModuleCreateWithNameInContext(name, L->ctx);
-	L->b = LLVMCreateBuilderInContext(L->ctx);
-	L->t = t;
-	L->m = m;
-	L->name = name;
-	LLVMSetTarget(L->mod, t->triple);
-	LLVMTargetDataRef td = LLVMCreateTargetDataLayout(t->tm);
-	LLVMSetModuleDataLayout(L->mod, td);
-	LLVMDisposeTargetData(td);
-	L->i1 = LLVMInt1TypeInContext(L->ctx);
-	L->i8 = LLVMInt8TypeInContext(L->ctx);
-	L->i32 = LLVMInt32TypeInContext(L->ctx);
-	L->i64 = LLVMInt64TypeInContext(L->ctx);
-	L->f32 = LLVMFloatTypeInContext(L->ctx);
-	L->f64 = LLVMDoubleTypeInContext(L->ctx);
-	L->ptr = LLVMPointerType(L->i8, 0);
-	/* struct rt_exec { void **buf; const int64_t *sym; rt_pool *pool;
-	 *                  float *scratch; int64_t thread; rt_fault *fault; } */
-	L->exec_ty = LLVMStructCreateNamed(L->ctx, "rt_exec");
-	LLVMTypeRef f[6] = {LLVMPointerType(L->ptr, 0), LLVMPointerType(L->i64, 0), L->ptr,
-	                    LLVMPointerType(L->f32, 0), L->i64, L->ptr};
-	LLVMStructSetBody(L->exec_ty, f, 6, 0);
-}
-
-static void llvm_close(cg_llvm *L)
-{
-	if (L->b)
-		LLVMDisposeBuilder(L->b);
-	if (L->mod)
-		LLVMDisposeModule(L->mod);
-	if (L->ctx)
-		LLVMContextDispose(L->ctx);
-	memset(L, 0, sizeof *L);
-}
-
-/* The target's preferred vector width on every function defined, so that
- * the vectorizer does not follow a CPU's prefer-256-bit tuning (target.c). */
-static void tune(cg_llvm *L)
-{
-	char w[16];
-	snprintf(w, sizeof w, "%d", L->t->prefer_bits);
-	for (LLVMValueRef f = LLVMGetFirstFunction(L->mod); f && L->t->prefer_bits;
-	     f = LLVMGetNextFunction(f))
-		if (!LLVMIsDeclaration(f))
-			LLVMAddTargetDependentFunctionAttr(f, "prefer-vector-width", w);
-}
-
-static kiln_status verify(cg_llvm *L, kiln_error *err)
-{
-	char *msg = NULL;
-	kiln_status st = KILN_OK;
-	if (LLVMVerifyModule(L->mod, LLVMReturnStatusAction, &msg))
-		st = ir_seterr(err, KILN_EINVAL, "LLVM rejected the generated module (a kiln bug): "
-		               "%.900s", msg ? msg : "?");
-	LLVMDisposeMessage(msg);
-	return st;
-}
-
-static kiln_status optimize(cg_llvm *L, kiln_error *err)
-{
-	LLVMPassBuilderOptionsRef po = LLVMCreatePassBuilderOptions();
-	LLVMPassBuilderOptionsSetLoopVectorization(po, 1);
-	LLVMPassBuilderOptionsSetSLPVectorization(po, 1);
-	LLVMPassBuilderOptionsSetLoopUnrolling(po, 1);
-	LLVMPassBuilderOptionsSetLoopInterleaving(po, 1);
-	LLVMErrorRef e = LLVMRunPasses(L->mod, "default<O3>", L->t->tm, po);
-	LLVMDisposePassBuilderOptions(po);
-	if (!e)
-		return KILN_OK;
-	char *msg = LLVMGetErrorMessage(e);
-	kiln_status st = ir_seterr(err, KILN_EINVAL, "LLVM pass pipeline failed: %s", msg);
-	LLVMDisposeErrorMessage(msg);
-	return st;
-}
-
-/* LLVM IR (after O3), assembly or an object file at path, atomically. */
-static kiln_status write_stage(cg_llvm *L, const char *emit, const char *path, kiln_error *err)
-{
-	char tmp[4200];
-	kiln_status st = make_temp(path, 0666, tmp, sizeof tmp, err);
-	if (st != KILN_OK)
-		return st;
-	char *msg = NULL;
-	LLVMBool bad;
-	if (strcmp(emit, "ll") == 0)
-		bad = LLVMPrintModuleToFile(L->mod, tmp, &msg);
-	else
-		bad = LLVMTargetMachineEmitToFile(L->t->tm, L->mod, tmp,
-		                                  strcmp(emit, "asm") == 0 ? LLVMAssemblyFile
-		                                                           : LLVMObjectFile, &msg);
-	if (bad) {
-		st = ir_seterr(err, KILN_EIO, "%s: LLVM could not write %s: %s", path, emit,
-		               msg ? msg : "?");
-		unlink(tmp);
-	}
-	LLVMDisposeMessage(msg);
-	return st == KILN_OK ? commit(tmp, path, err) : st;
-}
-
 /* ---- linking -------------------------------------------------------------- */
 
-static kiln_status run_cc(char *const *argv, kiln_error *err)
+kiln_status cg_run_tool(char *const *argv, kiln_error *err)
 {
 	pid_t pid;
 	int rc = posix_spawnp(&pid, argv[0], NULL, NULL, argv, environ);
@@ -257,40 +127,6 @@ static kiln_status run_cc(char *const *argv, kiln_error *err)
 	return KILN_OK;
 }
 
-/* cc -shared -o <tmp> <obj> <runtime archive> -lm -lpthread, then rename.
- * The library is named (SONAME) after its file, so a program linked with
- * -l:model.so records that name.  Nothing it defines binds to another
- * library's definition: the runtime archive's symbols are hidden
- * (--exclude-libs), the module's own references are internal (llvm.c),
- * and -Bsymbolic binds whatever else is exported to itself. */
-static kiln_status link_so(cg_llvm *L, const char *path, kiln_error *err)
-{
-	char obj[4200], so[4200];
-	kiln_status st = make_temp(path, 0666, obj, sizeof obj, err);
-	if (st != KILN_OK)
-		return st;
-	st = write_stage(L, "obj", obj, err);
-	if (st == KILN_OK)
-		st = make_temp(path, 0777, so, sizeof so, err);
-	const char *base = strrchr(path, '/');
-	base = base ? base + 1 : path;
-	if (st == KILN_OK) {
-		const char *rt = getenv("KILN_RT_LIB");
-		char *argv[] = {"cc", "-shared", "-Wl,-z,defs", "-Wl,-z,noexecstack",
-		                "-Wl,--exclude-libs,ALL", "-Wl,-Bsymbolic", "-Xlinker", "-soname",
-		                "-Xlinker", (char *)base, "-o", so, obj,
-		                (char *)(rt && *rt ? rt : KILN_RT_GEN_LIB), "-lm", "-lpthread",
-		                NULL};
-		st = run_cc(argv, err);
-		if (st == KILN_OK)
-			st = commit(so, path, err);
-		else
-			unlink(so);
-	}
-	unlink(obj);
-	return st;
-}
-
 /* ---- the header ------------------------------------------------------------ */
 
 static const char *c_type(kiln_dtype dt)
@@ -304,8 +140,12 @@ static const char *c_type(kiln_dtype dt)
 
 static const char *io_name(const cg_module *m, int b)
 {
-	const ir_value *v = m->g ? ir_val(m->g, m->buf[b].value) : NULL;
-	return m->buf[b].name ? m->buf[b].name : v && v->name ? v->name : "";
+	return m->buf[b].name ? m->buf[b].name : "";
+}
+
+static const char *sym_name(const cg_module *m, int k)
+{
+	return m->symname && m->symname[k] ? m->symname[k] : "";
 }
 
 /* Names a prototype's parameter may not take: C and C++ keywords, the
@@ -345,7 +185,7 @@ static void param_name(const cg_module *m, int io, char *out, size_t size)
 	param_base(m, io, out, size);
 	bool clash = false;
 	for (int k = 0; !clash && k < m->nsym; k++) {
-		cg_c_name(other, sizeof other, ir_dim_symname(m->g, k));
+		cg_c_name(other, sizeof other, sym_name(m, k));
 		clash = !strcmp(other, out);
 	}
 	for (int j = 0; !clash && j < io; j++) {
@@ -357,18 +197,33 @@ static void param_name(const cg_module *m, int io, char *out, size_t size)
 		         io < m->ninputs ? io : io - m->ninputs);
 }
 
+/* "f32[2,3]" of a buffer: the lowering's text, else (a module built without
+ * a graph, all dims fixed) made here. */
+static const char *type_text(const cg_buf *b, char *buf, size_t size)
+{
+	if (b->type_text)
+		return b->type_text;
+	size_t n = (size_t)snprintf(buf, size, "%s[", kiln_dtype_name(b->dt));
+	for (int d = 0; d < b->type.rank && n < size; d++)
+		n += (size_t)snprintf(buf + n, size - n, "%s%lld", d ? "," : "",
+		                      (long long)b->type.dim[d]);
+	if (n < size)
+		snprintf(buf + n, size - n, "]");
+	return buf;
+}
+
 static void header_signature(FILE *f, const cg_module *m)
 {
 	char ty[256];
 	for (int i = 0; i < m->ninputs + m->noutputs; i++) {
 		int b = i < m->ninputs ? m->inputs[i] : m->outputs[i - m->ninputs];
 		fprintf(f, " *   %-7s %s: %s\n", i == 0 ? "inputs:" : i == m->ninputs ? "outputs:" : "",
-		        io_name(m, b), ir_type_str(m->g, &m->buf[b].type, ty, sizeof ty));
+		        io_name(m, b), type_text(&m->buf[b], ty, sizeof ty));
 	}
 	if (m->nsym) {
 		fprintf(f, " *   symbols:");
 		for (int k = 0; k < m->nsym; k++)
-			fprintf(f, " %s", ir_dim_symname(m->g, k));
+			fprintf(f, " %s", sym_name(m, k));
 		fprintf(f, " (sizes bound at run time; pass them to _run)\n");
 	}
 }
@@ -378,7 +233,7 @@ static void header_run(FILE *f, const cg_module *m, const char *name, const char
 	char p[256];
 	fprintf(f, "int %s_%s(%s_ctx *ctx", name, suffix, name);
 	for (int k = 0; k < m->nsym; k++) {
-		cg_c_name(p, sizeof p, ir_dim_symname(m->g, k));
+		cg_c_name(p, sizeof p, sym_name(m, k));
 		fprintf(f, ", int64_t %s", p);
 	}
 	for (int i = 0; i < m->ninputs + m->noutputs; i++) {
@@ -394,7 +249,7 @@ static void write_header(FILE *f, const cg_module *m, const char *name, const ch
                          const char *so)
 {
 	fprintf(f, "/*\n * %s: the model '%s' compiled by kiln %s into %s.\n *\n"
-	        " * Signature (row-major, dense):\n", h, m->g ? kiln_graph_name(m->g) : name,
+	        " * Signature (row-major, dense):\n", h, m->name ? m->name : name,
 	        KILN_VERSION, so);
 	header_signature(f, m);
 	fprintf(f, " *\n * A context owns all memory a run needs (scratch is sized at the first run\n"
@@ -443,7 +298,7 @@ static kiln_status header(const cg_module *m, const cg_module *eval, const cg_tr
 	if (n + 3 >= sizeof path)
 		return ir_seterr(err, KILN_EINVAL, "%s: path too long", so_path);
 	snprintf(path, sizeof path, "%.*s.h", (int)n, so_path);
-	kiln_status st = make_temp(path, 0666, tmp, sizeof tmp, err);
+	kiln_status st = cg_temp_file(path, 0666, tmp, sizeof tmp, err);
 	if (st != KILN_OK)
 		return st;
 	FILE *f = fopen(tmp, "w");
@@ -457,7 +312,7 @@ static kiln_status header(const cg_module *m, const cg_module *eval, const cg_tr
 		unlink(tmp);
 		return ir_seterr(err, KILN_EIO, "%s: write failed: %s", path, strerror(errno));
 	}
-	return commit(tmp, path, err);
+	return cg_commit_file(tmp, path, err);
 }
 
 /* ---- emission --------------------------------------------------------------- */
@@ -465,7 +320,7 @@ static kiln_status header(const cg_module *m, const cg_module *eval, const cg_tr
 static kiln_status emit_kir(const cg_module *m, const char *path, kiln_error *err)
 {
 	char tmp[4200];
-	kiln_status st = make_temp(path, 0666, tmp, sizeof tmp, err);
+	kiln_status st = cg_temp_file(path, 0666, tmp, sizeof tmp, err);
 	if (st != KILN_OK)
 		return st;
 	FILE *f = fopen(tmp, "w");
@@ -478,55 +333,87 @@ static kiln_status emit_kir(const cg_module *m, const char *path, kiln_error *er
 		unlink(tmp);
 		return ir_seterr(err, KILN_EIO, "%s: write failed", path);
 	}
-	return commit(tmp, path, err);
+	return cg_commit_file(tmp, path, err);
 }
 
 
-/* What a training library adds to backend(): its eval program and state. */
-typedef struct train_part {
-	const cg_module *eval;
-	const cg_train_info *ti;
-} train_part;
+/* ---- backends ------------------------------------------------------------------ */
 
-static kiln_status backend(const cg_module *m, const char *out, const kiln_compile_opts *o,
-                           const char *name, const char *emit, const train_part *tp,
-                           kiln_error *err)
+static const cg_backend *const backends[] = {&cg_llvm_backend};
+
+const cg_backend *cg_backend_find(const char *name)
 {
-	cg_target t;
-	kiln_status st = cg_target_init(&t, o->cpu, o->features, err);
-	if (st != KILN_OK)
-		return st;
-	cg_llvm L;
-	diag d = {{0}};
-	llvm_open(&L, &t, m, name, &d);
-	st = tp ? cg_llvm_train(&L, tp->eval, tp->ti, err) : cg_llvm_kernels(&L, err);
+	if (!name)
+		return backends[0];
+	for (size_t i = 0; i < sizeof backends / sizeof *backends; i++)
+		if (!strcmp(backends[i]->name, name))
+			return backends[i];
+	return NULL;
+}
+
+kiln_status cg_backend_check(const cg_backend *b, const cg_module *m, kiln_error *err)
+{
+	for (int k = 0; m && k < m->nkern; k++) {
+		char why[256] = "";
+		const cg_kernel *kn = &m->kern[k];
+		if (!b->supports(m, kn, why, sizeof why))
+			return ir_seterr(err, KILN_EUNSUPPORTED, "backend '%s' cannot take kernel '%s'%s%s%s: %s",
+			                 b->name, kn->name, kn->origin ? " (from " : "",
+			                 kn->origin ? kn->origin : "", kn->origin ? ")" : "",
+			                 why[0] ? why : "unsupported");
+	}
+	return KILN_OK;
+}
+
+static bool has_stage(const cg_backend *b, const char *stage)
+{
+	if (!strcmp(stage, "so"))
+		return true;
+	for (const char *const *s = b->stages; s && *s; s++)
+		if (!strcmp(*s, stage))
+			return true;
+	return false;
+}
+
+/* lib through backend b: check, then the calls in backend.h's order. */
+static kiln_status backend(const cg_backend *b, const cg_library *lib, const char *out,
+                           const char *stage, kiln_error *err)
+{
+	if (!b)
+		return ir_seterr(err, KILN_EINVAL, "no such backend");
+	if (!has_stage(b, stage))
+		return ir_seterr(err, KILN_EINVAL, "backend '%s' cannot write '%s'", b->name, stage);
+	kiln_status st = cg_backend_check(b, lib->m, err);
 	if (st == KILN_OK)
-		tune(&L);
+		st = cg_backend_check(b, lib->eval, err);
+	cg_session *s = NULL;
 	if (st == KILN_OK)
-		st = verify(&L, err);
+		st = b->open(&s, lib, err);
 	if (st == KILN_OK)
-		st = optimize(&L, err);
+		st = b->emit_kernels(s, lib->m, err);
+	if (st == KILN_OK && lib->eval)
+		st = b->emit_kernels(s, lib->eval, err);
 	if (st == KILN_OK)
-		st = strcmp(emit, "so") == 0 ? link_so(&L, out, err) : write_stage(&L, emit, out, err);
-	if (st == KILN_OK && d.msg[0])
-		st = ir_seterr(err, KILN_EINVAL, "LLVM: %s", d.msg);
-	llvm_close(&L);
-	cg_target_free(&t);
+		st = b->emit_library(s, err);
+	if (st == KILN_OK)
+		st = b->write(s, stage, out, err);
+	if (s)
+		b->close(s);
 	return st;
 }
 
-kiln_status cg_emit(const cg_module *m, const char *out_path, const kiln_compile_opts *o,
-                    const char *name, kiln_error *err)
+kiln_status cg_emit(const cg_backend *b, const cg_module *m, const char *out_path,
+                    const kiln_compile_opts *o, const char *name, kiln_error *err)
 {
 	const char *emit = o->emit ? o->emit : "so";
 	if (strcmp(emit, "kir") == 0)
 		return emit_kir(m, out_path, err);
-	kiln_status st = backend(m, out_path, o, name, emit, NULL, err);
+	cg_library lib = {.m = m, .name = name, .o = o};
+	kiln_status st = backend(b ? b : cg_backend_find(NULL), &lib, out_path, emit, err);
 	if (st == KILN_OK && strcmp(emit, "so") == 0)
 		st = header(m, NULL, NULL, inference_header, name, out_path, err);
 	return st;
 }
-
 /* int <name>_train_step(ctx, syms..., data inputs..., double lr, T *loss) */
 static void header_train_step(FILE *f, const cg_module *m, const cg_train_info *ti,
                               const char *name)
@@ -534,7 +421,7 @@ static void header_train_step(FILE *f, const cg_module *m, const cg_train_info *
 	char p[256];
 	fprintf(f, "int %s_train_step(%s_ctx *ctx", name, name);
 	for (int k = 0; k < m->nsym; k++) {
-		cg_c_name(p, sizeof p, ir_dim_symname(m->g, k));
+		cg_c_name(p, sizeof p, sym_name(m, k));
 		fprintf(f, ", int64_t %s", p);
 	}
 	for (int i = 0; i < m->ninputs; i++) {
@@ -554,7 +441,7 @@ static void train_header(FILE *f, const cg_module *m, const cg_module *eval,
 	for (int i = 0; i < ti->nstate; i++)
 		bytes += kiln_tensor_nbytes(ti->state_init[i]);
 	fprintf(f, "/*\n * %s: the training library for '%s', compiled by kiln %s into %s.\n *\n"
-	        " * Train step (loss, then the state it replaces):\n", h, kiln_graph_name(eval->g),
+	        " * Train step (loss, then the state it replaces):\n", h, eval->name ? eval->name : name,
 	        KILN_VERSION, so);
 	header_signature(f, m);
 	fprintf(f, " * Eval:\n");
@@ -588,12 +475,12 @@ static void train_header(FILE *f, const cg_module *m, const cg_module *eval,
 /* The back half of kiln_compile_train: the step program m (STATE buffers
  * indexed into ti's table) and its eval program into one library with its
  * header. */
-kiln_status cg_emit_train(const cg_module *m, const cg_module *eval, const cg_train_info *ti,
-                          const char *out_path, const kiln_compile_opts *o, const char *name,
-                          kiln_error *err)
+kiln_status cg_emit_train(const cg_backend *b, const cg_module *m, const cg_module *eval,
+                          const cg_train_info *ti, const char *out_path,
+                          const kiln_compile_opts *o, const char *name, kiln_error *err)
 {
-	train_part tp = {eval, ti};
-	kiln_status st = backend(m, out_path, o, name, "so", &tp, err);
+	cg_library lib = {.m = m, .eval = eval, .ti = ti, .name = name, .o = o};
+	kiln_status st = backend(b ? b : cg_backend_find(NULL), &lib, out_path, "so", err);
 	if (st == KILN_OK)
 		st = header(m, eval, ti, train_header, name, out_path, err);
 	return st;

@@ -104,6 +104,14 @@ static LLVMValueRef add_fn(cg_llvm *L, const char *name, LLVMTypeRef ty, bool in
 	return f;
 }
 
+LLVMValueRef cg_llvm_i64(const cg_llvm *L, int64_t v) { return i64c(L, v); }
+LLVMValueRef cg_llvm_i32(const cg_llvm *L, int64_t v) { return i32c(L, v); }
+LLVMTypeRef cg_llvm_mem_type(const cg_llvm *L, kiln_dtype dt) { return mty(L, dt); }
+LLVMValueRef cg_llvm_fn(cg_llvm *L, const char *name, LLVMTypeRef ty, bool internal)
+{
+	return add_fn(L, name, ty, internal);
+}
+
 /* An external function, declared once. */
 static LLVMValueRef extern_fn(cg_llvm *L, const char *name, LLVMTypeRef ty)
 {
@@ -244,12 +252,10 @@ typedef struct fn_ctx {
 static kiln_status fail(fn_ctx *c, kiln_status code, const char *what)
 {
 	if (c->st == KILN_OK) {
-		const kiln_graph *g = c->L->m->g;
-		char nd[160] = "";
-		if (g && c->k && c->k->node < g->nnode)
-			ir_node_desc(g->node[c->k->node], nd, sizeof nd);
+		const char *from = c->k ? c->k->origin : NULL;
 		c->st = ir_seterr(c->err, code, "LLVM backend: kernel '%s'%s%s: %s",
-		                  c->k ? c->k->name : "?", nd[0] ? " from " : "", nd, what);
+		                  c->k ? c->k->name : "?", from ? " from " : "", from ? from : "",
+		                  what);
 	}
 	return c->st;
 }
@@ -913,7 +919,6 @@ static void s_gemm(fn_ctx *c, const cg_stmt *s)
 }
 
 static LLVMTypeRef exec_ptr(const cg_llvm *L);
-static LLVMValueRef cstr(cg_llvm *L, const char *s);
 
 /* if (value < lo || value >= hi) rt_out_of_range(x, what, value, lo, hi):
  * a cold call (the runtime records the first fault of a run) on a branch
@@ -940,7 +945,7 @@ static void s_check(fn_ctx *c, const cg_stmt *s)
 	LLVMTypeRef ft = LLVMFunctionType(LLVMVoidTypeInContext(L->ctx), pt, 5, 0);
 	LLVMValueRef f = cg_llvm_runtime_fn(L, "rt_out_of_range", ft);
 	add_attr(L, f, LLVMAttributeFunctionIndex, "cold");
-	LLVMValueRef args[5] = {c->x, cstr(L, s->what), v, lo, hi};
+	LLVMValueRef args[5] = {c->x, cg_llvm_cstr(L, s->what), v, lo, hi};
 	LLVMBuildCall2(B, ft, f, args, 5, "");
 	LLVMBuildBr(B, ok);
 	LLVMPositionBuilderAtEnd(B, ok);
@@ -1113,24 +1118,15 @@ out:
 
 /* ---- numel and io_dims ---------------------------------------------------------- */
 
-/* A graph dim (fixed, or an expression over symbols) as an i64. */
-static LLVMValueRef dim_value(fn_ctx *c, int64_t d)
+/* Dim d of buffer b as an i64: its expression over the sizes (CG_SIZE reads
+ * c->symv), or the fixed dim of a module built without a graph. */
+static LLVMValueRef dim_value(fn_ctx *c, const cg_buf *b, int d)
 {
-	const ir_dimexpr *x = c->L->m->g ? ir_dim_expr(c->L->m->g, d) : NULL;
-	if (!x)
-		return i64c(c->L, d);
-	LLVMBuilderRef B = c->L->b;
-	switch (x->op) {
-	case IR_DSYM:
-		if (x->a < 0 || x->a >= c->L->m->nsym)
-			break;
-		return c->symv[x->a];
-	case IR_DADD: return LLVMBuildAdd(B, dim_value(c, x->a), dim_value(c, x->b), "");
-	case IR_DMUL: return LLVMBuildMul(B, dim_value(c, x->a), dim_value(c, x->b), "");
-	case IR_DDIV: return LLVMBuildSDiv(B, dim_value(c, x->a), dim_value(c, x->b), "");
-	}
-	fail(c, KILN_EINVAL, "a dimension refers to an unknown symbol");
-	return i64c(c->L, 0);
+	if (b->dim[d])
+		return convert(c, expr(c, b->dim[d]), b->dim[d]->dt, KILN_I64);
+	if (b->type.dim[d] < 0)
+		fail(c, KILN_EINVAL, "a symbolic dimension has no expression");
+	return i64c(c->L, b->type.dim[d]);
 }
 
 /* void f(const i64 *sym, i64 *out) with the symbols loaded into c->symv;
@@ -1167,7 +1163,7 @@ static LLVMValueRef numel_fn(cg_llvm *L, fn_ctx *c)
 			v = convert(c, expr(c, bf->numel), bf->numel->dt, KILN_I64);
 		else
 			for (int d = 0; d < bf->type.rank; d++)
-				v = LLVMBuildMul(L->b, v, dim_value(c, bf->type.dim[d]), "");
+				v = LLVMBuildMul(L->b, v, dim_value(c, bf, d), "");
 		store_at(L, LLVMGetParam(f, 1), b, v);
 	}
 	LLVMBuildRetVoid(L->b);
@@ -1183,10 +1179,67 @@ static LLVMValueRef io_dims_fn(cg_llvm *L, fn_ctx *c)
 	for (int i = 0; i < m->ninputs + m->noutputs; i++) {
 		int b = i < m->ninputs ? m->inputs[i] : m->outputs[i - m->ninputs];
 		for (int d = 0; d < m->buf[b].type.rank; d++)
-			store_at(L, LLVMGetParam(f, 1), k++, dim_value(c, m->buf[b].type.dim[d]));
+			store_at(L, LLVMGetParam(f, 1), k++, dim_value(c, &m->buf[b], d));
 	}
 	LLVMBuildRetVoid(L->b);
 	return f;
+}
+
+/* ---- a program's kernels -------------------------------------------------------- */
+
+static kiln_status check_module(const cg_module *m, kiln_error *err)
+{
+	for (int b = 0; b < m->nbuf; b++) {
+		const cg_buf *bf = &m->buf[b];
+		if (!dt_ok(bf->dt))
+			return ir_seterr(err, KILN_EUNSUPPORTED, "LLVM backend: buffer %d ('%s') is "
+			                 "%s, which it does not handle", b, bf->name ? bf->name : "",
+			                 kiln_dtype_name(bf->dt));
+		if (bf->alias >= m->nbuf || (unsigned)bf->kind > CG_BUF_STATE)
+			return ir_seterr(err, KILN_EINVAL, "LLVM backend: buffer %d is malformed", b);
+	}
+	for (int i = 0; i < m->ninputs + m->noutputs; i++) {
+		int b = i < m->ninputs ? m->inputs[i] : m->outputs[i - m->ninputs];
+		if (b < 0 || b >= m->nbuf)
+			return ir_seterr(err, KILN_EINVAL, "LLVM backend: signature names buffer %d", b);
+	}
+	return KILN_OK;
+}
+
+/* Every kernel of L->m, as `void <name>(rt_exec *)`, into fns[0..nkern). */
+kiln_status cg_llvm_emit_kernels(cg_llvm *L, LLVMValueRef *fns, kiln_error *err)
+{
+	const cg_module *m = L->m;
+	kiln_status st = check_module(m, err);
+	if (st != KILN_OK)
+		return st;
+	LLVMTypeRef kt = exec_ptr(L);
+	LLVMTypeRef rt[3] = {exec_ptr(L), L->i64,
+	                     LLVMPointerType(LLVMFunctionType(LLVMVoidTypeInContext(L->ctx),
+	                                                      (LLVMTypeRef[]){kt, L->i64, L->i64},
+	                                                      3, 0), 0)};
+	L->par_for = cg_llvm_runtime_fn(L, "rt_parallel_for",
+	                                LLVMFunctionType(LLVMVoidTypeInContext(L->ctx), rt, 3, 0));
+	for (int k = 0; k < m->nkern && st == KILN_OK; k++) {
+		int npar = 0;
+		fns[k] = emit_fn(L, &m->kern[k], m->kern[k].name, m->kern[k].body, false, &npar, err,
+		                 &st);
+	}
+	return st;
+}
+
+/* L->m's numel and io_dims functions, for its description. */
+kiln_status cg_llvm_sizes(cg_llvm *L, LLVMValueRef *numel, LLVMValueRef *io_dims,
+                          kiln_error *err)
+{
+	fn_ctx c = {.L = L, .err = err};
+	c.symv = calloc((size_t)L->m->nsym + 1, sizeof *c.symv);
+	if (!c.symv)
+		return ir_seterr(err, KILN_ENOMEM, "out of memory emitting kernels");
+	*numel = numel_fn(L, &c);
+	*io_dims = io_dims_fn(L, &c);
+	free(c.symv);
+	return c.st;
 }
 
 /* ---- the rt_model_desc -------------------------------------------------------- */
@@ -1214,6 +1267,11 @@ static LLVMValueRef cstr(cg_llvm *L, const char *s)
 	s = s ? s : "";
 	LLVMValueRef init = LLVMConstStringInContext(L->ctx, s, (unsigned)strlen(s), 0);
 	return as_ptr(L, global(L, LLVMTypeOf(init), init, "kiln.str", 1));
+}
+
+LLVMValueRef cg_llvm_cstr(cg_llvm *L, const char *s)
+{
+	return cstr(L, s);
 }
 
 /* A private constant array of n elements of ty (NULL pointer when n == 0). */
@@ -1248,28 +1306,21 @@ static void make_desc_types(cg_llvm *L, desc_types *t)
 	t->desc = LLVMStructTypeInContext(L->ctx, d, sizeof d / sizeof *d, 0);
 }
 
-static const char *io_name(const cg_module *m, int b)
-{
-	const cg_buf *bf = &m->buf[b];
-	if (bf->name)
-		return bf->name;
-	const ir_value *v = m->g ? ir_val(m->g, bf->value) : NULL;
-	return v && v->name ? v->name : "";
-}
-
 static LLVMValueRef io_desc(cg_llvm *L, const desc_types *t, int b)
 {
 	const cg_module *m = L->m;
 	const cg_buf *bf = &m->buf[b];
 	LLVMValueRef dims[KILN_MAX_RANK], kinds[KILN_MAX_RANK];
 	for (int d = 0; d < bf->type.rank; d++) {
-		int64_t v = bf->type.dim[d];
-		int sym = v < 0 && m->g ? ir_dim_symbol_index(m->g, v) : -1;
+		const cg_expr *e = bf->dim[d];
+		int64_t v = !e ? bf->type.dim[d] : e->kind == CG_CONST ? e->i : -1;
+		int sym = e && e->kind == CG_SIZE ? e->var : -1;
 		int kind = v >= 0 ? RT_DIM_FIXED : sym >= 0 ? RT_DIM_SYM : RT_DIM_EXPR;
 		dims[d] = i64c(L, kind == RT_DIM_FIXED ? v : kind == RT_DIM_SYM ? sym : 0);
 		kinds[d] = i32c(L, kind);
 	}
-	LLVMValueRef f[] = {cstr(L, io_name(m, b)), i32c(L, bf->dt), i32c(L, bf->type.rank),
+	LLVMValueRef f[] = {cstr(L, bf->name ? bf->name : ""), i32c(L, bf->dt),
+	                    i32c(L, bf->type.rank),
 	                    array(L, L->i64, dims, bf->type.rank, "kiln.dims"),
 	                    array(L, L->i32, kinds, bf->type.rank, "kiln.dim_kind"),
 	                    i32c(L, b), i32c(L, 0)};
@@ -1332,7 +1383,7 @@ static LLVMValueRef sym_names(cg_llvm *L)
 	if (!v)
 		return NULL;
 	for (int k = 0; k < m->nsym; k++)
-		v[k] = cstr(L, m->g ? ir_dim_symname(m->g, k) : "");
+		v[k] = cstr(L, m->symname ? m->symname[k] : "");
 	LLVMValueRef a = array(L, L->ptr, v, m->nsym, "kiln.sym_names");
 	free(v);
 	return a;
@@ -1501,68 +1552,28 @@ static void entries(cg_llvm *L, LLVMValueRef desc)
 
 /* ---- the module ------------------------------------------------------------------ */
 
-static kiln_status check_module(const cg_module *m, kiln_error *err)
+/* L->m's description from its kernels fns, the global gname, into *desc. */
+static kiln_status program(cg_llvm *L, LLVMValueRef *fns, const char *gname, state_ref state,
+                           LLVMValueRef *desc, kiln_error *err)
 {
-	for (int b = 0; b < m->nbuf; b++) {
-		const cg_buf *bf = &m->buf[b];
-		if (!dt_ok(bf->dt))
-			return ir_seterr(err, KILN_EUNSUPPORTED, "LLVM backend: buffer %d ('%s') is "
-			                 "%s, which it does not handle", b, bf->name ? bf->name : "",
-			                 kiln_dtype_name(bf->dt));
-		if (bf->alias >= m->nbuf || (unsigned)bf->kind > CG_BUF_STATE)
-			return ir_seterr(err, KILN_EINVAL, "LLVM backend: buffer %d is malformed", b);
-	}
-	for (int i = 0; i < m->ninputs + m->noutputs; i++) {
-		int b = i < m->ninputs ? m->inputs[i] : m->outputs[i - m->ninputs];
-		if (b < 0 || b >= m->nbuf)
-			return ir_seterr(err, KILN_EINVAL, "LLVM backend: signature names buffer %d", b);
-	}
-	return KILN_OK;
-}
-
-/* L->m's kernels, numel and io_dims functions and its description, the
- * global gname, into *desc. */
-static kiln_status program(cg_llvm *L, const char *gname, state_ref state, LLVMValueRef *desc,
-                           kiln_error *err)
-{
-	const cg_module *m = L->m;
-	kiln_status st = check_module(m, err);
-	if (st != KILN_OK)
-		return st;
-	LLVMTypeRef kt = exec_ptr(L);
-	LLVMTypeRef rt[3] = {exec_ptr(L), L->i64,
-	                     LLVMPointerType(LLVMFunctionType(LLVMVoidTypeInContext(L->ctx),
-	                                                      (LLVMTypeRef[]){kt, L->i64, L->i64},
-	                                                      3, 0), 0)};
-	L->par_for = cg_llvm_runtime_fn(L, "rt_parallel_for",
-	                                LLVMFunctionType(LLVMVoidTypeInContext(L->ctx), rt, 3, 0));
-	LLVMValueRef *fns = calloc((size_t)m->nkern + 1, sizeof *fns);
-	if (!fns)
-		return ir_seterr(err, KILN_ENOMEM, "out of memory emitting kernels");
-	for (int k = 0; k < m->nkern && st == KILN_OK; k++) {
-		int npar = 0;
-		fns[k] = emit_fn(L, &m->kern[k], m->kern[k].name, m->kern[k].body, false, &npar, err,
-		                 &st);
-	}
-	fn_ctx c = {.L = L, .err = err};
-	c.symv = calloc((size_t)m->nsym + 1, sizeof *c.symv);
-	if (st == KILN_OK && !c.symv)
-		st = ir_seterr(err, KILN_ENOMEM, "out of memory emitting kernels");
-	if (st == KILN_OK) {
-		LLVMValueRef numel = numel_fn(L, &c), io_dims = io_dims_fn(L, &c);
-		st = c.st;
-		*desc = st == KILN_OK ? model_desc(L, fns, numel, io_dims, gname, state, err, &st)
-		                      : NULL;
-	}
-	free(c.symv);
-	free(fns);
+	LLVMValueRef numel = NULL, io_dims = NULL;
+	kiln_status st = cg_llvm_sizes(L, &numel, &io_dims, err);
+	*desc = st == KILN_OK ? model_desc(L, fns, numel, io_dims, gname, state, err, &st) : NULL;
 	return st;
 }
 
-kiln_status cg_llvm_kernels(cg_llvm *L, kiln_error *err)
+static kiln_status train_library(cg_llvm *L, const cg_module *eval, LLVMValueRef *step_fns,
+                                 LLVMValueRef *eval_fns, const cg_train_info *ti,
+                                 kiln_error *err);
+
+kiln_status cg_llvm_library(cg_llvm *L, const cg_library *lib, LLVMValueRef *const *fns,
+                            kiln_error *err)
 {
+	L->m = lib->m;
+	if (lib->ti)
+		return train_library(L, lib->eval, fns[0], fns[1], lib->ti, err);
 	LLVMValueRef desc = NULL;
-	kiln_status st = program(L, "kiln_model_desc", (state_ref){NULL, 0}, &desc, err);
+	kiln_status st = program(L, fns[0], "kiln_model_desc", (state_ref){NULL, 0}, &desc, err);
 	if (st == KILN_OK)
 		entries(L, desc);
 	return st;
@@ -1669,18 +1680,19 @@ static void ckpt_entries(cg_llvm *L)
 	LLVMBuildRet(L->b, rt_call(L, "rt_train_steps", L->i64, pt, &p, 1));
 }
 
-kiln_status cg_llvm_train(cg_llvm *L, const cg_module *eval, const cg_train_info *ti,
-                          kiln_error *err)
+static kiln_status train_library(cg_llvm *L, const cg_module *eval, LLVMValueRef *step_fns,
+                                 LLVMValueRef *eval_fns, const cg_train_info *ti,
+                                 kiln_error *err)
 {
 	const cg_module *step = L->m;
 	state_ref state = {state_table(L, ti), ti->nstate};
 	if (!state.table)
 		return ir_seterr(err, KILN_ENOMEM, "out of memory emitting the state table");
 	LLVMValueRef sd = NULL, ed = NULL;
-	kiln_status st = program(L, NULL, state, &sd, err);
+	kiln_status st = program(L, step_fns, NULL, state, &sd, err);
 	if (st == KILN_OK) {
 		L->m = eval;
-		st = program(L, "kiln_model_desc", state, &ed, err);
+		st = program(L, eval_fns, "kiln_model_desc", state, &ed, err);
 	}
 	if (st == KILN_OK)
 		run_entry(L, "eval_step", "rt_train_eval");
@@ -1694,4 +1706,48 @@ kiln_status cg_llvm_train(cg_llvm *L, const cg_module *eval, const cg_train_info
 		ckpt_entries(L);
 	}
 	return st;
+}
+
+/* ---- what this backend takes -------------------------------------------------------- */
+
+static bool gemm_ok(const cg_module *m, const cg_gemm *g, char *why, size_t size)
+{
+	int bufs[] = {g->a, g->b, g->c, g->bias};
+	const char *role[] = {"A", "B", "C", "bias"};
+	for (int i = 0; i < 4; i++) {
+		if (bufs[i] < 0 && i == 3)
+			continue;
+		if (bufs[i] < 0 || bufs[i] >= m->nbuf) {
+			snprintf(why, size, "GEMM %s names no buffer", role[i]);
+			return false;
+		}
+		if (m->buf[bufs[i]].dt != KILN_F32) {
+			snprintf(why, size, "GEMM with %s %s (it has f32 GEMMs only)", role[i],
+			         kiln_dtype_name(m->buf[bufs[i]].dt));
+			return false;
+		}
+	}
+	return true;
+}
+
+static bool stmt_ok(const cg_module *m, const cg_stmt *s, char *why, size_t size)
+{
+	if (!s)
+		return true;
+	switch (s->kind) {
+	case CG_BLOCK:
+		for (int i = 0; i < s->n; i++)
+			if (!stmt_ok(m, s->items[i], why, size))
+				return false;
+		return true;
+	case CG_FOR: return stmt_ok(m, s->body, why, size);
+	case CG_IF: return stmt_ok(m, s->then_s, why, size) && stmt_ok(m, s->else_s, why, size);
+	case CG_GEMM: return gemm_ok(m, s->gemm, why, size);
+	default: return true;
+	}
+}
+
+bool cg_llvm_supports(const cg_module *m, const cg_kernel *k, char *why, size_t size)
+{
+	return stmt_ok(m, k->body, why, size);
 }

@@ -1,6 +1,8 @@
 /*
  * llvm.h: shared state of the LLVM backend (llvm.c, llvm_gemm.c, target.c,
- * emit.c); only these files include LLVM-C headers.
+ * llvm_emit.c), which sits behind backend.h's cg_llvm_backend; only these
+ * files include LLVM-C headers, and nothing outside the backend includes
+ * this one (the driver uses backend.h).
  */
 #ifndef KILN_CG_LLVM_H
 #define KILN_CG_LLVM_H
@@ -9,6 +11,7 @@
 #include <llvm-c/Target.h>
 #include <llvm-c/TargetMachine.h>
 
+#include "codegen/backend.h"
 #include "codegen/codegen.h"
 
 /* ---- target.c ----------------------------------------------------------- */
@@ -29,7 +32,7 @@ kiln_status cg_target_init(cg_target *t, const char *cpu, const char *features,
                            kiln_error *err);
 void cg_target_free(cg_target *t);
 
-/* ---- llvm.c ------------------------------------------------------------- */
+/* ---- llvm.c: kernel emission --------------------------------------------- */
 
 typedef struct cg_llvm {
 	LLVMContextRef ctx;
@@ -52,26 +55,36 @@ LLVMValueRef cg_llvm_runtime_fn(cg_llvm *L, const char *name, LLVMTypeRef ty);
  * numel/io_dims functions and the rt_model_desc; see emit.c for the rest. */
 kiln_status cg_llvm_kernels(cg_llvm *L, kiln_error *err);
 
-/* A training library (kiln_compile_train): the state table and the step
- * program's contract, for cg_llvm_train. */
-typedef struct cg_train_info {
-	int nstate;
-	const char *const *state_name;     /* PyTorch names */
-	const kiln_tensor *const *state_init;
-	const int *next;                   /* per step output: state index (-1: loss) */
-	int lr, t, apply;                  /* step input positions (apply: -1 none) */
-	int accum;                         /* micro-batches per optimizer step */
-	int micro;                         /* step input "__micro__" (i64: micro-batches
-	                                      so far, Dropout's reseeding), -1 none */
-} cg_train_info;
+/* Constants and declarations shared by kernel emission (llvm.c) and the
+ * library around it (llvm_lib.c). */
+LLVMValueRef cg_llvm_i64(const cg_llvm *L, int64_t v);
+LLVMValueRef cg_llvm_i32(const cg_llvm *L, int64_t v);
+LLVMTypeRef cg_llvm_mem_type(const cg_llvm *L, kiln_dtype dt); /* an element in memory */
+LLVMValueRef cg_llvm_fn(cg_llvm *L, const char *name, LLVMTypeRef ty, bool internal);
+LLVMValueRef cg_llvm_cstr(cg_llvm *L, const char *s);         /* a private C string (llvm_lib.c) */
 
-/* Emits L->m (the step program, STATE buffers indexed into ti's table) and
- * eval (its eval program) into one module: both rt_model_descs over one
- * state table, `kiln_train_desc`, `kiln_model_desc` (the eval program) and
- * the entry points <name>_create/_train_step/_eval_step/_save/_load/_steps/
- * _set_threads/_errmsg/_destroy over runtime/model_train.c. */
-kiln_status cg_llvm_train(cg_llvm *L, const cg_module *eval, const cg_train_info *ti,
+/* Every kernel of L->m as `void <kernel name>(rt_exec *)`, into fns[k]. */
+kiln_status cg_llvm_emit_kernels(cg_llvm *L, LLVMValueRef *fns, kiln_error *err);
+
+/* L->m's numel(sym, out) and io_dims(sym, out) functions: each buffer's
+ * element count, each I/O dim, from their kernel-IR expressions. */
+kiln_status cg_llvm_sizes(cg_llvm *L, LLVMValueRef *numel, LLVMValueRef *io_dims,
                           kiln_error *err);
+
+/* ---- llvm_lib.c ------------------------------------------------------------ */
+
+/* The library around lib's kernels (fns[0]: lib->m's, fns[1]: lib->eval's):
+ * the numel/io_dims functions and rt_model_desc of each program, and the
+ * entry points: <name>_create/_run/_destroy/_set_threads/_errmsg over
+ * runtime/model.c, or for training both rt_model_descs over one state
+ * table, `kiln_train_desc`, `kiln_model_desc` (the eval program) and
+ * <name>_create/_train_step/_eval_step/_save/_load/_steps/_set_threads/
+ * _errmsg/_destroy over runtime/model_train.c. */
+kiln_status cg_llvm_library(cg_llvm *L, const cg_library *lib, LLVMValueRef *const *fns,
+                            kiln_error *err);
+
+/* backend.h's supports(): every GEMM f32 */
+bool cg_llvm_supports(const cg_module *m, const cg_kernel *k, char *why, size_t size);
 
 /* ---- llvm_gemm.c -------------------------------------------------------- */
 
@@ -89,22 +102,5 @@ kiln_status cg_llvm_train(cg_llvm *L, const cg_module *eval, const cg_train_info
 LLVMValueRef cg_llvm_sgemm(cg_llvm *L);
 /* floats of packing scratch kiln_sgemm needs per thread */
 uint64_t cg_sgemm_scratch_floats(const cg_target *t);
-
-/* ---- emit.c ------------------------------------------------------------- */
-
-/* The back half of kiln_compile (driver/compile.c): a lowered, memory-planned module to
- * out_path (o->emit as there; the .so gets its header), entry points
- * prefixed with name.  Tests feed it hand-built modules. */
-kiln_status cg_emit(const cg_module *m, const char *out_path, const kiln_compile_opts *o,
-                    const char *name, kiln_error *err);
-/* The back half of kiln_compile_train: step program m (STATE buffers
- * indexed into ti's table) and eval into one .so at out_path, with its
- * header. */
-kiln_status cg_emit_train(const cg_module *m, const cg_module *eval, const cg_train_info *ti,
-                          const char *out_path, const kiln_compile_opts *o, const char *name,
-                          kiln_error *err);
-/* A C identifier from s: other characters become '_', a leading digit gets
- * one before it; "model" when s is empty. */
-void cg_c_name(char *out, size_t size, const char *s);
 
 #endif /* KILN_CG_LLVM_H */

@@ -12,7 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "codegen/llvm.h"
+#include "codegen/backend.h"
 #include "codegen/lower.h"
 #include "passes/passes.h"
 
@@ -78,7 +78,7 @@ KILN_API kiln_status kiln_compile(const kiln_graph *g, const char *out_path,
 	cg_module *m = NULL;
 	st = to_kernels(g, &o, &gc, &m, err);
 	if (st == KILN_OK)
-		st = cg_emit(m, out_path, &o, name, err);
+		st = cg_emit(cg_backend_find("llvm"), m, out_path, &o, name, err);
 	cg_module_free(m);
 	kiln_graph_free(gc);
 	return st;
@@ -304,7 +304,7 @@ KILN_API kiln_status kiln_compile_train(const kiln_graph *model, const kiln_grap
 	if (st == KILN_OK)
 		st = step_contract(&tb, gs, ms, t, err);
 	if (st == KILN_OK)
-		st = cg_emit_train(ms, me, &tb.ti, out_path, &o, name, err);
+		st = cg_emit_train(cg_backend_find("llvm"), ms, me, &tb.ti, out_path, &o, name, err);
 	cg_module_free(ms), cg_module_free(me);
 	kiln_graph_free(gs), kiln_graph_free(ge);
 	train_build_free(&tb);

@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "check_main.h"
+#include "codegen/backend.h"
 #include "codegen/llvm.h"
 #include "kiln/kiln.h"
 #include "runtime/model.h"
@@ -202,7 +203,7 @@ static float *run_unary(cg_unop op, const float *xs, int64_t n, const char *name
 	char so[512];
 	kiln_error e = {0};
 	kiln_compile_opts o = {0};
-	kiln_status st = cg_emit(m, path_of(so, name, ".so"), &o, name, &e);
+	kiln_status st = cg_emit(NULL, m, path_of(so, name, ".so"), &o, name, &e);
 	ck_assert_msg(st == KILN_OK, "%s", e.msg);
 	cg_module_free(m);
 	lib l = open_lib(so);
@@ -283,7 +284,7 @@ START_TEST(exp_kernel_vectorizes_to_zmm_on_avx512_host)
 	char s[512];
 	kiln_compile_opts o = {.emit = "asm"};
 	kiln_error e = {0};
-	ck_assert_int_eq(cg_emit(m, path_of(s, "vec", ".s"), &o, "vec", &e), KILN_OK);
+	ck_assert_int_eq(cg_emit(NULL, m, path_of(s, "vec", ".s"), &o, "vec", &e), KILN_OK);
 	cg_module_free(m);
 	char *text = slurp(s);
 	ck_assert_msg(strstr(text, avx512 ? "zmm" : "xmm"), "no vector registers in exp kernel");
@@ -315,7 +316,7 @@ static char *exp_kernel_asm(const char *cpu, const char *features)
 	char s[512];
 	kiln_compile_opts o = {.emit = "asm", .cpu = cpu, .features = features};
 	kiln_error e = {0};
-	ck_assert_msg(cg_emit(m, path_of(s, "vecx", ".s"), &o, "vecx", &e) == KILN_OK, "%s: %s",
+	ck_assert_msg(cg_emit(NULL, m, path_of(s, "vecx", ".s"), &o, "vecx", &e) == KILN_OK, "%s: %s",
 	              cpu, e.msg);
 	cg_module_free(m);
 	char *text = slurp(s);
@@ -447,13 +448,13 @@ static void check_par(bool capture)
 	char so[512], ll[512];
 	kiln_error e = {0};
 	kiln_compile_opts o = {.emit = "ll"};
-	ck_assert_msg(cg_emit(m, path_of(ll, "par", ".ll"), &o, "par", &e) == KILN_OK, "%s", e.msg);
+	ck_assert_msg(cg_emit(NULL, m, path_of(ll, "par", ".ll"), &o, "par", &e) == KILN_OK, "%s", e.msg);
 	char *text = slurp(ll);
 	ck_assert_int_eq(strstr(text, "@k0_unary.par0") != NULL, !capture);
 	ck_assert_int_eq(strstr(text, "@rt_parallel_for") != NULL, !capture);
 	free(text);
 	o.emit = NULL;
-	ck_assert_msg(cg_emit(m, path_of(so, "par", ".so"), &o, "par", &e) == KILN_OK, "%s", e.msg);
+	ck_assert_msg(cg_emit(NULL, m, path_of(so, "par", ".so"), &o, "par", &e) == KILN_OK, "%s", e.msg);
 	cg_module_free(m);
 	float *x = malloc(R * C * sizeof *x), *y = calloc(R * C, sizeof *y);
 	for (int i = 0; i < R * C; i++)
@@ -778,9 +779,48 @@ START_TEST(malformed_kernel_ir_is_an_error_not_a_crash)
 	char p[512];
 	kiln_error e = {0};
 	kiln_compile_opts o = {.emit = "ll"};
-	ck_assert_int_eq(cg_emit(m, path_of(p, "bad", ".ll"), &o, "bad", &e), KILN_EINVAL);
+	ck_assert_int_eq(cg_emit(NULL, m, path_of(p, "bad", ".ll"), &o, "bad", &e), KILN_EINVAL);
 	ck_assert_ptr_nonnull(strstr(e.msg, "kernel 'k1_bad'"));
 	ck_assert_ptr_nonnull(strstr(e.msg, "outside the loop"));
+	ck_assert_int_ne(access(p, F_OK), 0);
+	cg_module_free(m);
+}
+END_TEST
+
+/* A kernel the backend cannot take fails the compile naming the backend,
+ * the kernel and what it cannot take, before anything is written. */
+START_TEST(unsupported_kernel_names_backend_and_kernel)
+{
+	ck_assert_ptr_nonnull(cg_backend_find("llvm"));
+	ck_assert_ptr_eq(cg_backend_find(NULL), cg_backend_find("llvm"));
+	ck_assert_ptr_null(cg_backend_find("no-such-backend"));
+	cg_module *m = cg_module_new(NULL);
+	int a = cg_buf_new(m, CG_BUF_INPUT, KILN_I8, cg_int(m, 4));
+	int b = cg_buf_new(m, CG_BUF_CONST, KILN_I8, cg_int(m, 4));
+	int c = cg_buf_new(m, CG_BUF_OUTPUT, KILN_I32, cg_int(m, 4));
+	m->buf[a].type = (ir_type){KILN_I8, 2, {2, 2}};
+	m->buf[b].type = (ir_type){KILN_I8, 2, {2, 2}};
+	m->buf[c].type = (ir_type){KILN_I32, 2, {2, 2}};
+	m->inputs = malloc(sizeof(int));
+	m->outputs = malloc(sizeof(int));
+	m->inputs[0] = a;
+	m->outputs[0] = c;
+	m->ninputs = m->noutputs = 1;
+	cg_kernel *k = cg_kernel_new(m, "k0_qgemm", 0);
+	cg_gemm g = {.a = a, .b = b, .c = c, .bias = -1, .M = cg_int(m, 2), .N = cg_int(m, 2),
+	             .K = cg_int(m, 2), .batch = cg_int(m, 1), .a_rs = cg_int(m, 2),
+	             .a_cs = cg_int(m, 1), .b_rs = cg_int(m, 2), .b_cs = cg_int(m, 1),
+	             .c_rs = cg_int(m, 2), .alpha = 1};
+	cg_stmt *s = cg_gemm_stmt(m, &g);
+	ck_assert_ptr_nonnull(s);
+	cg_append(m, k->body, s);
+	char p[512];
+	kiln_error e = {0};
+	kiln_compile_opts o = {.emit = "ll"};
+	ck_assert_int_eq(cg_emit(NULL, m, path_of(p, "qgemm", ".ll"), &o, "qgemm", &e),
+	                 KILN_EUNSUPPORTED);
+	ck_assert_msg(strstr(e.msg, "backend 'llvm' cannot take kernel 'k0_qgemm'") &&
+	              strstr(e.msg, "i8"), "%s", e.msg);
 	ck_assert_int_ne(access(p, F_OK), 0);
 	cg_module_free(m);
 }
@@ -827,6 +867,7 @@ static Suite *codegen_suite(void)
 	tcase_add_checked_fixture(tc, setup, teardown);
 	tcase_add_test(tc, bad_cpu_feature_or_stage_is_an_error);
 	tcase_add_test(tc, malformed_kernel_ir_is_an_error_not_a_crash);
+	tcase_add_test(tc, unsupported_kernel_names_backend_and_kernel);
 	suite_add_tcase(s, tc);
 	return s;
 }
