@@ -19,6 +19,7 @@
 #ifndef KILN_CODEGEN_H
 #define KILN_CODEGEN_H
 
+#include <stdbool.h>
 #include <stdio.h>
 
 #include "ir/ir.h"
@@ -85,9 +86,41 @@ enum {
 	CG_REDUCE = 1 << 3,    /* carries a reduction in a local (reassociable) */
 };
 
-/* C[b] = alpha * A[b] x B[b] + beta * C[b] (+ bias) (then act), for b in
- * [0, batch).  Element (m,k) of A[b] is A[a_off + b*a_bs + m*a_rs + k*a_cs];
- * B, C likewise, so transposes are just strides.  f32 only for now. */
+/* The activation a GEMM's epilogue applies (data, not code: a backend
+ * maps each to its own instructions). */
+typedef enum cg_act {
+	CG_ACT_NONE = 0,
+	CG_ACT_RELU = 1,  /* max(x, 0), NaN kept */
+	CG_ACT_CLIP = 2,  /* min(max(x, act_lo), act_hi) */
+	CG_ACT_COUNT
+} cg_act;
+
+/* Where a per-row, per-column or per-tensor epilogue operand lives. */
+enum {
+	CG_AXIS_NONE = 0, /* not present */
+	CG_AXIS_COL = 1,  /* v[off + n] */
+	CG_AXIS_ROW = 2,  /* v[off + m] */
+	CG_AXIS_ALL = 3,  /* v[off]: one value for the whole product */
+};
+
+typedef struct cg_gemm_vec {
+	int buf;
+	cg_expr *off;
+	int axis;                     /* CG_AXIS_*; NONE: absent (buf unused) */
+} cg_gemm_vec;
+
+/* C[b] = epilogue(alpha * A[b] x B[b] + beta * C[b]), for b in [0, batch).
+ * Element (m,k) of A[b] is A[a_off + b*a_bs + m*a_rs + k*a_cs]; B, C
+ * likewise, so transposes are just strides.
+ *
+ * Types: a_dt, b_dt, c_dt are the element types of A, B, C and acc_dt the
+ * type products are summed in; cg_gemm_stmt fills any left 0 (invalid)
+ * from the buffers, acc_dt from C.  The epilogue, in this order, on each
+ * accumulated element (for int8: acc = sum (A - a_zero)(B - b_zero)):
+ * multiplied by scale (requantization), plus bias, then act, plus
+ * residual (R[res_off + b*c_bs + m*res_rs + n]), plus c_zero, converted
+ * to c_dt.  Which of these a backend implements is its supports()'s
+ * answer; today's lowering makes f32 products with bias and relu only. */
 typedef struct cg_gemm {
 	int a, b, c, bias;            /* buffers; bias -1 when none */
 	cg_expr *M, *N, *K, *batch;
@@ -97,8 +130,19 @@ typedef struct cg_gemm {
 	cg_expr *bias_off;
 	double alpha, beta;
 	int bias_axis;                /* 0: none, 1: bias[n] per column, 2: bias[m] per row */
-	int act;                      /* 0: none, 1: relu (fused epilogue) */
+	cg_act act;                   /* fused activation */
+	double act_lo, act_hi;        /* CG_ACT_CLIP's bounds */
+	kiln_dtype a_dt, b_dt, c_dt, acc_dt;
+	cg_gemm_vec scale;            /* requantization scale (f32) */
+	cg_gemm_vec a_zero, b_zero, c_zero; /* zero points */
+	bool has_residual;            /* residual: a buffer added after act */
+	int residual;
+	cg_expr *res_off, *res_rs;
 } cg_gemm;
+
+/* Whether g is a plain GEMM: every type f32, no scale, zero points or
+ * residual, act none or relu (what the lowering makes today). */
+bool cg_gemm_is_f32(const cg_gemm *g);
 
 typedef struct cg_stmt cg_stmt;
 struct cg_stmt {

@@ -400,8 +400,23 @@ cg_stmt *cg_gemm_stmt(cg_module *m, const cg_gemm *gm)
 	if (!g || !s || !gm->M || !gm->N || !gm->K || !gm->batch)
 		return NULL;
 	*g = *gm;
+	kiln_dtype *dt[3] = {&g->a_dt, &g->b_dt, &g->c_dt};
+	int bufs[3] = {g->a, g->b, g->c};
+	for (int i = 0; i < 3; i++)
+		if (*dt[i] == KILN_DT_INVALID && bufs[i] >= 0 && bufs[i] < m->nbuf)
+			*dt[i] = m->buf[bufs[i]].dt;
+	if (g->acc_dt == KILN_DT_INVALID)
+		g->acc_dt = g->c_dt;
 	s->gemm = g;
 	return s;
+}
+
+bool cg_gemm_is_f32(const cg_gemm *g)
+{
+	return g->a_dt == KILN_F32 && g->b_dt == KILN_F32 && g->c_dt == KILN_F32 &&
+	       g->acc_dt == KILN_F32 && !g->scale.axis && !g->a_zero.axis && !g->b_zero.axis &&
+	       !g->c_zero.axis && !g->has_residual &&
+	       (g->act == CG_ACT_NONE || g->act == CG_ACT_RELU);
 }
 
 cg_stmt *cg_check(cg_module *m, const char *what, cg_expr *value, cg_expr *lo, cg_expr *hi)
@@ -584,8 +599,36 @@ static void pgemm(const printer *p, const cg_gemm *g)
 		pexpr(p, g->bias_off, 0);
 		fprintf(p->out, "] per %s", g->bias_axis == 1 ? "column" : "row");
 	}
-	if (g->act)
+	if (g->act == CG_ACT_RELU)
 		fputs(" relu", p->out);
+	else if (g->act == CG_ACT_CLIP)
+		fprintf(p->out, " clip(%g, %g)", g->act_lo, g->act_hi);
+	/* types and the int8 epilogue only where they differ from a plain f32
+	 * GEMM, so today's dumps read as before */
+	if (g->a_dt != KILN_F32 || g->b_dt != KILN_F32 || g->c_dt != KILN_F32 ||
+	    g->acc_dt != KILN_F32)
+		fprintf(p->out, " types=%s*%s->%s acc=%s", kiln_dtype_name(g->a_dt),
+		        kiln_dtype_name(g->b_dt), kiln_dtype_name(g->c_dt), kiln_dtype_name(g->acc_dt));
+	const struct {
+		const char *name;
+		const cg_gemm_vec *v;
+	} ev[] = {{"scale", &g->scale}, {"a_zero", &g->a_zero}, {"b_zero", &g->b_zero},
+	          {"c_zero", &g->c_zero}};
+	static const char *const axis[] = {"", "column", "row", "all"};
+	for (size_t i = 0; i < sizeof ev / sizeof ev[0]; i++) {
+		if (!ev[i].v->axis || ev[i].v->axis > CG_AXIS_ALL)
+			continue;
+		fprintf(p->out, " %s=buf%d[", ev[i].name, ev[i].v->buf);
+		pexpr(p, ev[i].v->off, 0);
+		fprintf(p->out, "] per %s", axis[ev[i].v->axis]);
+	}
+	if (g->has_residual) {
+		fprintf(p->out, " residual=buf%d[", g->residual);
+		pexpr(p, g->res_off, 0);
+		fputs("; ", p->out);
+		pexpr(p, g->res_rs, 0);
+		fputc(']', p->out);
+	}
 }
 
 static void pstmt(const printer *p, const cg_stmt *s, int depth)

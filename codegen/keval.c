@@ -277,6 +277,11 @@ static void gemm(ev *e, const cg_gemm *g)
 	int64_t bo = ix(e, g->b_off), bbs = ix(e, g->b_bs), brs = ix(e, g->b_rs), bcs = ix(e, g->b_cs);
 	int64_t co = ix(e, g->c_off), cbs = ix(e, g->c_bs), crs = ix(e, g->c_rs);
 	int64_t bias_off = ix(e, g->bias_off);
+	if (g->scale.axis || g->a_zero.axis || g->b_zero.axis || g->c_zero.axis ||
+	    g->has_residual || g->act > CG_ACT_RELU) {
+		fail(e, KILN_EUNSUPPORTED, "gemm epilogue beyond bias and relu", 0, 0);
+		return;
+	}
 	for (int64_t b = 0; b < B && !e->st; b++)
 		for (int64_t i = 0; i < M && !e->st; i++)
 			for (int64_t j = 0; j < N && !e->st; j++) {
@@ -299,7 +304,7 @@ static void gemm(ev *e, const cg_gemm *g)
 						return;
 					acc += ir_load(&e->view[g->bias], bi);
 				}
-				if (g->act == 1 && !(acc > 0) && !isnan(acc))
+				if (g->act == CG_ACT_RELU && !(acc > 0) && !isnan(acc))
 					acc = 0;
 				ir_store(&e->view[g->c], ci, acc);
 			}

@@ -1727,6 +1727,16 @@ static bool gemm_ok(const cg_module *m, const cg_gemm *g, char *why, size_t size
 			return false;
 		}
 	}
+	if (!cg_gemm_is_f32(g)) {
+		snprintf(why, size, "GEMM %s*%s->%s accumulating in %s%s%s%s%s%s (it has f32 GEMMs "
+		         "with bias and relu only)", kiln_dtype_name(g->a_dt), kiln_dtype_name(g->b_dt),
+		         kiln_dtype_name(g->c_dt), kiln_dtype_name(g->acc_dt),
+		         g->scale.axis ? ", scale" : "",
+		         g->a_zero.axis || g->b_zero.axis || g->c_zero.axis ? ", zero points" : "",
+		         g->act == CG_ACT_CLIP ? ", clip" : "", g->has_residual ? ", residual" : "",
+		         g->act >= CG_ACT_COUNT ? ", an unknown activation" : "");
+		return false;
+	}
 	return true;
 }
 

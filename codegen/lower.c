@@ -1192,7 +1192,7 @@ static bool fuse_relu(lowering *L, const ir_node *n)
 	cg_gemm *gm = gemm_result(L, n->in[0], &root);
 	if (!gm || gm->act || !view_of(L, n, root))
 		return false;
-	gm->act = 1;
+	gm->act = CG_ACT_RELU;
 	return true;
 }
 

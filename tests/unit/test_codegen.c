@@ -810,9 +810,11 @@ START_TEST(unsupported_kernel_names_backend_and_kernel)
 	cg_gemm g = {.a = a, .b = b, .c = c, .bias = -1, .M = cg_int(m, 2), .N = cg_int(m, 2),
 	             .K = cg_int(m, 2), .batch = cg_int(m, 1), .a_rs = cg_int(m, 2),
 	             .a_cs = cg_int(m, 1), .b_rs = cg_int(m, 2), .b_cs = cg_int(m, 1),
-	             .c_rs = cg_int(m, 2), .alpha = 1};
+	             .c_rs = cg_int(m, 2), .alpha = 1, .acc_dt = KILN_I32};
 	cg_stmt *s = cg_gemm_stmt(m, &g);
 	ck_assert_ptr_nonnull(s);
+	ck_assert_int_eq(s->gemm->a_dt, KILN_I8);
+	ck_assert_int_eq(s->gemm->c_dt, KILN_I32);
 	cg_append(m, k->body, s);
 	char p[512];
 	kiln_error e = {0};
