@@ -717,9 +717,9 @@ START_TEST(emit_stages_write_their_formats)
 	kiln_graph *g = small_graph();
 	char *kir = emit(g, "kir", ".kir"), *ll = emit(g, "ll", ".ll");
 	char *as = emit(g, "asm", ".s"), *obj = emit(g, "obj", ".o");
-	ck_assert_ptr_nonnull(strstr(kir, "for "));
-	ck_assert_ptr_nonnull(strstr(ll, "@kiln_model_desc = alias"));
-	ck_assert_ptr_nonnull(strstr(ll, "define i32 @small_run(i8* %0, i64 %1"));
+	/* what each stage holds is checked by FileCheck (tests/kir/codegen) */
+	ck_assert_mem_eq(kir, "module ", 7);
+	ck_assert_mem_eq(ll, "; ModuleID", 10);
 	ck_assert_ptr_nonnull(strstr(as, "small_create:"));
 	ck_assert_mem_eq(obj, "\177ELF", 4);
 	free(kir);

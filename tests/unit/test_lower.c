@@ -105,48 +105,8 @@ START_TEST(same_shape_add_is_one_flat_vectorized_loop)
 	                  input(g, "b", KILN_F32, 2, (int64_t[]){N, 16})};
 	ir_output_add(g, op1(g, KILN_OP_ADD, 2, ab, ""), "y");
 	cg_module *m = lower(g);
-	char *text = dump(m);
+	/* its printed loop: tests/kir/codegen/add.kir */
 	ck_assert_int_eq(m->nkern, 1);
-	ck_assert_int_eq(count(text, "for "), 1);
-	ck_assert_msg(strstr(text, "for %i0 in 0..N*16 [vectorize] {"), "%s", text);
-	ck_assert_msg(strstr(text, "buf2[%i0] = buf0[%i0] + buf1[%i0]"), "%s", text);
-	ck_assert_msg(strstr(text, "buf2 output f32[N,16] numel=N*16 io=0 \"y\""), "%s", text);
-	free(text);
-	cg_module_free(m);
-	kiln_graph_free(g);
-}
-END_TEST
-
-START_TEST(bias_add_over_channels_groups_the_pixels)
-{
-	kiln_graph *g = kiln_graph_new("bias");
-	uint32_t ab[2] = {input(g, "x", KILN_F32, 4, (int64_t[]){kiln_sym(g, "N"), 64, 32, 32}),
-	                  input(g, "b", KILN_F32, 3, (int64_t[]){64, 1, 1})};
-	ir_output_add(g, op1(g, KILN_OP_ADD, 2, ab, ""), "y");
-	cg_module *m = lower(g);
-	char *text = dump(m);
-	/* [N] [64] [32*32]: three loops, the big one parallel, the pixels contiguous */
-	ck_assert_int_eq(count(text, "for "), 3);
-	ck_assert_msg(strstr(text, "for %i0 in 0..N [parallel] {"), "%s", text);
-	ck_assert_msg(strstr(text, "for %i2 in 0..1024 [vectorize] {"), "%s", text);
-	ck_assert_msg(strstr(text, "buf1[%i1]"), "%s", text);
-	free(text);
-	cg_module_free(m);
-	kiln_graph_free(g);
-}
-END_TEST
-
-START_TEST(softmax_reduces_in_locals_along_the_contiguous_axis)
-{
-	kiln_graph *g = kiln_graph_new("sm");
-	uint32_t x = input(g, "x", KILN_F32, 2, (int64_t[]){kiln_sym(g, "N"), 10});
-	ir_output_add(g, op1(g, KILN_OP_SOFTMAX, 1, &x, ""), "y");
-	cg_module *m = lower(g);
-	char *text = dump(m);
-	ck_assert_int_eq(count(text, "[vectorize, reduce]"), 2);
-	ck_assert_msg(strstr(text, "%t1: f32 = max(%t1, buf0[%i0*10 + %i2])"), "%s", text);
-	ck_assert_msg(strstr(text, "exp(buf0[%i0*10 + %i4] - %t1)"), "%s", text);
-	free(text);
 	cg_module_free(m);
 	kiln_graph_free(g);
 }
@@ -159,12 +119,7 @@ START_TEST(matmul_lowers_to_one_gemm_with_the_batch_folded)
 	uint32_t ab[2] = {input(g, "a", KILN_F32, 3, (int64_t[]){B, 5, 8}),
 	                  input(g, "w", KILN_F32, 2, (int64_t[]){8, 3})};
 	ir_output_add(g, op1(g, KILN_OP_MATMUL, 2, ab, ""), "y");
-	cg_module *m = lower(g);
-	char *text = dump(m);
-	ck_assert_msg(strstr(text, "gemm M=5*B N=3 K=8 batch=1 A=buf0[0; 0, 8, 1] B=buf1[0; 0, 3, 1]"),
-	              "%s", text);
-	ck_assert_int_eq(count(text, "for "), 0);
-	free(text);
+	cg_module *m = lower(g); /* its printed GEMM: tests/kir/codegen/matmul.kir */
 	int64_t shape[3] = {3, 5, 8};
 	kiln_tensor *in[2] = {ramp(KILN_F32, 3, shape), ramp(KILN_F32, 2, (int64_t[]){8, 3})};
 	compare(g, in, 2, 1, 1e-5, "matmul folded");
@@ -183,10 +138,7 @@ START_TEST(broadcast_batch_matmul_uses_stride_zero)
 	kiln_tensor *in[2] = {ramp(KILN_F32, 4, (int64_t[]){2, 1, 4, 3}),
 	                      ramp(KILN_F32, 3, (int64_t[]){5, 3, 2})};
 	compare(g, in, 2, 1, 1e-5, "broadcast matmul");
-	cg_module *m = lower(g);
-	char *text = dump(m);
-	ck_assert_msg(strstr(text, "batch=5 A=buf0[%i0*12; 0, 3, 1] B=buf1[0; 6, 2, 1]"), "%s", text);
-	free(text);
+	cg_module *m = lower(g); /* its strides: tests/kir/codegen/batch_matmul.kir */
 	cg_module_free(m);
 	kiln_tensor_free(in[0]), kiln_tensor_free(in[1]);
 	kiln_graph_free(g);
@@ -200,12 +152,8 @@ START_TEST(gemm_vector_c_becomes_a_column_bias)
 	                   input(g, "b", KILN_F32, 2, (int64_t[]){4, 6}),
 	                   input(g, "c", KILN_F32, 1, (int64_t[]){4})};
 	ir_output_add(g, op1(g, KILN_OP_GEMM, 3, abc, "transB=1"), "y");
-	cg_module *m = lower(g);
-	char *text = dump(m);
+	cg_module *m = lower(g); /* its epilogue: tests/kir/codegen/gemm_epilogue.kir */
 	ck_assert_int_eq(m->nkern, 1);
-	ck_assert_msg(strstr(text, "B=buf1[0; 0, 1, 6]"), "%s", text);
-	ck_assert_msg(strstr(text, "bias=buf2[0] per column"), "%s", text);
-	free(text);
 	kiln_tensor *in[3] = {ramp(KILN_F32, 2, (int64_t[]){3, 6}), ramp(KILN_F32, 2, (int64_t[]){4, 6}),
 	                      ramp(KILN_F32, 1, (int64_t[]){4})};
 	compare(g, in, 3, 1, 1e-5, "gemm bias");
@@ -225,12 +173,9 @@ START_TEST(relu_after_gemm_fuses_into_its_epilogue)
 	kiln_output(g, "y", kiln_relu(g, kiln_linear(g, "fc2", h, 4, true)));
 	ck_assert_msg(kiln_graph_status(g) == KILN_OK, "%s", kiln_graph_errmsg(g));
 	cg_module *m = lower(g);
-	char *text = dump(m);
-	/* fc1's relu is fused; fc2's result is a graph output, so its relu is not */
+	/* fc1's relu is fused; fc2's result is a graph output, so its relu is
+	 * not (the printed epilogues: tests/kir/codegen/gemm_epilogue.kir) */
 	ck_assert_int_eq(m->nkern, 3);
-	ck_assert_int_eq(count(text, "per column relu"), 1);
-	ck_assert_int_eq(count(text, "_relu"), 1);
-	free(text);
 	kiln_tensor *in = ramp(KILN_F32, 2, (int64_t[]){3, 12});
 	compare(g, &in, 1, 1, 1e-5, "fused relu");
 	kiln_tensor_free(in);
@@ -245,11 +190,8 @@ START_TEST(pointwise_conv_is_a_gemm_without_im2col)
 	uint32_t xw[2] = {input(g, "x", KILN_F32, 4, (int64_t[]){kiln_sym(g, "N"), 3, 4, 5}),
 	                  input(g, "w", KILN_F32, 4, (int64_t[]){6, 3, 1, 1})};
 	ir_output_add(g, op1(g, KILN_OP_CONV, 2, xw, ""), "y");
-	cg_module *m = lower(g);
-	char *text = dump(m);
+	cg_module *m = lower(g); /* its GEMM: tests/kir/codegen/conv1x1.kir */
 	ck_assert_int_eq(m->nbuf, 3); /* no im2col scratch */
-	ck_assert_msg(strstr(text, "gemm M=6 N=20 K=3 batch=N"), "%s", text);
-	free(text);
 	kiln_tensor *in[2] = {ramp(KILN_F32, 4, (int64_t[]){2, 3, 4, 5}),
 	                      ramp(KILN_F32, 4, (int64_t[]){6, 3, 1, 1})};
 	compare(g, in, 2, 1, 1e-5, "pointwise conv");
@@ -556,8 +498,6 @@ static Suite *lower_suite(void)
 	suite_add_tcase(s, tc);
 	tc = tcase_create("loops");
 	tcase_add_test(tc, same_shape_add_is_one_flat_vectorized_loop);
-	tcase_add_test(tc, bias_add_over_channels_groups_the_pixels);
-	tcase_add_test(tc, softmax_reduces_in_locals_along_the_contiguous_axis);
 	tcase_add_test(tc, matmul_lowers_to_one_gemm_with_the_batch_folded);
 	tcase_add_test(tc, broadcast_batch_matmul_uses_stride_zero);
 	tcase_add_test(tc, gemm_vector_c_becomes_a_column_bias);
