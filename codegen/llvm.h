@@ -1,6 +1,6 @@
 /*
- * llvm.h: shared state of the LLVM backend (llvm.c, llvm_gemm.c, target.c,
- * llvm_emit.c), which sits behind backend.h's cg_llvm_backend; only these
+ * llvm.h: shared state of the LLVM backend (llvm.c, llvm_lib.c, llvm_gemm.c,
+ * target.c, llvm_emit.c), which sits behind backend.h's cg_llvm_backend; only these
  * files include LLVM-C headers, and nothing outside the backend includes
  * this one (the driver uses backend.h).
  */
@@ -50,10 +50,6 @@ typedef struct cg_llvm {
 /* A runtime function (rt_*), declared once with hidden visibility: it is
  * linked into the same library, so calls to it are direct. */
 LLVMValueRef cg_llvm_runtime_fn(cg_llvm *L, const char *name, LLVMTypeRef ty);
-
-/* Emits every kernel of m as `void <kernel name>(rt_exec *)` plus the
- * numel/io_dims functions and the rt_model_desc; see emit.c for the rest. */
-kiln_status cg_llvm_kernels(cg_llvm *L, kiln_error *err);
 
 /* Constants and declarations shared by kernel emission (llvm.c) and the
  * library around it (llvm_lib.c). */
