@@ -1,7 +1,7 @@
 /*
- * codegen.h: the kernel IR and the backends that read it; private to the
- * library, one section per file (kernel.c, lower*.c, keval.c, llvm*.c,
- * memplan.c, emit.c).
+ * codegen.h: the kernel IR, its lowering, evaluation and memory plan;
+ * private to the library, one section per file (kernel.c, lower*.c,
+ * keval.c, memplan.c).  The backends that read it sit behind backend.h.
  *
  * A cg_module is what a graph becomes before any backend sees it: a list of
  * buffers (inputs, outputs, weights, planned scratch) and an ordered list of

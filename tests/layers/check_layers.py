@@ -33,6 +33,10 @@ folder.
     declared by include/kiln/kiln.h or driver/driver.h: a call to any other
     (ir_*, pass_*, rt_*...) fails even though its folder is below.
 
+(c) A backend (BACKEND) calls nothing of ir/ but BACKEND_MAY_CALL_IR, so
+    it reads the cg_module only, and no file outside it includes its
+    header codegen/llvm.h.
+
 Exit status 0 when the layering holds, 1 with one line per violation when
 not, 2 when the build has no objects to read.  Besides the floors, a few
 pairs of files inside one folder must call one way only (ONE_WAY).
@@ -64,6 +68,15 @@ DRIVER_H_MAY_INCLUDE = {"kiln/kiln.h"}
 # (the ONNX node walk calls the per-op table, never the reverse; both share
 # onnx_node.c)
 ONE_WAY = [("frontend/onnx/onnx_ops.c", "frontend/onnx/onnx_import.c")]
+# A backend reads only the cg_module it is given, never the graph
+# (codegen/backend.h): from ir/ its files may call only these (dtypes,
+# errors, tensor sizes); and only codegen/'s backend files include its
+# private header.
+BACKEND = ["codegen/llvm.c", "codegen/llvm_lib.c", "codegen/llvm_emit.c",
+           "codegen/llvm_gemm.c", "codegen/target.c", "codegen/emit.c"]
+BACKEND_MAY_CALL_IR = {"ir_seterr", "kiln_dtype_name", "kiln_dtype_size",
+                       "kiln_dtype_is_float", "kiln_tensor_nbytes"}
+BACKEND_HEADER = "codegen/llvm.h"
 
 
 def may_use(user, used):
@@ -110,6 +123,11 @@ def check_includes(src):
                                            "kiln/kiln.h, driver/driver.h and tools/'s own"
                                            % (rel, lineno, target))
                             continue
+                        if target == BACKEND_HEADER and rel not in BACKEND and \
+                                rel != BACKEND_HEADER:
+                            bad.append("%s:%d: includes \"%s\", the LLVM backend's own "
+                                       "header: use codegen/backend.h"
+                                       % (rel, lineno, target))
                         if top is None or top not in FLOOR:
                             continue  # same-folder header, kiln/kiln.h, system
                         if not may_use(folder, top):
@@ -211,6 +229,13 @@ def check_calls(src, build):
                 bad.append("%s: calls %s, defined in %s (the calls run one way: %s -> %s)"
                            % (a, s, b, b, a))
     api = client_api(src)
+    for f in BACKEND:
+        if f not in by_src:
+            continue
+        for s in sorted(nm(by_src[f])[1]):
+            if where.get(s) == {"ir"} and s not in BACKEND_MAY_CALL_IR:
+                bad.append("%s: the backend calls %s of ir/ (a backend reads only its "
+                           "cg_module: codegen/backend.h)" % (f, s))
     for path, folder, undefined in uses:
         rel = os.path.relpath(path, build)
         for s in sorted(undefined):
