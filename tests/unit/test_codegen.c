@@ -17,6 +17,7 @@
 #include "check_main.h"
 #include "codegen/backend.h"
 #include "codegen/llvm.h"
+#include "codegen/lower.h"
 #include "kiln/kiln.h"
 #include "runtime/model.h"
 
@@ -689,6 +690,52 @@ START_TEST(typed_entry_points_run_and_reject_bad_calls)
 }
 END_TEST
 
+/* A backend reads the cg_module alone (codegen/backend.h): with the graph
+ * taken from a lowered module, the library still knows its symbol, its
+ * names and symbolic dims, and computes what the interpreter does. */
+START_TEST(backend_reads_the_module_not_the_graph)
+{
+	kiln_graph *g = example("mlp", example_mlp, 2, (int64_t[]){0, 784});
+	cg_module *m = NULL;
+	kiln_error e = {0};
+	ck_assert_msg(cg_lower_ex(g, &(cg_lower_opts){.fuse = true}, &m, &e) == KILN_OK, "%s",
+	              e.msg);
+	ck_assert_msg(cg_memplan(m, &e) == KILN_OK, "%s", e.msg);
+	ck_assert_int_eq(m->nsym, 1);
+	ck_assert_str_eq(m->symname[0], "N");
+	const cg_buf *x = &m->buf[m->inputs[0]];
+	ck_assert_int_eq(x->dim[0]->kind, CG_SIZE);
+	ck_assert_int_eq(cg_expr_int(x->dim[1], NULL), 784);
+	ck_assert_str_eq(x->type_text, "f32[N,784]");
+	m->g = NULL;
+	char so[512], h[512];
+	kiln_compile_opts o = {0};
+	ck_assert_msg(cg_emit(NULL, m, path_of(so, "nograph", ".so"), &o, "nograph", &e) == KILN_OK,
+	              "%s", e.msg);
+	cg_module_free(m);
+	char *hdr = slurp(path_of(h, "nograph", ".h"));
+	ck_assert_msg(strstr(hdr, "x: f32[N,784]") && strstr(hdr, "int64_t N"), "%s", hdr);
+	free(hdr);
+	lib l = open_lib(so);
+	ck_assert_int_eq(l.d->nsym, 1);
+	ck_assert_str_eq(l.d->sym_names[0], "N");
+	ck_assert_str_eq(l.d->inputs[0].name, "x");
+	ck_assert_int_eq(l.d->inputs[0].dim_kind[0], RT_DIM_SYM);
+	kiln_tensor *in = rand_f32(2, (int64_t[]){3, 784}, 0, 1), *ref[1];
+	ck_assert_int_eq(kiln_graph_run(g, &in, 1, ref, 1, NULL), KILN_OK);
+	float y[30];
+	ck_assert_int_eq(rt_model_run(l.m, (const int64_t[]){3}, (const void *const[]){in->data},
+	                              (void *const[]){y}), KILN_OK);
+	for (int i = 0; i < 30; i++)
+		ck_assert_float_eq_tol(y[i], ((float *)ref[0]->data)[i], 1e-4);
+	close_lib(&l);
+	kiln_tensor_free(in);
+	kiln_tensor_free(ref[0]);
+	remove_outputs("nograph");
+	kiln_graph_free(g);
+}
+END_TEST
+
 /* ---- --emit stages ------------------------------------------------------- */
 
 static kiln_graph *small_graph(void)
@@ -870,6 +917,7 @@ static Suite *codegen_suite(void)
 	tcase_add_test(tc, bad_cpu_feature_or_stage_is_an_error);
 	tcase_add_test(tc, malformed_kernel_ir_is_an_error_not_a_crash);
 	tcase_add_test(tc, unsupported_kernel_names_backend_and_kernel);
+	tcase_add_test(tc, backend_reads_the_module_not_the_graph);
 	suite_add_tcase(s, tc);
 	return s;
 }
