@@ -318,10 +318,7 @@ START_TEST(elementwise_chain_is_one_kernel)
 	ck_assert_int_eq(plain->nkern, 3);
 	ck_assert_int_eq(m->nkern, 1);
 	ck_assert_int_eq(m->nslot, 0); /* the intermediates have no memory */
-	char *text = dump(m);
-	ck_assert_msg(strstr(text, "k0_mul_add_sigmoid"), "%s", text);
-	ck_assert_int_eq(count(text, "buf0["), 1); /* x read once per element */
-	free(text);
+	/* its name and single read of x: tests/kir/codegen/fusion_chain.kir */
 	kiln_tensor *in[3] = {ramp(3, (int64_t[]){2, 4, 8}, -3, 3, 1), ramp(2, (int64_t[]){4, 1}, -1, 1, 2),
 	                      ramp(1, (int64_t[]){8}, -1, 1, 3)};
 	fused_matches(m, g, in, 3);
@@ -367,11 +364,7 @@ START_TEST(fusion_stops_at_shared_outputs_and_broadcasts)
 	kiln_output(g, "y", kiln_add(g, kiln_tanh(g, out), small)); /* k3 */
 	ck_assert_msg(kiln_graph_status(g) == KILN_OK, "%s", kiln_graph_errmsg(g));
 	cg_module *m = lower(g, true);
-	char *text = dump(m);
-	ck_assert_int_eq(m->nkern, 4);
-	ck_assert_msg(strstr(text, "k1_mul_neg"), "%s", text);
-	ck_assert_msg(strstr(text, "k3_tanh_add"), "%s", text);
-	free(text);
+	ck_assert_int_eq(m->nkern, 4); /* which: tests/kir/codegen/fusion_stops.kir */
 	kiln_tensor *in[2] = {ramp(2, (int64_t[]){4, 8}, -1, 1, 7), ramp(1, (int64_t[]){8}, -1, 1, 8)};
 	kiln_tensor *want[2] = {0}, *got[2] = {0};
 	kiln_error err = {0};
