@@ -115,12 +115,16 @@ typedef struct cg_gemm_vec {
  *
  * Types: a_dt, b_dt, c_dt are the element types of A, B, C and acc_dt the
  * type products are summed in; cg_gemm_stmt fills any left 0 (invalid)
- * from the buffers, acc_dt from C.  The epilogue, in this order, on each
- * accumulated element (for int8: acc = sum (A - a_zero)(B - b_zero)):
- * multiplied by scale (requantization), plus bias, then act, plus
- * residual (R[res_off + b*c_bs + m*res_rs + n]), plus c_zero, converted
- * to c_dt.  Which of these a backend implements is its supports()'s
- * answer; today's lowering makes f32 products with bias and relu only. */
+ * from the buffers, acc_dt from C.  Each element is, in this order:
+ *   acc = sum_k (A - a_zero) * (B - b_zero)     (in acc_dt)
+ *   v = alpha * acc + beta * C + bias           (bias in acc units, as
+ *                                                QLinearConv's int32 bias)
+ *   v = act(v * scale) + residual + c_zero      (scale: requantization;
+ *       residual R[res_off + b*c_bs + m*res_rs + n])
+ *   C = v converted to c_dt (an integer C: rounded half to even, saturated).
+ * cg_eval implements all of it; which parts a backend implements is its
+ * supports()'s answer.  Today's lowering makes f32 GEMMs with bias and
+ * relu only. */
 typedef struct cg_gemm {
 	int a, b, c, bias;            /* buffers; bias -1 when none */
 	cg_expr *M, *N, *K, *batch;

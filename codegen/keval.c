@@ -270,6 +270,15 @@ static int64_t ix(ev *e, const cg_expr *x)
 	return x ? expr(e, x).i : 0;
 }
 
+/* An epilogue operand at row i, column j of the product; 0 when absent. */
+static double vec_at(ev *e, const cg_gemm_vec *v, int64_t i, int64_t j, const char *what)
+{
+	if (!v->axis)
+		return 0;
+	int64_t at = ix(e, v->off) + (v->axis == CG_AXIS_COL ? j : v->axis == CG_AXIS_ROW ? i : 0);
+	return in_range(e, v->buf, at, what) ? ir_load(&e->view[v->buf], at) : 0;
+}
+
 static void gemm(ev *e, const cg_gemm *g)
 {
 	int64_t M = ix(e, g->M), N = ix(e, g->N), K = ix(e, g->K), B = ix(e, g->batch);
@@ -277,20 +286,23 @@ static void gemm(ev *e, const cg_gemm *g)
 	int64_t bo = ix(e, g->b_off), bbs = ix(e, g->b_bs), brs = ix(e, g->b_rs), bcs = ix(e, g->b_cs);
 	int64_t co = ix(e, g->c_off), cbs = ix(e, g->c_bs), crs = ix(e, g->c_rs);
 	int64_t bias_off = ix(e, g->bias_off);
-	if (g->scale.axis || g->a_zero.axis || g->b_zero.axis || g->c_zero.axis ||
-	    g->has_residual || g->act > CG_ACT_RELU) {
-		fail(e, KILN_EUNSUPPORTED, "gemm epilogue beyond bias and relu", 0, 0);
+	if (g->act >= CG_ACT_COUNT) {
+		fail(e, KILN_EUNSUPPORTED, "gemm activation", g->act, 0);
 		return;
 	}
+	int64_t res_off = ix(e, g->res_off), res_rs = ix(e, g->res_rs);
+	bool int_c = !isfl(g->c_dt);
 	for (int64_t b = 0; b < B && !e->st; b++)
 		for (int64_t i = 0; i < M && !e->st; i++)
 			for (int64_t j = 0; j < N && !e->st; j++) {
-				double acc = 0;
+				double acc = 0, az = vec_at(e, &g->a_zero, i, j, "gemm a_zero");
+				double bz = vec_at(e, &g->b_zero, i, j, "gemm b_zero");
 				for (int64_t k = 0; k < K && !e->st; k++) {
 					int64_t ai = ao + b * abs + i * ars + k * acs;
 					int64_t bi = bo + b * bbs + k * brs + j * bcs;
 					if (in_range(e, g->a, ai, "gemm A") && in_range(e, g->b, bi, "gemm B"))
-						acc += ir_load(&e->view[g->a], ai) * ir_load(&e->view[g->b], bi);
+						acc += (ir_load(&e->view[g->a], ai) - az) *
+						       (ir_load(&e->view[g->b], bi) - bz);
 				}
 				int64_t ci = co + b * cbs + i * crs + j;
 				if (!in_range(e, g->c, ci, "gemm C"))
@@ -304,8 +316,21 @@ static void gemm(ev *e, const cg_gemm *g)
 						return;
 					acc += ir_load(&e->view[g->bias], bi);
 				}
+				if (g->scale.axis)
+					acc *= vec_at(e, &g->scale, i, j, "gemm scale");
 				if (g->act == CG_ACT_RELU && !(acc > 0) && !isnan(acc))
 					acc = 0;
+				else if (g->act == CG_ACT_CLIP && !isnan(acc))
+					acc = acc < g->act_lo ? g->act_lo : acc > g->act_hi ? g->act_hi : acc;
+				if (g->has_residual) {
+					int64_t ri = res_off + b * cbs + i * res_rs + j;
+					if (!in_range(e, g->residual, ri, "gemm residual"))
+						return;
+					acc += ir_load(&e->view[g->residual], ri);
+				}
+				acc += vec_at(e, &g->c_zero, i, j, "gemm c_zero");
+				if (int_c)
+					acc = nearbyint(acc); /* half to even, then saturated by the store */
 				ir_store(&e->view[g->c], ci, acc);
 			}
 }

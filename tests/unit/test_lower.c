@@ -390,6 +390,81 @@ START_TEST(lowering_rejects_symbolic_channels)
 }
 END_TEST
 
+/* The typed GEMM's epilogue as cg_eval defines it (codegen.h): an int8
+ * product with zero points (one for A, per column for B), an i32 bias, a
+ * requantization scale, clip, a residual and C's zero point, rounded half
+ * to even into i8.  No lowering makes one yet; this is the oracle a
+ * backend that takes them is checked against. */
+START_TEST(eval_computes_an_int8_gemm_epilogue)
+{
+	cg_module *m = cg_module_new(NULL);
+	static const struct {
+		kiln_dtype dt;
+		int rank;
+		int64_t d0, d1;
+		double v[6];
+	} in[] = {
+		{KILN_I8, 2, 2, 3, {1, 2, 3, 4, 5, 6}}, /* A */
+		{KILN_I8, 2, 3, 2, {1, 1, 0, 2, 1, 2}}, /* B */
+		{KILN_I8, 1, 1, 0, {1}},                /* a_zero, whole A */
+		{KILN_I8, 1, 2, 0, {0, 1}},             /* b_zero per column */
+		{KILN_I32, 1, 2, 0, {10, -4}},          /* bias per column */
+		{KILN_F32, 1, 1, 0, {0.5}},             /* scale */
+		{KILN_I8, 2, 2, 2, {1, 2, 3, 4}},       /* residual */
+		{KILN_I8, 1, 1, 0, {2}},                /* c_zero */
+	};
+	enum { NIN = sizeof in / sizeof in[0] };
+	kiln_tensor *t[NIN];
+	m->inputs = malloc(NIN * sizeof *m->inputs);
+	m->outputs = malloc(sizeof *m->outputs);
+	for (int i = 0; i < NIN; i++) {
+		int64_t shape[2] = {in[i].d0, in[i].d1};
+		int64_t n = in[i].d0 * (in[i].rank > 1 ? in[i].d1 : 1);
+		m->inputs[i] = cg_buf_new(m, CG_BUF_INPUT, in[i].dt, cg_int(m, n));
+		m->buf[m->inputs[i]].type = (ir_type){in[i].dt, in[i].rank, {in[i].d0, in[i].d1}};
+		m->buf[m->inputs[i]].io_index = i;
+		t[i] = tensor(in[i].dt, in[i].rank, shape, in[i].v);
+	}
+	m->ninputs = NIN;
+	int c = cg_buf_new(m, CG_BUF_OUTPUT, KILN_I8, cg_int(m, 4));
+	m->buf[c].type = (ir_type){KILN_I8, 2, {2, 2}};
+	m->buf[c].io_index = 0;
+	m->outputs[0] = c;
+	m->noutputs = 1;
+	cg_kernel *k = cg_kernel_new(m, "k0_qgemm", 0);
+	cg_expr *z = cg_int(m, 0);
+	cg_gemm g = {.a = 0, .b = 1, .c = c, .bias = 4, .M = cg_int(m, 2), .N = cg_int(m, 2),
+	             .a_off = z, .a_bs = z, .b_off = z, .b_bs = z, .c_off = z, .c_bs = z,
+	             .bias_off = z, .res_off = z,
+	             .K = cg_int(m, 3), .batch = cg_int(m, 1), .a_rs = cg_int(m, 3),
+	             .a_cs = cg_int(m, 1), .b_rs = cg_int(m, 2), .b_cs = cg_int(m, 1),
+	             .c_rs = cg_int(m, 2), .alpha = 1, .bias_axis = 1, .acc_dt = KILN_I32,
+	             .act = CG_ACT_CLIP, .act_lo = -3, .act_hi = 20,
+	             .a_zero = {2, z, CG_AXIS_ALL}, .b_zero = {3, z, CG_AXIS_COL},
+	             .scale = {5, z, CG_AXIS_ALL}, .c_zero = {7, z, CG_AXIS_ALL},
+	             .has_residual = true, .residual = 6, .res_rs = cg_int(m, 2)};
+	cg_append(m, k->body, cg_gemm_stmt(m, &g));
+	/* A - 1 = [[0,1,2],[3,4,5]]; B - b_zero = [[1,0],[0,1],[1,1]]: acc = [[2,3],[8,9]];
+	 * + bias = [[12,-1],[18,5]]; * 0.5 = [[6,-0.5],[9,2.5]]; clip [-3,20] keeps
+	 * them; + residual + 2 = [[9,3.5],[14,8.5]], rounded half to even */
+	kiln_tensor *y = NULL;
+	kiln_error err = {0};
+	ck_assert_msg(cg_eval(m, t, NIN, &y, 1, &err) == KILN_OK, "%s", err.msg);
+	const int8_t want[4] = {9, 4, 14, 8};
+	ck_assert_mem_eq(y->data, want, 4);
+	char *text = dump(m);
+	ck_assert_msg(strstr(text, "bias=buf4[0] per column clip(-3, 20) types=i8*i8->i8 acc=i32 "
+	                           "scale=buf5[0] per all "
+	                           "a_zero=buf2[0] per all b_zero=buf3[0] per column "
+	                           "c_zero=buf7[0] per all residual=buf6[0; 2]"), "%s", text);
+	free(text);
+	kiln_tensor_free(y);
+	for (int i = 0; i < NIN; i++)
+		kiln_tensor_free(t[i]);
+	cg_module_free(m);
+}
+END_TEST
+
 START_TEST(eval_rejects_wrong_input_count_and_shape)
 {
 	kiln_graph *g = kiln_graph_new("r");
@@ -494,6 +569,7 @@ static Suite *lower_suite(void)
 	tcase_add_test(tc, gather_checks_then_clamps_out_of_range_indices);
 	tcase_add_test(tc, printer_names_state_buffers_and_checks);
 	tcase_add_test(tc, lowering_rejects_symbolic_channels);
+	tcase_add_test(tc, eval_computes_an_int8_gemm_epilogue);
 	tcase_add_test(tc, eval_rejects_wrong_input_count_and_shape);
 	suite_add_tcase(s, tc);
 	tc = tcase_create("loops");
