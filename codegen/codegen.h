@@ -124,7 +124,7 @@ typedef struct cg_gemm_vec {
  *   C = v converted to c_dt (an integer C: rounded half to even, saturated).
  * cg_eval implements all of it; which parts a backend implements is its
  * supports()'s answer.  Today's lowering makes f32 GEMMs with bias and
- * relu only. */
+ * relu or clip only. */
 typedef struct cg_gemm {
 	int a, b, c, bias;            /* buffers; bias -1 when none */
 	cg_expr *M, *N, *K, *batch;
@@ -145,7 +145,7 @@ typedef struct cg_gemm {
 } cg_gemm;
 
 /* Whether g is a plain GEMM: every type f32, no scale, zero points or
- * residual, act none or relu (what the lowering makes today). */
+ * residual, act none, relu or clip (what the lowering makes today). */
 bool cg_gemm_is_f32(const cg_gemm *g);
 
 typedef struct cg_stmt cg_stmt;

@@ -416,7 +416,7 @@ bool cg_gemm_is_f32(const cg_gemm *g)
 	return g->a_dt == KILN_F32 && g->b_dt == KILN_F32 && g->c_dt == KILN_F32 &&
 	       g->acc_dt == KILN_F32 && !g->scale.axis && !g->a_zero.axis && !g->b_zero.axis &&
 	       !g->c_zero.axis && !g->has_residual &&
-	       (g->act == CG_ACT_NONE || g->act == CG_ACT_RELU);
+	       (g->act == CG_ACT_NONE || g->act == CG_ACT_RELU || g->act == CG_ACT_CLIP);
 }
 
 cg_stmt *cg_check(cg_module *m, const char *what, cg_expr *value, cg_expr *lo, cg_expr *hi)

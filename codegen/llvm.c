@@ -893,23 +893,27 @@ static void s_gemm(fn_ctx *c, const cg_stmt *s)
 	LLVMValueRef b = loop_begin(c, &l, i64c(L, 0), g->batch ? iexpr(c, g->batch) : i64c(L, 1));
 	LLVMValueRef bias = g->bias >= 0 ? gemm_ptr(c, g->bias, g->bias_off, NULL, b)
 	                                 : LLVMConstNull(LLVMPointerType(L->f32, 0));
-	LLVMValueRef args[17] = {
+	/* the activation as a clamp to [lo, hi] */
+	double act_lo = g->act == CG_ACT_CLIP ? g->act_lo : g->act == CG_ACT_RELU ? 0 : -__builtin_inf();
+	double act_hi = g->act == CG_ACT_CLIP ? g->act_hi : __builtin_inf();
+	LLVMValueRef args[18] = {
 		c->x, iexpr(c, g->M), iexpr(c, g->N), iexpr(c, g->K), fc(c, g->alpha),
 		gemm_ptr(c, g->a, g->a_off, g->a_bs, b), iexpr(c, g->a_rs), iexpr(c, g->a_cs),
 		gemm_ptr(c, g->b, g->b_off, g->b_bs, b), iexpr(c, g->b_rs), iexpr(c, g->b_cs),
 		fc(c, g->beta), gemm_ptr(c, g->c, g->c_off, g->c_bs, b), iexpr(c, g->c_rs),
-		bias, i32c(L, g->bias_axis), i32c(L, g->act)};
+		bias, i32c(L, g->bias_axis),
+		LLVMConstReal(L->f32, act_lo), LLVMConstReal(L->f32, act_hi)};
 	LLVMTypeRef ft = LLVMGlobalGetValueType(f);
-	LLVMTypeRef pt[17];
-	if (LLVMCountParamTypes(ft) != 17) {
+	LLVMTypeRef pt[18];
+	if (LLVMCountParamTypes(ft) != 18) {
 		fail(c, KILN_EINVAL, "kiln_sgemm has an unexpected signature");
 		return;
 	}
 	LLVMGetParamTypes(ft, pt);
-	for (int i = 0; i < 17; i++)
+	for (int i = 0; i < 18; i++)
 		if (LLVMGetTypeKind(pt[i]) == LLVMPointerTypeKind)
 			args[i] = LLVMBuildBitCast(L->b, args[i], pt[i], "");
-	LLVMBuildCall2(L->b, ft, f, args, 17, "");
+	LLVMBuildCall2(L->b, ft, f, args, 18, "");
 	loop_end(c, &l, 0);
 }
 
@@ -1257,12 +1261,12 @@ static bool gemm_ok(const cg_module *m, const cg_gemm *g, char *why, size_t size
 		}
 	}
 	if (!cg_gemm_is_f32(g)) {
-		snprintf(why, size, "GEMM %s*%s->%s accumulating in %s%s%s%s%s%s (it has f32 GEMMs "
-		         "with bias and relu only)", kiln_dtype_name(g->a_dt), kiln_dtype_name(g->b_dt),
+		snprintf(why, size, "GEMM %s*%s->%s accumulating in %s%s%s%s%s (it has f32 GEMMs "
+		         "with bias, relu and clip only)", kiln_dtype_name(g->a_dt), kiln_dtype_name(g->b_dt),
 		         kiln_dtype_name(g->c_dt), kiln_dtype_name(g->acc_dt),
 		         g->scale.axis ? ", scale" : "",
 		         g->a_zero.axis || g->b_zero.axis || g->c_zero.axis ? ", zero points" : "",
-		         g->act == CG_ACT_CLIP ? ", clip" : "", g->has_residual ? ", residual" : "",
+		         g->has_residual ? ", residual" : "",
 		         g->act >= CG_ACT_COUNT ? ", an unknown activation" : "");
 		return false;
 	}

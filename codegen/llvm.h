@@ -89,9 +89,11 @@ bool cg_llvm_supports(const cg_module *m, const cg_kernel *k, char *why, size_t 
  *                   const float *A, i64 a_rs, i64 a_cs,
  *                   const float *B, i64 b_rs, i64 b_cs,
  *                   float beta, float *C, i64 c_rs,
- *                   const float *bias, i32 bias_axis, i32 act)
- * C[m*c_rs + n] = act(alpha * sum_k A[m*a_rs + k*a_cs] * B[k*b_rs + n*b_cs]
- *                     + beta * C[...] + bias), bias_axis 1: bias[n], 2: bias[m];
+ *                   const float *bias, i32 bias_axis, float lo, float hi)
+ * C[m*c_rs + n] = clamp(alpha * sum_k A[m*a_rs + k*a_cs] * B[k*b_rs + n*b_cs]
+ *                       + beta * C[...] + bias, lo, hi), bias_axis 1: bias[n],
+ * 2: bias[m]; the clamp is the activation (none: [-inf, inf], relu: [0, inf],
+ * clip: its bounds), compare-and-select so NaN passes;
  * beta == 0 never reads C.  Packed panels in x->scratch, a register-blocked
  * micro-kernel in vector IR of the target's width; may split work over
  * x->pool with rt_parallel_for. */

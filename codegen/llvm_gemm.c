@@ -12,9 +12,10 @@
  * micro-kernel independent of the caller's strides (transposes are just
  * strides) and of the edges: padded lanes compute zeros and the tile's
  * store is masked (llvm.masked.load/store), so there is no scalar edge
- * code.  The epilogue (beta, bias per column or per row, relu) runs once
+ * code.  The epilogue (beta, bias per column or per row, a clamp to
+ * [lo, hi] that is relu, clip or nothing) runs once
  * per element: beta at the first K block (and C is never read when
- * beta == 0), bias and relu at the last.
+ * beta == 0), bias and the clamp at the last.
  *
  * Packing costs O(MK + KN) per call, which a batch-1 MLP (M = 1) cannot
  * pay back, so small or thin problems take direct paths instead: B rows
@@ -32,6 +33,7 @@
  * Everything is internal to the module; only kiln_sgemm is meant to be
  * called (by the kernels of llvm.c), with the ABI documented in llvm.h.
  */
+#include <math.h>
 #include <string.h>
 
 #include "codegen/llvm.h"
@@ -70,7 +72,7 @@ uint64_t cg_sgemm_scratch_floats(const cg_target *t)
 /* Parameters shared by kiln_sgemm and its internal paths, in ABI order. */
 enum {
 	P_X, P_M, P_N, P_K, P_ALPHA, P_A, P_ARS, P_ACS, P_B, P_BRS, P_BCS,
-	P_BETA, P_C, P_CRS, P_BIAS, P_AXIS, P_ACT, P_COUNT
+	P_BETA, P_C, P_CRS, P_BIAS, P_AXIS, P_LO, P_HI, P_COUNT
 };
 
 typedef struct gen {
@@ -298,7 +300,7 @@ static unsigned gemm_params(gen *g, LLVMTypeRef *t, int extra)
 		[P_ALPHA] = L->f32, [P_A] = g->fp, [P_ARS] = L->i64, [P_ACS] = L->i64,
 		[P_B] = g->fp, [P_BRS] = L->i64, [P_BCS] = L->i64, [P_BETA] = L->f32,
 		[P_C] = g->fp, [P_CRS] = L->i64, [P_BIAS] = g->fp, [P_AXIS] = L->i32,
-		[P_ACT] = L->i32,
+		[P_LO] = L->f32, [P_HI] = L->f32,
 	};
 	memcpy(t, tys, sizeof tys);
 	for (int i = 0; i < extra; i++)
@@ -318,20 +320,30 @@ static LLVMValueRef or_zeros(gen *g, LLVMValueRef cond, LLVMValueRef p)
 	return LLVMBuildSelect(g->b, cond, p, z, "");
 }
 
-/* C[cp + lanes under mask] = relu?(v + beta*C + colbias + rowb).  C is read
- * only when beta != 0, colb only when colb_on. */
+/* The activation as a clamp to [lo, hi]: none is [-inf, inf], relu
+ * [0, inf], clip its bounds.  Compare-and-select, not minnum/maxnum, so a
+ * NaN passes through as the interpreter's relu and clip keep it. */
+static LLVMValueRef clamp(gen *g, LLVMValueRef v, LLVMValueRef lo, LLVMValueRef hi)
+{
+	LLVMTypeRef t = LLVMTypeOf(v);
+	bool vec = LLVMGetTypeKind(t) == LLVMVectorTypeKind;
+	if (vec)
+		lo = splat(g, t, lo), hi = splat(g, t, hi);
+	v = LLVMBuildSelect(g->b, LLVMBuildFCmp(g->b, LLVMRealOLT, v, lo, ""), lo, v, "");
+	return LLVMBuildSelect(g->b, LLVMBuildFCmp(g->b, LLVMRealOGT, v, hi, ""), hi, v, "");
+}
+
+/* C[cp + lanes under mask] = clamp(v + beta*C + colbias + rowb, lo, hi).
+ * C is read only when beta != 0, colb only when colb_on. */
 static void vec_epilogue(gen *g, LLVMValueRef v, LLVMValueRef cp, LLVMValueRef mask,
                          LLVMValueRef beta, LLVMValueRef colb, LLVMValueRef colb_on,
-                         LLVMValueRef rowb, LLVMValueRef relu)
+                         LLVMValueRef rowb, LLVMValueRef lo, LLVMValueRef hi)
 {
 	LLVMValueRef bnz = LLVMBuildFCmp(g->b, LLVMRealUNE, beta, f32c(g, 0), "");
 	v = fma3(g, splat(g, g->vf, beta), mload(g, or_zeros(g, bnz, cp), mask), v);
 	v = LLVMBuildFAdd(g->b, v, mload(g, or_zeros(g, colb_on, colb), mask), "");
 	v = LLVMBuildFAdd(g->b, v, splat(g, g->vf, rowb), "");
-	LLVMValueRef neg = LLVMBuildFCmp(g->b, LLVMRealOLT, v, LLVMConstNull(g->vf), "");
-	neg = LLVMBuildAnd(g->b, neg, splat(g, g->vi1, relu), "");
-	v = LLVMBuildSelect(g->b, neg, LLVMConstNull(g->vf), v, "");
-	mstore(g, v, cp, mask);
+	mstore(g, clamp(g, v, lo, hi), cp, mask);
 }
 
 /* The scalar form for C[m, n] (v has alpha applied), with g->p[] args. */
@@ -345,18 +357,16 @@ static void scalar_epilogue(gen *g, LLVMValueRef v, LLVMValueRef m, LLVMValueRef
 	LLVMValueRef row = icmp(g, LLVMIntEQ, p[P_AXIS], LLVMConstInt(g->L->i32, 2, 0));
 	LLVMValueRef bp = at(g, p[P_BIAS], LLVMBuildSelect(g->b, row, m, n, ""));
 	v = LLVMBuildFAdd(g->b, v, load_if(g, icmp(g, LLVMIntNE, p[P_AXIS], z32), bp), "");
-	LLVMValueRef neg = LLVMBuildFCmp(g->b, LLVMRealOLT, v, f32c(g, 0), "");
-	neg = LLVMBuildAnd(g->b, neg, icmp(g, LLVMIntNE, p[P_ACT], z32), "");
-	LLVMBuildStore(g->b, LLVMBuildSelect(g->b, neg, f32c(g, 0), v, ""), cp);
+	LLVMBuildStore(g->b, clamp(g, v, p[P_LO], p[P_HI]), cp);
 }
 
 /* ---- the packed path ----------------------------------------------------- */
 
-enum { U_AP, U_BP, U_KC, U_C, U_CRS, U_MR, U_NR, U_BETA, U_BIAS, U_BMODE, U_RELU, U_COUNT,
+enum { U_AP, U_BP, U_KC, U_C, U_CRS, U_MR, U_NR, U_BETA, U_BIAS, U_BMODE, U_LO, U_HI, U_COUNT,
        /* the direct micro-kernel's extra parameters */
        U_ARS = U_COUNT, U_ACS, U_BRS, U_ALPHA, U_DCOUNT };
 
-/* kiln_sgemm_ukr(Ap, Bp, kc, C, c_rs, mr, nr, beta, bias, bmode, relu):
+/* kiln_sgemm_ukr(Ap, Bp, kc, C, c_rs, mr, nr, beta, bias, bmode, lo, hi):
  * the MR x NR tile at C from packed panels; only its mr x nr corner is
  * stored.  bmode 1: bias[j] per column, 2: bias[i] per row (bias points at
  * the tile's first), 0: none. */
@@ -376,7 +386,7 @@ static void ukr_epilogue(gen *g, LLVMValueRef *acc)
 			LLVMValueRef off = i64c(g, j * g->g.W);
 			LLVMValueRef v = LLVMBuildLoad2(g->b, g->vf, acc[i * g->nv + j], "");
 			vec_epilogue(g, v, at(g, crow, off), mask[j], p[U_BETA],
-			             at(g, p[U_BIAS], off), colb_on, rowb, p[U_RELU]);
+			             at(g, p[U_BIAS], off), colb_on, rowb, p[U_LO], p[U_HI]);
 		}
 		if_end(g, join);
 	}
@@ -411,7 +421,7 @@ static LLVMValueRef emit_ukr(gen *g, bool direct, int nv)
 	LLVMTypeRef t[U_DCOUNT] = {
 		[U_AP] = g->fp, [U_BP] = g->fp, [U_KC] = L->i64, [U_C] = g->fp, [U_CRS] = L->i64,
 		[U_MR] = L->i64, [U_NR] = L->i64, [U_BETA] = L->f32, [U_BIAS] = g->fp,
-		[U_BMODE] = L->i32, [U_RELU] = L->i1, [U_ARS] = L->i64, [U_ACS] = L->i64,
+		[U_BMODE] = L->i32, [U_LO] = L->f32, [U_HI] = L->f32, [U_ARS] = L->i64, [U_ACS] = L->i64,
 		[U_BRS] = L->i64, [U_ALPHA] = L->f32,
 	};
 	char name[40];
@@ -564,8 +574,9 @@ static void macro_kernel(gen *g, const packed_fns *f, LLVMValueRef Ap, LLVMValue
 	LLVMValueRef *p = g->p;
 	LLVMValueRef ic = blk[0], jc = blk[1], mc = blk[2], nc = blk[3], kc = blk[4];
 	LLVMValueRef last = blk[6];
-	LLVMValueRef relu = LLVMBuildAnd(g->b, last, icmp(g, LLVMIntNE, p[P_ACT],
-	                                 LLVMConstInt(g->L->i32, 0, 0)), "");
+	/* the activation at the last K block only: before it, [-inf, inf] */
+	LLVMValueRef lo = LLVMBuildSelect(g->b, last, p[P_LO], f32c(g, -INFINITY), "");
+	LLVMValueRef hi = LLVMBuildSelect(g->b, last, p[P_HI], f32c(g, INFINITY), "");
 	LLVMValueRef bmode = LLVMBuildSelect(g->b, last, p[P_AXIS], LLVMConstInt(g->L->i32, 0, 0), "");
 	LLVMValueRef row = icmp(g, LLVMIntEQ, p[P_AXIS], LLVMConstInt(g->L->i32, 2, 0));
 	loop lj, li;
@@ -580,7 +591,7 @@ static void macro_kernel(gen *g, const packed_fns *f, LLVMValueRef Ap, LLVMValue
 		[U_KC] = kc, [U_C] = at(g, p[P_C], add(g, mul(g, m, p[P_CRS]), n)),
 		[U_CRS] = p[P_CRS], [U_MR] = mr, [U_NR] = nr, [U_BETA] = blk[5],
 		[U_BIAS] = at(g, p[P_BIAS], LLVMBuildSelect(g->b, row, m, n, "")),
-		[U_BMODE] = bmode, [U_RELU] = relu,
+		[U_BMODE] = bmode, [U_LO] = lo, [U_HI] = hi,
 	};
 	call_ukr(g, f->ukr, f->ukr1, a, U_COUNT);
 	loop_end(g, &li);
@@ -632,7 +643,6 @@ static LLVMValueRef emit_tiles(gen *g, LLVMValueRef ukr)
 	LLVMTypeRef t[P_COUNT + 2];
 	LLVMValueRef fn = function(g, "kiln_sgemm_tiles", t, gemm_params(g, t, 2)), *p = g->p;
 	LLVMValueRef row = icmp(g, LLVMIntEQ, p[P_AXIS], LLVMConstInt(g->L->i32, 2, 0));
-	LLVMValueRef relu = icmp(g, LLVMIntNE, p[P_ACT], LLVMConstInt(g->L->i32, 0, 0));
 	loop lj, li;
 	LLVMValueRef jr = loop_begin(g, &lj, p[P_COUNT], p[P_COUNT + 1], g->g.NR);
 	LLVMValueRef nr = smin(g, i64c(g, g->g.NR), LLVMBuildSub(g->b, p[P_COUNT + 1], jr, ""));
@@ -643,7 +653,7 @@ static LLVMValueRef emit_tiles(gen *g, LLVMValueRef ukr)
 		[U_KC] = p[P_K], [U_C] = at(g, p[P_C], add(g, mul(g, ir, p[P_CRS]), jr)),
 		[U_CRS] = p[P_CRS], [U_MR] = mr, [U_NR] = nr, [U_BETA] = p[P_BETA],
 		[U_BIAS] = at(g, p[P_BIAS], LLVMBuildSelect(g->b, row, ir, jr, "")),
-		[U_BMODE] = p[P_AXIS], [U_RELU] = relu, [U_ARS] = p[P_ARS], [U_ACS] = p[P_ACS],
+		[U_BMODE] = p[P_AXIS], [U_LO] = p[P_LO], [U_HI] = p[P_HI], [U_ARS] = p[P_ARS], [U_ACS] = p[P_ACS],
 		[U_BRS] = p[P_BRS], [U_ALPHA] = p[P_ALPHA],
 	};
 	call(g, ukr, a, U_DCOUNT);
@@ -662,7 +672,7 @@ enum { AXPY_V = 4 }; /* vectors of C's row per step of the axpy form */
 static void axpy_block(gen *g, LLVMValueRef m, LLVMValueRef n, int nv, LLVMValueRef *mask,
                        LLVMValueRef *acc)
 {
-	LLVMValueRef *p = g->p, z32 = LLVMConstInt(g->L->i32, 0, 0);
+	LLVMValueRef *p = g->p;
 	int W = g->g.W;
 	for (int j = 0; j < nv; j++)
 		LLVMBuildStore(g->b, LLVMConstNull(g->vf), acc[j]);
@@ -681,7 +691,6 @@ static void axpy_block(gen *g, LLVMValueRef m, LLVMValueRef n, int nv, LLVMValue
 	LLVMValueRef colb_on = icmp(g, LLVMIntEQ, p[P_AXIS], LLVMConstInt(g->L->i32, 1, 0));
 	LLVMValueRef rowb = load_if(g, icmp(g, LLVMIntEQ, p[P_AXIS], LLVMConstInt(g->L->i32, 2, 0)),
 	                            at(g, p[P_BIAS], m));
-	LLVMValueRef relu = icmp(g, LLVMIntNE, p[P_ACT], z32);
 	LLVMValueRef crow = at(g, p[P_C], mul(g, m, p[P_CRS]));
 	LLVMValueRef all = LLVMConstAllOnes(g->vi1);
 	for (int j = 0; j < nv; j++) {
@@ -689,7 +698,7 @@ static void axpy_block(gen *g, LLVMValueRef m, LLVMValueRef n, int nv, LLVMValue
 		LLVMValueRef v = LLVMBuildLoad2(g->b, g->vf, acc[j], "");
 		v = LLVMBuildFMul(g->b, v, splat(g, g->vf, p[P_ALPHA]), "");
 		vec_epilogue(g, v, at(g, crow, off), mask ? mask[j] : all, p[P_BETA],
-		             at(g, p[P_BIAS], off), colb_on, rowb, relu);
+		             at(g, p[P_BIAS], off), colb_on, rowb, p[P_LO], p[P_HI]);
 	}
 }
 

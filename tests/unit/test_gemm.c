@@ -74,8 +74,11 @@ typedef struct prob {
 	int64_t M, N, K;
 	int at, bt, as, bs;
 	float alpha, beta;
-	int axis, act;
+	int axis, act; /* act 0: none, 1: relu, 2: clip to [CLIP_LO, CLIP_HI] */
 } prob;
+
+#define CLIP_LO -0.75f
+#define CLIP_HI 1.5f
 
 enum { CPAD = 7, GUARD = 64 };
 
@@ -137,6 +140,8 @@ static double reference(const prob *p, const mats *o, int64_t m, int64_t n)
 	if (p->beta != 0)
 		s += (double)p->beta * o->C0[m * o->c_rs + n];
 	s += p->axis == 1 ? o->bias[n] : p->axis == 2 ? o->bias[m] : 0;
+	if (p->act == 2)
+		return s < CLIP_LO ? CLIP_LO : s > CLIP_HI ? CLIP_HI : s;
 	return p->act && s < 0 ? 0 : s;
 }
 
@@ -148,7 +153,8 @@ static void check_prob(const prob *p, rt_pool *pool)
 	mats_new(p, &o);
 	rt_exec x = {.scratch = scratch_new(), .pool = pool};
 	J.fn(&x, p->M, p->N, p->K, p->alpha, o.A, o.a_rs, o.a_cs, o.B, o.b_rs, o.b_cs, p->beta,
-	     o.C, o.c_rs, p->axis ? o.bias : NULL, p->axis, p->act);
+	     o.C, o.c_rs, p->axis ? o.bias : NULL, p->axis,
+	     p->act == 2 ? CLIP_LO : p->act ? 0 : -INFINITY, p->act == 2 ? CLIP_HI : INFINITY);
 	double tol = 1e-5 * (p->K > 1 ? p->K : 1);
 	for (int64_t m = 0; m < p->M; m++) {
 		for (int64_t n = 0; n < o.c_rs; n++) {
@@ -314,6 +320,8 @@ START_TEST(gemm_packed_for_many_rows_and_columns)
 	p.axis = 1;
 	p.act = 1;
 	check_prob(&p, NULL);
+	p.act = 2; /* clip at the last of two K blocks only */
+	check_prob(&p, NULL);
 }
 END_TEST
 
@@ -323,6 +331,7 @@ static void check_epilogues(int64_t M, int64_t N, int64_t K)
 {
 	static const struct { float alpha, beta; int axis, act; } e[] = {
 		{0.5f, 0, 1, 1}, {1, 0.75f, 2, 0}, {1, 1, 0, 0}, {-2, 0, 2, 1}, {1, -1, 1, 0},
+		{1, 0.5f, 1, 2}, {-1, 0, 2, 2}, {1, 0, 0, 2},
 	};
 	for (size_t i = 0; i < sizeof e / sizeof *e; i++) {
 		prob p = PROB(M, N, K);
