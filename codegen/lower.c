@@ -10,7 +10,7 @@
  * (Reshape, Flatten, Squeeze, Unsqueeze, Identity, and Dropout outside
  * training) become alias buffers with no kernel; a view, input or constant
  * that is a graph output, or an output listed twice, gets a copy kernel.
- * A Relu that is the only use of an f32 GEMM's result becomes the GEMM's
+ * A Relu or Clip that is the only use of an f32 GEMM's result becomes the GEMM's
  * epilogue (cg_gemm.act) and a view.  With cg_lower_ex's fuse option,
  * chains of elementwise nodes also become one kernel each: an intermediate
  * with one reader, of that reader's shape and no graph output, is computed
@@ -1182,24 +1182,80 @@ static bool view_of(lowering *L, const ir_node *n, int root)
 	return true;
 }
 
-/* Relu of an f32 GEMM's result, its only use, folds into the GEMM's
- * epilogue; the Relu's result becomes a view of the GEMM's output. */
-static bool fuse_relu(lowering *L, const ir_node *n)
+/* Relu or Clip (Relu6: any constant bounds) of an f32 GEMM's result, its
+ * only use, folds into the GEMM's epilogue; the activation's result
+ * becomes a view of the GEMM's output.  MobileNetV2's conv -> Clip(0, 6)
+ * then writes its tensor once instead of writing, reading and rewriting. */
+static bool fuse_act(lowering *L, const ir_node *n)
 {
 	int root;
-	if (n->op != KILN_OP_RELU || L->out_of[n->out[0]] >= 0)
+	if ((n->op != KILN_OP_RELU && n->op != KILN_OP_CLIP) || L->out_of[n->out[0]] >= 0)
 		return false;
 	cg_gemm *gm = gemm_result(L, n->in[0], &root);
 	if (!gm || gm->act || !view_of(L, n, root))
 		return false;
-	gm->act = CG_ACT_RELU;
+	gm->act = n->op == KILN_OP_RELU ? CG_ACT_RELU : CG_ACT_CLIP;
+	if (n->op == KILN_OP_CLIP) {
+		gm->act_lo = ir_attr_float(n, "min", -INFINITY);
+		gm->act_hi = ir_attr_float(n, "max", INFINITY);
+	}
+	return true;
+}
+
+/* Wraps every value kernel body s stores into buf in act (n's rule). */
+static void wrap_stores(cg_module *m, cg_stmt *s, int buf, const ir_node *n)
+{
+	if (!s)
+		return;
+	switch (s->kind) {
+	case CG_BLOCK:
+		for (int i = 0; i < s->n; i++)
+			wrap_stores(m, s->items[i], buf, n);
+		break;
+	case CG_FOR: wrap_stores(m, s->body, buf, n); break;
+	case CG_IF:
+		wrap_stores(m, s->then_s, buf, n);
+		wrap_stores(m, s->else_s, buf, n);
+		break;
+	case CG_STORE:
+		if (s->buf == buf)
+			s->value = (n->op == KILN_OP_RELU ? s_relu : s_clip)(m, n, &s->value, KILN_F32);
+		break;
+	default: break;
+	}
+}
+
+/* Relu or Clip of an f32 depthwise conv's result, its only use, folds into
+ * the conv's loop nest: conv_depthwise sums every tap of an output pixel
+ * in a local and stores it once, so each of its stores of y is a final
+ * value and can take the activation on its way out (MobileNetV2's
+ * depthwise conv -> Relu6).  Grouped convs accumulate in y: not those. */
+static bool fuse_dw_act(lowering *L, const ir_node *n)
+{
+	cg_module *m = L->m;
+	if ((n->op != KILN_OP_RELU && n->op != KILN_OP_CLIP) || L->out_of[n->out[0]] >= 0 ||
+	    !m->nkern)
+		return false;
+	const ir_value *x = L->g->val[n->in[0]];
+	int xb = L->vbuf[n->in[0]];
+	const ir_node *c = x->def;
+	if (x->type.dtype != KILN_F32 || x->nuse != 1 || !c || c->op != KILN_OP_CONV || xb < 0 ||
+	    m->buf[xb].kind != CG_BUF_TEMP || m->buf[xb].alias >= 0 ||
+	    m->kern[m->nkern - 1].node != c->idx)
+		return false;
+	const ir_type *ct = &L->g->val[c->in[0]]->type;
+	int64_t grp = ir_attr_int(c, "group", 1);
+	/* cg_lower_conv's test for conv_depthwise */
+	if (ct->rank != 4 || grp <= 1 || grp != ct->dim[1] || !view_of(L, n, xb))
+		return false;
+	wrap_stores(m, m->kern[m->nkern - 1].body, xb, n);
 	return true;
 }
 
 /* MatMul + Add of a vector along the last axis (a rank-3 Linear, as
  * PyTorch exports it) folds the vector into the GEMM as its bias per
  * column, so C is written once instead of written, read and rewritten;
- * a Relu after it then folds too (fuse_relu). */
+ * a Relu or Clip after it then folds too (fuse_act). */
 static bool fuse_bias(lowering *L, const ir_node *n)
 {
 	if (n->op != KILN_OP_ADD || L->out_of[n->out[0]] >= 0)
@@ -1262,7 +1318,7 @@ static kiln_status lower_node(lowering *L, const ir_node *n)
 		m->buf[b].data = a && a->kind == IR_A_TENSOR ? a->u.t : NULL;
 		return KILN_OK;
 	}
-	if (fuse_relu(L, n) || fuse_bias(L, n))
+	if (fuse_act(L, n) || fuse_dw_act(L, n) || fuse_bias(L, n))
 		return KILN_OK;
 	if (!cg_lower_rule(n->op))
 		return cg_lower_fail(m, n, L->err, KILN_EUNSUPPORTED, "no lowering for %s",

@@ -305,7 +305,7 @@ static inline uint32_t op1(kiln_graph *g, kiln_op op, uint32_t nin, const uint32
                            const char *attrs)
 {
 	ir_node *n = ir_node_new(g, op, nin, in, 1, KILN_HERE);
-	ck_assert_ptr_nonnull(n);
+	ck_assert_msg(n != NULL, "%s", kiln_graph_errmsg(g));
 	set_attrs(g, n, attrs);
 	ck_assert_msg(ir_infer_node(g, n) == KILN_OK, "%s", kiln_graph_errmsg(g));
 	return n->out[0];

@@ -479,6 +479,40 @@ START_TEST(resnet_block_fuses_residual_add_and_relu)
 }
 END_TEST
 
+/* MobileNetV2's inverted residual without the residual: 1x1 conv-bn-Relu6,
+ * depthwise 3x3 conv-bn-Relu6, 1x1 conv-bn.  After PASS_INFERENCE each
+ * Relu6 (Clip 0..6) is part of its producer: the expanding GEMM's epilogue
+ * and the depthwise conv's store, so three kernels and no clip kernel. */
+START_TEST(mobilenet_block_fuses_relu6_into_its_convs)
+{
+	kiln_graph *g = kiln_graph_new("ir_block");
+	kiln_value x = input(g, "x", 4, (int64_t[]){kiln_sym(g, "N"), 4, 6, 6});
+	const kiln_conv_opts k1 = {.kernel = {1, 1}};
+	const kiln_conv_opts dw = {.kernel = {3, 3}, .pad = {1, 1}, .group = 12};
+	kiln_value h = kiln_batchnorm(g, "bn1", kiln_conv2d(g, "c1", x, 12, &k1, false), 0, 0);
+	h = kiln_clip(g, h, 0, 6);
+	h = kiln_batchnorm(g, "bn2", kiln_conv2d(g, "dw", h, 12, &dw, false), 0, 0);
+	h = kiln_clip(g, h, 0, 6);
+	kiln_output(g, "y", kiln_batchnorm(g, "bn3", kiln_conv2d(g, "c3", h, 4, &k1, false), 0, 0));
+	ck_assert_msg(kiln_graph_status(g) == KILN_OK, "%s", kiln_graph_errmsg(g));
+	perturb(g);
+	kiln_graph *f = optimized(g, PASS_INFERENCE);
+	cg_module *m = lower(f, true);
+	char *text = dump(m);
+	ck_assert_msg(m->nkern == 3, "%s", text);
+	ck_assert_int_eq(count(text, "per row clip(0, 6)"), 1);
+	ck_assert_msg(!strstr(text, "_clip"), "%s", text);
+	free(text);
+	/* inputs of -3..3 so that both bounds bite */
+	kiln_tensor *in = ramp(4, (int64_t[]){2, 4, 6, 6}, -3, 3, 9);
+	fused_matches(m, g, &in, 1);
+	kiln_tensor_free(in);
+	cg_module_free(m);
+	kiln_graph_free(f);
+	kiln_graph_free(g);
+}
+END_TEST
+
 /* A rank-3 Linear as PyTorch exports it, MatMul then Add of a [5] bias,
  * then Relu, read by the next MatMul: one GEMM kernel with the bias per
  * column and relu in its epilogue.  An Add of a [3,5] matrix is no bias
@@ -534,6 +568,7 @@ static Suite *fusion_suite(void)
 	tcase_add_test(tc, f16_chain_rounds_like_separate_kernels);
 	tcase_add_test(tc, cnn_after_inference_pipeline_has_fewer_kernels);
 	tcase_add_test(tc, resnet_block_fuses_residual_add_and_relu);
+	tcase_add_test(tc, mobilenet_block_fuses_relu6_into_its_convs);
 	tcase_add_test(tc, matmul_bias_add_and_relu_fold_into_the_gemm);
 	suite_add_tcase(s, tc);
 	return s;
