@@ -109,7 +109,7 @@ static double time_gemm(const gemm_jit *J, int64_t M, int64_t N, int64_t K, int 
 	rt_exec x = {.pool = pool, .scratch = S};
 	for (int r = 0; A && B && C && S && r < 10000 && (r < 5 || total < 0.3); r++) {
 		double t = pool ? now() : cpu_now();
-		J->fn(&x, M, N, K, 1, A, K, 1, B, bt ? 1 : N, bt ? K : 1, 0, C, N, NULL, 0, -INFINITY, INFINITY);
+		J->fn(&x, M, N, K, 1, A, K, 1, B, bt ? 1 : N, bt ? K : 1, 0, C, N, NULL, 0, -INFINITY, INFINITY, NULL, 0);
 		t = (pool ? now() : cpu_now()) - t;
 		total += t;
 		if (r > 0 && t < best) /* run 0 is the warm-up */

@@ -27,7 +27,8 @@ typedef void (*kiln_sgemm_fn)(rt_exec *x, int64_t M, int64_t N, int64_t K, float
                               const float *A, int64_t a_rs, int64_t a_cs,
                               const float *B, int64_t b_rs, int64_t b_cs,
                               float beta, float *C, int64_t c_rs,
-                              const float *bias, int32_t bias_axis, float lo, float hi);
+                              const float *bias, int32_t bias_axis, float lo, float hi,
+                              const float *res, int64_t res_rs);
 
 typedef struct gemm_jit {
 	LLVMOrcLLJITRef jit;

@@ -120,11 +120,12 @@ typedef struct cg_gemm_vec {
  *   v = alpha * acc + beta * C + bias           (bias in acc units, as
  *                                                QLinearConv's int32 bias)
  *   v = act(v * scale) + residual + c_zero      (scale: requantization;
- *       residual R[res_off + b*c_bs + m*res_rs + n])
+ *       residual R[res_off + b*c_bs + m*res_rs + n]; with res_first it
+ *       is added before scale and act instead: relu(conv + x) of ResNet)
  *   C = v converted to c_dt (an integer C: rounded half to even, saturated).
  * cg_eval implements all of it; which parts a backend implements is its
- * supports()'s answer.  Today's lowering makes f32 GEMMs with bias and
- * relu or clip only. */
+ * supports()'s answer.  Today's lowering makes f32 GEMMs with bias,
+ * relu or clip and a res_first residual only. */
 typedef struct cg_gemm {
 	int a, b, c, bias;            /* buffers; bias -1 when none */
 	cg_expr *M, *N, *K, *batch;
@@ -140,12 +141,14 @@ typedef struct cg_gemm {
 	cg_gemm_vec scale;            /* requantization scale (f32) */
 	cg_gemm_vec a_zero, b_zero, c_zero; /* zero points */
 	bool has_residual;            /* residual: a buffer added after act */
+	bool res_first;               /* ... or before scale and act */
 	int residual;
 	cg_expr *res_off, *res_rs;
 } cg_gemm;
 
-/* Whether g is a plain GEMM: every type f32, no scale, zero points or
- * residual, act none, relu or clip (what the lowering makes today). */
+/* Whether g is a plain GEMM: every type f32, no scale or zero points, a
+ * residual only before act, act none, relu or clip (what the lowering
+ * makes today). */
 bool cg_gemm_is_f32(const cg_gemm *g);
 
 typedef struct cg_stmt cg_stmt;

@@ -415,7 +415,7 @@ bool cg_gemm_is_f32(const cg_gemm *g)
 {
 	return g->a_dt == KILN_F32 && g->b_dt == KILN_F32 && g->c_dt == KILN_F32 &&
 	       g->acc_dt == KILN_F32 && !g->scale.axis && !g->a_zero.axis && !g->b_zero.axis &&
-	       !g->c_zero.axis && !g->has_residual &&
+	       !g->c_zero.axis && (!g->has_residual || g->res_first) &&
 	       (g->act == CG_ACT_NONE || g->act == CG_ACT_RELU || g->act == CG_ACT_CLIP);
 }
 
@@ -561,6 +561,16 @@ static void phints(const printer *p, uint32_t h)
 		fputc(']', p->out);
 }
 
+/* " residual=buf3[off; rs]", before the activation when it comes first */
+static void presidual(const printer *p, const cg_gemm *g)
+{
+	fprintf(p->out, " residual=buf%d[", g->residual);
+	pexpr(p, g->res_off, 0);
+	fputs("; ", p->out);
+	pexpr(p, g->res_rs, 0);
+	fputc(']', p->out);
+}
+
 static void pgemm(const printer *p, const cg_gemm *g)
 {
 	const struct {
@@ -599,6 +609,8 @@ static void pgemm(const printer *p, const cg_gemm *g)
 		pexpr(p, g->bias_off, 0);
 		fprintf(p->out, "] per %s", g->bias_axis == 1 ? "column" : "row");
 	}
+	if (g->has_residual && g->res_first)
+		presidual(p, g);
 	if (g->act == CG_ACT_RELU)
 		fputs(" relu", p->out);
 	else if (g->act == CG_ACT_CLIP)
@@ -622,13 +634,8 @@ static void pgemm(const printer *p, const cg_gemm *g)
 		pexpr(p, ev[i].v->off, 0);
 		fprintf(p->out, "] per %s", axis[ev[i].v->axis]);
 	}
-	if (g->has_residual) {
-		fprintf(p->out, " residual=buf%d[", g->residual);
-		pexpr(p, g->res_off, 0);
-		fputs("; ", p->out);
-		pexpr(p, g->res_rs, 0);
-		fputc(']', p->out);
-	}
+	if (g->has_residual && !g->res_first)
+		presidual(p, g);
 }
 
 static void pstmt(const printer *p, const cg_stmt *s, int depth)

@@ -316,13 +316,19 @@ static void gemm(ev *e, const cg_gemm *g)
 						return;
 					acc += ir_load(&e->view[g->bias], bi);
 				}
+				if (g->has_residual && g->res_first) {
+					int64_t ri = res_off + b * cbs + i * res_rs + j;
+					if (!in_range(e, g->residual, ri, "gemm residual"))
+						return;
+					acc += ir_load(&e->view[g->residual], ri);
+				}
 				if (g->scale.axis)
 					acc *= vec_at(e, &g->scale, i, j, "gemm scale");
 				if (g->act == CG_ACT_RELU && !(acc > 0) && !isnan(acc))
 					acc = 0;
 				else if (g->act == CG_ACT_CLIP && !isnan(acc))
 					acc = acc < g->act_lo ? g->act_lo : acc > g->act_hi ? g->act_hi : acc;
-				if (g->has_residual) {
+				if (g->has_residual && !g->res_first) {
 					int64_t ri = res_off + b * cbs + i * res_rs + j;
 					if (!in_range(e, g->residual, ri, "gemm residual"))
 						return;

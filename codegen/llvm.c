@@ -169,6 +169,11 @@ static void scan_gemm(scan *s, const cg_gemm *g)
 	scan_buf(s, g->c);
 	if (g->bias >= 0)
 		scan_buf(s, g->bias);
+	if (g->has_residual) {
+		scan_expr(s, g->res_off);
+		scan_expr(s, g->res_rs);
+		scan_buf(s, g->residual);
+	}
 }
 
 static void scan_stmt(scan *s, const cg_stmt *st)
@@ -880,8 +885,9 @@ static void s_gemm(fn_ctx *c, const cg_stmt *s)
 {
 	cg_llvm *L = c->L;
 	const cg_gemm *g = s->gemm;
-	int bufs[] = {g->a, g->b, g->c, g->bias >= 0 ? g->bias : g->a};
-	for (int i = 0; i < 4; i++)
+	int bufs[] = {g->a, g->b, g->c, g->bias >= 0 ? g->bias : g->a,
+	              g->has_residual ? g->residual : g->a};
+	for (int i = 0; i < 5; i++)
 		if (L->m->buf[bufs[i]].dt != KILN_F32) {
 			fail(c, KILN_EUNSUPPORTED, "GEMM on a non-f32 buffer");
 			return;
@@ -896,24 +902,27 @@ static void s_gemm(fn_ctx *c, const cg_stmt *s)
 	/* the activation as a clamp to [lo, hi] */
 	double act_lo = g->act == CG_ACT_CLIP ? g->act_lo : g->act == CG_ACT_RELU ? 0 : -__builtin_inf();
 	double act_hi = g->act == CG_ACT_CLIP ? g->act_hi : __builtin_inf();
-	LLVMValueRef args[18] = {
+	LLVMValueRef res = g->has_residual ? gemm_ptr(c, g->residual, g->res_off, g->c_bs, b)
+	                                   : LLVMConstNull(LLVMPointerType(L->f32, 0));
+	LLVMValueRef args[20] = {
 		c->x, iexpr(c, g->M), iexpr(c, g->N), iexpr(c, g->K), fc(c, g->alpha),
 		gemm_ptr(c, g->a, g->a_off, g->a_bs, b), iexpr(c, g->a_rs), iexpr(c, g->a_cs),
 		gemm_ptr(c, g->b, g->b_off, g->b_bs, b), iexpr(c, g->b_rs), iexpr(c, g->b_cs),
 		fc(c, g->beta), gemm_ptr(c, g->c, g->c_off, g->c_bs, b), iexpr(c, g->c_rs),
 		bias, i32c(L, g->bias_axis),
-		LLVMConstReal(L->f32, act_lo), LLVMConstReal(L->f32, act_hi)};
+		LLVMConstReal(L->f32, act_lo), LLVMConstReal(L->f32, act_hi),
+		res, g->has_residual ? iexpr(c, g->res_rs) : i64c(L, 0)};
 	LLVMTypeRef ft = LLVMGlobalGetValueType(f);
-	LLVMTypeRef pt[18];
-	if (LLVMCountParamTypes(ft) != 18) {
+	LLVMTypeRef pt[20];
+	if (LLVMCountParamTypes(ft) != 20) {
 		fail(c, KILN_EINVAL, "kiln_sgemm has an unexpected signature");
 		return;
 	}
 	LLVMGetParamTypes(ft, pt);
-	for (int i = 0; i < 18; i++)
+	for (int i = 0; i < 20; i++)
 		if (LLVMGetTypeKind(pt[i]) == LLVMPointerTypeKind)
 			args[i] = LLVMBuildBitCast(L->b, args[i], pt[i], "");
-	LLVMBuildCall2(L->b, ft, f, args, 18, "");
+	LLVMBuildCall2(L->b, ft, f, args, 20, "");
 	loop_end(c, &l, 0);
 }
 
@@ -1245,10 +1254,10 @@ kiln_status cg_llvm_sizes(cg_llvm *L, LLVMValueRef *numel, LLVMValueRef *io_dims
 
 static bool gemm_ok(const cg_module *m, const cg_gemm *g, char *why, size_t size)
 {
-	int bufs[] = {g->a, g->b, g->c, g->bias};
-	const char *role[] = {"A", "B", "C", "bias"};
-	for (int i = 0; i < 4; i++) {
-		if (bufs[i] < 0 && i == 3)
+	int bufs[] = {g->a, g->b, g->c, g->bias, g->has_residual ? g->residual : -1};
+	const char *role[] = {"A", "B", "C", "bias", "residual"};
+	for (int i = 0; i < 5; i++) {
+		if (bufs[i] < 0 && i >= 3)
 			continue;
 		if (bufs[i] < 0 || bufs[i] >= m->nbuf) {
 			snprintf(why, size, "GEMM %s names no buffer", role[i]);

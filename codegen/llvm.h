@@ -89,9 +89,11 @@ bool cg_llvm_supports(const cg_module *m, const cg_kernel *k, char *why, size_t 
  *                   const float *A, i64 a_rs, i64 a_cs,
  *                   const float *B, i64 b_rs, i64 b_cs,
  *                   float beta, float *C, i64 c_rs,
- *                   const float *bias, i32 bias_axis, float lo, float hi)
+ *                   const float *bias, i32 bias_axis, float lo, float hi,
+ *                   const float *R, i64 r_rs)
  * C[m*c_rs + n] = clamp(alpha * sum_k A[m*a_rs + k*a_cs] * B[k*b_rs + n*b_cs]
- *                       + beta * C[...] + bias, lo, hi), bias_axis 1: bias[n],
+ *                       + beta * C[...] + bias + R[m*r_rs + n], lo, hi)
+ * (R null: no residual), bias_axis 1: bias[n],
  * 2: bias[m]; the clamp is the activation (none: [-inf, inf], relu: [0, inf],
  * clip: its bounds), compare-and-select so NaN passes;
  * beta == 0 never reads C.  Packed panels in x->scratch, a register-blocked

@@ -12,10 +12,10 @@
  * micro-kernel independent of the caller's strides (transposes are just
  * strides) and of the edges: padded lanes compute zeros and the tile's
  * store is masked (llvm.masked.load/store), so there is no scalar edge
- * code.  The epilogue (beta, bias per column or per row, a clamp to
- * [lo, hi] that is relu, clip or nothing) runs once
+ * code.  The epilogue (beta, bias per column or per row, a residual
+ * matrix, a clamp to [lo, hi] that is relu, clip or nothing) runs once
  * per element: beta at the first K block (and C is never read when
- * beta == 0), bias and the clamp at the last.
+ * beta == 0), bias, residual and the clamp at the last.
  *
  * Packing costs O(MK + KN) per call, which a batch-1 MLP (M = 1) cannot
  * pay back, so small or thin problems take direct paths instead: B rows
@@ -72,7 +72,7 @@ uint64_t cg_sgemm_scratch_floats(const cg_target *t)
 /* Parameters shared by kiln_sgemm and its internal paths, in ABI order. */
 enum {
 	P_X, P_M, P_N, P_K, P_ALPHA, P_A, P_ARS, P_ACS, P_B, P_BRS, P_BCS,
-	P_BETA, P_C, P_CRS, P_BIAS, P_AXIS, P_LO, P_HI, P_COUNT
+	P_BETA, P_C, P_CRS, P_BIAS, P_AXIS, P_LO, P_HI, P_RES, P_RRS, P_COUNT
 };
 
 typedef struct gen {
@@ -123,6 +123,12 @@ static LLVMValueRef icmp(gen *g, LLVMIntPredicate p, LLVMValueRef a, LLVMValueRe
 static LLVMValueRef at(gen *g, LLVMValueRef p, LLVMValueRef i)
 {
 	return LLVMBuildGEP2(g->b, g->L->f32, p, &i, 1, "");
+}
+
+/* &p[i], or null when p is (the residual: null when there is none) */
+static LLVMValueRef nat(gen *g, LLVMValueRef p, LLVMValueRef i)
+{
+	return LLVMBuildSelect(g->b, LLVMBuildIsNotNull(g->b, p, ""), at(g, p, i), p, "");
 }
 
 static LLVMValueRef call(gen *g, LLVMValueRef fn, LLVMValueRef *args, unsigned n)
@@ -300,7 +306,7 @@ static unsigned gemm_params(gen *g, LLVMTypeRef *t, int extra)
 		[P_ALPHA] = L->f32, [P_A] = g->fp, [P_ARS] = L->i64, [P_ACS] = L->i64,
 		[P_B] = g->fp, [P_BRS] = L->i64, [P_BCS] = L->i64, [P_BETA] = L->f32,
 		[P_C] = g->fp, [P_CRS] = L->i64, [P_BIAS] = g->fp, [P_AXIS] = L->i32,
-		[P_LO] = L->f32, [P_HI] = L->f32,
+		[P_LO] = L->f32, [P_HI] = L->f32, [P_RES] = g->fp, [P_RRS] = L->i64,
 	};
 	memcpy(t, tys, sizeof tys);
 	for (int i = 0; i < extra; i++)
@@ -333,16 +339,20 @@ static LLVMValueRef clamp(gen *g, LLVMValueRef v, LLVMValueRef lo, LLVMValueRef 
 	return LLVMBuildSelect(g->b, LLVMBuildFCmp(g->b, LLVMRealOGT, v, hi, ""), hi, v, "");
 }
 
-/* C[cp + lanes under mask] = clamp(v + beta*C + colbias + rowb, lo, hi).
- * C is read only when beta != 0, colb only when colb_on. */
+/* C[cp + lanes under mask] = clamp(v + beta*C + colbias + rowb + R, lo, hi).
+ * C is read only when beta != 0, colb only when colb_on, the residual at
+ * rp only when rp is not null. */
 static void vec_epilogue(gen *g, LLVMValueRef v, LLVMValueRef cp, LLVMValueRef mask,
                          LLVMValueRef beta, LLVMValueRef colb, LLVMValueRef colb_on,
-                         LLVMValueRef rowb, LLVMValueRef lo, LLVMValueRef hi)
+                         LLVMValueRef rowb, LLVMValueRef rp, LLVMValueRef lo,
+                         LLVMValueRef hi)
 {
+	LLVMValueRef r_on = LLVMBuildIsNotNull(g->b, rp, "");
 	LLVMValueRef bnz = LLVMBuildFCmp(g->b, LLVMRealUNE, beta, f32c(g, 0), "");
 	v = fma3(g, splat(g, g->vf, beta), mload(g, or_zeros(g, bnz, cp), mask), v);
 	v = LLVMBuildFAdd(g->b, v, mload(g, or_zeros(g, colb_on, colb), mask), "");
 	v = LLVMBuildFAdd(g->b, v, splat(g, g->vf, rowb), "");
+	v = LLVMBuildFAdd(g->b, v, mload(g, or_zeros(g, r_on, rp), mask), "");
 	mstore(g, clamp(g, v, lo, hi), cp, mask);
 }
 
@@ -357,12 +367,14 @@ static void scalar_epilogue(gen *g, LLVMValueRef v, LLVMValueRef m, LLVMValueRef
 	LLVMValueRef row = icmp(g, LLVMIntEQ, p[P_AXIS], LLVMConstInt(g->L->i32, 2, 0));
 	LLVMValueRef bp = at(g, p[P_BIAS], LLVMBuildSelect(g->b, row, m, n, ""));
 	v = LLVMBuildFAdd(g->b, v, load_if(g, icmp(g, LLVMIntNE, p[P_AXIS], z32), bp), "");
+	LLVMValueRef rp = at(g, p[P_RES], add(g, mul(g, m, p[P_RRS]), n));
+	v = LLVMBuildFAdd(g->b, v, load_if(g, LLVMBuildIsNotNull(g->b, p[P_RES], ""), rp), "");
 	LLVMBuildStore(g->b, clamp(g, v, p[P_LO], p[P_HI]), cp);
 }
 
 /* ---- the packed path ----------------------------------------------------- */
 
-enum { U_AP, U_BP, U_KC, U_C, U_CRS, U_MR, U_NR, U_BETA, U_BIAS, U_BMODE, U_LO, U_HI, U_COUNT,
+enum { U_AP, U_BP, U_KC, U_C, U_CRS, U_MR, U_NR, U_BETA, U_BIAS, U_BMODE, U_LO, U_HI, U_RES, U_RRS, U_COUNT,
        /* the direct micro-kernel's extra parameters */
        U_ARS = U_COUNT, U_ACS, U_BRS, U_ALPHA, U_DCOUNT };
 
@@ -382,11 +394,13 @@ static void ukr_epilogue(gen *g, LLVMValueRef *acc)
 		LLVMBasicBlockRef join = if_begin(g, icmp(g, LLVMIntSLT, i64c(g, i), p[U_MR]));
 		LLVMValueRef rowb = load_if(g, rowb_on, at(g, p[U_BIAS], i64c(g, i)));
 		LLVMValueRef crow = at(g, p[U_C], mul(g, i64c(g, i), p[U_CRS]));
+		LLVMValueRef rrow = nat(g, p[U_RES], mul(g, i64c(g, i), p[U_RRS]));
 		for (int j = 0; j < g->nv; j++) {
 			LLVMValueRef off = i64c(g, j * g->g.W);
 			LLVMValueRef v = LLVMBuildLoad2(g->b, g->vf, acc[i * g->nv + j], "");
 			vec_epilogue(g, v, at(g, crow, off), mask[j], p[U_BETA],
-			             at(g, p[U_BIAS], off), colb_on, rowb, p[U_LO], p[U_HI]);
+			             at(g, p[U_BIAS], off), colb_on, rowb, nat(g, rrow, off),
+			             p[U_LO], p[U_HI]);
 		}
 		if_end(g, join);
 	}
@@ -421,7 +435,7 @@ static LLVMValueRef emit_ukr(gen *g, bool direct, int nv)
 	LLVMTypeRef t[U_DCOUNT] = {
 		[U_AP] = g->fp, [U_BP] = g->fp, [U_KC] = L->i64, [U_C] = g->fp, [U_CRS] = L->i64,
 		[U_MR] = L->i64, [U_NR] = L->i64, [U_BETA] = L->f32, [U_BIAS] = g->fp,
-		[U_BMODE] = L->i32, [U_LO] = L->f32, [U_HI] = L->f32, [U_ARS] = L->i64, [U_ACS] = L->i64,
+		[U_BMODE] = L->i32, [U_LO] = L->f32, [U_HI] = L->f32, [U_RES] = g->fp, [U_RRS] = L->i64, [U_ARS] = L->i64, [U_ACS] = L->i64,
 		[U_BRS] = L->i64, [U_ALPHA] = L->f32,
 	};
 	char name[40];
@@ -591,7 +605,10 @@ static void macro_kernel(gen *g, const packed_fns *f, LLVMValueRef Ap, LLVMValue
 		[U_KC] = kc, [U_C] = at(g, p[P_C], add(g, mul(g, m, p[P_CRS]), n)),
 		[U_CRS] = p[P_CRS], [U_MR] = mr, [U_NR] = nr, [U_BETA] = blk[5],
 		[U_BIAS] = at(g, p[P_BIAS], LLVMBuildSelect(g->b, row, m, n, "")),
-		[U_BMODE] = bmode, [U_LO] = lo, [U_HI] = hi,
+		[U_BMODE] = bmode, [U_LO] = lo, [U_HI] = hi, [U_RRS] = p[P_RRS],
+		/* the residual at the last K block only */
+		[U_RES] = LLVMBuildSelect(g->b, last, nat(g, p[P_RES], add(g, mul(g, m, p[P_RRS]), n)),
+		                          LLVMConstNull(g->fp), ""),
 	};
 	call_ukr(g, f->ukr, f->ukr1, a, U_COUNT);
 	loop_end(g, &li);
@@ -653,7 +670,8 @@ static LLVMValueRef emit_tiles(gen *g, LLVMValueRef ukr)
 		[U_KC] = p[P_K], [U_C] = at(g, p[P_C], add(g, mul(g, ir, p[P_CRS]), jr)),
 		[U_CRS] = p[P_CRS], [U_MR] = mr, [U_NR] = nr, [U_BETA] = p[P_BETA],
 		[U_BIAS] = at(g, p[P_BIAS], LLVMBuildSelect(g->b, row, ir, jr, "")),
-		[U_BMODE] = p[P_AXIS], [U_LO] = p[P_LO], [U_HI] = p[P_HI], [U_ARS] = p[P_ARS], [U_ACS] = p[P_ACS],
+		[U_BMODE] = p[P_AXIS], [U_LO] = p[P_LO], [U_HI] = p[P_HI], [U_RRS] = p[P_RRS],
+		[U_RES] = nat(g, p[P_RES], add(g, mul(g, ir, p[P_RRS]), jr)), [U_ARS] = p[P_ARS], [U_ACS] = p[P_ACS],
 		[U_BRS] = p[P_BRS], [U_ALPHA] = p[P_ALPHA],
 	};
 	call(g, ukr, a, U_DCOUNT);
@@ -698,7 +716,8 @@ static void axpy_block(gen *g, LLVMValueRef m, LLVMValueRef n, int nv, LLVMValue
 		LLVMValueRef v = LLVMBuildLoad2(g->b, g->vf, acc[j], "");
 		v = LLVMBuildFMul(g->b, v, splat(g, g->vf, p[P_ALPHA]), "");
 		vec_epilogue(g, v, at(g, crow, off), mask ? mask[j] : all, p[P_BETA],
-		             at(g, p[P_BIAS], off), colb_on, rowb, p[P_LO], p[P_HI]);
+		             at(g, p[P_BIAS], off), colb_on, rowb,
+		             nat(g, nat(g, p[P_RES], mul(g, m, p[P_RRS])), off), p[P_LO], p[P_HI]);
 	}
 }
 

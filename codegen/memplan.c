@@ -80,6 +80,8 @@ static void walk(cg_module *m, const cg_stmt *s, int t)
 		touch(m, s->gemm->c, t);
 		if (s->gemm->bias_axis)
 			touch(m, s->gemm->bias, t);
+		if (s->gemm->has_residual)
+			touch(m, s->gemm->residual, t);
 		break;
 	}
 }

@@ -154,7 +154,8 @@ static void check_prob(const prob *p, rt_pool *pool)
 	rt_exec x = {.scratch = scratch_new(), .pool = pool};
 	J.fn(&x, p->M, p->N, p->K, p->alpha, o.A, o.a_rs, o.a_cs, o.B, o.b_rs, o.b_cs, p->beta,
 	     o.C, o.c_rs, p->axis ? o.bias : NULL, p->axis,
-	     p->act == 2 ? CLIP_LO : p->act ? 0 : -INFINITY, p->act == 2 ? CLIP_HI : INFINITY);
+	     p->act == 2 ? CLIP_LO : p->act ? 0 : -INFINITY, p->act == 2 ? CLIP_HI : INFINITY,
+	     NULL, 0);
 	double tol = 1e-5 * (p->K > 1 ? p->K : 1);
 	for (int64_t m = 0; m < p->M; m++) {
 		for (int64_t n = 0; n < o.c_rs; n++) {
