@@ -1284,6 +1284,37 @@ static bool fuse_bias(lowering *L, const ir_node *n)
 	return false;
 }
 
+/* The residual Add of a ResNet block, conv (+ bias) + x with x of the same
+ * shape, folds into the conv's GEMM as a residual read in its store path
+ * (before the activation, so a Relu after the Add then folds too:
+ * fuse_act): the conv's output is written once and never re-read.  x is
+ * an input of the Add, so it is computed before it; that it is computed
+ * before the GEMM is gemm_result's test that the GEMM's kernel is the last
+ * one lowered.  Only an exact shape match: no broadcast. */
+static bool fuse_residual(lowering *L, const ir_node *n)
+{
+	if (n->op != KILN_OP_ADD || L->out_of[n->out[0]] >= 0)
+		return false;
+	const ir_type *y = &L->g->val[n->out[0]]->type;
+	for (int i = 0; i < 2; i++) {
+		int root, rb = L->vbuf[n->in[1 - i]];
+		const ir_type *x = &L->g->val[n->in[i]]->type, *r = &L->g->val[n->in[1 - i]]->type;
+		cg_gemm *gm = gemm_result(L, n->in[i], &root);
+		if (!gm || gm->has_residual || gm->act || gm->beta != 0 || !ir_type_eq(x, y) ||
+		    !ir_type_eq(r, y) || rb < 0 || L->defer[n->in[1 - i]] ||
+		    (L->m->buf[rb].alias >= 0 ? L->m->buf[rb].alias : rb) == root ||
+		    !view_of(L, n, root))
+			continue;
+		gm->has_residual = gm->res_first = true;
+		gm->residual = rb;
+		gm->res_off = gm->c_off;
+		gm->res_rs = gm->c_rs;
+		L->bias_node = n->idx + 1;
+		return true;
+	}
+	return false;
+}
+
 /* Buffers for n's results into out[]: OUTPUT for a graph output written in
  * place, else TEMP; -1 for an unused extra output (not computed). */
 static kiln_status out_bufs(lowering *L, const ir_node *n, int *out)
@@ -1318,7 +1349,7 @@ static kiln_status lower_node(lowering *L, const ir_node *n)
 		m->buf[b].data = a && a->kind == IR_A_TENSOR ? a->u.t : NULL;
 		return KILN_OK;
 	}
-	if (fuse_act(L, n) || fuse_dw_act(L, n) || fuse_bias(L, n))
+	if (fuse_act(L, n) || fuse_dw_act(L, n) || fuse_bias(L, n) || fuse_residual(L, n))
 		return KILN_OK;
 	if (!cg_lower_rule(n->op))
 		return cg_lower_fail(m, n, L->err, KILN_EUNSUPPORTED, "no lowering for %s",

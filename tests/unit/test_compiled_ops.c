@@ -191,26 +191,30 @@ static kiln_tensor *seeded(int rank, const int64_t *shape, int k)
 	return t;
 }
 
-/* The activations that fold into a producer's store path (a GEMM's
+/* The consumers that fold into a producer's store path (a GEMM's
  * epilogue, the depthwise conv's loop nest): pointwise conv -> Clip (a
- * GEMM on the input), depthwise conv -> Clip, depthwise -> Relu, 3x3 conv
- * (im2col GEMM) -> Clip, Gemm -> Clip with no lower bound; bounds chosen
- * so both sides bite.  The library must give what the interpreter gives. */
+ * GEMM on the input), depthwise conv -> Clip, pointwise conv + a residual
+ * -> Relu, depthwise -> Relu, 3x3 conv (im2col GEMM) -> Clip, Gemm -> Clip
+ * with no lower bound; bounds chosen so both sides bite.  The library must
+ * give what the interpreter gives. */
 START_TEST(fused_activations_match_the_interpreter)
 {
 	kiln_graph *g = kiln_graph_new("fused_acts");
 	static const int64_t sx[] = {2, 4, 6, 6}, sw1[] = {8, 4, 1, 1}, sb[] = {8},
-	                     swd[] = {8, 1, 3, 3}, sw3[] = {5, 8, 3, 3}, sa[] = {3, 12},
+	                     swd[] = {8, 1, 3, 3}, sw2[] = {8, 8, 1, 1}, sw3[] = {5, 8, 3, 3}, sa[] = {3, 12},
 	                     swg[] = {5, 12};
 	uint32_t x = input(g, "x", KILN_F32, 4, sx), w1 = input(g, "w1", KILN_F32, 4, sw1);
 	uint32_t b1 = input(g, "b1", KILN_F32, 1, sb), wd = input(g, "wd", KILN_F32, 4, swd);
-	uint32_t bd = input(g, "bd", KILN_F32, 1, sb), w3 = input(g, "w3", KILN_F32, 4, sw3);
+	uint32_t w2 = input(g, "w2", KILN_F32, 4, sw2), w3 = input(g, "w3", KILN_F32, 4, sw3);
 	uint32_t a = input(g, "a", KILN_F32, 2, sa), wg = input(g, "wg", KILN_F32, 2, swg);
 	uint32_t h = op1(g, KILN_OP_CONV, 3, (uint32_t[]){x, w1, b1}, "");
 	h = op1(g, KILN_OP_CLIP, 1, &h, "min=0 max=0.8");
-	h = op1(g, KILN_OP_CONV, 3, (uint32_t[]){h, wd, bd}, "group=8 pads=1,1,1,1");
-	h = op1(g, KILN_OP_CLIP, 1, &h, "min=-0.3 max=0.9");
-	h = op1(g, KILN_OP_CONV, 3, (uint32_t[]){h, wd, bd}, "group=8 pads=1,1,1,1 strides=2,2");
+	uint32_t d = op1(g, KILN_OP_CONV, 3, (uint32_t[]){h, wd, b1}, "group=8 pads=1,1,1,1");
+	d = op1(g, KILN_OP_CLIP, 1, &d, "min=-0.3 max=0.9");
+	d = op1(g, KILN_OP_CONV, 2, (uint32_t[]){d, w2}, "");
+	h = op1(g, KILN_OP_ADD, 2, (uint32_t[]){d, h}, "");
+	h = op1(g, KILN_OP_RELU, 1, &h, "");
+	h = op1(g, KILN_OP_CONV, 3, (uint32_t[]){h, wd, b1}, "group=8 pads=1,1,1,1 strides=2,2");
 	h = op1(g, KILN_OP_RELU, 1, &h, "");
 	h = op1(g, KILN_OP_CONV, 2, (uint32_t[]){h, w3}, "pads=1,1,1,1");
 	h = op1(g, KILN_OP_CLIP, 1, &h, "min=-0.5 max=0.7");
@@ -218,8 +222,8 @@ START_TEST(fused_activations_match_the_interpreter)
 	uint32_t m = op1(g, KILN_OP_GEMM, 2, (uint32_t[]){a, wg}, "transB=1");
 	m = op1(g, KILN_OP_CLIP, 1, &m, "max=0.25");
 	ir_output_add(g, op1(g, KILN_OP_NEG, 1, &m, ""), NULL);
-	const int64_t *shapes[] = {sx, sw1, sb, swd, sb, sw3, sa, swg};
-	static const int ranks[] = {4, 4, 1, 4, 1, 4, 2, 2};
+	const int64_t *shapes[] = {sx, sw1, sb, swd, sw2, sw3, sa, swg};
+	static const int ranks[] = {4, 4, 1, 4, 4, 4, 2, 2};
 	opcase_graph c = {"fused_acts", g, {0}, {0}, 8, 2, 0};
 	for (int k = 0; k < 8; k++)
 		c.in[k] = seeded(ranks[k], shapes[k], k);
