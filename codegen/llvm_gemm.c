@@ -341,18 +341,20 @@ static LLVMValueRef clamp(gen *g, LLVMValueRef v, LLVMValueRef lo, LLVMValueRef 
 
 /* C[cp + lanes under mask] = clamp(v + beta*C + colbias + rowb + R, lo, hi).
  * C is read only when beta != 0, colb only when colb_on, the residual at
- * rp only when rp is not null. */
+ * rp only when rp is not null (and not at all when rp is NULL here: the
+ * micro-kernel's two epilogues, see ukr_epilogue). */
 static void vec_epilogue(gen *g, LLVMValueRef v, LLVMValueRef cp, LLVMValueRef mask,
                          LLVMValueRef beta, LLVMValueRef colb, LLVMValueRef colb_on,
                          LLVMValueRef rowb, LLVMValueRef rp, LLVMValueRef lo,
                          LLVMValueRef hi)
 {
-	LLVMValueRef r_on = LLVMBuildIsNotNull(g->b, rp, "");
 	LLVMValueRef bnz = LLVMBuildFCmp(g->b, LLVMRealUNE, beta, f32c(g, 0), "");
 	v = fma3(g, splat(g, g->vf, beta), mload(g, or_zeros(g, bnz, cp), mask), v);
 	v = LLVMBuildFAdd(g->b, v, mload(g, or_zeros(g, colb_on, colb), mask), "");
 	v = LLVMBuildFAdd(g->b, v, splat(g, g->vf, rowb), "");
-	v = LLVMBuildFAdd(g->b, v, mload(g, or_zeros(g, r_on, rp), mask), "");
+	if (rp)
+		v = LLVMBuildFAdd(g->b, v, mload(g, or_zeros(g, LLVMBuildIsNotNull(g->b, rp, ""), rp),
+		                                 mask), "");
 	mstore(g, clamp(g, v, lo, hi), cp, mask);
 }
 
@@ -382,7 +384,7 @@ enum { U_AP, U_BP, U_KC, U_C, U_CRS, U_MR, U_NR, U_BETA, U_BIAS, U_BMODE, U_LO, 
  * the MR x NR tile at C from packed panels; only its mr x nr corner is
  * stored.  bmode 1: bias[j] per column, 2: bias[i] per row (bias points at
  * the tile's first), 0: none. */
-static void ukr_epilogue(gen *g, LLVMValueRef *acc)
+static void ukr_rows(gen *g, LLVMValueRef *acc, bool res)
 {
 	LLVMValueRef *p = g->p;
 	LLVMValueRef colb_on = icmp(g, LLVMIntEQ, p[U_BMODE], LLVMConstInt(g->L->i32, 1, 0));
@@ -394,16 +396,31 @@ static void ukr_epilogue(gen *g, LLVMValueRef *acc)
 		LLVMBasicBlockRef join = if_begin(g, icmp(g, LLVMIntSLT, i64c(g, i), p[U_MR]));
 		LLVMValueRef rowb = load_if(g, rowb_on, at(g, p[U_BIAS], i64c(g, i)));
 		LLVMValueRef crow = at(g, p[U_C], mul(g, i64c(g, i), p[U_CRS]));
-		LLVMValueRef rrow = nat(g, p[U_RES], mul(g, i64c(g, i), p[U_RRS]));
+		LLVMValueRef rrow = res ? nat(g, p[U_RES], mul(g, i64c(g, i), p[U_RRS])) : NULL;
 		for (int j = 0; j < g->nv; j++) {
 			LLVMValueRef off = i64c(g, j * g->g.W);
 			LLVMValueRef v = LLVMBuildLoad2(g->b, g->vf, acc[i * g->nv + j], "");
 			vec_epilogue(g, v, at(g, crow, off), mask[j], p[U_BETA],
-			             at(g, p[U_BIAS], off), colb_on, rowb, nat(g, rrow, off),
+			             at(g, p[U_BIAS], off), colb_on, rowb, res ? nat(g, rrow, off) : NULL,
 			             p[U_LO], p[U_HI]);
 		}
 		if_end(g, join);
 	}
+}
+
+/* Two copies of the tile's stores, with and without the residual: a
+ * masked load of zeros per vector would cost every GEMM without one. */
+static void ukr_epilogue(gen *g, LLVMValueRef *acc)
+{
+	LLVMBasicBlockRef with = block(g, "res"), without = block(g, "nores"), done = block(g, "done");
+	LLVMBuildCondBr(g->b, LLVMBuildIsNotNull(g->b, g->p[U_RES], ""), with, without);
+	LLVMPositionBuilderAtEnd(g->b, with);
+	ukr_rows(g, acc, true);
+	LLVMBuildBr(g->b, done);
+	LLVMPositionBuilderAtEnd(g->b, without);
+	ukr_rows(g, acc, false);
+	LLVMBuildBr(g->b, done);
+	LLVMPositionBuilderAtEnd(g->b, done);
 }
 
 /* The direct micro-kernel's operand addressing, set up before the k loop:
