@@ -195,9 +195,14 @@ kiln_status rt_model_validate(const rt_model_desc *d, char *msg, size_t size)
 {
 	if (!d)
 		return snprintf(msg, size, "no model description"), KILN_EINVAL;
-	if (d->abi < RT_MODEL_ABI_MIN || d->abi > RT_MODEL_ABI)
-		return snprintf(msg, size, "model ABI %u, but this runtime reads ABI %d to %d",
+	if (d->abi < RT_MODEL_ABI_MIN)
+		return snprintf(msg, size, "model ABI %u was written by an older kiln; this runtime "
+		                "reads ABI %d to %d: compile the model again with this kiln",
 		                d->abi, RT_MODEL_ABI_MIN, RT_MODEL_ABI),
+		       KILN_EUNSUPPORTED;
+	if (d->abi > RT_MODEL_ABI)
+		return snprintf(msg, size, "model ABI %u was written by a newer kiln; this runtime "
+		                "reads ABI %d to %d", d->abi, RT_MODEL_ABI_MIN, RT_MODEL_ABI),
 		       KILN_EUNSUPPORTED;
 	if (!d->name || (d->nsym && !d->sym_names) || (d->ninputs && !d->inputs) ||
 	    (d->noutputs && !d->outputs) || (d->nbuf && (!d->bufs || !d->numel)) ||

@@ -22,7 +22,10 @@
 
 #define RT_MODEL_ABI 3 /* 2: RT_BUF_STATE, the state table, rt_train_desc;
                           3: rt_exec.fault (kernels report bad indices) */
-#define RT_MODEL_ABI_MIN 2 /* ABI 2 kernels run unchanged: they never report */
+#define RT_MODEL_ABI_MIN 3 /* the oldest ABI this runtime runs: a loaded library's
+                              kernels call its own static copy of the pool
+                              (rt_parallel_for) with this runtime's rt_exec and
+                              rt_pool, so any change to those is a new ABI */
 
 typedef struct rt_pool rt_pool;
 
