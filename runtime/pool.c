@@ -187,7 +187,13 @@ void rt_parallel_for(rt_exec *x, int64_t n, rt_range_fn fn)
 	self.pool = NULL; /* loops nested in this one run inline */
 	if (n <= 0)
 		return;
-	if (!p || nc < 2 || !atomic_compare_exchange_strong(&p->busy, &expect, 1)) {
+	if (!p || nc < 2) {
+		/* one chunk: the pool stays free for loops nested in it (a conv's
+		 * per-image GEMM loop at batch 1 splits the GEMM's columns) */
+		fn(x, 0, n);
+		return;
+	}
+	if (!atomic_compare_exchange_strong(&p->busy, &expect, 1)) {
 		fn(&self, 0, n);
 		return;
 	}
