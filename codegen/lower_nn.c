@@ -348,14 +348,20 @@ static kiln_status conv_1x1(cg_module *m, const ir_node *n, const int *in, int y
 	if (!k)
 		return nomem(m, n, err);
 	bool bias = n->nin > 2 && in[2] >= 0;
+	/* one GEMM per image, the images over the threads (a batch of one
+	 * runs inline, its GEMM then splitting its columns) */
+	cg_expr *b;
+	cg_stmt *gb;
+	cg_append(m, k->body, cg_loop(m, k, cg_dim(m, x->dim[0]), CG_PARALLEL, &b, &gb));
 	cg_gemm gm = {.a = in[1], .b = in[0], .c = y, .bias = bias ? in[2] : -1,
-	              .M = I(m, M), .N = I(m, g->osz), .K = I(m, C), .batch = cg_dim(m, x->dim[0]),
+	              .M = I(m, M), .N = I(m, g->osz), .K = I(m, C), .batch = I(m, 1),
 	              .a_off = I(m, 0), .a_bs = I(m, 0), .a_rs = I(m, C), .a_cs = I(m, 1),
-	              .b_off = I(m, 0), .b_bs = I(m, C * g->isz), .b_rs = I(m, g->isz), .b_cs = I(m, 1),
-	              .c_off = I(m, 0), .c_bs = I(m, M * g->osz), .c_rs = I(m, g->osz),
+	              .b_off = mul(m, b, I(m, C * g->isz)), .b_bs = I(m, 0), .b_rs = I(m, g->isz),
+	              .b_cs = I(m, 1),
+	              .c_off = mul(m, b, I(m, M * g->osz)), .c_bs = I(m, 0), .c_rs = I(m, g->osz),
 	              .bias_off = I(m, 0), .alpha = 1, .beta = 0, .bias_axis = bias ? 2 : 0};
-	cg_append(m, k->body, cg_gemm_stmt(m, &gm));
-	return k->body->n ? KILN_OK : nomem(m, n, err);
+	cg_append(m, gb, cg_gemm_stmt(m, &gm));
+	return gb && gb->n ? KILN_OK : nomem(m, n, err);
 }
 
 /* The output positions o of the innermost spatial dim whose tap t lands
@@ -418,15 +424,17 @@ static cg_stmt *conv_nest(cg_module *m, cg_kernel *k, cg_stmt *blk, int64_t C, c
 
 /* col[(c*ksz + t)*osz + o] = x[b, c, tap(o, t)], 0 in the padding: per
  * output row, zeros before the tap's span, a copy inside it, zeros after. */
-static void im2col(cg_module *m, cg_kernel *k, cg_stmt *blk, int x, int col, cg_expr *b, int64_t C,
-                   const geom *g)
+static void im2col(cg_module *m, cg_kernel *k, cg_stmt *blk, int x, int col, cg_expr *b,
+                   cg_expr *c, int64_t C, const geom *g)
 {
 	cg_expr *iv[7], *valid, *lo, *hi, *v[3];
 	cg_stmt *lb[3];
 	int ns = g->nsp;
 	int64_t W = g->out[ns - 1];
-	cg_stmt *body = conv_nest(m, k, blk, C, g, iv);
-	cg_expr *row = add(m, mul(m, iv[0], I(m, g->ksz)), lin(m, ns, iv + 1, g->k));
+	cg_stmt *body = conv_nest(m, k, blk, 1, g, iv);
+	iv[0] = c; /* one channel per call: the caller's loop picks it */
+	cg_expr *row = add(m, mul(m, add(m, mul(m, b, I(m, C)), c), I(m, g->ksz)),
+	                   lin(m, ns, iv + 1, g->k));
 	cg_expr *orow = iv[1 + ns];
 	for (int d = 1; d < ns - 1; d++)
 		orow = add(m, mul(m, orow, I(m, g->out[d])), iv[1 + ns + d]);
@@ -451,23 +459,32 @@ static kiln_status conv_im2col(cg_module *m, const ir_node *n, const int *in, in
 	const ir_type *x = cg_btype(m, in[0]), *yt = cg_btype(m, y);
 	int64_t C = x->dim[1], M = yt->dim[1], rows = C * g->ksz, batch = x->dim[0];
 	/* cg_lower_scratch may move m->buf: x and yt are dead after this */
-	int col = cg_lower_scratch(m, KILN_F32, I(m, rows * g->osz));
+	/* the whole batch's columns: im2col runs as one parallel loop over
+	 * (image, channel) instead of serially per image between GEMMs */
+	cg_expr *bd = cg_dim(m, batch);
+	int col = cg_lower_scratch(m, KILN_F32, mul(m, bd, I(m, rows * g->osz)));
 	cg_kernel *k = cg_lower_kernel(m, n);
 	if (col < 0 || !k)
 		return nomem(m, n, err);
-	cg_expr *b;
+	cg_expr *bc;
 	cg_stmt *body;
-	cg_append(m, k->body, cg_loop(m, k, cg_dim(m, batch), 0, &b, &body));
-	im2col(m, k, body, in[0], col, b, C, g);
+	cg_append(m, k->body, cg_loop(m, k, mul(m, bd, I(m, C)),
+	                              cg_par(m, mul(m, bd, I(m, rows * g->osz))), &bc, &body));
+	im2col(m, k, body, in[0], col, cg_bin(m, CG_DIV, bc, I(m, C)), cg_bin(m, CG_REM, bc, I(m, C)),
+	       C, g);
 	bool bias = n->nin > 2 && in[2] >= 0;
+	cg_expr *b;
+	cg_stmt *gb;
+	cg_append(m, k->body, cg_loop(m, k, bd, CG_PARALLEL, &b, &gb));
 	cg_gemm gm = {.a = in[1], .b = col, .c = y, .bias = bias ? in[2] : -1,
 	              .M = I(m, M), .N = I(m, g->osz), .K = I(m, rows), .batch = I(m, 1),
 	              .a_off = I(m, 0), .a_bs = I(m, 0), .a_rs = I(m, rows), .a_cs = I(m, 1),
-	              .b_off = I(m, 0), .b_bs = I(m, 0), .b_rs = I(m, g->osz), .b_cs = I(m, 1),
+	              .b_off = mul(m, b, I(m, rows * g->osz)), .b_bs = I(m, 0),
+	              .b_rs = I(m, g->osz), .b_cs = I(m, 1),
 	              .c_off = mul(m, b, I(m, M * g->osz)), .c_bs = I(m, 0), .c_rs = I(m, g->osz),
 	              .bias_off = I(m, 0), .alpha = 1, .beta = 0, .bias_axis = bias ? 2 : 0};
-	cg_append(m, body, cg_gemm_stmt(m, &gm));
-	return body && body->n == 2 ? KILN_OK : nomem(m, n, err);
+	cg_append(m, gb, cg_gemm_stmt(m, &gm));
+	return body && body->n && gb && gb->n && k->body->n == 2 ? KILN_OK : nomem(m, n, err);
 }
 
 /* y[b, m, :] = bias[m] (or 0), in its own nest over the output pixels. */

@@ -472,7 +472,9 @@ START_TEST(resnet_block_fuses_residual_add_and_relu)
 	char *text = dump(m);
 	ck_assert_msg(m->nkern == 3, "%s", text);
 	ck_assert_int_eq(count(text, "per row relu"), 1);
-	ck_assert_int_eq(count(text, "per row residual=buf0[%i0*144; 36] relu"), 1);
+	/* the per-image loop's variable numbers after im2col's */
+	ck_assert_int_eq(count(text, "per row residual=buf0[%i"), 1);
+	ck_assert_int_eq(count(text, "*144; 36] relu"), 1);
 	ck_assert_msg(!strstr(text, "add"), "%s", text);
 	free(text);
 	kiln_tensor *in = ramp(4, (int64_t[]){2, 4, 6, 6}, -1, 1, 9);
