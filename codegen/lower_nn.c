@@ -459,23 +459,37 @@ static kiln_status conv_im2col(cg_module *m, const ir_node *n, const int *in, in
 	const ir_type *x = cg_btype(m, in[0]), *yt = cg_btype(m, y);
 	int64_t C = x->dim[1], M = yt->dim[1], rows = C * g->ksz, batch = x->dim[0];
 	/* cg_lower_scratch may move m->buf: x and yt are dead after this */
-	/* the whole batch's columns: im2col runs as one parallel loop over
-	 * (image, channel) instead of serially per image between GEMMs */
+	/* columns for the whole batch, each image its own, so that images can
+	 * run on different threads; a symbolic batch picks a path at run time */
 	cg_expr *bd = cg_dim(m, batch);
 	int col = cg_lower_scratch(m, KILN_F32, mul(m, bd, I(m, rows * g->osz)));
 	cg_kernel *k = cg_lower_kernel(m, n);
 	if (col < 0 || !k)
 		return nomem(m, n, err);
-	cg_expr *bc;
-	cg_stmt *body;
-	cg_append(m, k->body, cg_loop(m, k, mul(m, bd, I(m, C)),
-	                              cg_par(m, mul(m, bd, I(m, rows * g->osz))), &bc, &body));
-	im2col(m, k, body, in[0], col, cg_bin(m, CG_DIV, bc, I(m, C)), cg_bin(m, CG_REM, bc, I(m, C)),
-	       C, g);
-	bool bias = n->nin > 2 && in[2] >= 0;
-	cg_expr *b;
-	cg_stmt *gb;
+	cg_expr *bc, *b, *c;
+	cg_stmt *body = NULL, *gb, *cb, *one = cg_block(m), *many = cg_block(m);
+	bool fixed = batch >= 0;
+	/* one image: im2col over its channels on the threads, then the GEMM
+	 * splits its columns */
+	if (!fixed || batch == 1) {
+		cg_append(m, fixed ? k->body : one,
+		          cg_loop(m, k, mul(m, bd, I(m, C)),
+		                  cg_par(m, mul(m, bd, I(m, rows * g->osz))), &bc, &body));
+		im2col(m, k, body, in[0], col, cg_bin(m, CG_DIV, bc, I(m, C)),
+		       cg_bin(m, CG_REM, bc, I(m, C)), C, g);
+		if (!fixed)
+			cg_append(m, k->body, cg_if(m, cg_bin(m, CG_LT, bd, I(m, 2)), one, cg_block(m)));
+	}
+	/* more: per image its im2col and GEMM on one thread, the columns
+	 * still in cache when the GEMM reads them */
 	cg_append(m, k->body, cg_loop(m, k, bd, CG_PARALLEL, &b, &gb));
+	if (!fixed || batch > 1) {
+		cg_append(m, fixed ? gb : many, cg_loop(m, k, I(m, C), 0, &c, &cb));
+		im2col(m, k, cb, in[0], col, b, c, C, g);
+		if (!fixed)
+			cg_append(m, gb, cg_if(m, cg_bin(m, CG_GE, bd, I(m, 2)), many, cg_block(m)));
+	}
+	bool bias = n->nin > 2 && in[2] >= 0;
 	cg_gemm gm = {.a = in[1], .b = col, .c = y, .bias = bias ? in[2] : -1,
 	              .M = I(m, M), .N = I(m, g->osz), .K = I(m, rows), .batch = I(m, 1),
 	              .a_off = I(m, 0), .a_bs = I(m, 0), .a_rs = I(m, rows), .a_cs = I(m, 1),
@@ -484,7 +498,7 @@ static kiln_status conv_im2col(cg_module *m, const ir_node *n, const int *in, in
 	              .c_off = mul(m, b, I(m, M * g->osz)), .c_bs = I(m, 0), .c_rs = I(m, g->osz),
 	              .bias_off = I(m, 0), .alpha = 1, .beta = 0, .bias_axis = bias ? 2 : 0};
 	cg_append(m, gb, cg_gemm_stmt(m, &gm));
-	return body && body->n && gb && gb->n && k->body->n == 2 ? KILN_OK : nomem(m, n, err);
+	return gb && gb->n && k->body->n ? KILN_OK : nomem(m, n, err);
 }
 
 /* y[b, m, :] = bias[m] (or 0), in its own nest over the output pixels. */
