@@ -849,7 +849,13 @@ static LLVMValueRef emit_naive(gen *g)
  * product whose arguments rt_parallel_for's caller put behind x->buf (a
  * field kiln_sgemm itself never needs), with this thread's x->scratch;
  * blocked is kiln_sgemm_blocked or kiln_sgemm_tiles (same arguments). */
-static LLVMValueRef emit_range(gen *g, LLVMValueRef blocked, const char *name)
+/* Rows per unit of a row split: a multiple of MR. */
+enum { ROW_BLOCK_TILES = 2 };
+
+/* rows: [begin, end) count blocks of MR * ROW_BLOCK_TILES rows of A and C
+ * (all of C's columns) instead of column panels; A, C, a per-row bias and
+ * the residual start at the block's first row. */
+static LLVMValueRef emit_range(gen *g, LLVMValueRef blocked, const char *name, bool rows)
 {
 	LLVMTypeRef t[] = {g->xp, g->L->i64, g->L->i64};
 	LLVMValueRef fn = function(g, name, t, 3);
@@ -863,9 +869,22 @@ static LLVMValueRef emit_range(gen *g, LLVMValueRef blocked, const char *name)
 		LLVMValueRef fp = LLVMBuildStructGEP2(g->b, g->argty, args, i, "");
 		a[i] = LLVMBuildLoad2(g->b, LLVMStructGetTypeAtIndex(g->argty, i), fp, "");
 	}
-	LLVMValueRef NR = i64c(g, g->g.NR);
-	a[P_COUNT] = mul(g, begin, NR);
-	a[P_COUNT + 1] = smin(g, mul(g, end, NR), a[P_N]);
+	if (rows) {
+		LLVMValueRef RB = i64c(g, (int64_t)g->g.MR * ROW_BLOCK_TILES);
+		LLVMValueRef r0 = mul(g, begin, RB), r1 = smin(g, mul(g, end, RB), a[P_M]);
+		LLVMValueRef rowb = icmp(g, LLVMIntEQ, a[P_AXIS], LLVMConstInt(g->L->i32, 2, 0));
+		a[P_M] = LLVMBuildSub(g->b, r1, r0, "");
+		a[P_A] = at(g, a[P_A], mul(g, r0, a[P_ARS]));
+		a[P_C] = at(g, a[P_C], mul(g, r0, a[P_CRS]));
+		a[P_BIAS] = LLVMBuildSelect(g->b, rowb, at(g, a[P_BIAS], r0), a[P_BIAS], "");
+		a[P_RES] = nat(g, a[P_RES], mul(g, r0, a[P_RRS]));
+		a[P_COUNT] = i64c(g, 0);
+		a[P_COUNT + 1] = a[P_N];
+	} else {
+		LLVMValueRef NR = i64c(g, g->g.NR);
+		a[P_COUNT] = mul(g, begin, NR);
+		a[P_COUNT + 1] = smin(g, mul(g, end, NR), a[P_N]);
+	}
 	call(g, blocked, a, P_COUNT + 2);
 	LLVMBuildRetVoid(g->b);
 	return fn;
@@ -874,7 +893,7 @@ static LLVMValueRef emit_range(gen *g, LLVMValueRef blocked, const char *name)
 /* Calls rt_parallel_for(&copy, panels, range) where copy is *x with buf
  * pointing at the arguments.  The copy is 128 bytes of which rt_exec uses
  * the first 40, so a runtime that copies a grown rt_exec stays in bounds. */
-static void parallel(gen *g, LLVMValueRef range)
+static void parallel(gen *g, LLVMValueRef range, bool rows)
 {
 	cg_llvm *L = g->L;
 	LLVMValueRef *p = g->p;
@@ -888,8 +907,9 @@ static void parallel(gen *g, LLVMValueRef range)
 	LLVMValueRef bp = LLVMBuildStructGEP2(g->b, g->xty, cx, 0, "");
 	LLVMBuildStore(g->b, LLVMBuildBitCast(g->b, args, LLVMStructGetTypeAtIndex(g->xty, 0), ""),
 	               bp);
-	LLVMValueRef panels = LLVMBuildSDiv(g->b, add(g, p[P_N], i64c(g, g->g.NR - 1)),
-	                                    i64c(g, g->g.NR), "");
+	int64_t unit = rows ? (int64_t)g->g.MR * ROW_BLOCK_TILES : g->g.NR;
+	LLVMValueRef panels = LLVMBuildSDiv(g->b, add(g, p[rows ? P_M : P_N], i64c(g, unit - 1)),
+	                                    i64c(g, unit), "");
 	LLVMTypeRef pt[3];
 	LLVMGetParamTypes(LLVMGlobalGetValueType(L->par_for), pt);
 	LLVMValueRef a[] = {LLVMBuildPointerCast(g->b, cx, pt[0], ""), panels,
@@ -924,17 +944,25 @@ static void tail_if(gen *g, LLVMValueRef cond, LLVMValueRef callee, LLVMValueRef
 }
 
 typedef struct entry_fns {
-	LLVMValueRef naive, axpy, dot, blocked, range, tiles, tiles_range;
+	LLVMValueRef naive, axpy, dot, blocked, range, tiles, tiles_range, rows, tiles_rows;
 } entry_fns;
 
-/* Columns [0, N) through cols, over the pool's threads (range) when par;
- * then returns. */
-static void columns(gen *g, LLVMValueRef par, LLVMValueRef cols, LLVMValueRef range)
+/* Columns [0, N) through cols, over the pool's threads when par: split by
+ * column panels (range), or when prows by blocks of rows (rows); then
+ * returns. */
+static void columns(gen *g, LLVMValueRef par, LLVMValueRef prows, LLVMValueRef cols,
+                    LLVMValueRef range, LLVMValueRef rows)
 {
-	LLVMBasicBlockRef then = block(g, "par"), serial = block(g, "serial");
-	LLVMBuildCondBr(g->b, par, then, serial);
-	LLVMPositionBuilderAtEnd(g->b, then);
-	parallel(g, range);
+	LLVMBasicBlockRef byrow = block(g, "byrow"), notrow = block(g, "notrow");
+	LLVMBasicBlockRef bycol = block(g, "bycol"), serial = block(g, "serial");
+	LLVMBuildCondBr(g->b, prows, byrow, notrow);
+	LLVMPositionBuilderAtEnd(g->b, byrow);
+	parallel(g, rows, true);
+	LLVMBuildRetVoid(g->b);
+	LLVMPositionBuilderAtEnd(g->b, notrow);
+	LLVMBuildCondBr(g->b, par, bycol, serial);
+	LLVMPositionBuilderAtEnd(g->b, bycol);
+	parallel(g, range, false);
 	LLVMBuildRetVoid(g->b);
 	LLVMPositionBuilderAtEnd(g->b, serial);
 	LLVMValueRef a[P_COUNT + 2];
@@ -972,6 +1000,12 @@ static LLVMValueRef emit_entry(gen *g, const entry_fns *f)
 	                                   LLVMBuildStructGEP2(g->b, g->xty, p[P_X], 2, ""), "");
 	LLVMValueRef par = LLVMBuildAnd(g->b, LLVMBuildIsNotNull(g->b, pool, ""),
 	                                icmp(g, LLVMIntSGE, work, i64c(g, PAR_WORK)), "");
+	/* fewer than four column panels split unevenly over two threads (or
+	 * not at all): then blocks of rows, when there are enough */
+	LLVMValueRef wide = icmp(g, LLVMIntSGE, p[P_N], i64c(g, 4 * g->g.NR));
+	LLVMValueRef prows = LLVMBuildAnd(g->b, par, LLVMBuildNot(g->b, wide, ""), "");
+	prows = LLVMBuildAnd(g->b, prows, icmp(g, LLVMIntSGE, p[P_M],
+	                                       i64c(g, 4 * g->g.MR * ROW_BLOCK_TILES)), "");
 	par = LLVMBuildAnd(g->b, par, icmp(g, LLVMIntSGE, p[P_N], i64c(g, 2 * g->g.NR)), "");
 	LLVMValueRef few = LLVMBuildOr(g->b, icmp(g, LLVMIntSLE, p[P_M], i64c(g, TILE_M)),
 	                               icmp(g, LLVMIntSLE, p[P_N], i64c(g, 2 * g->g.NR)), "");
@@ -982,9 +1016,9 @@ static LLVMValueRef emit_entry(gen *g, const entry_fns *f)
 	LLVMBasicBlockRef then = block(g, "tiles"), next = block(g, "packed");
 	LLVMBuildCondBr(g->b, tiles, then, next);
 	LLVMPositionBuilderAtEnd(g->b, then);
-	columns(g, par, f->tiles, f->tiles_range);
+	columns(g, par, prows, f->tiles, f->tiles_range, f->tiles_rows);
 	LLVMPositionBuilderAtEnd(g->b, next);
-	columns(g, par, f->blocked, f->range);
+	columns(g, par, prows, f->blocked, f->range, f->rows);
 	return fn;
 }
 
@@ -1044,9 +1078,11 @@ LLVMValueRef cg_llvm_sgemm(cg_llvm *L)
 	                 .packa = emit_packa(&g), .packb = emit_packb(&g)};
 	entry_fns ef = {.naive = emit_naive(&g), .axpy = emit_axpy(&g), .dot = emit_dot(&g)};
 	ef.blocked = emit_blocked(&g, &pf);
-	ef.range = emit_range(&g, ef.blocked, "kiln_sgemm_range");
+	ef.range = emit_range(&g, ef.blocked, "kiln_sgemm_range", false);
+	ef.rows = emit_range(&g, ef.blocked, "kiln_sgemm_rows", true);
 	ef.tiles = emit_tiles(&g, emit_ukr(&g, true, g.g.NV));
-	ef.tiles_range = emit_range(&g, ef.tiles, "kiln_sgemm_tiles_range");
+	ef.tiles_range = emit_range(&g, ef.tiles, "kiln_sgemm_tiles_range", false);
+	ef.tiles_rows = emit_range(&g, ef.tiles, "kiln_sgemm_tiles_rows", true);
 	L->sgemm = emit_entry(&g, &ef);
 	LLVMDisposeBuilder(g.b);
 	return L->sgemm;
