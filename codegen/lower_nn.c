@@ -721,7 +721,8 @@ kiln_status cg_lower_pool(cg_module *m, const ir_node *n, const int *in, const i
 	cg_expr *nc = mul(m, cg_dim(m, x->dim[0]), cg_dim(m, x->dim[1])), *b, *ext[3], *o[3], *t[3], *j[3];
 	cg_expr *valid;
 	cg_stmt *blk;
-	cg_append(m, k->body, cg_loop(m, k, nc, cg_par(m, mul(m, m->buf[out[0]].numel, I(m, g.ksz))),
+	/* a tap is a clamped load, four bounds tests and a select: 4 operations */
+	cg_append(m, k->body, cg_loop(m, k, nc, cg_par(m, mul(m, m->buf[out[0]].numel, I(m, 4 * g.ksz))),
 	                              &b, &blk));
 	for (int d = 0; d < ns; d++)
 		ext[d] = I(m, g.out[d]);
