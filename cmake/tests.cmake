@@ -25,6 +25,14 @@ add_test(NAME onnx_conformance
 		--expected ${CMAKE_SOURCE_DIR}/tests/onnx/expected_failures.txt)
 set_tests_properties(onnx_conformance PROPERTIES FIXTURES_REQUIRED onnx_node_data
 	ENVIRONMENT "CK_FORK=no" TIMEOUT 900)
+# Every conv case with each convolution algorithm forced (kiln_compile's
+# conv option): each must match ONNX's expected outputs on its own.
+add_test(NAME onnx_conformance_conv
+	COMMAND onnx_conformance ${ONNX_NODE_DIR}/node --filter conv
+		--backend so-im2col --backend so-winograd
+		--expected ${CMAKE_SOURCE_DIR}/tests/onnx/expected_failures.txt)
+set_tests_properties(onnx_conformance_conv PROPERTIES FIXTURES_REQUIRED onnx_node_data
+	ENVIRONMENT "CK_FORK=no" TIMEOUT 600)
 
 # The layering (docs/ARCHITECTURE.md, "Layers"): no folder includes or calls
 # one above it or a sibling; read from the sources and from nm of the

@@ -205,7 +205,21 @@ typedef struct cg_kernel {
 	const char *origin;    /* that node described ("Gather 'emb' at m.c:12"), or NULL */
 	cg_stmt *body;
 	int nvar;              /* variables 0..nvar-1 (loop vars and locals) */
+	/* >= 0: every store this kernel makes to buffer final_buf is a final
+	 * value of that buffer, made once per element at the element's linear
+	 * index (a depthwise conv's, a Winograd conv's last kernel): an
+	 * activation or a same-shape residual Add after it folds into those
+	 * stores (lower.c); final_act: an activation already has */
+	int final_buf;
+	bool final_act;
 } cg_kernel;
+
+/* Algorithms an f32 group-1 convolution may be lowered with. */
+typedef enum cg_conv_algo {
+	CG_CONV_AUTO = 0,  /* per layer, by lower_nn.c's cost model */
+	CG_CONV_IM2COL,    /* im2col + GEMM (a 1x1 conv: the GEMM alone) */
+	CG_CONV_WINOGRAD,  /* F(4x4, 3x3) wherever it applies (2-D 3x3, stride and dilation 1) */
+} cg_conv_algo;
 
 typedef struct cg_module {
 	ir_arena *arena;       /* all statements, expressions, names */
@@ -222,6 +236,9 @@ typedef struct cg_module {
 	/* memory plan: slot sizes in bytes are max over their buffers, each
 	 * buffer's size computed at run time from its numel expression */
 	int nslot;
+	/* lowering choice (cg_lower_opts.conv): the algorithm for f32
+	 * convolutions, CG_CONV_AUTO letting the cost model pick per layer */
+	int conv;
 } cg_module;
 
 cg_module *cg_module_new(const kiln_graph *g);

@@ -1225,31 +1225,85 @@ static void wrap_stores(cg_module *m, cg_stmt *s, int buf, const ir_node *n)
 	}
 }
 
-/* Relu or Clip of an f32 depthwise conv's result, its only use, folds into
- * the conv's loop nest: conv_depthwise sums every tap of an output pixel
- * in a local and stores it once, so each of its stores of y is a final
- * value and can take the activation on its way out (MobileNetV2's
- * depthwise conv -> Relu6).  Grouped convs accumulate in y: not those. */
-static bool fuse_dw_act(lowering *L, const ir_node *n)
+/* The kernel last lowered when value v, an f32 TEMP with one reader, is
+ * (a view of) the buffer whose every store in it is final
+ * (cg_kernel.final_buf: a depthwise conv, a Winograd conv); *root gets
+ * that buffer.  NULL otherwise. */
+static cg_kernel *final_result(lowering *L, uint32_t v, int *root)
 {
 	cg_module *m = L->m;
-	if ((n->op != KILN_OP_RELU && n->op != KILN_OP_CLIP) || L->out_of[n->out[0]] >= 0 ||
+	const ir_value *x = L->g->val[v];
+	int xb = L->vbuf[v];
+	if (x->type.dtype != KILN_F32 || x->nuse != 1 || xb < 0 || m->buf[xb].kind != CG_BUF_TEMP ||
 	    !m->nkern)
+		return NULL;
+	*root = m->buf[xb].alias >= 0 ? m->buf[xb].alias : xb;
+	cg_kernel *k = &m->kern[m->nkern - 1];
+	return k->final_buf == *root ? k : NULL;
+}
+
+/* Adds residual buffer r, at the store's own index, to every value kernel
+ * body s stores into buf (same shape: the same linear index). */
+static void add_to_stores(cg_module *m, cg_stmt *s, int buf, int r)
+{
+	if (!s)
+		return;
+	switch (s->kind) {
+	case CG_BLOCK:
+		for (int i = 0; i < s->n; i++)
+			add_to_stores(m, s->items[i], buf, r);
+		break;
+	case CG_FOR: add_to_stores(m, s->body, buf, r); break;
+	case CG_IF:
+		add_to_stores(m, s->then_s, buf, r);
+		add_to_stores(m, s->else_s, buf, r);
+		break;
+	case CG_STORE:
+		if (s->buf == buf)
+			s->value = cg_bin(m, CG_ADD, s->value, cg_load(m, r, s->index));
+		break;
+	default: break;
+	}
+}
+
+/* Relu or Clip of a result whose kernel stores only final values, its
+ * only use, folds into those stores (MobileNetV2's depthwise conv ->
+ * Relu6; a Winograd conv -> Relu).  Grouped convs accumulate in y: not
+ * those. */
+static bool fuse_store_act(lowering *L, const ir_node *n)
+{
+	int root;
+	if ((n->op != KILN_OP_RELU && n->op != KILN_OP_CLIP) || L->out_of[n->out[0]] >= 0)
 		return false;
-	const ir_value *x = L->g->val[n->in[0]];
-	int xb = L->vbuf[n->in[0]];
-	const ir_node *c = x->def;
-	if (x->type.dtype != KILN_F32 || x->nuse != 1 || !c || c->op != KILN_OP_CONV || xb < 0 ||
-	    m->buf[xb].kind != CG_BUF_TEMP || m->buf[xb].alias >= 0 ||
-	    m->kern[m->nkern - 1].node != c->idx)
+	cg_kernel *k = final_result(L, n->in[0], &root);
+	if (!k || k->final_act || !view_of(L, n, root))
 		return false;
-	const ir_type *ct = &L->g->val[c->in[0]]->type;
-	int64_t grp = ir_attr_int(c, "group", 1);
-	/* cg_lower_conv's test for conv_depthwise */
-	if (ct->rank != 4 || grp <= 1 || grp != ct->dim[1] || !view_of(L, n, xb))
-		return false;
-	wrap_stores(m, m->kern[m->nkern - 1].body, xb, n);
+	wrap_stores(L->m, k->body, root, n);
+	k->final_act = true;
 	return true;
+}
+
+/* The residual Add of a ResNet block after such a kernel: as
+ * fuse_residual does for a GEMM, x is added in the store path (before any
+ * activation, which may fold after it). */
+static bool fuse_store_residual(lowering *L, const ir_node *n)
+{
+	if (n->op != KILN_OP_ADD || L->out_of[n->out[0]] >= 0)
+		return false;
+	const ir_type *y = &L->g->val[n->out[0]]->type;
+	for (int i = 0; i < 2; i++) {
+		int root, rb = L->vbuf[n->in[1 - i]];
+		const ir_type *x = &L->g->val[n->in[i]]->type, *r = &L->g->val[n->in[1 - i]]->type;
+		cg_kernel *k = final_result(L, n->in[i], &root);
+		if (!k || k->final_act || !ir_type_eq(x, y) || !ir_type_eq(r, y) || rb < 0 ||
+		    L->defer[n->in[1 - i]] ||
+		    (L->m->buf[rb].alias >= 0 ? L->m->buf[rb].alias : rb) == root ||
+		    !view_of(L, n, root))
+			continue;
+		add_to_stores(L->m, k->body, root, rb);
+		return true;
+	}
+	return false;
 }
 
 /* MatMul + Add of a vector along the last axis (a rank-3 Linear, as
@@ -1349,7 +1403,8 @@ static kiln_status lower_node(lowering *L, const ir_node *n)
 		m->buf[b].data = a && a->kind == IR_A_TENSOR ? a->u.t : NULL;
 		return KILN_OK;
 	}
-	if (fuse_act(L, n) || fuse_dw_act(L, n) || fuse_bias(L, n) || fuse_residual(L, n))
+	if (fuse_act(L, n) || fuse_store_act(L, n) || fuse_bias(L, n) || fuse_residual(L, n) ||
+	    fuse_store_residual(L, n))
 		return KILN_OK;
 	if (!cg_lower_rule(n->op))
 		return cg_lower_fail(m, n, L->err, KILN_EUNSUPPORTED, "no lowering for %s",
@@ -1471,6 +1526,8 @@ kiln_status cg_lower_ex(const kiln_graph *g, const cg_lower_opts *o, cg_module *
 	              calloc(g->nval + 1, sizeof(bool))};
 	if (!L.m || !L.vbuf || !L.out_of || !L.defer)
 		st = ir_seterr(err, KILN_ENOMEM, "cg_lower: out of memory");
+	else
+		L.m->conv = o ? o->conv : CG_CONV_AUTO;
 	for (uint32_t v = 0; !st && v <= g->nval; v++)
 		L.vbuf[v] = L.out_of[v] = -1;
 	if (!st)

@@ -27,6 +27,9 @@ typedef struct cg_lower_opts {
 	 * intermediates get no buffer.  Off in cg_lower, which keeps one
 	 * kernel per node; kiln_compile wants it on. */
 	bool fuse;
+	/* The algorithm for f32 convolutions (cg_conv_algo): AUTO, or one
+	 * forced wherever it applies (tests run each on every conv case). */
+	cg_conv_algo conv;
 } cg_lower_opts;
 
 /* cg_lower with options (o may be NULL); same contract (codegen.h). */
@@ -81,6 +84,16 @@ cg_expr *cg_clamp(cg_module *m, cg_expr *v, cg_expr *hi);
 cg_expr *cg_local(cg_module *m, cg_kernel *k, cg_stmt *block, kiln_dtype dt, cg_expr *v);
 /* Re-assigns local var (from cg_local) in block. */
 void cg_set(cg_module *m, cg_stmt *block, cg_expr *var, cg_expr *v);
+
+/* lower_wino.c: Winograd F(4x4, 3x3).  _ok: it applies to conv n (2-D,
+ * 3x3, stride and dilation 1, group 1, f32); _pays: the
+ * cost model's yes; cg_lower_conv_winograd lowers it into output y. */
+bool cg_conv_winograd_ok(const cg_module *m, const ir_node *n, const int *in,
+                         const ir_conv_geom *g);
+bool cg_conv_winograd_pays(const cg_module *m, const ir_node *n, const int *in,
+                           const ir_conv_geom *g);
+kiln_status cg_lower_conv_winograd(cg_module *m, const ir_node *n, const int *in, int y,
+                                   const ir_conv_geom *g, kiln_error *err);
 
 /* lower_nn.c */
 kiln_status cg_lower_matmul(cg_module *m, const ir_node *n, const int *in, const int *out,

@@ -625,6 +625,7 @@ static kiln_status conv_depthwise(cg_module *m, const ir_node *n, const int *in,
 	for (int r = 0; r < 3; r++)
 		if (ext[r] > 0)
 			dw_cols(m, k, rb, n, in, y, g, pl, oh, c0[r], ext[r], r == 1);
+	k->final_buf = y;
 	return KILN_OK;
 }
 
@@ -643,6 +644,9 @@ kiln_status cg_lower_conv(cg_module *m, const ir_node *n, const int *in, const i
 		return conv_depthwise(m, n, in, out[0], &g, err);
 	if (x->dtype != KILN_F32 || grp != 1)
 		return conv_direct(m, n, in, out[0], &g, err);
+	if (m->conv != CG_CONV_IM2COL && cg_conv_winograd_ok(m, n, in, &g) &&
+	    (m->conv == CG_CONV_WINOGRAD || cg_conv_winograd_pays(m, n, in, &g)))
+		return cg_lower_conv_winograd(m, n, in, out[0], &g, err);
 	bool pointwise = true;
 	for (int d = 0; d < g.nsp; d++)
 		pointwise = pointwise && g.k[d] == 1 && g.stride[d] == 1 && g.pad[d] == 0 &&

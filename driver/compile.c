@@ -23,6 +23,17 @@ static bool ends_with(const char *s, const char *suf)
 }
 
 /* ---- kiln_compile ------------------------------------------------------------ */
+static const char *const conv_algos[] = {"auto", "im2col", "winograd"};
+
+/* o->conv as a cg_conv_algo (check_opts has refused an unknown name). */
+static cg_conv_algo conv_algo(const char *name)
+{
+	for (int i = 0; name && i < (int)(sizeof conv_algos / sizeof *conv_algos); i++)
+		if (strcmp(name, conv_algos[i]) == 0)
+			return (cg_conv_algo)i;
+	return CG_CONV_AUTO;
+}
+
 /* Graph -> optimized clone -> kernel IR with a memory plan. */
 static kiln_status to_kernels(const kiln_graph *g, const kiln_compile_opts *o, kiln_graph **gc,
                               cg_module **m, kiln_error *err)
@@ -41,7 +52,8 @@ static kiln_status to_kernels(const kiln_graph *g, const kiln_compile_opts *o, k
 	if (st == KILN_OK)
 		st = kiln_graph_verify(*gc, err);
 	if (st == KILN_OK)
-		st = cg_lower_ex(*gc, &(cg_lower_opts){.fuse = true}, m, err);
+		st = cg_lower_ex(*gc, &(cg_lower_opts){.fuse = true, .conv = conv_algo(o->conv)}, m,
+		                 err);
 	if (st == KILN_OK)
 		st = cg_memplan(*m, err);
 	return st;
@@ -58,6 +70,12 @@ static kiln_status check_opts(const kiln_graph *g, const char *out, const kiln_c
 		return ir_seterr(err, kiln_graph_status(g), "%s", kiln_graph_errmsg(g));
 	if (ir_check_weights(g, "compile", err) != KILN_OK)
 		return KILN_EINVAL;
+	bool conv_ok = !o->conv;
+	for (size_t i = 0; o->conv && i < sizeof conv_algos / sizeof *conv_algos; i++)
+		conv_ok = conv_ok || strcmp(o->conv, conv_algos[i]) == 0;
+	if (!conv_ok)
+		return ir_seterr(err, KILN_EINVAL, "kiln_compile: unknown --conv '%s' (want auto, "
+		                 "im2col or winograd)", o->conv);
 	for (size_t i = 0; o->emit && i < sizeof emits / sizeof *emits; i++)
 		if (strcmp(o->emit, emits[i]) == 0)
 			return KILN_OK;

@@ -918,7 +918,8 @@ static int cmd_compile(int argc, char **argv)
 	            {"--cpu", NULL, offsetof(kiln_compile_opts, cpu)},
 	            {"--features", NULL, offsetof(kiln_compile_opts, features)},
 	            {"--emit", NULL, offsetof(kiln_compile_opts, emit)},
-	            {"--passes", NULL, offsetof(kiln_compile_opts, passes)}};
+	            {"--passes", NULL, offsetof(kiln_compile_opts, passes)},
+	            {"--conv", NULL, offsetof(kiln_compile_opts, conv)}};
 	for (int i = 0; i < argc; i++) {
 		size_t k = 0;
 		while (k < sizeof opts / sizeof *opts && !is_opt(argv[i], opts[k].lng, opts[k].shrt))
@@ -1014,7 +1015,7 @@ static const command commands[] = {
 	 "time a compiled model: median and spread of many runs"},
 	{"compile", cmd_compile,
 	 "compile FILE.kir|FILE.onnx -o OUT.so [--name N] [--cpu C] [--features F]\n"
-	 "        [--emit=kir|ll|asm|obj] [--passes=LIST]\n"
+	 "        [--emit=kir|ll|asm|obj] [--passes=LIST] [--conv=ALGO]\n"
 	 "  Compiles the graph to a shared library needing only libc, libm and\n"
 	 "  libpthread, and writes its header beside it (OUT.h); prints the time.\n"
 	 "  -o, --output OUT     the library (or, with --emit, that stage's file)\n"
@@ -1027,6 +1028,9 @@ static const command commands[] = {
 	 "  --emit=STAGE         write kernel IR (kir), LLVM IR after -O3 (ll),\n"
 	 "                       assembly (asm) or an object file (obj) instead\n"
 	 "  --passes=LIST        graph passes before lowering (default: the default)\n"
+	 "  --conv=ALGO          f32 convolutions: auto (default: a cost model picks\n"
+	 "                       per layer), im2col, or winograd (F(4x4,3x3) on every\n"
+	 "                       2-D 3x3 conv of stride and dilation 1)\n"
 	 "  --train              a training library instead (docs/TRAINING.md): the\n"
 	 "                       model's train step (loss, gradients, optimizer) and\n"
 	 "                       its eval forward, with entry points _train_step,\n"

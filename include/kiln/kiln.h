@@ -807,6 +807,10 @@ typedef struct kiln_compile_opts {
 	const char *emit;     /* NULL or "so": the library; "kir" (kernel IR), "ll"
 	                         (LLVM IR after -O3), "asm", "obj": that stage only */
 	const char *passes;   /* graph passes as for kiln_graph_optimize; NULL: default */
+	const char *conv;     /* f32 convolution algorithm: NULL or "auto" (a cost
+	                         model picks per layer), "im2col" (im2col + GEMM
+	                         everywhere) or "winograd" (Winograd F(4x4,3x3) on
+	                         every 2-D 3x3 conv of stride and dilation 1) */
 } kiln_compile_opts;
 
 /* opts may be NULL (all defaults).  Errors: EINVAL (bad option, unknown CPU

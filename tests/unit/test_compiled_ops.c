@@ -81,13 +81,17 @@ static void remove_dir(const char *dir)
 
 /* Compiles g into dir/<name>.so and runs it on in; the status of the first
  * step that fails, its message in err. */
+/* kiln_compile's convolution algorithm for the next compile (NULL: the
+ * cost model's choice); a test that forces one puts it back. */
+static const char *conv_algo;
+
 static kiln_status compile_and_run(const kiln_graph *g, const char *dir, const char *name,
                                    kiln_tensor **in, int nin, kiln_tensor **got, int nout,
                                    kiln_error *err)
 {
 	char so[1200];
 	snprintf(so, sizeof so, "%s/%s.so", dir, name);
-	kiln_compile_opts o = {.name = name};
+	kiln_compile_opts o = {.name = name, .conv = conv_algo};
 	kiln_status st = kiln_compile(g, so, &o, err);
 	if (st != KILN_OK)
 		return st;
@@ -230,6 +234,84 @@ START_TEST(fused_activations_match_the_interpreter)
 	char why[1400] = "";
 	ck_assert_msg(case_matches(&c, false, why, sizeof why), "%s", why);
 	opcase_free(&c);
+}
+END_TEST
+
+/* ---- Winograd convolution ------------------------------------------------------- */
+
+/* n x numel values from seeded(), times scale. */
+static kiln_tensor *seeded_scaled(int rank, const int64_t *shape, int k, double scale)
+{
+	kiln_tensor *t = seeded(rank, shape, k);
+	float *v = t->data;
+	for (int64_t i = 0; i < kiln_tensor_numel(t); i++)
+		v[i] = (float)(v[i] * scale);
+	return t;
+}
+
+/* Every 3x3 stride-1 conv forced through Winograd F(4x4, 3x3) against the
+ * interpreter: sizes that are not whole tiles (7x9, 13x6, 10x11), channel
+ * counts that fill no vector (3, 17, 5), asymmetric and zero padding, with
+ * and without bias, a batch of 1 to 3, the filter a graph input (transformed
+ * by a kernel at run time) or a constant (transformed at compile time), and
+ * the folds into the last kernel's stores: Relu, Clip, and a residual Add
+ * then Relu as in a ResNet block.  Values are scaled so outputs are O(1),
+ * where the 1e-4 policy is a relative bound. */
+START_TEST(winograd_convs_match_the_interpreter)
+{
+	static const struct {
+		int64_t n, c, m, h, w;
+		const char *attrs;
+		bool bias, constant;
+		int tail; /* 0: none, 1: Relu, 2: Clip, 3: + x then Relu (m == c) */
+	} cases[] = {
+		{1, 3, 5, 7, 9, "pads=1,1,1,1", true, true, 0},
+		{2, 17, 16, 13, 6, "", false, false, 1},
+		{3, 8, 5, 10, 11, "pads=2,1,0,2", true, false, 2},
+		{2, 16, 16, 8, 8, "pads=1,1,1,1", true, true, 3},
+		{1, 5, 5, 4, 4, "pads=1,1,1,1", false, true, 3},
+	};
+	for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+		char name[32];
+		snprintf(name, sizeof name, "wino%zu", i);
+		kiln_graph *g = kiln_graph_new(name);
+		int64_t sx[] = {cases[i].n, cases[i].c, cases[i].h, cases[i].w};
+		int64_t sw[] = {cases[i].m, cases[i].c, 3, 3}, sb[] = {cases[i].m};
+		double ws = 1 / sqrt(9.0 * (double)cases[i].c);
+		kiln_tensor *wt = seeded_scaled(4, sw, 1, ws), *bt = seeded_scaled(1, sb, 2, 0.5);
+		opcase_graph c = {name, g, {seeded(4, sx, 0)}, {0}, 1, 1, 0};
+		uint32_t x = input(g, "x", KILN_F32, 4, sx), w, b = 0;
+		if (cases[i].constant) {
+			w = kiln_constant(g, wt);
+			if (cases[i].bias)
+				b = kiln_constant(g, bt);
+			kiln_tensor_free(wt), kiln_tensor_free(bt);
+		} else {
+			w = input(g, "w", KILN_F32, 4, sw);
+			c.in[c.nin++] = wt;
+			if (cases[i].bias) {
+				b = input(g, "b", KILN_F32, 1, sb);
+				c.in[c.nin++] = bt;
+			} else
+				kiln_tensor_free(bt);
+		}
+		uint32_t y = op1(g, KILN_OP_CONV, cases[i].bias ? 3 : 2, (uint32_t[]){x, w, b},
+		                 cases[i].attrs);
+		if (cases[i].tail == 1 || cases[i].tail == 3) {
+			if (cases[i].tail == 3)
+				y = op1(g, KILN_OP_ADD, 2, (uint32_t[]){y, x}, "");
+			y = op1(g, KILN_OP_RELU, 1, &y, "");
+		} else if (cases[i].tail == 2)
+			y = op1(g, KILN_OP_CLIP, 1, &y, "min=-0.2 max=0.3");
+		ir_output_add(g, y, NULL);
+		ck_assert_msg(kiln_graph_status(g) == KILN_OK, "%s", kiln_graph_errmsg(g));
+		char why[1400] = "";
+		conv_algo = "winograd";
+		bool ok = case_matches(&c, false, why, sizeof why);
+		conv_algo = NULL;
+		ck_assert_msg(ok, "%s (%s): %s", name, cases[i].attrs, why);
+		opcase_free(&c);
+	}
 }
 END_TEST
 
@@ -461,6 +543,7 @@ static Suite *compiled_ops_suite(void)
 	tcase_add_test(tc, known_gaps_name_real_cases);
 	tcase_add_test(tc, half_casts_round_exactly_like_the_interpreter);
 	tcase_add_test(tc, fused_activations_match_the_interpreter);
+	tcase_add_test(tc, winograd_convs_match_the_interpreter);
 	tcase_add_test(tc, gather_index_out_of_range_is_an_error);
 	tcase_add_test(tc, loss_target_out_of_range_is_an_error);
 	tcase_add_test(tc, integer_division_by_zero_is_an_error);
