@@ -5,10 +5,12 @@
  * Matrix products in f32 become one CG_GEMM each, transposes and batch
  * broadcasts being strides (a broadcast batch has stride 0, and a batch of
  * row-major matrices times one shared matrix folds into a single taller
- * GEMM).  Conv with group 1 in f32 is im2col into a kernel-private buffer
- * then a GEMM per image (W[M, C*k] x col[C*k, OH*OW], bias per row), and a
- * 1x1, stride-1, unpadded conv is a GEMM straight on the input.  Grouped and
- * depthwise convs, ConvTranspose, and non-f32 convs are direct loop nests
+ * GEMM).  Conv in f32 is im2col into a kernel-private buffer then a GEMM
+ * per image (W[M, C*k] x col[C*k, OH*OW], bias per row), a grouped conv
+ * one GEMM per group over the same columns; a 1x1, stride-1, unpadded conv
+ * is a GEMM straight on the input, and a 3x3 stride-1 conv may be Winograd
+ * (lower_wino.c; cg_lower_conv asks its cost model).  Depthwise convs
+ * have their own vector kernel.  ConvTranspose and non-f32 convs are direct loop nests
  * that accumulate into the output tap by tap, so the innermost loop walks
  * contiguous output pixels.  Padding never reads memory: taps outside the
  * input load from a clamped index and are masked with a select.
@@ -457,7 +459,9 @@ static kiln_status conv_im2col(cg_module *m, const ir_node *n, const int *in, in
                                kiln_error *err)
 {
 	const ir_type *x = cg_btype(m, in[0]), *yt = cg_btype(m, y);
+	int64_t grp = ir_attr_int(n, "group", 1);
 	int64_t C = x->dim[1], M = yt->dim[1], rows = C * g->ksz, batch = x->dim[0];
+	int64_t Cg = C / grp, Mg = M / grp, grows = Cg * g->ksz;
 	/* cg_lower_scratch may move m->buf: x and yt are dead after this */
 	/* columns for the whole batch, each image its own, so that images can
 	 * run on different threads; a symbolic batch picks a path at run time */
@@ -466,7 +470,7 @@ static kiln_status conv_im2col(cg_module *m, const ir_node *n, const int *in, in
 	cg_kernel *k = cg_lower_kernel(m, n);
 	if (col < 0 || !k)
 		return nomem(m, n, err);
-	cg_expr *bc, *b, *c;
+	cg_expr *bc, *b, *c, *gi;
 	cg_stmt *body = NULL, *gb, *cb, *one = cg_block(m), *many = cg_block(m);
 	bool fixed = batch >= 0;
 	/* one image: im2col over its channels on the threads, then the GEMM
@@ -489,16 +493,25 @@ static kiln_status conv_im2col(cg_module *m, const ir_node *n, const int *in, in
 		if (!fixed)
 			cg_append(m, gb, cg_if(m, cg_bin(m, CG_GE, bd, I(m, 2)), many, cg_block(m)));
 	}
+	/* a grouped conv: per group g its block of W's rows, of the columns'
+	 * rows and of y's channels, one GEMM each (a loop of one: none) */
+	cg_stmt *pb = gb;
+	gi = I(m, 0);
+	if (grp > 1)
+		cg_append(m, gb, cg_loop(m, k, I(m, grp), 0, &gi, &pb));
 	bool bias = n->nin > 2 && in[2] >= 0;
 	cg_gemm gm = {.a = in[1], .b = col, .c = y, .bias = bias ? in[2] : -1,
-	              .M = I(m, M), .N = I(m, g->osz), .K = I(m, rows), .batch = I(m, 1),
-	              .a_off = I(m, 0), .a_bs = I(m, 0), .a_rs = I(m, rows), .a_cs = I(m, 1),
-	              .b_off = mul(m, b, I(m, rows * g->osz)), .b_bs = I(m, 0),
-	              .b_rs = I(m, g->osz), .b_cs = I(m, 1),
-	              .c_off = mul(m, b, I(m, M * g->osz)), .c_bs = I(m, 0), .c_rs = I(m, g->osz),
-	              .bias_off = I(m, 0), .alpha = 1, .beta = 0, .bias_axis = bias ? 2 : 0};
-	cg_append(m, gb, cg_gemm_stmt(m, &gm));
-	return gb && gb->n && k->body->n ? KILN_OK : nomem(m, n, err);
+	              .M = I(m, Mg), .N = I(m, g->osz), .K = I(m, grows), .batch = I(m, 1),
+	              .a_off = mul(m, gi, I(m, Mg * grows)), .a_bs = I(m, 0), .a_rs = I(m, grows),
+	              .a_cs = I(m, 1),
+	              .b_off = add(m, mul(m, b, I(m, rows * g->osz)), mul(m, gi, I(m, grows * g->osz))),
+	              .b_bs = I(m, 0), .b_rs = I(m, g->osz), .b_cs = I(m, 1),
+	              .c_off = add(m, mul(m, b, I(m, M * g->osz)), mul(m, gi, I(m, Mg * g->osz))),
+	              .c_bs = I(m, 0), .c_rs = I(m, g->osz),
+	              .bias_off = mul(m, gi, I(m, Mg)), .alpha = 1, .beta = 0,
+	              .bias_axis = bias ? 2 : 0};
+	cg_append(m, pb, cg_gemm_stmt(m, &gm));
+	return pb && pb->n && k->body->n ? KILN_OK : nomem(m, n, err);
 }
 
 /* y[b, m, :] = bias[m] (or 0), in its own nest over the output pixels. */
@@ -642,8 +655,10 @@ kiln_status cg_lower_conv(cg_module *m, const ir_node *n, const int *in, const i
 	int64_t grp = ir_attr_int(n, "group", 1);
 	if (grp > 1 && grp == x->dim[1] && g.nsp == 2)
 		return conv_depthwise(m, n, in, out[0], &g, err);
-	if (x->dtype != KILN_F32 || grp != 1)
+	if (x->dtype != KILN_F32)
 		return conv_direct(m, n, in, out[0], &g, err);
+	if (grp != 1) /* grouped: a GEMM per group over one im2col */
+		return conv_im2col(m, n, in, out[0], &g, err);
 	if (m->conv != CG_CONV_IM2COL && cg_conv_winograd_ok(m, n, in, &g) &&
 	    (m->conv == CG_CONV_WINOGRAD || cg_conv_winograd_pays(m, n, in, &g)))
 		return cg_lower_conv_winograd(m, n, in, out[0], &g, err);

@@ -315,6 +315,51 @@ START_TEST(winograd_convs_match_the_interpreter)
 }
 END_TEST
 
+/* Grouped convs (ResNeXt, RegNet) are one GEMM per group over a shared
+ * im2col: groups of 2 to 8 channels, strides, padding, a 1x1 grouped conv,
+ * with and without bias, batch 1 and 3, and a residual Add then Relu
+ * folded into the last group's GEMM epilogue, against the interpreter. */
+START_TEST(grouped_convs_match_the_interpreter)
+{
+	static const struct {
+		int64_t n, c, m, h, k, grp;
+		const char *attrs;
+		bool bias, residual;
+	} cases[] = {
+		{1, 8, 8, 9, 3, 4, "pads=1,1,1,1", true, true},
+		{3, 6, 9, 7, 3, 3, "strides=2,2 pads=1,0,1,0", false, false},
+		{2, 16, 16, 5, 1, 2, "", true, true},
+		{1, 32, 32, 6, 3, 4, "pads=1,1,1,1", false, true},
+	};
+	for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+		char name[32];
+		snprintf(name, sizeof name, "grouped%zu", i);
+		kiln_graph *g = kiln_graph_new(name);
+		int64_t sx[] = {cases[i].n, cases[i].c, cases[i].h, cases[i].h};
+		int64_t sw[] = {cases[i].m, cases[i].c / cases[i].grp, cases[i].k, cases[i].k};
+		int64_t sb[] = {cases[i].m};
+		char attrs[96];
+		snprintf(attrs, sizeof attrs, "group=%lld %s", (long long)cases[i].grp, cases[i].attrs);
+		opcase_graph c = {name, g, {seeded(4, sx, 0), seeded(4, sw, 1), seeded(1, sb, 2)},
+		                  {0}, cases[i].bias ? 3 : 2, 1, 0};
+		uint32_t x = input(g, "x", KILN_F32, 4, sx), w = input(g, "w", KILN_F32, 4, sw);
+		uint32_t b = cases[i].bias ? input(g, "b", KILN_F32, 1, sb) : 0;
+		if (!cases[i].bias)
+			kiln_tensor_free(c.in[2]), c.in[2] = NULL;
+		uint32_t y = op1(g, KILN_OP_CONV, cases[i].bias ? 3 : 2, (uint32_t[]){x, w, b}, attrs);
+		if (cases[i].residual) {
+			y = op1(g, KILN_OP_ADD, 2, (uint32_t[]){y, x}, "");
+			y = op1(g, KILN_OP_RELU, 1, &y, "");
+		}
+		ir_output_add(g, y, NULL);
+		ck_assert_msg(kiln_graph_status(g) == KILN_OK, "%s", kiln_graph_errmsg(g));
+		char why[1400] = "";
+		ck_assert_msg(case_matches(&c, false, why, sizeof why), "%s (%s): %s", name, attrs, why);
+		opcase_free(&c);
+	}
+}
+END_TEST
+
 /* ---- data-dependent indices out of range ------------------------------------------ */
 
 /* g: one named node over two inputs (data f32, indices/targets) and one
@@ -544,6 +589,7 @@ static Suite *compiled_ops_suite(void)
 	tcase_add_test(tc, half_casts_round_exactly_like_the_interpreter);
 	tcase_add_test(tc, fused_activations_match_the_interpreter);
 	tcase_add_test(tc, winograd_convs_match_the_interpreter);
+	tcase_add_test(tc, grouped_convs_match_the_interpreter);
 	tcase_add_test(tc, gather_index_out_of_range_is_an_error);
 	tcase_add_test(tc, loss_target_out_of_range_is_an_error);
 	tcase_add_test(tc, integer_division_by_zero_is_an_error);
