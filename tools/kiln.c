@@ -755,6 +755,23 @@ static int by_value(const void *a, const void *b)
 	return (x > y) - (x < y);
 }
 
+/* This process's peak resident set in MiB (VmHWM of /proc/self/status, the
+ * high-water mark of its own address space: unlike getrusage's ru_maxrss it
+ * does not start from the parent's peak when the parent forked and exec'd
+ * us), or -1 where there is no such file. */
+static double peak_rss_mib(void)
+{
+	FILE *f = fopen("/proc/self/status", "r");
+	char line[256];
+	double kib = -1;
+	while (f && fgets(line, sizeof line, f))
+		if (sscanf(line, "VmHWM: %lf kB", &kib) == 1)
+			break;
+	if (f)
+		fclose(f);
+	return kib < 0 ? -1 : kib / 1024;
+}
+
 /* Warm-up, then timed runs into preallocated outputs; prints the stats. */
 static int bench_time(kiln_model *m, const bench_args *a, kiln_tensor **in, kiln_tensor **out)
 {
@@ -776,14 +793,16 @@ static int bench_time(kiln_model *m, const bench_args *a, kiln_tensor **in, kiln
 	double med = t[n / 2], p10 = t[n / 10], p90 = t[n * 9 / 10], spread = (p90 - p10) / med * 100;
 	if (a->json)
 		printf("{\"model\": \"%s\", \"batch\": %lld, \"threads\": %d, \"runs\": %d, "
-		       "\"median_ms\": %.6f, \"min_ms\": %.6f, \"p90_ms\": %.6f, \"spread_pct\": %.2f}\n",
-		       kiln_model_name(m), (long long)a->batch, (int)a->threads, n, med, t[0], p90, spread);
+		       "\"median_ms\": %.6f, \"min_ms\": %.6f, \"p90_ms\": %.6f, \"spread_pct\": %.2f, "
+		       "\"peak_rss_mib\": %.1f}\n",
+		       kiln_model_name(m), (long long)a->batch, (int)a->threads, n, med, t[0], p90, spread,
+		       peak_rss_mib());
 	else
 		printf("model %s: batch %lld, threads %d, %d runs after %d warm-up\n"
 		       "  median %.4f ms   min %.4f ms   p90 %.4f ms   spread (p90-p10)/median %.1f%%\n"
-		       "  %.1f runs/s, %.1f samples/s\n",
+		       "  %.1f runs/s, %.1f samples/s, peak RSS %.1f MiB\n",
 		       kiln_model_name(m), (long long)a->batch, (int)a->threads, n, (int)a->warmup, med, t[0], p90,
-		       spread, 1e3 / med, 1e3 * a->batch / med);
+		       spread, 1e3 / med, 1e3 * a->batch / med, peak_rss_mib());
 	free(t);
 	return 0;
 }
@@ -1006,7 +1025,8 @@ static const command commands[] = {
 	 "bench MODEL.so [--batch B] [--threads T] [--warmup W] [--runs R] [--time S] [--json]\n"
 	 "  Times a compiled library on random inputs (fixed seed), every symbolic\n"
 	 "  dim set to B, after W warm-up runs (default 10); prints the median, min,\n"
-	 "  p90 and spread (p90-p10)/median of the runs, in ms and runs/s.\n"
+	 "  p90 and spread (p90-p10)/median of the runs, in ms and runs/s, and the\n"
+	 "  process's peak resident set (VmHWM) in MiB.\n"
 	 "  -b, --batch B     the symbolic batch (default 1)\n"
 	 "  -t, --threads T   threads of the model's pool (default 1; 0: KILN_NUM_THREADS)\n"
 	 "  -n, --runs R      timed runs (default: as many as fit in --time, at least 10)\n"

@@ -705,6 +705,41 @@ START_TEST(compile_train_cnn_without_batch_says_so)
 }
 END_TEST
 
+/* ---- bench --json ---------------------------------------------------------------------- */
+
+/* The number after "key": in a JSON line, failing when there is none. */
+static double json_number(const char *out, const char *key)
+{
+	char k[64];
+	snprintf(k, sizeof k, "\"%s\": ", key);
+	const char *p = strstr(out, k);
+	ck_assert_msg(p, "no %s in: %s", k, out);
+	return strtod(p + strlen(k), NULL);
+}
+
+/* peak_rss_mib is the bench process's own peak: a batch of 4M rows of
+ * f32[3] in and out (2 x 46 MiB) must show at least 80 MiB more than a
+ * batch of 1, which must stay small. */
+START_TEST(bench_json_reports_the_peak_rss)
+{
+	save_model("m.kir");
+	result r = kiln("compile m.kir -o m.so");
+	ck_assert_msg(r.rc == 0, "%s", r.err);
+	result_free(&r);
+	r = kiln("bench m.so --batch 1 --runs 3 --warmup 1 --json");
+	ck_assert_msg(r.rc == 0, "%s", r.err);
+	double small = json_number(r.out, "peak_rss_mib");
+	ck_assert_msg(json_number(r.out, "median_ms") > 0, "%s", r.out);
+	result_free(&r);
+	r = kiln("bench m.so --batch 4000000 --runs 3 --warmup 1 --json");
+	ck_assert_msg(r.rc == 0, "%s", r.err);
+	double big = json_number(r.out, "peak_rss_mib");
+	result_free(&r);
+	ck_assert_msg(small > 0 && small < 64, "batch 1: peak RSS %.1f MiB", small);
+	ck_assert_msg(big - small > 80, "batch 4M: peak RSS %.1f MiB, batch 1: %.1f", big, small);
+}
+END_TEST
+
 /* ---- inspect a compiled library; kinds by content ------------------------------------ */
 
 START_TEST(inspect_prints_a_library_signature)
@@ -830,6 +865,7 @@ static Suite *cli_suite(void)
 	tcase_add_test(run, run_rejects_bad_inputs);
 	tcase_add_test(run, run_gives_every_output_its_own_file);
 	tcase_add_test(run, compile_header_parameters_are_distinct_identifiers);
+	tcase_add_test(run, bench_json_reports_the_peak_rss);
 	tcase_add_test(opt, opt_without_passes_round_trips);
 	tcase_add_test(opt, opt_runs_passes_and_dumps_to_stderr);
 	tcase_add_test(opt, opt_rejects_an_unknown_pass_listing_the_known_ones);
