@@ -11,7 +11,8 @@ Weights are random and seeded (nothing is downloaded); BatchNorm statistics
 are randomised as a trained model's would be.  bench.py imports build() to
 time the very same modules in PyTorch.
 
---quick writes only the MLP and the small CNN.
+--quick writes only the MLP and the small CNN; --only NAME[,NAME...] only
+those models.
 """
 import os
 import sys
@@ -24,6 +25,8 @@ SHAPES = {
     "resnet18": ((3, 224, 224), 13),
     "mobilenet_v2": ((3, 224, 224), 13),
     "transformer": ((64, 256), 17),
+    "squeezenet1_1": ((3, 224, 224), 13),
+    "shufflenet_v2_x1_0": ((3, 224, 224), 13),
 }
 QUICK = ("mlp", "cnn")
 
@@ -53,6 +56,10 @@ def build(torch, name):
         m = torchvision.models.resnet18(weights=None)
     elif name == "mobilenet_v2":
         m = torchvision.models.mobilenet_v2(weights=None)
+    elif name == "squeezenet1_1":  # Fire modules: 1x1 squeeze, 1x1 + 3x3 expand, Concat
+        m = torchvision.models.squeezenet1_1(weights=None)
+    elif name == "shufflenet_v2_x1_0":  # channel split / shuffle: Slice, Reshape, Transpose
+        m = torchvision.models.shufflenet_v2_x1_0(weights=None)
     elif name == "transformer":
         m = nn.TransformerEncoderLayer(d_model=256, nhead=4, dim_feedforward=1024,
                                        batch_first=True)
@@ -82,14 +89,33 @@ def export(torch, out, name):
         print(f"bench/models.py: {path}")
 
 
+def selected(argv):
+    """The model names argv asks for: --only A,B (also --only=A,B), --quick,
+    else all, in SHAPES order; KeyError for an unknown name."""
+    only = None
+    for i, a in enumerate(argv):
+        if a == "--only" and i + 1 < len(argv):
+            only = argv[i + 1]
+        elif a.startswith("--only="):
+            only = a[len("--only="):]
+    if only is None:
+        return QUICK if "--quick" in argv else tuple(SHAPES)
+    names = [n for n in only.split(",") if n]
+    for n in names:
+        if n not in SHAPES:
+            raise KeyError(f"unknown model {n!r} (known: {', '.join(SHAPES)})")
+    return tuple(n for n in SHAPES if n in names)
+
+
 def main(argv):
-    args = [a for a in argv[1:] if not a.startswith("--")]
+    args = [a for i, a in enumerate(argv) if i > 0 and not a.startswith("--")
+            and argv[i - 1] != "--only"]
     if len(args) != 1:
         sys.stderr.write(__doc__)
         return 2
     import torch
     os.makedirs(args[0], exist_ok=True)
-    for name in QUICK if "--quick" in argv else SHAPES:
+    for name in selected(argv):
         export(torch, args[0], name)
     return 0
 

@@ -10,6 +10,10 @@
 #                         above exported into <build>/onnx_export: checker
 #                         (full_check) and ONNX Runtime vs kiln's interpreter;
 #                         skipped (77) without .venv (scripts/setup-venv.sh)
+#   onnx_bench_models_ort tests/onnx/check_bench_models.py: bench/models.py's
+#                         SqueezeNet 1.1 and ShuffleNetV2 exported, compiled
+#                         by the kiln CLI and run at batch 1 and 3 against
+#                         ONNX Runtime (1e-4); skipped (77) without .venv
 #   test_compiled_models  (tests/unit) compiles the real models to .so
 #                         libraries and compares them with the interpreter;
 #                         it reads them from KILN_REAL_MODELS, set here
@@ -40,6 +44,10 @@ add_test(NAME onnx_export_ort COMMAND sh -c
 	"if [ -x '${KILN_VENV_PY}' ]; then exec '${KILN_VENV_PY}' '${CMAKE_SOURCE_DIR}/tests/onnx/check_export.py' '${KILN_ONNX_EXPORT_DIR}'; else echo 'skipped: no onnxruntime (no .venv: run scripts/setup-venv.sh)'; exit 77; fi")
 set_tests_properties(onnx_export_ort PROPERTIES SKIP_RETURN_CODE 77
 	FIXTURES_REQUIRED onnx_exported TIMEOUT 600)
+
+add_test(NAME onnx_bench_models_ort COMMAND sh -c
+	"if [ -x '${KILN_VENV_PY}' ]; then exec '${KILN_VENV_PY}' '${CMAKE_SOURCE_DIR}/tests/onnx/check_bench_models.py' '$<TARGET_FILE:kiln_cli>' '${CMAKE_BINARY_DIR}/onnx_bench_models'; else echo 'skipped: no onnxruntime (no .venv: run scripts/setup-venv.sh)'; exit 77; fi")
+set_tests_properties(onnx_bench_models_ort PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 600)
 
 # The fuzz target must be built by clang (libFuzzer), whatever CMAKE_C_COMPILER
 # is, so run_fuzz.sh compiles it; it skips (77) when clang cannot.  It carries
