@@ -684,6 +684,7 @@ typedef struct bench_args {
 	double batch, threads, warmup, runs; /* runs 0: as many as fit in seconds */
 	double seconds;
 	bool json;
+	double start_rss; /* peak RSS MiB before the model was loaded */
 } bench_args;
 
 static int bench_parse(int argc, char **argv, bench_args *a)
@@ -794,15 +795,15 @@ static int bench_time(kiln_model *m, const bench_args *a, kiln_tensor **in, kiln
 	if (a->json)
 		printf("{\"model\": \"%s\", \"batch\": %lld, \"threads\": %d, \"runs\": %d, "
 		       "\"median_ms\": %.6f, \"min_ms\": %.6f, \"p90_ms\": %.6f, \"spread_pct\": %.2f, "
-		       "\"peak_rss_mib\": %.1f}\n",
+		       "\"peak_rss_mib\": %.1f, \"start_rss_mib\": %.1f}\n",
 		       kiln_model_name(m), (long long)a->batch, (int)a->threads, n, med, t[0], p90, spread,
-		       peak_rss_mib());
+		       peak_rss_mib(), a->start_rss);
 	else
 		printf("model %s: batch %lld, threads %d, %d runs after %d warm-up\n"
 		       "  median %.4f ms   min %.4f ms   p90 %.4f ms   spread (p90-p10)/median %.1f%%\n"
-		       "  %.1f runs/s, %.1f samples/s, peak RSS %.1f MiB\n",
+		       "  %.1f runs/s, %.1f samples/s, peak RSS %.1f MiB (%.1f before loading)\n",
 		       kiln_model_name(m), (long long)a->batch, (int)a->threads, n, (int)a->warmup, med, t[0], p90,
-		       spread, 1e3 / med, 1e3 * a->batch / med, peak_rss_mib());
+		       spread, 1e3 / med, 1e3 * a->batch / med, peak_rss_mib(), a->start_rss);
 	free(t);
 	return 0;
 }
@@ -814,6 +815,7 @@ static int cmd_bench(int argc, char **argv)
 	kiln_model *m = NULL;
 	kiln_tensor **in = NULL, **out = NULL;
 	kiln_error e = {0};
+	a.start_rss = peak_rss_mib();
 	if (!rc)
 		rc = load_so(a.file, &m);
 	if (!rc && kiln_model_set_threads(m, (int)a.threads, &e) != KILN_OK)
@@ -1026,7 +1028,8 @@ static const command commands[] = {
 	 "  Times a compiled library on random inputs (fixed seed), every symbolic\n"
 	 "  dim set to B, after W warm-up runs (default 10); prints the median, min,\n"
 	 "  p90 and spread (p90-p10)/median of the runs, in ms and runs/s, and the\n"
-	 "  process's peak resident set (VmHWM) in MiB.\n"
+	 "  process's peak resident set (VmHWM) in MiB, at the end and before the\n"
+	 "  library was loaded.\n"
 	 "  -b, --batch B     the symbolic batch (default 1)\n"
 	 "  -t, --threads T   threads of the model's pool (default 1; 0: KILN_NUM_THREADS)\n"
 	 "  -n, --runs R      timed runs (default: as many as fit in --time, at least 10)\n"
