@@ -194,8 +194,8 @@ def run(args):
                     if err:
                         notes.append(f"{name} b{batch} t{threads}: kiln bench failed: {err}")
                 # PyTorch before ORT: ORT's idle workers spin for a while after
-                # a run, and would steal the CPUs from whatever runs next (its
-                # child has exited by then anyway)
+                # a run and would steal the CPUs from whatever ran next (they
+                # now end with ORT's child process, but the order stays)
                 p = torch_ms(torch, module, x, threads, args.time)
                 o, orr, err = ort_child_ms(name, onnx, batch, threads, args.time)
                 if err:
