@@ -721,52 +721,91 @@ kiln_status cg_lower_conv_transpose(cg_module *m, const ir_node *n, const int *i
 
 /* MaxPool: padding never wins; AveragePool divides by the taps inside the
  * input, or with count_include_pad by those inside [-pad, in + pad_end). */
+/* One output pixel of a pool at output coordinates o: the max, or the
+ * average, over its taps (a nest appended to blk); in the interior of a 2-D
+ * pool's row (interior: every tap column inside the input) the column is
+ * neither clamped nor tested, so a loop over o[1] vectorizes. */
+static cg_expr *pool_pixel(cg_module *m, cg_kernel *k, cg_stmt *blk, const ir_node *n,
+                           const int *in, const geom *g, cg_expr *b, cg_expr *const *o,
+                           bool interior)
+{
+	bool is_max = n->op == KILN_OP_MAX_POOL, incl = ir_attr_int(n, "count_include_pad", 0);
+	kiln_dtype ct = cg_ctype(m->buf[in[0]].dt);
+	int ns = g->nsp;
+	cg_expr *ext[3], *t[3], *j[3], *valid;
+	uint32_t h[3];
+	cg_expr *acc = cg_local(m, k, blk, ct, fc(m, ct, is_max ? -INFINITY : 0));
+	cg_expr *cnt = is_max ? NULL : cg_local(m, k, blk, ct, fc(m, ct, 0));
+	for (int d = 0; d < ns; d++) {
+		ext[d] = I(m, g->k[d]);
+		h[d] = g->ksz <= 64 ? CG_UNROLL : 0;
+	}
+	cg_stmt *tb = cg_nest(m, k, blk, ns, ext, h, t);
+	taps(m, g, o, t, j, &valid);
+	if (interior) { /* the column is inside: only the rows are tested */
+		tap_row(m, g, o, t, &valid);
+		j[ns - 1] = tap_col(m, g, o[ns - 1], t[ns - 1]);
+	}
+	cg_expr *xv = cg_ld(m, in[0], add(m, mul(m, b, I(m, g->isz)), lin(m, ns, j, g->in)));
+	if (is_max) {
+		cg_set(m, tb, acc, cg_bin(m, CG_MAX, acc, cg_select(m, valid, xv, fc(m, ct, -INFINITY))));
+		return acc;
+	}
+	cg_expr *counted = valid;
+	for (int d = 0; d < ns && incl; d++) {
+		cg_expr *p = add(m, mul(m, o[d], I(m, g->stride[d])), mul(m, t[d], I(m, g->dil[d])));
+		cg_expr *pin = cg_bin(m, CG_LT, p, I(m, g->in[d] + g->pad[d] + g->pad_end[d]));
+		counted = d ? cg_bin(m, CG_AND, counted, pin) : pin;
+	}
+	cg_set(m, tb, acc, add(m, acc, cg_select(m, valid, xv, fc(m, ct, 0))));
+	cg_set(m, tb, cnt, add(m, cnt, cg_select(m, counted, fc(m, ct, 1), fc(m, ct, 0))));
+	return cg_bin(m, CG_DIV, acc, cnt);
+}
+
 kiln_status cg_lower_pool(cg_module *m, const ir_node *n, const int *in, const int *out,
                           kiln_error *err)
 {
-	const ir_type *x = cg_btype(m, in[0]), *y = cg_btype(m, out[0]);
+	const ir_type *x = cg_btype(m, in[0]);
 	const int64_t *ks;
 	geom g;
 	uint32_t nk = ir_attr_ints(n, "kernel_shape", &ks);
 	if (x->rank < 3 || nk != (uint32_t)x->rank - 2)
 		return cg_lower_fail(m, n, err, KILN_EINVAL, "kernel_shape does not fit rank %d", x->rank);
-	kiln_status st = geometry(m, n, x, y, ks, false, &g, err);
+	kiln_status st = geometry(m, n, x, cg_btype(m, out[0]), ks, false, &g, err);
 	cg_kernel *k = st ? NULL : cg_lower_kernel(m, n);
 	if (!k)
 		return st ? st : nomem(m, n, err);
-	bool is_max = n->op == KILN_OP_MAX_POOL, incl = ir_attr_int(n, "count_include_pad", 0);
-	kiln_dtype ct = cg_ctype(x->dtype);
 	int ns = g.nsp;
-	cg_expr *nc = mul(m, cg_dim(m, x->dim[0]), cg_dim(m, x->dim[1])), *b, *ext[3], *o[3], *t[3], *j[3];
-	cg_expr *valid;
+	cg_expr *nc = mul(m, cg_dim(m, x->dim[0]), cg_dim(m, x->dim[1])), *b, *ext[3], *o[3];
 	cg_stmt *blk;
 	/* a tap is a clamped load, four bounds tests and a select: 4 operations */
 	cg_append(m, k->body, cg_loop(m, k, nc, cg_par(m, mul(m, m->buf[out[0]].numel, I(m, 4 * g.ksz))),
 	                              &b, &blk));
-	for (int d = 0; d < ns; d++)
-		ext[d] = I(m, g.out[d]);
-	cg_stmt *ob = cg_nest(m, k, blk, ns, ext, NULL, o);
-	cg_expr *acc = cg_local(m, k, ob, ct, fc(m, ct, is_max ? -INFINITY : 0));
-	cg_expr *cnt = is_max ? NULL : cg_local(m, k, ob, ct, fc(m, ct, 0));
-	for (int d = 0; d < ns; d++)
-		ext[d] = I(m, g.k[d]);
-	cg_stmt *tb = cg_nest(m, k, ob, ns, ext, NULL, t);
-	taps(m, &g, o, t, j, &valid);
-	cg_expr *xv = cg_ld(m, in[0], add(m, mul(m, b, I(m, g.isz)), lin(m, ns, j, g.in)));
-	if (is_max) {
-		cg_set(m, tb, acc, cg_bin(m, CG_MAX, acc, cg_select(m, valid, xv, fc(m, ct, -INFINITY))));
-	} else {
-		cg_expr *counted = valid;
-		for (int d = 0; d < ns && incl; d++) {
-			cg_expr *p = add(m, mul(m, o[d], I(m, g.stride[d])), mul(m, t[d], I(m, g.dil[d])));
-			cg_expr *pin = cg_bin(m, CG_LT, p, I(m, g.in[d] + g.pad[d] + g.pad_end[d]));
-			counted = d ? cg_bin(m, CG_AND, counted, pin) : pin;
-		}
-		cg_set(m, tb, acc, add(m, acc, cg_select(m, valid, xv, fc(m, ct, 0))));
-		cg_set(m, tb, cnt, add(m, cnt, cg_select(m, counted, fc(m, ct, 1), fc(m, ct, 0))));
-		acc = cg_bin(m, CG_DIV, acc, cnt);
+	if (ns != 2) {
+		for (int d = 0; d < ns; d++)
+			ext[d] = I(m, g.out[d]);
+		cg_stmt *ob = cg_nest(m, k, blk, ns, ext, NULL, o);
+		cg_expr *v = pool_pixel(m, k, ob, n, in, &g, b, o, false);
+		cg_append(m, ob, cg_st(m, out[0], add(m, mul(m, b, I(m, g.osz)), lin(m, ns, o, g.out)), v));
+		return KILN_OK;
 	}
-	cg_append(m, ob, cg_st(m, out[0], add(m, mul(m, b, I(m, g.osz)), lin(m, ns, o, g.out)), acc));
+	/* 2-D: per output row, the left edge, the interior (vectorized, no
+	 * column tests) and the right edge, as the depthwise conv does */
+	cg_stmt *rb, *cb;
+	int64_t lo, hi;
+	cg_append(m, blk, cg_loop(m, k, I(m, g.out[0]), 0, &o[0], &rb));
+	dw_span(&g, &lo, &hi);
+	int64_t c0[3] = {0, lo, hi}, cext[3] = {lo, hi - lo, g.out[1] - hi};
+	for (int r = 0; r < 3; r++) {
+		if (cext[r] <= 0)
+			continue;
+		cg_expr *v;
+		cg_append(m, rb, cg_loop(m, k, I(m, cext[r]), r == 1 ? CG_VECTORIZE : 0, &v, &cb));
+		cg_expr *oc[2] = {o[0], add(m, I(m, c0[r]), v)};
+		cg_expr *val = pool_pixel(m, k, cb, n, in, &g, b, oc, r == 1);
+		cg_append(m, cb, cg_st(m, out[0], add(m, mul(m, b, I(m, g.osz)),
+		                                      add(m, mul(m, o[0], I(m, g.out[1])), oc[1])), val));
+	}
 	return KILN_OK;
 }
 
