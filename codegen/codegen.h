@@ -73,6 +73,7 @@ typedef enum cg_stmt_kind {
 	CG_ASSIGN, /* var = value (a local scalar of type dt) */
 	CG_IF,     /* if (cond) then else (else may be NULL) */
 	CG_GEMM,   /* gemm (see cg_gemm) */
+	CG_TRANSPOSE, /* a 2-D transposition between buffers (see cg_transpose) */
 	CG_CHECK,  /* unless lo <= value < hi (i64): the run fails with "<what>
 	              <value> out of range [lo, hi)" after this kernel, which
 	              carries on (the first failed check of a run is reported);
@@ -151,6 +152,18 @@ typedef struct cg_gemm {
  * makes today). */
 bool cg_gemm_is_f32(const cg_gemm *g);
 
+/* dst[dst_off + j*dst_rs + i] = src[src_off + i*src_rs + j] for i < rows,
+ * j < cols, both buffers f32: row i of the source (contiguous) becomes
+ * column i of the destination (whose rows are contiguous).  A loop nest
+ * would gather or scatter on one side; a backend transposes W x W blocks
+ * in registers instead.  Layout changes use it (a Winograd conv's copies
+ * between NCHW and channels-last). */
+typedef struct cg_transpose {
+	int src, dst;
+	cg_expr *rows, *cols;
+	cg_expr *src_off, *src_rs, *dst_off, *dst_rs;
+} cg_transpose;
+
 typedef struct cg_stmt cg_stmt;
 struct cg_stmt {
 	cg_stmt_kind kind;
@@ -166,6 +179,7 @@ struct cg_stmt {
 	cg_expr *cond;         /* CG_IF */
 	cg_stmt *then_s, *else_s;
 	cg_gemm *gemm;         /* CG_GEMM */
+	cg_transpose *tr;      /* CG_TRANSPOSE */
 	cg_expr *lo, *hi;      /* CG_CHECK: the range of value (NULL: nonzero) */
 	const char *what;      /* CG_CHECK: "file:12: Gather 'g': index" */
 };
@@ -205,9 +219,9 @@ typedef struct cg_kernel {
 	const char *origin;    /* that node described ("Gather 'emb' at m.c:12"), or NULL */
 	cg_stmt *body;
 	int nvar;              /* variables 0..nvar-1 (loop vars and locals) */
-	/* >= 0: every store this kernel makes to buffer final_buf is a final
-	 * value of that buffer, made once per element at the element's linear
-	 * index (a depthwise conv's, a Winograd conv's last kernel): an
+	/* >= 0: every CG_STORE this kernel makes to buffer final_buf is a
+	 * final value of that buffer, made once per element at the element's
+	 * linear index (other statements may write it before) (a depthwise conv's, a Winograd conv's last kernel): an
 	 * activation or a same-shape residual Add after it folds into those
 	 * stores (lower.c); final_act: an activation already has */
 	int final_buf;
@@ -271,6 +285,7 @@ cg_stmt *cg_store(cg_module *m, int buf, cg_expr *index, cg_expr *value);
 cg_stmt *cg_assign(cg_module *m, int var, kiln_dtype dt, cg_expr *value);
 cg_stmt *cg_if(cg_module *m, cg_expr *cond, cg_stmt *then_s, cg_stmt *else_s);
 cg_stmt *cg_gemm_stmt(cg_module *m, const cg_gemm *gm);
+cg_stmt *cg_transpose_stmt(cg_module *m, const cg_transpose *t);
 /* lo and hi both NULL: a check that value is not 0 */
 cg_stmt *cg_check(cg_module *m, const char *what, cg_expr *value, cg_expr *lo, cg_expr *hi);
 /* Textual dump of the whole module (`kiln compile --emit=kir`). */

@@ -411,6 +411,18 @@ cg_stmt *cg_gemm_stmt(cg_module *m, const cg_gemm *gm)
 	return s;
 }
 
+cg_stmt *cg_transpose_stmt(cg_module *m, const cg_transpose *t)
+{
+	cg_transpose *c = ir_alloc(m->arena, sizeof *c);
+	cg_stmt *s = stmt(m, CG_TRANSPOSE);
+	if (!c || !s || !t->rows || !t->cols || !t->src_off || !t->src_rs || !t->dst_off ||
+	    !t->dst_rs)
+		return NULL;
+	*c = *t;
+	s->tr = c;
+	return s;
+}
+
 bool cg_gemm_is_f32(const cg_gemm *g)
 {
 	return g->a_dt == KILN_F32 && g->b_dt == KILN_F32 && g->c_dt == KILN_F32 &&
@@ -682,6 +694,23 @@ static void pstmt(const printer *p, const cg_stmt *s, int depth)
 		fputc('}', p->out);
 		break;
 	case CG_GEMM: pgemm(p, s->gemm); break;
+	case CG_TRANSPOSE: {
+		const cg_transpose *t = s->tr;
+		fputs("transpose rows=", p->out);
+		pexpr(p, t->rows, 0);
+		fputs(" cols=", p->out);
+		pexpr(p, t->cols, 0);
+		fprintf(p->out, " buf%d[", t->src);
+		pexpr(p, t->src_off, 0);
+		fputs("; ", p->out);
+		pexpr(p, t->src_rs, 0);
+		fprintf(p->out, ", 1] -> buf%d[", t->dst);
+		pexpr(p, t->dst_off, 0);
+		fputs("; 1, ", p->out);
+		pexpr(p, t->dst_rs, 0);
+		fputc(']', p->out);
+		break;
+	}
 	case CG_CHECK:
 		fputs("check ", p->out);
 		pexpr(p, s->value, 0);

@@ -375,6 +375,17 @@ static void stmt(ev *e, const cg_stmt *s)
 			stmt(e, s->else_s);
 		break;
 	case CG_GEMM: gemm(e, s->gemm); break;
+	case CG_TRANSPOSE: {
+		const cg_transpose *t = s->tr;
+		int64_t R = ix(e, t->rows), C = ix(e, t->cols), so = ix(e, t->src_off);
+		int64_t srs = ix(e, t->src_rs), d0 = ix(e, t->dst_off), drs = ix(e, t->dst_rs);
+		for (int64_t i = 0; i < R && !e->st; i++)
+			for (int64_t j = 0; j < C && !e->st; j++)
+				if (in_range(e, t->src, so + i * srs + j, "transpose from"))
+					store(e, t->dst, d0 + j * drs + i, KILN_F32,
+					      (val){ir_load(&e->view[t->src], so + i * srs + j), 0});
+		break;
+	}
 	case CG_CHECK: {
 		int64_t v = expr(e, s->value).i;
 		int64_t lo = s->lo ? expr(e, s->lo).i : 0, hi = s->hi ? expr(e, s->hi).i : 0;

@@ -22,7 +22,8 @@
  * An outermost CG_PARALLEL loop whose body reads no variable from outside
  * itself is outlined into `<name>.par<k>(x, begin, end)` and run through
  * rt_parallel_for; any other parallel loop runs serially.  CG_GEMM is a
- * loop over the batch calling kiln_sgemm (llvm_gemm.c).
+ * loop over the batch calling kiln_sgemm, CG_TRANSPOSE a call of
+ * kiln_transpose (both llvm_gemm.c).
  *
  * Then come the numel and io_dims functions, from the buffers' numel and
  * dim expressions.  The library around the kernels (descriptions, entry
@@ -196,6 +197,14 @@ static void scan_stmt(scan *s, const cg_stmt *st)
 		scan_buf(s, st->buf);
 	if (st->kind == CG_GEMM && st->gemm)
 		scan_gemm(s, st->gemm);
+	if (st->kind == CG_TRANSPOSE && st->tr) {
+		const cg_transpose *t = st->tr;
+		const cg_expr *e[] = {t->rows, t->cols, t->src_off, t->src_rs, t->dst_off, t->dst_rs};
+		for (size_t i = 0; i < sizeof e / sizeof *e; i++)
+			scan_expr(s, e[i]);
+		scan_buf(s, t->src);
+		scan_buf(s, t->dst);
+	}
 	scan_expr(s, st->extent);
 	scan_expr(s, st->index);
 	scan_expr(s, st->value);
@@ -926,6 +935,28 @@ static void s_gemm(fn_ctx *c, const cg_stmt *s)
 	loop_end(c, &l, 0);
 }
 
+/* One call of kiln_transpose (llvm_gemm.c). */
+static void s_transpose(fn_ctx *c, const cg_stmt *s)
+{
+	cg_llvm *L = c->L;
+	const cg_transpose *t = s->tr;
+	if (L->m->buf[t->src].dt != KILN_F32 || L->m->buf[t->dst].dt != KILN_F32) {
+		fail(c, KILN_EUNSUPPORTED, "transpose of a non-f32 buffer");
+		return;
+	}
+	LLVMBasicBlockRef here = LLVMGetInsertBlock(L->b);
+	LLVMValueRef f = cg_llvm_transpose(L); /* may build it, moving the builder */
+	LLVMPositionBuilderAtEnd(L->b, here);
+	LLVMTypeRef ft = LLVMGlobalGetValueType(f), pt[6];
+	LLVMGetParamTypes(ft, pt);
+	LLVMValueRef args[6] = {gemm_ptr(c, t->src, t->src_off, NULL, NULL), iexpr(c, t->src_rs),
+	                        gemm_ptr(c, t->dst, t->dst_off, NULL, NULL), iexpr(c, t->dst_rs),
+	                        iexpr(c, t->rows), iexpr(c, t->cols)};
+	args[0] = LLVMBuildBitCast(L->b, args[0], pt[0], "");
+	args[2] = LLVMBuildBitCast(L->b, args[2], pt[2], "");
+	LLVMBuildCall2(L->b, ft, f, args, 6, "");
+}
+
 static LLVMTypeRef exec_ptr(const cg_llvm *L);
 
 /* if (value < lo || value >= hi) rt_out_of_range(x, what, value, lo, hi):
@@ -963,6 +994,7 @@ typedef void (*stmt_fn)(fn_ctx *c, const cg_stmt *s);
 static const stmt_fn stmt_table[] = {
 	[CG_BLOCK] = s_block, [CG_FOR] = s_for, [CG_STORE] = s_store,
 	[CG_ASSIGN] = s_assign, [CG_IF] = s_if, [CG_GEMM] = s_gemm, [CG_CHECK] = s_check,
+	[CG_TRANSPOSE] = s_transpose,
 };
 
 static void stmt(fn_ctx *c, const cg_stmt *s)
@@ -970,7 +1002,7 @@ static void stmt(fn_ctx *c, const cg_stmt *s)
 	if (!s || c->st != KILN_OK)
 		return;
 	if ((unsigned)s->kind >= sizeof stmt_table / sizeof *stmt_table || !stmt_table[s->kind] ||
-	    (s->kind == CG_GEMM && !s->gemm) ||
+	    (s->kind == CG_GEMM && !s->gemm) || (s->kind == CG_TRANSPOSE && !s->tr) ||
 	    (s->kind == CG_CHECK && (!s->value || !s->lo != !s->hi || !s->what))) {
 		fail(c, KILN_EINVAL, "a malformed statement");
 		return;

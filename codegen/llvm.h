@@ -44,6 +44,7 @@ typedef struct cg_llvm {
 	LLVMTypeRef exec_ty;      /* struct rt_exec (runtime/model.h) */
 	LLVMValueRef par_for;     /* declared rt_parallel_for */
 	LLVMValueRef sgemm;       /* kiln_sgemm, from llvm_gemm.c */
+	LLVMValueRef transpose;   /* kiln_transpose, from llvm_gemm.c */
 	const char *name;         /* the model's C name: prefix of the entry points */
 } cg_llvm;
 
@@ -100,6 +101,14 @@ bool cg_llvm_supports(const cg_module *m, const cg_kernel *k, char *why, size_t 
  * micro-kernel in vector IR of the target's width; may split work over
  * x->pool with rt_parallel_for. */
 LLVMValueRef cg_llvm_sgemm(cg_llvm *L);
+/* Declares once per module and returns
+ *   void kiln_transpose(const float *src, i64 src_rs, float *dst, i64 dst_rs,
+ *                       i64 rows, i64 cols)
+ * dst[j*dst_rs + i] = src[i*src_rs + j] for i < rows, j < cols (CG_TRANSPOSE):
+ * W x W blocks (W the vector width) loaded as W rows, transposed in
+ * registers by log2(W) rounds of two-source shuffles, stored as W rows;
+ * masked loads and stores at the edges, so no scalar code. */
+LLVMValueRef cg_llvm_transpose(cg_llvm *L);
 /* floats of packing scratch kiln_sgemm needs per thread */
 uint64_t cg_sgemm_scratch_floats(const cg_target *t);
 

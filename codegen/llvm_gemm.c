@@ -1068,6 +1068,81 @@ static void setup(gen *g, cg_llvm *L)
 	}
 }
 
+/* ---- transposition ---------------------------------------------------------- */
+
+/* v[0..W) := their transpose: for each bit b of the lane index, rows r and
+ * r + b (bit b of r clear) swap their off-diagonal halves of every 2b-lane
+ * group, which swaps bit b of the row with bit b of the column; after every
+ * bit, v[c][r] is the old v[r][c]. */
+static void transpose_regs(gen *g, LLVMValueRef *v)
+{
+	int W = g->g.W;
+	for (int b = W / 2; b >= 1; b /= 2) {
+		LLVMValueRef lo[64], hi[64];
+		for (int l = 0; l < W; l++) {
+			bool up = (l & b) != 0;
+			lo[l] = LLVMConstInt(g->L->i32, up ? W + l - b : l, 0);
+			hi[l] = LLVMConstInt(g->L->i32, up ? W + l : l + b, 0);
+		}
+		LLVMValueRef ml = LLVMConstVector(lo, W), mh = LLVMConstVector(hi, W);
+		for (int r = 0; r < W; r++) {
+			if (r & b)
+				continue;
+			LLVMValueRef a = v[r], c = v[r + b];
+			v[r] = LLVMBuildShuffleVector(g->b, a, c, ml, "");
+			v[r + b] = LLVMBuildShuffleVector(g->b, a, c, mh, "");
+		}
+	}
+}
+
+static LLVMValueRef emit_transpose(gen *g)
+{
+	cg_llvm *L = g->L;
+	LLVMTypeRef t[] = {g->fp, L->i64, g->fp, L->i64, L->i64, L->i64};
+	LLVMValueRef fn = function(g, "kiln_transpose", t, 6);
+	LLVMValueRef src = LLVMGetParam(fn, 0), srs = LLVMGetParam(fn, 1);
+	LLVMValueRef dst = LLVMGetParam(fn, 2), drs = LLVMGetParam(fn, 3);
+	LLVMValueRef R = LLVMGetParam(fn, 4), C = LLVMGetParam(fn, 5);
+	int W = g->g.W;
+	LLVMValueRef Wc = i64c(g, W), v[64];
+	loop li, lj;
+	LLVMValueRef i0 = loop_begin(g, &li, i64c(g, 0), R, W);
+	LLVMValueRef nr = smin(g, Wc, LLVMBuildSub(g->b, R, i0, ""));
+	LLVMValueRef rmask = lanes(g, nr), none = LLVMConstNull(g->vi1);
+	LLVMValueRef j0 = loop_begin(g, &lj, i64c(g, 0), C, W);
+	LLVMValueRef nc = smin(g, Wc, LLVMBuildSub(g->b, C, j0, ""));
+	LLVMValueRef cmask = lanes(g, nc);
+	/* rows past the edge reload the last one: their lanes land in output
+	 * lanes >= nr, which the stores mask off */
+	LLVMValueRef last = LLVMBuildSub(g->b, nr, i64c(g, 1), "");
+	for (int r = 0; r < W; r++) {
+		LLVMValueRef row = add(g, i0, smin(g, i64c(g, r), last));
+		v[r] = mload(g, at(g, src, add(g, mul(g, row, srs), j0)), cmask);
+	}
+	transpose_regs(g, v);
+	for (int c = 0; c < W; c++) {
+		LLVMValueRef on = icmp(g, LLVMIntSLT, i64c(g, c), nc);
+		LLVMValueRef mask = LLVMBuildSelect(g->b, on, rmask, none, "");
+		LLVMValueRef col = add(g, j0, smin(g, i64c(g, c), LLVMBuildSub(g->b, nc, i64c(g, 1), "")));
+		mstore(g, v[c], at(g, dst, add(g, mul(g, col, drs), i0)), mask);
+	}
+	loop_end(g, &lj);
+	loop_end(g, &li);
+	LLVMBuildRetVoid(g->b);
+	return fn;
+}
+
+LLVMValueRef cg_llvm_transpose(cg_llvm *L)
+{
+	if (L->transpose)
+		return L->transpose;
+	gen g;
+	setup(&g, L);
+	L->transpose = emit_transpose(&g);
+	LLVMDisposeBuilder(g.b);
+	return L->transpose;
+}
+
 LLVMValueRef cg_llvm_sgemm(cg_llvm *L)
 {
 	if (L->sgemm)

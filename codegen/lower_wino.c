@@ -24,8 +24,8 @@
  *   k5  yb + bias         -> y[N,M,OH,OW]    the only stores of y: the final
  *                                            kernel an activation or residual
  *                                            fuses into (cg_kernel.final_buf)
- * k1 and k5 transpose (a strided access on one side); k2 to k4 are
- * contiguous.  Rounding the output up to whole tiles (TH = ceil(OH/4))
+ * k1 and k5 transpose (CG_TRANSPOSE: in registers, block by block); k2 to
+ * k4 are contiguous.  Rounding the output up to whole tiles (TH = ceil(OH/4))
  * computes a few pixels k5 never reads, and k1's rows and columns past the
  * input are zeros, so no kernel tests a bound in its inner loop.
  *
@@ -187,34 +187,53 @@ static int transformed_weights(cg_module *m, const ir_node *n, int wb, int64_t C
 	return b;
 }
 
-/* k1: xp[b, r, s, c] = x[b, c, r - pt, s - pl], 0 outside x. */
+/* k1: xp[b, r, s, c] = x[b, c, r - pt, s - pl], 0 outside x: the
+ * padding zeroed row by row, then each input row transposed from [C, W]
+ * (rows H*W apart) into the channels-last row [W, C] (CG_TRANSPOSE). */
 static kiln_status pack_input(cg_module *m, const ir_node *n, int x, int xp, const ir_conv_geom *g,
                               cg_expr *nb, int64_t C, int64_t PH, int64_t PW)
 {
 	cg_kernel *k = cg_lower_kernel(m, n);
 	if (!k)
 		return KILN_ENOMEM;
-	int64_t H = g->in[0], W = g->in[1];
-	cg_expr *r, *s, *c;
-	cg_stmt *rb, *sb, *cb;
+	int64_t H = g->in[0], W = g->in[1], pt = g->pad[0], pl = g->pad[1];
+	cg_expr *r, *q, *z = cg_const(m, KILN_F32, 0);
+	cg_stmt *rb, *qb;
+	/* zeros: whole rows above and below x, the columns left and right */
 	cg_append(m, k->body, cg_loop(m, k, mul(m, nb, I(m, PH)),
 	                              cg_par(m, mul(m, nb, I(m, PH * PW * C))), &r, &rb));
-	cg_expr *b = cg_bin(m, CG_DIV, r, I(m, PH));
-	cg_expr *h = add(m, cg_bin(m, CG_REM, r, I(m, PH)), I(m, -g->pad[0]));
-	cg_expr *hv = cg_bin(m, CG_AND, cg_bin(m, CG_GE, h, I(m, 0)), cg_bin(m, CG_LT, h, I(m, H)));
-	cg_expr *hc = cg_local(m, k, rb, KILN_I64, cg_clamp(m, h, I(m, H)));
-	cg_expr *hvl = cg_local(m, k, rb, KILN_BOOL, hv);
-	cg_append(m, rb, cg_loop(m, k, I(m, PW), 0, &s, &sb));
-	cg_expr *w = add(m, s, I(m, -g->pad[1]));
-	cg_expr *valid = cg_local(m, k, sb, KILN_BOOL,
-	                          cg_bin(m, CG_AND, hvl, cg_bin(m, CG_AND, cg_bin(m, CG_GE, w, I(m, 0)),
-	                                                        cg_bin(m, CG_LT, w, I(m, W)))));
-	cg_expr *wc = cg_local(m, k, sb, KILN_I64, cg_clamp(m, w, I(m, W)));
-	cg_append(m, sb, cg_loop(m, k, I(m, C), CG_VECTORIZE, &c, &cb));
-	cg_expr *xi = add(m, mul(m, add(m, mul(m, add(m, mul(m, b, I(m, C)), c), I(m, H)), hc),
-	                         I(m, W)), wc);
-	cg_expr *v = cg_select(m, valid, cg_load(m, x, xi), cg_const(m, KILN_F32, 0));
-	cg_append(m, cb, cg_store(m, xp, add(m, mul(m, add(m, mul(m, r, I(m, PW)), s), I(m, C)), c), v));
+	cg_expr *row = cg_bin(m, CG_REM, r, I(m, PH)), *base = mul(m, r, I(m, PW * C));
+	cg_expr *outside = cg_bin(m, CG_OR, cg_bin(m, CG_LT, row, I(m, pt)),
+	                          cg_bin(m, CG_GE, row, I(m, pt + H)));
+	cg_stmt *whole = cg_block(m), *sides = cg_block(m);
+	cg_append(m, whole, cg_loop(m, k, I(m, PW * C), CG_VECTORIZE, &q, &qb));
+	cg_append(m, qb, cg_store(m, xp, add(m, base, q), z));
+	int64_t right = PW - pl - W;
+	if (pl > 0) {
+		cg_append(m, sides, cg_loop(m, k, I(m, pl * C), CG_VECTORIZE, &q, &qb));
+		cg_append(m, qb, cg_store(m, xp, add(m, base, q), z));
+	}
+	if (right > 0) {
+		cg_append(m, sides, cg_loop(m, k, I(m, right * C), CG_VECTORIZE, &q, &qb));
+		cg_append(m, qb, cg_store(m, xp, add(m, add(m, base, I(m, (pl + W) * C)), q), z));
+	}
+	cg_append(m, rb, cg_if(m, outside, whole, sides));
+	/* the rows of x */
+	cg_expr *bh;
+	cg_stmt *hb;
+	cg_append(m, k->body, cg_loop(m, k, mul(m, nb, I(m, H)),
+	                              cg_par(m, mul(m, nb, I(m, H * W * C))), &bh, &hb));
+	cg_expr *b = cg_bin(m, CG_DIV, bh, I(m, H)), *h = cg_bin(m, CG_REM, bh, I(m, H));
+	cg_transpose t = {
+		.src = x, .dst = xp, .rows = I(m, C), .cols = I(m, W),
+		.src_off = add(m, mul(m, b, I(m, C * H * W)), mul(m, h, I(m, W))), .src_rs = I(m, H * W),
+		.dst_off = mul(m, add(m, mul(m, add(m, mul(m, b, I(m, PH)), add(m, h, I(m, pt))),
+		                             I(m, PW)), I(m, pl)), I(m, C)),
+		.dst_rs = I(m, C)};
+	cg_stmt *ts = cg_transpose_stmt(m, &t);
+	if (!ts)
+		return KILN_ENOMEM;
+	cg_append(m, hb, ts);
 	return KILN_OK;
 }
 
@@ -326,7 +345,11 @@ static kiln_status output_transform(cg_module *m, const ir_node *n, int mt, int 
 	return KILN_OK;
 }
 
-/* k5: y[b, mo, oh, ow] = yb[b, oh, ow, mo] + bias[mo]. */
+/* k5: y[b, mo, oh, ow] = yb[b, oh, ow, mo] + bias[mo]: each output row
+ * transposed from [OW, M] (rows M apart) into y's planes (CG_TRANSPOSE),
+ * then a pass over y adds the bias.  That pass's stores are the kernel's
+ * only CG_STOREs of y and final (cg_kernel.final_buf): an activation or a
+ * residual after the conv folds into them. */
 static kiln_status unpack_output(cg_module *m, const ir_node *n, const int *in, int yb, int y,
                                  cg_expr *nb, int64_t M, int64_t OH, int64_t OW, int64_t TH,
                                  int64_t TW)
@@ -334,19 +357,28 @@ static kiln_status unpack_output(cg_module *m, const ir_node *n, const int *in, 
 	cg_kernel *k = cg_lower_kernel(m, n);
 	if (!k)
 		return KILN_ENOMEM;
-	cg_expr *bm, *oh, *ow;
-	cg_stmt *bb, *hb, *wb;
+	cg_expr *bh, *bm, *i;
+	cg_stmt *hb, *pb, *ib;
+	cg_append(m, k->body, cg_loop(m, k, mul(m, nb, I(m, OH)),
+	                              cg_par(m, mul(m, nb, I(m, M * OH * OW))), &bh, &hb));
+	cg_expr *b = cg_bin(m, CG_DIV, bh, I(m, OH)), *oh = cg_bin(m, CG_REM, bh, I(m, OH));
+	cg_transpose t = {
+		.src = yb, .dst = y, .rows = I(m, OW), .cols = I(m, M),
+		.src_off = mul(m, add(m, mul(m, b, I(m, TH * TILE)), oh), I(m, TW * TILE * M)),
+		.src_rs = I(m, M),
+		.dst_off = add(m, mul(m, b, I(m, M * OH * OW)), mul(m, oh, I(m, OW))),
+		.dst_rs = I(m, OH * OW)};
+	cg_stmt *ts = cg_transpose_stmt(m, &t);
+	if (!ts)
+		return KILN_ENOMEM;
+	cg_append(m, hb, ts);
 	cg_append(m, k->body, cg_loop(m, k, mul(m, nb, I(m, M)),
-	                              cg_par(m, mul(m, nb, I(m, M * OH * OW))), &bm, &bb));
-	cg_append(m, bb, cg_loop(m, k, I(m, OH), 0, &oh, &hb));
-	cg_append(m, hb, cg_loop(m, k, I(m, OW), CG_VECTORIZE, &ow, &wb));
-	cg_expr *b = cg_bin(m, CG_DIV, bm, I(m, M)), *mo = cg_bin(m, CG_REM, bm, I(m, M));
-	cg_expr *src = add(m, mul(m, add(m, mul(m, add(m, mul(m, b, I(m, TH * TILE)), oh),
-	                                        I(m, TW * TILE)), ow), I(m, M)), mo);
-	cg_expr *v = cg_load(m, yb, src);
+	                              cg_par(m, mul(m, nb, I(m, M * OH * OW))), &bm, &pb));
+	cg_append(m, pb, cg_loop(m, k, I(m, OH * OW), CG_VECTORIZE, &i, &ib));
+	cg_expr *at = add(m, mul(m, bm, I(m, OH * OW)), i), *v = cg_load(m, y, at);
 	if (n->nin > 2 && in[2] >= 0)
-		v = add(m, v, cg_load(m, in[2], mo));
-	cg_append(m, wb, cg_store(m, y, add(m, mul(m, add(m, mul(m, bm, I(m, OH)), oh), I(m, OW)), ow), v));
+		v = add(m, v, cg_load(m, in[2], cg_bin(m, CG_REM, bm, I(m, M))));
+	cg_append(m, ib, cg_store(m, y, at, v));
 	k->final_buf = y;
 	return KILN_OK;
 }

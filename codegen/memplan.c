@@ -74,6 +74,10 @@ static void walk(cg_module *m, const cg_stmt *s, int t)
 		walk_expr(m, s->lo, t);
 		walk_expr(m, s->hi, t);
 		break;
+	case CG_TRANSPOSE:
+		touch(m, s->tr->src, t);
+		touch(m, s->tr->dst, t);
+		break;
 	case CG_GEMM:
 		touch(m, s->gemm->a, t);
 		touch(m, s->gemm->b, t);

@@ -270,6 +270,7 @@ START_TEST(winograd_convs_match_the_interpreter)
 		{3, 8, 5, 10, 11, "pads=2,1,0,2", true, false, 2},
 		{2, 16, 16, 8, 8, "pads=1,1,1,1", true, true, 3},
 		{1, 5, 5, 4, 4, "pads=1,1,1,1", false, true, 3},
+		{1, 33, 20, 18, 21, "pads=1,1,1,1", true, true, 1}, /* whole and partial 16-blocks */
 	};
 	for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
 		char name[32];
