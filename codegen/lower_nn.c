@@ -455,6 +455,92 @@ static void im2col(cg_module *m, cg_kernel *k, cg_stmt *blk, int x, int col, cg_
 	}
 }
 
+/* Output rows per chunk of a 2-D conv's chunked im2col: about this many
+ * columns of the GEMM, whose K x CHUNK_COLS slice of columns (K = C*ksz)
+ * then stays in L2 between its im2col and its GEMM. */
+enum { CHUNK_COLS = 1024, CHUNK_MIN = 4 };
+
+/* col[base + (c*ksz + t)*ld + (oh - oh0)*W + ow] = x[b, c, tap((oh, ow), t)]
+ * (0 in the padding) for the rr output rows oh from oh0 of a 2-D conv:
+ * per tap and row, zeros before the tap's span, a copy inside, zeros after. */
+static void im2col_rows(cg_module *m, cg_kernel *k, cg_stmt *blk, int x, int col, cg_expr *b,
+                        cg_expr *c, int64_t C, const geom *g, cg_expr *oh0, cg_expr *rr,
+                        cg_expr *base, int64_t ld)
+{
+	cg_expr *t[2], *r, *valid, *lo, *hi, *v[3];
+	cg_stmt *tb, *rb, *lb[3];
+	int64_t W = g->out[1];
+	cg_expr *ext[2] = {I(m, g->k[0]), I(m, g->k[1])};
+	tb = cg_nest(m, k, blk, 2, ext, NULL, t);
+	cg_append(m, tb, cg_loop(m, k, rr, 0, &r, &rb));
+	cg_expr *oh = add(m, oh0, r);
+	cg_expr *crow = add(m, base, add(m, mul(m, add(m, mul(m, c, I(m, g->ksz)),
+	                                                  add(m, mul(m, t[0], I(m, g->k[1])), t[1])),
+	                                           I(m, ld)), mul(m, r, I(m, W))));
+	cg_expr *xrow = add(m, mul(m, add(m, mul(m, b, I(m, C)), c), I(m, g->isz)),
+	                    tap_row(m, g, &oh, t, &valid));
+	inner_span(m, g, t[1], &lo, &hi);
+	cg_expr *sx[3] = {lo, cg_bin(m, CG_SUB, hi, lo), cg_bin(m, CG_SUB, I(m, W), hi)};
+	cg_expr *start[3] = {I(m, 0), lo, hi};
+	for (int p = 0; p < 3; p++) {
+		cg_append(m, rb, cg_loop(m, k, sx[p], CG_VECTORIZE, &v[p], &lb[p]));
+		cg_expr *o = add(m, start[p], v[p]), *val = fc(m, KILN_F32, 0);
+		if (p == 1)
+			val = cg_select(m, valid, cg_load(m, x, add(m, xrow, tap_col(m, g, o, t[1]))), val);
+		cg_append(m, lb[p], cg_store(m, col, add(m, crow, o), val));
+	}
+}
+
+/* A 2-D conv with large output maps: per (image, chunk of output rows),
+ * over the threads, the chunk's im2col and then its GEMM (per group), so
+ * the columns are still in cache when the GEMM reads them and a batch of
+ * one still has many independent pieces (the stem of a ResNet has 3 input
+ * channels: a per-channel im2col gave two threads three pieces). */
+static kiln_status conv_im2col_chunked(cg_module *m, const ir_node *n, const int *in, int y,
+                                       const geom *g, int64_t R)
+{
+	const ir_type *x = cg_btype(m, in[0]), *yt = cg_btype(m, y);
+	int64_t grp = ir_attr_int(n, "group", 1);
+	int64_t C = x->dim[1], M = yt->dim[1], rows = C * g->ksz, batch = x->dim[0];
+	int64_t Cg = C / grp, Mg = M / grp, grows = Cg * g->ksz;
+	int64_t OH = g->out[0], W = g->out[1], nch = (OH + R - 1) / R, ld = R * W;
+	cg_expr *bd = cg_dim(m, batch);
+	int col = cg_lower_scratch(m, KILN_F32, mul(m, mul(m, bd, I(m, nch)), I(m, rows * ld)));
+	cg_kernel *k = cg_lower_kernel(m, n);
+	if (col < 0 || !k)
+		return KILN_ENOMEM;
+	cg_expr *bc, *c, *gi = I(m, 0);
+	cg_stmt *body, *cb, *pb;
+	cg_append(m, k->body, cg_loop(m, k, mul(m, bd, I(m, nch)), CG_PARALLEL, &bc, &body));
+	cg_expr *b = cg_bin(m, CG_DIV, bc, I(m, nch)), *ch = cg_bin(m, CG_REM, bc, I(m, nch));
+	cg_expr *oh0 = cg_local(m, k, body, KILN_I64, mul(m, ch, I(m, R)));
+	cg_expr *rr = cg_local(m, k, body, KILN_I64,
+	                       cg_bin(m, CG_MIN, I(m, R), cg_bin(m, CG_SUB, I(m, OH), oh0)));
+	cg_expr *base = mul(m, bc, I(m, rows * ld));
+	cg_append(m, body, cg_loop(m, k, I(m, C), 0, &c, &cb));
+	im2col_rows(m, k, cb, in[0], col, b, c, C, g, oh0, rr, base, ld);
+	pb = body;
+	if (grp > 1)
+		cg_append(m, body, cg_loop(m, k, I(m, grp), 0, &gi, &pb));
+	bool bias = n->nin > 2 && in[2] >= 0;
+	cg_gemm gm = {.a = in[1], .b = col, .c = y, .bias = bias ? in[2] : -1,
+	              .M = I(m, Mg), .N = mul(m, rr, I(m, W)), .K = I(m, grows), .batch = I(m, 1),
+	              .a_off = mul(m, gi, I(m, Mg * grows)), .a_bs = I(m, 0), .a_rs = I(m, grows),
+	              .a_cs = I(m, 1),
+	              .b_off = add(m, base, mul(m, gi, I(m, grows * ld))),
+	              .b_bs = I(m, 0), .b_rs = I(m, ld), .b_cs = I(m, 1),
+	              .c_off = add(m, mul(m, add(m, mul(m, b, I(m, M)), mul(m, gi, I(m, Mg))),
+	                                  I(m, g->osz)), mul(m, oh0, I(m, W))),
+	              .c_bs = I(m, 0), .c_rs = I(m, g->osz),
+	              .bias_off = mul(m, gi, I(m, Mg)), .alpha = 1, .beta = 0,
+	              .bias_axis = bias ? 2 : 0};
+	cg_stmt *gs = cg_gemm_stmt(m, &gm);
+	if (!gs)
+		return KILN_ENOMEM;
+	cg_append(m, pb, gs);
+	return KILN_OK;
+}
+
 static kiln_status conv_im2col(cg_module *m, const ir_node *n, const int *in, int y, const geom *g,
                                kiln_error *err)
 {
@@ -462,6 +548,11 @@ static kiln_status conv_im2col(cg_module *m, const ir_node *n, const int *in, in
 	int64_t grp = ir_attr_int(n, "group", 1);
 	int64_t C = x->dim[1], M = yt->dim[1], rows = C * g->ksz, batch = x->dim[0];
 	int64_t Cg = C / grp, Mg = M / grp, grows = Cg * g->ksz;
+	if (g->nsp == 2) {
+		int64_t R = (CHUNK_COLS + g->out[1] - 1) / g->out[1];
+		if ((g->out[0] + R - 1) / R >= CHUNK_MIN)
+			return conv_im2col_chunked(m, n, in, y, g, R) ? nomem(m, n, err) : KILN_OK;
+	}
 	/* cg_lower_scratch may move m->buf: x and yt are dead after this */
 	/* columns for the whole batch, each image its own, so that images can
 	 * run on different threads; a symbolic batch picks a path at run time */

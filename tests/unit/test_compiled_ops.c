@@ -361,6 +361,40 @@ START_TEST(grouped_convs_match_the_interpreter)
 }
 END_TEST
 
+/* Large 2-D output maps run im2col and GEMM per chunk of output rows
+ * (lower_nn.c, CHUNK_COLS): a stem-like 7x7 stride-2 conv whose last chunk
+ * is one row, and a grouped 3x3 conv at batch 2 whose last chunk is short,
+ * then Relu folded into the chunks' GEMMs, against the interpreter. */
+START_TEST(chunked_im2col_convs_match_the_interpreter)
+{
+	static const struct {
+		int64_t n, c, m, h, w, k, grp;
+		const char *attrs;
+	} cases[] = {
+		{1, 3, 8, 130, 128, 7, 1, "strides=2,2 pads=3,3,3,3"},
+		{2, 4, 6, 70, 66, 3, 2, "pads=1,1,1,1"},
+	};
+	for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+		char name[32], attrs[96];
+		snprintf(name, sizeof name, "chunked%zu", i);
+		snprintf(attrs, sizeof attrs, "group=%lld %s", (long long)cases[i].grp, cases[i].attrs);
+		kiln_graph *g = kiln_graph_new(name);
+		int64_t sx[] = {cases[i].n, cases[i].c, cases[i].h, cases[i].w};
+		int64_t sw[] = {cases[i].m, cases[i].c / cases[i].grp, cases[i].k, cases[i].k};
+		int64_t sb[] = {cases[i].m};
+		opcase_graph c = {name, g, {seeded(4, sx, 0), seeded(4, sw, 1), seeded(1, sb, 2)},
+		                  {0}, 3, 1, 0};
+		uint32_t x = input(g, "x", KILN_F32, 4, sx), w = input(g, "w", KILN_F32, 4, sw);
+		uint32_t b = input(g, "b", KILN_F32, 1, sb);
+		uint32_t y = op1(g, KILN_OP_CONV, 3, (uint32_t[]){x, w, b}, attrs);
+		ir_output_add(g, op1(g, KILN_OP_RELU, 1, &y, ""), NULL);
+		char why[1400] = "";
+		ck_assert_msg(case_matches(&c, false, why, sizeof why), "%s (%s): %s", name, attrs, why);
+		opcase_free(&c);
+	}
+}
+END_TEST
+
 /* ---- data-dependent indices out of range ------------------------------------------ */
 
 /* g: one named node over two inputs (data f32, indices/targets) and one
@@ -591,6 +625,7 @@ static Suite *compiled_ops_suite(void)
 	tcase_add_test(tc, fused_activations_match_the_interpreter);
 	tcase_add_test(tc, winograd_convs_match_the_interpreter);
 	tcase_add_test(tc, grouped_convs_match_the_interpreter);
+	tcase_add_test(tc, chunked_im2col_convs_match_the_interpreter);
 	tcase_add_test(tc, gather_index_out_of_range_is_an_error);
 	tcase_add_test(tc, loss_target_out_of_range_is_an_error);
 	tcase_add_test(tc, integer_division_by_zero_is_an_error);
