@@ -669,6 +669,67 @@ static void dw_span(const geom *g, int64_t *lo, int64_t *hi)
 	*hi = *hi > g->out[1] ? g->out[1] : *hi < *lo ? *lo : *hi;
 }
 
+/* ---- stride-2 rows, split ----------------------------------------------- */
+
+/* A 2-D window op with stride 2 along columns (a pool, a depthwise conv)
+ * loads tap t of output column o from input column 2o + d, d = t*dil - pad:
+ * a stride-2 access per tap, which the vectorizer turns into element by
+ * element inserts.  Instead, each input plane is first copied with every
+ * row split into its even and its odd columns (one pass of complete
+ * stride-2 pairs, which vectorizes as two loads and shuffles), and tap t
+ * reads the half of parity d & 1 at o + (d >> 1): contiguous in o. */
+typedef struct split {
+	int buf;      /* the split copy, one plane per window-op plane; -1: none */
+	int64_t half; /* elements per half row: ceil(W / 2) */
+	cg_expr *plane; /* element offset of this iteration's plane in buf */
+} split;
+
+/* Whether a 2-D op with geometry g should split its rows: stride 2 along
+ * columns and an interior span (dw_span) wide enough to vectorize. */
+static bool want_split(const geom *g)
+{
+	int64_t lo, hi;
+	if (g->nsp != 2 || g->stride[1] != 2)
+		return false;
+	dw_span(g, &lo, &hi);
+	return hi - lo >= 8;
+}
+
+/* Appends to blk the split copy of x's plane at element xoff (H x W) into
+ * sp->buf at sp->plane (H rows of [evens | odds], each half sp->half). */
+static void split_plane(cg_module *m, cg_kernel *k, cg_stmt *blk, int x, cg_expr *xoff,
+                        const split *sp, int64_t H, int64_t W)
+{
+	cg_expr *h, *q, *r;
+	cg_stmt *hb, *qb;
+	cg_append(m, blk, cg_loop(m, k, I(m, H), 0, &h, &hb));
+	cg_expr *src = add(m, xoff, mul(m, h, I(m, W)));
+	cg_expr *dst = add(m, sp->plane, mul(m, h, I(m, 2 * sp->half)));
+	cg_append(m, hb, cg_loop(m, k, I(m, W / 2), CG_VECTORIZE, &q, &qb));
+	cg_expr *q2 = mul(m, q, I(m, 2));
+	cg_append(m, qb, cg_st(m, sp->buf, add(m, dst, q), cg_ld(m, x, add(m, src, q2))));
+	cg_append(m, qb, cg_st(m, sp->buf, add(m, add(m, dst, I(m, sp->half)), q),
+	                       cg_ld(m, x, add(m, add(m, src, q2), I(m, 1)))));
+	if (W % 2) { /* the last even column has no odd partner */
+		r = I(m, W / 2);
+		cg_append(m, hb, cg_st(m, sp->buf, add(m, dst, r), cg_ld(m, x, add(m, src, I(m, W - 1)))));
+	}
+}
+
+/* The split copy's index of input row j0 (clamped by the caller), column
+ * 2*o + t*dil - pad: half (d & 1), position o + (d >> 1), d computed
+ * non-negatively (pad + 2 pairs up) so % and / are floor operations. */
+static cg_expr *split_at(cg_module *m, const geom *g, const split *sp, cg_expr *j0, cg_expr *o,
+                         cg_expr *t)
+{
+	int64_t K = g->pad[1] / 2 + 2;
+	cg_expr *d = add(m, mul(m, t, I(m, g->dil[1])), I(m, 2 * K - g->pad[1]));
+	cg_expr *par = cg_bin(m, CG_REM, d, I(m, 2));
+	cg_expr *sh = add(m, cg_bin(m, CG_DIV, d, I(m, 2)), I(m, -K));
+	return add(m, add(m, sp->plane, mul(m, j0, I(m, 2 * sp->half))),
+	           add(m, mul(m, par, I(m, sp->half)), add(m, o, sh)));
+}
+
 /* One span of output columns [c0, c0 + ext) of output row oh of plane bm:
  * y = bias + the sum over taps of x * w, kept in a local (taps loops of
  * constant extent, which LLVM unrolls, so the column loop is innermost and
@@ -676,7 +737,7 @@ static void dw_span(const geom *g, int64_t *lo, int64_t *hi)
  * the row, invariant in the loop, is tested). */
 static void dw_cols(cg_module *m, cg_kernel *k, cg_stmt *blk, const ir_node *n, const int *in,
                     int y, const geom *g, cg_expr **pl, cg_expr *oh, int64_t c0, int64_t ext,
-                    bool interior)
+                    bool interior, const split *sp)
 {
 	cg_expr *v, *tv[2];
 	cg_stmt *vb;
@@ -696,7 +757,9 @@ static void dw_cols(cg_module *m, cg_kernel *k, cg_stmt *blk, const ir_node *n, 
 	}
 	cg_expr *xi = add(m, mul(m, pl[2], I(m, g->isz)), lin(m, 2, j, g->in));
 	cg_expr *wi = add(m, mul(m, pl[1], I(m, g->ksz)), lin(m, 2, tv, g->k));
-	cg_expr *xv = cg_select(m, valid, cg_ld(m, in[0], xi), fc(m, ct, 0));
+	cg_expr *xv = cg_select(m, valid, interior && sp->buf >= 0
+	                                      ? cg_ld(m, sp->buf, split_at(m, g, sp, j[0], o[1], tv[1]))
+	                                      : cg_ld(m, in[0], xi), fc(m, ct, 0));
 	cg_set(m, tb, acc, add(m, acc, mul(m, xv, cg_ld(m, in[1], wi))));
 	cg_append(m, vb, cg_st(m, y, add(m, mul(m, pl[0], I(m, g->osz)),
 	                                 add(m, mul(m, oh, I(m, g->out[1])), o[1])), acc));
@@ -723,12 +786,22 @@ static kiln_status conv_depthwise(cg_module *m, const ir_node *n, const int *in,
 	/* plane of y, channel (weight row), plane of x */
 	cg_expr *pl[3] = {bm, mi, add(m, mul(m, cg_bin(m, CG_DIV, bm, I(m, M)), I(m, C)),
 	                                 cg_bin(m, CG_DIV, mi, I(m, Mg)))};
+	/* stride 2: the plane of x split into even and odd columns first */
+	split sp = {.buf = -1, .half = (g->in[1] + 1) / 2};
+	if (want_split(g) && m->buf[in[0]].dt == KILN_F32) {
+		int64_t psz = g->in[0] * 2 * sp.half;
+		sp.buf = cg_lower_scratch(m, KILN_F32, mul(m, nm, I(m, psz)));
+		if (sp.buf < 0)
+			return nomem(m, n, err);
+		sp.plane = mul(m, bm, I(m, psz));
+		split_plane(m, k, blk, in[0], mul(m, pl[2], I(m, g->isz)), &sp, g->in[0], g->in[1]);
+	}
 	cg_append(m, blk, cg_loop(m, k, I(m, g->out[0]), 0, &oh, &rb));
 	dw_span(g, &lo, &hi);
 	int64_t c0[3] = {0, lo, hi}, ext[3] = {lo, hi - lo, g->out[1] - hi};
 	for (int r = 0; r < 3; r++)
 		if (ext[r] > 0)
-			dw_cols(m, k, rb, n, in, y, g, pl, oh, c0[r], ext[r], r == 1);
+			dw_cols(m, k, rb, n, in, y, g, pl, oh, c0[r], ext[r], r == 1, &sp);
 	k->final_buf = y;
 	return KILN_OK;
 }
@@ -818,7 +891,7 @@ kiln_status cg_lower_conv_transpose(cg_module *m, const ir_node *n, const int *i
  * neither clamped nor tested, so a loop over o[1] vectorizes. */
 static cg_expr *pool_pixel(cg_module *m, cg_kernel *k, cg_stmt *blk, const ir_node *n,
                            const int *in, const geom *g, cg_expr *b, cg_expr *const *o,
-                           bool interior)
+                           bool interior, const split *sp)
 {
 	bool is_max = n->op == KILN_OP_MAX_POOL, incl = ir_attr_int(n, "count_include_pad", 0);
 	kiln_dtype ct = cg_ctype(m->buf[in[0]].dt);
@@ -837,7 +910,9 @@ static cg_expr *pool_pixel(cg_module *m, cg_kernel *k, cg_stmt *blk, const ir_no
 		tap_row(m, g, o, t, &valid);
 		j[ns - 1] = tap_col(m, g, o[ns - 1], t[ns - 1]);
 	}
-	cg_expr *xv = cg_ld(m, in[0], add(m, mul(m, b, I(m, g->isz)), lin(m, ns, j, g->in)));
+	cg_expr *xv = interior && sp && sp->buf >= 0
+	              ? cg_ld(m, sp->buf, split_at(m, g, sp, j[0], o[1], t[1]))
+	              : cg_ld(m, in[0], add(m, mul(m, b, I(m, g->isz)), lin(m, ns, j, g->in)));
 	if (is_max) {
 		cg_set(m, tb, acc, cg_bin(m, CG_MAX, acc, cg_select(m, valid, xv, fc(m, ct, -INFINITY))));
 		return acc;
@@ -876,7 +951,7 @@ kiln_status cg_lower_pool(cg_module *m, const ir_node *n, const int *in, const i
 		for (int d = 0; d < ns; d++)
 			ext[d] = I(m, g.out[d]);
 		cg_stmt *ob = cg_nest(m, k, blk, ns, ext, NULL, o);
-		cg_expr *v = pool_pixel(m, k, ob, n, in, &g, b, o, false);
+		cg_expr *v = pool_pixel(m, k, ob, n, in, &g, b, o, false, NULL);
 		cg_append(m, ob, cg_st(m, out[0], add(m, mul(m, b, I(m, g.osz)), lin(m, ns, o, g.out)), v));
 		return KILN_OK;
 	}
@@ -884,6 +959,16 @@ kiln_status cg_lower_pool(cg_module *m, const ir_node *n, const int *in, const i
 	 * column tests) and the right edge, as the depthwise conv does */
 	cg_stmt *rb, *cb;
 	int64_t lo, hi;
+	/* stride 2: the plane of x split into even and odd columns first */
+	split sp = {.buf = -1, .half = (g.in[1] + 1) / 2};
+	if (want_split(&g) && (x->dtype == KILN_F32)) {
+		int64_t psz = g.in[0] * 2 * sp.half;
+		sp.buf = cg_lower_scratch(m, KILN_F32, mul(m, nc, I(m, psz)));
+		if (sp.buf < 0)
+			return nomem(m, n, err);
+		sp.plane = mul(m, b, I(m, psz));
+		split_plane(m, k, blk, in[0], mul(m, b, I(m, g.isz)), &sp, g.in[0], g.in[1]);
+	}
 	cg_append(m, blk, cg_loop(m, k, I(m, g.out[0]), 0, &o[0], &rb));
 	dw_span(&g, &lo, &hi);
 	int64_t c0[3] = {0, lo, hi}, cext[3] = {lo, hi - lo, g.out[1] - hi};
@@ -893,7 +978,7 @@ kiln_status cg_lower_pool(cg_module *m, const ir_node *n, const int *in, const i
 		cg_expr *v;
 		cg_append(m, rb, cg_loop(m, k, I(m, cext[r]), r == 1 ? CG_VECTORIZE : 0, &v, &cb));
 		cg_expr *oc[2] = {o[0], add(m, I(m, c0[r]), v)};
-		cg_expr *val = pool_pixel(m, k, cb, n, in, &g, b, oc, r == 1);
+		cg_expr *val = pool_pixel(m, k, cb, n, in, &g, b, oc, r == 1, &sp);
 		cg_append(m, cb, cg_st(m, out[0], add(m, mul(m, b, I(m, g.osz)),
 		                                      add(m, mul(m, o[0], I(m, g.out[1])), oc[1])), val));
 	}

@@ -395,6 +395,50 @@ START_TEST(chunked_im2col_convs_match_the_interpreter)
 }
 END_TEST
 
+/* Stride-2 window ops wide enough to split their input rows into even and
+ * odd columns (lower_nn.c, want_split): max and average pools (padding
+ * counted or not, ceil mode, even and odd widths) and depthwise convs
+ * (padding 1 and 2, dilation 2, a channel multiplier of 2) against the
+ * interpreter. */
+START_TEST(stride2_windows_match_the_interpreter)
+{
+	static const struct {
+		kiln_op op;
+		int64_t c, m, h, w, k;
+		const char *attrs;
+	} cases[] = {
+		{KILN_OP_MAX_POOL, 3, 3, 21, 40, 3, "kernel_shape=3,3 strides=2,2 pads=1,1,1,1"},
+		{KILN_OP_MAX_POOL, 2, 2, 19, 41, 3, "kernel_shape=3,3 strides=2,2 ceil_mode=1"},
+		{KILN_OP_AVERAGE_POOL, 2, 2, 12, 37, 3,
+		 "kernel_shape=3,3 strides=2,2 pads=1,1,1,1 count_include_pad=1"},
+		{KILN_OP_AVERAGE_POOL, 2, 2, 10, 34, 2, "kernel_shape=2,2 strides=2,2"},
+		{KILN_OP_CONV, 4, 4, 15, 41, 3, "group=4 strides=2,2 pads=1,1,1,1"},
+		{KILN_OP_CONV, 3, 3, 16, 44, 5, "group=3 strides=2,2 pads=2,2,2,2"},
+		{KILN_OP_CONV, 2, 4, 14, 45, 3, "group=2 strides=2,2 pads=2,2,2,2 dilations=2,2"},
+	};
+	for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+		char name[32];
+		snprintf(name, sizeof name, "stride2_%zu", i);
+		kiln_graph *g = kiln_graph_new(name);
+		int64_t sx[] = {2, cases[i].c, cases[i].h, cases[i].w};
+		int64_t sw[] = {cases[i].m, 1, cases[i].k, cases[i].k}, sb[] = {cases[i].m};
+		bool conv = cases[i].op == KILN_OP_CONV;
+		opcase_graph c = {name, g, {seeded(4, sx, 0)}, {0}, 1, 1, 0};
+		uint32_t in[3] = {input(g, "x", KILN_F32, 4, sx)};
+		if (conv) {
+			in[1] = input(g, "w", KILN_F32, 4, sw);
+			in[2] = input(g, "b", KILN_F32, 1, sb);
+			c.in[1] = seeded(4, sw, 1), c.in[2] = seeded(1, sb, 2), c.nin = 3;
+		}
+		ir_output_add(g, op1(g, cases[i].op, conv ? 3 : 1, in, cases[i].attrs), NULL);
+		char why[1400] = "";
+		ck_assert_msg(case_matches(&c, false, why, sizeof why), "%s (%s): %s", name,
+		              cases[i].attrs, why);
+		opcase_free(&c);
+	}
+}
+END_TEST
+
 /* ---- data-dependent indices out of range ------------------------------------------ */
 
 /* g: one named node over two inputs (data f32, indices/targets) and one
@@ -626,6 +670,7 @@ static Suite *compiled_ops_suite(void)
 	tcase_add_test(tc, winograd_convs_match_the_interpreter);
 	tcase_add_test(tc, grouped_convs_match_the_interpreter);
 	tcase_add_test(tc, chunked_im2col_convs_match_the_interpreter);
+	tcase_add_test(tc, stride2_windows_match_the_interpreter);
 	tcase_add_test(tc, gather_index_out_of_range_is_an_error);
 	tcase_add_test(tc, loss_target_out_of_range_is_an_error);
 	tcase_add_test(tc, integer_division_by_zero_is_an_error);
