@@ -917,10 +917,42 @@ static LLVMValueRef emit_range(gen *g, LLVMValueRef blocked, const char *name, b
 	return fn;
 }
 
-/* Calls rt_parallel_for(&copy, panels, range) where copy is *x with buf
+/* kiln_sgemm_axpy_range / kiln_sgemm_dot_range(x, begin, end): columns
+ * [begin*W, end*W) of the product behind x->buf through a direct form
+ * (callee, kiln_sgemm's arguments): B, C, a per-column bias and the
+ * residual start at the first column, N is the range's width. */
+static LLVMValueRef emit_vec_range(gen *g, LLVMValueRef callee, const char *name)
+{
+	LLVMTypeRef t[] = {g->xp, g->L->i64, g->L->i64};
+	LLVMValueRef fn = function(g, name, t, 3);
+	LLVMValueRef x = LLVMGetParam(fn, 0), begin = LLVMGetParam(fn, 1), end = LLVMGetParam(fn, 2);
+	LLVMValueRef bp = LLVMBuildStructGEP2(g->b, g->xty, x, 0, "");
+	LLVMValueRef args = LLVMBuildLoad2(g->b, LLVMStructGetTypeAtIndex(g->xty, 0), bp, "");
+	args = LLVMBuildBitCast(g->b, args, LLVMPointerType(g->argty, 0), "");
+	LLVMValueRef a[P_COUNT];
+	a[P_X] = x;
+	for (int i = 1; i < P_COUNT; i++) {
+		LLVMValueRef fp = LLVMBuildStructGEP2(g->b, g->argty, args, i, "");
+		a[i] = LLVMBuildLoad2(g->b, LLVMStructGetTypeAtIndex(g->argty, i), fp, "");
+	}
+	LLVMValueRef W = i64c(g, g->g.W);
+	LLVMValueRef n0 = mul(g, begin, W), n1 = smin(g, mul(g, end, W), a[P_N]);
+	LLVMValueRef colb = icmp(g, LLVMIntEQ, a[P_AXIS], LLVMConstInt(g->L->i32, 1, 0));
+	a[P_N] = LLVMBuildSub(g->b, n1, n0, "");
+	a[P_B] = at(g, a[P_B], mul(g, n0, a[P_BCS]));
+	a[P_C] = at(g, a[P_C], n0);
+	a[P_BIAS] = LLVMBuildSelect(g->b, colb, at(g, a[P_BIAS], n0), a[P_BIAS], "");
+	a[P_RES] = nat(g, a[P_RES], n0);
+	call(g, callee, a, P_COUNT);
+	LLVMBuildRetVoid(g->b);
+	return fn;
+}
+
+/* Calls rt_parallel_for(&copy, panels, range) over ceil(p[dim] / unit)
+ * panels, where copy is *x with buf
  * pointing at the arguments.  The copy is 128 bytes of which rt_exec uses
  * the first 40, so a runtime that copies a grown rt_exec stays in bounds. */
-static void parallel(gen *g, LLVMValueRef range, bool rows)
+static void parallel(gen *g, LLVMValueRef range, int64_t unit, int dim)
 {
 	cg_llvm *L = g->L;
 	LLVMValueRef *p = g->p;
@@ -934,8 +966,7 @@ static void parallel(gen *g, LLVMValueRef range, bool rows)
 	LLVMValueRef bp = LLVMBuildStructGEP2(g->b, g->xty, cx, 0, "");
 	LLVMBuildStore(g->b, LLVMBuildBitCast(g->b, args, LLVMStructGetTypeAtIndex(g->xty, 0), ""),
 	               bp);
-	int64_t unit = rows ? (int64_t)g->g.MR * ROW_BLOCK_TILES : g->g.NR;
-	LLVMValueRef panels = LLVMBuildSDiv(g->b, add(g, p[rows ? P_M : P_N], i64c(g, unit - 1)),
+	LLVMValueRef panels = LLVMBuildSDiv(g->b, add(g, p[dim], i64c(g, unit - 1)),
 	                                    i64c(g, unit), "");
 	LLVMTypeRef pt[3];
 	LLVMGetParamTypes(LLVMGlobalGetValueType(L->par_for), pt);
@@ -958,6 +989,12 @@ static void parallel(gen *g, LLVMValueRef range, bool rows)
 enum { PAR_WORK = 1 << 21, SMALL_WORK = 1 << 13, THIN_M = 4, TILE_M = 32,
        TILE_N = 1024 };
 
+/* Work at or above which the direct forms (a batch-1 Linear) split their
+ * columns over the threads, in vectors: they stream B once, so each thread
+ * reads its own columns' share of it.  See bench/gemm_bench.c's threaded
+ * column: a pool dispatch costs about a microsecond. */
+enum { VEC_PAR_WORK = 1 << 16 };
+
 /* if (cond) { callee(args...); return; } */
 static void tail_if(gen *g, LLVMValueRef cond, LLVMValueRef callee, LLVMValueRef *a, int n)
 {
@@ -972,7 +1009,26 @@ static void tail_if(gen *g, LLVMValueRef cond, LLVMValueRef callee, LLVMValueRef
 
 typedef struct entry_fns {
 	LLVMValueRef naive, axpy, dot, blocked, range, tiles, tiles_range, rows, tiles_rows;
+	LLVMValueRef axpy_range, dot_range;
 } entry_fns;
+
+/* if (cond) { vpar ? split columns through range : callee(args...); return; } */
+static void direct_if(gen *g, LLVMValueRef cond, LLVMValueRef vpar, LLVMValueRef callee,
+                      LLVMValueRef range)
+{
+	LLVMBasicBlockRef then = block(g, "direct"), next = block(g, "next");
+	LLVMBasicBlockRef split = block(g, "split"), serial = block(g, "serial");
+	LLVMBuildCondBr(g->b, cond, then, next);
+	LLVMPositionBuilderAtEnd(g->b, then);
+	LLVMBuildCondBr(g->b, vpar, split, serial);
+	LLVMPositionBuilderAtEnd(g->b, split);
+	parallel(g, range, g->g.W, P_N);
+	LLVMBuildRetVoid(g->b);
+	LLVMPositionBuilderAtEnd(g->b, serial);
+	call(g, callee, g->p, P_COUNT);
+	LLVMBuildRetVoid(g->b);
+	LLVMPositionBuilderAtEnd(g->b, next);
+}
 
 /* Columns [0, N) through cols, over the pool's threads when par: split by
  * column panels (range), or when prows by blocks of rows (rows); then
@@ -984,12 +1040,12 @@ static void columns(gen *g, LLVMValueRef par, LLVMValueRef prows, LLVMValueRef c
 	LLVMBasicBlockRef bycol = block(g, "bycol"), serial = block(g, "serial");
 	LLVMBuildCondBr(g->b, prows, byrow, notrow);
 	LLVMPositionBuilderAtEnd(g->b, byrow);
-	parallel(g, rows, true);
+	parallel(g, rows, (int64_t)g->g.MR * ROW_BLOCK_TILES, P_M);
 	LLVMBuildRetVoid(g->b);
 	LLVMPositionBuilderAtEnd(g->b, notrow);
 	LLVMBuildCondBr(g->b, par, bycol, serial);
 	LLVMPositionBuilderAtEnd(g->b, bycol);
-	parallel(g, range, false);
+	parallel(g, range, g->g.NR, P_N);
 	LLVMBuildRetVoid(g->b);
 	LLVMPositionBuilderAtEnd(g->b, serial);
 	LLVMValueRef a[P_COUNT + 2];
@@ -1017,14 +1073,17 @@ static LLVMValueRef emit_entry(gen *g, const entry_fns *f)
 	LLVMValueRef work = mul(g, mul(g, p[P_M], p[P_N]), p[P_K]);
 	LLVMValueRef direct = LLVMBuildOr(g->b, icmp(g, LLVMIntSLE, p[P_M], i64c(g, THIN_M)),
 	                                  icmp(g, LLVMIntSLE, work, i64c(g, SMALL_WORK)), "");
-	LLVMValueRef bcontig = icmp(g, LLVMIntEQ, p[P_BCS], one);
-	tail_if(g, LLVMBuildAnd(g->b, direct, bcontig, ""), f->axpy, p, P_COUNT);
-	LLVMValueRef dotok = LLVMBuildAnd(g->b, icmp(g, LLVMIntEQ, p[P_BRS], one),
-	                                  icmp(g, LLVMIntEQ, p[P_ACS], one), "");
-	tail_if(g, LLVMBuildAnd(g->b, direct, dotok, ""), f->dot, p, P_COUNT);
-	tail_if(g, icmp(g, LLVMIntSLE, work, i64c(g, SMALL_WORK)), f->naive, p, P_COUNT);
 	LLVMValueRef pool = LLVMBuildLoad2(g->b, LLVMStructGetTypeAtIndex(g->xty, 2),
 	                                   LLVMBuildStructGEP2(g->b, g->xty, p[P_X], 2, ""), "");
+	LLVMValueRef vpar = LLVMBuildAnd(g->b, LLVMBuildIsNotNull(g->b, pool, ""),
+	                                 icmp(g, LLVMIntSGE, work, i64c(g, VEC_PAR_WORK)), "");
+	vpar = LLVMBuildAnd(g->b, vpar, icmp(g, LLVMIntSGE, p[P_N], i64c(g, 2 * g->g.W)), "");
+	LLVMValueRef bcontig = icmp(g, LLVMIntEQ, p[P_BCS], one);
+	direct_if(g, LLVMBuildAnd(g->b, direct, bcontig, ""), vpar, f->axpy, f->axpy_range);
+	LLVMValueRef dotok = LLVMBuildAnd(g->b, icmp(g, LLVMIntEQ, p[P_BRS], one),
+	                                  icmp(g, LLVMIntEQ, p[P_ACS], one), "");
+	direct_if(g, LLVMBuildAnd(g->b, direct, dotok, ""), vpar, f->dot, f->dot_range);
+	tail_if(g, icmp(g, LLVMIntSLE, work, i64c(g, SMALL_WORK)), f->naive, p, P_COUNT);
 	LLVMValueRef par = LLVMBuildAnd(g->b, LLVMBuildIsNotNull(g->b, pool, ""),
 	                                icmp(g, LLVMIntSGE, work, i64c(g, PAR_WORK)), "");
 	/* fewer than four column panels split unevenly over two threads (or
@@ -1104,6 +1163,8 @@ LLVMValueRef cg_llvm_sgemm(cg_llvm *L)
 	packed_fns pf = {.ukr = emit_ukr(&g, false, g.g.NV), .ukr1 = emit_ukr(&g, false, 1),
 	                 .packa = emit_packa(&g), .packb = emit_packb(&g)};
 	entry_fns ef = {.naive = emit_naive(&g), .axpy = emit_axpy(&g), .dot = emit_dot(&g)};
+	ef.axpy_range = emit_vec_range(&g, ef.axpy, "kiln_sgemm_axpy_range");
+	ef.dot_range = emit_vec_range(&g, ef.dot, "kiln_sgemm_dot_range");
 	ef.blocked = emit_blocked(&g, &pf);
 	ef.range = emit_range(&g, ef.blocked, "kiln_sgemm_range", false);
 	ef.rows = emit_range(&g, ef.blocked, "kiln_sgemm_rows", true);
