@@ -700,47 +700,37 @@ static LLVMValueRef emit_tiles(gen *g, LLVMValueRef ukr)
 
 /* ---- direct paths (no packing) ------------------------------------------- */
 
-/* The axpy form's strips: vectors of C's row per pass over K, and the
- * independent accumulator sets per vector (k, k+1, ... in turn, summed at
- * the end).  A pass streams a strip of every row of B, so wide strips keep
- * the reads long and few (16 vectors: a 1 KiB run of each row, the whole
- * 512-wide row of an MLP layer in two passes); narrower strips and the
- * masked last vector use more sets so that one FMA latency chain per
- * accumulator does not bound them (the 512->10 layer is one vector). */
+/* The axpy form's strips, in vectors of C's row per pass over K.  A pass
+ * streams a strip of every row of B, so wide strips keep the reads long
+ * and few (16 vectors: a 1 KiB run of each row, the whole 512-wide row of
+ * an MLP layer in two passes); then 4-vector strips, then single vectors.
+ * Each element is one accumulator summed over k in order, as every other
+ * path does: splitting K over several accumulators would make the 512->10
+ * layer a third faster, but changes the rounding (the CNN training parity
+ * test, within PyTorch's own f32 spread, then fails). */
 enum { AXPY_WIDE = 16, AXPY_MID = 4 };
 
 /* C[m, n + j*W + l] for j < nv under mask[j]: the sum over k of A[m, k]
- * times row k of B, then the epilogue (acc: nv * ku locals). */
-static void axpy_block(gen *g, LLVMValueRef m, LLVMValueRef n, int nv, int ku,
-                       LLVMValueRef *mask, LLVMValueRef *acc)
+ * times row k of B, then the epilogue (acc: nv locals). */
+static void axpy_block(gen *g, LLVMValueRef m, LLVMValueRef n, int nv, LLVMValueRef *mask,
+                       LLVMValueRef *acc)
 {
 	LLVMValueRef *p = g->p;
 	int W = g->g.W;
-	for (int j = 0; j < nv * ku; j++)
+	for (int j = 0; j < nv; j++)
 		LLVMBuildStore(g->b, LLVMConstNull(g->vf), acc[j]);
 	LLVMValueRef arow = at(g, p[P_A], mul(g, m, p[P_ARS]));
-	LLVMValueRef kmain = LLVMBuildSub(g->b, p[P_K], LLVMBuildSRem(g->b, p[P_K], i64c(g, ku), ""), "");
-	for (int pass = 0; pass < 2; pass++) {
-		if (pass == 1 && ku == 1)
-			break;
-		int u = pass ? 1 : ku;
-		loop lk;
-		LLVMValueRef k = pass ? loop_begin(g, &lk, kmain, p[P_K], 1)
-		                      : loop_begin(g, &lk, i64c(g, 0), kmain, ku);
-		for (int s = 0; s < u; s++) {
-			LLVMValueRef ks = add(g, k, i64c(g, s));
-			LLVMValueRef a = LLVMBuildLoad2(g->b, g->L->f32, at(g, arow, mul(g, ks, p[P_ACS])), "");
-			LLVMValueRef av = splat(g, g->vf, a);
-			LLVMValueRef brow = at(g, p[P_B], add(g, mul(g, ks, p[P_BRS]), n));
-			for (int j = 0; j < nv; j++) {
-				LLVMValueRef bp = at(g, brow, i64c(g, j * W));
-				LLVMValueRef bv = mask ? mload(g, bp, mask[j]) : vload(g, bp);
-				LLVMValueRef ac = acc[s * nv + j];
-				LLVMBuildStore(g->b, fma3(g, av, bv, LLVMBuildLoad2(g->b, g->vf, ac, "")), ac);
-			}
-		}
-		loop_end(g, &lk);
+	loop lk;
+	LLVMValueRef k = loop_begin(g, &lk, i64c(g, 0), p[P_K], 1);
+	LLVMValueRef a = LLVMBuildLoad2(g->b, g->L->f32, at(g, arow, mul(g, k, p[P_ACS])), "");
+	LLVMValueRef av = splat(g, g->vf, a);
+	LLVMValueRef brow = at(g, p[P_B], add(g, mul(g, k, p[P_BRS]), n));
+	for (int j = 0; j < nv; j++) {
+		LLVMValueRef bp = at(g, brow, i64c(g, j * W));
+		LLVMValueRef bv = mask ? mload(g, bp, mask[j]) : vload(g, bp);
+		LLVMBuildStore(g->b, fma3(g, av, bv, LLVMBuildLoad2(g->b, g->vf, acc[j], "")), acc[j]);
 	}
+	loop_end(g, &lk);
 	LLVMValueRef colb_on = icmp(g, LLVMIntEQ, p[P_AXIS], LLVMConstInt(g->L->i32, 1, 0));
 	LLVMValueRef rowb = load_if(g, icmp(g, LLVMIntEQ, p[P_AXIS], LLVMConstInt(g->L->i32, 2, 0)),
 	                            at(g, p[P_BIAS], m));
@@ -749,8 +739,6 @@ static void axpy_block(gen *g, LLVMValueRef m, LLVMValueRef n, int nv, int ku,
 	for (int j = 0; j < nv; j++) {
 		LLVMValueRef off = add(g, n, i64c(g, j * W));
 		LLVMValueRef v = LLVMBuildLoad2(g->b, g->vf, acc[j], "");
-		for (int s = 1; s < ku; s++)
-			v = LLVMBuildFAdd(g->b, v, LLVMBuildLoad2(g->b, g->vf, acc[s * nv + j], ""), "");
 		v = LLVMBuildFMul(g->b, v, splat(g, g->vf, p[P_ALPHA]), "");
 		vec_epilogue(g, v, at(g, crow, off), mask ? mask[j] : all, p[P_BETA],
 		             at(g, p[P_BIAS], off), colb_on, rowb,
@@ -769,7 +757,7 @@ static LLVMValueRef emit_axpy(gen *g)
 	int W = g->g.W;
 	for (int j = 0; j < AXPY_WIDE; j++)
 		acc[j] = local(g, g->vf, NULL);
-	static const int nvs[] = {AXPY_WIDE, AXPY_MID}, kus[] = {1, 2};
+	static const int nvs[] = {AXPY_WIDE, AXPY_MID};
 	loop lm, ln, lt;
 	LLVMValueRef m = loop_begin(g, &lm, i64c(g, 0), p[P_M], 1);
 	LLVMValueRef n0 = i64c(g, 0);
@@ -779,13 +767,13 @@ static LLVMValueRef emit_axpy(gen *g)
 		LLVMValueRef end = add(g, n0, mul(g, LLVMBuildSDiv(g->b, LLVMBuildSub(g->b, p[P_N], n0, ""),
 		                                                   i64c(g, w), ""), i64c(g, w)));
 		LLVMValueRef n = loop_begin(g, &ln, n0, end, w);
-		axpy_block(g, m, n, nvs[s], kus[s], NULL, acc);
+		axpy_block(g, m, n, nvs[s], NULL, acc);
 		loop_end(g, &ln);
 		n0 = end;
 	}
 	LLVMValueRef n = loop_begin(g, &lt, n0, p[P_N], W);
 	LLVMValueRef mask = lanes(g, LLVMBuildSub(g->b, p[P_N], n, ""));
-	axpy_block(g, m, n, 1, 4, &mask, acc);
+	axpy_block(g, m, n, 1, &mask, acc);
 	loop_end(g, &lt);
 	loop_end(g, &lm);
 	LLVMBuildRetVoid(g->b);
