@@ -85,6 +85,7 @@ typedef struct gen {
 	LLVMValueRef fn;                 /* function being built */
 	LLVMValueRef p[P_COUNT + 2];     /* its parameters */
 	int nv;                          /* vectors per tile row of the micro-kernel being built */
+	const char *sfx;                 /* name suffix of the tile set being built ("" default) */
 } gen;
 
 /* ---- small IR helpers ---------------------------------------------------- */
@@ -455,9 +456,9 @@ static LLVMValueRef emit_ukr(gen *g, bool direct, int nv)
 		[U_BMODE] = L->i32, [U_LO] = L->f32, [U_HI] = L->f32, [U_RES] = g->fp, [U_RRS] = L->i64, [U_ARS] = L->i64, [U_ACS] = L->i64,
 		[U_BRS] = L->i64, [U_ALPHA] = L->f32,
 	};
-	char name[40];
-	snprintf(name, sizeof name, "kiln_sgemm_ukr%s%s", direct ? "_direct" : "",
-	         nv < g->g.NV ? "1" : "");
+	char name[48];
+	snprintf(name, sizeof name, "kiln_sgemm_ukr%s%s%s", direct ? "_direct" : "",
+	         nv < g->g.NV ? "1" : "", g->sfx);
 	LLVMValueRef fn = function(g, name, t, direct ? U_DCOUNT : U_COUNT), *p = g->p;
 	g->nv = nv;
 	int MR = g->g.MR, NV = nv, W = g->g.W;
@@ -675,7 +676,9 @@ static LLVMValueRef emit_blocked(gen *g, const packed_fns *f)
 static LLVMValueRef emit_tiles(gen *g, LLVMValueRef ukr)
 {
 	LLVMTypeRef t[P_COUNT + 2];
-	LLVMValueRef fn = function(g, "kiln_sgemm_tiles", t, gemm_params(g, t, 2)), *p = g->p;
+	char name[48];
+	snprintf(name, sizeof name, "kiln_sgemm_tiles%s", g->sfx);
+	LLVMValueRef fn = function(g, name, t, gemm_params(g, t, 2)), *p = g->p;
 	LLVMValueRef row = icmp(g, LLVMIntEQ, p[P_AXIS], LLVMConstInt(g->L->i32, 2, 0));
 	loop lj, li;
 	LLVMValueRef jr = loop_begin(g, &lj, p[P_COUNT], p[P_COUNT + 1], g->g.NR);
@@ -983,6 +986,10 @@ enum { PAR_WORK = 1 << 21, SMALL_WORK = 1 << 13, THIN_M = 4, TILE_M = 32,
  * column: a pool dispatch costs about a microsecond. */
 enum { VEC_PAR_WORK = 1 << 16 };
 
+/* Rows of the one-vector direct tiles: 8 accumulators cover the FMA
+ * latency (8 broadcasts and one load of B per 8 FMAs). */
+enum { TILE1_MR = 8 };
+
 /* if (cond) { callee(args...); return; } */
 static void tail_if(gen *g, LLVMValueRef cond, LLVMValueRef callee, LLVMValueRef *a, int n)
 {
@@ -995,9 +1002,16 @@ static void tail_if(gen *g, LLVMValueRef cond, LLVMValueRef callee, LLVMValueRef
 	LLVMPositionBuilderAtEnd(g->b, next);
 }
 
+/* One shape of direct tiles (mr x nr, nr = nv*W) and its split forms. */
+typedef struct tile_fns {
+	LLVMValueRef tiles, range, rows;
+	int mr, nr;
+} tile_fns;
+
 typedef struct entry_fns {
-	LLVMValueRef naive, axpy, dot, blocked, range, tiles, tiles_range, rows, tiles_rows;
+	LLVMValueRef naive, axpy, dot, blocked, range, rows;
 	LLVMValueRef axpy_range, dot_range;
+	tile_fns t6, t4, t1; /* the target's MR x NV tiles, 4-row tiles, one-vector tiles */
 } entry_fns;
 
 /* if (cond) { vpar ? split columns through range : callee(args...); return; } */
@@ -1022,18 +1036,18 @@ static void direct_if(gen *g, LLVMValueRef cond, LLVMValueRef vpar, LLVMValueRef
  * column panels (range), or when prows by blocks of rows (rows); then
  * returns. */
 static void columns(gen *g, LLVMValueRef par, LLVMValueRef prows, LLVMValueRef cols,
-                    LLVMValueRef range, LLVMValueRef rows)
+                    LLVMValueRef range, LLVMValueRef rows, int mr, int nr)
 {
 	LLVMBasicBlockRef byrow = block(g, "byrow"), notrow = block(g, "notrow");
 	LLVMBasicBlockRef bycol = block(g, "bycol"), serial = block(g, "serial");
 	LLVMBuildCondBr(g->b, prows, byrow, notrow);
 	LLVMPositionBuilderAtEnd(g->b, byrow);
-	parallel(g, rows, (int64_t)g->g.MR * ROW_BLOCK_TILES, P_M);
+	parallel(g, rows, (int64_t)mr * ROW_BLOCK_TILES, P_M);
 	LLVMBuildRetVoid(g->b);
 	LLVMPositionBuilderAtEnd(g->b, notrow);
 	LLVMBuildCondBr(g->b, par, bycol, serial);
 	LLVMPositionBuilderAtEnd(g->b, bycol);
-	parallel(g, range, g->g.NR, P_N);
+	parallel(g, range, nr, P_N);
 	LLVMBuildRetVoid(g->b);
 	LLVMPositionBuilderAtEnd(g->b, serial);
 	LLVMValueRef a[P_COUNT + 2];
@@ -1042,6 +1056,21 @@ static void columns(gen *g, LLVMValueRef par, LLVMValueRef prows, LLVMValueRef c
 	a[P_COUNT + 1] = g->p[P_N];
 	call(g, cols, a, P_COUNT + 2);
 	LLVMBuildRetVoid(g->b);
+}
+
+/* Over the pool when par (a pool and work enough), with t's tiles: by
+ * column panels when C has two or more; with fewer than four (which split
+ * unevenly over two threads, or not at all) by blocks of rows instead when
+ * there are enough; then returns. */
+static void split(gen *g, LLVMValueRef par, const tile_fns *t)
+{
+	LLVMValueRef *p = g->p;
+	LLVMValueRef wide = icmp(g, LLVMIntSGE, p[P_N], i64c(g, 4 * t->nr));
+	LLVMValueRef prows = LLVMBuildAnd(g->b, par, LLVMBuildNot(g->b, wide, ""), "");
+	prows = LLVMBuildAnd(g->b, prows, icmp(g, LLVMIntSGE, p[P_M],
+	                                       i64c(g, 4 * t->mr * ROW_BLOCK_TILES)), "");
+	LLVMValueRef pcol = LLVMBuildAnd(g->b, par, icmp(g, LLVMIntSGE, p[P_N], i64c(g, 2 * t->nr)), "");
+	columns(g, pcol, prows, t->tiles, t->range, t->rows, t->mr, t->nr);
 }
 
 /* kiln_sgemm: picks a path.  Nothing to do without rows or columns; K == 0
@@ -1074,13 +1103,6 @@ static LLVMValueRef emit_entry(gen *g, const entry_fns *f)
 	tail_if(g, icmp(g, LLVMIntSLE, work, i64c(g, SMALL_WORK)), f->naive, p, P_COUNT);
 	LLVMValueRef par = LLVMBuildAnd(g->b, LLVMBuildIsNotNull(g->b, pool, ""),
 	                                icmp(g, LLVMIntSGE, work, i64c(g, PAR_WORK)), "");
-	/* fewer than four column panels split unevenly over two threads (or
-	 * not at all): then blocks of rows, when there are enough */
-	LLVMValueRef wide = icmp(g, LLVMIntSGE, p[P_N], i64c(g, 4 * g->g.NR));
-	LLVMValueRef prows = LLVMBuildAnd(g->b, par, LLVMBuildNot(g->b, wide, ""), "");
-	prows = LLVMBuildAnd(g->b, prows, icmp(g, LLVMIntSGE, p[P_M],
-	                                       i64c(g, 4 * g->g.MR * ROW_BLOCK_TILES)), "");
-	par = LLVMBuildAnd(g->b, par, icmp(g, LLVMIntSGE, p[P_N], i64c(g, 2 * g->g.NR)), "");
 	LLVMValueRef few = LLVMBuildOr(g->b, icmp(g, LLVMIntSLE, p[P_M], i64c(g, TILE_M)),
 	                               icmp(g, LLVMIntSLE, p[P_N], i64c(g, 2 * g->g.NR)), "");
 	LLVMValueRef mid = LLVMBuildAnd(g->b, icmp(g, LLVMIntSLE, p[P_M], i64c(g, 2 * TILE_M)),
@@ -1090,9 +1112,36 @@ static LLVMValueRef emit_entry(gen *g, const entry_fns *f)
 	LLVMBasicBlockRef then = block(g, "tiles"), next = block(g, "packed");
 	LLVMBuildCondBr(g->b, tiles, then, next);
 	LLVMPositionBuilderAtEnd(g->b, then);
-	columns(g, par, prows, f->tiles, f->tiles_range, f->tiles_rows);
+	/* C one vector wide (a classifier's 10 outputs): the one-vector tiles,
+	 * not MR x NR tiles that compute NV times the columns */
+	LLVMBasicBlockRef vec1 = block(g, "one"), multi = block(g, "multi");
+	LLVMBuildCondBr(g->b, icmp(g, LLVMIntSLE, p[P_N], i64c(g, g->g.W)), vec1, multi);
+	LLVMPositionBuilderAtEnd(g->b, vec1);
+	split(g, par, &f->t1);
+	LLVMPositionBuilderAtEnd(g->b, multi);
+	/* 4-row tiles when they pad M to fewer rows than MR-row tiles (MLP
+	 * batch 16: 16 rows instead of 18); per row computed they run about as
+	 * fast, but with many rows (a 7x7 conv, M = 512) the MR-row tiles'
+	 * fewer loads per FMA win, so only up to TILE_M rows */
+	if (f->t4.tiles) {
+		LLVMValueRef pad4 = mul(g, LLVMBuildSDiv(g->b, add(g, p[P_M], i64c(g, 3)), i64c(g, 4), ""),
+		                        i64c(g, 4));
+		int64_t MR = g->g.MR;
+		LLVMValueRef padm = mul(g, LLVMBuildSDiv(g->b, add(g, p[P_M], i64c(g, MR - 1)),
+		                                         i64c(g, MR), ""), i64c(g, MR));
+		LLVMBasicBlockRef four = block(g, "four"), mr = block(g, "mr");
+		LLVMValueRef use4 = LLVMBuildAnd(g->b, icmp(g, LLVMIntSLT, pad4, padm),
+		                                 icmp(g, LLVMIntSLE, p[P_M], i64c(g, TILE_M)), "");
+		LLVMBuildCondBr(g->b, use4, four, mr);
+		LLVMPositionBuilderAtEnd(g->b, four);
+		split(g, par, &f->t4);
+		LLVMPositionBuilderAtEnd(g->b, mr);
+	}
+	split(g, par, &f->t6);
 	LLVMPositionBuilderAtEnd(g->b, next);
-	columns(g, par, prows, f->blocked, f->range, f->rows);
+	tile_fns packed = {.tiles = f->blocked, .range = f->range, .rows = f->rows,
+	                   .mr = g->g.MR, .nr = g->g.NR};
+	split(g, par, &packed);
 	return fn;
 }
 
@@ -1112,6 +1161,7 @@ static void setup(gen *g, cg_llvm *L)
 	g->L = L;
 	g->b = LLVMCreateBuilderInContext(L->ctx);
 	g->g = geometry(L->t);
+	g->sfx = "";
 	g->fp = LLVMPointerType(L->f32, 0);
 	g->vf = LLVMVectorType(L->f32, g->g.W);
 	g->vfp = LLVMPointerType(g->vf, 0);
@@ -1142,6 +1192,27 @@ static void setup(gen *g, cg_llvm *L)
 	}
 }
 
+/* The direct tiles for mr x nv vectors: micro-kernel, tiles, column and
+ * row splits, named with sfx. */
+static tile_fns emit_tile_set(gen *g, int mr, int nv, const char *sfx)
+{
+	geom saved = g->g;
+	char name[48];
+	g->g.MR = mr;
+	g->g.NV = nv;
+	g->g.NR = nv * g->g.W;
+	g->sfx = sfx;
+	tile_fns t = {.mr = mr, .nr = g->g.NR};
+	t.tiles = emit_tiles(g, emit_ukr(g, true, nv));
+	snprintf(name, sizeof name, "kiln_sgemm_tiles%s_range", sfx);
+	t.range = emit_range(g, t.tiles, name, false);
+	snprintf(name, sizeof name, "kiln_sgemm_tiles%s_rows", sfx);
+	t.rows = emit_range(g, t.tiles, name, true);
+	g->g = saved;
+	g->sfx = "";
+	return t;
+}
+
 LLVMValueRef cg_llvm_sgemm(cg_llvm *L)
 {
 	if (L->sgemm)
@@ -1156,9 +1227,10 @@ LLVMValueRef cg_llvm_sgemm(cg_llvm *L)
 	ef.blocked = emit_blocked(&g, &pf);
 	ef.range = emit_range(&g, ef.blocked, "kiln_sgemm_range", false);
 	ef.rows = emit_range(&g, ef.blocked, "kiln_sgemm_rows", true);
-	ef.tiles = emit_tiles(&g, emit_ukr(&g, true, g.g.NV));
-	ef.tiles_range = emit_range(&g, ef.tiles, "kiln_sgemm_tiles_range", false);
-	ef.tiles_rows = emit_range(&g, ef.tiles, "kiln_sgemm_tiles_rows", true);
+	ef.t6 = emit_tile_set(&g, g.g.MR, g.g.NV, "");
+	if (g.g.MR > 4)
+		ef.t4 = emit_tile_set(&g, 4, g.g.NV, "4");
+	ef.t1 = emit_tile_set(&g, TILE1_MR, 1, "_1");
 	L->sgemm = emit_entry(&g, &ef);
 	LLVMDisposeBuilder(g.b);
 	return L->sgemm;
