@@ -87,6 +87,7 @@ typedef struct gen {
 	LLVMValueRef p[P_COUNT + 2];     /* its parameters */
 	int nv;                          /* vectors per tile row of the micro-kernel being built */
 	const char *sfx;                 /* name suffix of the tile set being built ("" default) */
+	int pf;                          /* its direct micro-kernel prefetches B pf rows ahead */
 } gen;
 
 /* ---- small IR helpers ---------------------------------------------------- */
@@ -484,6 +485,9 @@ static LLVMValueRef emit_ukr(gen *g, bool direct, int nv)
 	for (int j = 0; j < NV; j++)
 		b[j] = direct ? mload(g, at(g, bk, i64c(g, j * W)), bmask[j])
 		              : vload(g, at(g, bk, i64c(g, j * W)));
+	if (direct && g->pf)
+		for (int j = 0; j < NV; j++)
+			prefetch(g, at(g, bk, add(g, mul(g, i64c(g, g->pf), p[U_BRS]), i64c(g, j * W))));
 
 	for (int i = 0; i < MR; i++) {
 		LLVMValueRef ap = direct ? at(g, arow[i], kofs) : at(g, ak, i64c(g, i));
@@ -1010,6 +1014,13 @@ enum { VEC_PAR_WORK = 1 << 16 };
  * latency (8 broadcasts and one load of B per 8 FMAs). */
 enum { TILE1_MR = 8 };
 
+/* Rows of B ahead that the small-M tiles prefetch: their first row tile
+ * reads each strip of B from L3 (the MLP's weights do not stay in L2),
+ * a page or two per row.  MLP batch 16, one thread, 8 x 3 tiles: ~0.101
+ * -> ~0.098 ms; 24 or 48 rows ahead no better, and the 4 x 4 and MR x NR
+ * tiles gained nothing from it. */
+enum { SMALL_PF = 8 };
+
 /* if (cond) { callee(args...); return; } */
 static void tail_if(gen *g, LLVMValueRef cond, LLVMValueRef callee, LLVMValueRef *a, int n)
 {
@@ -1031,7 +1042,7 @@ typedef struct tile_fns {
 typedef struct entry_fns {
 	LLVMValueRef naive, axpy, dot, blocked, range, rows;
 	LLVMValueRef axpy_range, dot_range;
-	tile_fns t6, t4, t1; /* the target's MR x NV tiles, 4-row tiles, one-vector tiles */
+	tile_fns t6, ts, t1; /* the target's MR x NV tiles, small-M tiles, one-vector tiles */
 } entry_fns;
 
 /* if (cond) { vpar ? split columns through range : callee(args...); return; } */
@@ -1076,6 +1087,13 @@ static void columns(gen *g, LLVMValueRef par, LLVMValueRef prows, LLVMValueRef c
 	a[P_COUNT + 1] = g->p[P_N];
 	call(g, cols, a, P_COUNT + 2);
 	LLVMBuildRetVoid(g->b);
+}
+
+/* v rounded up to a multiple of unit */
+static LLVMValueRef pad(gen *g, LLVMValueRef v, int64_t unit)
+{
+	return mul(g, LLVMBuildSDiv(g->b, add(g, v, i64c(g, unit - 1)), i64c(g, unit), ""),
+	           i64c(g, unit));
 }
 
 /* Over the pool when par (a pool and work enough), with t's tiles: by
@@ -1139,22 +1157,19 @@ static LLVMValueRef emit_entry(gen *g, const entry_fns *f)
 	LLVMPositionBuilderAtEnd(g->b, vec1);
 	split(g, par, &f->t1);
 	LLVMPositionBuilderAtEnd(g->b, multi);
-	/* 4-row tiles when they pad M to fewer rows than MR-row tiles (MLP
-	 * batch 16: 16 rows instead of 18); per row computed they run about as
-	 * fast, but with many rows (a 7x7 conv, M = 512) the MR-row tiles'
-	 * fewer loads per FMA win, so only up to TILE_M rows */
-	if (f->t4.tiles) {
-		LLVMValueRef pad4 = mul(g, LLVMBuildSDiv(g->b, add(g, p[P_M], i64c(g, 3)), i64c(g, 4), ""),
-		                        i64c(g, 4));
-		int64_t MR = g->g.MR;
-		LLVMValueRef padm = mul(g, LLVMBuildSDiv(g->b, add(g, p[P_M], i64c(g, MR - 1)),
-		                                         i64c(g, MR), ""), i64c(g, MR));
-		LLVMBasicBlockRef four = block(g, "four"), mr = block(g, "mr");
-		LLVMValueRef use4 = LLVMBuildAnd(g->b, icmp(g, LLVMIntSLT, pad4, padm),
-		                                 icmp(g, LLVMIntSLE, p[P_M], i64c(g, TILE_M)), "");
-		LLVMBuildCondBr(g->b, use4, four, mr);
-		LLVMPositionBuilderAtEnd(g->b, four);
-		split(g, par, &f->t4);
+	/* the small-M tiles when their tiles cover fewer elements of C than
+	 * MR x NR ones (MLP batch 16: 16 x 528 instead of 18 x 512), up to
+	 * TILE_M rows: with many rows (a 7x7 conv, M = 512) the MR x NR tiles
+	 * measured faster */
+	if (f->ts.tiles) {
+		LLVMValueRef s = mul(g, pad(g, p[P_M], f->ts.mr), pad(g, p[P_N], f->ts.nr));
+		LLVMValueRef d = mul(g, pad(g, p[P_M], g->g.MR), pad(g, p[P_N], g->g.NR));
+		LLVMBasicBlockRef small = block(g, "small"), mr = block(g, "mr");
+		LLVMValueRef use = LLVMBuildAnd(g->b, icmp(g, LLVMIntSLT, s, d),
+		                                icmp(g, LLVMIntSLE, p[P_M], i64c(g, TILE_M)), "");
+		LLVMBuildCondBr(g->b, use, small, mr);
+		LLVMPositionBuilderAtEnd(g->b, small);
+		split(g, par, &f->ts);
 		LLVMPositionBuilderAtEnd(g->b, mr);
 	}
 	split(g, par, &f->t6);
@@ -1214,9 +1229,9 @@ static void setup(gen *g, cg_llvm *L)
 	}
 }
 
-/* The direct tiles for mr x nv vectors: micro-kernel, tiles, column and
- * row splits, named with sfx. */
-static tile_fns emit_tile_set(gen *g, int mr, int nv, const char *sfx)
+/* The direct tiles for mr x nv vectors: micro-kernel (prefetching B pf
+ * rows ahead, 0: not), tiles, column and row splits, named with sfx. */
+static tile_fns emit_tile_set(gen *g, int mr, int nv, const char *sfx, int pf)
 {
 	geom saved = g->g;
 	char name[48];
@@ -1224,6 +1239,7 @@ static tile_fns emit_tile_set(gen *g, int mr, int nv, const char *sfx)
 	g->g.NV = nv;
 	g->g.NR = nv * g->g.W;
 	g->sfx = sfx;
+	g->pf = pf;
 	tile_fns t = {.mr = mr, .nr = g->g.NR};
 	t.tiles = emit_tiles(g, emit_ukr(g, true, nv));
 	snprintf(name, sizeof name, "kiln_sgemm_tiles%s_range", sfx);
@@ -1232,6 +1248,7 @@ static tile_fns emit_tile_set(gen *g, int mr, int nv, const char *sfx)
 	t.rows = emit_range(g, t.tiles, name, true);
 	g->g = saved;
 	g->sfx = "";
+	g->pf = 0;
 	return t;
 }
 
@@ -1249,10 +1266,13 @@ LLVMValueRef cg_llvm_sgemm(cg_llvm *L)
 	ef.blocked = emit_blocked(&g, &pf);
 	ef.range = emit_range(&g, ef.blocked, "kiln_sgemm_range", false);
 	ef.rows = emit_range(&g, ef.blocked, "kiln_sgemm_rows", true);
-	ef.t6 = emit_tile_set(&g, g.g.MR, g.g.NV, "");
-	if (g.g.MR > 4)
-		ef.t4 = emit_tile_set(&g, 4, g.g.NV, "4");
-	ef.t1 = emit_tile_set(&g, TILE1_MR, 1, "_1");
+	ef.t6 = emit_tile_set(&g, g.g.MR, g.g.NV, "", 0);
+	/* small M: 8 x 3 vectors with 32 registers (24 accumulators; B is read
+	 * by half as many row tiles as with 4 x 4), 4 x NV with fewer */
+	int smr = g.g.W >= 16 ? 8 : 4, snv = g.g.W >= 16 ? 3 : g.g.NV;
+	if (smr != g.g.MR || snv != g.g.NV)
+		ef.ts = emit_tile_set(&g, smr, snv, "_s", SMALL_PF);
+	ef.t1 = emit_tile_set(&g, TILE1_MR, 1, "_1", 0);
 	L->sgemm = emit_entry(&g, &ef);
 	LLVMDisposeBuilder(g.b);
 	return L->sgemm;

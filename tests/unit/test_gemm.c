@@ -343,14 +343,18 @@ START_TEST(gemm_tiles_one_vector_wide)
 }
 END_TEST
 
-/* Up to 32 rows that 4-row tiles pad less than MR-row ones (16, 8, 20,
- * 32 rows at MR = 6) take those; 24 rows keep MR. */
-START_TEST(gemm_tiles_four_rows)
+/* Up to 32 rows whose small-M tiles (8 x 3 vectors with AVX-512) cover
+ * less of C than MR x NR ones take those: 16 x 512 (ten 48-column panels
+ * and a 32-column one), 8 x 130, 20 x 77, 24 x 70; 24 x 64 and 16 x 49
+ * keep MR x NR. */
+START_TEST(gemm_tiles_small_m)
 {
 	check_layouts(PROB(16, 512, 100));
 	check_layouts(PROB(8, 130, 50));
 	check_layouts(PROB(20, 77, 64));
 	check_layouts(PROB(24, 70, 9));
+	check_layouts(PROB(24, 64, 20));
+	check_layouts(PROB(16, 49, 30));
 	check_epilogues(16, 70, 30);
 	prob p = PROB(16, 200, 60);
 	p.res = 1;
@@ -427,6 +431,8 @@ START_TEST(gemm_narrow_vectors)
 	ck_assert_msg(J.fn != NULL, "JIT failed: %s", J.err);
 	check_layouts(PROB(1, 50, 33));
 	check_layouts(PROB(37, 41, 290));
+	check_layouts(PROB(16, 40, 20)); /* small-M tiles (4 x NV below AVX-512) */
+	check_layouts(PROB(16, 5, 30));  /* one-vector tiles */
 	check_epilogues(19, 23, 17);
 }
 END_TEST
@@ -582,7 +588,7 @@ static Suite *gemm_suite(void)
 	tcase_add_test(tc, gemm_tiles_edges_and_strides);
 	tcase_add_test(tc, gemm_tiles_for_few_columns);
 	tcase_add_test(tc, gemm_tiles_one_vector_wide);
-	tcase_add_test(tc, gemm_tiles_four_rows);
+	tcase_add_test(tc, gemm_tiles_small_m);
 	tc = jit_case(s, "epilogue", setup_host);
 	tcase_add_test(tc, gemm_epilogue_direct);
 	tcase_add_test(tc, gemm_epilogue_packed);
