@@ -539,6 +539,29 @@ START_TEST(gemm_threads_batch1_uneven_chunks)
 }
 END_TEST
 
+/* The MLP's batch-16 layers (small-M tiles) and its 10-wide classifier at
+ * 64 rows (one-vector tiles, split by rows) go over the pool too. */
+START_TEST(gemm_threads_split_small_m_tiles)
+{
+	fake_split = 1;
+	par_calls = 0;
+	prob p = PROB(16, 512, 784);
+	p.axis = 1;
+	p.act = 1;
+	check_prob(&p, (rt_pool *)&p);
+	ck_assert_int_eq(par_calls, 1);
+	p = PROB(16, 200, 700); /* panels not a multiple of three */
+	p.res = 1;
+	check_prob(&p, (rt_pool *)&p);
+	ck_assert_int_eq(par_calls, 2);
+	p = PROB(300, 10, 800);
+	p.axis = 2;
+	check_prob(&p, (rt_pool *)&p);
+	ck_assert_int_eq(par_calls, 3);
+	fake_split = 0;
+}
+END_TEST
+
 /* ---- module ---- */
 
 START_TEST(gemm_scratch_holds_both_packed_blocks)
@@ -599,6 +622,7 @@ static Suite *gemm_suite(void)
 	tcase_add_test(tc, gemm_threads_not_for_small_or_without_pool);
 	tcase_add_test(tc, gemm_threads_split_batch1_columns);
 	tcase_add_test(tc, gemm_threads_batch1_uneven_chunks);
+	tcase_add_test(tc, gemm_threads_split_small_m_tiles);
 	tcase_add_test(jit_case(s, "avx2", setup_256), gemm_narrow_vectors);
 	tcase_add_test(jit_case(s, "sse", setup_128), gemm_narrow_vectors);
 	tc = tcase_create("scratch");
