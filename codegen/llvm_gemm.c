@@ -19,16 +19,22 @@
  *
  * Packing costs O(MK + KN) per call, which a batch-1 MLP (M = 1) cannot
  * pay back, so small or thin problems take direct paths instead: B rows
- * contiguous (b_cs == 1) gives an axpy form over vectors of C's row, A rows
+ * contiguous (b_cs == 1) gives an axpy form over strips of C's row (16,
+ * then 4, then 1 vector; B prefetched a few rows ahead), A rows
  * and B columns contiguous gives a dot form, anything else a scalar loop.
  * Between those and the packed path sit the direct tiles: with B rows
  * contiguous and A of few rows or C only a panel or two wide, the same
  * register-blocked micro-kernel reads A and B in place (masked loads at the
  * right edge), which beats packing for an MLP at batch 16, small convs and
  * 7x7 feature maps.  (That B rows are contiguous for every Linear is
- * bnfold's doing: it stores a constant transB weight as [K, N].)
+ * bnfold's doing: it stores a constant transB weight as [K, N].)  The
+ * direct tiles come in sets of one tile shape each: the target's MR x NV,
+ * a small-M shape (8 x 3 vectors with AVX-512, for batch 16) and a
+ * one-vector shape for C at most a vector wide (a classifier's outputs).
  * With a thread pool, large problems split their columns over the threads
- * with rt_parallel_for, each thread packing into its own x->scratch.
+ * with rt_parallel_for, each thread packing into its own x->scratch; the
+ * direct forms (batch 1) split theirs in whole vectors from 2^16
+ * multiply-adds on.
  *
  * Everything is internal to the module; only kiln_sgemm is meant to be
  * called (by the kernels of llvm.c), with the ABI documented in llvm.h.
