@@ -8,7 +8,8 @@
  * rate.  kiln_sgemm is JIT-compiled exactly as `kiln compile` builds it
  * (bench/gemm_jit.h) and timed on square row-major products and on shapes
  * from the benchmark models, best of several runs after a warm-up, on one
- * thread and on the runtime's pool.
+ * thread and on the runtime's pool (the shapes too: wall time on the
+ * pool, against the one-thread CPU time).
  *
  *   gemm_bench [threads]   (default 2; 1 skips the threaded column)
  */
@@ -145,7 +146,7 @@ static void square_table(const gemm_jit *J, double peak, rt_pool *pool, int thre
 
 /* Shapes the models have: MLP layers at batch 1 and 16 (weights [K,N] or
  * [N,K]), a conv as im2col GEMM, a transformer projection. */
-static void shape_table(const gemm_jit *J, double peak)
+static void shape_table(const gemm_jit *J, double peak, rt_pool *pool, int threads)
 {
 	static const struct { const char *what; int64_t M, N, K; int bt; } s[] = {
 		{"MLP 784->128, batch 1, B [K,N]", 1, 128, 784, 0},
@@ -155,8 +156,11 @@ static void shape_table(const gemm_jit *J, double peak)
 		{"MLP 784->512, batch 1, B [N,K]", 1, 512, 784, 1},
 		{"MLP 512->10, batch 1, B [K,N]", 1, 10, 512, 0},
 		{"MLP 512->10, batch 1, B [N,K]", 1, 10, 512, 1},
+		{"MLP 512->512, batch 1, B [K,N]", 1, 512, 512, 0},
 		{"MLP 784->128, batch 16, B [N,K]", 16, 128, 784, 1},
 		{"MLP 784->512, batch 16, B [K,N]", 16, 512, 784, 0},
+		{"MLP 512->512, batch 16, B [K,N]", 16, 512, 512, 0},
+		{"MLP 512->10, batch 16, B [K,N]", 16, 10, 512, 0},
 		{"MLP 784->512, batch 32, B [K,N]", 32, 512, 784, 0},
 		{"MLP 784->512, batch 48, B [K,N]", 48, 512, 784, 0},
 		{"MLP 784->512, batch 64, B [K,N]", 64, 512, 784, 0},
@@ -174,12 +178,22 @@ static void shape_table(const gemm_jit *J, double peak)
 		{"conv 3x3 64ch 56x56 (im2col)", 64, 3136, 576, 0},
 		{"transformer 128x512x512", 128, 512, 512, 1},
 	};
-	printf("\n%-34s  %10s  %9s  %8s\n", "one thread", "us", "GFLOP/s", "of peak");
+	printf("\n%-34s  %10s  %9s  %8s", "one thread", "us", "GFLOP/s", "of peak");
+	if (pool)
+		printf("  %8s  %8s", "us/pool", "speedup");
+	printf("\n");
 	for (size_t i = 0; i < sizeof s / sizeof *s; i++) {
 		double t = time_gemm(J, s[i].M, s[i].N, s[i].K, s[i].bt, NULL);
 		double g = 2.0 * s[i].M * s[i].N * s[i].K / t / 1e9;
-		printf("%-34s  %10.2f  %9.1f  %7.1f%%\n", s[i].what, t * 1e6, g, 100 * g / peak);
+		printf("%-34s  %10.2f  %9.1f  %7.1f%%", s[i].what, t * 1e6, g, 100 * g / peak);
+		if (pool) {
+			double tp = time_gemm(J, s[i].M, s[i].N, s[i].K, s[i].bt, pool);
+			printf("  %8.2f  %7.2fx", tp * 1e6, t / tp);
+		}
+		printf("\n");
+		fflush(stdout);
 	}
+	(void)threads;
 }
 
 int main(int argc, char **argv)
@@ -197,7 +211,7 @@ int main(int argc, char **argv)
 		threads = 1;
 	printf("fp32 peak, one core (%d-bit FMA loop): %.1f GFLOP/s\n\n", wide ? 512 : 256, peak);
 	square_table(&J, peak, pool, threads);
-	shape_table(&J, peak);
+	shape_table(&J, peak, pool, threads);
 	rt_pool_free(pool);
 	gemm_jit_free(&J);
 	return 0;

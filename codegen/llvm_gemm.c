@@ -19,16 +19,22 @@
  *
  * Packing costs O(MK + KN) per call, which a batch-1 MLP (M = 1) cannot
  * pay back, so small or thin problems take direct paths instead: B rows
- * contiguous (b_cs == 1) gives an axpy form over vectors of C's row, A rows
+ * contiguous (b_cs == 1) gives an axpy form over strips of C's row (16,
+ * then 4, then 1 vector; B prefetched a few rows ahead), A rows
  * and B columns contiguous gives a dot form, anything else a scalar loop.
  * Between those and the packed path sit the direct tiles: with B rows
  * contiguous and A of few rows or C only a panel or two wide, the same
  * register-blocked micro-kernel reads A and B in place (masked loads at the
  * right edge), which beats packing for an MLP at batch 16, small convs and
  * 7x7 feature maps.  (That B rows are contiguous for every Linear is
- * bnfold's doing: it stores a constant transB weight as [K, N].)
+ * bnfold's doing: it stores a constant transB weight as [K, N].)  The
+ * direct tiles come in sets of one tile shape each: the target's MR x NV,
+ * a small-M shape (8 x 3 vectors with AVX-512, for batch 16) and a
+ * one-vector shape for C at most a vector wide (a classifier's outputs).
  * With a thread pool, large problems split their columns over the threads
- * with rt_parallel_for, each thread packing into its own x->scratch.
+ * with rt_parallel_for, each thread packing into its own x->scratch; the
+ * direct forms (batch 1) split theirs in whole vectors from 2^16
+ * multiply-adds on.
  *
  * Everything is internal to the module; only kiln_sgemm is meant to be
  * called (by the kernels of llvm.c), with the ABI documented in llvm.h.
@@ -81,10 +87,13 @@ typedef struct gen {
 	geom g;
 	LLVMTypeRef fp, vf, vfp, vi32, vi1, xty, xp, argty;
 	LLVMValueRef fma, mload, mstore; /* <W x float> intrinsics */
+	LLVMValueRef prefetch;           /* llvm.prefetch */
 	LLVMValueRef zero;               /* internal constant <W x float> 0 */
 	LLVMValueRef fn;                 /* function being built */
 	LLVMValueRef p[P_COUNT + 2];     /* its parameters */
 	int nv;                          /* vectors per tile row of the micro-kernel being built */
+	const char *sfx;                 /* name suffix of the tile set being built ("" default) */
+	int pf;                          /* its direct micro-kernel prefetches B pf rows ahead */
 } gen;
 
 /* ---- small IR helpers ---------------------------------------------------- */
@@ -176,6 +185,14 @@ static void mstore(gen *g, LLVMValueRef v, LLVMValueRef fptr, LLVMValueRef mask)
 	LLVMValueRef args[] = {v, LLVMBuildBitCast(g->b, fptr, g->vfp, ""),
 	                       LLVMConstInt(g->L->i32, 4, 0), mask};
 	call(g, g->mstore, args, 4);
+}
+
+/* llvm.prefetch(p) for reading, into all cache levels */
+static void prefetch(gen *g, LLVMValueRef fptr)
+{
+	LLVMValueRef args[] = {LLVMBuildBitCast(g->b, fptr, g->L->ptr, ""), LLVMConstInt(g->L->i32, 0, 0),
+	                       LLVMConstInt(g->L->i32, 3, 0), LLVMConstInt(g->L->i32, 1, 0)};
+	call(g, g->prefetch, args, 4);
 }
 
 /* <W x i1>: lane l is on when l < rem (rem any i64) */
@@ -455,9 +472,9 @@ static LLVMValueRef emit_ukr(gen *g, bool direct, int nv)
 		[U_BMODE] = L->i32, [U_LO] = L->f32, [U_HI] = L->f32, [U_RES] = g->fp, [U_RRS] = L->i64, [U_ARS] = L->i64, [U_ACS] = L->i64,
 		[U_BRS] = L->i64, [U_ALPHA] = L->f32,
 	};
-	char name[40];
-	snprintf(name, sizeof name, "kiln_sgemm_ukr%s%s", direct ? "_direct" : "",
-	         nv < g->g.NV ? "1" : "");
+	char name[48];
+	snprintf(name, sizeof name, "kiln_sgemm_ukr%s%s%s", direct ? "_direct" : "",
+	         nv < g->g.NV ? "1" : "", g->sfx);
 	LLVMValueRef fn = function(g, name, t, direct ? U_DCOUNT : U_COUNT), *p = g->p;
 	g->nv = nv;
 	int MR = g->g.MR, NV = nv, W = g->g.W;
@@ -474,6 +491,10 @@ static LLVMValueRef emit_ukr(gen *g, bool direct, int nv)
 	for (int j = 0; j < NV; j++)
 		b[j] = direct ? mload(g, at(g, bk, i64c(g, j * W)), bmask[j])
 		              : vload(g, at(g, bk, i64c(g, j * W)));
+	if (direct && g->pf)
+		for (int j = 0; j < NV; j++)
+			prefetch(g, at(g, bk, add(g, mul(g, i64c(g, g->pf), p[U_BRS]), i64c(g, j * W))));
+
 	for (int i = 0; i < MR; i++) {
 		LLVMValueRef ap = direct ? at(g, arow[i], kofs) : at(g, ak, i64c(g, i));
 		LLVMValueRef av = splat(g, g->vf, LLVMBuildLoad2(g->b, L->f32, ap, ""));
@@ -671,11 +692,15 @@ static LLVMValueRef emit_blocked(gen *g, const packed_fns *f)
  * as MR x NR tiles of the direct micro-kernel, every tile of an NR-column
  * panel in turn, so the K x NR strip of B it reads stays in cache for the
  * next tile.  Nothing is packed: for a few rows of A (an MLP at batch 16, a
- * small conv's output channels) packing B costs as much as the product. */
-static LLVMValueRef emit_tiles(gen *g, LLVMValueRef ukr)
+ * small conv's output channels) packing B costs as much as the product.
+ * narrow (may be null): the kernel of nnv vectors for a last panel that
+ * fits it. */
+static LLVMValueRef emit_tiles(gen *g, LLVMValueRef ukr, LLVMValueRef narrow, int nnv)
 {
 	LLVMTypeRef t[P_COUNT + 2];
-	LLVMValueRef fn = function(g, "kiln_sgemm_tiles", t, gemm_params(g, t, 2)), *p = g->p;
+	char name[48];
+	snprintf(name, sizeof name, "kiln_sgemm_tiles%s", g->sfx);
+	LLVMValueRef fn = function(g, name, t, gemm_params(g, t, 2)), *p = g->p;
 	LLVMValueRef row = icmp(g, LLVMIntEQ, p[P_AXIS], LLVMConstInt(g->L->i32, 2, 0));
 	loop lj, li;
 	LLVMValueRef jr = loop_begin(g, &lj, p[P_COUNT], p[P_COUNT + 1], g->g.NR);
@@ -691,7 +716,19 @@ static LLVMValueRef emit_tiles(gen *g, LLVMValueRef ukr)
 		[U_RES] = nat(g, p[P_RES], add(g, mul(g, ir, p[P_RRS]), jr)), [U_ARS] = p[P_ARS], [U_ACS] = p[P_ACS],
 		[U_BRS] = p[P_BRS], [U_ALPHA] = p[P_ALPHA],
 	};
-	call(g, ukr, a, U_DCOUNT);
+	if (narrow) { /* a last panel of at most nnv vectors: the narrower kernel */
+		LLVMBasicBlockRef nb = block(g, "narrow"), wb = block(g, "wide"), jb = block(g, "join");
+		LLVMBuildCondBr(g->b, icmp(g, LLVMIntSLE, nr, i64c(g, (int64_t)nnv * g->g.W)), nb, wb);
+		LLVMPositionBuilderAtEnd(g->b, nb);
+		call(g, narrow, a, U_DCOUNT);
+		LLVMBuildBr(g->b, jb);
+		LLVMPositionBuilderAtEnd(g->b, wb);
+		call(g, ukr, a, U_DCOUNT);
+		LLVMBuildBr(g->b, jb);
+		LLVMPositionBuilderAtEnd(g->b, jb);
+	} else {
+		call(g, ukr, a, U_DCOUNT);
+	}
 	loop_end(g, &li);
 	loop_end(g, &lj);
 	LLVMBuildRetVoid(g->b);
@@ -700,7 +737,22 @@ static LLVMValueRef emit_tiles(gen *g, LLVMValueRef ukr)
 
 /* ---- direct paths (no packing) ------------------------------------------- */
 
-enum { AXPY_V = 4 }; /* vectors of C's row per step of the axpy form */
+/* The axpy form's strips, in vectors of C's row per pass over K.  A pass
+ * streams a strip of every row of B, so wide strips keep the reads long
+ * and few (16 vectors: a 1 KiB run of each row, the whole 512-wide row of
+ * an MLP layer in two passes); then 4-vector strips, then single vectors.
+ * Each element is one accumulator summed over k in order, as every other
+ * path does: splitting K over several accumulators would make the 512->10
+ * layer a third faster, but changes the rounding (the CNN training parity
+ * test, within PyTorch's own f32 spread, then fails). */
+enum { AXPY_WIDE = 16, AXPY_MID = 4 };
+
+/* Rows of B ahead that the full strips prefetch.  Consecutive rows of a
+ * strip are N floats apart (2 KiB for a 512-wide layer), a new page every
+ * row or two, where the hardware prefetchers stop; the bench MLP's weights
+ * (2.7 MB) come from L3 on every run.  4 to 8 rows ahead measured alike:
+ * MLP batch 1, one thread, 0.0307 -> 0.0277 ms. */
+enum { AXPY_PF = 4 };
 
 /* C[m, n + j*W + l] for j < nv under mask[j]: the sum over k of A[m, k]
  * times row k of B, then the epilogue (acc: nv locals). */
@@ -717,6 +769,9 @@ static void axpy_block(gen *g, LLVMValueRef m, LLVMValueRef n, int nv, LLVMValue
 	LLVMValueRef a = LLVMBuildLoad2(g->b, g->L->f32, at(g, arow, mul(g, k, p[P_ACS])), "");
 	LLVMValueRef av = splat(g, g->vf, a);
 	LLVMValueRef brow = at(g, p[P_B], add(g, mul(g, k, p[P_BRS]), n));
+	if (!mask) /* the strip of row k + AXPY_PF, a line per vector (never faults) */
+		for (int j = 0; j < nv; j++)
+			prefetch(g, at(g, brow, add(g, mul(g, i64c(g, AXPY_PF), p[P_BRS]), i64c(g, j * W))));
 	for (int j = 0; j < nv; j++) {
 		LLVMValueRef bp = at(g, brow, i64c(g, j * W));
 		LLVMValueRef bv = mask ? mload(g, bp, mask[j]) : vload(g, bp);
@@ -738,25 +793,32 @@ static void axpy_block(gen *g, LLVMValueRef m, LLVMValueRef n, int nv, LLVMValue
 	}
 }
 
-/* kiln_sgemm_axpy(args...), b_cs == 1: per row m of C, AXPY_V vectors of
- * it at a time, C[m, n..] = sum over k of A[m, k] * B[k, n..]; the last
- * N % (AXPY_V*W) columns a vector at a time, masked. */
+/* kiln_sgemm_axpy(args...), b_cs == 1: per row m of C, strips of
+ * AXPY_WIDE vectors, then of AXPY_MID, then single vectors (the last one
+ * masked), C[m, n..] = sum over k of A[m, k] * B[k, n..]. */
 static LLVMValueRef emit_axpy(gen *g)
 {
 	LLVMTypeRef t[P_COUNT];
 	LLVMValueRef fn = function(g, "kiln_sgemm_axpy", t, gemm_params(g, t, 0)), *p = g->p;
-	LLVMValueRef acc[AXPY_V];
+	LLVMValueRef acc[AXPY_WIDE];
 	int W = g->g.W;
-	for (int j = 0; j < AXPY_V; j++)
+	for (int j = 0; j < AXPY_WIDE; j++)
 		acc[j] = local(g, g->vf, NULL);
-	LLVMValueRef nmain = LLVMBuildSub(g->b, p[P_N],
-	                                  LLVMBuildSRem(g->b, p[P_N], i64c(g, AXPY_V * W), ""), "");
+	static const int nvs[] = {AXPY_WIDE, AXPY_MID};
 	loop lm, ln, lt;
 	LLVMValueRef m = loop_begin(g, &lm, i64c(g, 0), p[P_M], 1);
-	LLVMValueRef n = loop_begin(g, &ln, i64c(g, 0), nmain, AXPY_V * W);
-	axpy_block(g, m, n, AXPY_V, NULL, acc);
-	loop_end(g, &ln);
-	n = loop_begin(g, &lt, nmain, p[P_N], W);
+	LLVMValueRef n0 = i64c(g, 0);
+	for (int s = 0; s < 2; s++) {
+		int w = nvs[s] * W;
+		/* strips of w columns in [n0, N): up to n0 + (N - n0) / w * w */
+		LLVMValueRef end = add(g, n0, mul(g, LLVMBuildSDiv(g->b, LLVMBuildSub(g->b, p[P_N], n0, ""),
+		                                                   i64c(g, w), ""), i64c(g, w)));
+		LLVMValueRef n = loop_begin(g, &ln, n0, end, w);
+		axpy_block(g, m, n, nvs[s], NULL, acc);
+		loop_end(g, &ln);
+		n0 = end;
+	}
+	LLVMValueRef n = loop_begin(g, &lt, n0, p[P_N], W);
 	LLVMValueRef mask = lanes(g, LLVMBuildSub(g->b, p[P_N], n, ""));
 	axpy_block(g, m, n, 1, &mask, acc);
 	loop_end(g, &lt);
@@ -890,10 +952,42 @@ static LLVMValueRef emit_range(gen *g, LLVMValueRef blocked, const char *name, b
 	return fn;
 }
 
-/* Calls rt_parallel_for(&copy, panels, range) where copy is *x with buf
+/* kiln_sgemm_axpy_range / kiln_sgemm_dot_range(x, begin, end): columns
+ * [begin*W, end*W) of the product behind x->buf through a direct form
+ * (callee, kiln_sgemm's arguments): B, C, a per-column bias and the
+ * residual start at the first column, N is the range's width. */
+static LLVMValueRef emit_vec_range(gen *g, LLVMValueRef callee, const char *name)
+{
+	LLVMTypeRef t[] = {g->xp, g->L->i64, g->L->i64};
+	LLVMValueRef fn = function(g, name, t, 3);
+	LLVMValueRef x = LLVMGetParam(fn, 0), begin = LLVMGetParam(fn, 1), end = LLVMGetParam(fn, 2);
+	LLVMValueRef bp = LLVMBuildStructGEP2(g->b, g->xty, x, 0, "");
+	LLVMValueRef args = LLVMBuildLoad2(g->b, LLVMStructGetTypeAtIndex(g->xty, 0), bp, "");
+	args = LLVMBuildBitCast(g->b, args, LLVMPointerType(g->argty, 0), "");
+	LLVMValueRef a[P_COUNT];
+	a[P_X] = x;
+	for (int i = 1; i < P_COUNT; i++) {
+		LLVMValueRef fp = LLVMBuildStructGEP2(g->b, g->argty, args, i, "");
+		a[i] = LLVMBuildLoad2(g->b, LLVMStructGetTypeAtIndex(g->argty, i), fp, "");
+	}
+	LLVMValueRef W = i64c(g, g->g.W);
+	LLVMValueRef n0 = mul(g, begin, W), n1 = smin(g, mul(g, end, W), a[P_N]);
+	LLVMValueRef colb = icmp(g, LLVMIntEQ, a[P_AXIS], LLVMConstInt(g->L->i32, 1, 0));
+	a[P_N] = LLVMBuildSub(g->b, n1, n0, "");
+	a[P_B] = at(g, a[P_B], mul(g, n0, a[P_BCS]));
+	a[P_C] = at(g, a[P_C], n0);
+	a[P_BIAS] = LLVMBuildSelect(g->b, colb, at(g, a[P_BIAS], n0), a[P_BIAS], "");
+	a[P_RES] = nat(g, a[P_RES], n0);
+	call(g, callee, a, P_COUNT);
+	LLVMBuildRetVoid(g->b);
+	return fn;
+}
+
+/* Calls rt_parallel_for(&copy, panels, range) over ceil(p[dim] / unit)
+ * panels, where copy is *x with buf
  * pointing at the arguments.  The copy is 128 bytes of which rt_exec uses
  * the first 40, so a runtime that copies a grown rt_exec stays in bounds. */
-static void parallel(gen *g, LLVMValueRef range, bool rows)
+static void parallel(gen *g, LLVMValueRef range, int64_t unit, int dim)
 {
 	cg_llvm *L = g->L;
 	LLVMValueRef *p = g->p;
@@ -907,8 +1001,7 @@ static void parallel(gen *g, LLVMValueRef range, bool rows)
 	LLVMValueRef bp = LLVMBuildStructGEP2(g->b, g->xty, cx, 0, "");
 	LLVMBuildStore(g->b, LLVMBuildBitCast(g->b, args, LLVMStructGetTypeAtIndex(g->xty, 0), ""),
 	               bp);
-	int64_t unit = rows ? (int64_t)g->g.MR * ROW_BLOCK_TILES : g->g.NR;
-	LLVMValueRef panels = LLVMBuildSDiv(g->b, add(g, p[rows ? P_M : P_N], i64c(g, unit - 1)),
+	LLVMValueRef panels = LLVMBuildSDiv(g->b, add(g, p[dim], i64c(g, unit - 1)),
 	                                    i64c(g, unit), "");
 	LLVMTypeRef pt[3];
 	LLVMGetParamTypes(LLVMGlobalGetValueType(L->par_for), pt);
@@ -931,6 +1024,23 @@ static void parallel(gen *g, LLVMValueRef range, bool rows)
 enum { PAR_WORK = 1 << 21, SMALL_WORK = 1 << 13, THIN_M = 4, TILE_M = 32,
        TILE_N = 1024 };
 
+/* Work at or above which the direct forms (a batch-1 Linear) split their
+ * columns over the threads, in vectors: they stream B once, so each thread
+ * reads its own columns' share of it.  See bench/gemm_bench.c's threaded
+ * column: a pool dispatch costs about a microsecond. */
+enum { VEC_PAR_WORK = 1 << 16 };
+
+/* Rows of the one-vector direct tiles: 8 accumulators cover the FMA
+ * latency (8 broadcasts and one load of B per 8 FMAs). */
+enum { TILE1_MR = 8 };
+
+/* Rows of B ahead that the small-M tiles prefetch: their first row tile
+ * reads each strip of B from L3 (the MLP's weights do not stay in L2),
+ * a page or two per row.  MLP batch 16, one thread, 8 x 3 tiles: ~0.101
+ * -> ~0.098 ms; 24 or 48 rows ahead no better, and the 4 x 4 and MR x NR
+ * tiles gained nothing from it. */
+enum { SMALL_PF = 8 };
+
 /* if (cond) { callee(args...); return; } */
 static void tail_if(gen *g, LLVMValueRef cond, LLVMValueRef callee, LLVMValueRef *a, int n)
 {
@@ -943,26 +1053,52 @@ static void tail_if(gen *g, LLVMValueRef cond, LLVMValueRef callee, LLVMValueRef
 	LLVMPositionBuilderAtEnd(g->b, next);
 }
 
+/* One shape of direct tiles (mr x nr, nr = nv*W) and its split forms. */
+typedef struct tile_fns {
+	LLVMValueRef tiles, range, rows;
+	int mr, nr;
+} tile_fns;
+
 typedef struct entry_fns {
-	LLVMValueRef naive, axpy, dot, blocked, range, tiles, tiles_range, rows, tiles_rows;
+	LLVMValueRef naive, axpy, dot, blocked, range, rows;
+	LLVMValueRef axpy_range, dot_range;
+	tile_fns t6, ts, t1; /* the target's MR x NV tiles, small-M tiles, one-vector tiles */
 } entry_fns;
+
+/* if (cond) { vpar ? split columns through range : callee(args...); return; } */
+static void direct_if(gen *g, LLVMValueRef cond, LLVMValueRef vpar, LLVMValueRef callee,
+                      LLVMValueRef range)
+{
+	LLVMBasicBlockRef then = block(g, "direct"), next = block(g, "next");
+	LLVMBasicBlockRef split = block(g, "split"), serial = block(g, "serial");
+	LLVMBuildCondBr(g->b, cond, then, next);
+	LLVMPositionBuilderAtEnd(g->b, then);
+	LLVMBuildCondBr(g->b, vpar, split, serial);
+	LLVMPositionBuilderAtEnd(g->b, split);
+	parallel(g, range, g->g.W, P_N);
+	LLVMBuildRetVoid(g->b);
+	LLVMPositionBuilderAtEnd(g->b, serial);
+	call(g, callee, g->p, P_COUNT);
+	LLVMBuildRetVoid(g->b);
+	LLVMPositionBuilderAtEnd(g->b, next);
+}
 
 /* Columns [0, N) through cols, over the pool's threads when par: split by
  * column panels (range), or when prows by blocks of rows (rows); then
  * returns. */
 static void columns(gen *g, LLVMValueRef par, LLVMValueRef prows, LLVMValueRef cols,
-                    LLVMValueRef range, LLVMValueRef rows)
+                    LLVMValueRef range, LLVMValueRef rows, int mr, int nr)
 {
 	LLVMBasicBlockRef byrow = block(g, "byrow"), notrow = block(g, "notrow");
 	LLVMBasicBlockRef bycol = block(g, "bycol"), serial = block(g, "serial");
 	LLVMBuildCondBr(g->b, prows, byrow, notrow);
 	LLVMPositionBuilderAtEnd(g->b, byrow);
-	parallel(g, rows, true);
+	parallel(g, rows, (int64_t)mr * ROW_BLOCK_TILES, P_M);
 	LLVMBuildRetVoid(g->b);
 	LLVMPositionBuilderAtEnd(g->b, notrow);
 	LLVMBuildCondBr(g->b, par, bycol, serial);
 	LLVMPositionBuilderAtEnd(g->b, bycol);
-	parallel(g, range, false);
+	parallel(g, range, nr, P_N);
 	LLVMBuildRetVoid(g->b);
 	LLVMPositionBuilderAtEnd(g->b, serial);
 	LLVMValueRef a[P_COUNT + 2];
@@ -971,6 +1107,28 @@ static void columns(gen *g, LLVMValueRef par, LLVMValueRef prows, LLVMValueRef c
 	a[P_COUNT + 1] = g->p[P_N];
 	call(g, cols, a, P_COUNT + 2);
 	LLVMBuildRetVoid(g->b);
+}
+
+/* v rounded up to a multiple of unit */
+static LLVMValueRef pad(gen *g, LLVMValueRef v, int64_t unit)
+{
+	return mul(g, LLVMBuildSDiv(g->b, add(g, v, i64c(g, unit - 1)), i64c(g, unit), ""),
+	           i64c(g, unit));
+}
+
+/* Over the pool when par (a pool and work enough), with t's tiles: by
+ * column panels when C has two or more; with fewer than four (which split
+ * unevenly over two threads, or not at all) by blocks of rows instead when
+ * there are enough; then returns. */
+static void split(gen *g, LLVMValueRef par, const tile_fns *t)
+{
+	LLVMValueRef *p = g->p;
+	LLVMValueRef wide = icmp(g, LLVMIntSGE, p[P_N], i64c(g, 4 * t->nr));
+	LLVMValueRef prows = LLVMBuildAnd(g->b, par, LLVMBuildNot(g->b, wide, ""), "");
+	prows = LLVMBuildAnd(g->b, prows, icmp(g, LLVMIntSGE, p[P_M],
+	                                       i64c(g, 4 * t->mr * ROW_BLOCK_TILES)), "");
+	LLVMValueRef pcol = LLVMBuildAnd(g->b, par, icmp(g, LLVMIntSGE, p[P_N], i64c(g, 2 * t->nr)), "");
+	columns(g, pcol, prows, t->tiles, t->range, t->rows, t->mr, t->nr);
 }
 
 /* kiln_sgemm: picks a path.  Nothing to do without rows or columns; K == 0
@@ -990,23 +1148,19 @@ static LLVMValueRef emit_entry(gen *g, const entry_fns *f)
 	LLVMValueRef work = mul(g, mul(g, p[P_M], p[P_N]), p[P_K]);
 	LLVMValueRef direct = LLVMBuildOr(g->b, icmp(g, LLVMIntSLE, p[P_M], i64c(g, THIN_M)),
 	                                  icmp(g, LLVMIntSLE, work, i64c(g, SMALL_WORK)), "");
-	LLVMValueRef bcontig = icmp(g, LLVMIntEQ, p[P_BCS], one);
-	tail_if(g, LLVMBuildAnd(g->b, direct, bcontig, ""), f->axpy, p, P_COUNT);
-	LLVMValueRef dotok = LLVMBuildAnd(g->b, icmp(g, LLVMIntEQ, p[P_BRS], one),
-	                                  icmp(g, LLVMIntEQ, p[P_ACS], one), "");
-	tail_if(g, LLVMBuildAnd(g->b, direct, dotok, ""), f->dot, p, P_COUNT);
-	tail_if(g, icmp(g, LLVMIntSLE, work, i64c(g, SMALL_WORK)), f->naive, p, P_COUNT);
 	LLVMValueRef pool = LLVMBuildLoad2(g->b, LLVMStructGetTypeAtIndex(g->xty, 2),
 	                                   LLVMBuildStructGEP2(g->b, g->xty, p[P_X], 2, ""), "");
+	LLVMValueRef vpar = LLVMBuildAnd(g->b, LLVMBuildIsNotNull(g->b, pool, ""),
+	                                 icmp(g, LLVMIntSGE, work, i64c(g, VEC_PAR_WORK)), "");
+	vpar = LLVMBuildAnd(g->b, vpar, icmp(g, LLVMIntSGE, p[P_N], i64c(g, 2 * g->g.W)), "");
+	LLVMValueRef bcontig = icmp(g, LLVMIntEQ, p[P_BCS], one);
+	direct_if(g, LLVMBuildAnd(g->b, direct, bcontig, ""), vpar, f->axpy, f->axpy_range);
+	LLVMValueRef dotok = LLVMBuildAnd(g->b, icmp(g, LLVMIntEQ, p[P_BRS], one),
+	                                  icmp(g, LLVMIntEQ, p[P_ACS], one), "");
+	direct_if(g, LLVMBuildAnd(g->b, direct, dotok, ""), vpar, f->dot, f->dot_range);
+	tail_if(g, icmp(g, LLVMIntSLE, work, i64c(g, SMALL_WORK)), f->naive, p, P_COUNT);
 	LLVMValueRef par = LLVMBuildAnd(g->b, LLVMBuildIsNotNull(g->b, pool, ""),
 	                                icmp(g, LLVMIntSGE, work, i64c(g, PAR_WORK)), "");
-	/* fewer than four column panels split unevenly over two threads (or
-	 * not at all): then blocks of rows, when there are enough */
-	LLVMValueRef wide = icmp(g, LLVMIntSGE, p[P_N], i64c(g, 4 * g->g.NR));
-	LLVMValueRef prows = LLVMBuildAnd(g->b, par, LLVMBuildNot(g->b, wide, ""), "");
-	prows = LLVMBuildAnd(g->b, prows, icmp(g, LLVMIntSGE, p[P_M],
-	                                       i64c(g, 4 * g->g.MR * ROW_BLOCK_TILES)), "");
-	par = LLVMBuildAnd(g->b, par, icmp(g, LLVMIntSGE, p[P_N], i64c(g, 2 * g->g.NR)), "");
 	LLVMValueRef few = LLVMBuildOr(g->b, icmp(g, LLVMIntSLE, p[P_M], i64c(g, TILE_M)),
 	                               icmp(g, LLVMIntSLE, p[P_N], i64c(g, 2 * g->g.NR)), "");
 	LLVMValueRef mid = LLVMBuildAnd(g->b, icmp(g, LLVMIntSLE, p[P_M], i64c(g, 2 * TILE_M)),
@@ -1016,9 +1170,33 @@ static LLVMValueRef emit_entry(gen *g, const entry_fns *f)
 	LLVMBasicBlockRef then = block(g, "tiles"), next = block(g, "packed");
 	LLVMBuildCondBr(g->b, tiles, then, next);
 	LLVMPositionBuilderAtEnd(g->b, then);
-	columns(g, par, prows, f->tiles, f->tiles_range, f->tiles_rows);
+	/* C one vector wide (a classifier's 10 outputs): the one-vector tiles,
+	 * not MR x NR tiles that compute NV times the columns */
+	LLVMBasicBlockRef vec1 = block(g, "one"), multi = block(g, "multi");
+	LLVMBuildCondBr(g->b, icmp(g, LLVMIntSLE, p[P_N], i64c(g, g->g.W)), vec1, multi);
+	LLVMPositionBuilderAtEnd(g->b, vec1);
+	split(g, par, &f->t1);
+	LLVMPositionBuilderAtEnd(g->b, multi);
+	/* the small-M tiles when their tiles cover fewer elements of C than
+	 * MR x NR ones (MLP batch 16: 16 x 528 instead of 18 x 512), up to
+	 * TILE_M rows: with many rows (a 7x7 conv, M = 512) the MR x NR tiles
+	 * measured faster */
+	if (f->ts.tiles) {
+		LLVMValueRef s = mul(g, pad(g, p[P_M], f->ts.mr), pad(g, p[P_N], f->ts.nr));
+		LLVMValueRef d = mul(g, pad(g, p[P_M], g->g.MR), pad(g, p[P_N], g->g.NR));
+		LLVMBasicBlockRef small = block(g, "small"), mr = block(g, "mr");
+		LLVMValueRef use = LLVMBuildAnd(g->b, icmp(g, LLVMIntSLT, s, d),
+		                                icmp(g, LLVMIntSLE, p[P_M], i64c(g, TILE_M)), "");
+		LLVMBuildCondBr(g->b, use, small, mr);
+		LLVMPositionBuilderAtEnd(g->b, small);
+		split(g, par, &f->ts);
+		LLVMPositionBuilderAtEnd(g->b, mr);
+	}
+	split(g, par, &f->t6);
 	LLVMPositionBuilderAtEnd(g->b, next);
-	columns(g, par, prows, f->blocked, f->range, f->rows);
+	tile_fns packed = {.tiles = f->blocked, .range = f->range, .rows = f->rows,
+	                   .mr = g->g.MR, .nr = g->g.NR};
+	split(g, par, &packed);
 	return fn;
 }
 
@@ -1038,6 +1216,7 @@ static void setup(gen *g, cg_llvm *L)
 	g->L = L;
 	g->b = LLVMCreateBuilderInContext(L->ctx);
 	g->g = geometry(L->t);
+	g->sfx = "";
 	g->fp = LLVMPointerType(L->f32, 0);
 	g->vf = LLVMVectorType(L->f32, g->g.W);
 	g->vfp = LLVMPointerType(g->vf, 0);
@@ -1054,6 +1233,8 @@ static void setup(gen *g, cg_llvm *L)
 	LLVMTypeRef mt[] = {g->vf, g->vfp};
 	g->mload = intrinsic(g, "llvm.masked.load", mt, 2);
 	g->mstore = intrinsic(g, "llvm.masked.store", mt, 2);
+	LLVMTypeRef pt = L->ptr;
+	g->prefetch = intrinsic(g, "llvm.prefetch", &pt, 1);
 	g->zero = LLVMAddGlobal(L->mod, g->vf, "kiln_sgemm_zeros");
 	LLVMSetInitializer(g->zero, LLVMConstNull(g->vf));
 	LLVMSetAlignment(g->zero, 64);
@@ -1143,6 +1324,31 @@ LLVMValueRef cg_llvm_transpose(cg_llvm *L)
 	return L->transpose;
 }
 
+/* The direct tiles for mr x nv vectors: micro-kernel (prefetching B pf
+ * rows ahead, 0: not), with narrow_last a second one of nv - 1 vectors for
+ * a last panel that fits it, tiles, column and row splits, named with sfx. */
+static tile_fns emit_tile_set(gen *g, int mr, int nv, const char *sfx, int pf, bool narrow_last)
+{
+	geom saved = g->g;
+	char name[48];
+	g->g.MR = mr;
+	g->g.NV = nv;
+	g->g.NR = nv * g->g.W;
+	g->sfx = sfx;
+	g->pf = pf;
+	tile_fns t = {.mr = mr, .nr = g->g.NR};
+	LLVMValueRef narrow = narrow_last ? emit_ukr(g, true, nv - 1) : NULL;
+	t.tiles = emit_tiles(g, emit_ukr(g, true, nv), narrow, nv - 1);
+	snprintf(name, sizeof name, "kiln_sgemm_tiles%s_range", sfx);
+	t.range = emit_range(g, t.tiles, name, false);
+	snprintf(name, sizeof name, "kiln_sgemm_tiles%s_rows", sfx);
+	t.rows = emit_range(g, t.tiles, name, true);
+	g->g = saved;
+	g->sfx = "";
+	g->pf = 0;
+	return t;
+}
+
 LLVMValueRef cg_llvm_sgemm(cg_llvm *L)
 {
 	if (L->sgemm)
@@ -1152,12 +1358,21 @@ LLVMValueRef cg_llvm_sgemm(cg_llvm *L)
 	packed_fns pf = {.ukr = emit_ukr(&g, false, g.g.NV), .ukr1 = emit_ukr(&g, false, 1),
 	                 .packa = emit_packa(&g), .packb = emit_packb(&g)};
 	entry_fns ef = {.naive = emit_naive(&g), .axpy = emit_axpy(&g), .dot = emit_dot(&g)};
+	ef.axpy_range = emit_vec_range(&g, ef.axpy, "kiln_sgemm_axpy_range");
+	ef.dot_range = emit_vec_range(&g, ef.dot, "kiln_sgemm_dot_range");
 	ef.blocked = emit_blocked(&g, &pf);
 	ef.range = emit_range(&g, ef.blocked, "kiln_sgemm_range", false);
 	ef.rows = emit_range(&g, ef.blocked, "kiln_sgemm_rows", true);
-	ef.tiles = emit_tiles(&g, emit_ukr(&g, true, g.g.NV));
-	ef.tiles_range = emit_range(&g, ef.tiles, "kiln_sgemm_tiles_range", false);
-	ef.tiles_rows = emit_range(&g, ef.tiles, "kiln_sgemm_tiles_rows", true);
+	ef.t6 = emit_tile_set(&g, g.g.MR, g.g.NV, "", 0, false);
+	/* small M: 8 x 3 vectors with 32 registers (24 accumulators; B is read
+	 * by half as many row tiles as with 4 x 4), 4 x NV with fewer.  A last
+	 * panel of two vectors or less (512 = 10 x 48 + 32) takes an 8 x 2
+	 * kernel: the MLP at batch 16 ~0.099 -> ~0.097 ms.  (The MR x NR tiles
+	 * keep one kernel: see emit_ukr.) */
+	int smr = g.g.W >= 16 ? 8 : 4, snv = g.g.W >= 16 ? 3 : g.g.NV;
+	if (smr != g.g.MR || snv != g.g.NV)
+		ef.ts = emit_tile_set(&g, smr, snv, "_s", SMALL_PF, snv > 2);
+	ef.t1 = emit_tile_set(&g, TILE1_MR, 1, "_1", 0, false);
 	L->sgemm = emit_entry(&g, &ef);
 	LLVMDisposeBuilder(g.b);
 	return L->sgemm;

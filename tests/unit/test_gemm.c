@@ -75,6 +75,7 @@ typedef struct prob {
 	int at, bt, as, bs;
 	float alpha, beta;
 	int axis, act; /* act 0: none, 1: relu, 2: clip to [CLIP_LO, CLIP_HI] */
+	int res;       /* add a residual matrix R (row stride N + 3) */
 } prob;
 
 #define CLIP_LO -0.75f
@@ -99,8 +100,8 @@ static float *fill(int64_t n)
 }
 
 typedef struct mats {
-	float *A, *B, *C, *C0, *bias;
-	int64_t a_rs, a_cs, b_rs, b_cs, c_rs, csize;
+	float *A, *B, *C, *C0, *bias, *R;
+	int64_t a_rs, a_cs, b_rs, b_cs, c_rs, csize, r_rs;
 } mats;
 
 static void mats_new(const prob *p, mats *o)
@@ -114,6 +115,8 @@ static void mats_new(const prob *p, mats *o)
 	o->A = fill((p->M + 1) * (p->K + 1) * (as + 3) + 8);
 	o->B = fill((p->K + 1) * (p->N + 1) * (bs + 5) + 8);
 	o->bias = fill(p->M + p->N);
+	o->r_rs = p->N + 3;
+	o->R = p->res ? fill(p->M * o->r_rs) : NULL;
 	o->csize = p->M * o->c_rs + GUARD;
 	o->C = fill(o->csize);
 	for (int64_t i = 0; p->beta == 0 && i < o->csize; i++)
@@ -129,6 +132,7 @@ static void mats_free(mats *o)
 	free(o->C);
 	free(o->C0);
 	free(o->bias);
+	free(o->R);
 }
 
 static double reference(const prob *p, const mats *o, int64_t m, int64_t n)
@@ -140,6 +144,7 @@ static double reference(const prob *p, const mats *o, int64_t m, int64_t n)
 	if (p->beta != 0)
 		s += (double)p->beta * o->C0[m * o->c_rs + n];
 	s += p->axis == 1 ? o->bias[n] : p->axis == 2 ? o->bias[m] : 0;
+	s += o->R ? o->R[m * o->r_rs + n] : 0;
 	if (p->act == 2)
 		return s < CLIP_LO ? CLIP_LO : s > CLIP_HI ? CLIP_HI : s;
 	return p->act && s < 0 ? 0 : s;
@@ -155,7 +160,7 @@ static void check_prob(const prob *p, rt_pool *pool)
 	J.fn(&x, p->M, p->N, p->K, p->alpha, o.A, o.a_rs, o.a_cs, o.B, o.b_rs, o.b_cs, p->beta,
 	     o.C, o.c_rs, p->axis ? o.bias : NULL, p->axis,
 	     p->act == 2 ? CLIP_LO : p->act ? 0 : -INFINITY, p->act == 2 ? CLIP_HI : INFINITY,
-	     NULL, 0);
+	     o.R, o.R ? o.r_rs : 0);
 	double tol = 1e-5 * (p->K > 1 ? p->K : 1);
 	for (int64_t m = 0; m < p->M; m++) {
 		for (int64_t n = 0; n < o.c_rs; n++) {
@@ -196,6 +201,8 @@ static void check_layouts(prob p)
 
 #define PROB(m, n, k) ((prob){.M = (m), .N = (n), .K = (k), .alpha = 1})
 
+static void check_epilogues(int64_t M, int64_t N, int64_t K);
+
 /* ---- direct paths ---- */
 
 START_TEST(gemm_1x1x1)
@@ -209,6 +216,23 @@ START_TEST(gemm_m1_is_a_matrix_vector_product)
 	check_layouts(PROB(1, 128, 784));
 	check_layouts(PROB(1, 10, 128));
 	check_layouts(PROB(1, 1000, 3));
+}
+END_TEST
+
+/* The axpy form's strips: 16 vectors, then 4, then single vectors with a
+ * masked last one (N = 341 at 16 lanes: one 256-wide strip, one 64-wide,
+ * one vector and 5 columns), K odd, with every epilogue. */
+START_TEST(gemm_axpy_strips_and_masked_tail)
+{
+	check_layouts(PROB(1, 341, 515));
+	check_layouts(PROB(2, 600, 7));
+	check_layouts(PROB(1, 512, 784));
+	check_epilogues(1, 341, 31);
+	prob p = PROB(1, 300, 40);
+	p.res = 1;
+	p.axis = 1;
+	p.act = 1;
+	check_layouts(p);
 }
 END_TEST
 
@@ -304,6 +328,42 @@ START_TEST(gemm_tiles_edges_and_strides)
 }
 END_TEST
 
+/* C at most one vector wide (a classifier's 10 outputs at batch 16) takes
+ * 8-row one-vector tiles; rows not a multiple of 8, N not of the lanes. */
+START_TEST(gemm_tiles_one_vector_wide)
+{
+	check_layouts(PROB(16, 10, 512));
+	check_layouts(PROB(13, 16, 40));
+	check_layouts(PROB(70, 7, 20));
+	check_epilogues(11, 5, 33);
+	prob p = PROB(16, 10, 100);
+	p.res = 1;
+	p.beta = 0.5f;
+	check_layouts(p);
+}
+END_TEST
+
+/* Up to 32 rows whose small-M tiles (8 x 3 vectors with AVX-512) cover
+ * less of C than MR x NR ones take those: 16 x 512 (ten 48-column panels
+ * and a 32-column one), 8 x 130, 20 x 77, 24 x 70; 24 x 64 and 16 x 49
+ * keep MR x NR. */
+START_TEST(gemm_tiles_small_m)
+{
+	check_layouts(PROB(16, 512, 100));
+	check_layouts(PROB(8, 130, 50));
+	check_layouts(PROB(20, 77, 64));
+	check_layouts(PROB(24, 70, 9));
+	check_layouts(PROB(24, 64, 20));
+	check_layouts(PROB(16, 49, 30));
+	check_epilogues(16, 70, 30);
+	prob p = PROB(16, 200, 60);
+	p.res = 1;
+	p.axis = 2;
+	p.act = 2;
+	check_layouts(p);
+}
+END_TEST
+
 /* Many rows but at most two column panels (a 7x7 conv): tiles too. */
 START_TEST(gemm_tiles_for_few_columns)
 {
@@ -371,6 +431,8 @@ START_TEST(gemm_narrow_vectors)
 	ck_assert_msg(J.fn != NULL, "JIT failed: %s", J.err);
 	check_layouts(PROB(1, 50, 33));
 	check_layouts(PROB(37, 41, 290));
+	check_layouts(PROB(16, 40, 20)); /* small-M tiles (4 x NV below AVX-512) */
+	check_layouts(PROB(16, 5, 30));  /* one-vector tiles */
 	check_epilogues(19, 23, 17);
 }
 END_TEST
@@ -424,6 +486,82 @@ START_TEST(gemm_threads_not_for_small_or_without_pool)
 }
 END_TEST
 
+/* Batch-1 products with a pool split their columns in whole vectors: the
+ * real pool on the MLP's 784->512 layer (axpy, B [K,N]) and its transposed
+ * weights (dot, B [N,K]), with a bias, relu and a residual that must follow
+ * each thread's columns. */
+START_TEST(gemm_threads_split_batch1_columns)
+{
+	rt_pool *pool = NULL;
+	ck_assert_int_eq(rt_pool_new(2, J.scratch_floats, &pool), KILN_OK);
+	fake_split = 0;
+	par_calls = 0;
+	prob p = PROB(1, 512, 784);
+	p.axis = 1;
+	p.act = 1;
+	p.res = 1;
+	check_prob(&p, pool);
+	ck_assert_int_eq(par_calls, 1);
+	p.bt = 1;
+	check_prob(&p, pool);
+	ck_assert_int_eq(par_calls, 2);
+	p = PROB(3, 1000, 100); /* thin M, N not a multiple of the lanes */
+	p.beta = 0.5f;
+	p.axis = 2;
+	check_prob(&p, pool);
+	ck_assert_int_eq(par_calls, 3);
+	rt_pool_free(pool);
+}
+END_TEST
+
+/* Three uneven chunks (fake pool): every chunk's columns land where they
+ * belong, per-column bias and residual shifted with them. */
+START_TEST(gemm_threads_batch1_uneven_chunks)
+{
+	fake_split = 1;
+	par_calls = 0;
+	prob p = PROB(1, 333, 300);
+	p.axis = 1;
+	p.res = 1;
+	p.beta = 0.25f;
+	p.act = 2;
+	check_prob(&p, (rt_pool *)&p); /* axpy */
+	p.bt = 1;
+	check_prob(&p, (rt_pool *)&p); /* dot */
+	ck_assert_int_eq(par_calls, 2);
+	/* below 2^16 multiply-adds, or under two vectors of columns: inline */
+	p = PROB(1, 128, 500);
+	check_prob(&p, (rt_pool *)&p);
+	p = PROB(1, 10, 8000);
+	check_prob(&p, (rt_pool *)&p);
+	ck_assert_int_eq(par_calls, 2);
+	fake_split = 0;
+}
+END_TEST
+
+/* The MLP's batch-16 layers (small-M tiles) and its 10-wide classifier at
+ * 64 rows (one-vector tiles, split by rows) go over the pool too. */
+START_TEST(gemm_threads_split_small_m_tiles)
+{
+	fake_split = 1;
+	par_calls = 0;
+	prob p = PROB(16, 512, 784);
+	p.axis = 1;
+	p.act = 1;
+	check_prob(&p, (rt_pool *)&p);
+	ck_assert_int_eq(par_calls, 1);
+	p = PROB(16, 200, 700); /* panels not a multiple of three */
+	p.res = 1;
+	check_prob(&p, (rt_pool *)&p);
+	ck_assert_int_eq(par_calls, 2);
+	p = PROB(300, 10, 800);
+	p.axis = 2;
+	check_prob(&p, (rt_pool *)&p);
+	ck_assert_int_eq(par_calls, 3);
+	fake_split = 0;
+}
+END_TEST
+
 /* ---- module ---- */
 
 START_TEST(gemm_scratch_holds_both_packed_blocks)
@@ -458,6 +596,7 @@ static Suite *gemm_suite(void)
 	tcase_add_test(tc, gemm_1x1x1);
 	tcase_add_test(tc, gemm_m1_is_a_matrix_vector_product);
 	tcase_add_test(tc, gemm_thin_m_up_to_4);
+	tcase_add_test(tc, gemm_axpy_strips_and_masked_tail);
 	tcase_add_test(tc, gemm_n1_and_k1);
 	tcase_add_test(tc, gemm_k0_is_beta_c_plus_bias);
 	tcase_add_test(tc, gemm_m0_or_n0_touches_nothing);
@@ -471,6 +610,8 @@ static Suite *gemm_suite(void)
 	tc = jit_case(s, "tiles", setup_host);
 	tcase_add_test(tc, gemm_tiles_edges_and_strides);
 	tcase_add_test(tc, gemm_tiles_for_few_columns);
+	tcase_add_test(tc, gemm_tiles_one_vector_wide);
+	tcase_add_test(tc, gemm_tiles_small_m);
 	tc = jit_case(s, "epilogue", setup_host);
 	tcase_add_test(tc, gemm_epilogue_direct);
 	tcase_add_test(tc, gemm_epilogue_packed);
@@ -479,6 +620,9 @@ static Suite *gemm_suite(void)
 	tcase_add_test(tc, gemm_threads_split_columns);
 	tcase_add_test(tc, gemm_threads_uneven_chunks_own_scratch);
 	tcase_add_test(tc, gemm_threads_not_for_small_or_without_pool);
+	tcase_add_test(tc, gemm_threads_split_batch1_columns);
+	tcase_add_test(tc, gemm_threads_batch1_uneven_chunks);
+	tcase_add_test(tc, gemm_threads_split_small_m_tiles);
 	tcase_add_test(jit_case(s, "avx2", setup_256), gemm_narrow_vectors);
 	tcase_add_test(jit_case(s, "sse", setup_128), gemm_narrow_vectors);
 	tc = tcase_create("scratch");
