@@ -290,6 +290,13 @@ cg_stmt *cg_transpose_stmt(cg_module *m, const cg_transpose *t);
 cg_stmt *cg_check(cg_module *m, const char *what, cg_expr *value, cg_expr *lo, cg_expr *hi);
 /* Textual dump of the whole module (`kiln compile --emit=kir`). */
 void cg_print(const cg_module *m, FILE *out);
+/* A text equal for two kernels of m exactly when they compute the same
+ * thing with their buffers renamed consistently: the body as cg_print
+ * prints it, each buffer written as its root's index in order of first
+ * appearance and its dtype.  canon (m->nbuf entries) gets root -> that
+ * index (-1: unused), *nroot their count.  malloc'd; NULL on ENOMEM.  A
+ * backend emits one function for kernels with equal keys. */
+char *cg_kernel_key(const cg_module *m, const cg_kernel *k, int *canon, int *nroot);
 /* Value of an index expression (constants, sizes, + - * / % min max) with
  * sym[k] for each symbol, or 1 for every symbol when sym is NULL (a static
  * size estimate); -1 when it reads a variable or a buffer. */

@@ -468,7 +468,23 @@ typedef struct printer {
 	const cg_module *m;
 	FILE *out;
 	const bool *local; /* var -> is a CG_ASSIGN target */
+	int *canon;        /* key mode (cg_kernel_key): root -> index, or NULL */
+	int *ncanon;
 } printer;
+
+/* A buffer reference: "buf<id>", or in key mode its root's index in order
+ * of first appearance and its dtype ("B0:f32"). */
+static void pref(const printer *p, int b)
+{
+	if (!p->canon || b < 0 || b >= p->m->nbuf) {
+		fprintf(p->out, "buf%d", b);
+		return;
+	}
+	int r = p->m->buf[b].alias >= 0 ? p->m->buf[b].alias : b;
+	if (p->canon[r] < 0)
+		p->canon[r] = (*p->ncanon)++;
+	fprintf(p->out, "B%d:%s", p->canon[r], kiln_dtype_name(p->m->buf[b].dt));
+}
 
 static void pexpr(const printer *p, const cg_expr *e, int prec);
 
@@ -527,7 +543,8 @@ static void pexpr(const printer *p, const cg_expr *e, int prec)
 		break;
 	}
 	case CG_LOAD:
-		fprintf(p->out, "buf%d[", e->buf);
+		pref(p, e->buf);
+		fputc('[', p->out);
 		pexpr(p, e->a, 0);
 		fputc(']', p->out);
 		break;
@@ -576,7 +593,9 @@ static void phints(const printer *p, uint32_t h)
 /* " residual=buf3[off; rs]", before the activation when it comes first */
 static void presidual(const printer *p, const cg_gemm *g)
 {
-	fprintf(p->out, " residual=buf%d[", g->residual);
+	fputs(" residual=", p->out);
+	pref(p, g->residual);
+	fputc('[', p->out);
 	pexpr(p, g->res_off, 0);
 	fputs("; ", p->out);
 	pexpr(p, g->res_rs, 0);
@@ -602,7 +621,9 @@ static void pgemm(const printer *p, const cg_gemm *g)
 	         {'B', g->b, g->b_off, g->b_bs, g->b_rs, g->b_cs},
 	         {'C', g->c, g->c_off, g->c_bs, g->c_rs, NULL}};
 	for (int i = 0; i < 3; i++) {
-		fprintf(p->out, " %c=buf%d[", o[i].c, o[i].buf);
+		fprintf(p->out, " %c=", o[i].c);
+		pref(p, o[i].buf);
+		fputc('[', p->out);
 		pexpr(p, o[i].off, 0);
 		fputs("; ", p->out);
 		pexpr(p, o[i].bs, 0);
@@ -616,8 +637,14 @@ static void pgemm(const printer *p, const cg_gemm *g)
 		fputc(']', p->out);
 	}
 	fprintf(p->out, " alpha=%g beta=%g", g->alpha, g->beta);
+	if (p->canon && !g->bias_axis && g->bias >= 0) { /* passed, unread */
+		fputs(" bias_buf=", p->out);
+		pref(p, g->bias);
+	}
 	if (g->bias_axis) {
-		fprintf(p->out, " bias=buf%d[", g->bias);
+		fputs(" bias=", p->out);
+		pref(p, g->bias);
+		fputc('[', p->out);
 		pexpr(p, g->bias_off, 0);
 		fprintf(p->out, "] per %s", g->bias_axis == 1 ? "column" : "row");
 	}
@@ -642,7 +669,9 @@ static void pgemm(const printer *p, const cg_gemm *g)
 	for (size_t i = 0; i < sizeof ev / sizeof ev[0]; i++) {
 		if (!ev[i].v->axis || ev[i].v->axis > CG_AXIS_ALL)
 			continue;
-		fprintf(p->out, " %s=buf%d[", ev[i].name, ev[i].v->buf);
+		fprintf(p->out, " %s=", ev[i].name);
+		pref(p, ev[i].v->buf);
+		fputc('[', p->out);
 		pexpr(p, ev[i].v->off, 0);
 		fprintf(p->out, "] per %s", axis[ev[i].v->axis]);
 	}
@@ -671,7 +700,8 @@ static void pstmt(const printer *p, const cg_stmt *s, int depth)
 		fputs("}\n", p->out);
 		return;
 	case CG_STORE:
-		fprintf(p->out, "buf%d[", s->buf);
+		pref(p, s->buf);
+		fputc('[', p->out);
 		pexpr(p, s->index, 0);
 		fputs("] = ", p->out);
 		pexpr(p, s->value, 0);
@@ -700,11 +730,15 @@ static void pstmt(const printer *p, const cg_stmt *s, int depth)
 		pexpr(p, t->rows, 0);
 		fputs(" cols=", p->out);
 		pexpr(p, t->cols, 0);
-		fprintf(p->out, " buf%d[", t->src);
+		fputc(' ', p->out);
+		pref(p, t->src);
+		fputc('[', p->out);
 		pexpr(p, t->src_off, 0);
 		fputs("; ", p->out);
 		pexpr(p, t->src_rs, 0);
-		fprintf(p->out, ", 1] -> buf%d[", t->dst);
+		fputs(", 1] -> ", p->out);
+		pref(p, t->dst);
+		fputc('[', p->out);
 		pexpr(p, t->dst_off, 0);
 		fputs("; 1, ", p->out);
 		pexpr(p, t->dst_rs, 0);
@@ -772,7 +806,7 @@ void cg_print(const cg_module *m, FILE *out)
 {
 	if (!m || !out)
 		return;
-	printer p = {m, out, NULL};
+	printer p = {m, out, NULL, NULL, NULL};
 	fprintf(out, "module %s: %d buffers, %d kernels, %d slots\n",
 	        m->g && m->g->name ? m->g->name : "?", m->nbuf, m->nkern, m->nslot);
 	for (int i = 0; i < m->nbuf; i++)
@@ -789,4 +823,29 @@ void cg_print(const cg_module *m, FILE *out)
 		fputs("}\n", out);
 		free(local);
 	}
+}
+
+char *cg_kernel_key(const cg_module *m, const cg_kernel *k, int *canon, int *nroot)
+{
+	char *text = NULL;
+	size_t len = 0;
+	bool *local = calloc((size_t)k->nvar + 1, sizeof *local);
+	FILE *f = local ? open_memstream(&text, &len) : NULL;
+	if (!f) {
+		free(local);
+		return NULL;
+	}
+	for (int b = 0; b < m->nbuf; b++)
+		canon[b] = -1;
+	*nroot = 0;
+	mark_locals(k->body, local, k->nvar);
+	printer p = {m, f, local, canon, nroot};
+	fprintf(f, "nvar %d\n", k->nvar);
+	pstmt(&p, k->body, 1);
+	free(local);
+	if (fclose(f) != 0) {
+		free(text);
+		return NULL;
+	}
+	return text;
 }

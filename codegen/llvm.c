@@ -783,7 +783,7 @@ static void emit_loop(fn_ctx *c, int var, LLVMValueRef lo, LLVMValueRef hi, uint
 
 static LLVMValueRef emit_fn(cg_llvm *L, const cg_kernel *k, const char *name,
                             const cg_stmt *s, bool range, int *npar, kiln_error *err,
-                            kiln_status *st);
+                            kiln_status *st, bool shared, LLVMValueRef *impl);
 
 static void s_block(fn_ctx *c, const cg_stmt *s)
 {
@@ -814,7 +814,7 @@ static void par_call(fn_ctx *c, const cg_stmt *s)
 	char name[256];
 	snprintf(name, sizeof name, "%s.par%d", c->k->name, (*c->npar)++);
 	LLVMBasicBlockRef here = LLVMGetInsertBlock(L->b);
-	LLVMValueRef f = emit_fn(L, c->k, name, s, true, c->npar, c->err, &c->st);
+	LLVMValueRef f = emit_fn(L, c->k, name, s, true, c->npar, c->err, &c->st, false, NULL);
 	LLVMPositionBuilderAtEnd(L->b, here);
 	if (!f)
 		return;
@@ -1057,7 +1057,12 @@ static void fill_impl(fn_ctx *c, const scan *sc, const int *roots, const cg_stmt
 	LLVMBuildRetVoid(L->b);
 }
 
-/* The wrapper: loads x->buf[root] for each root and x->sym, calls impl. */
+/* The wrapper.  A kernel's (range false): loads x->buf[root] for each of
+ * its roots in table order into a table on its stack, and calls impl with
+ * a copy of *x whose buf is that table, so that the impl and the loops it
+ * outlines address buffers by table index, not buffer id, and kernels with
+ * equal keys share one impl.  An outlined loop's (range true): loads its
+ * roots from x->buf (the kernel's table) at their table indices. */
 static void fill_wrapper(cg_llvm *L, LLVMValueRef w, LLVMValueRef impl, const int *roots,
                          int nroot, bool range)
 {
@@ -1071,17 +1076,34 @@ static void fill_wrapper(cg_llvm *L, LLVMValueRef w, LLVMValueRef impl, const in
 	args[1] = exec_field(L, x, 1, LLVMPointerType(L->i64, 0));
 	args[2] = range ? LLVMGetParam(w, 1) : i64c(L, 0);
 	args[3] = range ? LLVMGetParam(w, 2) : i64c(L, 0);
+	LLVMValueRef tbl = NULL;
+	if (!range) {
+		LLVMTypeRef tt = LLVMArrayType(L->ptr, (unsigned)(nroot > 0 ? nroot : 1));
+		tbl = LLVMBuildAlloca(L->b, tt, "table");
+		LLVMValueRef xl = LLVMBuildAlloca(L->b, L->exec_ty, "x");
+		LLVMBuildStore(L->b, LLVMBuildLoad2(L->b, L->exec_ty, x, ""), xl);
+		LLVMValueRef t0 = LLVMBuildBitCast(L->b, tbl, LLVMPointerType(L->ptr, 0), "");
+		LLVMBuildStore(L->b, t0, LLVMBuildStructGEP2(L->b, L->exec_ty, xl, 0, ""));
+		args[0] = xl;
+	}
 	for (int i = 0; i < nroot; i++) {
+		int at = range && L->canon ? L->canon[roots[i]] : roots[i];
 		LLVMValueRef p = LLVMBuildInBoundsGEP2(L->b, L->ptr, bufs,
-		                                       (LLVMValueRef[]){i64c(L, roots[i])}, 1, "");
+		                                       (LLVMValueRef[]){i64c(L, at)}, 1, "");
 		args[4 + i] = LLVMBuildLoad2(L->b, L->ptr, p, "");
+		if (tbl)
+			LLVMBuildStore(L->b, args[4 + i],
+			               LLVMBuildInBoundsGEP2(L->b, L->ptr,
+			                                     LLVMBuildBitCast(L->b, tbl,
+			                                                      LLVMPointerType(L->ptr, 0), ""),
+			                                     (LLVMValueRef[]){i64c(L, i)}, 1, ""));
 	}
 	LLVMBuildCall2(L->b, LLVMGlobalGetValueType(impl), impl, args, (unsigned)nroot + 4, "");
 	LLVMBuildRetVoid(L->b);
 	free(args);
 }
 
-static LLVMValueRef make_impl(cg_llvm *L, const char *name, int nroot)
+static LLVMValueRef make_impl(cg_llvm *L, const char *name, int nroot, bool shared)
 {
 	LLVMTypeRef *pt = calloc((size_t)nroot + 4, sizeof *pt);
 	if (!pt)
@@ -1096,18 +1118,21 @@ static LLVMValueRef make_impl(cg_llvm *L, const char *name, int nroot)
 	LLVMValueRef f = add_fn(L, iname, LLVMFunctionType(LLVMVoidTypeInContext(L->ctx), pt,
 	                                                  (unsigned)nroot + 4, 0), true);
 	free(pt);
-	add_attr(L, f, LLVMAttributeFunctionIndex, "alwaysinline");
+	/* inlined into its one wrapper; a shared impl is called by several */
+	add_attr(L, f, LLVMAttributeFunctionIndex, shared ? "noinline" : "alwaysinline");
 	add_attr(L, f, 2, "noalias");
 	for (int i = 0; i < nroot; i++)
 		add_attr(L, f, 5 + i, "noalias");
 	return f;
 }
 
-/* Emits `name` (a kernel, or with range an outlined loop) and its .impl;
- * returns the wrapper, NULL on error (*st, err set). */
+/* Emits `name` (a kernel, or with range an outlined loop) and its .impl
+ * (*impl, when not NULL; shared: kernels with its key will call it too);
+ * returns the wrapper, NULL on error (*st, err set).  A kernel's roots are
+ * in table order (L->canon). */
 static LLVMValueRef emit_fn(cg_llvm *L, const cg_kernel *k, const char *name,
                             const cg_stmt *s, bool range, int *npar, kiln_error *err,
-                            kiln_status *st)
+                            kiln_status *st, bool shared, LLVMValueRef *impl)
 {
 	const cg_module *m = L->m;
 	scan sc;
@@ -1134,10 +1159,32 @@ static LLVMValueRef emit_fn(cg_llvm *L, const cg_kernel *k, const char *name,
 		if (r >= 0 && i == nroot)
 			roots[nroot++] = r;
 	}
+	if (!range && L->canon) { /* table order; every root must have an index */
+		int listed = 0;
+		for (int b = 0; b < m->nbuf; b++)
+			listed += L->canon[b] >= 0;
+		for (int i = 0; i < nroot; i++)
+			if (L->canon[roots[i]] < 0 || L->canon[roots[i]] >= listed) {
+				*st = fail(&c, KILN_EINVAL, "a buffer the kernel key does not list");
+				goto out;
+			}
+		nroot = listed;
+		for (int b = 0; b < m->nbuf; b++)
+			if (L->canon[b] >= 0 && L->canon[b] < listed)
+				roots[L->canon[b]] = b;
+	}
+	if (range && L->canon)
+		for (int i = 0; i < nroot; i++)
+			if (L->canon[roots[i]] < 0) {
+				*st = fail(&c, KILN_EINVAL, "an outlined loop's buffer has no table index");
+				goto out;
+			}
 	LLVMTypeRef wt[3] = {exec_ptr(L), L->i64, L->i64};
 	w = add_fn(L, name, LLVMFunctionType(LLVMVoidTypeInContext(L->ctx), wt, range ? 3 : 1, 0),
 	           true);
-	c.fn = make_impl(L, name, nroot);
+	c.fn = make_impl(L, name, nroot, shared);
+	if (impl)
+		*impl = c.fn;
 	if (!c.fn) {
 		*st = ir_seterr(err, KILN_ENOMEM, "out of memory emitting kernel '%s'", k->name);
 		goto out;
@@ -1247,6 +1294,56 @@ static kiln_status check_module(const cg_module *m, kiln_error *err)
 }
 
 /* Every kernel of L->m, as `void <name>(rt_exec *)`, into fns[0..nkern). */
+/* Every kernel, identical ones once: kernels whose keys (cg_kernel_key)
+ * are equal compute the same thing on buffers renamed consistently, so a
+ * later one is only a wrapper that builds its own buffer table and calls
+ * the first one's impl (kept out of line).  ResNet-18 has 63 kernels and 33
+ * distinct ones: LLVM optimizes and emits half the code. */
+static kiln_status emit_all(cg_llvm *L, LLVMValueRef *fns, kiln_error *err)
+{
+	const cg_module *m = L->m;
+	int n = m->nkern, nb = m->nbuf;
+	char **key = calloc((size_t)n + 1, sizeof *key);
+	int *canon = calloc((size_t)n * nb + 1, sizeof *canon), *nroot = calloc((size_t)n + 1, sizeof *nroot);
+	int *first = calloc((size_t)n + 1, sizeof *first);
+	bool *shared = calloc((size_t)n + 1, sizeof *shared);
+	LLVMValueRef *impl = calloc((size_t)n + 1, sizeof *impl);
+	int *roots = calloc((size_t)nb + 1, sizeof *roots);
+	kiln_status st = KILN_OK;
+	if (!key || !canon || !nroot || !first || !shared || !impl || !roots)
+		st = ir_seterr(err, KILN_ENOMEM, "out of memory emitting kernels");
+	for (int k = 0; k < n && !st; k++) {
+		if (!(key[k] = cg_kernel_key(m, &m->kern[k], canon + (size_t)k * nb, &nroot[k])))
+			st = ir_seterr(err, KILN_ENOMEM, "out of memory emitting kernels");
+		first[k] = k;
+		for (int j = 0; j < k && first[k] == k; j++)
+			if (first[j] == j && !strcmp(key[j], key[k]))
+				first[k] = j, shared[j] = true;
+	}
+	for (int k = 0; k < n && !st; k++) {
+		const cg_kernel *kk = &m->kern[k];
+		L->canon = canon + (size_t)k * nb;
+		if (first[k] == k) {
+			int npar = 0;
+			fns[k] = emit_fn(L, kk, kk->name, kk->body, false, &npar, err, &st, shared[k],
+			                 &impl[k]);
+			continue;
+		}
+		for (int b = 0; b < nb; b++)
+			if (L->canon[b] >= 0 && L->canon[b] < nroot[k])
+				roots[L->canon[b]] = b;
+		LLVMTypeRef wt = exec_ptr(L);
+		fns[k] = add_fn(L, kk->name, LLVMFunctionType(LLVMVoidTypeInContext(L->ctx), &wt, 1, 0),
+		                true);
+		fill_wrapper(L, fns[k], impl[first[k]], roots, nroot[k], false);
+	}
+	L->canon = NULL;
+	for (int k = 0; key && k < n; k++)
+		free(key[k]);
+	free(key), free(canon), free(nroot), free(first), free(shared), free(impl), free(roots);
+	return st;
+}
+
 kiln_status cg_llvm_emit_kernels(cg_llvm *L, LLVMValueRef *fns, kiln_error *err)
 {
 	const cg_module *m = L->m;
@@ -1260,12 +1357,7 @@ kiln_status cg_llvm_emit_kernels(cg_llvm *L, LLVMValueRef *fns, kiln_error *err)
 	                                                      3, 0), 0)};
 	L->par_for = cg_llvm_runtime_fn(L, "rt_parallel_for",
 	                                LLVMFunctionType(LLVMVoidTypeInContext(L->ctx), rt, 3, 0));
-	for (int k = 0; k < m->nkern && st == KILN_OK; k++) {
-		int npar = 0;
-		fns[k] = emit_fn(L, &m->kern[k], m->kern[k].name, m->kern[k].body, false, &npar, err,
-		                 &st);
-	}
-	return st;
+	return emit_all(L, fns, err);
 }
 
 /* L->m's numel and io_dims functions, for its description. */

@@ -45,6 +45,8 @@ typedef struct cg_llvm {
 	LLVMValueRef par_for;     /* declared rt_parallel_for */
 	LLVMValueRef sgemm;       /* kiln_sgemm, from llvm_gemm.c */
 	LLVMValueRef transpose;   /* kiln_transpose, from llvm_gemm.c */
+	const int *canon;         /* the kernel being emitted: root buffer -> its index in
+	                             the kernel's table (cg_kernel_key's order) */
 	const char *name;         /* the model's C name: prefix of the entry points */
 } cg_llvm;
 
