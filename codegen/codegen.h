@@ -226,6 +226,15 @@ typedef struct cg_kernel {
 	 * stores (lower.c); final_act: an activation already has */
 	int final_buf;
 	bool final_act;
+	/* >= 0: the kernel that computes the same buffer when guard is false
+	 * (the other algorithm of a choice made at run time); an activation or
+	 * residual folded into this kernel's stores folds into that kernel's
+	 * GEMM epilogue too (lower.c) */
+	int alt;
+	/* NULL, or a bool expression over the sizes (CG_SIZE): the kernel runs
+	 * only where it is true.  A lowering that picks its algorithm by the
+	 * batch at run time emits both, each kernel guarded. */
+	cg_expr *guard;
 } cg_kernel;
 
 /* Algorithms an f32 group-1 convolution may be lowered with. */

@@ -83,7 +83,7 @@ cg_kernel *cg_kernel_new(cg_module *m, const char *name, uint32_t node)
 		return NULL;
 	cg_kernel *k = &m->kern[m->nkern++];
 	*k = (cg_kernel){.name = ir_arena_strdup(m->arena, name), .node = node,
-	                 .body = cg_block(m), .final_buf = -1};
+	                 .body = cg_block(m), .final_buf = -1, .alt = -1};
 	return k->name && k->body ? k : NULL;
 }
 
@@ -818,7 +818,13 @@ void cg_print(const cg_module *m, FILE *out)
 			return;
 		mark_locals(k->body, local, k->nvar);
 		p.local = local;
-		fprintf(out, "\nkernel %s (node %u) {\n", k->name, k->node);
+		fprintf(out, "\nkernel %s (node %u) ", k->name, k->node);
+		if (k->guard) {
+			fputs("if ", out);
+			pexpr(&p, k->guard, 0);
+			fputc(' ', out);
+		}
+		fputs("{\n", out);
 		pstmt(&p, k->body, 1);
 		fputs("}\n", out);
 		free(local);
@@ -841,6 +847,11 @@ char *cg_kernel_key(const cg_module *m, const cg_kernel *k, int *canon, int *nro
 	mark_locals(k->body, local, k->nvar);
 	printer p = {m, f, local, canon, nroot};
 	fprintf(f, "nvar %d\n", k->nvar);
+	if (k->guard) {
+		fputs("if ", f);
+		pexpr(&p, k->guard, 0);
+		fputc('\n', f);
+	}
 	pstmt(&p, k->body, 1);
 	free(local);
 	if (fclose(f) != 0) {

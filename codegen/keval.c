@@ -499,7 +499,7 @@ static kiln_status run(ev *e, kiln_tensor *const *in, kiln_tensor **out)
 		e->var = calloc(e->k->nvar + 1, sizeof *e->var);
 		if (!e->var)
 			st = ir_seterr(e->err, KILN_ENOMEM, "cg_eval: out of memory");
-		else
+		else if (!e->k->guard || expr(e, e->k->guard).i)
 			stmt(e, e->k->body);
 		free(e->var);
 		e->var = NULL;

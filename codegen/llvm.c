@@ -1049,6 +1049,15 @@ static void fill_impl(fn_ctx *c, const scan *sc, const int *roots, const cg_stmt
 	for (int v = 0; v < sc->nvar; v++)
 		if (sc->local[v])
 			c->var[v] = LLVMBuildAlloca(L->b, vty(L, sc->local[v]), "");
+	if (!range && c->k->guard) { /* a guarded kernel returns unless its guard holds */
+		LLVMBasicBlockRef run = LLVMAppendBasicBlockInContext(L->ctx, c->fn, "guarded");
+		LLVMBasicBlockRef skip = LLVMAppendBasicBlockInContext(L->ctx, c->fn, "skip");
+		LLVMBuildCondBr(L->b, convert(c, expr(c, c->k->guard), c->k->guard->dt, KILN_BOOL),
+		                run, skip);
+		LLVMPositionBuilderAtEnd(L->b, skip);
+		LLVMBuildRetVoid(L->b);
+		LLVMPositionBuilderAtEnd(L->b, run);
+	}
 	if (range)
 		emit_loop(c, s->var, LLVMGetParam(c->fn, 2), LLVMGetParam(c->fn, 3),
 		          s->hints & ~(uint32_t)CG_PARALLEL, s->body);

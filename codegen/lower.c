@@ -1276,10 +1276,19 @@ static bool fuse_store_act(lowering *L, const ir_node *n)
 	if ((n->op != KILN_OP_RELU && n->op != KILN_OP_CLIP) || L->out_of[n->out[0]] >= 0)
 		return false;
 	cg_kernel *k = final_result(L, n->in[0], &root);
-	if (!k || k->final_act || !view_of(L, n, root))
+	cg_gemm *alt = k && k->alt >= 0 ? last_gemm(&L->m->kern[k->alt]) : NULL;
+	if (!k || k->final_act || (k->alt >= 0 && (!alt || alt->c != root || alt->act)) ||
+	    !view_of(L, n, root))
 		return false;
 	wrap_stores(L->m, k->body, root, n);
 	k->final_act = true;
+	if (alt) { /* the other algorithm's GEMM, as fuse_act does */
+		alt->act = n->op == KILN_OP_RELU ? CG_ACT_RELU : CG_ACT_CLIP;
+		if (n->op == KILN_OP_CLIP) {
+			alt->act_lo = ir_attr_float(n, "min", -INFINITY);
+			alt->act_hi = ir_attr_float(n, "max", INFINITY);
+		}
+	}
 	return true;
 }
 
@@ -1295,12 +1304,21 @@ static bool fuse_store_residual(lowering *L, const ir_node *n)
 		int root, rb = L->vbuf[n->in[1 - i]];
 		const ir_type *x = &L->g->val[n->in[i]]->type, *r = &L->g->val[n->in[1 - i]]->type;
 		cg_kernel *k = final_result(L, n->in[i], &root);
+		cg_gemm *alt = k && k->alt >= 0 ? last_gemm(&L->m->kern[k->alt]) : NULL;
 		if (!k || k->final_act || !ir_type_eq(x, y) || !ir_type_eq(r, y) || rb < 0 ||
 		    L->defer[n->in[1 - i]] ||
+		    (k->alt >= 0 && (!alt || alt->c != root || alt->has_residual || alt->act ||
+		                     alt->beta != 0)) ||
 		    (L->m->buf[rb].alias >= 0 ? L->m->buf[rb].alias : rb) == root ||
 		    !view_of(L, n, root))
 			continue;
 		add_to_stores(L->m, k->body, root, rb);
+		if (alt) { /* the other algorithm's GEMM, as fuse_residual does */
+			alt->has_residual = alt->res_first = true;
+			alt->residual = rb;
+			alt->res_off = alt->c_off;
+			alt->res_rs = alt->c_rs;
+		}
 		return true;
 	}
 	return false;

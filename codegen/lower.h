@@ -86,14 +86,18 @@ cg_expr *cg_local(cg_module *m, cg_kernel *k, cg_stmt *block, kiln_dtype dt, cg_
 void cg_set(cg_module *m, cg_stmt *block, cg_expr *var, cg_expr *v);
 
 /* lower_wino.c: Winograd F(4x4, 3x3).  _ok: it applies to conv n (2-D,
- * 3x3, stride and dilation 1, group 1, f32); _pays: the
- * cost model's yes; cg_lower_conv_winograd lowers it into output y. */
+ * 3x3, stride and dilation 1, group 1, f32); cg_lower_conv_winograd lowers it into output y. */
 bool cg_conv_winograd_ok(const cg_module *m, const ir_node *n, const int *in,
                          const ir_conv_geom *g);
-bool cg_conv_winograd_pays(const cg_module *m, const ir_node *n, const int *in,
-                           const ir_conv_geom *g);
+/* The cost model: the smallest batch from which Winograd pays for conv n,
+ * -1 for none up to 16. */
+int64_t cg_conv_winograd_batch(const cg_module *m, const ir_node *n, const int *in,
+                               const ir_conv_geom *g);
+/* weights_at_run: transform even a constant filter at run time (the
+ * Winograd half of a choice by batch, so the library does not carry both
+ * the filter and its 4x larger transform). */
 kiln_status cg_lower_conv_winograd(cg_module *m, const ir_node *n, const int *in, int y,
-                                   const ir_conv_geom *g, kiln_error *err);
+                                   const ir_conv_geom *g, bool weights_at_run, kiln_error *err);
 
 /* lower_nn.c */
 kiln_status cg_lower_matmul(cg_module *m, const ir_node *n, const int *in, const int *out,

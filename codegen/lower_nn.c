@@ -823,14 +823,31 @@ kiln_status cg_lower_conv(cg_module *m, const ir_node *n, const int *in, const i
 		return conv_direct(m, n, in, out[0], &g, err);
 	if (grp != 1) /* grouped: a GEMM per group over one im2col */
 		return conv_im2col(m, n, in, out[0], &g, err);
-	if (m->conv != CG_CONV_IM2COL && cg_conv_winograd_ok(m, n, in, &g) &&
-	    (m->conv == CG_CONV_WINOGRAD || cg_conv_winograd_pays(m, n, in, &g)))
-		return cg_lower_conv_winograd(m, n, in, out[0], &g, err);
+	int64_t wb = m->conv != CG_CONV_IM2COL && cg_conv_winograd_ok(m, n, in, &g)
+	             ? (m->conv == CG_CONV_WINOGRAD ? 1 : cg_conv_winograd_batch(m, n, in, &g)) : -1;
+	int64_t batch = x->dim[0];
+	if (wb == 1 || (wb > 1 && batch >= wb))
+		return cg_lower_conv_winograd(m, n, in, out[0], &g, false, err);
 	bool pointwise = true;
 	for (int d = 0; d < g.nsp; d++)
 		pointwise = pointwise && g.k[d] == 1 && g.stride[d] == 1 && g.pad[d] == 0 &&
 		            g.pad_end[d] == 0 && g.in[d] == g.out[d];
-	return pointwise ? conv_1x1(m, n, in, out[0], &g, err) : conv_im2col(m, n, in, out[0], &g, err);
+	int first = m->nkern;
+	st = pointwise ? conv_1x1(m, n, in, out[0], &g, err) : conv_im2col(m, n, in, out[0], &g, err);
+	if (st || wb <= 1 || batch >= 0)
+		return st;
+	/* a symbolic batch, and Winograd pays from batch wb: both, each
+	 * guarded by the batch; the GEMM's kernel takes what folds into
+	 * Winograd's last kernel too (cg_kernel.alt) */
+	int gemm_k = m->nkern - 1, wino = m->nkern;
+	cg_expr *bd = cg_dim(m, batch);
+	st = cg_lower_conv_winograd(m, n, in, out[0], &g, true, err);
+	if (st)
+		return st;
+	for (int k = first; k < m->nkern; k++)
+		m->kern[k].guard = cg_bin(m, k < wino ? CG_LT : CG_GE, bd, I(m, wb));
+	m->kern[m->nkern - 1].alt = gemm_k;
+	return KILN_OK;
 }
 
 /* ConvTranspose as a gather: output position o takes tap t from input

@@ -102,17 +102,21 @@ bool cg_conv_winograd_ok(const cg_module *m, const ir_node *n, const int *in,
 	       x->dim[1] > 0 && cg_btype(m, in[1])->dim[0] > 0;
 }
 
-bool cg_conv_winograd_pays(const cg_module *m, const ir_node *n, const int *in,
-                           const ir_conv_geom *g)
+int64_t cg_conv_winograd_batch(const cg_module *m, const ir_node *n, const int *in,
+                               const ir_conv_geom *g)
 {
 	(void)n;
 	int64_t C = cg_btype(m, in[0])->dim[1], M = cg_btype(m, in[1])->dim[0];
 	int64_t tiles = (g->out[0] + TILE - 1) / TILE * ((g->out[1] + TILE - 1) / TILE);
 	/* The GEMMs are 4x smaller but read a filter 4x larger, and the four
 	 * transforms cost per channel what a GEMM costs per channel pair: it
-	 * pays with enough channels to amortise them and enough tiles per
-	 * image (rows of each GEMM) that U is not streamed for a few rows. */
-	return C >= 16 && M >= 16 && tiles >= 16;
+	 * pays with enough channels to amortise them and enough tiles in the
+	 * batch (rows of each GEMM, 16 and up) that U is not streamed for a
+	 * few rows.  A 7x7 map (4 tiles) pays from a batch of 4. */
+	if (C < 16 || M < 16)
+		return -1;
+	int64_t b = (16 + tiles - 1) / tiles;
+	return b <= 16 ? b : -1;
 }
 
 /* A kernel computing U (below) from w at run time, into a scratch buffer:
@@ -127,8 +131,10 @@ static int transform_kernel(cg_module *m, const ir_node *n, int wb, int64_t C, i
 		return -1;
 	cg_expr *mo, *c, *f[9], *t[PATCH][3];
 	cg_stmt *mb, *cb;
-	cg_append(m, k->body, cg_loop(m, k, I(m, M), cg_par(m, I(m, NXI * C * M * 4)), &mo, &mb));
-	cg_append(m, mb, cg_loop(m, k, I(m, C), 0, &c, &cb));
+	/* output channels innermost: U's stores are contiguous and vectorize
+	 * (the filter's loads are 9*C apart: gathers, 9 per 36 stores) */
+	cg_append(m, k->body, cg_loop(m, k, I(m, C), cg_par(m, I(m, NXI * C * M * 4)), &c, &mb));
+	cg_append(m, mb, cg_loop(m, k, I(m, M), CG_VECTORIZE, &mo, &cb));
 	cg_expr *base = mul(m, add(m, mul(m, mo, I(m, C)), c), I(m, 9));
 	for (int i = 0; i < 9; i++)
 		f[i] = cg_local(m, k, cb, KILN_F32, cg_load(m, wb, add(m, base, I(m, i))));
@@ -147,10 +153,11 @@ static int transform_kernel(cg_module *m, const ir_node *n, int wb, int64_t C, i
 
 /* U[xi][c][mo] = (G g G^T)[xi] for the filter g = w[mo, c]: computed here
  * for a constant w, else by a kernel (transform_kernel). */
-static int transformed_weights(cg_module *m, const ir_node *n, int wb, int64_t C, int64_t M)
+static int transformed_weights(cg_module *m, const ir_node *n, int wb, int64_t C, int64_t M,
+                               bool at_run)
 {
 	const cg_buf *wbuf = &m->buf[wb];
-	if (wbuf->kind != CG_BUF_CONST || wbuf->alias >= 0 || !wbuf->data ||
+	if (at_run || wbuf->kind != CG_BUF_CONST || wbuf->alias >= 0 || !wbuf->data ||
 	    wbuf->data->dtype != KILN_F32)
 		return transform_kernel(m, n, wb, C, M);
 	const float *w = m->buf[wb].data->data;
@@ -384,7 +391,7 @@ static kiln_status unpack_output(cg_module *m, const ir_node *n, const int *in, 
 }
 
 kiln_status cg_lower_conv_winograd(cg_module *m, const ir_node *n, const int *in, int y,
-                                   const ir_conv_geom *g, kiln_error *err)
+                                   const ir_conv_geom *g, bool weights_at_run, kiln_error *err)
 {
 	const ir_type *x = cg_btype(m, in[0]);
 	int64_t batch = x->dim[0], C = x->dim[1], M = cg_btype(m, y)->dim[1];
@@ -393,7 +400,7 @@ kiln_status cg_lower_conv_winograd(cg_module *m, const ir_node *n, const int *in
 	int64_t PH = TH * TILE + 2, PW = TW * TILE + 2;
 	cg_expr *nb = cg_dim(m, batch), *T = mul(m, nb, I(m, TH * TW));
 	/* cg_buf_new may move m->buf: x is dead from here */
-	int u = transformed_weights(m, n, in[1], C, M);
+	int u = transformed_weights(m, n, in[1], C, M, weights_at_run);
 	int xp = cg_lower_scratch(m, KILN_F32, mul(m, nb, I(m, PH * PW * C)));
 	int v = cg_lower_scratch(m, KILN_F32, mul(m, T, I(m, NXI * C)));
 	int mt = cg_lower_scratch(m, KILN_F32, mul(m, T, I(m, NXI * M)));

@@ -439,6 +439,57 @@ START_TEST(stride2_windows_match_the_interpreter)
 }
 END_TEST
 
+/* A 7x7 map pays for Winograd only from a batch of 4 (lower_wino.c): with
+ * a symbolic batch both algorithms are compiled, each kernel guarded by
+ * the batch, and the Relu and the residual Add after the conv fold into
+ * both.  The same library at batch 1 (im2col) and 5 (Winograd) matches
+ * the interpreter, and the kernel IR shows the guards. */
+START_TEST(batch_chosen_conv_matches_the_interpreter)
+{
+	static const char *text =
+		"graph @pick(%x: f32[N,16,7,7], %w: f32[16,16,3,3], %b: f32[16]) -> (%z: f32[N,16,7,7]) {\n"
+		"  %c = conv %x, %w, %b {pads=[1,1,1,1]} : f32[N,16,7,7]\n"
+		"  %s = add %c, %x : f32[N,16,7,7]\n"
+		"  %y = relu %s : f32[N,16,7,7]\n"
+		"  %z = neg %y : f32[N,16,7,7]\n"
+		"  ret %z\n"
+		"}\n";
+	char dir[] = "/tmp/kiln_pick.XXXXXX", kir[1200];
+	ck_assert_ptr_nonnull(mkdtemp(dir));
+	snprintf(kir, sizeof kir, "%s/pick.kir", dir);
+	for (int64_t n = 1; n <= 5; n += 4) {
+		kiln_graph *g = NULL;
+		kiln_error e = {0};
+		ck_assert_msg(ir_parse(text, "pick.kir", &g, &e) == KILN_OK, "%s", e.msg);
+		int64_t sx[] = {n, 16, 7, 7}, sw[] = {16, 16, 3, 3}, sb[] = {16};
+		opcase_graph c = {"pick", g, {seeded(4, sx, 0), seeded(4, sw, 1), seeded(1, sb, 2)},
+		                  {0}, 3, 1, 0};
+		float *w = c.in[1]->data; /* outputs O(1): 1e-4 is relative */
+		for (int64_t i = 0; i < kiln_tensor_numel(c.in[1]); i++)
+			w[i] /= 12;
+		char why[1400] = "";
+		ck_assert_msg(case_matches(&c, false, why, sizeof why), "batch %lld: %s", (long long)n, why);
+		if (n == 1) {
+			kiln_compile_opts o = {.emit = "kir"};
+			ck_assert_msg(kiln_compile(g, kir, &o, &e) == KILN_OK, "%s", e.msg);
+			FILE *f = fopen(kir, "r");
+			char buf[1 << 16];
+			size_t len = f ? fread(buf, 1, sizeof buf - 1, f) : 0;
+			buf[len] = 0;
+			if (f)
+				fclose(f);
+			ck_assert_msg(strstr(buf, "if N < 4 {") && strstr(buf, "if N >= 4 {"),
+			              "no guarded kernels in:\n%s", buf);
+			ck_assert_msg(!strstr(buf, "_relu") && !strstr(buf, "_add"),
+			              "Relu or Add not folded into both algorithms:\n%s", buf);
+			unlink(kir);
+		}
+		opcase_free(&c);
+	}
+	rmdir(dir);
+}
+END_TEST
+
 /* ---- data-dependent indices out of range ------------------------------------------ */
 
 /* g: one named node over two inputs (data f32, indices/targets) and one
@@ -671,6 +722,7 @@ static Suite *compiled_ops_suite(void)
 	tcase_add_test(tc, grouped_convs_match_the_interpreter);
 	tcase_add_test(tc, chunked_im2col_convs_match_the_interpreter);
 	tcase_add_test(tc, stride2_windows_match_the_interpreter);
+	tcase_add_test(tc, batch_chosen_conv_matches_the_interpreter);
 	tcase_add_test(tc, gather_index_out_of_range_is_an_error);
 	tcase_add_test(tc, loss_target_out_of_range_is_an_error);
 	tcase_add_test(tc, integer_division_by_zero_is_an_error);
