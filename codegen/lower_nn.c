@@ -424,10 +424,82 @@ static cg_stmt *conv_nest(cg_module *m, cg_kernel *k, cg_stmt *blk, int64_t C, c
 	return cg_nest(m, k, blk, 2 * ns, ext, NULL, iv);
 }
 
+/* Output columns [lo, hi) of a 2-D conv whose every tap column lands inside
+ * the input: there a row needs no column test. */
+static void dw_span(const geom *g, int64_t *lo, int64_t *hi)
+{
+	int64_t s = g->stride[1], p = g->pad[1], last = (g->k[1] - 1) * g->dil[1];
+	*lo = (p + s - 1) / s;
+	*hi = g->in[1] - 1 - last + p < 0 ? 0 : (g->in[1] - 1 - last + p) / s + 1;
+	*lo = *lo > g->out[1] ? g->out[1] : *lo;
+	*hi = *hi > g->out[1] ? g->out[1] : *hi < *lo ? *lo : *hi;
+}
+
+/* ---- stride-2 rows, split ----------------------------------------------- */
+
+/* A 2-D window op with stride 2 along columns (a pool, a depthwise conv)
+ * loads tap t of output column o from input column 2o + d, d = t*dil - pad:
+ * a stride-2 access per tap, which the vectorizer turns into element by
+ * element inserts.  Instead, each input plane is first copied with every
+ * row split into its even and its odd columns (one pass of complete
+ * stride-2 pairs, which vectorizes as two loads and shuffles), and tap t
+ * reads the half of parity d & 1 at o + (d >> 1): contiguous in o. */
+typedef struct split {
+	int buf;      /* the split copy, one plane per window-op plane; -1: none */
+	int64_t half; /* elements per half row: ceil(W / 2) */
+	cg_expr *plane; /* element offset of this iteration's plane in buf */
+} split;
+
+/* Whether a 2-D op with geometry g should split its rows: stride 2 along
+ * columns and an interior span (dw_span) wide enough to vectorize. */
+static bool want_split(const geom *g)
+{
+	int64_t lo, hi;
+	if (g->nsp != 2 || g->stride[1] != 2)
+		return false;
+	dw_span(g, &lo, &hi);
+	return hi - lo >= 8;
+}
+
+/* Appends to blk the split copy of x's plane at element xoff (H x W) into
+ * sp->buf at sp->plane (H rows of [evens | odds], each half sp->half). */
+static void split_plane(cg_module *m, cg_kernel *k, cg_stmt *blk, int x, cg_expr *xoff,
+                        const split *sp, int64_t H, int64_t W)
+{
+	cg_expr *h, *q, *r;
+	cg_stmt *hb, *qb;
+	cg_append(m, blk, cg_loop(m, k, I(m, H), 0, &h, &hb));
+	cg_expr *src = add(m, xoff, mul(m, h, I(m, W)));
+	cg_expr *dst = add(m, sp->plane, mul(m, h, I(m, 2 * sp->half)));
+	cg_append(m, hb, cg_loop(m, k, I(m, W / 2), CG_VECTORIZE, &q, &qb));
+	cg_expr *q2 = mul(m, q, I(m, 2));
+	cg_append(m, qb, cg_st(m, sp->buf, add(m, dst, q), cg_ld(m, x, add(m, src, q2))));
+	cg_append(m, qb, cg_st(m, sp->buf, add(m, add(m, dst, I(m, sp->half)), q),
+	                       cg_ld(m, x, add(m, add(m, src, q2), I(m, 1)))));
+	if (W % 2) { /* the last even column has no odd partner */
+		r = I(m, W / 2);
+		cg_append(m, hb, cg_st(m, sp->buf, add(m, dst, r), cg_ld(m, x, add(m, src, I(m, W - 1)))));
+	}
+}
+
+/* The split copy's index of input row j0 (clamped by the caller), column
+ * 2*o + t*dil - pad: half (d & 1), position o + (d >> 1), d computed
+ * non-negatively (pad + 2 pairs up) so % and / are floor operations. */
+static cg_expr *split_at(cg_module *m, const geom *g, const split *sp, cg_expr *j0, cg_expr *o,
+                         cg_expr *t)
+{
+	int64_t K = g->pad[1] / 2 + 2;
+	cg_expr *d = add(m, mul(m, t, I(m, g->dil[1])), I(m, 2 * K - g->pad[1]));
+	cg_expr *par = cg_bin(m, CG_REM, d, I(m, 2));
+	cg_expr *sh = add(m, cg_bin(m, CG_DIV, d, I(m, 2)), I(m, -K));
+	return add(m, add(m, sp->plane, mul(m, j0, I(m, 2 * sp->half))),
+	           add(m, mul(m, par, I(m, sp->half)), add(m, o, sh)));
+}
+
 /* col[(c*ksz + t)*osz + o] = x[b, c, tap(o, t)], 0 in the padding: per
  * output row, zeros before the tap's span, a copy inside it, zeros after. */
 static void im2col(cg_module *m, cg_kernel *k, cg_stmt *blk, int x, int col, cg_expr *b,
-                   cg_expr *c, int64_t C, const geom *g)
+                   cg_expr *c, int64_t C, const geom *g, const split *sp)
 {
 	cg_expr *iv[7], *valid, *lo, *hi, *v[3];
 	cg_stmt *lb[3];
@@ -449,7 +521,12 @@ static void im2col(cg_module *m, cg_kernel *k, cg_stmt *blk, int x, int col, cg_
 	for (int p = 0; p < 3; p++) {
 		cg_append(m, body, cg_loop(m, k, ext[p], CG_VECTORIZE, &v[p], &lb[p]));
 		cg_expr *o = add(m, start[p], v[p]), *val = fc(m, KILN_F32, 0);
-		if (p == 1)
+		if (p == 1 && sp && sp->buf >= 0) { /* 2-D, stride 2: the split rows */
+			cg_expr *j0 = cg_clamp(m, add(m, add(m, mul(m, iv[1 + ns], I(m, g->stride[0])),
+			                                     mul(m, iv[1], I(m, g->dil[0]))),
+			                              I(m, -g->pad[0])), I(m, g->in[0]));
+			val = cg_select(m, valid, cg_load(m, sp->buf, split_at(m, g, sp, j0, o, iv[ns])), val);
+		} else if (p == 1)
 			val = cg_select(m, valid, cg_load(m, x, add(m, xrow, tap_col(m, g, o, iv[ns]))), val);
 		cg_append(m, lb[p], cg_store(m, col, add(m, cbase, o), val));
 	}
@@ -465,7 +542,7 @@ enum { CHUNK_COLS = 1024, CHUNK_MIN = 4 };
  * per tap and row, zeros before the tap's span, a copy inside, zeros after. */
 static void im2col_rows(cg_module *m, cg_kernel *k, cg_stmt *blk, int x, int col, cg_expr *b,
                         cg_expr *c, int64_t C, const geom *g, cg_expr *oh0, cg_expr *rr,
-                        cg_expr *base, int64_t ld)
+                        cg_expr *base, int64_t ld, const split *sp)
 {
 	cg_expr *t[2], *r, *valid, *lo, *hi, *v[3];
 	cg_stmt *tb, *rb, *lb[3];
@@ -485,7 +562,14 @@ static void im2col_rows(cg_module *m, cg_kernel *k, cg_stmt *blk, int x, int col
 	for (int p = 0; p < 3; p++) {
 		cg_append(m, rb, cg_loop(m, k, sx[p], CG_VECTORIZE, &v[p], &lb[p]));
 		cg_expr *o = add(m, start[p], v[p]), *val = fc(m, KILN_F32, 0);
-		if (p == 1)
+		if (p == 1 && sp->buf >= 0) { /* stride 2: the split rows of plane (b, c) */
+			split spc = *sp;
+			spc.plane = mul(m, add(m, mul(m, b, I(m, C)), c), I(m, g->in[0] * 2 * sp->half));
+			cg_expr *j0 = cg_clamp(m, add(m, add(m, mul(m, oh, I(m, g->stride[0])),
+			                                     mul(m, t[0], I(m, g->dil[0]))),
+			                              I(m, -g->pad[0])), I(m, g->in[0]));
+			val = cg_select(m, valid, cg_load(m, sp->buf, split_at(m, g, &spc, j0, o, t[1])), val);
+		} else if (p == 1)
 			val = cg_select(m, valid, cg_load(m, x, add(m, xrow, tap_col(m, g, o, t[1]))), val);
 		cg_append(m, lb[p], cg_store(m, col, add(m, crow, o), val));
 	}
@@ -511,6 +595,20 @@ static kiln_status conv_im2col_chunked(cg_module *m, const ir_node *n, const int
 		return KILN_ENOMEM;
 	cg_expr *bc, *c, *gi = I(m, 0);
 	cg_stmt *body, *cb, *pb;
+	/* stride 2: every input plane split into even and odd columns first */
+	split sp = {.buf = -1, .half = (g->in[1] + 1) / 2};
+	if (want_split(g)) {
+		int64_t psz = g->in[0] * 2 * sp.half;
+		cg_expr *pi;
+		cg_stmt *sb;
+		sp.buf = cg_lower_scratch(m, KILN_F32, mul(m, mul(m, bd, I(m, C)), I(m, psz)));
+		if (sp.buf < 0)
+			return KILN_ENOMEM;
+		cg_append(m, k->body, cg_loop(m, k, mul(m, bd, I(m, C)),
+		                              cg_par(m, mul(m, bd, I(m, C * psz))), &pi, &sb));
+		sp.plane = mul(m, pi, I(m, psz));
+		split_plane(m, k, sb, in[0], mul(m, pi, I(m, g->isz)), &sp, g->in[0], g->in[1]);
+	}
 	cg_append(m, k->body, cg_loop(m, k, mul(m, bd, I(m, nch)), CG_PARALLEL, &bc, &body));
 	cg_expr *b = cg_bin(m, CG_DIV, bc, I(m, nch)), *ch = cg_bin(m, CG_REM, bc, I(m, nch));
 	cg_expr *oh0 = cg_local(m, k, body, KILN_I64, mul(m, ch, I(m, R)));
@@ -518,7 +616,7 @@ static kiln_status conv_im2col_chunked(cg_module *m, const ir_node *n, const int
 	                       cg_bin(m, CG_MIN, I(m, R), cg_bin(m, CG_SUB, I(m, OH), oh0)));
 	cg_expr *base = mul(m, bc, I(m, rows * ld));
 	cg_append(m, body, cg_loop(m, k, I(m, C), 0, &c, &cb));
-	im2col_rows(m, k, cb, in[0], col, b, c, C, g, oh0, rr, base, ld);
+	im2col_rows(m, k, cb, in[0], col, b, c, C, g, oh0, rr, base, ld, &sp);
 	pb = body;
 	if (grp > 1)
 		cg_append(m, body, cg_loop(m, k, I(m, grp), 0, &gi, &pb));
@@ -564,14 +662,25 @@ static kiln_status conv_im2col(cg_module *m, const ir_node *n, const int *in, in
 	cg_expr *bc, *b, *c, *gi;
 	cg_stmt *body = NULL, *gb, *cb, *one = cg_block(m), *many = cg_block(m);
 	bool fixed = batch >= 0;
+	/* stride 2: each input plane split into even and odd columns just
+	 * before its im2col */
+	split sp = {.buf = -1, .half = (g->in[g->nsp - 1] + 1) / 2};
+	int64_t psz = g->in[0] * 2 * sp.half;
+	if (want_split(g) &&
+	    (sp.buf = cg_lower_scratch(m, KILN_F32, mul(m, mul(m, bd, I(m, C)), I(m, psz)))) < 0)
+		return nomem(m, n, err);
 	/* one image: im2col over its channels on the threads, then the GEMM
 	 * splits its columns */
 	if (!fixed || batch == 1) {
 		cg_append(m, fixed ? k->body : one,
 		          cg_loop(m, k, mul(m, bd, I(m, C)),
 		                  cg_par(m, mul(m, bd, I(m, rows * g->osz))), &bc, &body));
+		if (sp.buf >= 0) {
+			sp.plane = mul(m, bc, I(m, psz));
+			split_plane(m, k, body, in[0], mul(m, bc, I(m, g->isz)), &sp, g->in[0], g->in[1]);
+		}
 		im2col(m, k, body, in[0], col, cg_bin(m, CG_DIV, bc, I(m, C)),
-		       cg_bin(m, CG_REM, bc, I(m, C)), C, g);
+		       cg_bin(m, CG_REM, bc, I(m, C)), C, g, &sp);
 		if (!fixed)
 			cg_append(m, k->body, cg_if(m, cg_bin(m, CG_LT, bd, I(m, 2)), one, cg_block(m)));
 	}
@@ -580,7 +689,12 @@ static kiln_status conv_im2col(cg_module *m, const ir_node *n, const int *in, in
 	cg_append(m, k->body, cg_loop(m, k, bd, CG_PARALLEL, &b, &gb));
 	if (!fixed || batch > 1) {
 		cg_append(m, fixed ? gb : many, cg_loop(m, k, I(m, C), 0, &c, &cb));
-		im2col(m, k, cb, in[0], col, b, c, C, g);
+		if (sp.buf >= 0) {
+			cg_expr *pi = add(m, mul(m, b, I(m, C)), c);
+			sp.plane = mul(m, pi, I(m, psz));
+			split_plane(m, k, cb, in[0], mul(m, pi, I(m, g->isz)), &sp, g->in[0], g->in[1]);
+		}
+		im2col(m, k, cb, in[0], col, b, c, C, g, &sp);
 		if (!fixed)
 			cg_append(m, gb, cg_if(m, cg_bin(m, CG_GE, bd, I(m, 2)), many, cg_block(m)));
 	}
@@ -656,78 +770,6 @@ static kiln_status conv_direct(cg_module *m, const ir_node *n, const int *in, in
 	cg_expr *xv = cg_select(m, valid, cg_ld(m, in[0], xi), fc(m, ct, 0));
 	cg_append(m, vb, cg_st(m, y, yi, add(m, cg_ld(m, y, yi), mul(m, xv, cg_ld(m, in[1], wi)))));
 	return KILN_OK;
-}
-
-/* Output columns [lo, hi) of a 2-D conv whose every tap column lands inside
- * the input: there a row needs no column test. */
-static void dw_span(const geom *g, int64_t *lo, int64_t *hi)
-{
-	int64_t s = g->stride[1], p = g->pad[1], last = (g->k[1] - 1) * g->dil[1];
-	*lo = (p + s - 1) / s;
-	*hi = g->in[1] - 1 - last + p < 0 ? 0 : (g->in[1] - 1 - last + p) / s + 1;
-	*lo = *lo > g->out[1] ? g->out[1] : *lo;
-	*hi = *hi > g->out[1] ? g->out[1] : *hi < *lo ? *lo : *hi;
-}
-
-/* ---- stride-2 rows, split ----------------------------------------------- */
-
-/* A 2-D window op with stride 2 along columns (a pool, a depthwise conv)
- * loads tap t of output column o from input column 2o + d, d = t*dil - pad:
- * a stride-2 access per tap, which the vectorizer turns into element by
- * element inserts.  Instead, each input plane is first copied with every
- * row split into its even and its odd columns (one pass of complete
- * stride-2 pairs, which vectorizes as two loads and shuffles), and tap t
- * reads the half of parity d & 1 at o + (d >> 1): contiguous in o. */
-typedef struct split {
-	int buf;      /* the split copy, one plane per window-op plane; -1: none */
-	int64_t half; /* elements per half row: ceil(W / 2) */
-	cg_expr *plane; /* element offset of this iteration's plane in buf */
-} split;
-
-/* Whether a 2-D op with geometry g should split its rows: stride 2 along
- * columns and an interior span (dw_span) wide enough to vectorize. */
-static bool want_split(const geom *g)
-{
-	int64_t lo, hi;
-	if (g->nsp != 2 || g->stride[1] != 2)
-		return false;
-	dw_span(g, &lo, &hi);
-	return hi - lo >= 8;
-}
-
-/* Appends to blk the split copy of x's plane at element xoff (H x W) into
- * sp->buf at sp->plane (H rows of [evens | odds], each half sp->half). */
-static void split_plane(cg_module *m, cg_kernel *k, cg_stmt *blk, int x, cg_expr *xoff,
-                        const split *sp, int64_t H, int64_t W)
-{
-	cg_expr *h, *q, *r;
-	cg_stmt *hb, *qb;
-	cg_append(m, blk, cg_loop(m, k, I(m, H), 0, &h, &hb));
-	cg_expr *src = add(m, xoff, mul(m, h, I(m, W)));
-	cg_expr *dst = add(m, sp->plane, mul(m, h, I(m, 2 * sp->half)));
-	cg_append(m, hb, cg_loop(m, k, I(m, W / 2), CG_VECTORIZE, &q, &qb));
-	cg_expr *q2 = mul(m, q, I(m, 2));
-	cg_append(m, qb, cg_st(m, sp->buf, add(m, dst, q), cg_ld(m, x, add(m, src, q2))));
-	cg_append(m, qb, cg_st(m, sp->buf, add(m, add(m, dst, I(m, sp->half)), q),
-	                       cg_ld(m, x, add(m, add(m, src, q2), I(m, 1)))));
-	if (W % 2) { /* the last even column has no odd partner */
-		r = I(m, W / 2);
-		cg_append(m, hb, cg_st(m, sp->buf, add(m, dst, r), cg_ld(m, x, add(m, src, I(m, W - 1)))));
-	}
-}
-
-/* The split copy's index of input row j0 (clamped by the caller), column
- * 2*o + t*dil - pad: half (d & 1), position o + (d >> 1), d computed
- * non-negatively (pad + 2 pairs up) so % and / are floor operations. */
-static cg_expr *split_at(cg_module *m, const geom *g, const split *sp, cg_expr *j0, cg_expr *o,
-                         cg_expr *t)
-{
-	int64_t K = g->pad[1] / 2 + 2;
-	cg_expr *d = add(m, mul(m, t, I(m, g->dil[1])), I(m, 2 * K - g->pad[1]));
-	cg_expr *par = cg_bin(m, CG_REM, d, I(m, 2));
-	cg_expr *sh = add(m, cg_bin(m, CG_DIV, d, I(m, 2)), I(m, -K));
-	return add(m, add(m, sp->plane, mul(m, j0, I(m, 2 * sp->half))),
-	           add(m, mul(m, par, I(m, sp->half)), add(m, o, sh)));
 }
 
 /* One span of output columns [c0, c0 + ext) of output row oh of plane bm:

@@ -397,31 +397,35 @@ END_TEST
 
 /* Stride-2 window ops wide enough to split their input rows into even and
  * odd columns (lower_nn.c, want_split): max and average pools (padding
- * counted or not, ceil mode, even and odd widths) and depthwise convs
- * (padding 1 and 2, dilation 2, a channel multiplier of 2) against the
- * interpreter. */
+ * counted or not, ceil mode, even and odd widths), depthwise convs
+ * (padding 1 and 2, dilation 2, a channel multiplier of 2) and im2col
+ * convs (batch 1 and 2, asymmetric padding, 7x7) against the interpreter. */
 START_TEST(stride2_windows_match_the_interpreter)
 {
 	static const struct {
 		kiln_op op;
-		int64_t c, m, h, w, k;
+		int64_t n, c, m, h, w, k, cpg; /* cpg: input channels per group */
 		const char *attrs;
 	} cases[] = {
-		{KILN_OP_MAX_POOL, 3, 3, 21, 40, 3, "kernel_shape=3,3 strides=2,2 pads=1,1,1,1"},
-		{KILN_OP_MAX_POOL, 2, 2, 19, 41, 3, "kernel_shape=3,3 strides=2,2 ceil_mode=1"},
-		{KILN_OP_AVERAGE_POOL, 2, 2, 12, 37, 3,
+		{KILN_OP_MAX_POOL, 2, 3, 3, 21, 40, 3, 0, "kernel_shape=3,3 strides=2,2 pads=1,1,1,1"},
+		{KILN_OP_MAX_POOL, 2, 2, 2, 19, 41, 3, 0, "kernel_shape=3,3 strides=2,2 ceil_mode=1"},
+		{KILN_OP_AVERAGE_POOL, 2, 2, 2, 12, 37, 3, 0,
 		 "kernel_shape=3,3 strides=2,2 pads=1,1,1,1 count_include_pad=1"},
-		{KILN_OP_AVERAGE_POOL, 2, 2, 10, 34, 2, "kernel_shape=2,2 strides=2,2"},
-		{KILN_OP_CONV, 4, 4, 15, 41, 3, "group=4 strides=2,2 pads=1,1,1,1"},
-		{KILN_OP_CONV, 3, 3, 16, 44, 5, "group=3 strides=2,2 pads=2,2,2,2"},
-		{KILN_OP_CONV, 2, 4, 14, 45, 3, "group=2 strides=2,2 pads=2,2,2,2 dilations=2,2"},
+		{KILN_OP_AVERAGE_POOL, 2, 2, 2, 10, 34, 2, 0, "kernel_shape=2,2 strides=2,2"},
+		{KILN_OP_CONV, 2, 4, 4, 15, 41, 3, 1, "group=4 strides=2,2 pads=1,1,1,1"},
+		{KILN_OP_CONV, 2, 3, 3, 16, 44, 5, 1, "group=3 strides=2,2 pads=2,2,2,2"},
+		{KILN_OP_CONV, 2, 2, 4, 14, 45, 3, 1, "group=2 strides=2,2 pads=2,2,2,2 dilations=2,2"},
+		/* im2col convs: batch 1 (im2col per channel), 2 (per image), 7x7 */
+		{KILN_OP_CONV, 1, 3, 5, 15, 41, 3, 3, "strides=2,2 pads=1,1,1,1"},
+		{KILN_OP_CONV, 2, 4, 6, 13, 40, 3, 4, "strides=2,2 pads=1,0,1,2"},
+		{KILN_OP_CONV, 1, 3, 4, 17, 45, 7, 3, "strides=2,2 pads=3,3,3,3"},
 	};
 	for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
 		char name[32];
 		snprintf(name, sizeof name, "stride2_%zu", i);
 		kiln_graph *g = kiln_graph_new(name);
-		int64_t sx[] = {2, cases[i].c, cases[i].h, cases[i].w};
-		int64_t sw[] = {cases[i].m, 1, cases[i].k, cases[i].k}, sb[] = {cases[i].m};
+		int64_t sx[] = {cases[i].n, cases[i].c, cases[i].h, cases[i].w};
+		int64_t sw[] = {cases[i].m, cases[i].cpg, cases[i].k, cases[i].k}, sb[] = {cases[i].m};
 		bool conv = cases[i].op == KILN_OP_CONV;
 		opcase_graph c = {name, g, {seeded(4, sx, 0)}, {0}, 1, 1, 0};
 		uint32_t in[3] = {input(g, "x", KILN_F32, 4, sx)};
