@@ -1011,15 +1011,29 @@ static kiln_status softmax_into(cg_module *m, const ir_node *n, int x, int64_t a
 		blk = kb;
 	}
 	cg_expr *base = add(m, mul(m, o, mul(m, len, inner)), kk);
-	cg_expr *mx = cg_local(m, k, blk, ct, fc(m, ct, -INFINITY)), *xv[3], *s = NULL;
+	/* softmax into a y of the compute type: each exp once, kept in y (the
+	 * row is in cache) and scaled by 1/sum in the last pass */
+	bool once = !logp && x != y && m->buf[y].dt == ct;
+	cg_expr *mx = cg_local(m, k, blk, ct, fc(m, ct, -INFINITY)), *xv[3], *s = NULL, *r = NULL;
 	for (int p = 0; p < 3; p++) {
 		if (p == 1)
 			s = cg_local(m, k, blk, ct, fc(m, ct, 0));
+		if (p == 2 && once)
+			r = cg_local(m, k, blk, ct, cg_bin(m, CG_DIV, fc(m, ct, 1), s));
 		cg_append(m, blk, cg_loop(m, k, len, vec | (p < 2 ? CG_REDUCE : 0), &j[p], &b[p]));
 		xv[p] = cg_ld(m, x, add(m, base, mul(m, j[p], inner)));
 	}
 	cg_set(m, b[0], mx, cg_bin(m, CG_MAX, mx, xv[0]));
-	cg_set(m, b[1], s, add(m, s, cg_un(m, CG_EXP, cg_bin(m, CG_SUB, xv[1], mx))));
+	cg_expr *e = cg_un(m, CG_EXP, cg_bin(m, CG_SUB, xv[1], mx));
+	if (once) {
+		cg_expr *yi = add(m, base, mul(m, j[1], inner));
+		cg_append(m, b[1], cg_st(m, y, yi, e));
+		cg_set(m, b[1], s, add(m, s, cg_ld(m, y, yi)));
+		cg_expr *yj = add(m, base, mul(m, j[2], inner));
+		cg_append(m, b[2], cg_st(m, y, yj, mul(m, cg_ld(m, y, yj), r)));
+		return KILN_OK;
+	}
+	cg_set(m, b[1], s, add(m, s, e));
 	cg_expr *d = cg_bin(m, CG_SUB, xv[2], mx), *v;
 	if (logp)
 		v = cg_bin(m, CG_SUB, d, cg_un(m, CG_LOG, s));
