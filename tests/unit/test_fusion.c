@@ -590,12 +590,38 @@ START_TEST(matmul_scale_folds_into_alpha)
 }
 END_TEST
 
+/* Softmax over long rows takes its max in 16 lanes, a tree and a tail
+ * (lower_nn.c softmax_into): rows of 32, 37 (a tail) and 64, with values
+ * spread wide and one far above the rest per row, so a max that missed it
+ * would overflow exp, against the interpreter;
+ * the rows' maxima sit in lane 14, lane 3 and the last element. */
+START_TEST(softmax_long_rows_match_the_interpreter)
+{
+	const int64_t lens[] = {32, 37, 64};
+	for (int c = 0; c < 3; c++) {
+		kiln_graph *g = kiln_graph_new("sm");
+		kiln_value x = input(g, "x", 2, (int64_t[]){3, lens[c]});
+		kiln_output(g, "y", kiln_softmax(g, x, -1));
+		cg_module *m = lower(g, true);
+		kiln_tensor *in = ramp(2, (int64_t[]){3, lens[c]}, -60, 60, 11 + c);
+		ir_store(in, 14, 300);
+		ir_store(in, lens[c] + 3, 350);
+		ir_store(in, 3 * lens[c] - 1, 400);
+		fused_matches(m, g, &in, 1);
+		kiln_tensor_free(in);
+		cg_module_free(m);
+		kiln_graph_free(g);
+	}
+}
+END_TEST
+
 static Suite *fusion_suite(void)
 {
 	Suite *s = suite_create("fusion");
 	TCase *tc = tcase_create("bnfold");
 	tcase_add_test(tc, bnfold_cnn_matches_unfolded_and_drops_every_bn);
 	tcase_add_test(tc, matmul_scale_folds_into_alpha);
+	tcase_add_test(tc, softmax_long_rows_match_the_interpreter);
 	tcase_add_test(tc, bnfold_into_gemm_with_bias_matches);
 	tcase_add_test(tc, bnfold_stores_linear_weights_as_k_by_n);
 	tcase_add_test(tc, bnfold_leaves_training_graphs_alone);
