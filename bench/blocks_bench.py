@@ -3,12 +3,15 @@
 
     /work/main/.venv/bin/python bench/blocks_bench.py KILN DIR [--rounds R]
         [--time S] [--only bert_o13,gpt2_o17] [--batches 1,16] [--threads 1,2]
+        [--base KILN0 DIR0]
 
 DIR holds NAME_bB.onnx from blocks.py and NAME_bB.so compiled by kiln.  Each
 round times every configuration once with kiln (its own `kiln bench`
 process) then ORT (intra_op_num_threads=T, sequential, as bench.py does),
 alternately, so both see the same machine load; prints per configuration the
 median over rounds of each side's median, the min, and the ratio of medians.
+--base also times an older kiln's libraries (DIR0/NAME_bB.so) in the same
+rounds, for a before/after table under the same load.
 """
 import json
 import statistics
@@ -67,7 +70,8 @@ def main():
     batches = [int(x) for x in opt("--batches", "1,16").split(",")]
     threads = [int(x) for x in opt("--threads", "1,2").split(",")]
     configs = [(n, b, t) for n in names for b in batches for t in threads]
-    res = {c: ([], [], [], []) for c in configs}
+    base = (a[a.index("--base") + 1], a[a.index("--base") + 2]) if "--base" in a else None
+    res = {c: ([], [], [], [], [], []) for c in configs}
     for _ in range(rounds):
         for c in configs:
             n, b, t = c
@@ -75,14 +79,22 @@ def main():
             om, omin = ort_ms(f"{d}/{n}_b{b}.onnx", b, t, secs)
             r = res[c]
             r[0].append(km), r[1].append(kmin), r[2].append(om), r[3].append(omin)
+            if base:
+                bm, bmin = kiln_ms(base[0], f"{base[1]}/{n}_b{b}.so", b, t, secs)
+                r[4].append(bm), r[5].append(bmin)
     print(f"{'model':10} {'b':>3} {'t':>2} {'kiln ms':>9} {'(min)':>9} {'ORT ms':>9} "
-          f"{'(min)':>9} {'ratio':>6} {'min-ratio':>9}")
+          f"{'(min)':>9} {'ratio':>6} {'min-ratio':>9}" +
+          (f" {'base ms':>9} {'(min)':>9} {'base ratio':>10} {'base min-ratio':>14}" if base else ""))
     for c in configs:
         n, b, t = c
         km, kmin, om, omin = (statistics.median(res[c][0]), min(res[c][1]),
                               statistics.median(res[c][2]), min(res[c][3]))
+        extra = ""
+        if base:
+            bm, bmin = statistics.median(res[c][4]), min(res[c][5])
+            extra = f" {bm:9.2f} {bmin:9.2f} {bm / om:10.2f} {bmin / omin:14.2f}"
         print(f"{n:10} {b:3} {t:2} {km:9.2f} {kmin:9.2f} {om:9.2f} {omin:9.2f} "
-              f"{km / om:6.2f} {kmin / omin:9.2f}", flush=True)
+              f"{km / om:6.2f} {kmin / omin:9.2f}" + extra, flush=True)
 
 
 if __name__ == "__main__":
