@@ -1356,6 +1356,46 @@ static bool fuse_bias(lowering *L, const ir_node *n)
 	return false;
 }
 
+/* n's input v as a float Constant of one element, into *c. */
+static bool scalar_const(const kiln_graph *g, uint32_t v, double *c)
+{
+	const ir_value *x = g->val[v];
+	const ir_attr *a = x->kind == IR_V_NODE && x->def && x->def->op == KILN_OP_CONSTANT
+	                           ? ir_attr_get(x->def, "value") : NULL;
+	if (!a || a->kind != IR_A_TENSOR || !kiln_dtype_is_float(a->u.t->dtype) ||
+	    kiln_tensor_numel(a->u.t) != 1)
+		return false;
+	*c = ir_load(a->u.t, 0);
+	return isfinite(*c) && *c != 0;
+}
+
+/* MatMul then Mul or Div by a scalar Constant (attention's scores /
+ * sqrt(d)): the scalar folds into the GEMM's alpha, applied while A is
+ * packed, so the scores are written once, already scaled.  Only a GEMM
+ * with nothing after its product yet (no bias, activation or residual:
+ * those would be scaled too). */
+static bool fuse_scale(lowering *L, const ir_node *n)
+{
+	if ((n->op != KILN_OP_MUL && n->op != KILN_OP_DIV) || L->out_of[n->out[0]] >= 0)
+		return false;
+	const ir_type *y = &L->g->val[n->out[0]]->type;
+	for (int i = 0; i < (n->op == KILN_OP_MUL ? 2 : 1); i++) {
+		int root;
+		double c;
+		const ir_type *x = &L->g->val[n->in[i]]->type;
+		if (!scalar_const(L->g, n->in[1 - i], &c) || !ir_type_eq(x, y))
+			continue;
+		cg_gemm *gm = gemm_result(L, n->in[i], &root);
+		if (!gm || gm->bias >= 0 || gm->act || gm->has_residual || gm->beta != 0 ||
+		    !view_of(L, n, root))
+			continue;
+		gm->alpha *= n->op == KILN_OP_DIV ? 1 / c : c;
+		L->bias_node = n->idx + 1;
+		return true;
+	}
+	return false;
+}
+
 /* The residual Add of a ResNet block, conv (+ bias) + x with x of the same
  * shape, folds into the conv's GEMM as a residual read in its store path
  * (before the activation, so a Relu after the Add then folds too:
@@ -1421,7 +1461,8 @@ static kiln_status lower_node(lowering *L, const ir_node *n)
 		m->buf[b].data = a && a->kind == IR_A_TENSOR ? a->u.t : NULL;
 		return KILN_OK;
 	}
-	if (fuse_act(L, n) || fuse_store_act(L, n) || fuse_bias(L, n) || fuse_residual(L, n) ||
+	if (fuse_act(L, n) || fuse_store_act(L, n) || fuse_bias(L, n) || fuse_scale(L, n) ||
+	    fuse_residual(L, n) ||
 	    fuse_store_residual(L, n))
 		return KILN_OK;
 	if (!cg_lower_rule(n->op))

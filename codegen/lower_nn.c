@@ -1246,15 +1246,59 @@ static kiln_status softmax_into(cg_module *m, const ir_node *n, int x, int64_t a
 		blk = kb;
 	}
 	cg_expr *base = add(m, mul(m, o, mul(m, len, inner)), kk);
-	cg_expr *mx = cg_local(m, k, blk, ct, fc(m, ct, -INFINITY)), *xv[3], *s = NULL;
+	/* softmax into a y of the compute type: each exp once, kept in y (the
+	 * row is in cache) and scaled by 1/sum in the last pass */
+	bool once = !logp && x != y && m->buf[y].dt == ct;
+	/* The max: a float max reduction does not vectorize (LLVM wants
+	 * no-NaNs for it), so a contiguous row of >= 2*U is scanned as U
+	 * independent lanes, a block of U contiguous loads per step that the
+	 * SLP vectorizer turns into vector max, then the lanes and the tail
+	 * combine.  Comparisons skip NaNs, which reach the output anyway
+	 * through exp(x - max). */
+	enum { U = 16 };
+	int64_t L = len->kind == CG_CONST ? cg_expr_int(len, NULL) : -1, head = 0;
+	cg_expr *init = fc(m, ct, -INFINITY);
+	if (contig && L >= 2 * U) {
+		int64_t nb = L / U;
+		cg_expr *lane[U], *jo;
+		cg_stmt *lb;
+		for (int u = 0; u < U; u++)
+			lane[u] = cg_local(m, k, blk, ct, cg_ld(m, x, add(m, base, I(m, u))));
+		cg_append(m, blk, cg_loop(m, k, I(m, nb - 1), 0, &jo, &lb));
+		for (int u = 0; u < U; u++) {
+			cg_expr *v = cg_ld(m, x, add(m, base, add(m, mul(m, add(m, jo, I(m, 1)), I(m, U)),
+			                                          I(m, u))));
+			cg_set(m, lb, lane[u], cg_select(m, cg_bin(m, CG_GT, v, lane[u]), v, lane[u]));
+		}
+		for (int w = U / 2; w >= 1; w /= 2) /* a tree: lane[u] = max(lane[u], lane[u + w]) */
+			for (int u = 0; u < w; u++)
+				cg_set(m, blk, lane[u], cg_select(m, cg_bin(m, CG_GT, lane[u + w], lane[u]),
+				                                  lane[u + w], lane[u]));
+		init = lane[0];
+		head = nb * U;
+	}
+	cg_expr *mx = cg_local(m, k, blk, ct, init), *xv[3], *s = NULL, *r = NULL;
 	for (int p = 0; p < 3; p++) {
 		if (p == 1)
 			s = cg_local(m, k, blk, ct, fc(m, ct, 0));
-		cg_append(m, blk, cg_loop(m, k, len, vec | (p < 2 ? CG_REDUCE : 0), &j[p], &b[p]));
-		xv[p] = cg_ld(m, x, add(m, base, mul(m, j[p], inner)));
+		if (p == 2 && once)
+			r = cg_local(m, k, blk, ct, cg_bin(m, CG_DIV, fc(m, ct, 1), s));
+		cg_expr *ext = p == 0 && head ? I(m, L - head) : len;
+		cg_append(m, blk, cg_loop(m, k, ext, vec | (p < 2 ? CG_REDUCE : 0), &j[p], &b[p]));
+		cg_expr *jj = p == 0 && head ? add(m, j[p], I(m, head)) : j[p];
+		xv[p] = cg_ld(m, x, add(m, base, mul(m, jj, inner)));
 	}
 	cg_set(m, b[0], mx, cg_bin(m, CG_MAX, mx, xv[0]));
-	cg_set(m, b[1], s, add(m, s, cg_un(m, CG_EXP, cg_bin(m, CG_SUB, xv[1], mx))));
+	cg_expr *e = cg_un(m, CG_EXP, cg_bin(m, CG_SUB, xv[1], mx));
+	if (once) {
+		cg_expr *yi = add(m, base, mul(m, j[1], inner));
+		cg_append(m, b[1], cg_st(m, y, yi, e));
+		cg_set(m, b[1], s, add(m, s, cg_ld(m, y, yi)));
+		cg_expr *yj = add(m, base, mul(m, j[2], inner));
+		cg_append(m, b[2], cg_st(m, y, yj, mul(m, cg_ld(m, y, yj), r)));
+		return KILN_OK;
+	}
+	cg_set(m, b[1], s, add(m, s, e));
 	cg_expr *d = cg_bin(m, CG_SUB, xv[2], mx), *v;
 	if (logp)
 		v = cg_bin(m, CG_SUB, d, cg_un(m, CG_LOG, s));

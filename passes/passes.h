@@ -157,8 +157,15 @@ kiln_status pass_canon(kiln_graph *g, const pass_opts *o);
  * graph to be trained; graphs marked for training are left alone). */
 kiln_status pass_bnfold(kiln_graph *g, const pass_opts *o);
 
+/* ---- nnfuse.c ----------------------------------------------------------- */
+
+/* Replaces LayerNorm and GELU (erf and tanh forms) spelled out in
+ * primitives, as exporters write them, by LayerNormalization and Gelu
+ * nodes, and Pow by a scalar Constant 2, 3 or 0.5 by Muls or Sqrt. */
+kiln_status pass_nnfuse(kiln_graph *g, const pass_opts *o);
+
 /* The pipeline for compiling an inference graph (kiln_compile's default):
  * bnfold between two folds, so BN parameters behind foldable ops fold too. */
-#define PASS_INFERENCE "infer,canonicalize,fold,bnfold,fold,cse,dce"
+#define PASS_INFERENCE "infer,canonicalize,fold,nnfuse,bnfold,fold,cse,dce"
 
 #endif /* KILN_PASSES_H */

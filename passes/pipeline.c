@@ -19,6 +19,7 @@ const pass_info pass_table[] = {
 	{"cse", pass_cse, "merge nodes with the same op, inputs and attributes"},
 	{"dce", pass_dce, "remove nodes no graph output depends on"},
 	{"canonicalize", pass_canon, "drop identities, inference dropout, transpose and reshape chains"},
+	{"nnfuse", pass_nnfuse, "replace decomposed LayerNorm and GELU (erf and tanh forms) by single ops; Pow by 2 or 3 by Muls"},
 	{"bnfold", pass_bnfold, "fold inference BatchNorm into the conv/gemm/matmul before it; store constant Linear weights K-by-N"},
 };
 const int pass_count = (int)(sizeof pass_table / sizeof pass_table[0]);

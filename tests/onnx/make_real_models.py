@@ -21,7 +21,12 @@ import sys
 # transformer_static is the same block with a fixed batch: its shape
 # arithmetic (Shape -> Gather -> Concat -> Reshape) folds to constants
 # without symbolic dims.
-MODELS = ("resnet18", "mobilenet_v2", "transformer", "transformer_static")
+# bert_o13, gpt2_o13 and gpt2_o17 are bench/blocks.py's BERT- and GPT-2-style
+# blocks (hidden 64, 4 heads, FFN 256, sequence 16; batch fixed at 2),
+# exported at opset 13 (LayerNorm decomposed) or 17: the nnfuse pass
+# rewrites their LayerNorms and GELUs when they are compiled.
+MODELS = ("resnet18", "mobilenet_v2", "transformer", "transformer_static",
+          "bert_o13", "gpt2_o13", "gpt2_o17")
 
 
 def stamp_text():
@@ -52,6 +57,13 @@ def randomise_bn(torch, model):
 def build(torch, torchvision, name):
     """(model, example input, opset) for one model, seeded."""
     torch.manual_seed(0)
+    if name[:5] in ("bert_", "gpt2_"):
+        sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
+                                        "bench"))
+        import blocks
+        m, shape = blocks.build(name[:4], small=True)
+        torch.manual_seed(1)
+        return m, torch.randn(2, *shape), int(name[-2:])
     if name == "resnet18":
         m = torchvision.models.resnet18(weights=None)
         randomise_bn(torch, m)
@@ -66,7 +78,7 @@ def build(torch, torchvision, name):
 
 
 def dynamic_axes(name):
-    if name.endswith("_static"):
+    if name.endswith("_static") or name[:5] in ("bert_", "gpt2_"):
         return None
     return {"input": {0: "N"}, "output": {0: "N"}}
 

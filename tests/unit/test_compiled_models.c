@@ -5,7 +5,8 @@
  * the example MLP and CNN of examples/models.h with PyTorch's weights
  * (tests/fixtures/models), and the real models PyTorch exports
  * (ResNet-18, MobileNetV2, a transformer encoder block, and that block at a
- * fixed batch) from $KILN_REAL_MODELS, filled by
+ * fixed batch; BERT- and GPT-2-style blocks whose decomposed LayerNorm and
+ * GELUs the nnfuse pass rewrites) from $KILN_REAL_MODELS, filled by
  * tests/onnx/make_real_models.py; ctest sets it (cmake/onnx_extra.cmake).
  * Without it the real-model tests print "SKIPPED: ..." and pass.
  *
@@ -177,6 +178,13 @@ START_TEST(compiled_transformer_static_matches_interpreter)
 }
 END_TEST
 
+START_TEST(compiled_bert_o13_matches_interpreter) { real_model_matches("bert_o13"); }
+END_TEST
+START_TEST(compiled_gpt2_o13_matches_interpreter) { real_model_matches("gpt2_o13"); }
+END_TEST
+START_TEST(compiled_gpt2_o17_matches_interpreter) { real_model_matches("gpt2_o17"); }
+END_TEST
+
 static Suite *compiled_models_suite(void)
 {
 	Suite *s = suite_create("compiled_models");
@@ -190,6 +198,9 @@ static Suite *compiled_models_suite(void)
 	tcase_add_test(t, compiled_mobilenet_v2_matches_interpreter);
 	tcase_add_test(t, compiled_transformer_matches_interpreter);
 	tcase_add_test(t, compiled_transformer_static_matches_interpreter);
+	tcase_add_test(t, compiled_bert_o13_matches_interpreter);
+	tcase_add_test(t, compiled_gpt2_o13_matches_interpreter);
+	tcase_add_test(t, compiled_gpt2_o17_matches_interpreter);
 	suite_add_tcase(s, t);
 	return s;
 }

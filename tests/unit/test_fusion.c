@@ -552,11 +552,76 @@ START_TEST(matmul_bias_add_and_relu_fold_into_the_gemm)
 }
 END_TEST
 
+/* Attention's scores, MatMul then / sqrt(d) (or * a constant) then Softmax:
+ * the scale folds into the GEMM's alpha, no kernel of its own; a scale that
+ * is an input, or a MatMul result read twice, does not fold.  The softmax
+ * (each exp once, kept in y) is checked against the interpreter too. */
+START_TEST(matmul_scale_folds_into_alpha)
+{
+	for (int c = 0; c < 4; c++) {
+		kiln_graph *g = kiln_graph_new("scores");
+		kiln_value q = input(g, "q", 3, (int64_t[]){2, 4, 8});
+		kiln_value kt = input(g, "k", 3, (int64_t[]){2, 8, 5});
+		kiln_value t = input(g, "t", 0, NULL);
+		kiln_value s = kiln_matmul(g, q, kt), y;
+		if (c == 0)
+			y = kiln_div(g, s, kiln_scalar(g, KILN_F32, 2.8284271));
+		else if (c == 1)
+			y = kiln_mul(g, kiln_scalar(g, KILN_F32, 0.3), s);
+		else if (c == 2)
+			y = kiln_div(g, s, t);
+		else
+			y = kiln_add(g, kiln_mul(g, s, kiln_scalar(g, KILN_F32, 0.3)), s);
+		kiln_output(g, "y", kiln_softmax(g, y, -1));
+		ck_assert_msg(kiln_graph_status(g) == KILN_OK, "%s", kiln_graph_errmsg(g));
+		cg_module *m = lower(g, true);
+		char *text = dump(m);
+		ck_assert_msg(m->nkern == (c < 2 ? 2 : 3), "case %d: %s", c, text);
+		ck_assert_msg(count(text, "alpha=1 ") == (c >= 2), "case %d: %s", c, text);
+		free(text);
+		kiln_tensor *in[3] = {ramp(3, (int64_t[]){2, 4, 8}, -2, 2, 1),
+		                      ramp(3, (int64_t[]){2, 8, 5}, -2, 2, 2), ramp(0, NULL, 1.5, 2.5, 3)};
+		fused_matches(m, g, in, 3);
+		for (int i = 0; i < 3; i++)
+			kiln_tensor_free(in[i]);
+		cg_module_free(m);
+		kiln_graph_free(g);
+	}
+}
+END_TEST
+
+/* Softmax over long rows takes its max in 16 lanes, a tree and a tail
+ * (lower_nn.c softmax_into): rows of 32, 37 (a tail) and 64, with values
+ * spread wide and one far above the rest per row, so a max that missed it
+ * would overflow exp, against the interpreter;
+ * the rows' maxima sit in lane 14, lane 3 and the last element. */
+START_TEST(softmax_long_rows_match_the_interpreter)
+{
+	const int64_t lens[] = {32, 37, 64};
+	for (int c = 0; c < 3; c++) {
+		kiln_graph *g = kiln_graph_new("sm");
+		kiln_value x = input(g, "x", 2, (int64_t[]){3, lens[c]});
+		kiln_output(g, "y", kiln_softmax(g, x, -1));
+		cg_module *m = lower(g, true);
+		kiln_tensor *in = ramp(2, (int64_t[]){3, lens[c]}, -60, 60, 11 + c);
+		ir_store(in, 14, 300);
+		ir_store(in, lens[c] + 3, 350);
+		ir_store(in, 3 * lens[c] - 1, 400);
+		fused_matches(m, g, &in, 1);
+		kiln_tensor_free(in);
+		cg_module_free(m);
+		kiln_graph_free(g);
+	}
+}
+END_TEST
+
 static Suite *fusion_suite(void)
 {
 	Suite *s = suite_create("fusion");
 	TCase *tc = tcase_create("bnfold");
 	tcase_add_test(tc, bnfold_cnn_matches_unfolded_and_drops_every_bn);
+	tcase_add_test(tc, matmul_scale_folds_into_alpha);
+	tcase_add_test(tc, softmax_long_rows_match_the_interpreter);
 	tcase_add_test(tc, bnfold_into_gemm_with_bias_matches);
 	tcase_add_test(tc, bnfold_stores_linear_weights_as_k_by_n);
 	tcase_add_test(tc, bnfold_leaves_training_graphs_alone);
