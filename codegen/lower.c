@@ -1202,24 +1202,37 @@ static bool fuse_act(lowering *L, const ir_node *n)
 	return true;
 }
 
-/* Wraps every value kernel body s stores into buf in act (n's rule). */
-static void wrap_stores(cg_module *m, cg_stmt *s, int buf, const ir_node *n)
+/* What a fold does to each value a kernel stores into the folded buffer:
+ * wrap it in an activation (n's rule), or add a residual buffer r at the
+ * store's own index (same shape: the same linear index). */
+typedef struct store_fold {
+	const ir_node *act; /* Relu or Clip, or NULL */
+	int residual;       /* >= 0: the buffer added */
+} store_fold;
+
+/* Applies f to every value kernel body s stores into buf. */
+static void fold_stores(cg_module *m, cg_stmt *s, int buf, const store_fold *f)
 {
 	if (!s)
 		return;
 	switch (s->kind) {
 	case CG_BLOCK:
 		for (int i = 0; i < s->n; i++)
-			wrap_stores(m, s->items[i], buf, n);
+			fold_stores(m, s->items[i], buf, f);
 		break;
-	case CG_FOR: wrap_stores(m, s->body, buf, n); break;
+	case CG_FOR: fold_stores(m, s->body, buf, f); break;
 	case CG_IF:
-		wrap_stores(m, s->then_s, buf, n);
-		wrap_stores(m, s->else_s, buf, n);
+		fold_stores(m, s->then_s, buf, f);
+		fold_stores(m, s->else_s, buf, f);
 		break;
 	case CG_STORE:
-		if (s->buf == buf)
-			s->value = (n->op == KILN_OP_RELU ? s_relu : s_clip)(m, n, &s->value, KILN_F32);
+		if (s->buf != buf)
+			break;
+		if (f->act)
+			s->value = (f->act->op == KILN_OP_RELU ? s_relu : s_clip)(m, f->act, &s->value,
+			                                                        KILN_F32);
+		if (f->residual >= 0)
+			s->value = cg_bin(m, CG_ADD, s->value, cg_load(m, f->residual, s->index));
 		break;
 	default: break;
 	}
@@ -1242,30 +1255,6 @@ static cg_kernel *final_result(lowering *L, uint32_t v, int *root)
 	return k->final_buf == *root ? k : NULL;
 }
 
-/* Adds residual buffer r, at the store's own index, to every value kernel
- * body s stores into buf (same shape: the same linear index). */
-static void add_to_stores(cg_module *m, cg_stmt *s, int buf, int r)
-{
-	if (!s)
-		return;
-	switch (s->kind) {
-	case CG_BLOCK:
-		for (int i = 0; i < s->n; i++)
-			add_to_stores(m, s->items[i], buf, r);
-		break;
-	case CG_FOR: add_to_stores(m, s->body, buf, r); break;
-	case CG_IF:
-		add_to_stores(m, s->then_s, buf, r);
-		add_to_stores(m, s->else_s, buf, r);
-		break;
-	case CG_STORE:
-		if (s->buf == buf)
-			s->value = cg_bin(m, CG_ADD, s->value, cg_load(m, r, s->index));
-		break;
-	default: break;
-	}
-}
-
 /* Relu or Clip of a result whose kernel stores only final values, its
  * only use, folds into those stores (MobileNetV2's depthwise conv ->
  * Relu6; a Winograd conv -> Relu).  Grouped convs accumulate in y: not
@@ -1280,7 +1269,7 @@ static bool fuse_store_act(lowering *L, const ir_node *n)
 	if (!k || k->final_act || (k->alt >= 0 && (!alt || alt->c != root || alt->act)) ||
 	    !view_of(L, n, root))
 		return false;
-	wrap_stores(L->m, k->body, root, n);
+	fold_stores(L->m, k->body, root, &(store_fold){.act = n, .residual = -1});
 	k->final_act = true;
 	if (alt) { /* the other algorithm's GEMM, as fuse_act does */
 		alt->act = n->op == KILN_OP_RELU ? CG_ACT_RELU : CG_ACT_CLIP;
@@ -1312,7 +1301,7 @@ static bool fuse_store_residual(lowering *L, const ir_node *n)
 		    (L->m->buf[rb].alias >= 0 ? L->m->buf[rb].alias : rb) == root ||
 		    !view_of(L, n, root))
 			continue;
-		add_to_stores(L->m, k->body, root, rb);
+		fold_stores(L->m, k->body, root, &(store_fold){.act = NULL, .residual = rb});
 		if (alt) { /* the other algorithm's GEMM, as fuse_residual does */
 			alt->has_residual = alt->res_first = true;
 			alt->residual = rb;
