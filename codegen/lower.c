@@ -1182,6 +1182,32 @@ static bool view_of(lowering *L, const ir_node *n, int root)
 	return true;
 }
 
+/* A GEMM epilogue takes n's activation (Relu, or Clip with its bounds). */
+static void gemm_take_act(cg_gemm *gm, const ir_node *n)
+{
+	gm->act = n->op == KILN_OP_RELU ? CG_ACT_RELU : CG_ACT_CLIP;
+	if (n->op == KILN_OP_CLIP) {
+		gm->act_lo = ir_attr_float(n, "min", -INFINITY);
+		gm->act_hi = ir_attr_float(n, "max", INFINITY);
+	}
+}
+
+/* Whether a GEMM epilogue can still take a residual: none yet, and
+ * nothing applied after the product that the residual must precede. */
+static bool gemm_residual_ok(const cg_gemm *gm)
+{
+	return !gm->has_residual && !gm->act && gm->beta == 0;
+}
+
+/* A GEMM epilogue adds buffer rb, laid out as C, before its activation. */
+static void gemm_take_residual(cg_gemm *gm, int rb)
+{
+	gm->has_residual = gm->res_first = true;
+	gm->residual = rb;
+	gm->res_off = gm->c_off;
+	gm->res_rs = gm->c_rs;
+}
+
 /* Relu or Clip (Relu6: any constant bounds) of an f32 GEMM's result, its
  * only use, folds into the GEMM's epilogue; the activation's result
  * becomes a view of the GEMM's output.  MobileNetV2's conv -> Clip(0, 6)
@@ -1194,11 +1220,7 @@ static bool fuse_act(lowering *L, const ir_node *n)
 	cg_gemm *gm = gemm_result(L, n->in[0], &root);
 	if (!gm || gm->act || !view_of(L, n, root))
 		return false;
-	gm->act = n->op == KILN_OP_RELU ? CG_ACT_RELU : CG_ACT_CLIP;
-	if (n->op == KILN_OP_CLIP) {
-		gm->act_lo = ir_attr_float(n, "min", -INFINITY);
-		gm->act_hi = ir_attr_float(n, "max", INFINITY);
-	}
+	gemm_take_act(gm, n);
 	return true;
 }
 
@@ -1271,13 +1293,8 @@ static bool fuse_store_act(lowering *L, const ir_node *n)
 		return false;
 	fold_stores(L->m, k->body, root, &(store_fold){.act = n, .residual = -1});
 	k->final_act = true;
-	if (alt) { /* the other algorithm's GEMM, as fuse_act does */
-		alt->act = n->op == KILN_OP_RELU ? CG_ACT_RELU : CG_ACT_CLIP;
-		if (n->op == KILN_OP_CLIP) {
-			alt->act_lo = ir_attr_float(n, "min", -INFINITY);
-			alt->act_hi = ir_attr_float(n, "max", INFINITY);
-		}
-	}
+	if (alt) /* the other algorithm's GEMM, as fuse_act does */
+		gemm_take_act(alt, n);
 	return true;
 }
 
@@ -1296,18 +1313,13 @@ static bool fuse_store_residual(lowering *L, const ir_node *n)
 		cg_gemm *alt = k && k->alt >= 0 ? last_gemm(&L->m->kern[k->alt]) : NULL;
 		if (!k || k->final_act || !ir_type_eq(x, y) || !ir_type_eq(r, y) || rb < 0 ||
 		    L->defer[n->in[1 - i]] ||
-		    (k->alt >= 0 && (!alt || alt->c != root || alt->has_residual || alt->act ||
-		                     alt->beta != 0)) ||
+		    (k->alt >= 0 && (!alt || alt->c != root || !gemm_residual_ok(alt))) ||
 		    (L->m->buf[rb].alias >= 0 ? L->m->buf[rb].alias : rb) == root ||
 		    !view_of(L, n, root))
 			continue;
 		fold_stores(L->m, k->body, root, &(store_fold){.act = NULL, .residual = rb});
-		if (alt) { /* the other algorithm's GEMM, as fuse_residual does */
-			alt->has_residual = alt->res_first = true;
-			alt->residual = rb;
-			alt->res_off = alt->c_off;
-			alt->res_rs = alt->c_rs;
-		}
+		if (alt) /* the other algorithm's GEMM, as fuse_residual does */
+			gemm_take_residual(alt, rb);
 		return true;
 	}
 	return false;
@@ -1401,15 +1413,12 @@ static bool fuse_residual(lowering *L, const ir_node *n)
 		int root, rb = L->vbuf[n->in[1 - i]];
 		const ir_type *x = &L->g->val[n->in[i]]->type, *r = &L->g->val[n->in[1 - i]]->type;
 		cg_gemm *gm = gemm_result(L, n->in[i], &root);
-		if (!gm || gm->has_residual || gm->act || gm->beta != 0 || !ir_type_eq(x, y) ||
+		if (!gm || !gemm_residual_ok(gm) || !ir_type_eq(x, y) ||
 		    !ir_type_eq(r, y) || rb < 0 || L->defer[n->in[1 - i]] ||
 		    (L->m->buf[rb].alias >= 0 ? L->m->buf[rb].alias : rb) == root ||
 		    !view_of(L, n, root))
 			continue;
-		gm->has_residual = gm->res_first = true;
-		gm->residual = rb;
-		gm->res_off = gm->c_off;
-		gm->res_rs = gm->c_rs;
+		gemm_take_residual(gm, rb);
 		L->bias_node = n->idx + 1;
 		return true;
 	}
