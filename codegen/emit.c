@@ -29,6 +29,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "codegen/backend.h"
@@ -389,12 +390,17 @@ static kiln_status backend(const cg_backend *b, const cg_library *lib, const cha
 	cg_session *s = NULL;
 	if (st == KILN_OK)
 		st = b->open(&s, lib, err);
+	struct timespec t0, t1;
+	clock_gettime(CLOCK_MONOTONIC, &t0);
 	if (st == KILN_OK)
 		st = b->emit_kernels(s, lib->m, err);
 	if (st == KILN_OK && lib->eval)
 		st = b->emit_kernels(s, lib->eval, err);
 	if (st == KILN_OK)
 		st = b->emit_library(s, err);
+	clock_gettime(CLOCK_MONOTONIC, &t1);
+	if (lib->o->times)
+		lib->o->times->emit = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
 	if (st == KILN_OK)
 		st = b->write(s, stage, out, err);
 	if (s)

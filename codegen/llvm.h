@@ -7,6 +7,10 @@
 #ifndef KILN_CG_LLVM_H
 #define KILN_CG_LLVM_H
 
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
 #include <llvm-c/Core.h>
 #include <llvm-c/Target.h>
 #include <llvm-c/TargetMachine.h>
@@ -48,7 +52,19 @@ typedef struct cg_llvm {
 	const int *canon;         /* the kernel being emitted: root buffer -> its index in
 	                             the kernel's table (cg_kernel_key's order) */
 	const char *name;         /* the model's C name: prefix of the entry points */
+	cg_blob *blob;            /* NULL: constant bytes are private globals of the module;
+	                             else they go to the blob (backend.h), whose symbol
+	                             CG_BLOB_SYMBOL the module declares */
+	LLVMValueRef blob_sym;    /* the blob's hidden symbol, declared on first use */
+	bool helpers_extern;      /* kiln_sgemm, kiln_transpose: declared here, defined by
+	                             another part of the library (hidden) */
+	int prog;                 /* the program being emitted (0, or 1: a training
+	                             library's eval): names of kernels shared across parts */
 } cg_llvm;
+
+/* n bytes at data as a constant i8 pointer: a private 64-byte aligned
+ * global, or, with L->blob, an offset into the blob. */
+LLVMValueRef cg_llvm_bytes(cg_llvm *L, const void *data, size_t n, const char *name);
 
 /* A runtime function (rt_*), declared once with hidden visibility: it is
  * linked into the same library, so calls to it are direct. */
@@ -62,8 +78,19 @@ LLVMTypeRef cg_llvm_mem_type(const cg_llvm *L, kiln_dtype dt); /* an element in 
 LLVMValueRef cg_llvm_fn(cg_llvm *L, const char *name, LLVMTypeRef ty, bool internal);
 LLVMValueRef cg_llvm_cstr(cg_llvm *L, const char *s);         /* a private C string (llvm_lib.c) */
 
-/* Every kernel of L->m as `void <kernel name>(rt_exec *)`, into fns[k]. */
-kiln_status cg_llvm_emit_kernels(cg_llvm *L, LLVMValueRef *fns, kiln_error *err);
+/* Every kernel of m as `void <kernel name>(rt_exec *)`, spread over the
+ * modules of parts[0..nparts) (each its own context): kernels with equal
+ * keys share one body, each group of them in one part, groups balanced by
+ * an estimate of their cost (parts[0] starts with the library and the GEMM
+ * helpers).  fns[k] is kernel k as a function of parts[0]: a hidden
+ * declaration where another part defines it.  m is set as every part's
+ * L->m; prog names the program (0, or 1: a training library's eval). */
+kiln_status cg_llvm_emit_kernels(cg_llvm *const *parts, int nparts, const cg_module *m,
+                                 int prog, LLVMValueRef *fns, kiln_error *err);
+/* How many parts m's kernels are worth: a deterministic function of m (so
+ * the library does not depend on the threads compiling it), 1 for small
+ * programs, at most max. */
+int cg_llvm_parts_for(const cg_module *m, int max);
 
 /* L->m's numel(sym, out) and io_dims(sym, out) functions: each buffer's
  * element count, each I/O dim, from their kernel-IR expressions. */
@@ -103,6 +130,9 @@ bool cg_llvm_supports(const cg_module *m, const cg_kernel *k, char *why, size_t 
  * micro-kernel in vector IR of the target's width; may split work over
  * x->pool with rt_parallel_for. */
 LLVMValueRef cg_llvm_sgemm(cg_llvm *L);
+/* Makes L's kiln_sgemm and kiln_transpose, where defined, visible to the
+ * library's other parts (hidden external linkage). */
+void cg_llvm_export_helpers(cg_llvm *L);
 /* Declares once per module and returns
  *   void kiln_transpose(const float *src, i64 src_rs, float *dst, i64 dst_rs,
  *                       i64 rows, i64 cols)

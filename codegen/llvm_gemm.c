@@ -1313,15 +1313,54 @@ static LLVMValueRef emit_transpose(gen *g)
 	return fn;
 }
 
+/* name with fn's type, declared hidden: another part of the library defines
+ * it (L->helpers_extern). */
+static LLVMValueRef declare_helper(gen *g, LLVMValueRef fn)
+{
+	char name[64];
+	snprintf(name, sizeof name, "%s", LLVMGetValueName(fn));
+	LLVMTypeRef ty = LLVMGlobalGetValueType(fn);
+	LLVMDeleteFunction(fn);
+	LLVMDeleteGlobal(g->zero);
+	LLVMValueRef d = LLVMAddFunction(g->L->mod, name, ty);
+	LLVMSetVisibility(d, LLVMHiddenVisibility);
+	LLVMAddAttributeAtIndex(d, LLVMAttributeFunctionIndex,
+	    LLVMCreateEnumAttribute(g->L->ctx, LLVMGetEnumAttributeKindForName("nounwind", 8), 0));
+	return d;
+}
+
+/* An empty function of the helper's signature, to take its type from. */
+static LLVMValueRef signature_only(gen *g, const char *name, LLVMTypeRef *t, unsigned n)
+{
+	LLVMValueRef fn = function(g, name, t, n);
+	LLVMBuildRetVoid(g->b);
+	return fn;
+}
+
 LLVMValueRef cg_llvm_transpose(cg_llvm *L)
 {
 	if (L->transpose)
 		return L->transpose;
 	gen g;
 	setup(&g, L);
-	L->transpose = emit_transpose(&g);
+	if (L->helpers_extern) {
+		LLVMTypeRef t[] = {g.fp, L->i64, g.fp, L->i64, L->i64, L->i64};
+		L->transpose = declare_helper(&g, signature_only(&g, "kiln_transpose", t, 6));
+	} else {
+		L->transpose = emit_transpose(&g);
+	}
 	LLVMDisposeBuilder(g.b);
 	return L->transpose;
+}
+
+void cg_llvm_export_helpers(cg_llvm *L)
+{
+	LLVMValueRef f[2] = {L->sgemm, L->transpose};
+	for (int i = 0; i < 2; i++)
+		if (f[i] && !LLVMIsDeclaration(f[i])) {
+			LLVMSetLinkage(f[i], LLVMExternalLinkage);
+			LLVMSetVisibility(f[i], LLVMHiddenVisibility);
+		}
 }
 
 /* The direct tiles for mr x nv vectors: micro-kernel (prefetching B pf
@@ -1355,6 +1394,13 @@ LLVMValueRef cg_llvm_sgemm(cg_llvm *L)
 		return L->sgemm;
 	gen g;
 	setup(&g, L);
+	if (L->helpers_extern) {
+		LLVMTypeRef t[P_COUNT];
+		unsigned n = gemm_params(&g, t, 0);
+		L->sgemm = declare_helper(&g, signature_only(&g, "kiln_sgemm", t, n));
+		LLVMDisposeBuilder(g.b);
+		return L->sgemm;
+	}
 	packed_fns pf = {.ukr = emit_ukr(&g, false, g.g.NV), .ukr1 = emit_ukr(&g, false, 1),
 	                 .packa = emit_packa(&g), .packb = emit_packb(&g)};
 	entry_fns ef = {.naive = emit_naive(&g), .axpy = emit_axpy(&g), .dot = emit_dot(&g)};

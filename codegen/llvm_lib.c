@@ -50,6 +50,27 @@ static LLVMValueRef as_ptr(cg_llvm *L, LLVMValueRef g)
 	return LLVMConstBitCast(g, L->ptr);
 }
 
+LLVMValueRef cg_llvm_bytes(cg_llvm *L, const void *data, size_t n, const char *name)
+{
+	if (!L->blob) {
+		LLVMValueRef init = LLVMConstStringInContext(L->ctx, n ? data : "",
+		                                             (unsigned)(n ? n : 1), 1);
+		return as_ptr(L, global(L, LLVMTypeOf(init), init, name, 64));
+	}
+	if (!L->blob_sym) {
+		L->blob_sym = LLVMAddGlobal(L->mod, LLVMArrayType(L->i8, 0), CG_BLOB_SYMBOL);
+		LLVMSetVisibility(L->blob_sym, LLVMHiddenVisibility);
+		LLVMSetGlobalConstant(L->blob_sym, 1);
+		LLVMSetAlignment(L->blob_sym, 64);
+	}
+	int64_t at = cg_blob_add(L->blob, data, n);
+	if (at < 0)
+		return LLVMConstNull(L->ptr);
+	/* not inbounds: LLVM sees a [0 x i8] */
+	return LLVMConstGEP2(L->i8, as_ptr(L, L->blob_sym), (LLVMValueRef[]){i64c(L, at)},
+	                     1);
+}
+
 static LLVMValueRef cstr(cg_llvm *L, const char *s)
 {
 	s = s ? s : "";
@@ -137,9 +158,7 @@ static LLVMValueRef weights(cg_llvm *L, const cg_buf *b, kiln_error *err, kiln_s
 		                "no data of its dtype", b->id, b->name ? b->name : "");
 		return LLVMConstNull(L->ptr);
 	}
-	size_t n = kiln_tensor_nbytes(b->data);
-	LLVMValueRef init = LLVMConstStringInContext(L->ctx, b->data->data, (unsigned)n, 1);
-	return as_ptr(L, global(L, LLVMTypeOf(init), init, "kiln.weight", 64));
+	return cg_llvm_bytes(L, b->data->data, kiln_tensor_nbytes(b->data), "kiln.weight");
 }
 
 static LLVMValueRef bufs(cg_llvm *L, const desc_types *t, kiln_error *err, kiln_status *st)
@@ -374,10 +393,7 @@ kiln_status cg_llvm_library(cg_llvm *L, const cg_library *lib, LLVMValueRef *con
 
 static LLVMValueRef bytes_global(cg_llvm *L, const kiln_tensor *t)
 {
-	size_t n = kiln_tensor_nbytes(t);
-	LLVMValueRef init = LLVMConstStringInContext(L->ctx, n ? t->data : "", (unsigned)(n ? n : 1),
-	                                             1);
-	return as_ptr(L, global(L, LLVMTypeOf(init), init, "kiln.state_init", 64));
+	return cg_llvm_bytes(L, t->data, kiln_tensor_nbytes(t), "kiln.state_init");
 }
 
 /* [nstate x rt_state_desc] {name, dtype, rank, dims, init} */

@@ -11,6 +11,7 @@
  */
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "codegen/backend.h"
 #include "codegen/lower.h"
@@ -32,6 +33,13 @@ static cg_conv_algo conv_algo(const char *name)
 		if (strcmp(name, conv_algos[i]) == 0)
 			return (cg_conv_algo)i;
 	return CG_CONV_AUTO;
+}
+
+static double seconds(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
 /* Graph -> optimized clone -> kernel IR with a memory plan. */
@@ -94,9 +102,16 @@ KILN_API kiln_status kiln_compile(const kiln_graph *g, const char *out_path,
 	cg_c_name(name, sizeof name, o.name ? o.name : kiln_graph_name(g));
 	kiln_graph *gc = NULL;
 	cg_module *m = NULL;
+	if (o.times)
+		*o.times = (kiln_compile_times){0};
+	double t0 = seconds();
 	st = to_kernels(g, &o, &gc, &m, err);
+	if (o.times)
+		o.times->lower = seconds() - t0;
 	if (st == KILN_OK)
 		st = cg_emit(cg_backend_find("llvm"), m, out_path, &o, name, err);
+	if (o.times)
+		o.times->total = seconds() - t0;
 	cg_module_free(m);
 	kiln_graph_free(gc);
 	return st;
@@ -306,6 +321,9 @@ KILN_API kiln_status kiln_compile_train(const kiln_graph *model, const kiln_grap
 	train_build tb = {0};
 	kiln_graph *gs = NULL, *ge = NULL;
 	cg_module *ms = NULL, *me = NULL;
+	if (o.times)
+		*o.times = (kiln_compile_times){0};
+	double t0 = seconds();
 	st = batch < 0 ? ir_seterr(err, KILN_EINVAL, "kiln_compile_train: batch %lld < 0",
 	                           (long long)batch)
 	               : build_step(model, t, batch, &tb, err);
@@ -321,8 +339,12 @@ KILN_API kiln_status kiln_compile_train(const kiln_graph *model, const kiln_grap
 		st = mark_state(&tb, ge, me, "eval", err);
 	if (st == KILN_OK)
 		st = step_contract(&tb, gs, ms, t, err);
+	if (o.times)
+		o.times->lower = seconds() - t0;
 	if (st == KILN_OK)
 		st = cg_emit_train(cg_backend_find("llvm"), ms, me, &tb.ti, out_path, &o, name, err);
+	if (o.times)
+		o.times->total = seconds() - t0;
 	cg_module_free(ms), cg_module_free(me);
 	kiln_graph_free(gs), kiln_graph_free(ge);
 	train_build_free(&tb);

@@ -941,8 +941,23 @@ static int cmd_compile(int argc, char **argv)
 	            {"--emit", NULL, offsetof(kiln_compile_opts, emit)},
 	            {"--passes", NULL, offsetof(kiln_compile_opts, passes)},
 	            {"--conv", NULL, offsetof(kiln_compile_opts, conv)}};
+	kiln_compile_times times;
+	bool report = false;
 	for (int i = 0; i < argc; i++) {
 		size_t k = 0;
+		if (!strcmp(argv[i], "--time-report")) {
+			report = true;
+			o.times = &times;
+			continue;
+		}
+		if (is_opt(argv[i], "--jobs", "-j")) {
+			double d;
+			if (!(v = optval(argc, argv, &i, "--jobs", "-j")) || !num(v, &d) || d < 0 ||
+			    d > 1024 || d != (double)(int)d)
+				return usage_error("compile", "%s", "--jobs needs a whole number >= 0");
+			o.jobs = (int)d;
+			continue;
+		}
 		while (k < sizeof opts / sizeof *opts && !is_opt(argv[i], opts[k].lng, opts[k].shrt))
 			k++;
 		int tf = k == sizeof opts / sizeof *opts ? train_flag(argc, argv, &i, &tc) : 0;
@@ -988,6 +1003,12 @@ static int cmd_compile(int argc, char **argv)
 	clock_gettime(CLOCK_MONOTONIC, &t1);
 	fprintf(stderr, "kiln: compiled %s -> %s in %.2f s\n", file, out,
 	        (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec));
+	if (report)
+		fprintf(stderr, "kiln: time: lower %.2f s, LLVM IR %.2f s, LLVM %.2f s on %d thread%s "
+		        "(%d part%s: O3 %.2f s + objects %.2f s), link %.2f s (%.1f MB of weights)\n",
+		        times.lower, times.emit, times.llvm, times.jobs, times.jobs == 1 ? "" : "s",
+		        times.parts, times.parts == 1 ? "" : "s", times.optimize, times.codegen,
+		        times.link, (double)times.weights_bytes / 1e6);
 	return 0;
 }
 
@@ -1038,7 +1059,7 @@ static const command commands[] = {
 	 "time a compiled model: median and spread of many runs"},
 	{"compile", cmd_compile,
 	 "compile FILE.kir|FILE.onnx -o OUT.so [--name N] [--cpu C] [--features F]\n"
-	 "        [--emit=kir|ll|asm|obj] [--passes=LIST] [--conv=ALGO]\n"
+	 "        [--emit=kir|ll|asm|obj] [--passes=LIST] [--conv=ALGO] [-j N] [--time-report]\n"
 	 "  Compiles the graph to a shared library needing only libc, libm and\n"
 	 "  libpthread, and writes its header beside it (OUT.h); prints the time.\n"
 	 "  -o, --output OUT     the library (or, with --emit, that stage's file)\n"
@@ -1054,6 +1075,9 @@ static const command commands[] = {
 	 "  --conv=ALGO          f32 convolutions: auto (default: a cost model picks\n"
 	 "                       per layer), im2col, or winograd (F(4x4,3x3) on every\n"
 	 "                       2-D 3x3 conv of stride and dilation 1)\n"
+	 "  -j, --jobs N         threads for LLVM (default 0: one per CPU, at most 8);\n"
+	 "                       the library is the same whatever N is\n"
+	 "  --time-report        print where the compile's time went\n"
 	 "  --train              a training library instead (docs/TRAINING.md): the\n"
 	 "                       model's train step (loss, gradients, optimizer) and\n"
 	 "                       its eval forward, with entry points _train_step,\n"

@@ -811,7 +811,25 @@ typedef struct kiln_compile_opts {
 	                         model picks per layer), "im2col" (im2col + GEMM
 	                         everywhere) or "winograd" (Winograd F(4x4,3x3) on
 	                         every 2-D 3x3 conv of stride and dilation 1) */
+	int jobs;             /* threads LLVM may use; 0: the online CPUs (at most 8).
+	                         The library is the same whatever the number */
+	struct kiln_compile_times *times; /* NULL, or filled with where the time went */
 } kiln_compile_opts;
+
+/* Where a kiln_compile's time went (wall clock, seconds).  LLVM works on
+ * the library in parts on opts.jobs threads: optimize and codegen add up
+ * every part's time, llvm the wall time of both. */
+typedef struct kiln_compile_times {
+	double total;
+	double lower;     /* graph passes, lowering to kernel IR, memory plan */
+	double emit;      /* kernel IR to LLVM IR */
+	double llvm;      /* LLVM's O3 and object emission, all parts, wall */
+	double optimize;  /* LLVM's O3 pipeline, summed over parts */
+	double codegen;   /* LLVM's object emission, summed over parts */
+	double link;      /* the weights' object and the system linker */
+	int parts, jobs;  /* LLVM modules, and threads that compiled them */
+	unsigned long long weights_bytes; /* constant bytes embedded */
+} kiln_compile_times;
 
 /* opts may be NULL (all defaults).  Errors: EINVAL (bad option, unknown CPU
  * or feature), EUNSUPPORTED (an op or dtype without a lowering, naming the

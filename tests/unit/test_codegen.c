@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "check_main.h"
@@ -719,6 +720,72 @@ START_TEST(emit_stages_write_their_formats)
 }
 END_TEST
 
+/* LLVM compiles a library in parts on kiln_compile_opts.jobs threads and
+ * the weights go into an object of their own (codegen/llvm_emit.c,
+ * blob.c): the library is the same bytes whatever the number of threads,
+ * it computes what the interpreter does, equal weights are stored once,
+ * and the time report adds up. */
+static char *slurp_n(const char *path, size_t *n)
+{
+	char *s = slurp(path);
+	struct stat sb;
+	ck_assert_int_eq(stat(path, &sb), 0);
+	*n = (size_t)sb.st_size;
+	return s;
+}
+
+START_TEST(library_is_the_same_whatever_the_threads)
+{
+	kiln_graph *g = kiln_graph_new("three");
+	int64_t N = kiln_sym(g, "N");
+	kiln_value x = kiln_input(g, "x", KILN_F32, 2, (int64_t[]){N, 64});
+	kiln_tensor *w = rand_f32(2, (int64_t[]){64, 64}, -1, 1);
+	kiln_tensor *w3 = rand_f32(2, (int64_t[]){64, 64}, -1, 1);
+	kiln_value y = kiln_add(g, kiln_matmul(g, x, kiln_param(g, "w1", w)),
+	                        kiln_matmul(g, x, kiln_param(g, "w2", w)));
+	y = kiln_add(g, y, kiln_matmul(g, x, kiln_param(g, "w3", w3)));
+	/* enough kernels for several parts */
+	for (int i = 0; i < 12; i++)
+		y = kiln_tanh(g, kiln_add(g, kiln_softmax(g, y, 1), kiln_sigmoid(g, y)));
+	kiln_output(g, "y", y);
+	char so[512];
+	kiln_compile_times t1, t3;
+	kiln_error e = {0};
+	ck_assert_msg(kiln_compile(g, path_of(so, "three", ".so"),
+	                           &(kiln_compile_opts){.jobs = 1, .times = &t1}, &e) == KILN_OK,
+	              "%s", e.msg);
+	size_t n1, n3;
+	char *b1 = slurp_n(so, &n1);
+	ck_assert_msg(kiln_compile(g, so, &(kiln_compile_opts){.jobs = 3, .times = &t3}, &e) ==
+	              KILN_OK, "%s", e.msg);
+	char *b3 = slurp_n(so, &n3);
+	ck_assert_int_eq(n1, n3);
+	ck_assert(memcmp(b1, b3, n1) == 0);
+	ck_assert_int_gt(t1.parts, 1);
+	ck_assert_int_eq(t3.parts, t1.parts);
+	ck_assert_int_eq(t1.jobs, 1);
+	ck_assert_int_eq(t3.jobs, t1.parts < 3 ? t1.parts : 3);
+	ck_assert_uint_eq(t1.weights_bytes, 2 * 64 * 64 * sizeof(float)); /* w1 == w2: once */
+	ck_assert(t1.lower > 0 && t1.emit > 0 && t1.optimize > 0 && t1.codegen > 0 && t1.link > 0);
+	ck_assert(t1.llvm >= 0.9 * (t1.optimize + t1.codegen)); /* one thread: the sum */
+	ck_assert(t1.total >= t1.lower + t1.emit + t1.llvm + t1.link);
+	lib l = open_lib(so);
+	kiln_tensor *in = rand_f32(2, (int64_t[]){5, 64}, -1, 1), *ref = NULL;
+	ck_assert_int_eq(kiln_graph_run(g, &in, 1, &ref, 1, NULL), KILN_OK);
+	kiln_tensor *out = kiln_tensor_new(KILN_F32, 2, (int64_t[]){5, 64});
+	ck_assert_int_eq(rt_model_run_tensors(l.m, (const kiln_tensor *const[]){in}, 1, &out, 1),
+	                 KILN_OK);
+	ck_assert_float_le(max_diff(out, ref, NULL), 1e-4f);
+	close_lib(&l);
+	free(b1);
+	free(b3);
+	kiln_tensor_free(in), kiln_tensor_free(ref), kiln_tensor_free(out);
+	kiln_tensor_free(w), kiln_tensor_free(w3);
+	remove_outputs("three");
+	kiln_graph_free(g);
+}
+END_TEST
+
 /* ---- errors -------------------------------------------------------------- */
 
 static void expect_error(const kiln_compile_opts *o, kiln_status code, const char *want)
@@ -836,6 +903,7 @@ static Suite *codegen_suite(void)
 	tcase_add_checked_fixture(tc, setup, teardown);
 	tcase_set_timeout(tc, 120);
 	tcase_add_test(tc, emit_stages_write_their_formats);
+	tcase_add_test(tc, library_is_the_same_whatever_the_threads);
 	suite_add_tcase(s, tc);
 	tc = tcase_create("errors");
 	tcase_add_checked_fixture(tc, setup, teardown);
