@@ -827,6 +827,92 @@ static void dw_cols(cg_module *m, cg_kernel *k, cg_stmt *blk, const ir_node *n, 
 	                                 add(m, mul(m, oh, I(m, g->out[1])), o[1])), acc));
 }
 
+/* ---- depthwise on small planes: padded and flat ----------------------------
+ * A row of a small plane (7 or 14 outputs: MobileNet's last stages) is
+ * mostly edges, which run scalar with every tap tested.  Instead, with
+ * stride 1, the plane is first copied into a zero-padded one (Hp x Wp), so
+ * every tap of every output reads inside it, and output (r, c) is the sum
+ * over taps of P[(r*Wp + c) + ky*dil*Wp + kx*dil]: one flat, contiguous
+ * index f = r*Wp + c for the whole plane, whose f with c >= Wout are
+ * garbage nobody reads.  So the plane is one vector loop of
+ * (Hout - 1)*Wp + Wout outputs into T, then its rows are copied out.
+ * MobileNetV2 at batch 1 on one thread (kiln bench --profile): the
+ * 384-channel 14x14 depthwise 0.081 -> 0.044-0.050 ms (ORT 0.048), the
+ * 960-channel 7x7 one 0.088 -> 0.051 ms (ORT 0.034). */
+enum { FLAT_W = 32 };
+
+static bool want_flat(const cg_module *m, const geom *g, int x)
+{
+	return g->nsp == 2 && g->stride[0] == 1 && g->stride[1] == 1 && g->out[1] < FLAT_W &&
+	       m->buf[x].dt == KILN_F32;
+}
+
+/* blk[ P[po + row*Wp + c0 + c] = 0 for c < n ] */
+static void zeros(cg_module *m, cg_kernel *k, cg_stmt *blk, int P, cg_expr *at, int64_t n)
+{
+	cg_expr *c;
+	cg_stmt *cb;
+	if (n <= 0)
+		return;
+	cg_append(m, blk, cg_loop(m, k, I(m, n), CG_VECTORIZE, &c, &cb));
+	cg_append(m, cb, cg_st(m, P, add(m, at, c), fc(m, KILN_F32, 0)));
+}
+
+static kiln_status dw_flat(cg_module *m, cg_kernel *k, cg_stmt *blk, const ir_node *n,
+                           const int *in, int y, const geom *g, cg_expr **pl, cg_expr *nm,
+                           kiln_error *err)
+{
+	int64_t H = g->in[0], W = g->in[1], pt = g->pad[0], pw = g->pad[1];
+	int64_t Hp = g->out[0] + (g->k[0] - 1) * g->dil[0], Wp = g->out[1] + (g->k[1] - 1) * g->dil[1];
+	int64_t L = (g->out[0] - 1) * Wp + g->out[1], psz = Hp * Wp;
+	int P = cg_lower_scratch(m, KILN_F32, mul(m, nm, I(m, psz)));
+	int T = cg_lower_scratch(m, KILN_F32, mul(m, nm, I(m, L)));
+	if (P < 0 || T < 0)
+		return nomem(m, n, err);
+	cg_expr *pp = mul(m, pl[0], I(m, psz)), *tp = mul(m, pl[0], I(m, L));
+	cg_expr *xp = mul(m, pl[2], I(m, g->isz));
+	cg_expr *r, *c, *f, *tv[2];
+	cg_stmt *rb, *cb, *fb;
+	/* the padded plane: rows above, the input's rows between their pads, rows below;
+	 * input rows past Hp - pt are read by no output */
+	int64_t hin = H < Hp - pt ? H : Hp - pt, win = W < Wp - pw ? W : Wp - pw;
+	if (pt > 0)
+		zeros(m, k, blk, P, pp, pt * Wp);
+	cg_append(m, blk, cg_loop(m, k, I(m, hin), 0, &r, &rb));
+	cg_expr *row = add(m, pp, mul(m, add(m, r, I(m, pt)), I(m, Wp)));
+	zeros(m, k, rb, P, row, pw);
+	cg_append(m, rb, cg_loop(m, k, I(m, win), CG_VECTORIZE, &c, &cb));
+	cg_append(m, cb, cg_st(m, P, add(m, add(m, row, I(m, pw)), c),
+	                       cg_ld(m, in[0], add(m, add(m, xp, mul(m, r, I(m, W))), c))));
+	zeros(m, k, rb, P, add(m, row, I(m, pw + win)), Wp - pw - win);
+	zeros(m, k, blk, P, add(m, pp, I(m, (pt + hin) * Wp)), (Hp - pt - hin) * Wp);
+	/* the flat outputs, in whole vectors (the last one overlapping) */
+	int64_t st[2], len[2];
+	int ns = vector_spans(0, L, st, len);
+	kiln_dtype ct = KILN_F32;
+	for (int q = 0; q < ns; q++) {
+		cg_append(m, blk, cg_loop(m, k, I(m, len[q]), CG_VECTORIZE, &f, &fb));
+		cg_expr *fi = add(m, I(m, st[q]), f);
+		cg_expr *acc = cg_local(m, k, fb, ct, n->nin > 2 && in[2] >= 0 ? cg_ld(m, in[2], pl[1])
+		                                                                 : fc(m, ct, 0));
+		cg_expr *ext2[2] = {I(m, g->k[0]), I(m, g->k[1])};
+		uint32_t h[2] = {CG_UNROLL, CG_UNROLL};
+		cg_stmt *tb = cg_nest(m, k, fb, 2, ext2, h, tv);
+		cg_expr *pi = add(m, add(m, pp, fi), add(m, mul(m, tv[0], I(m, g->dil[0] * Wp)),
+		                                         mul(m, tv[1], I(m, g->dil[1]))));
+		cg_expr *wi = add(m, mul(m, pl[1], I(m, g->ksz)), lin(m, 2, tv, g->k));
+		cg_set(m, tb, acc, add(m, acc, mul(m, cg_ld(m, P, pi), cg_ld(m, in[1], wi))));
+		cg_append(m, fb, cg_st(m, T, add(m, tp, fi), acc));
+	}
+	/* the rows out */
+	cg_append(m, blk, cg_loop(m, k, I(m, g->out[0]), 0, &r, &rb));
+	cg_append(m, rb, cg_loop(m, k, I(m, g->out[1]), CG_VECTORIZE, &c, &cb));
+	cg_append(m, cb, cg_st(m, y, add(m, mul(m, pl[0], I(m, g->osz)),
+	                                 add(m, mul(m, r, I(m, g->out[1])), c)),
+	                       cg_ld(m, T, add(m, tp, add(m, mul(m, r, I(m, Wp)), c)))));
+	return KILN_OK;
+}
+
 /* Depthwise 2-D conv (one input channel per output channel): per (image,
  * channel) plane and output row, the left edge, the interior and the right
  * edge of the row each accumulate all taps of an output pixel in a local
@@ -848,6 +934,11 @@ static kiln_status conv_depthwise(cg_module *m, const ir_node *n, const int *in,
 	/* plane of y, channel (weight row), plane of x */
 	cg_expr *pl[3] = {bm, mi, add(m, mul(m, cg_bin(m, CG_DIV, bm, I(m, M)), I(m, C)),
 	                                 cg_bin(m, CG_DIV, mi, I(m, Mg)))};
+	if (want_flat(m, g, in[0])) {
+		kiln_status st = dw_flat(m, k, blk, n, in, y, g, pl, nm, err);
+		k->final_buf = y;
+		return st;
+	}
 	/* stride 2: the plane of x split into even and odd columns first */
 	split sp = {.buf = -1, .half = (g->in[1] + 1) / 2};
 	if (want_split(g) && m->buf[in[0]].dt == KILN_F32) {

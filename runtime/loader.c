@@ -33,6 +33,7 @@ struct kiln_model {
 	rt_model *rt;           /* the context (a training library's: its eval program) */
 	rt_train *train;        /* a training library's context, or NULL */
 	kiln_model_io *io;      /* inputs, then outputs */
+	uint64_t *prof;         /* per kernel: ns summed over runs, while profiling */
 };
 
 static void fill_io(const rt_model_desc *d, const rt_io_desc *src, kiln_model_io *io)
@@ -141,6 +142,7 @@ KILN_API void kiln_model_free(kiln_model *m)
 	else
 		rt_model_destroy(m->rt); /* joins the pool's threads before the code goes */
 	free(m->io);
+	free(m->prof);
 	if (m->dl)
 		dlclose(m->dl);
 	free(m);
@@ -161,6 +163,32 @@ KILN_API kiln_status kiln_model_set_threads(kiln_model *m, int n, kiln_error *er
 	}
 	kiln_status st = rt_model_set_threads(m->rt, n);
 	return st == KILN_OK ? st : rt_seterr(err, st, "%s", rt_model_errmsg(m->rt));
+}
+
+KILN_API kiln_status kiln_model_profile(kiln_model *m, bool on, kiln_error *err)
+{
+	if (!m)
+		return rt_seterr(err, KILN_EINVAL, "kiln_model_profile: model is NULL");
+	if (on && !m->prof && !(m->prof = calloc((size_t)m->d->nkern + 1, sizeof *m->prof)))
+		return rt_seterr(err, KILN_ENOMEM, "model '%s': out of memory", m->d->name);
+	if (on)
+		memset(m->prof, 0, ((size_t)m->d->nkern + 1) * sizeof *m->prof);
+	rt_model_set_profile(m->rt, on ? m->prof : NULL);
+	return KILN_OK;
+}
+
+KILN_API int kiln_model_num_kernels(const kiln_model *m)
+{
+	return m ? (int)m->d->nkern : 0;
+}
+
+KILN_API const char *kiln_model_kernel(const kiln_model *m, int k, double *seconds)
+{
+	if (!m || k < 0 || (uint32_t)k >= m->d->nkern)
+		return NULL;
+	if (seconds)
+		*seconds = m->prof ? (double)m->prof[k] * 1e-9 : 0;
+	return m->d->kernel_names && m->d->kernel_names[k] ? m->d->kernel_names[k] : "?";
 }
 
 KILN_API int kiln_model_num_inputs(const kiln_model *m)

@@ -40,6 +40,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "rt.h"
 #include "runtime/model.h"
@@ -79,6 +80,7 @@ struct rt_model {
 	size_t arena_bytes;
 	void **state;        /* per state tensor: its storage */
 	bool own_state;      /* allocated here (else the caller's) */
+	uint64_t *prof;      /* per kernel: wall ns summed over runs (rt_model_set_profile) */
 	char err[1024];
 };
 
@@ -430,6 +432,12 @@ static int env_threads(void)
 	return s && *s && !*end && n >= 1 && n <= MAX_THREADS ? (int)n : 1;
 }
 
+void rt_model_set_profile(rt_model *m, uint64_t *ns)
+{
+	if (m)
+		m->prof = ns;
+}
+
 kiln_status rt_model_set_threads(rt_model *m, int n)
 {
 	if (!m)
@@ -737,7 +745,15 @@ static kiln_status execute(rt_model *m, const void *const *in, void *const *out)
 	rt_exec x = {.buf = m->buf, .sym = m->sym, .pool = m->pool, .scratch = m->scratch,
 	             .fault = &fault};
 	for (uint32_t k = 0; k < d->nkern; k++) {
+		struct timespec t0, t1;
+		if (m->prof)
+			clock_gettime(CLOCK_MONOTONIC, &t0);
 		d->kernels[k](&x);
+		if (m->prof) {
+			clock_gettime(CLOCK_MONOTONIC, &t1);
+			m->prof[k] += (uint64_t)((t1.tv_sec - t0.tv_sec) * 1000000000LL +
+			                         (t1.tv_nsec - t0.tv_nsec));
+		}
 		if (!atomic_load_explicit(&fault.set, memory_order_acquire))
 			continue;
 		const char *what = fault.what ? fault.what : "index";

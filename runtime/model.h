@@ -145,6 +145,9 @@ typedef struct rt_model rt_model;
 kiln_status rt_model_create(const rt_model_desc *d, rt_model **out);
 void rt_model_destroy(rt_model *m);
 kiln_status rt_model_set_threads(rt_model *m, int n); /* 0: KILN_NUM_THREADS or 1 */
+/* ns NULL: off; else every later run adds kernel k's wall time to ns[k]
+ * (d->nkern entries, the caller's). */
+void rt_model_set_profile(rt_model *m, uint64_t *ns);
 const char *rt_model_errmsg(const rt_model *m);
 /* Typed entry: syms[] gives each symbol (may be NULL when nsym == 0),
  * in[] and out[] the data pointers in signature order. */

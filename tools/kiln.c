@@ -683,7 +683,7 @@ typedef struct bench_args {
 	const char *file;
 	double batch, threads, warmup, runs; /* runs 0: as many as fit in seconds */
 	double seconds;
-	bool json;
+	bool json, profile;
 	double start_rss; /* peak RSS MiB before the model was loaded */
 } bench_args;
 
@@ -701,6 +701,8 @@ static int bench_parse(int argc, char **argv, bench_args *a)
 			k++;
 		if (strcmp(argv[i], "--json") == 0) {
 			a->json = true;
+		} else if (strcmp(argv[i], "--profile") == 0) {
+			a->profile = true;
 		} else if (k < sizeof opts / sizeof opts[0]) {
 			const char *o = argv[i], *v = optval(argc, argv, &i, opts[k].lng, opts[k].shrt);
 			char *end = NULL;
@@ -773,6 +775,70 @@ static double peak_rss_mib(void)
 	return kib < 0 ? -1 : kib / 1024;
 }
 
+typedef struct kernel_time {
+	const char *name;
+	double s;
+} kernel_time;
+
+static int by_time_desc(const void *a, const void *b)
+{
+	double x = ((const kernel_time *)a)->s, y = ((const kernel_time *)b)->s;
+	return (x < y) - (x > y);
+}
+
+/* --profile: n more runs with every kernel timed (kiln_model_profile), after
+ * the timed ones so the clock reads do not touch their numbers; the kernels
+ * by time, most first (text: those above 0.5% and the rest summed). */
+static int bench_profile(kiln_model *m, const bench_args *a, kiln_tensor **in,
+                         kiln_tensor **out, int n)
+{
+	int nin = kiln_model_num_inputs(m), nout = kiln_model_num_outputs(m);
+	int nk = kiln_model_num_kernels(m);
+	kiln_error e = {0};
+	kernel_time *kt = calloc((size_t)nk + 1, sizeof *kt);
+	if (!kt)
+		return tool_fail(1, "out of memory");
+	if (kiln_model_profile(m, true, &e) != KILN_OK)
+		return free(kt), tool_fail_err(NULL, &e, e.code);
+	for (int i = 0; i < n; i++)
+		if (kiln_model_run_into(m, in, nin, out, nout, &e) != KILN_OK)
+			return free(kt), tool_fail_err(NULL, &e, e.code);
+	kiln_model_profile(m, false, &e);
+	double total = 0;
+	for (int k = 0; k < nk; k++) {
+		kt[k].name = kiln_model_kernel(m, k, &kt[k].s);
+		kt[k].s = kt[k].s * 1e3 / n; /* ms per run */
+		total += kt[k].s;
+	}
+	qsort(kt, (size_t)nk, sizeof *kt, by_time_desc);
+	if (a->json) {
+		printf("{\"profile\": [");
+		for (int k = 0; k < nk; k++)
+			printf("%s{\"kernel\": \"%s\", \"ms\": %.6f}", k ? ", " : "", kt[k].name, kt[k].s);
+		printf("], \"runs\": %d}\n", n);
+	} else {
+		printf("  kernels over %d profiled runs (%.4f ms per run; kiln compile --emit=kir "
+		       "says which node each came from):\n", n, total);
+		double cum = 0, rest = 0;
+		int shown = 0;
+		for (int k = 0; k < nk; k++) {
+			if (total > 0 && kt[k].s < 0.005 * total) {
+				rest += kt[k].s;
+				continue;
+			}
+			cum += kt[k].s;
+			shown++;
+			printf("  %-32s %9.4f ms %5.1f%% %5.1f%%\n", kt[k].name, kt[k].s,
+			       total > 0 ? 100 * kt[k].s / total : 0, total > 0 ? 100 * cum / total : 0);
+		}
+		if (shown < nk)
+			printf("  %d more kernels                  %9.4f ms %5.1f%%\n", nk - shown, rest,
+			       total > 0 ? 100 * rest / total : 0);
+	}
+	free(kt);
+	return 0;
+}
+
 /* Warm-up, then timed runs into preallocated outputs; prints the stats. */
 static int bench_time(kiln_model *m, const bench_args *a, kiln_tensor **in, kiln_tensor **out)
 {
@@ -805,7 +871,7 @@ static int bench_time(kiln_model *m, const bench_args *a, kiln_tensor **in, kiln
 		       kiln_model_name(m), (long long)a->batch, (int)a->threads, n, (int)a->warmup, med, t[0], p90,
 		       spread, 1e3 / med, 1e3 * a->batch / med, peak_rss_mib(), a->start_rss);
 	free(t);
-	return 0;
+	return a->profile ? bench_profile(m, a, in, out, n) : 0;
 }
 
 static int cmd_bench(int argc, char **argv)
@@ -1046,6 +1112,7 @@ static const command commands[] = {
 	 "run graph passes and print or save the result"},
 	{"bench", cmd_bench,
 	 "bench MODEL.so [--batch B] [--threads T] [--warmup W] [--runs R] [--time S] [--json]\n"
+	 "        [--profile]\n"
 	 "  Times a compiled library on random inputs (fixed seed), every symbolic\n"
 	 "  dim set to B, after W warm-up runs (default 10); prints the median, min,\n"
 	 "  p90 and spread (p90-p10)/median of the runs, in ms and runs/s, and the\n"
@@ -1055,7 +1122,9 @@ static const command commands[] = {
 	 "  -t, --threads T   threads of the model's pool (default 1; 0: KILN_NUM_THREADS)\n"
 	 "  -n, --runs R      timed runs (default: as many as fit in --time, at least 10)\n"
 	 "  --time S          seconds of timed runs when --runs is not given (default 1)\n"
-	 "  --json            one JSON line instead of text",
+	 "  --json            one JSON line instead of text\n"
+	 "  --profile         then as many runs again with each kernel timed: the\n"
+	 "                    kernels by time per run (with --json, a second line)",
 	 "time a compiled model: median and spread of many runs"},
 	{"compile", cmd_compile,
 	 "compile FILE.kir|FILE.onnx -o OUT.so [--name N] [--cpu C] [--features F]\n"

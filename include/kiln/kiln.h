@@ -630,6 +630,15 @@ KILN_API void kiln_model_free(kiln_model *m);
 KILN_API const char *kiln_model_name(const kiln_model *m);
 /* Threads for this context's parallel loops; 0: KILN_NUM_THREADS, else 1. */
 KILN_API kiln_status kiln_model_set_threads(kiln_model *m, int n, kiln_error *err);
+/* Where a model's time goes: with on, the counts restart and every later
+ * run adds each kernel's wall time (two clock reads per kernel); off stops
+ * counting.  kiln_model_kernel gives kernel k's name ("k4_conv": `kiln
+ * compile --emit=kir` shows which node it came from) and, into *seconds
+ * (may be NULL), its time so far.  NULL for k out of range.  A training
+ * library's counts are its eval program's. */
+KILN_API kiln_status kiln_model_profile(kiln_model *m, bool on, kiln_error *err);
+KILN_API int kiln_model_num_kernels(const kiln_model *m);
+KILN_API const char *kiln_model_kernel(const kiln_model *m, int k, double *seconds);
 KILN_API int kiln_model_num_inputs(const kiln_model *m);
 KILN_API int kiln_model_num_outputs(const kiln_model *m);
 /* NULL when i is out of range. */

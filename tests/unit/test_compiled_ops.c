@@ -443,6 +443,43 @@ START_TEST(stride2_windows_match_the_interpreter)
 }
 END_TEST
 
+/* Stride-1 depthwise convs on planes narrower than 32 outputs take the
+ * padded, flat form (lower_nn.c, dw_flat): 3x3 and 5x5 kernels, symmetric,
+ * asymmetric and no padding, dilation 2, a channel multiplier of 2, one
+ * output row, batch 2, a plane wider than tall, against the interpreter. */
+START_TEST(small_plane_depthwise_matches_the_interpreter)
+{
+	static const struct {
+		int64_t n, c, m, h, w, k;
+		const char *attrs;
+	} cases[] = {
+		{1, 8, 8, 7, 7, 3, "group=8 pads=1,1,1,1"},
+		{2, 5, 5, 14, 14, 5, "group=5 pads=2,2,2,2"},
+		{1, 4, 4, 9, 11, 3, "group=4 pads=0,1,2,1"},
+		{1, 3, 3, 10, 9, 3, "group=3 pads=2,2,2,2 dilations=2,2"},
+		{2, 3, 6, 6, 13, 3, "group=3 pads=1,1,1,1"},
+		{1, 4, 4, 3, 20, 3, "group=4"},
+		{1, 2, 2, 5, 31, 5, "group=2 pads=2,1,2,3"},
+	};
+	for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+		char name[32];
+		snprintf(name, sizeof name, "dwflat_%zu", i);
+		kiln_graph *g = kiln_graph_new(name);
+		int64_t sx[] = {cases[i].n, cases[i].c, cases[i].h, cases[i].w};
+		int64_t sw[] = {cases[i].m, 1, cases[i].k, cases[i].k}, sb[] = {cases[i].m};
+		opcase_graph c = {name, g, {seeded(4, sx, 0), seeded(4, sw, 1), seeded(1, sb, 2)}, {0},
+		                  3, 1, 0};
+		uint32_t in[3] = {input(g, "x", KILN_F32, 4, sx), input(g, "w", KILN_F32, 4, sw),
+		                  input(g, "b", KILN_F32, 1, sb)};
+		ir_output_add(g, op1(g, KILN_OP_CONV, 3, in, cases[i].attrs), NULL);
+		char why[1400] = "";
+		ck_assert_msg(case_matches(&c, false, why, sizeof why), "%s (%s): %s", name,
+		              cases[i].attrs, why);
+		opcase_free(&c);
+	}
+}
+END_TEST
+
 /* A 7x7 map pays for Winograd only from a batch of 4 (lower_wino.c): with
  * a symbolic batch both algorithms are compiled, each kernel guarded by
  * the batch, and the Relu and the residual Add after the conv fold into
@@ -748,6 +785,7 @@ static Suite *compiled_ops_suite(void)
 	tcase_add_test(tc, grouped_convs_match_the_interpreter);
 	tcase_add_test(tc, chunked_im2col_convs_match_the_interpreter);
 	tcase_add_test(tc, stride2_windows_match_the_interpreter);
+	tcase_add_test(tc, small_plane_depthwise_matches_the_interpreter);
 	tcase_add_test(tc, batch_chosen_conv_matches_the_interpreter);
 	tcase_add_test(tc, gather_index_out_of_range_is_an_error);
 	tcase_add_test(tc, loss_target_out_of_range_is_an_error);
