@@ -745,6 +745,53 @@ START_TEST(bench_json_reports_the_peak_rss)
 }
 END_TEST
 
+/* --profile: a second JSON line with every kernel of the library (as
+ * --emit=kir names them) and its time per run, which add up to about a
+ * run; the text form lists them with their shares. */
+START_TEST(bench_profile_lists_every_kernel)
+{
+	save_model("m.kir");
+	result r = kiln("compile m.kir -o m.so");
+	ck_assert_msg(r.rc == 0, "%s", r.err);
+	result_free(&r);
+	r = kiln("compile m.kir --emit=kir -o mk.kir");
+	ck_assert_msg(r.rc == 0, "%s", r.err);
+	result_free(&r);
+	char kp[600];
+	snprintf(kp, sizeof kp, "%s/mk.kir", dir);
+	char *kir = slurp(kp);
+	int nk = 0;
+	for (const char *p = kir; (p = strstr(p, "\nkernel ")); p++)
+		nk++;
+	ck_assert_int_gt(nk, 0);
+	r = kiln("bench m.so --batch 200000 --runs 5 --warmup 1 --json --profile");
+	ck_assert_msg(r.rc == 0, "%s", r.err);
+	double med = json_number(r.out, "median_ms");
+	const char *prof = strstr(r.out, "\n{\"profile\": [");
+	ck_assert_msg(prof, "no profile line: %s", r.out);
+	int listed = 0;
+	double sum = 0;
+	for (const char *p = prof; (p = strstr(p, "{\"kernel\": \"")); listed++) {
+		p += strlen("{\"kernel\": \"");
+		char name[64] = "", pat[80];
+		sscanf(p, "%63[^\"]", name);
+		snprintf(pat, sizeof pat, "kernel %s ", name);
+		ck_assert_msg(strstr(kir, pat), "'%s' is not a kernel of: %s", name, kir);
+		double ms = json_number(p, "ms");
+		ck_assert(ms >= 0);
+		sum += ms;
+	}
+	ck_assert_int_eq(listed, nk);
+	ck_assert_msg(sum > 0.2 * med && sum < 3 * med, "kernels %.4f ms, a run %.4f ms", sum, med);
+	result_free(&r);
+	r = kiln("bench m.so --batch 1000 --runs 3 --profile");
+	ck_assert_msg(r.rc == 0, "%s", r.err);
+	contains(r.out, "kernels over 3 profiled runs");
+	result_free(&r);
+	free(kir);
+}
+END_TEST
+
 /* ---- inspect a compiled library; kinds by content ------------------------------------ */
 
 START_TEST(inspect_prints_a_library_signature)
@@ -871,6 +918,7 @@ static Suite *cli_suite(void)
 	tcase_add_test(run, run_gives_every_output_its_own_file);
 	tcase_add_test(run, compile_header_parameters_are_distinct_identifiers);
 	tcase_add_test(run, bench_json_reports_the_peak_rss);
+	tcase_add_test(run, bench_profile_lists_every_kernel);
 	tcase_add_test(opt, opt_without_passes_round_trips);
 	tcase_add_test(opt, opt_runs_passes_and_dumps_to_stderr);
 	tcase_add_test(opt, opt_rejects_an_unknown_pass_listing_the_known_ones);
