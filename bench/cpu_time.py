@@ -10,7 +10,8 @@ less.  For kiln: `kiln bench` is run twice, with R and 4R timed runs, and
 the difference of the two processes' user+sys time (os.wait4) divided by
 3R is the cost of one run, free of compile, load and warm-up.  For ORT: a
 session with intra_op_num_threads=1 in this process, resource.getrusage
-around 3R runs after a warm-up.  Prints kiln ms, ORT ms and their ratio.
+around 3R runs after a warm-up.  Prints kiln ms, ORT ms, their ratio and
+kiln's compile time (wall).
 Numbers at two threads need a quiet machine: use bench/run.sh.
 """
 import argparse
@@ -19,6 +20,7 @@ import resource
 import subprocess
 import sys
 import tempfile
+import time
 
 
 def kiln_cpu(kiln, so, batch, runs):
@@ -64,12 +66,14 @@ def main():
         for path in a.models:
             name = os.path.splitext(os.path.basename(path))[0]
             so = os.path.join(d, name + ".so")
+            t0 = time.monotonic()
             subprocess.run([a.kiln, "compile", path, "-o", so], check=True,
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            ct = time.monotonic() - t0
             k = kiln_cpu(a.kiln, so, a.batch, a.runs)
             o = ort_cpu(path, a.batch, a.runs)
-            print(f"{name:24s} b{a.batch}  kiln {k:9.3f} ms  ORT {o:9.3f} ms  kiln/ORT {k / o:5.2f}",
-                  flush=True)
+            print(f"{name:24s} b{a.batch}  kiln {k:9.3f} ms  ORT {o:9.3f} ms  kiln/ORT {k / o:5.2f}"
+                  f"  (compile {ct:.1f} s)", flush=True)
     return 0
 
 
