@@ -398,8 +398,9 @@ END_TEST
 /* Stride-2 window ops wide enough to split their input rows into even and
  * odd columns (lower_nn.c, want_split): max and average pools (padding
  * counted or not, ceil mode, even and odd widths), depthwise convs
- * (padding 1 and 2, dilation 2, a channel multiplier of 2) and im2col
- * convs (batch 1 and 2, asymmetric padding, 7x7) against the interpreter. */
+ * (padding 1 and 2, dilation 2, a channel multiplier of 2), the same on
+ * planes big enough to be split row by row, and im2col convs (batch 1 and
+ * 2, asymmetric padding, 7x7) against the interpreter. */
 START_TEST(stride2_windows_match_the_interpreter)
 {
 	static const struct {
@@ -415,6 +416,12 @@ START_TEST(stride2_windows_match_the_interpreter)
 		{KILN_OP_CONV, 2, 4, 4, 15, 41, 3, 1, "group=4 strides=2,2 pads=1,1,1,1"},
 		{KILN_OP_CONV, 2, 3, 3, 16, 44, 5, 1, "group=3 strides=2,2 pads=2,2,2,2"},
 		{KILN_OP_CONV, 2, 2, 4, 14, 45, 3, 1, "group=2 strides=2,2 pads=2,2,2,2 dilations=2,2"},
+		/* planes of 64 x 64 or more: split row by row (by_rows) */
+		{KILN_OP_MAX_POOL, 2, 3, 3, 71, 65, 3, 0, "kernel_shape=3,3 strides=2,2 ceil_mode=1"},
+		{KILN_OP_AVERAGE_POOL, 1, 2, 2, 64, 67, 3, 0,
+		 "kernel_shape=3,3 strides=2,2 pads=1,1,1,1"},
+		{KILN_OP_CONV, 2, 3, 3, 66, 70, 3, 1, "group=3 strides=2,2 pads=1,1,1,1"},
+		{KILN_OP_CONV, 1, 2, 4, 65, 64, 5, 1, "group=2 strides=2,2 pads=2,2,2,2 dilations=2,2"},
 		/* im2col convs: batch 1 (im2col per channel), 2 (per image), 7x7 */
 		{KILN_OP_CONV, 1, 3, 5, 15, 41, 3, 3, "strides=2,2 pads=1,1,1,1"},
 		{KILN_OP_CONV, 2, 4, 6, 13, 40, 3, 4, "strides=2,2 pads=1,0,1,2"},
