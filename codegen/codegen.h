@@ -226,6 +226,12 @@ typedef struct cg_kernel {
 	 * stores (lower.c); final_act: an activation already has */
 	int final_buf;
 	bool final_act;
+	/* >= 0: where an activation (an elementwise fold that ignores the
+	 * index: not a residual) folds instead: a buffer whose stored values
+	 * the kernel then copies, unchanged, to final_buf (a small-plane
+	 * depthwise conv's flat rows, a long vector loop, where the copy is
+	 * rows of 7 or 14); -1: final_buf itself */
+	int act_buf;
 	/* >= 0: the kernel that computes the same buffer when guard is false
 	 * (the other algorithm of a choice made at run time); an activation or
 	 * residual folded into this kernel's stores folds into that kernel's

@@ -83,7 +83,7 @@ cg_kernel *cg_kernel_new(cg_module *m, const char *name, uint32_t node)
 		return NULL;
 	cg_kernel *k = &m->kern[m->nkern++];
 	*k = (cg_kernel){.name = ir_arena_strdup(m->arena, name), .node = node,
-	                 .body = cg_block(m), .final_buf = -1, .alt = -1};
+	                 .body = cg_block(m), .final_buf = -1, .act_buf = -1, .alt = -1};
 	return k->name && k->body ? k : NULL;
 }
 

@@ -1291,7 +1291,8 @@ static bool fuse_store_act(lowering *L, const ir_node *n)
 	if (!k || k->final_act || (k->alt >= 0 && (!alt || alt->c != root || alt->act)) ||
 	    !view_of(L, n, root))
 		return false;
-	fold_stores(L->m, k->body, root, &(store_fold){.act = n, .residual = -1});
+	fold_stores(L->m, k->body, k->act_buf >= 0 ? k->act_buf : root,
+	            &(store_fold){.act = n, .residual = -1});
 	k->final_act = true;
 	if (alt) /* the other algorithm's GEMM, as fuse_act does */
 		gemm_take_act(alt, n);
@@ -1318,6 +1319,7 @@ static bool fuse_store_residual(lowering *L, const ir_node *n)
 		    !view_of(L, n, root))
 			continue;
 		fold_stores(L->m, k->body, root, &(store_fold){.act = NULL, .residual = rb});
+		k->act_buf = -1; /* an activation now comes after the residual */
 		if (alt) /* the other algorithm's GEMM, as fuse_residual does */
 			gemm_take_residual(alt, rb);
 		return true;

@@ -941,7 +941,8 @@ static kiln_status dw_flat(cg_module *m, cg_kernel *k, cg_stmt *blk, const ir_no
 		cg_set(m, tb, acc, add(m, acc, mul(m, cg_ld(m, P, pi), cg_ld(m, in[1], wi))));
 		cg_append(m, fb, cg_st(m, T, add(m, tp, fi), acc));
 	}
-	/* the rows out */
+	/* the rows out: an activation folds into the flat loop's stores instead */
+	k->act_buf = T;
 	cg_append(m, blk, cg_loop(m, k, I(m, g->out[0]), 0, &r, &rb));
 	cg_append(m, rb, cg_loop(m, k, I(m, g->out[1]), CG_VECTORIZE, &c, &cb));
 	cg_append(m, cb, cg_st(m, y, add(m, mul(m, pl[0], I(m, g->osz)),

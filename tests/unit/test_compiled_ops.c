@@ -487,6 +487,38 @@ START_TEST(small_plane_depthwise_matches_the_interpreter)
 }
 END_TEST
 
+/* On a small plane a depthwise conv's activation folds into its flat
+ * vector loop (cg_kernel.act_buf), its residual Add into the row copy
+ * after it: Clip alone, and a residual Add then Relu, where the Relu must
+ * come after the Add; a 1x1 conv reads the result.  Against the
+ * interpreter. */
+START_TEST(small_plane_depthwise_epilogues_keep_their_order)
+{
+	static const char *const tails[] = {
+		"  %y = clip %d {min=0, max=6} : f32[2,6,9,9]\n",
+		"  %r = add %d, %x : f32[2,6,9,9]\n  %y = relu %r : f32[2,6,9,9]\n",
+		"  %c = clip %d {min=-0.5, max=0.5} : f32[2,6,9,9]\n  %y = add %c, %x : f32[2,6,9,9]\n",
+	};
+	for (size_t i = 0; i < sizeof tails / sizeof *tails; i++) {
+		char text[1200] =
+			"graph @ep(%x: f32[2,6,9,9], %w: f32[6,1,3,3], %b: f32[6], %p: f32[6,6,1,1]) "
+			"-> (%z: f32[2,6,9,9]) {\n"
+			"  %d = conv %x, %w, %b {group=6, pads=[1,1,1,1]} : f32[2,6,9,9]\n";
+		strcat(text, tails[i]);
+		strcat(text, "  %z = conv %y, %p : f32[2,6,9,9]\n  ret %z\n}\n");
+		kiln_graph *g = NULL;
+		kiln_error e = {0};
+		ck_assert_msg(ir_parse(text, "ep.kir", &g, &e) == KILN_OK, "%s\n%s", e.msg, text);
+		int64_t sx[] = {2, 6, 9, 9}, sw[] = {6, 1, 3, 3}, sb[] = {6}, sp[] = {6, 6, 1, 1};
+		opcase_graph c = {"ep", g, {seeded(4, sx, 0), seeded(4, sw, 1), seeded(1, sb, 2),
+		                            seeded(4, sp, 3)}, {0}, 4, 1, 0};
+		char why[1400] = "";
+		ck_assert_msg(case_matches(&c, false, why, sizeof why), "case %zu: %s", i, why);
+		opcase_free(&c);
+	}
+}
+END_TEST
+
 /* A 7x7 map pays for Winograd only from a batch of 4 (lower_wino.c): with
  * a symbolic batch both algorithms are compiled, each kernel guarded by
  * the batch, and the Relu and the residual Add after the conv fold into
@@ -793,6 +825,7 @@ static Suite *compiled_ops_suite(void)
 	tcase_add_test(tc, chunked_im2col_convs_match_the_interpreter);
 	tcase_add_test(tc, stride2_windows_match_the_interpreter);
 	tcase_add_test(tc, small_plane_depthwise_matches_the_interpreter);
+	tcase_add_test(tc, small_plane_depthwise_epilogues_keep_their_order);
 	tcase_add_test(tc, batch_chosen_conv_matches_the_interpreter);
 	tcase_add_test(tc, gather_index_out_of_range_is_an_error);
 	tcase_add_test(tc, loss_target_out_of_range_is_an_error);
