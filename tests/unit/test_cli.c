@@ -746,8 +746,8 @@ START_TEST(bench_json_reports_the_peak_rss)
 END_TEST
 
 /* --profile: a second JSON line with every kernel of the library (as
- * --emit=kir names them) and its time per run, which add up to about a
- * run; the text form lists them with their shares. */
+ * --emit=kir names them) and its time per run, not all zero; the text
+ * form lists them with their shares. */
 START_TEST(bench_profile_lists_every_kernel)
 {
 	save_model("m.kir");
@@ -782,7 +782,8 @@ START_TEST(bench_profile_lists_every_kernel)
 		sum += ms;
 	}
 	ck_assert_int_eq(listed, nk);
-	ck_assert_msg(sum > 0.2 * med && sum < 3 * med, "kernels %.4f ms, a run %.4f ms", sum, med);
+	/* timed: something, but no bound on how much (tests assert no wall times) */
+	ck_assert_msg(sum > 0 && med > 0, "kernels %.4f ms, a run %.4f ms", sum, med);
 	result_free(&r);
 	r = kiln("bench m.so --batch 1000 --runs 3 --profile");
 	ck_assert_msg(r.rc == 0, "%s", r.err);
