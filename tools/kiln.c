@@ -1016,10 +1016,10 @@ static int cmd_compile(int argc, char **argv)
 			o.times = &times;
 			continue;
 		}
-		if (is_opt(argv[i], "--jobs", "-j")) {
-			double d;
-			if (!(v = optval(argc, argv, &i, "--jobs", "-j")) || !num(v, &d) || d < 0 ||
-			    d > 1024 || d != (double)(int)d)
+		if (is_opt(argv[i], "--jobs", "-j") || (!strncmp(argv[i], "-j", 2) && argv[i][2])) {
+			double d; /* -j N, --jobs N, --jobs=N, or make's -jN */
+			v = argv[i][1] == 'j' && argv[i][2] ? argv[i] + 2 : optval(argc, argv, &i, "--jobs", "-j");
+			if (!v || !num(v, &d) || d < 0 || d > 1024 || d != (double)(int)d)
 				return usage_error("compile", "%s", "--jobs needs a whole number >= 0");
 			o.jobs = (int)d;
 			continue;

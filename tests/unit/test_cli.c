@@ -513,6 +513,28 @@ START_TEST(compile_outputs_get_the_umask_permissions)
 }
 END_TEST
 
+/* -j N, -jN, --jobs N and --jobs=N all set LLVM's threads; --time-report
+ * says how many parts ran on how many; a bad count is a usage error. */
+START_TEST(compile_jobs_and_time_report)
+{
+	save_model("m.kir");
+	const char *forms[] = {"-j 1", "-j2", "--jobs 3", "--jobs=1"};
+	for (int i = 0; i < 4; i++) {
+		result r = kiln("compile m.kir -o m.so --time-report %s", forms[i]);
+		ck_assert_msg(r.rc == 0, "%s: %s", forms[i], r.err);
+		contains(r.err, "kiln: time: lower ");
+		contains(r.err, " part");
+		result_free(&r);
+	}
+	const char *bad[] = {"-jx", "-j -1", "--jobs=2.5"};
+	for (int i = 0; i < 3; i++) {
+		result r = kiln("compile m.kir -o m.so %s", bad[i]);
+		assert_fails(r, "--jobs needs a whole number >= 0");
+		result_free(&r);
+	}
+}
+END_TEST
+
 START_TEST(opt_export_and_run_refuse_to_overwrite_an_input)
 {
 	save_model("m.kir");
@@ -920,6 +942,7 @@ static Suite *cli_suite(void)
 	tcase_add_test(run, compile_header_parameters_are_distinct_identifiers);
 	tcase_add_test(run, bench_json_reports_the_peak_rss);
 	tcase_add_test(run, bench_profile_lists_every_kernel);
+	tcase_add_test(run, compile_jobs_and_time_report);
 	tcase_add_test(opt, opt_without_passes_round_trips);
 	tcase_add_test(opt, opt_runs_passes_and_dumps_to_stderr);
 	tcase_add_test(opt, opt_rejects_an_unknown_pass_listing_the_known_ones);
