@@ -1358,10 +1358,11 @@ static int64_t cost_stmt(const cg_stmt *s)
 	return c + cost_stmt(s->then_s) + cost_stmt(s->else_s);
 }
 
-/* The GEMM and transpose helpers, the library's descriptors and entry points:
- * what parts[0] holds before any kernel, in cost_stmt's units (kiln_sgemm's
- * family alone compiles in about the time of 10000 such units of kernels:
- * ResNet-18's are 45000 and take 2.4 s, the family 0.9 s). */
+/* The GEMM and transpose helpers (a part of their own, llvm_emit.c) and
+ * the library's descriptors and entry points (parts[0], before any
+ * kernel), in cost_stmt's units: kiln_sgemm's family alone compiles in
+ * about the time of 10000 units of kernels (ResNet-18's are 45000 and take
+ * 2.4 s, the family 0.9 s). */
 enum { HELPER_COST = 10000, LIBRARY_COST = 200, PART_MIN_COST = 2000 };
 
 static bool uses_gemm(const cg_stmt *s)
@@ -1374,6 +1375,14 @@ static bool uses_gemm(const cg_stmt *s)
 		if (uses_gemm(s->items[i]))
 			return true;
 	return uses_gemm(s->body) || uses_gemm(s->then_s) || uses_gemm(s->else_s);
+}
+
+bool cg_llvm_uses_helpers(const cg_module *m)
+{
+	for (int k = 0; m && k < m->nkern; k++)
+		if (uses_gemm(m->kern[k].body))
+			return true;
+	return false;
 }
 
 int cg_llvm_parts_for(const cg_module *m, int max)
@@ -1451,7 +1460,7 @@ static kiln_status emit_all(cg_llvm *const *parts, int nparts, int prog, LLVMVal
 			order[i] = k;
 		}
 	if (nparts > 0 && load)
-		load[0] = LIBRARY_COST + (gemm ? HELPER_COST : 0);
+		load[0] = LIBRARY_COST;
 	for (int i = 0; i < ng && !st; i++) {
 		int best = 0;
 		for (int p = 1; p < nparts; p++)

@@ -81,8 +81,9 @@ LLVMValueRef cg_llvm_cstr(cg_llvm *L, const char *s);         /* a private C str
 /* Every kernel of m as `void <kernel name>(rt_exec *)`, spread over the
  * modules of parts[0..nparts) (each its own context): kernels with equal
  * keys share one body, each group of them in one part, groups balanced by
- * an estimate of their cost (parts[0] starts with the library and the GEMM
- * helpers).  fns[k] is kernel k as a function of parts[0]: a hidden
+ * an estimate of their cost (parts[0] starts with the library; the GEMM
+ * helpers have a part of their own).  fns[k] is kernel k as a function of
+ * parts[0]: a hidden
  * declaration where another part defines it.  m is set as every part's
  * L->m; prog names the program (0, or 1: a training library's eval). */
 kiln_status cg_llvm_emit_kernels(cg_llvm *const *parts, int nparts, const cg_module *m,
@@ -91,6 +92,8 @@ kiln_status cg_llvm_emit_kernels(cg_llvm *const *parts, int nparts, const cg_mod
  * the library does not depend on the threads compiling it), 1 for small
  * programs, at most max. */
 int cg_llvm_parts_for(const cg_module *m, int max);
+/* Whether m's kernels call kiln_sgemm or kiln_transpose. */
+bool cg_llvm_uses_helpers(const cg_module *m);
 
 /* L->m's numel(sym, out) and io_dims(sym, out) functions: each buffer's
  * element count, each I/O dim, from their kernel-IR expressions. */

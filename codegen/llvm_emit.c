@@ -20,6 +20,7 @@
  * hinted for vectorization that LLVM would not vectorize) are dropped.
  */
 #include <pthread.h>
+#include <sys/stat.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,6 +28,7 @@
 #include <unistd.h>
 
 #include <llvm-c/Analysis.h>
+#include <llvm/Config/llvm-config.h>
 #include <llvm-c/Transforms/PassBuilder.h>
 
 #include "codegen/backend.h"
@@ -121,6 +123,10 @@ static kiln_status verify(cg_llvm *L, kiln_error *err)
 	return st;
 }
 
+/* What optimize() and the target machine (target.c) do, for the cache's key:
+ * change it with either. */
+#define PIPELINE "default<O3> loop-vectorize slp-vectorize unroll interleave; pic O3 epoch 1"
+
 static kiln_status optimize(cg_llvm *L, kiln_error *err)
 {
 	LLVMPassBuilderOptionsRef po = LLVMCreatePassBuilderOptions();
@@ -175,6 +181,8 @@ typedef struct part {
 	cg_target t;
 	diag d;
 	char obj[4200];     /* its object file, once written */
+	const char *cache;  /* the helpers' part: the object cache's folder, or NULL */
+	bool cached;        /* obj is the cache's file (not to be removed) */
 	double opt_s, cg_s; /* seconds in O3 and in object emission */
 	kiln_status st;
 	kiln_error err;
@@ -183,21 +191,99 @@ typedef struct part {
 struct cg_session {
 	part *parts;
 	int nparts;
+	int nkparts;           /* parts[0, nkparts) hold kernels; a last one, if any,
+	                          only kiln_sgemm and kiln_transpose */
 	cg_blob blob;
 	const cg_library *lib;
 	LLVMValueRef *fns[2];  /* kernels of lib->m, lib->eval (in parts[0]) */
 	const char *out;       /* "so": the library's path, for the parts' temporary files */
 	pthread_mutex_t lock;
 	int next;              /* the next part a thread takes */
+	char cache_buf[4096];  /* the object cache's folder */
 };
 
 /* Verify, O3, then the object (stage "so": a temporary file beside s->out)
  * or the stage's file. */
+/* ---- the helpers' object cache ----------------------------------------------------
+ * kiln_sgemm and kiln_transpose depend on the target alone, yet took about
+ * 0.9 s of LLVM in every compile (all of it for an MLP).  Their part's
+ * object is kept in the cache folder (cache_dir), named by a hash of
+ * everything it is made from: the module's IR, the target triple, CPU,
+ * features and vector width, LLVM's and kiln's versions and the pipeline.
+ * Written atomically (a temporary file renamed), read only when whole; a
+ * folder that cannot be written only means no caching. */
+
+static void fnv(uint64_t *h, const char *s)
+{
+	for (; s && *s; s++)
+		*h = (*h ^ (unsigned char)*s) * 0x100000001b3ULL;
+	*h = (*h ^ 0xff) * 0x100000001b3ULL; /* a separator */
+}
+
+/* dir/helpers-<128-bit hash>.o into path. */
+static void cache_path(part *p, char *path, size_t size)
+{
+	char *ir = LLVMPrintModuleToString(p->L.mod), w[16];
+	snprintf(w, sizeof w, "%d", p->t.prefer_bits);
+	const char *parts[] = {ir, p->t.triple, p->t.cpu, p->t.features, w, LLVM_VERSION_STRING,
+	                       KILN_VERSION, PIPELINE};
+	uint64_t h[2] = {0xcbf29ce484222325ULL, 0x84222325cbf29ce4ULL};
+	for (int k = 0; k < 2; k++)
+		for (size_t i = 0; i < sizeof parts / sizeof *parts; i++)
+			fnv(&h[k], k ? parts[sizeof parts / sizeof *parts - 1 - i] : parts[i]);
+	LLVMDisposeMessage(ir);
+	snprintf(path, size, "%s/helpers-%016llx%016llx.o", p->cache, (unsigned long long)h[0],
+	         (unsigned long long)h[1]);
+}
+
+/* mkdir -p dir (best effort). */
+static void make_dirs(const char *dir)
+{
+	char b[4096];
+	snprintf(b, sizeof b, "%s", dir);
+	for (char *c = b + 1; *c; c++)
+		if (*c == '/') {
+			*c = 0;
+			mkdir(b, 0755);
+			*c = '/';
+		}
+	mkdir(b, 0755);
+}
+
+/* A copy of src at dst, atomically; failures are ignored. */
+static void cache_store(const char *src, const char *dst)
+{
+	char tmp[4200];
+	snprintf(tmp, sizeof tmp, "%s.tmp%ld", dst, (long)getpid());
+	FILE *in = fopen(src, "rb"), *out = in ? fopen(tmp, "wb") : NULL;
+	char buf[65536];
+	size_t n;
+	bool ok = in && out;
+	while (ok && (n = fread(buf, 1, sizeof buf, in)) > 0)
+		ok = fwrite(buf, 1, n, out) == n;
+	ok = ok && !ferror(in);
+	if (in)
+		fclose(in);
+	if (out && fclose(out) != 0)
+		ok = false;
+	if (!ok || rename(tmp, dst) != 0)
+		unlink(tmp);
+}
+
 static kiln_status finish_part(part *p, const char *stage, const char *path, kiln_error *err)
 {
 	cg_llvm *L = &p->L;
 	tune(L);
 	kiln_status st = verify(L, err);
+	char cached[4200] = "";
+	if (st == KILN_OK && p->cache && strcmp(stage, "so") == 0) {
+		cache_path(p, cached, sizeof cached);
+		if (access(cached, R_OK) == 0) {
+			snprintf(p->obj, sizeof p->obj, "%s", cached);
+			p->cached = true;
+			return KILN_OK;
+		}
+	}
 	double t0 = now();
 	if (st == KILN_OK)
 		st = optimize(L, err);
@@ -213,6 +299,10 @@ static kiln_status finish_part(part *p, const char *stage, const char *path, kil
 	p->cg_s = now() - t1;
 	if (st == KILN_OK && p->d.msg[0])
 		st = ir_seterr(err, KILN_EINVAL, "LLVM: %s", p->d.msg);
+	if (st == KILN_OK && cached[0]) {
+		make_dirs(p->cache);
+		cache_store(p->obj, cached);
+	}
 	return st;
 }
 
@@ -233,7 +323,7 @@ static void *worker(void *arg)
 /* Every part on min(jobs, parts) threads, this one among them. */
 static kiln_status finish_parts(cg_session *s, int jobs, kiln_error *err)
 {
-	pthread_t th[MAX_PARTS];
+	pthread_t th[MAX_PARTS + 1];
 	int nth = 0;
 	s->next = 0;
 	for (; nth + 1 < jobs && nth + 1 < s->nparts; nth++)
@@ -280,7 +370,7 @@ static kiln_status link_so(cg_session *s, const char *blob_obj, const char *path
 	                "-Xlinker", (char *)base, "-o", so};
 	char *tail[] = {(char *)(rt && *rt ? rt : KILN_RT_GEN_LIB), "-lm", "-lpthread", NULL};
 	enum { NHEAD = sizeof head / sizeof *head, NTAIL = sizeof tail / sizeof *tail };
-	char *argv[NHEAD + MAX_PARTS + 1 + NTAIL];
+	char *argv[NHEAD + MAX_PARTS + 2 + NTAIL];
 	int n = 0;
 	for (int i = 0; i < NHEAD; i++)
 		argv[n++] = head[i];
@@ -305,6 +395,28 @@ static bool linking(const cg_library *lib)
 	return !lib->o->emit || strcmp(lib->o->emit, "so") == 0;
 }
 
+/* The object cache's folder: o->cache_dir, else $KILN_CACHE_DIR, else
+ * $XDG_CACHE_HOME/kiln, else $HOME/.cache/kiln; NULL when that is "" (off)
+ * or there is no home.  Into buf. */
+static const char *cache_dir(const kiln_compile_opts *o, char *buf, size_t size)
+{
+	const char *d = o->cache_dir ? o->cache_dir : getenv("KILN_CACHE_DIR");
+	if (d) {
+		if (!*d)
+			return NULL;
+		snprintf(buf, size, "%s", d);
+		return buf;
+	}
+	const char *x = getenv("XDG_CACHE_HOME"), *h = getenv("HOME");
+	if (x && *x)
+		snprintf(buf, size, "%s/kiln", x);
+	else if (h && *h)
+		snprintf(buf, size, "%s/.cache/kiln", h);
+	else
+		return NULL;
+	return buf;
+}
+
 static kiln_status s_open(cg_session **out, const cg_library *lib, kiln_error *err)
 {
 	cg_session *s = calloc(1, sizeof *s);
@@ -313,26 +425,32 @@ static kiln_status s_open(cg_session **out, const cg_library *lib, kiln_error *e
 	s->lib = lib;
 	pthread_mutex_init(&s->lock, NULL);
 	int n = 1;
+	bool helpers = false;
 	if (linking(lib)) {
 		n = cg_llvm_parts_for(lib->m, MAX_PARTS);
 		int ne = cg_llvm_parts_for(lib->eval, MAX_PARTS);
 		n = ne > n ? ne : n;
+		helpers = cg_llvm_uses_helpers(lib->m) || cg_llvm_uses_helpers(lib->eval);
 	}
-	s->parts = calloc((size_t)n, sizeof *s->parts);
+	s->nkparts = n;
+	s->parts = calloc((size_t)n + 1, sizeof *s->parts);
 	if (!s->parts) {
 		free(s);
 		return ir_seterr(err, KILN_ENOMEM, "out of memory");
 	}
 	kiln_status st = KILN_OK;
-	for (int i = 0; i < n && st == KILN_OK; i++) {
+	for (int i = 0; i < n + helpers && st == KILN_OK; i++) {
 		part *p = &s->parts[i];
 		st = cg_target_init(&p->t, lib->o->cpu, lib->o->features, err);
 		if (st != KILN_OK)
 			break;
 		s->nparts++;
-		llvm_open(&p->L, &p->t, lib->m, lib->name, &p->d);
-		p->L.helpers_extern = i > 0;
+		/* the helpers' module is named alike in every library: its object
+		 * depends on the target only, and is cached */
+		llvm_open(&p->L, &p->t, lib->m, i < n ? lib->name : "kiln_helpers", &p->d);
+		p->L.helpers_extern = helpers && i < n;
 		p->L.blob = i == 0 && linking(lib) ? &s->blob : NULL;
+		p->cache = i == n ? cache_dir(lib->o, s->cache_buf, sizeof s->cache_buf) : NULL;
 	}
 	*out = s;
 	return st;
@@ -344,26 +462,20 @@ static kiln_status s_kernels(cg_session *s, const cg_module *m, kiln_error *err)
 	if (!(s->fns[i] = calloc((size_t)m->nkern + 1, sizeof *s->fns[i])))
 		return ir_seterr(err, KILN_ENOMEM, "out of memory emitting kernels");
 	cg_llvm *parts[MAX_PARTS];
-	for (int p = 0; p < s->nparts; p++)
+	for (int p = 0; p < s->nkparts; p++)
 		parts[p] = &s->parts[p].L;
-	return cg_llvm_emit_kernels(parts, s->nparts, m, i, s->fns[i], err);
+	return cg_llvm_emit_kernels(parts, s->nkparts, m, i, s->fns[i], err);
 }
 
 static kiln_status s_library(cg_session *s, kiln_error *err)
 {
-	cg_llvm *L0 = &s->parts[0].L;
-	bool sgemm = false, transpose = false;
-	for (int p = 1; p < s->nparts; p++) {
-		sgemm = sgemm || s->parts[p].L.sgemm;
-		transpose = transpose || s->parts[p].L.transpose;
+	if (s->nparts > s->nkparts) { /* both helpers, whatever the kernels use */
+		cg_llvm *LH = &s->parts[s->nkparts].L;
+		cg_llvm_sgemm(LH);
+		cg_llvm_transpose(LH);
+		cg_llvm_export_helpers(LH);
 	}
-	if (sgemm)
-		cg_llvm_sgemm(L0);
-	if (transpose)
-		cg_llvm_transpose(L0);
-	if (s->nparts > 1)
-		cg_llvm_export_helpers(L0);
-	return cg_llvm_library(L0, s->lib, s->fns, err);
+	return cg_llvm_library(&s->parts[0].L, s->lib, s->fns, err);
 }
 
 static kiln_status s_write(cg_session *s, const char *stage, const char *path, kiln_error *err)
@@ -384,6 +496,22 @@ static kiln_status s_write(cg_session *s, const char *stage, const char *path, k
 	}
 	if (st == KILN_OK)
 		st = link_so(s, blob_obj[0] ? blob_obj : NULL, path, err);
+	part *h = s->nparts > s->nkparts ? &s->parts[s->nkparts] : NULL;
+	if (st != KILN_OK && h && h->cached) {
+		/* a damaged cached object: compile the helpers after all, put
+		 * the new object in the cache, link again */
+		kiln_error e2 = {0};
+		char bad[4200];
+		snprintf(bad, sizeof bad, "%s", h->obj);
+		h->cached = false;
+		h->obj[0] = 0;
+		unlink(bad);
+		st = finish_part(h, "so", path, &e2);
+		if (st == KILN_OK)
+			st = link_so(s, blob_obj[0] ? blob_obj : NULL, path, err);
+		else
+			*err = e2;
+	}
 	if (blob_obj[0])
 		unlink(blob_obj);
 	if (tm) {
@@ -395,6 +523,7 @@ static kiln_status s_write(cg_session *s, const char *stage, const char *path, k
 		for (int i = 0; i < s->nparts; i++) {
 			tm->optimize += s->parts[i].opt_s;
 			tm->codegen += s->parts[i].cg_s;
+			tm->cached += s->parts[i].cached;
 		}
 	}
 	return st;
@@ -404,7 +533,7 @@ static void s_close(cg_session *s)
 {
 	for (int i = 0; i < s->nparts; i++) {
 		part *p = &s->parts[i];
-		if (p->obj[0])
+		if (p->obj[0] && !p->cached)
 			unlink(p->obj);
 		llvm_close(&p->L);
 		cg_target_free(&p->t);

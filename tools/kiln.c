@@ -1071,10 +1071,11 @@ static int cmd_compile(int argc, char **argv)
 	        (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec));
 	if (report)
 		fprintf(stderr, "kiln: time: lower %.2f s, LLVM IR %.2f s, LLVM %.2f s on %d thread%s "
-		        "(%d part%s: O3 %.2f s + objects %.2f s), link %.2f s (%.1f MB of weights)\n",
-		        times.lower, times.emit, times.llvm, times.jobs, times.jobs == 1 ? "" : "s",
-		        times.parts, times.parts == 1 ? "" : "s", times.optimize, times.codegen,
-		        times.link, (double)times.weights_bytes / 1e6);
+		        "(%d part%s, %d cached: O3 %.2f s + objects %.2f s), link %.2f s (%.1f MB of "
+		        "weights)\n", times.lower, times.emit, times.llvm, times.jobs,
+		        times.jobs == 1 ? "" : "s", times.parts, times.parts == 1 ? "" : "s",
+		        times.cached, times.optimize, times.codegen, times.link,
+		        (double)times.weights_bytes / 1e6);
 	return 0;
 }
 
@@ -1147,6 +1148,9 @@ static const command commands[] = {
 	 "  -j, --jobs N         threads for LLVM (default 0: one per CPU, at most 8);\n"
 	 "                       the library is the same whatever N is\n"
 	 "  --time-report        print where the compile's time went\n"
+	 "  The GEMM helpers, the same for every model, are compiled once per target\n"
+	 "  and kept in $KILN_CACHE_DIR (default $XDG_CACHE_HOME/kiln or\n"
+	 "  ~/.cache/kiln; set it empty for none)\n"
 	 "  --train              a training library instead (docs/TRAINING.md): the\n"
 	 "                       model's train step (loss, gradients, optimizer) and\n"
 	 "                       its eval forward, with entry points _train_step,\n"

@@ -823,6 +823,9 @@ typedef struct kiln_compile_opts {
 	int jobs;             /* threads LLVM may use; 0: the online CPUs (at most 8).
 	                         The library is the same whatever the number */
 	struct kiln_compile_times *times; /* NULL, or filled with where the time went */
+	const char *cache_dir; /* where compiled GEMM helpers (one object per target and
+	                          kiln version, ~0.1 MB) are kept: NULL: $KILN_CACHE_DIR,
+	                          else $XDG_CACHE_HOME/kiln, else ~/.cache/kiln; "": none */
 } kiln_compile_opts;
 
 /* Where a kiln_compile's time went (wall clock, seconds).  LLVM works on
@@ -837,6 +840,7 @@ typedef struct kiln_compile_times {
 	double codegen;   /* LLVM's object emission, summed over parts */
 	double link;      /* the weights' object and the system linker */
 	int parts, jobs;  /* LLVM modules, and threads that compiled them */
+	int cached;       /* parts taken from the cache (cache_dir) instead */
 	unsigned long long weights_bytes; /* constant bytes embedded */
 } kiln_compile_times;
 

@@ -7,6 +7,7 @@
  * kernel modules; each --emit stage; and errors that must be messages,
  * never crashes.
  */
+#include <dirent.h>
 #include <dlfcn.h>
 #include <math.h>
 #include <stdio.h>
@@ -786,6 +787,87 @@ START_TEST(library_is_the_same_whatever_the_threads)
 }
 END_TEST
 
+/* kiln_sgemm and kiln_transpose are compiled once per target and kept in
+ * the cache folder (llvm_emit.c): a second model with a GEMM takes them
+ * from there, and its library is the same bytes as one compiled without
+ * the cache; a damaged cached object is compiled again and replaced; ""
+ * turns the cache off. */
+static kiln_graph *gemm_graph(const char *name, int64_t k)
+{
+	kiln_graph *g = kiln_graph_new(name);
+	int64_t N = kiln_sym(g, "N");
+	kiln_value x = kiln_input(g, "x", KILN_F32, 2, (int64_t[]){N, k});
+	kiln_tensor *w = rand_f32(2, (int64_t[]){k, 24}, -1, 1);
+	kiln_output(g, "y", kiln_relu(g, kiln_matmul(g, x, kiln_param(g, "w", w))));
+	kiln_tensor_free(w);
+	return g;
+}
+
+static int count_files(const char *d)
+{
+	DIR *dp = opendir(d);
+	int n = 0;
+	for (struct dirent *e; dp && (e = readdir(dp));)
+		n += e->d_name[0] != '.';
+	if (dp)
+		closedir(dp);
+	return n;
+}
+
+START_TEST(gemm_helpers_are_cached_per_target)
+{
+	char cache[600], so[512], bad[1200] = "";
+	snprintf(cache, sizeof cache, "%s/cache", dir);
+	kiln_graph *a = gemm_graph("ga", 40), *b = gemm_graph("gb", 56);
+	kiln_compile_times t;
+	kiln_error e = {0};
+	kiln_compile_opts o = {.cache_dir = cache, .times = &t};
+	ck_assert_msg(kiln_compile(a, path_of(so, "ga", ".so"), &o, &e) == KILN_OK, "%s", e.msg);
+	ck_assert_int_eq(t.cached, 0);
+	ck_assert_int_eq(count_files(cache), 1);
+	ck_assert_msg(kiln_compile(b, path_of(so, "gb", ".so"), &o, &e) == KILN_OK, "%s", e.msg);
+	ck_assert_int_eq(t.cached, 1);
+	ck_assert_int_eq(count_files(cache), 1);
+	size_t n1, n2;
+	char *b1 = slurp_n(so, &n1);
+	kiln_compile_opts off = {.cache_dir = "", .times = &t};
+	ck_assert(kiln_compile(b, so, &off, &e) == KILN_OK);
+	ck_assert_int_eq(t.cached, 0);
+	char *b2 = slurp_n(so, &n2);
+	ck_assert_int_eq(n1, n2);
+	ck_assert(memcmp(b1, b2, n1) == 0);
+	/* damage the cached object: the compile still succeeds and repairs it */
+	DIR *dp = opendir(cache);
+	for (struct dirent *de; dp && (de = readdir(dp));)
+		if (de->d_name[0] != '.')
+			snprintf(bad, sizeof bad, "%s/%s", cache, de->d_name);
+	if (dp)
+		closedir(dp);
+	FILE *f = fopen(bad, "wb");
+	ck_assert_ptr_nonnull(f);
+	fputs("not an object", f);
+	fclose(f);
+	ck_assert_msg(kiln_compile(a, path_of(so, "ga", ".so"), &o, &e) == KILN_OK, "%s", e.msg);
+	lib l = open_lib(so);
+	kiln_tensor *in = rand_f32(2, (int64_t[]){3, 40}, -1, 1), *ref = NULL;
+	ck_assert_int_eq(kiln_graph_run(a, &in, 1, &ref, 1, NULL), KILN_OK);
+	kiln_tensor *out = kiln_tensor_new(KILN_F32, 2, (int64_t[]){3, 24});
+	ck_assert_int_eq(rt_model_run_tensors(l.m, (const kiln_tensor *const[]){in}, 1, &out, 1),
+	                 KILN_OK);
+	ck_assert_float_le(max_diff(out, ref, NULL), 1e-4f);
+	close_lib(&l);
+	struct stat sb;
+	ck_assert_int_eq(stat(bad, &sb), 0);
+	ck_assert_int_gt(sb.st_size, 1000); /* an object again */
+	unlink(bad);
+	rmdir(cache);
+	free(b1), free(b2);
+	kiln_tensor_free(in), kiln_tensor_free(ref), kiln_tensor_free(out);
+	remove_outputs("ga"), remove_outputs("gb");
+	kiln_graph_free(a), kiln_graph_free(b);
+}
+END_TEST
+
 /* ---- errors -------------------------------------------------------------- */
 
 static void expect_error(const kiln_compile_opts *o, kiln_status code, const char *want)
@@ -904,6 +986,7 @@ static Suite *codegen_suite(void)
 	tcase_set_timeout(tc, 120);
 	tcase_add_test(tc, emit_stages_write_their_formats);
 	tcase_add_test(tc, library_is_the_same_whatever_the_threads);
+	tcase_add_test(tc, gemm_helpers_are_cached_per_target);
 	suite_add_tcase(s, tc);
 	tc = tcase_create("errors");
 	tcase_add_checked_fixture(tc, setup, teardown);
