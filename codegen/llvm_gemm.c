@@ -1316,28 +1316,18 @@ static LLVMValueRef emit_transpose(gen *g)
 	return fn;
 }
 
-/* name with fn's type, declared hidden: another part of the library defines
- * it (L->helpers_extern). */
-static LLVMValueRef declare_helper(gen *g, LLVMValueRef fn)
+/* void name(t[0..n)), declared hidden: another part of the library
+ * defines it (L->helpers_extern).  setup()'s constant is not needed here. */
+static LLVMValueRef declare_helper(gen *g, const char *name, LLVMTypeRef *t, unsigned n)
 {
-	char name[64];
-	snprintf(name, sizeof name, "%s", LLVMGetValueName(fn));
-	LLVMTypeRef ty = LLVMGlobalGetValueType(fn);
-	LLVMDeleteFunction(fn);
+	cg_llvm *L = g->L;
 	LLVMDeleteGlobal(g->zero);
-	LLVMValueRef d = LLVMAddFunction(g->L->mod, name, ty);
+	LLVMValueRef d = LLVMAddFunction(L->mod, name,
+	                                 LLVMFunctionType(LLVMVoidTypeInContext(L->ctx), t, n, 0));
 	LLVMSetVisibility(d, LLVMHiddenVisibility);
 	LLVMAddAttributeAtIndex(d, LLVMAttributeFunctionIndex,
-	    LLVMCreateEnumAttribute(g->L->ctx, LLVMGetEnumAttributeKindForName("nounwind", 8), 0));
+	    LLVMCreateEnumAttribute(L->ctx, LLVMGetEnumAttributeKindForName("nounwind", 8), 0));
 	return d;
-}
-
-/* An empty function of the helper's signature, to take its type from. */
-static LLVMValueRef signature_only(gen *g, const char *name, LLVMTypeRef *t, unsigned n)
-{
-	LLVMValueRef fn = function(g, name, t, n);
-	LLVMBuildRetVoid(g->b);
-	return fn;
 }
 
 LLVMValueRef cg_llvm_transpose(cg_llvm *L)
@@ -1348,7 +1338,7 @@ LLVMValueRef cg_llvm_transpose(cg_llvm *L)
 	setup(&g, L);
 	if (L->helpers_extern) {
 		LLVMTypeRef t[] = {g.fp, L->i64, g.fp, L->i64, L->i64, L->i64};
-		L->transpose = declare_helper(&g, signature_only(&g, "kiln_transpose", t, 6));
+		L->transpose = declare_helper(&g, "kiln_transpose", t, 6);
 	} else {
 		L->transpose = emit_transpose(&g);
 	}
@@ -1400,7 +1390,7 @@ LLVMValueRef cg_llvm_sgemm(cg_llvm *L)
 	if (L->helpers_extern) {
 		LLVMTypeRef t[P_COUNT];
 		unsigned n = gemm_params(&g, t, 0);
-		L->sgemm = declare_helper(&g, signature_only(&g, "kiln_sgemm", t, n));
+		L->sgemm = declare_helper(&g, "kiln_sgemm", t, n);
 		LLVMDisposeBuilder(g.b);
 		return L->sgemm;
 	}
