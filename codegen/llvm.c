@@ -1430,7 +1430,7 @@ static kiln_status emit_all(cg_llvm *const *parts, int nparts, int prog, LLVMVal
 	int *first = calloc((size_t)n + 1, sizeof *first), *part = calloc((size_t)n + 1, sizeof *part);
 	int *order = calloc((size_t)n + 1, sizeof *order);
 	int64_t *cost = calloc((size_t)n + 1, sizeof *cost), *load = calloc((size_t)nparts, sizeof *load);
-	bool *shared = calloc((size_t)n + 1, sizeof *shared), gemm = false;
+	bool *shared = calloc((size_t)n + 1, sizeof *shared);
 	LLVMValueRef *impl = calloc((size_t)n + 1, sizeof *impl);
 	int *roots = calloc((size_t)nb + 1, sizeof *roots);
 	kiln_status st = KILN_OK;
@@ -1446,7 +1446,6 @@ static kiln_status emit_all(cg_llvm *const *parts, int nparts, int prog, LLVMVal
 				first[k] = j, shared[j] = true;
 		if (first[k] == k)
 			cost[k] = cost_stmt(m->kern[k].body);
-		gemm = gemm || uses_gemm(m->kern[k].body);
 	}
 	/* groups by cost, largest first (ties: kernel order), then greedily */
 	int ng = 0;

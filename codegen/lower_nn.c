@@ -884,7 +884,7 @@ static bool want_flat(const cg_module *m, const geom *g, int x)
 	       m->buf[x].dt == KILN_F32;
 }
 
-/* blk[ P[po + row*Wp + c0 + c] = 0 for c < n ] */
+/* Appends to blk: P[at + c] = 0 for c < n (nothing when n <= 0). */
 static void zeros(cg_module *m, cg_kernel *k, cg_stmt *blk, int P, cg_expr *at, int64_t n)
 {
 	cg_expr *c;
