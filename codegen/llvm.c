@@ -737,10 +737,14 @@ static LLVMMetadataRef md_flag(cg_llvm *L, const char *name, bool value)
 }
 
 /* A loop around a vectorized loop (not a CG_UNROLL one, not of one
- * iteration): LLVM would fully unroll a short one and then vectorize every
- * copy of the inner loop, its remainder and runtime checks included; kept
- * rolled, ResNet-18 compiles in half the time (LLVM 7.2 -> 3.3 s, one
- * thread) and its kernels outside the GEMM run within 1-2%. */
+ * iteration) in a kernel that is not small: LLVM would fully unroll a
+ * short one and then vectorize every copy of the inner loop, its remainder
+ * and runtime checks included; kept rolled, ResNet-18 compiles in half the
+ * time (LLVM 7.2 -> 3.3 s, one thread) and its kernels outside the GEMM run
+ * within 1-2%.  A small kernel (SMALL_KERNEL in cost_stmt's units) is
+ * unrolled as before: the small CNN's first conv (im2col over 28-wide
+ * rows, cost 1093) ran 1.5x slower rolled, 0.036 -> 0.055-0.086 ms at
+ * batch 16. */
 enum { CG_OUTER = 1 << 30 };
 /* llvm.loop metadata: a distinct node whose first operand is itself. */
 static void loop_hints(cg_llvm *L, LLVMValueRef br, uint32_t hints)
@@ -858,7 +862,8 @@ static void s_for(fn_ctx *c, const cg_stmt *s)
 	}
 	LLVMValueRef hi = convert(c, expr(c, s->extent), s->extent->dt, KILN_I64);
 	bool one = s->extent && s->extent->kind == CG_CONST && s->extent->i <= 1;
-	uint32_t outer = !one && !(s->hints & CG_UNROLL) && has_loop(s->body) ? CG_OUTER : 0;
+	uint32_t outer = !one && !(s->hints & CG_UNROLL) && !c->L->small && has_loop(s->body)
+	                 ? CG_OUTER : 0;
 	emit_loop(c, s->var, i64c(c->L, 0), hi, s->hints | outer, s->body);
 }
 
@@ -1364,6 +1369,9 @@ static int64_t cost_stmt(const cg_stmt *s)
  * about the time of 10000 units of kernels (ResNet-18's are 45000 and take
  * 2.4 s, the family 0.9 s). */
 enum { HELPER_COST = 10000, LIBRARY_COST = 200, PART_MIN_COST = 2000 };
+/* Kernels at most this big keep LLVM's unrolling of loops around
+ * vectorized loops (CG_OUTER, above). */
+enum { SMALL_KERNEL = 1200 };
 
 static bool uses_gemm(const cg_stmt *s)
 {
@@ -1473,6 +1481,7 @@ static kiln_status emit_all(cg_llvm *const *parts, int nparts, int prog, LLVMVal
 		int p = part[first[k]];
 		cg_llvm *L = parts[p];
 		L->canon = canon + (size_t)k * nb;
+		L->small = cost[first[k]] <= SMALL_KERNEL;
 		LLVMValueRef f;
 		if (first[k] == k) {
 			int npar = 0;

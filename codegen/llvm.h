@@ -58,6 +58,8 @@ typedef struct cg_llvm {
 	LLVMValueRef blob_sym;    /* the blob's hidden symbol, declared on first use */
 	bool helpers_extern;      /* kiln_sgemm, kiln_transpose: declared here, defined by
 	                             another part of the library (hidden) */
+	bool small;               /* the kernel being emitted is small: its loops around
+	                             vectorized loops may unroll (llvm.c, CG_OUTER) */
 	int prog;                 /* the program being emitted (0, or 1: a training
 	                             library's eval): names of kernels shared across parts */
 } cg_llvm;
