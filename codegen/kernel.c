@@ -222,10 +222,21 @@ static bool fold(cg_binop op, int64_t a, int64_t b, int64_t *r)
 	}
 }
 
-/* x+0, x-0, x*1, x/1 and (integers only, no NaN to keep) x*0. */
+/* 1/y as a float expression: y, else NULL */
+static cg_expr *recip_of(const cg_expr *e)
+{
+	return e->kind == CG_BIN && e->op == CG_DIV && e->a->kind == CG_CONST &&
+	       kiln_dtype_is_float(e->a->dt) && e->a->f == 1.0 ? e->b : NULL;
+}
+
+/* x+0, x-0, x*1, x/1 and (integers only, no NaN to keep) x*0.  Floats:
+ * x * (1/y) is x/y, one correctly rounded division instead of a division
+ * and a product (SiLU, x * sigmoid(x), is such a product). */
 static cg_expr *simplify(cg_module *m, cg_binop op, cg_expr *a, cg_expr *b)
 {
 	bool fl = kiln_dtype_is_float(a->dt);
+	if (fl && op == CG_MUL && (recip_of(b) || recip_of(a)))
+		return recip_of(b) ? cg_bin(m, CG_DIV, a, recip_of(b)) : cg_bin(m, CG_DIV, b, recip_of(a));
 	if (fl)
 		return NULL;
 	if ((op == CG_ADD || op == CG_SUB) && is_int(b, 0))

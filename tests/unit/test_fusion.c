@@ -349,6 +349,32 @@ START_TEST(gelu_as_erf_chain_is_one_kernel)
 }
 END_TEST
 
+/* SiLU, x * sigmoid(x), fuses to x / (1 + exp(-x)): one division, not a
+ * reciprocal and a product, with the interpreter's values over a range
+ * where exp under- and overflows. */
+START_TEST(silu_fuses_to_one_division)
+{
+	kiln_graph *g = kiln_graph_new("silu");
+	kiln_value x = input(g, "x", 2, (int64_t[]){kiln_sym(g, "N"), 16});
+	kiln_output(g, "y", kiln_mul(g, x, kiln_sigmoid(g, x)));
+	ck_assert_msg(kiln_graph_status(g) == KILN_OK, "%s", kiln_graph_errmsg(g));
+	cg_module *m = lower(g, true);
+	ck_assert_int_eq(m->nkern, 1);
+	char *text = NULL;
+	size_t len = 0;
+	FILE *f = open_memstream(&text, &len);
+	cg_print(m, f);
+	fclose(f);
+	ck_assert_msg(strstr(text, "]/(1.0 + exp(neg(buf") && !strstr(text, "1.0/"), "%s", text);
+	free(text);
+	kiln_tensor *in = ramp(2, (int64_t[]){4, 16}, -120, 120, 6);
+	fused_matches(m, g, &in, 1);
+	kiln_tensor_free(in);
+	cg_module_free(m);
+	kiln_graph_free(g);
+}
+END_TEST
+
 /* Not fused: an intermediate read twice, one that is a graph output, and
  * one smaller than its reader (it would be recomputed per broadcast). */
 START_TEST(fusion_stops_at_shared_outputs_and_broadcasts)
@@ -635,6 +661,7 @@ static Suite *fusion_suite(void)
 	tcase_set_timeout(tc, 120);
 	tcase_add_test(tc, elementwise_chain_is_one_kernel);
 	tcase_add_test(tc, gelu_as_erf_chain_is_one_kernel);
+	tcase_add_test(tc, silu_fuses_to_one_division);
 	tcase_add_test(tc, fusion_stops_at_shared_outputs_and_broadcasts);
 	tcase_add_test(tc, too_many_leaves_split_the_chain);
 	tcase_add_test(tc, f16_chain_rounds_like_separate_kernels);
