@@ -177,6 +177,8 @@ static void shape_table(const gemm_jit *J, double peak, rt_pool *pool, int threa
 		{"conv 3x3 512ch 7x7 (im2col)", 512, 49, 4608, 0},
 		{"conv 3x3 64ch 56x56 (im2col)", 64, 3136, 576, 0},
 		{"transformer 128x512x512", 128, 512, 512, 1},
+		{"squeeze-excite FC 240->960 (N = 1)", 960, 1, 240, 0},
+		{"squeeze-excite FC 960->240 (N = 1)", 240, 1, 960, 0},
 	};
 	printf("\n%-34s  %10s  %9s  %8s", "one thread", "us", "GFLOP/s", "of peak");
 	if (pool)

@@ -539,6 +539,35 @@ START_TEST(gemm_threads_batch1_uneven_chunks)
 }
 END_TEST
 
+/* C one column wide with A's rows and B's column contiguous (a squeeze-
+ * excite FC): the dot form, its rows split over three uneven chunks (fake
+ * pool) with the per-row bias, residual and clamp following them; other
+ * layouts take the tiles (unsplit at this size); too little work stays
+ * inline. */
+START_TEST(gemm_threads_split_gemv_rows)
+{
+	fake_split = 1;
+	par_calls = 0;
+	prob p = PROB(960, 1, 240);
+	p.axis = 2;
+	p.res = 1;
+	p.act = 2;
+	check_layouts_on(p, (rt_pool *)&p);
+	ck_assert_int_eq(par_calls, 1); /* the layout with A's rows and B's column contiguous */
+	p = PROB(70, 1, 1000); /* row blocks not a multiple of three */
+	p.bt = 1;
+	p.beta = 0.5f;
+	p.axis = 2;
+	check_prob(&p, (rt_pool *)&p);
+	ck_assert_int_eq(par_calls, 2);
+	p = PROB(20, 1, 100); /* 2000 multiply-adds: inline */
+	p.bt = 1;
+	check_prob(&p, (rt_pool *)&p);
+	ck_assert_int_eq(par_calls, 2);
+	fake_split = 0;
+}
+END_TEST
+
 /* The MLP's batch-16 layers (small-M tiles) and its 10-wide classifier at
  * 64 rows (one-vector tiles, split by rows) go over the pool too. */
 START_TEST(gemm_threads_split_small_m_tiles)
@@ -623,6 +652,7 @@ static Suite *gemm_suite(void)
 	tcase_add_test(tc, gemm_threads_split_batch1_columns);
 	tcase_add_test(tc, gemm_threads_batch1_uneven_chunks);
 	tcase_add_test(tc, gemm_threads_split_small_m_tiles);
+	tcase_add_test(tc, gemm_threads_split_gemv_rows);
 	tcase_add_test(jit_case(s, "avx2", setup_256), gemm_narrow_vectors);
 	tcase_add_test(jit_case(s, "sse", setup_128), gemm_narrow_vectors);
 	tc = tcase_create("scratch");
