@@ -232,6 +232,9 @@ typedef struct cg_kernel {
 	 * depthwise conv's flat rows, a long vector loop, where the copy is
 	 * rows of 7 or 14); -1: final_buf itself */
 	int act_buf;
+	/* the kernel writes final_buf other than by CG_STOREs (transposes):
+	 * only an activation folds (into act_buf), a residual cannot */
+	bool final_act_only;
 	/* >= 0: the kernel that computes the same buffer when guard is false
 	 * (the other algorithm of a choice made at run time); an activation or
 	 * residual folded into this kernel's stores folds into that kernel's

@@ -1312,7 +1312,7 @@ static bool fuse_store_residual(lowering *L, const ir_node *n)
 		const ir_type *x = &L->g->val[n->in[i]]->type, *r = &L->g->val[n->in[1 - i]]->type;
 		cg_kernel *k = final_result(L, n->in[i], &root);
 		cg_gemm *alt = k && k->alt >= 0 ? last_gemm(&L->m->kern[k->alt]) : NULL;
-		if (!k || k->final_act || !ir_type_eq(x, y) || !ir_type_eq(r, y) || rb < 0 ||
+		if (!k || k->final_act || k->final_act_only || !ir_type_eq(x, y) || !ir_type_eq(r, y) || rb < 0 ||
 		    L->defer[n->in[1 - i]] ||
 		    (k->alt >= 0 && (!alt || alt->c != root || !gemm_residual_ok(alt))) ||
 		    (L->m->buf[rb].alias >= 0 ? L->m->buf[rb].alias : rb) == root ||

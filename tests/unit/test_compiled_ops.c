@@ -36,6 +36,7 @@
 
 #include "check_main.h"
 #include "kiln/kiln.h"
+#include "codegen/lower.h"
 #include "op_cases.h"
 
 /* Cases the backend does not compile yet, each with why (none today; the
@@ -487,6 +488,85 @@ START_TEST(small_plane_depthwise_matches_the_interpreter)
 }
 END_TEST
 
+/* Depthwise convs whose output rows have at most 8 columns run channel-
+ * blocked (lower_nn.c, dw_blocked): blocks of 16 channels transposed in
+ * and out.  Channel counts that leave a partial block (20, 37) or are
+ * below one (5), stride 1 and 2, 3x3 and 5x5, asymmetric padding,
+ * dilation 2, batch 2, without a bias, against the interpreter; then a
+ * Relu6 that folds into it and a residual Add that must not (it is
+ * applied after), and the kernel IR shows the transposes. */
+START_TEST(tiny_plane_depthwise_is_channel_blocked)
+{
+	static const struct {
+		int64_t n, c, h, w, k;
+		bool bias;
+		const char *attrs;
+	} cases[] = {
+		{1, 20, 7, 7, 3, true, "group=20 pads=1,1,1,1"},
+		{2, 37, 14, 14, 5, true, "group=37 strides=2,2 pads=2,2,2,2"},
+		{1, 16, 13, 15, 3, false, "group=16 strides=2,2 pads=0,1,2,1"},
+		{1, 5, 8, 8, 3, true, "group=5 pads=2,2,2,2 dilations=2,2"},
+		{2, 33, 6, 5, 5, true, "group=33 pads=2,1,2,3"},
+	};
+	for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+		char name[32];
+		snprintf(name, sizeof name, "dwblock_%zu", i);
+		kiln_graph *g = kiln_graph_new(name);
+		int64_t sx[] = {cases[i].n, cases[i].c, cases[i].h, cases[i].w};
+		int64_t sw[] = {cases[i].c, 1, cases[i].k, cases[i].k}, sb[] = {cases[i].c};
+		int nin = cases[i].bias ? 3 : 2;
+		opcase_graph c = {name, g, {seeded(4, sx, 0), seeded(4, sw, 1), seeded(1, sb, 2)}, {0},
+		                  nin, 1, 0};
+		uint32_t in[3] = {input(g, "x", KILN_F32, 4, sx), input(g, "w", KILN_F32, 4, sw),
+		                  cases[i].bias ? input(g, "b", KILN_F32, 1, sb) : 0};
+		ir_output_add(g, op1(g, KILN_OP_CONV, (unsigned)nin, in, cases[i].attrs), NULL);
+		char why[1400] = "";
+		ck_assert_msg(case_matches(&c, false, why, sizeof why), "%s (%s): %s", name,
+		              cases[i].attrs, why);
+		opcase_free(&c);
+	}
+	/* a Clip folds into the conv's stores into T and the Add and Relu after
+	 * it are a kernel of their own; an Add straight after the conv is one
+	 * too (it would have folded into stores y does not get) */
+	static const struct {
+		const char *tail, *want[2];
+	} eps[] = {
+		{"  %c = clip %d {min=0, max=6} : f32[2,20,7,7]\n"
+		 "  %r = add %c, %x : f32[2,20,7,7]\n",
+		 {"> 6.0, 6.0, ", "kernel k1_add_relu"}},
+		{"  %r = add %d, %x : f32[2,20,7,7]\n", {"kernel k1_add_relu", "kernel k0_conv"}},
+	};
+	for (size_t i = 0; i < sizeof eps / sizeof *eps; i++) {
+		char text[1200] =
+			"graph @ep(%x: f32[2,20,7,7], %w: f32[20,1,3,3], %b: f32[20]) -> (%z: f32[2,20,7,7]) {\n"
+			"  %d = conv %x, %w, %b {group=20, pads=[1,1,1,1]} : f32[2,20,7,7]\n";
+		strcat(text, eps[i].tail);
+		strcat(text, "  %z = relu %r : f32[2,20,7,7]\n  ret %z\n}\n");
+		kiln_graph *g = NULL;
+		kiln_error e = {0};
+		ck_assert_msg(ir_parse(text, "ep.kir", &g, &e) == KILN_OK, "%s", e.msg);
+		int64_t sx[] = {2, 20, 7, 7}, sw[] = {20, 1, 3, 3}, sb[] = {20};
+		opcase_graph c = {"ep", g, {seeded(4, sx, 0), seeded(4, sw, 1), seeded(1, sb, 2)}, {0},
+		                  3, 1, 0};
+		char why[1400] = "";
+		ck_assert_msg(case_matches(&c, false, why, sizeof why), "epilogue %zu: %s", i, why);
+		cg_module *m = NULL;
+		ck_assert_msg(cg_lower_ex(g, &(cg_lower_opts){.fuse = true}, &m, &e) == KILN_OK, "%s",
+		              e.msg);
+		char *kir = NULL;
+		size_t len = 0;
+		FILE *f = open_memstream(&kir, &len);
+		cg_print(m, f);
+		fclose(f);
+		ck_assert_msg(strstr(kir, "transpose rows=min(16, 20 - ") && strstr(kir, eps[i].want[0]) &&
+		              strstr(kir, eps[i].want[1]), "epilogue %zu:\n%s", i, kir);
+		free(kir);
+		cg_module_free(m);
+		opcase_free(&c);
+	}
+}
+END_TEST
+
 /* On a small plane a depthwise conv's activation folds into its flat
  * vector loop (cg_kernel.act_buf), its residual Add into the row copy
  * after it: Clip alone, and a residual Add then Relu, where the Relu must
@@ -826,6 +906,7 @@ static Suite *compiled_ops_suite(void)
 	tcase_add_test(tc, stride2_windows_match_the_interpreter);
 	tcase_add_test(tc, small_plane_depthwise_matches_the_interpreter);
 	tcase_add_test(tc, small_plane_depthwise_epilogues_keep_their_order);
+	tcase_add_test(tc, tiny_plane_depthwise_is_channel_blocked);
 	tcase_add_test(tc, batch_chosen_conv_matches_the_interpreter);
 	tcase_add_test(tc, gather_index_out_of_range_is_an_error);
 	tcase_add_test(tc, loss_target_out_of_range_is_an_error);
