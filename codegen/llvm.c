@@ -382,25 +382,26 @@ static LLVMValueRef tanh_f32(fn_ctx *c, LLVMValueRef x)
 	return fsel(c, LLVMRealOLT, a, fc(c, 0.625), small, big);
 }
 
-/* Cephes erff below 1 (x times a polynomial in x^2); above, 1 - erfc with
- * the Numerical Recipes erfc (relative error < 1.2e-7). */
-static LLVMValueRef erf_f32(fn_ctx *c, LLVMValueRef x)
+/* erf(x) = x P(x^2) / Q(x^2) on x clamped to [-4, 4] (erf is 1 within
+ * f32 rounding beyond), degrees 6 and 4: Eigen's rational approximation
+ * (generic_fast_erf_float).  Relative error within 3.4e-7 of libm on
+ * [-12, 12] (measured on 2.4M points; tested at 1e-6); NaN stays NaN
+ * through the clamps.  One division and 12 multiply-adds, where the erfc
+ * form it replaces took two polynomials, an exp and a division per value
+ * (BERT's GELU kernel: 0.53 ms against ORT's 0.33). */
+static LLVMValueRef erf_f32(fn_ctx *c, LLVMValueRef a)
 {
-	static const double t[] = {7.853861353153693E-5, -8.010193625184903E-4,
-	                           5.188327685732524E-3, -2.685381193529856E-2,
-	                           1.128358514861418E-1, -3.761262582423300E-1,
-	                           1.128379165726710E+0};
-	static const double q[] = {0.17087277, -0.82215223, 1.48851587, -1.13520398,
-	                           0.27886807, -0.18628806, 0.09678418, 0.37409196,
-	                           1.00002368, -1.26551223};
-	LLVMBuilderRef B = c->L->b;
-	LLVMValueRef a = intr1(c, "llvm.fabs", x), z = fmul(c, x, x);
-	LLVMValueRef small = fmul(c, x, poly(c, z, t, 7));
-	LLVMValueRef u = LLVMBuildFDiv(B, fc(c, 1.0), fadd(c, fc(c, 1.0), fmul(c, a, fc(c, 0.5))), "");
-	LLVMValueRef arg = LLVMBuildFSub(B, poly(c, u, q, 10), z, "");
-	LLVMValueRef erfc = fmul(c, u, exp_f32(c, arg));
-	LLVMValueRef big = intr2(c, "llvm.copysign", LLVMBuildFSub(B, fc(c, 1.0), erfc, ""), x);
-	return fsel(c, LLVMRealOLT, a, fc(c, 1.0), small, big);
+	static const double p[] = {-2.72614225801306e-10, 2.77068142495902e-08,
+	                           -2.10102402082508e-06, -5.69250639462346e-05,
+	                           -7.34990630326855e-04, -2.95459980854025e-03,
+	                           -1.60960333262415e-02};
+	static const double q[] = {-1.45660718464996e-05, -2.13374055278905e-04,
+	                           -1.68282697438203e-03, -7.37332916720468e-03,
+	                           -1.42647390514189e-02};
+	LLVMValueRef x = fsel(c, LLVMRealOGT, a, fc(c, 4.0), fc(c, 4.0), a);
+	x = fsel(c, LLVMRealOLT, x, fc(c, -4.0), fc(c, -4.0), x);
+	LLVMValueRef z = fmul(c, x, x);
+	return LLVMBuildFDiv(c->L->b, fmul(c, x, poly(c, z, p, 7)), poly(c, z, q, 5), "");
 }
 
 /* ---- expressions ------------------------------------------------------------- */
