@@ -401,7 +401,8 @@ END_TEST
  * counted or not, ceil mode, even and odd widths), depthwise convs
  * (padding 1 and 2, dilation 2, a channel multiplier of 2), the same on
  * planes big enough to be split row by row, and im2col convs (batch 1 and
- * 2, asymmetric padding, 7x7) against the interpreter. */
+ * 2, asymmetric padding, 7x7, and chunked by output rows) against the
+ * interpreter. */
 START_TEST(stride2_windows_match_the_interpreter)
 {
 	static const struct {
@@ -427,6 +428,12 @@ START_TEST(stride2_windows_match_the_interpreter)
 		{KILN_OP_CONV, 1, 3, 5, 15, 41, 3, 3, "strides=2,2 pads=1,1,1,1"},
 		{KILN_OP_CONV, 2, 4, 6, 13, 40, 3, 4, "strides=2,2 pads=1,0,1,2"},
 		{KILN_OP_CONV, 1, 3, 4, 17, 45, 7, 3, "strides=2,2 pads=3,3,3,3"},
+		/* im2col in chunks of output rows (at least 4 chunks of at most
+		 * 1024 columns): a 7x7 stride-2 stem, batch 2, and stride 1 with
+		 * asymmetric padding (spans of whole vectors and a last one that
+		 * overlaps, rows of padding) */
+		{KILN_OP_CONV, 2, 3, 5, 64, 203, 7, 3, "strides=2,2 pads=3,3,3,3"},
+		{KILN_OP_CONV, 1, 2, 3, 30, 150, 3, 2, "strides=1,1 pads=2,1,0,2"},
 	};
 	for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
 		char name[32];
