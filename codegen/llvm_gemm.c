@@ -1336,22 +1336,6 @@ static LLVMValueRef emit_transpose(gen *g)
 	LLVMValueRef rmask = lanes(g, nr), none = LLVMConstNull(g->vi1);
 	LLVMValueRef j0 = loop_begin(g, &lj, i64c(g, 0), C, W);
 	LLVMValueRef nc = smin(g, Wc, LLVMBuildSub(g->b, C, j0, ""));
-	/* a whole W x W block: plain loads and stores, the row pointers
-	 * stepped one stride at a time (computed apart, the SLP vectorizer
-	 * built them in vector registers and extracted each: twice the work) */
-	LLVMValueRef full = LLVMBuildAnd(g->b, icmp(g, LLVMIntEQ, nr, Wc), icmp(g, LLVMIntEQ, nc, Wc), "");
-	LLVMBasicBlockRef fb = block(g, "full"), pb = block(g, "part"), jb = block(g, "next");
-	LLVMBuildCondBr(g->b, full, fb, pb);
-	LLVMPositionBuilderAtEnd(g->b, fb);
-	LLVMValueRef sp = at(g, src, add(g, mul(g, i0, srs), j0));
-	for (int r = 0; r < W; r++, sp = at(g, sp, srs))
-		v[r] = vload(g, sp);
-	transpose_regs(g, v);
-	LLVMValueRef dp = at(g, dst, add(g, mul(g, j0, drs), i0));
-	for (int c = 0; c < W; c++, dp = at(g, dp, drs))
-		vstore(g, v[c], dp);
-	LLVMBuildBr(g->b, jb);
-	LLVMPositionBuilderAtEnd(g->b, pb);
 	LLVMValueRef cmask = lanes(g, nc);
 	/* rows past the edge reload the last one: their lanes land in output
 	 * lanes >= nr, which the stores mask off */
@@ -1367,8 +1351,6 @@ static LLVMValueRef emit_transpose(gen *g)
 		LLVMValueRef col = add(g, j0, smin(g, i64c(g, c), LLVMBuildSub(g->b, nc, i64c(g, 1), "")));
 		mstore(g, v[c], at(g, dst, add(g, mul(g, col, drs), i0)), mask);
 	}
-	LLVMBuildBr(g->b, jb);
-	LLVMPositionBuilderAtEnd(g->b, jb);
 	loop_end(g, &lj);
 	loop_end(g, &li);
 	LLVMBuildRetVoid(g->b);
