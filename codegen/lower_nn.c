@@ -1015,9 +1015,10 @@ static kiln_status dw_flat(cg_module *m, cg_kernel *k, cg_stmt *blk, const ir_no
  * only, so a residual Add does not fold (final_act_only).
  * The transposes cost about as much as a 3x3 conv's taps, so this pays only
  * where the planar forms waste most: MobileNetV3-Large at batch 1, one
- * thread (kiln bench --profile, best of 3): 672 channels 14x14 -> 7x7, 5x5
- * stride 2: 0.288 -> 0.090 ms; 960 channels 7x7, 5x5: 0.098 -> 0.071 ms;
- * MobileNetV2's 960 channels 7x7, 3x3: 0.048 -> 0.044 ms; but at 14x14,
+ * thread (kiln bench --profile, best of 3, against the flat or strided
+ * forms with the same multiply-adds): 672 channels 14x14 -> 7x7, 5x5
+ * stride 2: 0.29 -> 0.10 ms; 960 channels 7x7, 5x5: 0.098 -> 0.071-0.09 ms;
+ * MobileNetV2's 960 channels 7x7, 3x3: 0.049 -> 0.048 ms; but at 14x14,
  * 3x3 it was 10-25% slower than the flat form, and at 28x28 15% slower. */
 enum { DW_CB = 16, DW_BLOCK_W = 8 };
 
