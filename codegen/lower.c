@@ -705,6 +705,10 @@ static kiln_status transpose(cg_module *m, const ir_node *n, const int *in, cons
 
 /* Concat and Split move [axis..] blocks: per outer index, piece k holds
  * dim_k * inner contiguous elements at offset at_k * inner of the whole. */
+/* Elements per chunk of a Concat's or Split's copy over the pool (about
+ * 64 KiB: a dispatch costs about a microsecond). */
+enum { BLOCK_CHUNK = 16384 };
+
 static kiln_status blocks(cg_module *m, const ir_node *n, int whole, const int *parts,
                           int nparts, bool split, kiln_error *err)
 {
@@ -722,9 +726,23 @@ static kiln_status blocks(cg_module *m, const ir_node *n, int whole, const int *
 		cg_expr *plen = cg_dim(m, cg_btype(m, parts[p] >= 0 ? parts[p] : whole)->dim[axis]);
 		cg_expr *prow = cg_bin(m, CG_MUL, plen, inner), *iv[2];
 		if (parts[p] >= 0) {
-			cg_expr *ext[2] = {outer, prow};
-			uint32_t h[2] = {cg_par(m, cg_bin(m, CG_MUL, outer, prow)), CG_VECTORIZE};
-			cg_stmt *body = cg_nest(m, k, k->body, 2, ext, h, iv);
+			/* rows of the part cut into chunks of BLOCK_CHUNK elements or
+			 * more, the (row, chunk) pairs over the pool: with one row
+			 * (a batch of 1) the copy would otherwise run on one thread */
+			int64_t len = prow->kind == CG_CONST ? prow->i : 0;
+			int64_t nch = len >= 2 * BLOCK_CHUNK ? len / BLOCK_CHUNK : 1;
+			int64_t chunk = (len + nch - 1) / nch;
+			cg_expr *q, *c;
+			cg_stmt *qb, *body;
+			cg_append(m, k->body, cg_loop(m, k, cg_bin(m, CG_MUL, outer, cg_int(m, nch)),
+			                              cg_par(m, cg_bin(m, CG_MUL, outer, prow)), &q, &qb));
+			iv[0] = nch > 1 ? cg_bin(m, CG_DIV, q, cg_int(m, nch)) : q;
+			cg_expr *c0 = nch > 1 ? cg_bin(m, CG_MUL, cg_bin(m, CG_REM, q, cg_int(m, nch)),
+			                                   cg_int(m, chunk)) : cg_int(m, 0);
+			cg_expr *clen = nch > 1 ? cg_bin(m, CG_MIN, cg_int(m, chunk),
+			                                 cg_bin(m, CG_SUB, prow, c0)) : prow;
+			cg_append(m, qb, cg_loop(m, k, clen, CG_VECTORIZE, &c, &body));
+			iv[1] = cg_bin(m, CG_ADD, c0, c);
 			cg_expr *wi = cg_bin(m, CG_ADD, cg_bin(m, CG_MUL, iv[0], wrow),
 			                     cg_bin(m, CG_ADD, cg_bin(m, CG_MUL, at, inner), iv[1]));
 			cg_expr *pi = cg_bin(m, CG_ADD, cg_bin(m, CG_MUL, iv[0], prow), iv[1]);

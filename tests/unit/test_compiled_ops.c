@@ -606,6 +606,41 @@ START_TEST(small_plane_depthwise_epilogues_keep_their_order)
 }
 END_TEST
 
+/* Concat and Split copy their parts in chunks of about 16K elements over
+ * the pool (lower.c, blocks): parts of 36300 and 60500 elements per image
+ * (two and three chunks, the last ones short), batch 2, then the result
+ * split back unevenly and summed so every output element depends on both,
+ * against the interpreter. */
+START_TEST(concat_and_split_copy_in_chunks)
+{
+	static const char *text =
+		"graph @cs(%a: f32[2,3,100,121], %b: f32[2,5,100,121]) -> (%y: f32[2,4,100,121]) {\n"
+		"  %c = concat %a, %b {axis=1} : f32[2,8,100,121]\n"
+		"  %p, %q = split %c {axis=1, split=[4,4]} : f32[2,4,100,121], f32[2,4,100,121]\n"
+		"  %y = sub %p, %q : f32[2,4,100,121]\n"
+		"  ret %y\n}\n";
+	kiln_graph *g = NULL;
+	kiln_error e = {0};
+	ck_assert_msg(ir_parse(text, "cs.kir", &g, &e) == KILN_OK, "%s", e.msg);
+	int64_t sa[] = {2, 3, 100, 121}, sb[] = {2, 5, 100, 121};
+	opcase_graph c = {"cs", g, {seeded(4, sa, 0), seeded(4, sb, 1)}, {0}, 2, 1, 0};
+	char why[1400] = "";
+	ck_assert_msg(case_matches(&c, false, why, sizeof why), "%s", why);
+	cg_module *m = NULL;
+	ck_assert_msg(cg_lower_ex(g, &(cg_lower_opts){.fuse = true}, &m, &e) == KILN_OK, "%s", e.msg);
+	char *kir = NULL;
+	size_t len = 0;
+	FILE *f = open_memstream(&kir, &len);
+	cg_print(m, f);
+	fclose(f);
+	ck_assert_msg(strstr(kir, "in 0..N*3 [parallel]") || strstr(kir, "in 0..6 [parallel]"),
+	              "%s", kir);
+	free(kir);
+	cg_module_free(m);
+	opcase_free(&c);
+}
+END_TEST
+
 /* A 7x7 map pays for Winograd only from a batch of 4 (lower_wino.c): with
  * a symbolic batch both algorithms are compiled, each kernel guarded by
  * the batch, and the Relu and the residual Add after the conv fold into
@@ -914,6 +949,7 @@ static Suite *compiled_ops_suite(void)
 	tcase_add_test(tc, small_plane_depthwise_matches_the_interpreter);
 	tcase_add_test(tc, small_plane_depthwise_epilogues_keep_their_order);
 	tcase_add_test(tc, tiny_plane_depthwise_is_channel_blocked);
+	tcase_add_test(tc, concat_and_split_copy_in_chunks);
 	tcase_add_test(tc, batch_chosen_conv_matches_the_interpreter);
 	tcase_add_test(tc, gather_index_out_of_range_is_an_error);
 	tcase_add_test(tc, loss_target_out_of_range_is_an_error);
