@@ -923,6 +923,28 @@ static void dw_cols(cg_module *m, cg_kernel *k, cg_stmt *blk, const ir_node *n, 
 	                                 add(m, mul(m, oh, I(m, g->out[1])), o[1])), acc));
 }
 
+/* Appends to blk the zero-padded copy at P[pp] (Hp x Wp pixels of e
+ * elements: e = 1 for a plane, a block of channels channels-last) of the
+ * hin x win source pixels at src[soff] (rows srs elements apart), placed at
+ * row pt, column pw: zero rows above and below, and each source row between
+ * zero columns. */
+static void padded_plane(cg_module *m, cg_kernel *k, cg_stmt *blk, int P, cg_expr *pp, int src,
+                         cg_expr *soff, int64_t srs, int64_t hin, int64_t win, int64_t Hp,
+                         int64_t Wp, int64_t pt, int64_t pw, int64_t e)
+{
+	cg_expr *r, *c;
+	cg_stmt *rb, *cb;
+	zeros(m, k, blk, P, pp, pt * Wp * e);
+	cg_append(m, blk, cg_loop(m, k, I(m, hin), 0, &r, &rb));
+	cg_expr *row = add(m, pp, mul(m, add(m, r, I(m, pt)), I(m, Wp * e)));
+	zeros(m, k, rb, P, row, pw * e);
+	cg_append(m, rb, cg_loop(m, k, I(m, win * e), CG_VECTORIZE, &c, &cb));
+	cg_append(m, cb, cg_st(m, P, add(m, add(m, row, I(m, pw * e)), c),
+	                       cg_ld(m, src, add(m, add(m, soff, mul(m, r, I(m, srs))), c))));
+	zeros(m, k, rb, P, add(m, row, I(m, (pw + win) * e)), (Wp - pw - win) * e);
+	zeros(m, k, blk, P, add(m, pp, I(m, (pt + hin) * Wp * e)), (Hp - pt - hin) * Wp * e);
+}
+
 /* ---- depthwise on small planes: padded and flat ----------------------------
  * A row of a small plane (7 or 14 outputs: MobileNet's last stages) is
  * mostly edges, which run scalar with every tap tested.  Instead, with
@@ -943,7 +965,6 @@ static bool want_flat(const cg_module *m, const geom *g, int x)
 	       m->buf[x].dt == KILN_F32;
 }
 
-
 static kiln_status dw_flat(cg_module *m, cg_kernel *k, cg_stmt *blk, const ir_node *n,
                            const int *in, int y, const geom *g, cg_expr **pl, cg_expr *nm,
                            kiln_error *err)
@@ -959,19 +980,10 @@ static kiln_status dw_flat(cg_module *m, cg_kernel *k, cg_stmt *blk, const ir_no
 	cg_expr *xp = mul(m, pl[2], I(m, g->isz));
 	cg_expr *r, *c, *f, *tv[2];
 	cg_stmt *rb, *cb, *fb;
-	/* the padded plane: rows above, the input's rows between their pads, rows below;
-	 * input rows past Hp - pt are read by no output */
+	/* the padded plane; input rows and columns past Hp - pt, Wp - pw are
+	 * read by no output */
 	int64_t hin = H < Hp - pt ? H : Hp - pt, win = W < Wp - pw ? W : Wp - pw;
-	if (pt > 0)
-		zeros(m, k, blk, P, pp, pt * Wp);
-	cg_append(m, blk, cg_loop(m, k, I(m, hin), 0, &r, &rb));
-	cg_expr *row = add(m, pp, mul(m, add(m, r, I(m, pt)), I(m, Wp)));
-	zeros(m, k, rb, P, row, pw);
-	cg_append(m, rb, cg_loop(m, k, I(m, win), CG_VECTORIZE, &c, &cb));
-	cg_append(m, cb, cg_st(m, P, add(m, add(m, row, I(m, pw)), c),
-	                       cg_ld(m, in[0], add(m, add(m, xp, mul(m, r, I(m, W))), c))));
-	zeros(m, k, rb, P, add(m, row, I(m, pw + win)), Wp - pw - win);
-	zeros(m, k, blk, P, add(m, pp, I(m, (pt + hin) * Wp)), (Hp - pt - hin) * Wp);
+	padded_plane(m, k, blk, P, pp, in[0], xp, W, hin, win, Hp, Wp, pt, pw, 1);
 	/* the flat outputs, in whole vectors (the last one overlapping) */
 	int64_t st[2], len[2];
 	int ns = vector_spans(0, L, st, len);
@@ -1077,16 +1089,8 @@ static kiln_status dw_blocked(cg_module *m, const ir_node *n, const int *in, int
 			return nomem(m, n, err);
 		cg_append(m, qb, ts);
 	}
-	/* P: zero rows above and below, Q's rows between zero columns */
-	zeros(m, k, qb, P, pp, pt * Wp * DW_CB);
-	zeros(m, k, qb, P, add(m, pp, I(m, (pt + hin) * Wp * DW_CB)), (Hp - pt - hin) * Wp * DW_CB);
-	cg_append(m, qb, cg_loop(m, k, I(m, hin), 0, &r, &rb));
-	cg_expr *row = add(m, pp, mul(m, add(m, r, I(m, pt)), I(m, Wp * DW_CB)));
-	zeros(m, k, rb, P, row, pw * DW_CB);
-	cg_append(m, rb, cg_loop(m, k, I(m, win * DW_CB), CG_VECTORIZE, &c, &cb));
-	cg_append(m, cb, cg_st(m, P, add(m, add(m, row, I(m, pw * DW_CB)), c),
-	                       cg_ld(m, Q, add(m, add(m, qp, mul(m, r, I(m, W * DW_CB))), c))));
-	zeros(m, k, rb, P, add(m, row, I(m, (pw + win) * DW_CB)), (Wp - pw - win) * DW_CB);
+	/* P: Q zero-padded */
+	padded_plane(m, k, qb, P, pp, Q, qp, W * DW_CB, hin, win, Hp, Wp, pt, pw, DW_CB);
 	/* T: one vector of channels per output pixel; the bias of lanes past
 	 * C is 0, not read */
 	cg_append(m, qb, cg_loop(m, k, I(m, Ho), 0, &r, &rb));
