@@ -1101,17 +1101,18 @@ typedef struct entry_fns {
 	tile_fns t6, ts, t1; /* the target's MR x NV tiles, small-M tiles, one-vector tiles */
 } entry_fns;
 
-/* if (cond) { vpar ? split columns through range : callee(args...); return; } */
-static void direct_if(gen *g, LLVMValueRef cond, LLVMValueRef vpar, LLVMValueRef callee,
-                      LLVMValueRef range)
+/* if (cond) { par ? split dim (P_N or P_M) in units through range :
+ * callee(args...); return; } */
+static void direct_if(gen *g, LLVMValueRef cond, LLVMValueRef par, LLVMValueRef callee,
+                      LLVMValueRef range, int64_t unit, int dim)
 {
 	LLVMBasicBlockRef then = block(g, "direct"), next = block(g, "next");
 	LLVMBasicBlockRef split = block(g, "split"), serial = block(g, "serial");
 	LLVMBuildCondBr(g->b, cond, then, next);
 	LLVMPositionBuilderAtEnd(g->b, then);
-	LLVMBuildCondBr(g->b, vpar, split, serial);
+	LLVMBuildCondBr(g->b, par, split, serial);
 	LLVMPositionBuilderAtEnd(g->b, split);
-	parallel(g, range, g->g.W, P_N);
+	parallel(g, range, unit, dim);
 	LLVMBuildRetVoid(g->b);
 	LLVMPositionBuilderAtEnd(g->b, serial);
 	call(g, callee, g->p, P_COUNT);
@@ -1128,23 +1129,11 @@ static void direct_if(gen *g, LLVMValueRef cond, LLVMValueRef vpar, LLVMValueRef
 static void gemv_if(gen *g, LLVMValueRef cond, LLVMValueRef pool, LLVMValueRef work,
                     const entry_fns *f)
 {
-	LLVMValueRef *p = g->p;
-	LLVMBasicBlockRef then = block(g, "gemv"), next = block(g, "next");
-	LLVMBasicBlockRef split = block(g, "split"), serial = block(g, "serial");
-	LLVMBuildCondBr(g->b, cond, then, next);
-	LLVMPositionBuilderAtEnd(g->b, then);
 	int64_t unit = (int64_t)g->g.MR * ROW_BLOCK_TILES;
 	LLVMValueRef par = LLVMBuildAnd(g->b, LLVMBuildIsNotNull(g->b, pool, ""),
 	                                icmp(g, LLVMIntSGE, work, i64c(g, VEC_PAR_WORK)), "");
-	par = LLVMBuildAnd(g->b, par, icmp(g, LLVMIntSGE, p[P_M], i64c(g, 2 * unit)), "");
-	LLVMBuildCondBr(g->b, par, split, serial);
-	LLVMPositionBuilderAtEnd(g->b, split);
-	parallel(g, f->dot_rows, unit, P_M);
-	LLVMBuildRetVoid(g->b);
-	LLVMPositionBuilderAtEnd(g->b, serial);
-	call(g, f->dot, p, P_COUNT);
-	LLVMBuildRetVoid(g->b);
-	LLVMPositionBuilderAtEnd(g->b, next);
+	par = LLVMBuildAnd(g->b, par, icmp(g, LLVMIntSGE, g->p[P_M], i64c(g, 2 * unit)), "");
+	direct_if(g, cond, par, f->dot, f->dot_rows, unit, P_M);
 }
 
 /* Columns [0, N) through cols, over the pool's threads when par: split by
@@ -1221,8 +1210,9 @@ static LLVMValueRef emit_entry(gen *g, const entry_fns *f)
 	LLVMValueRef dotok = LLVMBuildAnd(g->b, icmp(g, LLVMIntEQ, p[P_BRS], one),
 	                                  icmp(g, LLVMIntEQ, p[P_ACS], one), "");
 	gemv_if(g, LLVMBuildAnd(g->b, icmp(g, LLVMIntEQ, p[P_N], one), dotok, ""), pool, work, f);
-	direct_if(g, LLVMBuildAnd(g->b, direct, bcontig, ""), vpar, f->axpy, f->axpy_range);
-	direct_if(g, LLVMBuildAnd(g->b, direct, dotok, ""), vpar, f->dot, f->dot_range);
+	direct_if(g, LLVMBuildAnd(g->b, direct, bcontig, ""), vpar, f->axpy, f->axpy_range, g->g.W,
+	          P_N);
+	direct_if(g, LLVMBuildAnd(g->b, direct, dotok, ""), vpar, f->dot, f->dot_range, g->g.W, P_N);
 	tail_if(g, icmp(g, LLVMIntSLE, work, i64c(g, SMALL_WORK)), f->naive, p, P_COUNT);
 	LLVMValueRef par = LLVMBuildAnd(g->b, LLVMBuildIsNotNull(g->b, pool, ""),
 	                                icmp(g, LLVMIntSGE, work, i64c(g, PAR_WORK)), "");
