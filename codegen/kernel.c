@@ -234,11 +234,10 @@ static cg_expr *recip_of(const cg_expr *e)
  * and a product (SiLU, x * sigmoid(x), is such a product). */
 static cg_expr *simplify(cg_module *m, cg_binop op, cg_expr *a, cg_expr *b)
 {
-	bool fl = kiln_dtype_is_float(a->dt);
-	if (fl && op == CG_MUL && (recip_of(b) || recip_of(a)))
-		return recip_of(b) ? cg_bin(m, CG_DIV, a, recip_of(b)) : cg_bin(m, CG_DIV, b, recip_of(a));
-	if (fl)
-		return NULL;
+	if (kiln_dtype_is_float(a->dt)) {
+		cg_expr *rb = op == CG_MUL ? recip_of(b) : NULL, *ra = op == CG_MUL ? recip_of(a) : NULL;
+		return rb ? cg_bin(m, CG_DIV, a, rb) : ra ? cg_bin(m, CG_DIV, b, ra) : NULL;
+	}
 	if ((op == CG_ADD || op == CG_SUB) && is_int(b, 0))
 		return a;
 	if (op == CG_ADD && is_int(a, 0))
