@@ -37,6 +37,7 @@
 #include "check_main.h"
 #include "kiln/kiln.h"
 #include "codegen/lower.h"
+#include "lower_util.h"
 #include "op_cases.h"
 
 /* Cases the backend does not compile yet, each with why (none today; the
@@ -458,6 +459,24 @@ START_TEST(stride2_windows_match_the_interpreter)
 }
 END_TEST
 
+/* A depthwise conv (x [n, c, h, w], weights [mo, 1, k, k], the bias when
+ * bias) with attrs, its inputs seeded, compiled against the interpreter. */
+static void depthwise_matches(const char *name, int64_t n, int64_t c, int64_t mo, int64_t h,
+                              int64_t w, int64_t k, bool bias, const char *attrs)
+{
+	kiln_graph *g = kiln_graph_new(name);
+	int64_t sx[] = {n, c, h, w}, sw[] = {mo, 1, k, k}, sb[] = {mo};
+	int nin = bias ? 3 : 2;
+	opcase_graph oc = {name, g, {seeded(4, sx, 0), seeded(4, sw, 1), seeded(1, sb, 2)}, {0}, nin,
+	                   1, 0};
+	uint32_t in[3] = {input(g, "x", KILN_F32, 4, sx), input(g, "w", KILN_F32, 4, sw),
+	                  bias ? input(g, "b", KILN_F32, 1, sb) : 0};
+	ir_output_add(g, op1(g, KILN_OP_CONV, (unsigned)nin, in, attrs), NULL);
+	char why[1400] = "";
+	ck_assert_msg(case_matches(&oc, false, why, sizeof why), "%s (%s): %s", name, attrs, why);
+	opcase_free(&oc);
+}
+
 /* Stride-1 depthwise convs on planes narrower than 32 outputs take the
  * padded, flat form (lower_nn.c, dw_flat): 3x3 and 5x5 kernels, symmetric,
  * asymmetric and no padding, dilation 2, a channel multiplier of 2, one
@@ -479,18 +498,8 @@ START_TEST(small_plane_depthwise_matches_the_interpreter)
 	for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
 		char name[32];
 		snprintf(name, sizeof name, "dwflat_%zu", i);
-		kiln_graph *g = kiln_graph_new(name);
-		int64_t sx[] = {cases[i].n, cases[i].c, cases[i].h, cases[i].w};
-		int64_t sw[] = {cases[i].m, 1, cases[i].k, cases[i].k}, sb[] = {cases[i].m};
-		opcase_graph c = {name, g, {seeded(4, sx, 0), seeded(4, sw, 1), seeded(1, sb, 2)}, {0},
-		                  3, 1, 0};
-		uint32_t in[3] = {input(g, "x", KILN_F32, 4, sx), input(g, "w", KILN_F32, 4, sw),
-		                  input(g, "b", KILN_F32, 1, sb)};
-		ir_output_add(g, op1(g, KILN_OP_CONV, 3, in, cases[i].attrs), NULL);
-		char why[1400] = "";
-		ck_assert_msg(case_matches(&c, false, why, sizeof why), "%s (%s): %s", name,
-		              cases[i].attrs, why);
-		opcase_free(&c);
+		depthwise_matches(name, cases[i].n, cases[i].c, cases[i].m, cases[i].h, cases[i].w,
+		                  cases[i].k, true, cases[i].attrs);
 	}
 }
 END_TEST
@@ -518,19 +527,8 @@ START_TEST(tiny_plane_depthwise_is_channel_blocked)
 	for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
 		char name[32];
 		snprintf(name, sizeof name, "dwblock_%zu", i);
-		kiln_graph *g = kiln_graph_new(name);
-		int64_t sx[] = {cases[i].n, cases[i].c, cases[i].h, cases[i].w};
-		int64_t sw[] = {cases[i].c, 1, cases[i].k, cases[i].k}, sb[] = {cases[i].c};
-		int nin = cases[i].bias ? 3 : 2;
-		opcase_graph c = {name, g, {seeded(4, sx, 0), seeded(4, sw, 1), seeded(1, sb, 2)}, {0},
-		                  nin, 1, 0};
-		uint32_t in[3] = {input(g, "x", KILN_F32, 4, sx), input(g, "w", KILN_F32, 4, sw),
-		                  cases[i].bias ? input(g, "b", KILN_F32, 1, sb) : 0};
-		ir_output_add(g, op1(g, KILN_OP_CONV, (unsigned)nin, in, cases[i].attrs), NULL);
-		char why[1400] = "";
-		ck_assert_msg(case_matches(&c, false, why, sizeof why), "%s (%s): %s", name,
-		              cases[i].attrs, why);
-		opcase_free(&c);
+		depthwise_matches(name, cases[i].n, cases[i].c, cases[i].c, cases[i].h, cases[i].w,
+		                  cases[i].k, cases[i].bias, cases[i].attrs);
 	}
 	/* a Clip folds into the conv's stores into T and the Add and Relu after
 	 * it are a kernel of their own; an Add straight after the conv is one
@@ -560,11 +558,7 @@ START_TEST(tiny_plane_depthwise_is_channel_blocked)
 		cg_module *m = NULL;
 		ck_assert_msg(cg_lower_ex(g, &(cg_lower_opts){.fuse = true}, &m, &e) == KILN_OK, "%s",
 		              e.msg);
-		char *kir = NULL;
-		size_t len = 0;
-		FILE *f = open_memstream(&kir, &len);
-		cg_print(m, f);
-		fclose(f);
+		char *kir = dump(m);
 		ck_assert_msg(strstr(kir, "transpose rows=min(16, 20 - ") && strstr(kir, eps[i].want[0]) &&
 		              strstr(kir, eps[i].want[1]), "epilogue %zu:\n%s", i, kir);
 		free(kir);
@@ -628,11 +622,7 @@ START_TEST(concat_and_split_copy_in_chunks)
 	ck_assert_msg(case_matches(&c, false, why, sizeof why), "%s", why);
 	cg_module *m = NULL;
 	ck_assert_msg(cg_lower_ex(g, &(cg_lower_opts){.fuse = true}, &m, &e) == KILN_OK, "%s", e.msg);
-	char *kir = NULL;
-	size_t len = 0;
-	FILE *f = open_memstream(&kir, &len);
-	cg_print(m, f);
-	fclose(f);
+	char *kir = dump(m);
 	ck_assert_msg(strstr(kir, "in 0..N*3 [parallel]") || strstr(kir, "in 0..6 [parallel]"),
 	              "%s", kir);
 	free(kir);
