@@ -112,6 +112,7 @@ static double unf(cg_unop op, double a)
 	case CG_COS: return cos(a);
 	case CG_FLOOR: return floor(a);
 	case CG_CEIL: return ceil(a);
+	case CG_ROUND: return nearbyint(a);
 	default: return NAN;
 	}
 }

@@ -594,6 +594,7 @@ static const unop_fn unop_table[CG_UNOP_COUNT] = {
 static const char *const unop_intrinsic[CG_UNOP_COUNT] = {
 	[CG_LOG] = "llvm.log", [CG_SQRT] = "llvm.sqrt", [CG_SIN] = "llvm.sin",
 	[CG_COS] = "llvm.cos", [CG_FLOOR] = "llvm.floor", [CG_CEIL] = "llvm.ceil",
+	[CG_ROUND] = "llvm.rint",
 };
 
 static LLVMValueRef e_un(fn_ctx *c, const cg_expr *e)

@@ -264,6 +264,8 @@ static void nest_hints(cg_module *m, int n, cg_expr *work, uint32_t *h)
 
 /* ---- elementwise --------------------------------------------------------- */
 
+static bool quant_axis_type(const ir_node *n, const ir_type *x, const ir_type *s, ir_type *t);
+
 /* Builds an op's value from its operands (already in compute dtype ct). */
 typedef cg_expr *(*scal_fn)(cg_module *m, const ir_node *n, cg_expr **a, kiln_dtype ct);
 
@@ -276,8 +278,11 @@ static kiln_status elemwise(cg_module *m, const ir_node *n, int nop, const int *
 	if (!k)
 		return KILN_ENOMEM;
 	const ir_type *t[4];
+	ir_type qt;
 	for (int i = 0; i < nop; i++)
 		t[i] = cg_btype(m, in[i]);
+	if (nop > 1 && quant_axis_type(n, t[0], t[1], &qt))
+		t[1] = t[nop - 1] = &qt; /* the zero point's shape is the scale's */
 	groups gr;
 	group(m, cg_btype(m, out), nop, t, &gr);
 	uint32_t h[KILN_MAX_RANK] = {0}; /* nest_hints fills n; gcc -O3 cannot see it */
@@ -321,7 +326,7 @@ static cg_expr *fc(cg_module *m, kiln_dtype dt, double v)
 static const cg_unop unop_of[KILN_OP_COUNT] = {
 	[KILN_OP_NEG] = CG_NEG, [KILN_OP_ABS] = CG_ABS, [KILN_OP_EXP] = CG_EXP,
 	[KILN_OP_LOG] = CG_LOG, [KILN_OP_SQRT] = CG_SQRT, [KILN_OP_FLOOR] = CG_FLOOR,
-	[KILN_OP_CEIL] = CG_CEIL, [KILN_OP_SIN] = CG_SIN, [KILN_OP_COS] = CG_COS,
+	[KILN_OP_CEIL] = CG_CEIL, [KILN_OP_ROUND] = CG_ROUND, [KILN_OP_SIN] = CG_SIN, [KILN_OP_COS] = CG_COS,
 	[KILN_OP_TANH] = CG_TANH, [KILN_OP_ERF] = CG_ERF, [KILN_OP_NOT] = CG_NOT,
 };
 
@@ -437,10 +442,49 @@ static cg_expr *s_where(cg_module *m, const ir_node *n, cg_expr **a, kiln_dtype 
 	return cg_select(m, cg_cast(m, a[0], KILN_BOOL), a[1], a[2]);
 }
 
+/* QuantizeLinear: saturate(rint(x / scale) + zero_point), in f32 as the
+ * interpreter (f64 for an i32 x); NaN stays NaN through the clamp and the
+ * saturating store makes it 0. */
+static cg_expr *s_quantize(cg_module *m, const ir_node *n, cg_expr **a, kiln_dtype ct)
+{
+	kiln_dtype ft = ct == KILN_F32 ? KILN_F32 : KILN_F64;
+	kiln_dtype yt = m->g->val[n->out[0]]->type.dtype;
+	cg_expr *q = cg_un(m, CG_ROUND, cg_bin(m, CG_DIV, cg_cast(m, a[0], ft), cg_cast(m, a[1], ft)));
+	if (n->nin > 2)
+		q = cg_bin(m, CG_ADD, q, cg_cast(m, a[2], ft));
+	q = cg_bin(m, CG_MAX, q, fc(m, ft, yt == KILN_I8 ? -128 : 0));
+	return cg_bin(m, CG_MIN, q, fc(m, ft, yt == KILN_I8 ? 127 : 255));
+}
+
+/* DequantizeLinear: (x - zero_point) * scale in f32. */
+static cg_expr *s_dequantize(cg_module *m, const ir_node *n, cg_expr **a, kiln_dtype ct)
+{
+	cg_expr *d = cg_cast(m, a[0], KILN_F32);
+	if (n->nin > 2)
+		d = cg_bin(m, CG_SUB, d, cg_cast(m, a[2], KILN_F32));
+	return cg_bin(m, CG_MUL, d, a[1]);
+}
+
+/* A QuantizeLinear's or DequantizeLinear's scale along an axis of x, as a
+ * shape that broadcasts to x ([C] -> [C,1,1] for axis 1 of a 4-D x), in
+ * *t; false when scale s is one value, which broadcasts as it is. */
+static bool quant_axis_type(const ir_node *n, const ir_type *x, const ir_type *s, ir_type *t)
+{
+	if ((n->op != KILN_OP_QUANTIZE_LINEAR && n->op != KILN_OP_DEQUANTIZE_LINEAR) ||
+	    s->rank != 1 || s->dim[0] == 1 || x->rank == 0)
+		return false;
+	int64_t axis = ir_attr_int(n, "axis", 1);
+	axis = axis < 0 ? axis + x->rank : axis;
+	*t = (ir_type){s->dtype, x->rank - (int)axis, {s->dim[0]}};
+	for (int d = 1; d < t->rank; d++)
+		t->dim[d] = 1;
+	return true;
+}
+
 static const scal_fn scal[KILN_OP_COUNT] = {
 	[KILN_OP_NEG] = s_unary, [KILN_OP_ABS] = s_unary, [KILN_OP_EXP] = s_unary,
 	[KILN_OP_LOG] = s_unary, [KILN_OP_SQRT] = s_unary, [KILN_OP_FLOOR] = s_unary,
-	[KILN_OP_CEIL] = s_unary, [KILN_OP_SIN] = s_unary, [KILN_OP_COS] = s_unary,
+	[KILN_OP_CEIL] = s_unary, [KILN_OP_ROUND] = s_unary, [KILN_OP_SIN] = s_unary, [KILN_OP_COS] = s_unary,
 	[KILN_OP_TANH] = s_unary, [KILN_OP_ERF] = s_unary, [KILN_OP_NOT] = s_unary,
 	[KILN_OP_RECIPROCAL] = s_recip, [KILN_OP_RELU] = s_relu,
 	[KILN_OP_SIGMOID] = s_sigmoid, [KILN_OP_CLIP] = s_clip,
@@ -450,6 +494,7 @@ static const scal_fn scal[KILN_OP_COUNT] = {
 	[KILN_OP_MIN] = s_binary, [KILN_OP_EQUAL] = s_binary, [KILN_OP_LESS] = s_binary,
 	[KILN_OP_GREATER] = s_binary, [KILN_OP_AND] = s_binary, [KILN_OP_OR] = s_binary,
 	[KILN_OP_WHERE] = s_where,
+	[KILN_OP_QUANTIZE_LINEAR] = s_quantize, [KILN_OP_DEQUANTIZE_LINEAR] = s_dequantize,
 };
 
 /* The table's entry, else the op's formula. */
@@ -920,13 +965,53 @@ static kiln_status shape(cg_module *m, const ir_node *n, const int *in, const in
 	return KILN_OK;
 }
 
+/* ---- DynamicQuantizeLinear ------------------------------------------------------ */
+
+/* One pass for the range [min(x, 0), max(x, 0)] (NaNs take no part), the
+ * scale and zero point as the interpreter computes them, then x quantized
+ * to u8 with them. */
+static kiln_status dynamic_quantize(cg_module *m, const ir_node *n, const int *in, const int *out,
+                                    kiln_error *err)
+{
+	cg_kernel *k = cg_lower_kernel(m, n);
+	if (!k)
+		return cg_lower_fail(m, n, err, KILN_ENOMEM, "out of memory");
+	cg_expr *cnt = m->buf[in[0]].numel, *iv, *zero = fc(m, KILN_F32, 0);
+	cg_stmt *b1, *b2;
+	cg_expr *lo = cg_local(m, k, k->body, KILN_F32, zero);
+	cg_expr *hi = cg_local(m, k, k->body, KILN_F32, zero);
+	cg_append(m, k->body, cg_loop(m, k, cnt, CG_REDUCE, &iv, &b1));
+	cg_expr *v = cg_ld(m, in[0], iv);
+	cg_set(m, b1, lo, cg_select(m, cg_bin(m, CG_LT, v, lo), v, lo));
+	cg_set(m, b1, hi, cg_select(m, cg_bin(m, CG_GT, v, hi), v, hi));
+	cg_expr *range = cg_select(m, cg_bin(m, CG_EQ, hi, lo), fc(m, KILN_F32, 1),
+	                           cg_bin(m, CG_SUB, hi, lo));
+	cg_expr *s = cg_local(m, k, k->body, KILN_F32,
+	                      cg_bin(m, CG_DIV, range, fc(m, KILN_F32, 255)));
+	cg_expr *zf = cg_bin(m, CG_SUB, zero, cg_bin(m, CG_DIV, lo, s));
+	cg_expr *zr = cg_select(m, cg_bin(m, CG_GT, zf, fc(m, KILN_F32, 255)), fc(m, KILN_F32, 255),
+	                        cg_un(m, CG_ROUND, zf));
+	cg_expr *z = cg_local(m, k, k->body, KILN_F32,
+	                      cg_select(m, cg_bin(m, CG_GT, zf, zero), zr, zero));
+	if (out[1] >= 0)
+		cg_append(m, k->body, cg_st(m, out[1], cg_int(m, 0), s));
+	if (n->nout > 2 && out[2] >= 0)
+		cg_append(m, k->body, cg_st(m, out[2], cg_int(m, 0), z));
+	cg_append(m, k->body, cg_loop(m, k, cnt, CG_VECTORIZE, &iv, &b2));
+	cg_expr *q = cg_un(m, CG_ROUND, cg_bin(m, CG_DIV, cg_ld(m, in[0], iv), s));
+	q = cg_bin(m, CG_MAX, cg_bin(m, CG_ADD, q, z), zero);
+	cg_append(m, b2, cg_st(m, out[0], iv, cg_bin(m, CG_MIN, q, fc(m, KILN_F32, 255))));
+	return KILN_OK;
+}
+
 /* ---- the table --------------------------------------------------------------- */
 
 const cg_lower_fn cg_lower_table[KILN_OP_COUNT] = {
 	[KILN_OP_NEG] = elementwise, [KILN_OP_ABS] = elementwise, [KILN_OP_EXP] = elementwise,
 	[KILN_OP_LOG] = elementwise, [KILN_OP_SQRT] = elementwise,
 	[KILN_OP_RECIPROCAL] = elementwise, [KILN_OP_FLOOR] = elementwise,
-	[KILN_OP_CEIL] = elementwise, [KILN_OP_SIN] = elementwise, [KILN_OP_COS] = elementwise,
+	[KILN_OP_CEIL] = elementwise, [KILN_OP_ROUND] = elementwise,
+	[KILN_OP_SIN] = elementwise, [KILN_OP_COS] = elementwise,
 	[KILN_OP_RELU] = elementwise,
 	[KILN_OP_SIGMOID] = elementwise, [KILN_OP_TANH] = elementwise,
 	[KILN_OP_ERF] = elementwise, [KILN_OP_CLIP] = elementwise,
@@ -951,6 +1036,12 @@ const cg_lower_fn cg_lower_table[KILN_OP_COUNT] = {
 	[KILN_OP_CONSTANT] = NULL, /* a CONST buffer, made by the driver */
 	[KILN_OP_DROPOUT] = cg_lower_dropout,
 	[KILN_OP_SOFTMAX_CE] = cg_lower_loss, [KILN_OP_NLL_LOSS] = cg_lower_loss,
+	[KILN_OP_QUANTIZE_LINEAR] = elementwise, [KILN_OP_DEQUANTIZE_LINEAR] = elementwise,
+	[KILN_OP_DYNAMIC_QUANTIZE_LINEAR] = dynamic_quantize,
+	[KILN_OP_MATMUL_INTEGER] = cg_lower_matmul_integer,
+	[KILN_OP_CONV_INTEGER] = cg_lower_conv_integer,
+	[KILN_OP_QLINEAR_MATMUL] = cg_lower_qlinear_matmul,
+	[KILN_OP_QLINEAR_CONV] = cg_lower_qlinear_conv,
 };
 
 cg_lower_fn cg_lower_rule(kiln_op op)
@@ -1008,10 +1099,15 @@ typedef struct tree {
 	cg_expr *ld[CG_FUSE_MAX]; /* their loads at the root's index */
 } tree;
 
+/* A per-axis QuantizeLinear or DequantizeLinear broadcasts its scale
+ * differently from NumPy's rule the tree's leaves share: not fused. */
 static bool fusible(const kiln_graph *g, const ir_node *n)
 {
+	ir_type qt;
 	return cg_lower_rule(n->op) == elementwise && n->nout == 1 && n->nin <= 4 &&
-	       !int_div_node(g, n);
+	       !int_div_node(g, n) &&
+	       !(n->nin > 1 && quant_axis_type(n, &g->val[n->in[0]]->type,
+	                                       &g->val[n->in[1]]->type, &qt));
 }
 
 /* n's result can be computed inline by its only reader. */
@@ -1467,6 +1563,47 @@ static kiln_status out_bufs(lowering *L, const ir_node *n, int *out)
 	return KILN_OK;
 }
 
+/* The scales a quantization op reads that are only known at run time
+ * (the verifier checks constant ones) are checked before it runs: each
+ * must be positive and finite, or the run fails naming the node, as the
+ * interpreter's does.  A scale computed inline by the op's reader (a
+ * deferred elementwise result) has no buffer to check. */
+static kiln_status check_scales(lowering *L, const ir_node *n)
+{
+	static const char *const qlin[3][3] = {
+		{"y_scale", NULL, NULL}, {"x_scale", NULL, NULL}, {"x_scale", "w_scale", "y_scale"}};
+	static const uint32_t at[3] = {1, 4, 6};
+	int row = n->op == KILN_OP_QUANTIZE_LINEAR ? 0 : n->op == KILN_OP_DEQUANTIZE_LINEAR ? 1
+	        : n->op == KILN_OP_QLINEAR_CONV || n->op == KILN_OP_QLINEAR_MATMUL ? 2 : -1;
+	cg_module *m = L->m;
+	for (int i = 0; row >= 0 && i < 3 && qlin[row][i]; i++) {
+		uint32_t v = n->in[at[i]];
+		const ir_value *sv = L->g->val[v];
+		int b = L->vbuf[v];
+		if (sv->kind == IR_V_PARAM || (sv->def && sv->def->op == KILN_OP_CONSTANT) || b < 0 ||
+		    L->defer[v])
+			continue;
+		const char *what = qlin[row][i];
+		if (n->op == KILN_OP_QLINEAR_MATMUL && i < 2)
+			what = i ? "b_scale" : "a_scale";
+		char msg[96];
+		snprintf(msg, sizeof msg, "%s: a scale must be positive and finite", what);
+		cg_kernel *k = cg_lower_kernel(m, n);
+		cg_expr *j;
+		cg_stmt *body;
+		if (!k)
+			return cg_lower_fail(m, n, L->err, KILN_ENOMEM, "out of memory");
+		cg_append(m, k->body, cg_loop(m, k, m->buf[b].numel, 0, &j, &body));
+		cg_expr *x = cg_ld(m, b, j);
+		cg_expr *ok = cg_bin(m, CG_AND, cg_bin(m, CG_GT, x, cg_const(m, KILN_F32, 0)),
+		                     cg_bin(m, CG_LT, x, cg_const(m, KILN_F32, INFINITY)));
+		cg_append(m, body, cg_lower_check(m, n, msg, cg_cast(m, ok, KILN_I64), NULL, NULL));
+		if (!body->n)
+			return cg_lower_fail(m, n, L->err, KILN_ENOMEM, "out of memory");
+	}
+	return KILN_OK;
+}
+
 static kiln_status lower_node(lowering *L, const ir_node *n)
 {
 	cg_module *m = L->m;
@@ -1486,6 +1623,9 @@ static kiln_status lower_node(lowering *L, const ir_node *n)
 	if (!cg_lower_rule(n->op))
 		return cg_lower_fail(m, n, L->err, KILN_EUNSUPPORTED, "no lowering for %s",
 		                     ir_op(n->op)->onnx);
+	kiln_status sc = check_scales(L, n);
+	if (sc)
+		return sc;
 	bool fusing = L->fuse && fusible(L->g, n);
 	if (fusing && deferrable(L, n)) {
 		L->defer[n->out[0]] = true;

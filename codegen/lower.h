@@ -108,6 +108,17 @@ kiln_status cg_lower_conv(cg_module *m, const ir_node *n, const int *in, const i
                           kiln_error *err);
 kiln_status cg_lower_conv_transpose(cg_module *m, const ir_node *n, const int *in,
                                     const int *out, kiln_error *err);
+/* MatMulInteger, QLinearMatMul, ConvInteger, QLinearConv: i32 sums of
+ * (x - x_zp)(w - w_zp) as loop nests, requantized (QLinear*) in f64 as
+ * the interpreter does. */
+kiln_status cg_lower_matmul_integer(cg_module *m, const ir_node *n, const int *in,
+                                    const int *out, kiln_error *err);
+kiln_status cg_lower_qlinear_matmul(cg_module *m, const ir_node *n, const int *in,
+                                    const int *out, kiln_error *err);
+kiln_status cg_lower_conv_integer(cg_module *m, const ir_node *n, const int *in, const int *out,
+                                  kiln_error *err);
+kiln_status cg_lower_qlinear_conv(cg_module *m, const ir_node *n, const int *in, const int *out,
+                                  kiln_error *err);
 kiln_status cg_lower_pool(cg_module *m, const ir_node *n, const int *in, const int *out,
                           kiln_error *err);
 kiln_status cg_lower_global_avg_pool(cg_module *m, const ir_node *n, const int *in,

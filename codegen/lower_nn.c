@@ -126,11 +126,51 @@ static kiln_status matmul_gemm(cg_module *m, const ir_node *n, const int *in, in
 	return body && body->n ? KILN_OK : nomem(m, n, err);
 }
 
+/* ---- quantized arithmetic ---------------------------------------------------- */
+
+/* Element idx of a scale or zero point buffer that holds one value (read
+ * at 0) or a vector (read at idx). */
+static cg_expr *qv(cg_module *m, int buf, cg_expr *idx)
+{
+	const ir_type *t = cg_btype(m, buf);
+	bool one = t->rank == 0 || t->dim[0] == 1;
+	return cg_ld(m, buf, one ? I(m, 0) : idx);
+}
+
+/* v - zero point z (buffer, -1: none; read at idx), in i32. */
+static cg_expr *minus_zp(cg_module *m, cg_expr *v, int z, cg_expr *idx)
+{
+	v = cg_cast(m, v, KILN_I32);
+	return z < 0 ? v : cg_bin(m, CG_SUB, v, cg_cast(m, qv(m, z, idx), KILN_I32));
+}
+
+/* saturate(rint(acc * (xs * ws / ys)) + yz) for an output of dtype dt (the
+ * store converts the clamped integral value): the multiplier in f32, the
+ * product in f64, exactly as the interpreter (ir/interp_quant.c). */
+static cg_expr *requant(cg_module *m, cg_expr *acc, cg_expr *xs, cg_expr *ws, cg_expr *ys,
+                        cg_expr *yz, kiln_dtype dt)
+{
+	cg_expr *mult = cg_bin(m, CG_DIV, mul(m, xs, ws), ys);
+	cg_expr *v = cg_un(m, CG_ROUND, mul(m, cg_cast(m, acc, KILN_F64), cg_cast(m, mult, KILN_F64)));
+	v = add(m, v, cg_cast(m, yz, KILN_F64));
+	double lo = dt == KILN_I8 ? -128 : 0, hi = dt == KILN_I8 ? 127 : 255;
+	return cg_bin(m, CG_MIN, cg_bin(m, CG_MAX, v, fc(m, KILN_F64, lo)), fc(m, KILN_F64, hi));
+}
+
+/* An integer matmul's extras: zero points (buffers, -1 when absent: one
+ * value, or per row of A / per column of B) and, for QLinearMatMul, its
+ * inputs, whose scales and y_zero_point requantize the sums. */
+typedef struct mm_int {
+	int az, bz;
+	const int *q;
+} mm_int;
+
 /* Other dtypes: plain loops, accumulating in a local of the compute dtype
- * (integers wrap, as the interpreter's do). */
+ * (integers wrap, as the interpreter's do); with z, the sums of
+ * (a - a_zp)(b - b_zp) in i32. */
 static kiln_status matmul_loops(cg_module *m, const ir_node *n, const int *in, int out,
                                 cg_expr *M, cg_expr *N, cg_expr *K, mm_batch *g,
-                                kiln_error *err)
+                                const mm_int *z, kiln_error *err)
 {
 	cg_kernel *k = cg_lower_kernel(m, n);
 	if (!k)
@@ -147,20 +187,28 @@ static kiln_status matmul_loops(cg_module *m, const ir_node *n, const int *in, i
 		ob = add(m, ob, mul(m, iv[d], mul(m, g->sb[d], mul(m, K, N))));
 		oy = add(m, oy, mul(m, iv[d], mul(m, g->sy[d], mul(m, M, N))));
 	}
-	kiln_dtype ct = cg_ctype(m->buf[out].dt);
+	kiln_dtype ct = z ? KILN_I32 : cg_ctype(m->buf[out].dt);
 	cg_expr *acc = cg_local(m, k, body, ct, fc(m, ct, 0));
 	cg_append(m, body, cg_loop(m, k, K, CG_REDUCE, &kk, &kb));
 	cg_expr *av = cg_ld(m, in[0], add(m, oa, add(m, mul(m, i, K), kk)));
 	cg_expr *bv = cg_ld(m, in[1], add(m, ob, add(m, mul(m, kk, N), j)));
+	if (z)
+		av = minus_zp(m, av, z->az, i), bv = minus_zp(m, bv, z->bz, j);
 	cg_set(m, kb, acc, add(m, acc, mul(m, av, bv)));
-	cg_append(m, body, cg_st(m, out, add(m, oy, add(m, mul(m, i, N), j)), acc));
+	cg_expr *v = acc;
+	if (z && z->q)
+		v = requant(m, acc, qv(m, z->q[1], i), qv(m, z->q[4], j), qv(m, z->q[6], I(m, 0)),
+		            qv(m, z->q[7], I(m, 0)), m->buf[out].dt);
+	cg_append(m, body, cg_st(m, out, add(m, oy, add(m, mul(m, i, N), j)), v));
 	return KILN_OK;
 }
 
-kiln_status cg_lower_matmul(cg_module *m, const ir_node *n, const int *in, const int *out,
-                            kiln_error *err)
+/* a x b into y, MatMul's broadcasting: f32 as one GEMM, else loops (with
+ * z: an integer matmul). */
+static kiln_status matmul_of(cg_module *m, const ir_node *n, int ia, int ib, int iy,
+                             const mm_int *z, kiln_error *err)
 {
-	const ir_type *a = cg_btype(m, in[0]), *b = cg_btype(m, in[1]), *y = cg_btype(m, out[0]);
+	const ir_type *a = cg_btype(m, ia), *b = cg_btype(m, ib), *y = cg_btype(m, iy);
 	if (a->rank < 1 || b->rank < 1)
 		return cg_lower_fail(m, n, err, KILN_ESHAPE, "MatMul of a scalar");
 	bool a1 = a->rank == 1, b1 = b->rank == 1;
@@ -169,9 +217,30 @@ kiln_status cg_lower_matmul(cg_module *m, const ir_node *n, const int *in, const
 	cg_expr *N = b1 ? I(m, 1) : cg_dim(m, b->dim[b->rank - 1]);
 	mm_batch g;
 	mm_groups(m, a, b, y, y->rank - !a1 - !b1, &g);
-	if (a->dtype == KILN_F32 && b->dtype == KILN_F32)
-		return matmul_gemm(m, n, in, out[0], M, N, K, &g, a1, err);
-	return matmul_loops(m, n, in, out[0], M, N, K, &g, err);
+	int in[2] = {ia, ib};
+	if (!z && a->dtype == KILN_F32 && b->dtype == KILN_F32)
+		return matmul_gemm(m, n, in, iy, M, N, K, &g, a1, err);
+	return matmul_loops(m, n, in, iy, M, N, K, &g, z, err);
+}
+
+kiln_status cg_lower_matmul(cg_module *m, const ir_node *n, const int *in, const int *out,
+                            kiln_error *err)
+{
+	return matmul_of(m, n, in[0], in[1], out[0], NULL, err);
+}
+
+kiln_status cg_lower_matmul_integer(cg_module *m, const ir_node *n, const int *in,
+                                    const int *out, kiln_error *err)
+{
+	mm_int z = {n->nin > 2 ? in[2] : -1, n->nin > 3 ? in[3] : -1, NULL};
+	return matmul_of(m, n, in[0], in[1], out[0], &z, err);
+}
+
+kiln_status cg_lower_qlinear_matmul(cg_module *m, const ir_node *n, const int *in,
+                                    const int *out, kiln_error *err)
+{
+	mm_int z = {in[2], in[5], in};
+	return matmul_of(m, n, in[0], in[3], out[0], &z, err);
 }
 
 static cg_expr *s_beta(cg_module *m, const ir_node *n, cg_expr *c, kiln_dtype ct)
@@ -809,8 +878,8 @@ static kiln_status conv_im2col(cg_module *m, const ir_node *n, const int *in, in
 }
 
 /* y[b, m, :] = bias[m] (or 0), in its own nest over the output pixels. */
-static void init_bias(cg_module *m, cg_kernel *k, cg_stmt *blk, const ir_node *n, const int *in,
-                      int y, cg_expr *bm, cg_expr *mi, const geom *g)
+static void init_bias(cg_module *m, cg_kernel *k, cg_stmt *blk, int bias, int y, cg_expr *bm,
+                      cg_expr *mi, const geom *g)
 {
 	cg_expr *ext[3], *iv[3];
 	uint32_t h[3];
@@ -819,17 +888,26 @@ static void init_bias(cg_module *m, cg_kernel *k, cg_stmt *blk, const ir_node *n
 	out_loops_hints(g->nsp, h);
 	cg_stmt *body = cg_nest(m, k, blk, g->nsp, ext, h, iv);
 	kiln_dtype ct = cg_ctype(m->buf[y].dt);
-	cg_expr *v = n->nin > 2 && in[2] >= 0 ? cg_ld(m, in[2], mi) : fc(m, ct, 0);
+	cg_expr *v = bias >= 0 ? cg_cast(m, cg_ld(m, bias, mi), ct) : fc(m, ct, 0);
 	cg_append(m, body, cg_st(m, y, add(m, mul(m, bm, I(m, g->osz)), lin(m, g->nsp, iv, g->out)), v));
 }
 
+/* Integer convs' operands: x, w, their zero points (-1: none; w's one
+ * value or one per output channel) and an i32 bias (-1: none). */
+typedef struct conv_ops {
+	int x, w, xz, wz, bias;
+	const ir_type *yt; /* the result's type (NULL: its buffer's) */
+} conv_ops;
+
 /* Grouped, depthwise and non-f32 convs: per (image, out channel), the
  * output plane accumulates one (input channel, tap) at a time, each output
- * row only over the tap's span (the padding adds nothing). */
-static kiln_status conv_direct(cg_module *m, const ir_node *n, const int *in, int y, const geom *g,
-                               kiln_error *err)
+ * row only over the tap's span (the padding adds nothing).  Integer convs
+ * sum (x - x_zp)(w - w_zp) in i32, so padding is x's zero point. */
+static kiln_status conv_direct(cg_module *m, const ir_node *n, const conv_ops *op, bool integer,
+                               int y, const geom *g, kiln_error *err)
 {
-	const ir_type *x = cg_btype(m, in[0]), *yt = cg_btype(m, y);
+	const int in[2] = {op->x, op->w};
+	const ir_type *x = cg_btype(m, in[0]), *yt = op->yt ? op->yt : cg_btype(m, y);
 	int64_t grp = ir_attr_int(n, "group", 1), C = x->dim[1], M = yt->dim[1];
 	int64_t Cg = C / grp, Mg = M / grp, W = g->out[g->nsp - 1];
 	cg_kernel *k = cg_lower_kernel(m, n);
@@ -841,7 +919,7 @@ static kiln_status conv_direct(cg_module *m, const ir_node *n, const int *in, in
 	cg_append(m, k->body, cg_loop(m, k, nm, cg_par(m, mul(m, m->buf[y].numel, I(m, Cg * g->ksz))),
 	                              &bm, &blk));
 	cg_expr *mi = cg_bin(m, CG_REM, bm, I(m, M)), *bi = cg_bin(m, CG_DIV, bm, I(m, M));
-	init_bias(m, k, blk, n, in, y, bm, mi, g);
+	init_bias(m, k, blk, op->bias, y, bm, mi, g);
 	int ns = g->nsp;
 	cg_stmt *body = conv_nest(m, k, blk, Cg, g, iv);
 	inner_span(m, g, iv[ns], &lo, &hi);
@@ -856,8 +934,58 @@ static kiln_status conv_direct(cg_module *m, const ir_node *n, const int *in, in
 	                  lin(m, ns, iv + 1, g->k));
 	cg_expr *yi = add(m, mul(m, bm, I(m, g->osz)), add(m, mul(m, orow, I(m, W)), o));
 	kiln_dtype ct = cg_ctype(m->buf[y].dt);
-	cg_expr *xv = cg_select(m, valid, cg_ld(m, in[0], xi), fc(m, ct, 0));
-	cg_append(m, vb, cg_st(m, y, yi, add(m, cg_ld(m, y, yi), mul(m, xv, cg_ld(m, in[1], wi)))));
+	cg_expr *xv = cg_ld(m, in[0], xi), *wv = cg_ld(m, in[1], wi);
+	if (integer)
+		xv = minus_zp(m, xv, op->xz, I(m, 0)), wv = minus_zp(m, wv, op->wz, mi);
+	xv = cg_select(m, valid, xv, fc(m, ct, 0));
+	cg_append(m, vb, cg_st(m, y, yi, add(m, cg_ld(m, y, yi), mul(m, xv, wv))));
+	return KILN_OK;
+}
+
+static kiln_status conv_geometry(cg_module *m, const ir_node *n, int x, int w, int y, geom *g,
+                                 kiln_error *err)
+{
+	const ir_type *xt = cg_btype(m, x), *wt = cg_btype(m, w), *yt = cg_btype(m, y);
+	if (!fixed_channels(xt, wt, yt))
+		return cg_lower_fail(m, n, err, KILN_EUNSUPPORTED, "symbolic channel counts");
+	return geometry(m, n, xt, yt, wt->dim + 2, false, g, err);
+}
+
+kiln_status cg_lower_conv_integer(cg_module *m, const ir_node *n, const int *in, const int *out,
+                                  kiln_error *err)
+{
+	conv_ops op = {in[0], in[1], n->nin > 2 ? in[2] : -1, n->nin > 3 ? in[3] : -1, -1, NULL};
+	geom g;
+	kiln_status st = conv_geometry(m, n, op.x, op.w, out[0], &g, err);
+	return st ? st : conv_direct(m, n, &op, true, out[0], &g, err);
+}
+
+/* The i32 sums into a scratch buffer, then one requantizing pass over y
+ * (w_scale per output channel or one value). */
+kiln_status cg_lower_qlinear_conv(cg_module *m, const ir_node *n, const int *in, const int *out,
+                                  kiln_error *err)
+{
+	int y = out[0];
+	conv_ops op = {in[0], in[3], in[2], in[5], n->nin > 8 ? in[8] : -1, cg_btype(m, y)};
+	geom g;
+	kiln_status st = conv_geometry(m, n, op.x, op.w, y, &g, err);
+	int acc = st ? -1 : cg_lower_scratch(m, KILN_I32, m->buf[y].numel);
+	if (!st && acc < 0)
+		return nomem(m, n, err);
+	if (!st)
+		st = conv_direct(m, n, &op, true, acc, &g, err);
+	cg_kernel *k = st ? NULL : cg_lower_kernel(m, n);
+	if (!k)
+		return st ? st : nomem(m, n, err);
+	const ir_type *yt = cg_btype(m, y);
+	cg_expr *ext[2] = {mul(m, cg_dim(m, yt->dim[0]), I(m, yt->dim[1])), I(m, g.osz)}, *iv[2];
+	uint32_t h[2] = {cg_par(m, m->buf[y].numel), CG_VECTORIZE};
+	cg_stmt *body = cg_nest(m, k, k->body, 2, ext, h, iv);
+	cg_expr *mi = cg_bin(m, CG_REM, iv[0], I(m, yt->dim[1]));
+	cg_expr *yi = add(m, mul(m, iv[0], I(m, g.osz)), iv[1]);
+	cg_expr *v = requant(m, cg_ld(m, acc, yi), qv(m, in[1], I(m, 0)), qv(m, in[4], mi),
+	                     qv(m, in[6], I(m, 0)), qv(m, in[7], I(m, 0)), m->buf[y].dt);
+	cg_append(m, body, cg_st(m, y, yi, v));
 	return KILN_OK;
 }
 
@@ -1195,8 +1323,10 @@ kiln_status cg_lower_conv(cg_module *m, const ir_node *n, const int *in, const i
 	int64_t grp = ir_attr_int(n, "group", 1);
 	if (grp > 1 && grp == x->dim[1] && g.nsp == 2)
 		return conv_depthwise(m, n, in, out[0], &g, err);
-	if (x->dtype != KILN_F32)
-		return conv_direct(m, n, in, out[0], &g, err);
+	if (x->dtype != KILN_F32) {
+		conv_ops op = {in[0], in[1], -1, -1, n->nin > 2 ? in[2] : -1, NULL};
+		return conv_direct(m, n, &op, false, out[0], &g, err);
+	}
 	if (grp != 1) /* grouped: a GEMM per group over one im2col */
 		return conv_im2col(m, n, in, out[0], &g, err);
 	int64_t wb = m->conv != CG_CONV_IM2COL && cg_conv_winograd_ok(m, n, in, &g)
@@ -1247,7 +1377,7 @@ kiln_status cg_lower_conv_transpose(cg_module *m, const ir_node *n, const int *i
 	cg_append(m, k->body, cg_loop(m, k, mul(m, cg_dim(m, x->dim[0]), I(m, M)),
 	                              cg_par(m, mul(m, m->buf[y].numel, I(m, Cg * g.ksz))), &bm, &blk));
 	cg_expr *mi = cg_bin(m, CG_REM, bm, I(m, M)), *bi = cg_bin(m, CG_DIV, bm, I(m, M));
-	init_bias(m, k, blk, n, in, y, bm, mi, &g);
+	init_bias(m, k, blk, n->nin > 2 ? in[2] : -1, y, bm, mi, &g);
 	uint32_t h[7] = {0};
 	ext[0] = I(m, Cg);
 	for (int d = 0; d < ns; d++)

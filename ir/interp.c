@@ -285,7 +285,7 @@ static double sigmoid(double x) { return x >= 0 ? 1 / (1 + exp(-x)) : exp(x) / (
 static double (*const unary_fn[KILN_OP_COUNT])(double) = {
 	[KILN_OP_NEG] = neg,    [KILN_OP_ABS] = fabs,   [KILN_OP_EXP] = exp,
 	[KILN_OP_LOG] = log,    [KILN_OP_SQRT] = sqrt,  [KILN_OP_RECIPROCAL] = recip,
-	[KILN_OP_FLOOR] = floor, [KILN_OP_CEIL] = ceil, [KILN_OP_SIN] = sin,
+	[KILN_OP_FLOOR] = floor, [KILN_OP_CEIL] = ceil, [KILN_OP_ROUND] = nearbyint, [KILN_OP_SIN] = sin,
 	[KILN_OP_COS] = cos,    [KILN_OP_RELU] = relu,  [KILN_OP_SIGMOID] = sigmoid,
 	[KILN_OP_TANH] = tanh,  [KILN_OP_ERF] = erf,
 };
@@ -987,7 +987,8 @@ static kiln_status gemm(ir_interp *c, const ir_node *n, kiln_tensor *const *in,
 const ir_interp_fn ir_interp_table[KILN_OP_COUNT] = {
 	[KILN_OP_NEG] = unary, [KILN_OP_ABS] = unary, [KILN_OP_EXP] = unary,
 	[KILN_OP_LOG] = unary, [KILN_OP_SQRT] = unary, [KILN_OP_RECIPROCAL] = unary,
-	[KILN_OP_FLOOR] = unary, [KILN_OP_CEIL] = unary, [KILN_OP_SIN] = unary,
+	[KILN_OP_FLOOR] = unary, [KILN_OP_CEIL] = unary, [KILN_OP_ROUND] = unary,
+	[KILN_OP_SIN] = unary,
 	[KILN_OP_COS] = unary, [KILN_OP_RELU] = unary, [KILN_OP_SIGMOID] = unary,
 	[KILN_OP_TANH] = unary, [KILN_OP_ERF] = unary,
 	[KILN_OP_CLIP] = clip,
@@ -1017,7 +1018,11 @@ ir_interp_fn ir_interp_kernel(kiln_op op)
 {
 	if (op >= KILN_OP_COUNT)
 		return NULL;
-	return ir_interp_table[op] ? ir_interp_table[op] : ir_scalar_table[op] ? formula : NULL;
+	if (ir_interp_table[op])
+		return ir_interp_table[op];
+	if (ir_interp_quant_table[op])
+		return ir_interp_quant_table[op];
+	return ir_scalar_table[op] ? formula : NULL;
 }
 
 kiln_status ir_interp_node(ir_interp *c, const ir_node *n, kiln_tensor *const *in,

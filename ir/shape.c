@@ -638,7 +638,7 @@ const ir_shape_fn ir_shape_table[KILN_OP_COUNT] = {
 	[KILN_OP_NEG] = shape_same, [KILN_OP_ABS] = shape_same, [KILN_OP_EXP] = shape_same,
 	[KILN_OP_LOG] = shape_same, [KILN_OP_SQRT] = shape_same,
 	[KILN_OP_RECIPROCAL] = shape_same, [KILN_OP_FLOOR] = shape_same,
-	[KILN_OP_CEIL] = shape_same, [KILN_OP_SIN] = shape_same, [KILN_OP_COS] = shape_same,
+	[KILN_OP_CEIL] = shape_same, [KILN_OP_ROUND] = shape_same, [KILN_OP_SIN] = shape_same, [KILN_OP_COS] = shape_same,
 	[KILN_OP_RELU] = shape_same,
 	[KILN_OP_SIGMOID] = shape_same, [KILN_OP_TANH] = shape_same,
 	[KILN_OP_GELU] = shape_gelu, [KILN_OP_ERF] = shape_same, [KILN_OP_CLIP] = shape_same,
@@ -684,6 +684,8 @@ ir_shape_fn ir_shape_rule(kiln_op op)
 		return NULL;
 	if (ir_shape_table[op])
 		return ir_shape_table[op];
+	if (ir_shape_quant_table[op])
+		return ir_shape_quant_table[op];
 	uint32_t f = ir_op(op)->flags;
 	return !(f & IR_ELEM) ? NULL : f & IR_BCAST ? shape_bcast : shape_same;
 }
@@ -692,6 +694,10 @@ ir_shape_fn ir_shape_rule(kiln_op op)
  * the bool condition, Cast and Shape take any dtype. */
 static const bool any_first_dtype[KILN_OP_COUNT] = {
 	[KILN_OP_WHERE] = true, [KILN_OP_CAST] = true, [KILN_OP_SHAPE] = true,
+	/* the quantization rules check their own (shape_quant.c) */
+	[KILN_OP_QUANTIZE_LINEAR] = true, [KILN_OP_DEQUANTIZE_LINEAR] = true,
+	[KILN_OP_MATMUL_INTEGER] = true, [KILN_OP_CONV_INTEGER] = true,
+	[KILN_OP_QLINEAR_MATMUL] = true, [KILN_OP_QLINEAR_CONV] = true,
 };
 
 /* The dtype rule from the flags: floats always, integers with IR_INTOK,

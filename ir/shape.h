@@ -41,6 +41,10 @@ kiln_status ir_dim_mul_checked(kiln_graph *g, const ir_node *n, int64_t a, int64
 kiln_status ir_shape_matmul(kiln_graph *g, const ir_node *n, const ir_type *in, ir_type *out);
 kiln_status ir_shape_gemm(kiln_graph *g, const ir_node *n, const ir_type *in, ir_type *out);
 kiln_status ir_shape_conv(kiln_graph *g, const ir_node *n, const ir_type *in, ir_type *out);
+/* Conv's rule for x = in[0], w = in[1] and bias (NULL: none) given apart:
+ * ConvInteger's and QLinearConv's other inputs sit between them. */
+kiln_status ir_shape_conv_of(kiln_graph *g, const ir_node *n, const ir_type *in,
+                             const ir_type *bias, ir_type *out);
 kiln_status ir_shape_conv_transpose(kiln_graph *g, const ir_node *n, const ir_type *in,
                                     ir_type *out);
 /* MaxPool and AveragePool */
@@ -56,5 +60,9 @@ kiln_status ir_shape_softmax(kiln_graph *g, const ir_node *n, const ir_type *in,
 kiln_status ir_shape_dropout(kiln_graph *g, const ir_node *n, const ir_type *in, ir_type *out);
 /* SoftmaxCrossEntropyLoss and NegativeLogLikelihoodLoss */
 kiln_status ir_shape_loss(kiln_graph *g, const ir_node *n, const ir_type *in, ir_type *out);
+
+/* ---- quantization rules (shape_quant.c), by op; NULL where none ---------- */
+
+extern const ir_shape_fn ir_shape_quant_table[KILN_OP_COUNT];
 
 #endif /* KILN_IR_SHAPE_H */

@@ -202,23 +202,32 @@ static kiln_status window_out(kiln_graph *g, const ir_node *n, const ir_type *x,
 	return KILN_OK;
 }
 
-/* Conv's bias must be [C_out] and share x's dtype. */
-static kiln_status conv_bias(kiln_graph *g, const ir_node *n, const ir_type *in, int64_t cout)
+/* Conv's bias (NULL: none) must be [C_out] and share x's dtype. */
+static kiln_status conv_bias(kiln_graph *g, const ir_node *n, const ir_type *x, const ir_type *w,
+                             const ir_type *bias, int64_t cout)
 {
-	if (n->nin < 3)
+	if (!bias)
 		return KILN_OK;
-	TRY(need_dtype(g, n, in, 2, in[0].dtype, "bias"));
-	if (in[2].rank != 1 || in[2].dim[0] != cout) {
-		tbuf a, b;
+	tbuf a, b;
+	if (bias->dtype != x->dtype)
+		FAIL(KILN_ESHAPE, "bias must have dtype %s like %s, got %s", kiln_dtype_name(x->dtype),
+		     TS(x, a), TS(bias, b));
+	if (bias->rank != 1 || bias->dim[0] != cout) {
 		char d[64];
-		FAIL(KILN_ESHAPE, "bias %s must be [%s] for weight %s", TS(&in[2], a),
-		     ir_dim_str(g, cout, d, sizeof d), TS(&in[1], b));
+		FAIL(KILN_ESHAPE, "bias %s must be [%s] for weight %s", TS(bias, a),
+		     ir_dim_str(g, cout, d, sizeof d), TS(w, b));
 	}
 	return KILN_OK;
 }
 
 /* x [N,C,sp...], w [M, C/group, k...] -> [N, M, out...] */
 kiln_status ir_shape_conv(kiln_graph *g, const ir_node *n, const ir_type *in, ir_type *out)
+{
+	return ir_shape_conv_of(g, n, in, n->nin > 2 ? &in[2] : NULL, out);
+}
+
+kiln_status ir_shape_conv_of(kiln_graph *g, const ir_node *n, const ir_type *in,
+                             const ir_type *bias, ir_type *out)
 {
 	const ir_type *x = &in[0], *w = &in[1];
 	tbuf a, b;
@@ -241,7 +250,7 @@ kiln_status ir_shape_conv(kiln_graph *g, const ir_node *n, const ir_type *in, ir
 	if (w->dim[0] >= 0 && w->dim[0] % group)
 		FAIL(KILN_ESHAPE, "output channels of weight %s not divisible by group %lld",
 		     TS(w, b), (long long)group);
-	TRY(conv_bias(g, n, in, w->dim[0]));
+	TRY(conv_bias(g, n, x, w, bias, w->dim[0]));
 	ir_type t = {x->dtype, x->rank, {x->dim[0], w->dim[0]}};
 	for (int i = 0; i < o.nsp; i++)
 		TRY(window_out(g, n, x, &o, i, &t.dim[2 + i]));
@@ -302,7 +311,7 @@ kiln_status ir_shape_conv_transpose(kiln_graph *g, const ir_node *n, const ir_ty
 	}
 	int64_t cout;
 	TRY(ir_dim_mul_checked(g, n, w->dim[1], group, &cout));
-	TRY(conv_bias(g, n, in, cout));
+	TRY(conv_bias(g, n, x, w, n->nin > 2 ? &in[2] : NULL, cout));
 	TRY(geom_ints(g, n, "output_padding", o.nsp, 0, 0, opad));
 	ir_type t = {x->dtype, x->rank, {x->dim[0], cout}};
 	const int64_t *os;

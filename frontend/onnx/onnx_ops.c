@@ -257,6 +257,31 @@ static void pow_op(onnx_imp *c, onnx_nd *d)
 	onnx_emit_with(c, d, 2, in, NULL);
 }
 
+/* MatMulInteger and ConvInteger: a zero point left out ("") before one
+ * that is given becomes a constant 0 of its operand's dtype (inputs 2 and
+ * 3 describe inputs 0 and 1). */
+static void zero_points(onnx_imp *c, onnx_nd *d)
+{
+	uint32_t in[4] = {0}, nin = 0;
+	for (uint32_t i = 0; i < d->p->n_input && i < 4; i++)
+		if (d->p->input[i] && *d->p->input[i])
+			nin = i + 1;
+	for (uint32_t i = 0; i < nin; i++) {
+		if ((in[i] = onnx_input(c, d, i, i < 2)) || d->failed)
+			continue;
+		if (i < 2)
+			return;
+		kiln_tensor *t = ir_tensor_new(c->g, c->g->val[in[i - 2]]->type.dtype, 0, NULL);
+		ir_node *z = onnx_extra(c, d, KILN_OP_CONSTANT, 0, NULL,
+		                        i == 2 ? "zero_point_a" : "zero_point_b");
+		if (!t || !z || ir_attr_set_tensor(c->g, z, "value", t) || !onnx_infer(c, d, z))
+			return (void)(d->failed = true);
+		in[i] = z->out[0];
+	}
+	if (!d->failed)
+		onnx_emit_with(c, d, nin, in, NULL);
+}
+
 const onnx_import_fn onnx_import_table[KILN_OP_COUNT] = {
 	[KILN_OP_RESHAPE] = reshape, [KILN_OP_EXPAND] = expand, [KILN_OP_SLICE] = slice,
 	[KILN_OP_SQUEEZE] = axes_input, [KILN_OP_UNSQUEEZE] = axes_input,
@@ -265,6 +290,7 @@ const onnx_import_fn onnx_import_table[KILN_OP_COUNT] = {
 	[KILN_OP_GEMM] = gemm, [KILN_OP_BATCH_NORM] = batch_norm,
 	[KILN_OP_SOFTMAX] = softmax, [KILN_OP_LOG_SOFTMAX] = softmax,
 	[KILN_OP_CONSTANT] = constant, [KILN_OP_POW] = pow_op,
+	[KILN_OP_MATMUL_INTEGER] = zero_points, [KILN_OP_CONV_INTEGER] = zero_points,
 };
 
 /* Ops without an entry map one to one. */

@@ -181,6 +181,21 @@ static const opcase opcase_losses[] = {
 	{"nll_loss_sum", KILN_OP_NLL_LOSS, "reduction=sum"},
 };
 
+static const opcase opcase_quantization[] = {
+	{"quantize_u8", KILN_OP_QUANTIZE_LINEAR, ""},
+	{"quantize_no_zp", KILN_OP_QUANTIZE_LINEAR, ""},
+	{"quantize_i8_axis", KILN_OP_QUANTIZE_LINEAR, "axis=1"},
+	{"dequantize_i8_axis", KILN_OP_DEQUANTIZE_LINEAR, "axis=-1"},
+	{"dequantize_i32", KILN_OP_DEQUANTIZE_LINEAR, ""},
+	{"dynamic_quantize", KILN_OP_DYNAMIC_QUANTIZE_LINEAR, ""},
+	{"matmul_integer", KILN_OP_MATMUL_INTEGER, ""},
+	{"matmul_integer_batch", KILN_OP_MATMUL_INTEGER, ""},
+	{"conv_integer", KILN_OP_CONV_INTEGER, "strides=2,2 pads=1,1,1,1"},
+	{"qlinear_matmul", KILN_OP_QLINEAR_MATMUL, ""},
+	{"qlinear_conv", KILN_OP_QLINEAR_CONV, "group=2 pads=1,1,1,1"},
+	{"round", KILN_OP_ROUND, ""},
+};
+
 #define OPCASE_GROUP(name, t) {name, t, (int)(sizeof(t) / sizeof(t[0]))}
 
 /* The groups in numbering order; each name is its TCase's. */
@@ -199,6 +214,7 @@ static const struct opcase_group {
 	OPCASE_GROUP("movement", opcase_movement),
 	OPCASE_GROUP("dropout", opcase_regularisation),
 	OPCASE_GROUP("losses", opcase_losses),
+	OPCASE_GROUP("quantization", opcase_quantization),
 };
 
 #define OPCASE_NGROUPS ((int)(sizeof opcase_groups / sizeof opcase_groups[0]))
@@ -329,11 +345,14 @@ static inline ir_type type_of(const kiln_tensor *t)
 
 /* ---- a case as a graph ------------------------------------------------------ */
 
+/* Most inputs a case has (QLinearConv's nine). */
+#define OPCASE_MAX_IN 9
+
 /* A case's one-node graph with its fixtures; opcase_free releases it all. */
 typedef struct opcase_graph {
 	const char *name;
 	kiln_graph *g;       /* inputs in[k], outputs the node's, inferred */
-	kiln_tensor *in[8];  /* <case>_in<k>.npy */
+	kiln_tensor *in[OPCASE_MAX_IN]; /* <case>_in<k>.npy */
 	kiln_tensor *want[4]; /* <case>_out<k>.npy */
 	int nin, nout;
 	double tol; /* the case's, 1e-5 unless it says */
@@ -350,9 +369,9 @@ static inline kiln_tensor *opcase_fixture(const char *name, const char *kind, in
 static inline opcase_graph opcase_build(const opcase *c)
 {
 	opcase_graph r = {c->name, kiln_graph_new(c->name), {0}, {0}, 0, 0, c->tol ? c->tol : 1e-5};
-	uint32_t ids[8];
+	uint32_t ids[OPCASE_MAX_IN];
 	ck_assert_ptr_nonnull(r.g);
-	for (; r.nin < 8 && (r.in[r.nin] = opcase_fixture(c->name, "in", r.nin)); r.nin++) {
+	for (; r.nin < OPCASE_MAX_IN && (r.in[r.nin] = opcase_fixture(c->name, "in", r.nin)); r.nin++) {
 		ir_type t = type_of(r.in[r.nin]);
 		ids[r.nin] = ir_input_new(r.g, NULL, &t);
 	}
@@ -370,7 +389,7 @@ static inline opcase_graph opcase_build(const opcase *c)
 
 static inline void opcase_free(opcase_graph *r)
 {
-	for (int k = 0; k < 8; k++)
+	for (int k = 0; k < OPCASE_MAX_IN; k++)
 		kiln_tensor_free(r->in[k]);
 	for (int k = 0; k < 4; k++)
 		kiln_tensor_free(r->want[k]);

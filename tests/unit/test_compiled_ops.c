@@ -904,6 +904,28 @@ START_TEST(integer_division_by_zero_is_an_error)
 }
 END_TEST
 
+/* A QuantizeLinear scale that arrives at run time is checked before the
+ * op runs, as the interpreter checks it: zero, negative, NaN and infinite
+ * scales fail the run naming the node; a good one quantizes exactly. */
+START_TEST(runtime_scales_are_checked_by_the_library)
+{
+	const int64_t d6[1] = {6}, d1[1] = {1};
+	kiln_tensor *x = tensor(KILN_F32, 1, d6, (double[]){0.1, 0.2, -3, 4, 1e9, -1e9});
+	kiln_tensor *good = tensor(KILN_F32, 1, d1, (double[]){0.2});
+	kiln_graph *g = indexed2("qscale", KILN_OP_QUANTIZE_LINEAR, "", KILN_F32, 1, d6, KILN_F32,
+	                         1, d1);
+	run_indexed(g, x, good, NULL, NULL, NULL);
+	static const double bad[] = {0, -1, NAN, INFINITY};
+	for (int k = 0; k < 4; k++) {
+		kiln_tensor *s = tensor(KILN_F32, 1, d1, &bad[k]);
+		run_indexed(g, x, s, "a scale must be positive and finite", "y_scale", good);
+		kiln_tensor_free(s);
+	}
+	kiln_graph_free(g);
+	kiln_tensor_free(x), kiln_tensor_free(good);
+}
+END_TEST
+
 /* The last test: how long compiling took, so a slow backend shows. */
 START_TEST(report_compile_time)
 {
@@ -944,6 +966,7 @@ static Suite *compiled_ops_suite(void)
 	tcase_add_test(tc, gather_index_out_of_range_is_an_error);
 	tcase_add_test(tc, loss_target_out_of_range_is_an_error);
 	tcase_add_test(tc, integer_division_by_zero_is_an_error);
+	tcase_add_test(tc, runtime_scales_are_checked_by_the_library);
 	tcase_add_test(tc, report_compile_time);
 	suite_add_tcase(s, tc);
 	return s;

@@ -177,6 +177,23 @@ static const char *const op_cases[] = {
 	"  %y = thresholded_relu %7 {alpha=0.1} : f32[N,4]\n"
 	"  ret %y\n"
 	"}\n",
+	/* quantization: per tensor and per axis, integer sums, requantized ops */
+	"graph @quant(%x: f32[N,3,8,8], %s: f32[], %z: u8[], %sc: f32[4], %zc: i8[4], "
+	"%w: i8[4,3,3,3], %b: i32[4], %m: i8[8,5], %zm: i8[]) -> (%r: f32[N,3,8,8], %5: u8[N,4,8,8], "
+	"%6: i32[N,4,6,6], %7: i32[N,3,8,5], %8: u8[N,3,8,5], %d: f32[N,4,8,8]) {\n"
+	"  %r = round %x : f32[N,3,8,8]\n"
+	"  %0 = quantize_linear %x, %s, %z : u8[N,3,8,8]\n"
+	"  %1 = dequantize_linear %w, %sc, %zc {axis=0} : f32[4,3,3,3]\n"
+	"  %2, %3, %4 = dynamic_quantize_linear %r : u8[N,3,8,8], f32[], u8[]\n"
+	"  %5 = qlinear_conv %0, %s, %z, %w, %sc, %zc, %s, %z, %b {kernel_shape=[3,3], "
+	"pads=[1,1,1,1]} : u8[N,4,8,8]\n"
+	"  %6 = conv_integer %2, %w, %4 : i32[N,4,6,6]\n"
+	"  %7 = matmul_integer %0, %m, %z : i32[N,3,8,5]\n"
+	"  %q = quantize_linear %x, %s : u8[N,3,8,8]\n"
+	"  %8 = qlinear_matmul %q, %3, %4, %m, %s, %zm, %s, %z : u8[N,3,8,5]\n"
+	"  %d = dequantize_linear %5, %s, %z : f32[N,4,8,8]\n"
+	"  ret %r, %5, %6, %7, %8, %d\n"
+	"}\n",
 };
 #define NCASES (int)(sizeof op_cases / sizeof op_cases[0])
 
