@@ -67,3 +67,10 @@ if(TEST test_compiled_models)
 		ENVIRONMENT "CK_FORK=no;KILN_REAL_MODELS=${KILN_ONNX_REAL_DIR}"
 		FIXTURES_REQUIRED onnx_real TIMEOUT 1800)
 endif()
+
+# onnx_qdq_ort  tests/onnx/check_qdq.py: ResNet-18 and MobileNetV2 quantized by
+#               ONNX Runtime's quantize_static (QDQ, per-channel) import,
+#               compile and agree with ORT's int8 run (.venv and .venv-quant).
+add_test(NAME onnx_qdq_ort COMMAND sh -c
+	"if [ -x '${KILN_VENV_PY}' ]; then exec '${KILN_VENV_PY}' '${CMAKE_SOURCE_DIR}/tests/onnx/check_qdq.py' '$<TARGET_FILE:kiln_cli>' '${CMAKE_BINARY_DIR}/onnx_qdq'; else echo 'skipped: no onnxruntime (no .venv: run scripts/setup-venv.sh)'; exit 77; fi")
+set_tests_properties(onnx_qdq_ort PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 600)

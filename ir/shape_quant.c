@@ -122,8 +122,13 @@ static kiln_status dequantize(kiln_graph *g, const ir_node *n, const ir_type *in
 	tbuf a;
 	if (!is_q8(x->dtype) && x->dtype != KILN_I32)
 		FAIL(KILN_ESHAPE, "x must be u8, i8 or i32, got %s", TS(x, a));
-	if (x->dtype == KILN_I32 && n->nin > 2)
-		FAIL(KILN_ESHAPE, "an i32 x %s takes no zero point", TS(x, a));
+	/* an i32 x (a bias) has zero point 0: absent, or (as ONNX Runtime's
+	 * quantizer writes it) i32 zeros */
+	const kiln_tensor *zv = x->dtype == KILN_I32 && n->nin > 2 ? known(g, n, 2) : NULL;
+	for (int64_t i = 0; zv && i < kiln_tensor_numel(zv); i++)
+		if (ir_load_i64(zv, i))
+			FAIL(KILN_EINVAL, "x_zero_point[%lld] is %lld: an i32 x %s takes zero point 0",
+			     (long long)i, (long long)ir_load_i64(zv, i), TS(x, a));
 	int axis;
 	TRY(axis_of(g, n, x, &in[1], &axis));
 	TRY(qparams(g, n, in, 1, 2, x, axis, x->dtype, "x"));

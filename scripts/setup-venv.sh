@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Creates .venv in the repository root for the ONNX Runtime checks of
-# exported models (tests/onnx/check_export.py).  The venv sees Debian's
+# exported models (tests/onnx/check_export.py), and .venv-quant for ONNX
+# Runtime's quantizer (tests/onnx/check_qdq.py).  The venv sees Debian's
 # system packages (torch, onnx, numpy: --system-site-packages), and only
 # onnxruntime, which Debian does not package, comes from PyPI.  Idempotent:
 # an existing venv is reused and a present onnxruntime is not reinstalled.
@@ -20,8 +21,26 @@ else
 	echo "setup-venv: reusing $venv"
 fi
 
+# ONNX Runtime's quantizer (onnxruntime.quantization) needs onnx >= 1.13
+# and ml_dtypes, which would pull a numpy 2 over Debian's (torch needs
+# Debian's): it gets a venv of its own, without the system packages, that
+# only ever quantizes an .onnx file into another (tests/onnx/ort_quantize.py).
+quant_venv() {
+	q=$root/.venv-quant
+	if "$q/bin/python" -c 'import onnxruntime.quantization' 2>/dev/null; then
+		echo "setup-venv: $q already has onnxruntime.quantization"
+		return 0
+	fi
+	echo "setup-venv: creating $q for onnxruntime.quantization (onnxruntime, onnx, ml_dtypes from PyPI)"
+	if ! { [ -x "$q/bin/python" ] || "$py" -m venv "$q"; } ||
+	   ! "$q/bin/python" -m pip install --disable-pip-version-check -q onnxruntime onnx ml_dtypes; then
+		echo "setup-venv: no quantizer venv; the checks of ORT-quantized models are skipped" >&2
+	fi
+}
+
 if "$venv/bin/python" -c 'import onnxruntime' 2>/dev/null; then
 	echo "setup-venv: onnxruntime $("$venv/bin/python" -c 'import onnxruntime; print(onnxruntime.__version__)') already installed"
+	quant_venv
 	exit 0
 fi
 echo "setup-venv: installing onnxruntime from PyPI into $venv"
@@ -31,3 +50,4 @@ if ! "$venv/bin/python" -m pip install --disable-pip-version-check -q onnxruntim
 	exit 1
 fi
 echo "setup-venv: onnxruntime $("$venv/bin/python" -c 'import onnxruntime; print(onnxruntime.__version__)') installed"
+quant_venv

@@ -1,0 +1,153 @@
+#!/usr/bin/env python3
+"""kiln vs ONNX Runtime on QDQ models written by ORT's own quantizer.
+
+    .venv/bin/python tests/onnx/check_qdq.py KILN OUT_DIR [NAME...]
+
+For each model (default: resnet18 and mobilenet_v2 from bench/models.py,
+with check_bench_models.py's input-sensitive weights) this exports the f32
+model, quantizes it with onnxruntime.quantization.quantize_static (QDQ
+format, u8 activations, per-channel s8 weights, min-max calibration on 8
+random images), then
+
+- imports the QDQ model into kiln, compiles it with `KILN compile` and runs
+  the library with `KILN run` (batch 2, two threads), and runs ORT on the
+  same QDQ model and input;
+- reports the largest difference from ORT's outputs in units of the output's
+  quantization step (the scale of the last DequantizeLinear), against ORT's
+  int8 run and against ORT running the Q/DQ nodes as written (optimisations
+  off), and fails when kiln and ORT's int8 run disagree (see MAX_MEAN_STEPS).  ORT runs the model with integer kernels (QLinearConv, u8 x s8
+  sums, requantized); kiln today runs each Q/DQ pair as written, the convs in
+  f32 on the dequantized values, so the two differ by rounding at the
+  requantization points only.
+
+The report line is what docs/QUANTIZATION.md quotes.  Runs with the venv
+of scripts/setup-venv.sh, the quantizer in its .venv-quant; exits 77 when onnxruntime or torch is missing, 1
+when a model fails, 0 otherwise.
+"""
+import os
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(HERE, "..", "..", "bench"))
+import check_bench_models as cbm  # noqa: E402
+import models  # noqa: E402
+
+DEFAULT = ("resnet18", "mobilenet_v2")
+# A rounding that flips one step at an early requantization point moves
+# the later layers' inputs, so in a deep net the largest difference grows
+# with depth even between two correct runs: kiln's own interpreter (f64
+# sums) and its library (f32) differ by up to 5 output steps on
+# MobileNetV2, 1.3 on average.  So the bounds are on agreement, not on the
+# worst element: the mean difference in steps, the cosine between kiln's
+# and ORT's outputs, and the same top-1 class for every image.  A wrong
+# layer fails all three by far.
+MAX_MEAN_STEPS = 3.0
+MIN_COSINE = 0.99
+CALIB = 8
+
+
+QUANT_PY = os.path.join(HERE, "..", "..", ".venv-quant", "bin", "python")
+
+
+def quantize(src, dst, shape):
+    """tests/onnx/ort_quantize.py in scripts/setup-venv.sh's .venv-quant."""
+    cbm.run([QUANT_PY, os.path.join(HERE, "ort_quantize.py"), src, dst, "input",
+             ",".join(str(d) for d in shape), str(CALIB)])
+
+
+def output_step(onnx_mod, path):
+    """The scale of the DequantizeLinear that makes the graph's output, or of
+    the last one before it."""
+    from onnx import numpy_helper
+    m = onnx_mod.load(path)
+    inits = {t.name: numpy_helper.to_array(t) for t in m.graph.initializer}
+    last = None
+    for n in m.graph.node:
+        if n.op_type == "DequantizeLinear" and n.input[1] in inits:
+            last = float(inits[n.input[1]].reshape(-1)[0])
+    return last
+
+
+def check(np, ort, onnx_mod, torch, kiln, out, name):
+    f32 = os.path.join(out, f"{name}.onnx")
+    qdq = os.path.join(out, f"{name}.qdq.onnx")
+    so = os.path.join(out, f"{name}.qdq.so")
+    cbm.export(torch, name, f32)
+    shape, _ = models.SHAPES[name]
+    quantize(f32, qdq, shape)
+    cbm.run([kiln, "compile", qdq, "-o", so])
+    x = np.random.default_rng(7).standard_normal((2, *shape), dtype=np.float32)
+    xin = os.path.join(out, f"{name}_qdq_input.npy")
+    res = os.path.join(out, f"{name}_qdq")
+    np.save(xin, x)
+    cbm.run([kiln, "run", so, "-i", f"input={xin}", "-o", res],
+            dict(os.environ, KILN_NUM_THREADS="2"))
+    got = np.load(os.path.join(res, "output.npy"))
+    sess = ort.InferenceSession(qdq, providers=["CPUExecutionProvider"])
+    want = sess.run(None, {"input": x})[0]
+    so_lit = ort.SessionOptions()
+    so_lit.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    literal = ort.InferenceSession(qdq, so_lit, providers=["CPUExecutionProvider"]).run(
+        None, {"input": x})[0]
+    ref = ort.InferenceSession(f32, providers=["CPUExecutionProvider"]).run(None, {"input": x})[0]
+    if got.shape != want.shape:
+        return f"shape {got.shape}, ORT {want.shape}"
+    step = output_step(onnx_mod, qdq)
+    steps = float(np.abs(got.astype(np.float64) - want).max()) / step
+    lit = float(np.abs(got.astype(np.float64) - literal).max()) / step
+    d = np.abs(got.astype(np.float64) - want) / step
+    within1 = float((d <= 1.0001).mean())
+    mean = float(d.mean())
+    g64, w64 = got.astype(np.float64).ravel(), want.astype(np.float64).ravel()
+    agree = float(g64 @ w64 / np.sqrt((g64 @ g64) * (w64 @ w64)))
+    top1 = float((got.argmax(1) == want.argmax(1)).mean())
+    cos = float((got * ref).sum() / np.sqrt((got * got).sum() * (ref * ref).sum()))
+    print(f"{name}: QDQ (ORT quantize_static, per-channel s8 weights, u8 activations): "
+          f"kiln vs ORT int8 max |diff| {steps:.2f} output steps (step {step:.4g}), "
+          f"vs ORT running the Q/DQ nodes as written {lit:.2f}; {100 * within1:.1f}% of "
+          f"outputs within 1 step of ORT int8, mean {mean:.2f} steps, cosine {agree:.5f}; "
+          f"top-1 agreement {top1:.2f}; logit cosine vs f32 {cos:.4f}")
+    if not mean <= MAX_MEAN_STEPS:
+        return f"on average {mean:.2f} output steps from ORT's int8 output (at most {MAX_MEAN_STEPS})"
+    if not agree >= MIN_COSINE:
+        return f"cosine {agree:.5f} with ORT's int8 output (at least {MIN_COSINE})"
+    if top1 < 1:
+        return f"top-1 class differs from ORT's int8 on {100 * (1 - top1):.0f}% of the images"
+    return None
+
+
+def main(argv):
+    if len(argv) < 3:
+        sys.stderr.write(__doc__)
+        return 2
+    kiln, out, names = argv[1], argv[2], argv[3:] or DEFAULT
+    try:
+        import numpy as np
+        import onnx as onnx_mod
+        import onnxruntime as ort
+        import torch
+        import torchvision  # noqa: F401
+    except ImportError as e:
+        print(f"skipped: {e} (run with .venv/bin/python: scripts/setup-venv.sh)")
+        return 77
+    if not os.access(QUANT_PY, os.X_OK):
+        print("skipped: no .venv-quant with ONNX Runtime's quantizer (scripts/setup-venv.sh)")
+        return 77
+    torch.set_num_threads(2)
+    os.makedirs(out, exist_ok=True)
+    failed = 0
+    for name in names:
+        try:
+            why = check(np, ort, onnx_mod, torch, kiln, out, name)
+        except RuntimeError as e:
+            why = str(e)
+        if why:
+            print(f"{name}: FAIL: {why}")
+            failed += 1
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
