@@ -38,6 +38,20 @@ static uint32_t param(kiln_graph *g, const char *name, kiln_dtype dt, int rank,
 	return id;
 }
 
+/* QLinearConv's eight inputs as graph inputs: x u8 [1,3,2,2] with zero
+ * point of dtype xz, w i8 [4,3,1,1] with nw scales and zero points (0:
+ * scalars), y u8. */
+static void qlinear_conv_inputs(kiln_graph *g, kiln_dtype xz, int64_t nw, uint32_t *qc)
+{
+	const int64_t w4[4] = {4, 3, 1, 1}, dn[1] = {nw};
+	int rw = nw ? 1 : 0;
+	uint32_t in[8] = {input(g, "x", KILN_U8, 4, x4), input(g, "xs", KILN_F32, 0, NULL),
+	                  input(g, "xz", xz, 0, NULL), input(g, "w", KILN_I8, 4, w4),
+	                  input(g, "ws", KILN_F32, rw, dn), input(g, "wz", KILN_I8, rw, dn),
+	                  input(g, "ys", KILN_F32, 0, NULL), input(g, "yz", KILN_U8, 0, NULL)};
+	memcpy(qc, in, sizeof in);
+}
+
 START_TEST(constant_scales_must_be_positive_and_finite)
 {
 	static const double bad[] = {0, -0.5, INFINITY, NAN};
@@ -76,11 +90,9 @@ START_TEST(per_axis_vectors_must_fit_the_axis)
 	kiln_graph_free(g);
 	/* QLinearConv's w_scale is per output channel: 3 values for 4 channels */
 	g = kiln_graph_new("q");
-	const int64_t w4[4] = {4, 3, 1, 1}, d4[1] = {4};
-	uint32_t qc[8] = {input(g, "x", KILN_U8, 4, x4), input(g, "xs", KILN_F32, 0, NULL),
-	                  input(g, "xz", KILN_U8, 0, NULL), input(g, "w", KILN_I8, 4, w4),
-	                  input(g, "ws", KILN_F32, 1, d3), input(g, "wz", KILN_I8, 1, d3),
-	                  input(g, "ys", KILN_F32, 0, NULL), input(g, "yz", KILN_U8, 0, NULL)};
+	const int64_t d4[1] = {4};
+	uint32_t qc[8];
+	qlinear_conv_inputs(g, KILN_U8, 3, qc);
 	expect_shape_error(g, KILN_OP_QLINEAR_CONV, 8, qc, "",
 	                   "w_scale f32[3] must have one value or 4 (dim 0 of i8[4,3,1,1])");
 	kiln_graph_free(g);
@@ -106,11 +118,8 @@ START_TEST(zero_points_must_have_the_quantized_dtype)
 	                   "y_zero_point must be u8 or i8, got i32[]");
 	kiln_graph_free(g);
 	g = kiln_graph_new("q");
-	const int64_t w4[4] = {4, 3, 1, 1};
-	uint32_t qc[8] = {input(g, "x", KILN_U8, 4, x4), input(g, "xs", KILN_F32, 0, NULL),
-	                  input(g, "xz", KILN_I8, 0, NULL), input(g, "w", KILN_I8, 4, w4),
-	                  input(g, "ws", KILN_F32, 0, NULL), input(g, "wz", KILN_I8, 0, NULL),
-	                  input(g, "ys", KILN_F32, 0, NULL), input(g, "yz", KILN_U8, 0, NULL)};
+	uint32_t qc[8];
+	qlinear_conv_inputs(g, KILN_I8, 0, qc);
 	expect_shape_error(g, KILN_OP_QLINEAR_CONV, 8, qc, "",
 	                   "x_zero_point i8[] must have dtype u8");
 	kiln_graph_free(g);
