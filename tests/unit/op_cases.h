@@ -312,7 +312,8 @@ static inline uint32_t input(kiln_graph *g, const char *name, kiln_dtype dt, int
                              const int64_t *dims)
 {
 	ir_type t = {dt, rank, {0}};
-	memcpy(t.dim, dims, rank * sizeof *dims);
+	if (rank) /* a scalar's dims may be NULL */
+		memcpy(t.dim, dims, rank * sizeof *dims);
 	return ir_input_new(g, name, &t);
 }
 
