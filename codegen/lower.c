@@ -442,18 +442,14 @@ static cg_expr *s_where(cg_module *m, const ir_node *n, cg_expr **a, kiln_dtype 
 	return cg_select(m, cg_cast(m, a[0], KILN_BOOL), a[1], a[2]);
 }
 
-/* QuantizeLinear: saturate(rint(x / scale) + zero_point), in f32 as the
- * interpreter (f64 for an i32 x); NaN stays NaN through the clamp and the
- * saturating store makes it 0. */
+/* QuantizeLinear: rint(x / scale) + zero_point, in f32 as the interpreter
+ * (f64 for an i32 x); the conversion to the u8 or i8 result (a store, or
+ * a fused reader's cast) saturates it, NaN giving 0. */
 static cg_expr *s_quantize(cg_module *m, const ir_node *n, cg_expr **a, kiln_dtype ct)
 {
 	kiln_dtype ft = ct == KILN_F32 ? KILN_F32 : KILN_F64;
-	kiln_dtype yt = m->g->val[n->out[0]]->type.dtype;
 	cg_expr *q = cg_un(m, CG_ROUND, cg_bin(m, CG_DIV, cg_cast(m, a[0], ft), cg_cast(m, a[1], ft)));
-	if (n->nin > 2)
-		q = cg_bin(m, CG_ADD, q, cg_cast(m, a[2], ft));
-	q = cg_bin(m, CG_MAX, q, fc(m, ft, yt == KILN_I8 ? -128 : 0));
-	return cg_bin(m, CG_MIN, q, fc(m, ft, yt == KILN_I8 ? 127 : 255));
+	return n->nin > 2 ? cg_bin(m, CG_ADD, q, cg_cast(m, a[2], ft)) : q;
 }
 
 /* DequantizeLinear: (x - zero_point) * scale in f32. */
@@ -999,8 +995,7 @@ static kiln_status dynamic_quantize(cg_module *m, const ir_node *n, const int *i
 		cg_append(m, k->body, cg_st(m, out[2], cg_int(m, 0), z));
 	cg_append(m, k->body, cg_loop(m, k, cnt, CG_VECTORIZE, &iv, &b2));
 	cg_expr *q = cg_un(m, CG_ROUND, cg_bin(m, CG_DIV, cg_ld(m, in[0], iv), s));
-	q = cg_bin(m, CG_MAX, cg_bin(m, CG_ADD, q, z), zero);
-	cg_append(m, b2, cg_st(m, out[0], iv, cg_bin(m, CG_MIN, q, fc(m, KILN_F32, 255))));
+	cg_append(m, b2, cg_st(m, out[0], iv, cg_bin(m, CG_ADD, q, z))); /* saturates */
 	return KILN_OK;
 }
 

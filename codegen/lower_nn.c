@@ -144,17 +144,15 @@ static cg_expr *minus_zp(cg_module *m, cg_expr *v, int z, cg_expr *idx)
 	return z < 0 ? v : cg_bin(m, CG_SUB, v, cg_cast(m, qv(m, z, idx), KILN_I32));
 }
 
-/* saturate(rint(acc * (xs * ws / ys)) + yz) for an output of dtype dt (the
- * store converts the clamped integral value): the multiplier in f32, the
- * product in f64, exactly as the interpreter (ir/interp_quant.c). */
+/* rint(acc * (xs * ws / ys)) + yz, which the store into the u8 or i8
+ * result saturates: the multiplier in f32, the product in f64, exactly as
+ * the interpreter (ir/interp_quant.c). */
 static cg_expr *requant(cg_module *m, cg_expr *acc, cg_expr *xs, cg_expr *ws, cg_expr *ys,
-                        cg_expr *yz, kiln_dtype dt)
+                        cg_expr *yz)
 {
 	cg_expr *mult = cg_bin(m, CG_DIV, mul(m, xs, ws), ys);
 	cg_expr *v = cg_un(m, CG_ROUND, mul(m, cg_cast(m, acc, KILN_F64), cg_cast(m, mult, KILN_F64)));
-	v = add(m, v, cg_cast(m, yz, KILN_F64));
-	double lo = dt == KILN_I8 ? -128 : 0, hi = dt == KILN_I8 ? 127 : 255;
-	return cg_bin(m, CG_MIN, cg_bin(m, CG_MAX, v, fc(m, KILN_F64, lo)), fc(m, KILN_F64, hi));
+	return add(m, v, cg_cast(m, yz, KILN_F64));
 }
 
 /* An integer matmul's extras: zero points (buffers, -1 when absent: one
@@ -198,7 +196,7 @@ static kiln_status matmul_loops(cg_module *m, const ir_node *n, const int *in, i
 	cg_expr *v = acc;
 	if (z && z->q)
 		v = requant(m, acc, qv(m, z->q[1], i), qv(m, z->q[4], j), qv(m, z->q[6], I(m, 0)),
-		            qv(m, z->q[7], I(m, 0)), m->buf[out].dt);
+		            qv(m, z->q[7], I(m, 0)));
 	cg_append(m, body, cg_st(m, out, add(m, oy, add(m, mul(m, i, N), j)), v));
 	return KILN_OK;
 }
@@ -984,7 +982,7 @@ kiln_status cg_lower_qlinear_conv(cg_module *m, const ir_node *n, const int *in,
 	cg_expr *mi = cg_bin(m, CG_REM, iv[0], I(m, yt->dim[1]));
 	cg_expr *yi = add(m, mul(m, iv[0], I(m, g.osz)), iv[1]);
 	cg_expr *v = requant(m, cg_ld(m, acc, yi), qv(m, in[1], I(m, 0)), qv(m, in[4], mi),
-	                     qv(m, in[6], I(m, 0)), qv(m, in[7], I(m, 0)), m->buf[y].dt);
+	                     qv(m, in[6], I(m, 0)), qv(m, in[7], I(m, 0)));
 	cg_append(m, body, cg_st(m, y, yi, v));
 	return KILN_OK;
 }

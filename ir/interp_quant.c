@@ -21,16 +21,6 @@
 #include "ir/ir.h"
 #include "ir/interp.h"
 
-static int64_t qmin(kiln_dtype dt)
-{
-	return dt == KILN_I8 ? -128 : dt == KILN_U8 ? 0 : INT32_MIN;
-}
-
-static int64_t qmax(kiln_dtype dt)
-{
-	return dt == KILN_I8 ? 127 : dt == KILN_U8 ? 255 : INT32_MAX;
-}
-
 /* A scale and zero point, each one value or a vector. */
 typedef struct qp {
 	const kiln_tensor *s, *z; /* z may be NULL: 0 */
@@ -93,14 +83,11 @@ static int64_t axis_len(const ir_node *n, const kiln_tensor *x)
 	return axis >= 0 && axis < x->rank ? x->shape[axis] : -1;
 }
 
-/* q = saturate(rint(x / scale) + zero_point), in f32 (f64 for i32 x). */
-static int64_t quant1(double x, bool f32, float s, int64_t z, kiln_dtype dt)
+/* rint(x / scale) + zero_point, in f32 (f64 for i32 x); ir_store into
+ * the u8 or i8 result saturates it (NaN gives 0). */
+static double quant1(double x, bool f32, float s, int64_t z)
 {
-	double v = f32 ? (double)nearbyintf((float)x / s) : nearbyint(x / s);
-	v += (double)z;
-	if (isnan(v))
-		return 0;
-	return v < qmin(dt) ? qmin(dt) : v > qmax(dt) ? qmax(dt) : (int64_t)v;
+	return (f32 ? (double)nearbyintf((float)x / s) : nearbyint(x / s)) + (double)z;
 }
 
 static kiln_status quantize(ir_interp *c, const ir_node *n, kiln_tensor *const *in,
@@ -115,8 +102,7 @@ static kiln_status quantize(ir_interp *c, const ir_node *n, kiln_tensor *const *
 	bool f32 = x->dtype == KILN_F32;
 	for (int64_t i = 0, cnt = kiln_tensor_numel(x); i < cnt; i++) {
 		int64_t k = at(a, i);
-		ir_store_i64(out[0], i, quant1(ir_load(x, i), f32, qp_scale(&q, k), qp_zero(&q, k),
-		                               out[0]->dtype));
+		ir_store(out[0], i, quant1(ir_load(x, i), f32, qp_scale(&q, k), qp_zero(&q, k)));
 	}
 	return KILN_OK;
 }
@@ -157,7 +143,7 @@ static kiln_status dynamic_quantize(ir_interp *c, const ir_node *n, kiln_tensor 
 	float zf = 0.0f - lo / s;
 	int64_t z = !(zf > 0) ? 0 : zf > 255 ? 255 : (int64_t)nearbyintf(zf);
 	for (int64_t i = 0; i < cnt; i++)
-		ir_store_i64(out[0], i, quant1(ir_load(x, i), true, s, z, KILN_U8));
+		ir_store(out[0], i, quant1(ir_load(x, i), true, s, z));
 	ir_store(out[1], 0, s);
 	if (n->nout > 2 && out[2])
 		ir_store_i64(out[2], 0, z);
@@ -258,10 +244,7 @@ static kiln_status requantize(ir_interp *c, const ir_node *n, const kiln_tensor 
 		float xs = qp_scale(xq, xq->len == 1 ? 0 : i / xinner % xq->len);
 		float ws = qp_scale(wq, wq->len == 1 ? 0 : i / winner % wq->len);
 		float mult = xs * ws / ys;
-		double v = nearbyint(ir_load(acc, i) * (double)mult) + (double)yz;
-		int64_t q = v < qmin(y->dtype) ? qmin(y->dtype) : v > qmax(y->dtype) ? qmax(y->dtype)
-		                                                                   : (int64_t)v;
-		ir_store_i64(y, i, q);
+		ir_store(y, i, nearbyint(ir_load(acc, i) * (double)mult) + (double)yz);
 	}
 	return KILN_OK;
 }
