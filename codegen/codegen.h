@@ -147,6 +147,18 @@ typedef struct cg_gemm {
 	cg_expr *res_off, *res_rs;
 } cg_gemm;
 
+/* The largest K of an 8-bit GEMM (A, B u8 or i8, i32 sums): the LLVM
+ * backend packs a whole K x panel of B into its per-thread scratch; the
+ * lowering uses loop nests beyond it. */
+#define CG_QGEMM_MAX_K 16384
+
+/* Whether g is an 8-bit GEMM the backends' int8 kernels take: A and B u8
+ * or i8, i32 sums, C u8, i8, i32 or f32, A's and B's rows contiguous,
+ * alpha 1, beta 0, no residual, zero points of A per row or one value, of
+ * B per column or one value, of C one value, a constant K at most
+ * CG_QGEMM_MAX_K.  (cg_eval takes every GEMM.) */
+bool cg_gemm_is_int8(const cg_gemm *g);
+
 /* Whether g is a plain GEMM: every type f32, no scale or zero points, a
  * residual only before act, act none, relu or clip (what the lowering
  * makes today). */

@@ -433,6 +433,23 @@ cg_stmt *cg_transpose_stmt(cg_module *m, const cg_transpose *t)
 	return s;
 }
 
+static bool is_const(const cg_expr *e, int64_t v)
+{
+	return e && e->kind == CG_CONST && e->i == v;
+}
+
+bool cg_gemm_is_int8(const cg_gemm *g)
+{
+	bool a8 = g->a_dt == KILN_U8 || g->a_dt == KILN_I8, b8 = g->b_dt == KILN_U8 || g->b_dt == KILN_I8;
+	bool c = g->c_dt == KILN_U8 || g->c_dt == KILN_I8 || g->c_dt == KILN_I32 || g->c_dt == KILN_F32;
+	return a8 && b8 && c && g->acc_dt == KILN_I32 && is_const(g->a_cs, 1) &&
+	       is_const(g->b_cs, 1) && g->alpha == 1 && g->beta == 0 && !g->has_residual &&
+	       (g->act == CG_ACT_NONE || g->act == CG_ACT_RELU || g->act == CG_ACT_CLIP) &&
+	       g->a_zero.axis != CG_AXIS_COL && g->b_zero.axis != CG_AXIS_ROW &&
+	       (g->c_zero.axis == CG_AXIS_NONE || g->c_zero.axis == CG_AXIS_ALL) &&
+	       g->K && g->K->kind == CG_CONST && g->K->i >= 0 && g->K->i <= CG_QGEMM_MAX_K;
+}
+
 bool cg_gemm_is_f32(const cg_gemm *g)
 {
 	return g->a_dt == KILN_F32 && g->b_dt == KILN_F32 && g->c_dt == KILN_F32 &&

@@ -175,6 +175,12 @@ static void scan_gemm(scan *s, const cg_gemm *g)
 		scan_expr(s, g->res_rs);
 		scan_buf(s, g->residual);
 	}
+	const cg_gemm_vec *v[] = {&g->scale, &g->a_zero, &g->b_zero, &g->c_zero};
+	for (int i = 0; i < 4; i++)
+		if (v[i]->axis) {
+			scan_expr(s, v[i]->off);
+			scan_buf(s, v[i]->buf);
+		}
 }
 
 static void scan_stmt(scan *s, const cg_stmt *st)
@@ -950,11 +956,71 @@ static LLVMValueRef gemm_ptr(fn_ctx *c, int buf, const cg_expr *off, const cg_ex
 	return LLVMBuildInBoundsGEP2(B, c->L->f32, c->bufp[buf], &idx, 1, "");
 }
 
+/* &buf[off + b*bs] as an i8 * (NULL when buf < 0) */
+static LLVMValueRef byte_ptr(fn_ctx *c, int buf, const cg_expr *off, const cg_expr *bs,
+                             LLVMValueRef b)
+{
+	LLVMBuilderRef B = c->L->b;
+	if (buf < 0)
+		return LLVMConstNull(c->L->ptr);
+	LLVMValueRef idx = off ? iexpr(c, off) : i64c(c->L, 0);
+	if (bs && b)
+		idx = LLVMBuildAdd(B, idx, LLVMBuildMul(B, b, iexpr(c, bs), ""), "");
+	LLVMValueRef p = LLVMBuildInBoundsGEP2(B, mty(c->L, c->L->m->buf[buf].dt), c->bufp[buf],
+	                                       &idx, 1, "");
+	return LLVMBuildBitCast(B, p, c->L->ptr, "");
+}
+
+/* An epilogue vector's buffer at its offset, or NULL when absent. */
+static LLVMValueRef vec_ptr(fn_ctx *c, const cg_gemm_vec *v)
+{
+	return byte_ptr(c, v->axis ? v->buf : -1, v->off, NULL, NULL);
+}
+
+/* An 8-bit GEMM: a loop over the batch calling kiln_qgemm_* (llvm_qgemm.c). */
+static void s_qgemm(fn_ctx *c, const cg_gemm *g)
+{
+	cg_llvm *L = c->L;
+	LLVMBasicBlockRef here = LLVMGetInsertBlock(L->b);
+	LLVMValueRef f = cg_llvm_qgemm(L, g->a_dt, g->b_dt, g->c_dt); /* moves the builder */
+	LLVMPositionBuilderAtEnd(L->b, here);
+	if (!f) {
+		fail(c, KILN_EUNSUPPORTED, "8-bit GEMM of these dtypes");
+		return;
+	}
+	loop l;
+	LLVMValueRef b = loop_begin(c, &l, i64c(L, 0), g->batch ? iexpr(c, g->batch) : i64c(L, 1));
+	double lo = g->act == CG_ACT_CLIP ? g->act_lo : g->act == CG_ACT_RELU ? 0 : -__builtin_inf();
+	double hi = g->act == CG_ACT_CLIP ? g->act_hi : __builtin_inf();
+	LLVMValueRef bias = byte_ptr(c, g->bias, g->bias_off, NULL, NULL);
+	LLVMValueRef args[21] = {
+		c->x, iexpr(c, g->M), iexpr(c, g->N), iexpr(c, g->K),
+		byte_ptr(c, g->a, g->a_off, g->a_bs, b), iexpr(c, g->a_rs),
+		byte_ptr(c, g->b, g->b_off, g->b_bs, b), iexpr(c, g->b_rs),
+		byte_ptr(c, g->c, g->c_off, g->c_bs, b), iexpr(c, g->c_rs),
+		vec_ptr(c, &g->a_zero), i64c(L, g->a_zero.axis == CG_AXIS_ROW),
+		vec_ptr(c, &g->b_zero), i64c(L, g->b_zero.axis == CG_AXIS_COL),
+		bias, i32c(L, g->bias >= 0 ? g->bias_axis : 0),
+		vec_ptr(c, &g->scale), i32c(L, g->scale.axis),
+		vec_ptr(c, &g->c_zero), LLVMConstReal(L->f32, lo), LLVMConstReal(L->f32, hi)};
+	LLVMTypeRef ft = LLVMGlobalGetValueType(f), pt[21];
+	LLVMGetParamTypes(ft, pt);
+	for (int i = 0; i < 21; i++)
+		if (LLVMGetTypeKind(pt[i]) == LLVMPointerTypeKind)
+			args[i] = LLVMBuildBitCast(L->b, args[i], pt[i], "");
+	LLVMBuildCall2(L->b, ft, f, args, 21, "");
+	loop_end(c, &l, 0);
+}
+
 /* A loop over the batch calling kiln_sgemm on each product. */
 static void s_gemm(fn_ctx *c, const cg_stmt *s)
 {
 	cg_llvm *L = c->L;
 	const cg_gemm *g = s->gemm;
+	if (cg_gemm_is_int8(g)) {
+		s_qgemm(c, g);
+		return;
+	}
 	int bufs[] = {g->a, g->b, g->c, g->bias >= 0 ? g->bias : g->a,
 	              g->has_residual ? g->residual : g->a};
 	for (int i = 0; i < 5; i++)
@@ -1571,8 +1637,41 @@ kiln_status cg_llvm_sizes(cg_llvm *L, LLVMValueRef *numel, LLVMValueRef *io_dims
 
 /* ---- what this backend takes -------------------------------------------------------- */
 
+/* An 8-bit GEMM's buffers hold what its dtypes say: A, B, C theirs, an
+ * i32 bias, an f32 scale, zero points of their operand's dtype. */
+static bool int8_gemm_ok(const cg_module *m, const cg_gemm *g, char *why, size_t size)
+{
+	const cg_gemm_vec *v[] = {&g->scale, &g->a_zero, &g->b_zero, &g->c_zero};
+	int bufs[] = {g->a, g->b, g->c, g->bias, v[0]->axis ? v[0]->buf : -1,
+	              v[1]->axis ? v[1]->buf : -1, v[2]->axis ? v[2]->buf : -1,
+	              v[3]->axis ? v[3]->buf : -1};
+	kiln_dtype want[] = {g->a_dt, g->b_dt, g->c_dt, KILN_I32, KILN_F32, g->a_dt, g->b_dt, g->c_dt};
+	const char *role[] = {"A", "B", "C", "bias", "scale", "A's zero point", "B's zero point",
+	                      "C's zero point"};
+	for (int i = 0; i < 8; i++) {
+		if (bufs[i] < 0 && i >= 3)
+			continue;
+		if (bufs[i] < 0 || bufs[i] >= m->nbuf) {
+			snprintf(why, size, "8-bit GEMM %s names no buffer", role[i]);
+			return false;
+		}
+		if (m->buf[bufs[i]].dt != want[i]) {
+			snprintf(why, size, "8-bit GEMM with %s %s (expected %s)", role[i],
+			         kiln_dtype_name(m->buf[bufs[i]].dt), kiln_dtype_name(want[i]));
+			return false;
+		}
+	}
+	if (g->bias >= 0 && g->bias_axis != 1 && g->bias_axis != 2) {
+		snprintf(why, size, "8-bit GEMM bias axis %d", g->bias_axis);
+		return false;
+	}
+	return true;
+}
+
 static bool gemm_ok(const cg_module *m, const cg_gemm *g, char *why, size_t size)
 {
+	if (cg_gemm_is_int8(g))
+		return int8_gemm_ok(m, g, why, size);
 	int bufs[] = {g->a, g->b, g->c, g->bias, g->has_residual ? g->residual : -1};
 	const char *role[] = {"A", "B", "C", "bias", "residual"};
 	for (int i = 0; i < 5; i++) {
@@ -1590,7 +1689,7 @@ static bool gemm_ok(const cg_module *m, const cg_gemm *g, char *why, size_t size
 	}
 	if (!cg_gemm_is_f32(g)) {
 		snprintf(why, size, "GEMM %s*%s->%s accumulating in %s%s%s%s%s (it has f32 GEMMs "
-		         "with bias, relu and clip only)", kiln_dtype_name(g->a_dt), kiln_dtype_name(g->b_dt),
+		         "with bias, relu and clip, and 8-bit ones (cg_gemm_is_int8))", kiln_dtype_name(g->a_dt), kiln_dtype_name(g->b_dt),
 		         kiln_dtype_name(g->c_dt), kiln_dtype_name(g->acc_dt),
 		         g->scale.axis ? ", scale" : "",
 		         g->a_zero.axis || g->b_zero.axis || g->c_zero.axis ? ", zero points" : "",

@@ -26,6 +26,7 @@ typedef struct cg_target {
 	char *features;    /* "+avx512f,+avx512bw,..." */
 	int vec_bits;      /* widest float vector: 512, 256 or 128 */
 	int prefer_bits;   /* "prefer-vector-width" of every function; 0: the CPU's */
+	int vnni_bits;     /* widest vectors with the 8-bit dot product (vpdpbusd); 0: none */
 	LLVMTargetMachineRef tm;
 } cg_target;
 
@@ -49,6 +50,7 @@ typedef struct cg_llvm {
 	LLVMValueRef par_for;     /* declared rt_parallel_for */
 	LLVMValueRef sgemm;       /* kiln_sgemm, from llvm_gemm.c */
 	LLVMValueRef transpose;   /* kiln_transpose, from llvm_gemm.c */
+	LLVMValueRef qgemm[16];   /* kiln_qgemm_*, from llvm_qgemm.c, by cg_qgemm_spec */
 	const int *canon;         /* the kernel being emitted: root buffer -> its index in
 	                             the kernel's table (cg_kernel_key's order) */
 	const char *name;         /* the model's C name: prefix of the entry points */
@@ -148,5 +150,27 @@ void cg_llvm_export_helpers(cg_llvm *L);
 LLVMValueRef cg_llvm_transpose(cg_llvm *L);
 /* floats of packing scratch kiln_sgemm needs per thread */
 uint64_t cg_sgemm_scratch_floats(const cg_target *t);
+
+/* ---- llvm_qgemm.c ------------------------------------------------------- */
+
+/* Index of the kiln_qgemm for A, B and C of these dtypes (A and B u8 or i8;
+ * C u8, i8, i32 or f32), or -1 when there is none. */
+int cg_qgemm_spec(kiln_dtype a, kiln_dtype b, kiln_dtype c);
+/* Builds once per module (internal to it) and returns
+ *   void kiln_qgemm_<a><b>_<c>(rt_exec *x, i64 M, i64 N, i64 K,
+ *        const i8 *A, i64 a_rs, const i8 *B, i64 b_rs, void *C, i64 c_rs,
+ *        const i8 *za, i64 za_step, const i8 *zb, i64 zb_step,
+ *        const i32 *bias, i32 bias_axis, const float *scale, i32 scale_axis,
+ *        const i8 *cz, float lo, float hi)
+ * with v = sum_k (A[m*a_rs + k] - za[m*za_step]) * (B[k*b_rs + n] - zb[n*zb_step])
+ * + bias (axis 1: bias[n], 2: bias[m], 0: none), all in i32 (za, zb, cz
+ * null: zero); C[m*c_rs + n] is v for an i32 C, else
+ * clamp(v * scale, lo, hi) (scale_axis 1: scale[n], 2: scale[m], 3:
+ * scale[0], 0: 1), for an 8-bit C plus cz[0], rounded half to even and
+ * saturated.  K at most CG_QGEMM_MAX_K (the panel lives in x->scratch);
+ * NULL for dtypes it does not cover. */
+LLVMValueRef cg_llvm_qgemm(cg_llvm *L, kiln_dtype a, kiln_dtype b, kiln_dtype c);
+/* bytes of x->scratch kiln_qgemm needs per thread */
+uint64_t cg_qgemm_scratch_bytes(const cg_target *t);
 
 #endif /* KILN_CG_LLVM_H */

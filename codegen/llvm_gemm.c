@@ -71,8 +71,11 @@ static geom geometry(const cg_target *t)
 uint64_t cg_sgemm_scratch_floats(const cg_target *t)
 {
 	geom g = geometry(t);
-	/* packed A block, then packed B panel (kept 64-byte aligned) */
-	return (uint64_t)((g.MC * g.KC + 15) / 16 * 16 + g.KC * g.NC);
+	/* packed A block, then packed B panel (kept 64-byte aligned); at least
+	 * what kiln_qgemm's panel needs (llvm_qgemm.c) */
+	uint64_t f = (uint64_t)((g.MC * g.KC + 15) / 16 * 16 + g.KC * g.NC);
+	uint64_t q = (cg_qgemm_scratch_bytes(t) + 3) / 4;
+	return f > q ? f : q;
 }
 
 /* Parameters shared by kiln_sgemm and its internal paths, in ABI order. */

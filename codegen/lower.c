@@ -1305,7 +1305,7 @@ static void gemm_take_act(cg_gemm *gm, const ir_node *n)
  * nothing applied after the product that the residual must precede. */
 static bool gemm_residual_ok(const cg_gemm *gm)
 {
-	return !gm->has_residual && !gm->act && gm->beta == 0;
+	return !gm->has_residual && !gm->act && gm->beta == 0 && gm->acc_dt == KILN_F32;
 }
 
 /* A GEMM epilogue adds buffer rb, laid out as C, before its activation. */

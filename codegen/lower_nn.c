@@ -91,17 +91,39 @@ static bool is_zero(const cg_expr *e)
 	return e && e->kind == CG_CONST && e->i == 0;
 }
 
-/* f32: one GEMM, inside loops over all but the innermost batch group. */
+/* An integer matmul's extras: zero points (buffers, -1 when absent: one
+ * value, or per row of A / per column of B) and, for QLinearMatMul, its
+ * inputs, whose scales and y_zero_point requantize the sums. */
+typedef struct mm_int {
+	int az, bz;
+	const int *q;
+} mm_int;
+
+static cg_gemm_vec qvec(cg_module *m, int buf, cg_expr *off, int axis);
+
+/* Whether buffer b (-1: none) holds more than one value */
+static bool is_vector(cg_module *m, int b)
+{
+	const ir_type *t = b >= 0 ? cg_btype(m, b) : NULL;
+	return t && t->rank > 0 && t->dim[0] != 1;
+}
+
+/* One GEMM, inside loops over all but the innermost batch group: f32, or
+ * with z an 8-bit one (zero points, and for QLinearMatMul the multiplier
+ * buffer mult per row or column of C and y's zero point). */
 static kiln_status matmul_gemm(cg_module *m, const ir_node *n, const int *in, int out,
                                cg_expr *M, cg_expr *N, cg_expr *K, mm_batch *g, bool a1,
-                               kiln_error *err)
+                               const mm_int *z, int mult, kiln_error *err)
 {
 	cg_kernel *k = cg_lower_kernel(m, n);
 	if (!k)
 		return nomem(m, n, err);
 	cg_expr *mk = mul(m, M, K), *kn = mul(m, K, N), *mn = mul(m, M, N), *iv[KILN_MAX_RANK];
-	/* a stack of row-major matrices times one shared B: a single taller GEMM */
-	if (g->n == 1 && is_zero(g->sb[0]) && !is_zero(g->sa[0]) && !a1) {
+	bool mult_rows = z && z->q && is_vector(m, z->q[1]);
+	bool per_row = z && (is_vector(m, z->az) || mult_rows);
+	/* a stack of row-major matrices times one shared B: a single taller GEMM
+	 * (unless something is per row of one matrix) */
+	if (g->n == 1 && is_zero(g->sb[0]) && !is_zero(g->sa[0]) && !a1 && !per_row) {
 		M = mul(m, M, g->ext[0]);
 		g->n = 0;
 	}
@@ -122,6 +144,15 @@ static kiln_status matmul_gemm(cg_module *m, const ir_node *n, const int *in, in
 	              .b_rs = N, .b_cs = I(m, 1),
 	              .c_off = oy, .c_bs = bat ? mul(m, g->sy[g->n - 1], mn) : I(m, 0), .c_rs = N,
 	              .bias_off = I(m, 0), .alpha = 1, .beta = 0};
+	if (z) {
+		gm.acc_dt = KILN_I32;
+		gm.a_zero = qvec(m, z->az, I(m, 0), CG_AXIS_ROW);
+		gm.b_zero = qvec(m, z->bz, I(m, 0), CG_AXIS_COL);
+		if (z->q) {
+			gm.c_zero = qvec(m, z->q[7], I(m, 0), CG_AXIS_ALL);
+			gm.scale = qvec(m, mult, I(m, 0), mult_rows ? CG_AXIS_ROW : CG_AXIS_COL);
+		}
+	}
 	cg_append(m, body, cg_gemm_stmt(m, &gm));
 	return body && body->n ? KILN_OK : nomem(m, n, err);
 }
@@ -154,14 +185,6 @@ static cg_expr *requant(cg_module *m, cg_expr *acc, cg_expr *xs, cg_expr *ws, cg
 	cg_expr *v = cg_un(m, CG_ROUND, mul(m, cg_cast(m, acc, KILN_F64), cg_cast(m, mult, KILN_F64)));
 	return add(m, v, cg_cast(m, yz, KILN_F64));
 }
-
-/* An integer matmul's extras: zero points (buffers, -1 when absent: one
- * value, or per row of A / per column of B) and, for QLinearMatMul, its
- * inputs, whose scales and y_zero_point requantize the sums. */
-typedef struct mm_int {
-	int az, bz;
-	const int *q;
-} mm_int;
 
 /* Other dtypes: plain loops, accumulating in a local of the compute dtype
  * (integers wrap, as the interpreter's do); with z, the sums of
@@ -201,8 +224,22 @@ static kiln_status matmul_loops(cg_module *m, const ir_node *n, const int *in, i
 	return KILN_OK;
 }
 
-/* a x b into y, MatMul's broadcasting: f32 as one GEMM, else loops (with
- * z: an integer matmul). */
+static int multiplier(cg_module *m, const ir_node *n, int xs, int ws, int ys);
+
+/* Whether an integer matmul is an 8-bit GEMM: 8-bit operands, a constant
+ * depth within CG_QGEMM_MAX_K, and for QLinearMatMul a multiplier that is
+ * per row or per column of C, not both (a_scale per row and b_scale per
+ * column). */
+static bool int8_matmul_ok(cg_module *m, const ir_type *a, const ir_type *b, cg_expr *K,
+                           const mm_int *z)
+{
+	bool a8 = a->dtype == KILN_U8 || a->dtype == KILN_I8, b8 = b->dtype == KILN_U8 || b->dtype == KILN_I8;
+	bool k = K->kind == CG_CONST && K->i <= CG_QGEMM_MAX_K;
+	return a8 && b8 && k && !(z->q && is_vector(m, z->q[1]) && is_vector(m, z->q[4]));
+}
+
+/* a x b into y, MatMul's broadcasting: f32 as one GEMM, 8-bit integer
+ * ones (z) as one 8-bit GEMM where int8_matmul_ok, else loops. */
 static kiln_status matmul_of(cg_module *m, const ir_node *n, int ia, int ib, int iy,
                              const mm_int *z, kiln_error *err)
 {
@@ -217,7 +254,13 @@ static kiln_status matmul_of(cg_module *m, const ir_node *n, int ia, int ib, int
 	mm_groups(m, a, b, y, y->rank - !a1 - !b1, &g);
 	int in[2] = {ia, ib};
 	if (!z && a->dtype == KILN_F32 && b->dtype == KILN_F32)
-		return matmul_gemm(m, n, in, iy, M, N, K, &g, a1, err);
+		return matmul_gemm(m, n, in, iy, M, N, K, &g, a1, NULL, -1, err);
+	if (z && int8_matmul_ok(m, a, b, K, z)) {
+		int mult = -1;
+		if (z->q && (mult = multiplier(m, n, z->q[1], z->q[4], z->q[6])) < 0)
+			return nomem(m, n, err);
+		return matmul_gemm(m, n, in, iy, M, N, K, &g, a1, z, mult, err);
+	}
 	return matmul_loops(m, n, in, iy, M, N, K, &g, z, err);
 }
 
@@ -407,9 +450,53 @@ static void out_loops_hints(int nsp, uint32_t *h)
 
 /* ---- Conv ------------------------------------------------------------------- */
 
+/* What an integer conv's GEMMs add to an f32 one's (NULL: f32): the
+ * dtype of x (its im2col copy's), the padding value (x's zero point: a
+ * padded tap then adds (zp - zp) * w = 0), the zero points of x, w and y
+ * (-1: none) and the f32 requantization multiplier per output channel or
+ * one value (-1: none, an i32 or f32 C of plain sums). */
+typedef struct conv_int {
+	kiln_dtype xdt;
+	cg_expr *pad;
+	int xz, wz, yz, mult;
+} conv_int;
+
+/* An epilogue operand from buffer buf (-1: none): one value (ALL) when the
+ * buffer holds one, else per row or column (axis) from off. */
+static cg_gemm_vec qvec(cg_module *m, int buf, cg_expr *off, int axis)
+{
+	if (buf < 0)
+		return (cg_gemm_vec){.buf = -1, .axis = CG_AXIS_NONE};
+	const ir_type *t = cg_btype(m, buf);
+	bool one = t->rank == 0 || t->dim[0] == 1;
+	return (cg_gemm_vec){.buf = buf, .off = one ? I(m, 0) : off, .axis = one ? CG_AXIS_ALL : axis};
+}
+
+/* gm as q's integer GEMM, its output channels from row0 (a group's first) */
+static void int_gemm(cg_module *m, cg_gemm *gm, const conv_int *q, cg_expr *row0)
+{
+	if (!q)
+		return;
+	gm->acc_dt = KILN_I32;
+	gm->a_zero = qvec(m, q->wz, row0, CG_AXIS_ROW);
+	gm->b_zero = qvec(m, q->xz, I(m, 0), CG_AXIS_ALL);
+	gm->c_zero = qvec(m, q->yz, I(m, 0), CG_AXIS_ALL);
+	gm->scale = qvec(m, q->mult, row0, CG_AXIS_ROW);
+}
+
+static kiln_dtype col_dt(const conv_int *q)
+{
+	return q ? q->xdt : KILN_F32;
+}
+
+static cg_expr *pad_value(cg_module *m, const conv_int *q)
+{
+	return q ? q->pad : fc(m, KILN_F32, 0);
+}
+
 /* 1x1, stride 1, no padding: y[b] = W[M, C] x x[b][C, HW] (+ bias per row). */
 static kiln_status conv_1x1(cg_module *m, const ir_node *n, const int *in, int y, const geom *g,
-                            kiln_error *err)
+                            const conv_int *q, kiln_error *err)
 {
 	const ir_type *x = cg_btype(m, in[0]), *yt = cg_btype(m, y);
 	int64_t C = x->dim[1], M = yt->dim[1];
@@ -429,6 +516,7 @@ static kiln_status conv_1x1(cg_module *m, const ir_node *n, const int *in, int y
 	              .b_cs = I(m, 1),
 	              .c_off = mul(m, b, I(m, M * g->osz)), .c_bs = I(m, 0), .c_rs = I(m, g->osz),
 	              .bias_off = I(m, 0), .alpha = 1, .beta = 0, .bias_axis = bias ? 2 : 0};
+	int_gemm(m, &gm, q, I(m, 0));
 	cg_append(m, gb, cg_gemm_stmt(m, &gm));
 	return gb && gb->n ? KILN_OK : nomem(m, n, err);
 }
@@ -622,7 +710,7 @@ static cg_expr *split_at(cg_module *m, const geom *g, const split *sp, cg_expr *
 /* col[(c*ksz + t)*osz + o] = x[b, c, tap(o, t)], 0 in the padding: per
  * output row, zeros before the tap's span, a copy inside it, zeros after. */
 static void im2col(cg_module *m, cg_kernel *k, cg_stmt *blk, int x, int col, cg_expr *b,
-                   cg_expr *c, int64_t C, const geom *g, const split *sp)
+                   cg_expr *c, int64_t C, const geom *g, const split *sp, cg_expr *pad)
 {
 	cg_expr *iv[7], *valid, *lo, *hi, *v[3];
 	cg_stmt *lb[3];
@@ -643,7 +731,7 @@ static void im2col(cg_module *m, cg_kernel *k, cg_stmt *blk, int x, int col, cg_
 	cg_expr *start[3] = {I(m, 0), lo, hi};
 	for (int p = 0; p < 3; p++) {
 		cg_append(m, body, cg_loop(m, k, ext[p], CG_VECTORIZE, &v[p], &lb[p]));
-		cg_expr *o = add(m, start[p], v[p]), *val = fc(m, KILN_F32, 0);
+		cg_expr *o = add(m, start[p], v[p]), *val = pad;
 		if (p == 1 && sp && sp->buf >= 0) { /* 2-D, stride 2: the split rows */
 			cg_expr *j0 = cg_clamp(m, add(m, add(m, mul(m, iv[1 + ns], I(m, g->stride[0])),
 			                                     mul(m, iv[1], I(m, g->dil[0]))),
@@ -663,15 +751,22 @@ static void im2col(cg_module *m, cg_kernel *k, cg_stmt *blk, int x, int col, cg_
  * columns packed, 9 rows read in place: 2.97 -> 2.83 ms at batch 1). */
 enum { CHUNK_COLS = 1024, CHUNK_MIN = 4 };
 
-/* Appends to blk: P[at + c] = 0 for c < n (nothing when n <= 0). */
-static void zeros(cg_module *m, cg_kernel *k, cg_stmt *blk, int P, cg_expr *at, int64_t n)
+/* Appends to blk: P[at + c] = v for c < n (nothing when n <= 0). */
+static void fill(cg_module *m, cg_kernel *k, cg_stmt *blk, int P, cg_expr *at, int64_t n,
+                 cg_expr *v)
 {
 	cg_expr *c;
 	cg_stmt *cb;
 	if (n <= 0)
 		return;
 	cg_append(m, blk, cg_loop(m, k, I(m, n), CG_VECTORIZE, &c, &cb));
-	cg_append(m, cb, cg_st(m, P, add(m, at, c), fc(m, KILN_F32, 0)));
+	cg_append(m, cb, cg_st(m, P, add(m, at, c), v));
+}
+
+/* P[at + c] = 0 (f32) for c < n */
+static void zeros(cg_module *m, cg_kernel *k, cg_stmt *blk, int P, cg_expr *at, int64_t n)
+{
+	fill(m, k, blk, P, at, n, fc(m, KILN_F32, 0));
 }
 
 /* col[base + (c*ksz + t)*ld + (oh - oh0)*W + ow] = x[b, c, tap((oh, ow), t)]
@@ -684,7 +779,7 @@ static void zeros(cg_module *m, cg_kernel *k, cg_stmt *blk, int P, cg_expr *at, 
  * masked scalar remainders, and tested the row per element). */
 static void im2col_rows(cg_module *m, cg_kernel *k, cg_stmt *blk, int x, int col, cg_expr *b,
                         cg_expr *c, int64_t C, const geom *g, cg_expr *oh0, cg_expr *rr,
-                        cg_expr *base, int64_t ld, const split *sp)
+                        cg_expr *base, int64_t ld, const split *sp, cg_expr *pad)
 {
 	cg_expr *t[2], *r, *valid, *lo, *hi, *v;
 	cg_stmt *tb, *rb, *lb;
@@ -702,7 +797,7 @@ static void im2col_rows(cg_module *m, cg_kernel *k, cg_stmt *blk, int x, int col
 		inner_span(m, g, t[1], &lo, &hi);
 		int64_t l0 = cg_expr_int(lo, NULL), h0 = cg_expr_int(hi, NULL), st[2], len[2];
 		cg_stmt *in = cg_block(m), *out = cg_block(m);
-		zeros(m, k, in, col, crow, l0);
+		fill(m, k, in, col, crow, l0, pad);
 		int ns = vector_spans(l0, h0 - l0, st, len);
 		for (int q = 0; q < ns; q++) {
 			if (len[q] <= 0)
@@ -721,12 +816,12 @@ static void im2col_rows(cg_module *m, cg_kernel *k, cg_stmt *blk, int x, int col
 			}
 			cg_append(m, lb, cg_store(m, col, add(m, crow, o), val));
 		}
-		zeros(m, k, in, col, add(m, crow, I(m, h0)), W - h0);
+		fill(m, k, in, col, add(m, crow, I(m, h0)), W - h0, pad);
 		if (valid->kind == CG_CONST && valid->i) { /* no row of this tap is padding */
 			cg_append(m, rb, in);
 			continue;
 		}
-		zeros(m, k, out, col, crow, W); /* a row of zero padding */
+		fill(m, k, out, col, crow, W, pad); /* a row of padding */
 		cg_append(m, rb, valid->kind == CG_CONST ? out : cg_if(m, valid, in, out));
 	}
 }
@@ -737,7 +832,7 @@ static void im2col_rows(cg_module *m, cg_kernel *k, cg_stmt *blk, int x, int col
  * one still has many independent pieces (the stem of a ResNet has 3 input
  * channels: a per-channel im2col gave two threads three pieces). */
 static kiln_status conv_im2col_chunked(cg_module *m, const ir_node *n, const int *in, int y,
-                                       const geom *g, int64_t R)
+                                       const geom *g, int64_t R, const conv_int *q)
 {
 	const ir_type *x = cg_btype(m, in[0]), *yt = cg_btype(m, y);
 	int64_t grp = ir_attr_int(n, "group", 1);
@@ -745,7 +840,7 @@ static kiln_status conv_im2col_chunked(cg_module *m, const ir_node *n, const int
 	int64_t Cg = C / grp, Mg = M / grp, grows = Cg * g->ksz;
 	int64_t OH = g->out[0], W = g->out[1], nch = (OH + R - 1) / R, ld = R * W;
 	cg_expr *bd = cg_dim(m, batch);
-	int col = cg_lower_scratch(m, KILN_F32, mul(m, mul(m, bd, I(m, nch)), I(m, rows * ld)));
+	int col = cg_lower_scratch(m, col_dt(q), mul(m, mul(m, bd, I(m, nch)), I(m, rows * ld)));
 	cg_kernel *k = cg_lower_kernel(m, n);
 	if (col < 0 || !k)
 		return KILN_ENOMEM;
@@ -757,7 +852,7 @@ static kiln_status conv_im2col_chunked(cg_module *m, const ir_node *n, const int
 		int64_t psz = g->in[0] * 2 * sp.half;
 		cg_expr *pi;
 		cg_stmt *sb;
-		sp.buf = cg_lower_scratch(m, KILN_F32, mul(m, mul(m, bd, I(m, C)), I(m, psz)));
+		sp.buf = cg_lower_scratch(m, col_dt(q), mul(m, mul(m, bd, I(m, C)), I(m, psz)));
 		if (sp.buf < 0)
 			return KILN_ENOMEM;
 		cg_append(m, k->body, cg_loop(m, k, mul(m, bd, I(m, C)),
@@ -772,7 +867,7 @@ static kiln_status conv_im2col_chunked(cg_module *m, const ir_node *n, const int
 	                       cg_bin(m, CG_MIN, I(m, R), cg_bin(m, CG_SUB, I(m, OH), oh0)));
 	cg_expr *base = mul(m, bc, I(m, rows * ld));
 	cg_append(m, body, cg_loop(m, k, I(m, C), 0, &c, &cb));
-	im2col_rows(m, k, cb, in[0], col, b, c, C, g, oh0, rr, base, ld, &sp);
+	im2col_rows(m, k, cb, in[0], col, b, c, C, g, oh0, rr, base, ld, &sp, pad_value(m, q));
 	pb = body;
 	if (grp > 1)
 		cg_append(m, body, cg_loop(m, k, I(m, grp), 0, &gi, &pb));
@@ -788,6 +883,7 @@ static kiln_status conv_im2col_chunked(cg_module *m, const ir_node *n, const int
 	              .c_bs = I(m, 0), .c_rs = I(m, g->osz),
 	              .bias_off = mul(m, gi, I(m, Mg)), .alpha = 1, .beta = 0,
 	              .bias_axis = bias ? 2 : 0};
+	int_gemm(m, &gm, q, mul(m, gi, I(m, Mg)));
 	cg_stmt *gs = cg_gemm_stmt(m, &gm);
 	if (!gs)
 		return KILN_ENOMEM;
@@ -796,7 +892,7 @@ static kiln_status conv_im2col_chunked(cg_module *m, const ir_node *n, const int
 }
 
 static kiln_status conv_im2col(cg_module *m, const ir_node *n, const int *in, int y, const geom *g,
-                               kiln_error *err)
+                               const conv_int *q, kiln_error *err)
 {
 	const ir_type *x = cg_btype(m, in[0]), *yt = cg_btype(m, y);
 	int64_t grp = ir_attr_int(n, "group", 1);
@@ -805,13 +901,13 @@ static kiln_status conv_im2col(cg_module *m, const ir_node *n, const int *in, in
 	if (g->nsp == 2) {
 		int64_t R = CHUNK_COLS / g->out[1] > 0 ? CHUNK_COLS / g->out[1] : 1;
 		if ((g->out[0] + R - 1) / R >= CHUNK_MIN)
-			return conv_im2col_chunked(m, n, in, y, g, R) ? nomem(m, n, err) : KILN_OK;
+			return conv_im2col_chunked(m, n, in, y, g, R, q) ? nomem(m, n, err) : KILN_OK;
 	}
 	/* cg_lower_scratch may move m->buf: x and yt are dead after this */
 	/* columns for the whole batch, each image its own, so that images can
 	 * run on different threads; a symbolic batch picks a path at run time */
 	cg_expr *bd = cg_dim(m, batch);
-	int col = cg_lower_scratch(m, KILN_F32, mul(m, bd, I(m, rows * g->osz)));
+	int col = cg_lower_scratch(m, col_dt(q), mul(m, bd, I(m, rows * g->osz)));
 	cg_kernel *k = cg_lower_kernel(m, n);
 	if (col < 0 || !k)
 		return nomem(m, n, err);
@@ -823,7 +919,7 @@ static kiln_status conv_im2col(cg_module *m, const ir_node *n, const int *in, in
 	split sp = {.buf = -1, .half = (g->in[g->nsp - 1] + 1) / 2};
 	int64_t psz = g->in[0] * 2 * sp.half;
 	if (want_split(g) &&
-	    (sp.buf = cg_lower_scratch(m, KILN_F32, mul(m, mul(m, bd, I(m, C)), I(m, psz)))) < 0)
+	    (sp.buf = cg_lower_scratch(m, col_dt(q), mul(m, mul(m, bd, I(m, C)), I(m, psz)))) < 0)
 		return nomem(m, n, err);
 	/* one image: im2col over its channels on the threads, then the GEMM
 	 * splits its columns */
@@ -836,7 +932,7 @@ static kiln_status conv_im2col(cg_module *m, const ir_node *n, const int *in, in
 			split_plane(m, k, body, in[0], mul(m, bc, I(m, g->isz)), &sp, g->in[0], g->in[1]);
 		}
 		im2col(m, k, body, in[0], col, cg_bin(m, CG_DIV, bc, I(m, C)),
-		       cg_bin(m, CG_REM, bc, I(m, C)), C, g, &sp);
+		       cg_bin(m, CG_REM, bc, I(m, C)), C, g, &sp, pad_value(m, q));
 		if (!fixed)
 			cg_append(m, k->body, cg_if(m, cg_bin(m, CG_LT, bd, I(m, 2)), one, cg_block(m)));
 	}
@@ -850,7 +946,7 @@ static kiln_status conv_im2col(cg_module *m, const ir_node *n, const int *in, in
 			sp.plane = mul(m, pi, I(m, psz));
 			split_plane(m, k, cb, in[0], mul(m, pi, I(m, g->isz)), &sp, g->in[0], g->in[1]);
 		}
-		im2col(m, k, cb, in[0], col, b, c, C, g, &sp);
+		im2col(m, k, cb, in[0], col, b, c, C, g, &sp, pad_value(m, q));
 		if (!fixed)
 			cg_append(m, gb, cg_if(m, cg_bin(m, CG_GE, bd, I(m, 2)), many, cg_block(m)));
 	}
@@ -871,6 +967,7 @@ static kiln_status conv_im2col(cg_module *m, const ir_node *n, const int *in, in
 	              .c_bs = I(m, 0), .c_rs = I(m, g->osz),
 	              .bias_off = mul(m, gi, I(m, Mg)), .alpha = 1, .beta = 0,
 	              .bias_axis = bias ? 2 : 0};
+	int_gemm(m, &gm, q, mul(m, gi, I(m, Mg)));
 	cg_append(m, pb, cg_gemm_stmt(m, &gm));
 	return pb && pb->n && k->body->n ? KILN_OK : nomem(m, n, err);
 }
@@ -949,16 +1046,76 @@ static kiln_status conv_geometry(cg_module *m, const ir_node *n, int x, int w, i
 	return geometry(m, n, xt, yt, wt->dim + 2, false, g, err);
 }
 
+/* An integer conv as GEMMs (conv_1x1 or im2col, as f32 ones, through the
+ * backend's 8-bit kernel) when x and w are 8-bit, the sum's depth fits
+ * CG_QGEMM_MAX_K and each group has rows enough to be a matrix product
+ * (a depthwise conv's one row per group is not). */
+static bool int_gemm_ok(cg_module *m, const ir_node *n, int x, int w, const geom *g)
+{
+	const ir_type *xt = cg_btype(m, x), *wt = cg_btype(m, w);
+	int64_t grp = ir_attr_int(n, "group", 1), Mg = wt->dim[0] / grp;
+	int64_t K = wt->dim[1] * g->ksz;
+	bool x8 = xt->dtype == KILN_U8 || xt->dtype == KILN_I8;
+	bool w8 = wt->dtype == KILN_U8 || wt->dtype == KILN_I8;
+	return x8 && w8 && K <= CG_QGEMM_MAX_K && (grp == 1 || (Mg >= 4 && K >= 16));
+}
+
+static kiln_status conv_int_gemms(cg_module *m, const ir_node *n, int x, int w, int bias, int y,
+                                  const geom *g, const conv_int *q, kiln_error *err)
+{
+	const int in[3] = {x, w, bias};
+	bool pointwise = ir_attr_int(n, "group", 1) == 1;
+	for (int d = 0; d < g->nsp; d++)
+		pointwise = pointwise && g->k[d] == 1 && g->stride[d] == 1 && g->pad[d] == 0 &&
+		            g->pad_end[d] == 0 && g->in[d] == g->out[d];
+	return pointwise ? conv_1x1(m, n, in, y, g, q, err) : conv_im2col(m, n, in, y, g, q, err);
+}
+
+/* x's zero point as the padding value (0 without one) */
+static cg_expr *x_pad(cg_module *m, int xz, kiln_dtype xdt)
+{
+	return xz >= 0 ? cg_ld(m, xz, I(m, 0)) : fc(m, xdt, 0);
+}
+
 kiln_status cg_lower_conv_integer(cg_module *m, const ir_node *n, const int *in, const int *out,
                                   kiln_error *err)
 {
 	conv_ops op = {in[0], in[1], n->nin > 2 ? in[2] : -1, n->nin > 3 ? in[3] : -1, -1, NULL};
 	geom g;
 	kiln_status st = conv_geometry(m, n, op.x, op.w, out[0], &g, err);
-	return st ? st : conv_direct(m, n, &op, true, out[0], &g, err);
+	if (st)
+		return st;
+	if (int_gemm_ok(m, n, op.x, op.w, &g)) {
+		kiln_dtype xdt = cg_btype(m, op.x)->dtype;
+		conv_int q = {xdt, x_pad(m, op.xz, xdt), op.xz, op.wz, -1, -1};
+		return conv_int_gemms(m, n, op.x, op.w, -1, out[0], &g, &q, err);
+	}
+	return conv_direct(m, n, &op, true, out[0], &g, err);
 }
 
-/* The i32 sums into a scratch buffer, then one requantizing pass over y
+/* mult[i] = x_scale[i] * w_scale[i] / y_scale in f32, the requantization
+ * multiplier of QLinearConv and QLinearMatMul (one value, or one per
+ * element of whichever scale is a vector: an output channel, a row of A
+ * or a column of B), into a new scratch buffer; -1 when out of memory. */
+static int multiplier(cg_module *m, const ir_node *n, int xs, int ws, int ys)
+{
+	const ir_type *wt = cg_btype(m, ws), *xt = cg_btype(m, xs);
+	int64_t lw = wt->rank == 0 ? 1 : wt->dim[0], lx = xt->rank == 0 ? 1 : xt->dim[0];
+	int64_t len = lw > lx ? lw : lx;
+	int buf = cg_lower_scratch(m, KILN_F32, I(m, len));
+	cg_kernel *k = buf < 0 ? NULL : cg_lower_kernel(m, n);
+	if (!k)
+		return -1;
+	cg_expr *i;
+	cg_stmt *b;
+	cg_append(m, k->body, cg_loop(m, k, I(m, len), 0, &i, &b));
+	cg_append(m, b, cg_st(m, buf, i, cg_bin(m, CG_DIV, mul(m, qv(m, xs, i), qv(m, ws, i)),
+	                                         qv(m, ys, I(m, 0)))));
+	return b->n ? buf : -1;
+}
+
+/* As GEMMs where int_gemm_ok, the requantization in their epilogue; else
+ * the i32 sums into a scratch buffer, then one requantizing pass over y
  * (w_scale per output channel or one value). */
 kiln_status cg_lower_qlinear_conv(cg_module *m, const ir_node *n, const int *in, const int *out,
                                   kiln_error *err)
@@ -967,11 +1124,20 @@ kiln_status cg_lower_qlinear_conv(cg_module *m, const ir_node *n, const int *in,
 	conv_ops op = {in[0], in[3], in[2], in[5], n->nin > 8 ? in[8] : -1, cg_btype(m, y)};
 	geom g;
 	kiln_status st = conv_geometry(m, n, op.x, op.w, y, &g, err);
-	int acc = st ? -1 : cg_lower_scratch(m, KILN_I32, m->buf[y].numel);
-	if (!st && acc < 0)
+	if (st)
+		return st;
+	if (int_gemm_ok(m, n, op.x, op.w, &g)) {
+		kiln_dtype xdt = cg_btype(m, op.x)->dtype;
+		int mult = multiplier(m, n, in[1], in[4], in[6]);
+		if (mult < 0)
+			return nomem(m, n, err);
+		conv_int q = {xdt, x_pad(m, op.xz, xdt), op.xz, op.wz, in[7], mult};
+		return conv_int_gemms(m, n, op.x, op.w, op.bias, y, &g, &q, err);
+	}
+	int acc = cg_lower_scratch(m, KILN_I32, m->buf[y].numel);
+	if (acc < 0)
 		return nomem(m, n, err);
-	if (!st)
-		st = conv_direct(m, n, &op, true, acc, &g, err);
+	st = conv_direct(m, n, &op, true, acc, &g, err);
 	cg_kernel *k = st ? NULL : cg_lower_kernel(m, n);
 	if (!k)
 		return st ? st : nomem(m, n, err);
@@ -1326,7 +1492,7 @@ kiln_status cg_lower_conv(cg_module *m, const ir_node *n, const int *in, const i
 		return conv_direct(m, n, &op, false, out[0], &g, err);
 	}
 	if (grp != 1) /* grouped: a GEMM per group over one im2col */
-		return conv_im2col(m, n, in, out[0], &g, err);
+		return conv_im2col(m, n, in, out[0], &g, NULL, err);
 	int64_t wb = m->conv != CG_CONV_IM2COL && cg_conv_winograd_ok(m, n, in, &g)
 	             ? (m->conv == CG_CONV_WINOGRAD ? 1 : cg_conv_winograd_batch(m, n, in, &g)) : -1;
 	int64_t batch = x->dim[0];
@@ -1337,7 +1503,8 @@ kiln_status cg_lower_conv(cg_module *m, const ir_node *n, const int *in, const i
 		pointwise = pointwise && g.k[d] == 1 && g.stride[d] == 1 && g.pad[d] == 0 &&
 		            g.pad_end[d] == 0 && g.in[d] == g.out[d];
 	int first = m->nkern;
-	st = pointwise ? conv_1x1(m, n, in, out[0], &g, err) : conv_im2col(m, n, in, out[0], &g, err);
+	st = pointwise ? conv_1x1(m, n, in, out[0], &g, NULL, err)
+	               : conv_im2col(m, n, in, out[0], &g, NULL, err);
 	if (st || wb <= 1 || batch >= 0)
 		return st;
 	/* a symbolic batch, and Winograd pays from batch wb: both, each
@@ -1419,7 +1586,10 @@ static cg_expr *pool_pixel(cg_module *m, cg_kernel *k, cg_stmt *blk, const ir_no
 	int ns = g->nsp;
 	cg_expr *ext[3], *t[3], *j[3], *valid;
 	uint32_t h[3];
-	cg_expr *acc = cg_local(m, k, blk, ct, fc(m, ct, is_max ? -INFINITY : 0));
+	/* a max starts below every value: -inf, or an 8-bit tensor's least */
+	kiln_dtype xt = m->buf[in[0]].dt;
+	double least = kiln_dtype_is_float(xt) ? -INFINITY : xt == KILN_U8 ? 0 : xt == KILN_I8 ? -128 : -2147483648.0;
+	cg_expr *acc = cg_local(m, k, blk, ct, fc(m, ct, is_max ? least : 0));
 	cg_expr *cnt = is_max ? NULL : cg_local(m, k, blk, ct, fc(m, ct, 0));
 	for (int d = 0; d < ns; d++) {
 		ext[d] = I(m, g->k[d]);
@@ -1435,7 +1605,7 @@ static cg_expr *pool_pixel(cg_module *m, cg_kernel *k, cg_stmt *blk, const ir_no
 	              ? cg_ld(m, sp->buf, split_at(m, g, sp, sp->rows ? t[0] : j[0], o[1], t[1]))
 	              : cg_ld(m, in[0], add(m, mul(m, b, I(m, g->isz)), lin(m, ns, j, g->in)));
 	if (is_max) {
-		cg_set(m, tb, acc, cg_bin(m, CG_MAX, acc, cg_select(m, valid, xv, fc(m, ct, -INFINITY))));
+		cg_set(m, tb, acc, cg_bin(m, CG_MAX, acc, cg_select(m, valid, xv, fc(m, ct, least))));
 		return acc;
 	}
 	cg_expr *counted = valid;

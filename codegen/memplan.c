@@ -86,6 +86,13 @@ static void walk(cg_module *m, const cg_stmt *s, int t)
 			touch(m, s->gemm->bias, t);
 		if (s->gemm->has_residual)
 			touch(m, s->gemm->residual, t);
+		{
+			const cg_gemm_vec *v[] = {&s->gemm->scale, &s->gemm->a_zero, &s->gemm->b_zero,
+			                          &s->gemm->c_zero};
+			for (int i = 0; i < 4; i++)
+				if (v[i]->axis)
+					touch(m, v[i]->buf, t);
+		}
 		break;
 	}
 }

@@ -70,6 +70,10 @@ static const char cpus_512[] = " cannonlake cascadelake cooperlake icelake-clien
 	" x86-64-v4 ";
 static const char cpus_256[] = " alderlake bdver2 bdver3 bdver4 broadwell core-avx2"
 	" haswell x86-64-v3 znver1 znver2 znver3 ";
+/* ... and those with AVX512-VNNI, or AVX-VNNI only (the 8-bit dot product). */
+static const char cpus_vnni512[] = " cascadelake cooperlake icelake-client icelake-server"
+	" rocketlake sapphirerapids tigerlake ";
+static const char cpus_avxvnni[] = " alderlake ";
 
 static pthread_once_t init_once = PTHREAD_ONCE_INIT;
 
@@ -133,6 +137,27 @@ static int vector_bits(const char *cpu, const char *features)
 	return a512 > 0 ? 512 : a256 > 0 ? 256 : 128;
 }
 
+/* The widest vectors vpdpbusd runs on: AVX512-VNNI at the target's
+ * width (its 256- and 128-bit forms need AVX512-VL), AVX-VNNI at 256 and
+ * 128 bits; 0: none (kiln_qgemm then spells the dot product out). */
+static int vnni_bits(const char *cpu, const char *features, int vec_bits)
+{
+	size_t n = strlen(cpu);
+	int v512 = feature_sign(features, "avx512vnni"), vl = feature_sign(features, "avx512vl");
+	int avx = feature_sign(features, "avxvnni");
+	if (v512 == 0)
+		v512 = in_list(cpus_vnni512, cpu, n) ? 1 : -1;
+	if (vl == 0)
+		vl = in_list(cpus_512, cpu, n) ? 1 : -1;
+	if (avx == 0)
+		avx = in_list(cpus_avxvnni, cpu, n) || strcmp(cpu, "sapphirerapids") == 0 ? 1 : -1;
+	if (v512 > 0 && vec_bits >= 512)
+		return 512;
+	if ((v512 > 0 && vl > 0) || avx > 0)
+		return vec_bits < 256 ? vec_bits : 256;
+	return 0;
+}
+
 /* 512 where the target has AVX-512 and its features do not ask for
  * narrower vectors; 0: leave it to the CPU's tuning. */
 static int preferred_bits(int vec_bits, const char *features)
@@ -188,6 +213,7 @@ kiln_status cg_target_init(cg_target *t, const char *cpu, const char *features,
 	if (st == KILN_OK) {
 		t->vec_bits = vector_bits(t->cpu, t->features);
 		t->prefer_bits = preferred_bits(t->vec_bits, t->features);
+		t->vnni_bits = vnni_bits(t->cpu, t->features, t->vec_bits);
 		t->tm = LLVMCreateTargetMachine(target, t->triple, t->cpu, t->features,
 		                                LLVMCodeGenLevelAggressive, LLVMRelocPIC,
 		                                LLVMCodeModelDefault);

@@ -73,7 +73,8 @@ ONE_WAY = [("frontend/onnx/onnx_ops.c", "frontend/onnx/onnx_import.c")]
 # errors, tensor sizes); and only codegen/'s backend files include its
 # private header.
 BACKEND = ["codegen/llvm.c", "codegen/llvm_lib.c", "codegen/llvm_emit.c",
-           "codegen/llvm_gemm.c", "codegen/target.c", "codegen/emit.c"]
+           "codegen/llvm_gemm.c", "codegen/llvm_qgemm.c", "codegen/target.c",
+           "codegen/emit.c"]
 BACKEND_MAY_CALL_IR = {"ir_seterr", "kiln_dtype_name", "kiln_dtype_size",
                        "kiln_dtype_is_float", "kiln_tensor_nbytes"}
 BACKEND_HEADER = "codegen/llvm.h"

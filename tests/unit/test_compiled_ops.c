@@ -926,6 +926,221 @@ START_TEST(runtime_scales_are_checked_by_the_library)
 }
 END_TEST
 
+/* ---- 8-bit GEMMs ------------------------------------------------------------------ */
+
+static uint64_t qstate = 0x2545f4914f6cdd1dULL;
+
+/* A uniform integer in [lo, hi]. */
+static double qrand(int lo, int hi)
+{
+	qstate ^= qstate << 13, qstate ^= qstate >> 7, qstate ^= qstate << 17;
+	return lo + (double)(qstate % (uint64_t)(hi - lo + 1));
+}
+
+static kiln_tensor *qtensor(kiln_dtype dt, int rank, const int64_t *shape, int lo, int hi)
+{
+	int64_t n = 1;
+	for (int d = 0; d < rank; d++)
+		n *= shape[d];
+	double *v = malloc((n ? n : 1) * sizeof *v);
+	for (int64_t i = 0; i < n; i++)
+		v[i] = qrand(lo, hi);
+	kiln_tensor *t = tensor(dt, rank, shape, v);
+	free(v);
+	return t;
+}
+
+/* Values of an 8-bit dtype: [0, 255] or [-128, 127]. */
+static int qlo(kiln_dtype dt) { return dt == KILN_U8 ? 0 : -128; }
+static int qhi(kiln_dtype dt) { return dt == KILN_U8 ? 255 : 127; }
+
+/* Scales in [lo, hi) (n of them; rank 0 for one) */
+static kiln_tensor *scales(int64_t n, double lo, double hi)
+{
+	double *v = malloc(n * sizeof *v);
+	for (int64_t i = 0; i < n; i++)
+		v[i] = lo + (hi - lo) * qrand(0, 1000) / 1000;
+	kiln_tensor *t = tensor(KILN_F32, n > 1, &n, v);
+	free(v);
+	return t;
+}
+
+/* The library against the interpreter on an integer op's graph.  i32
+ * results must agree exactly; an 8-bit result may differ by one step
+ * where the product of the sum and the multiplier lies within f32
+ * rounding of a tie (the interpreter multiplies in f64 as ONNX's
+ * reference, the kernels in f32 as ONNX Runtime's), at most 1 element in
+ * 500.  The result must also spread over the range (a test of a constant
+ * output would prove nothing). */
+static void int_op_matches(const char *name, kiln_graph *g, kiln_tensor **in, int nin)
+{
+	kiln_tensor *want = NULL, *got = NULL;
+	kiln_error err = {0};
+	ck_assert_msg(kiln_graph_status(g) == KILN_OK, "%s: %s", name, kiln_graph_errmsg(g));
+	ck_assert_msg(kiln_graph_run(g, in, nin, &want, 1, &err) == KILN_OK, "%s: %s", name, err.msg);
+	char dir[] = "/tmp/kiln_int8_gemm.XXXXXX";
+	ck_assert_ptr_nonnull(mkdtemp(dir));
+	kiln_status st = compile_and_run(g, dir, name, in, nin, &got, 1, &err);
+	remove_dir(dir);
+	ck_assert_msg(st == KILN_OK, "%s: %s", name, err.msg);
+	ck_assert_int_eq(got->dtype, want->dtype);
+	int64_t n = kiln_tensor_numel(want), off = 0;
+	double worst = 0, lo = INFINITY, hi = -INFINITY;
+	ck_assert_int_eq(kiln_tensor_numel(got), n);
+	for (int64_t i = 0; i < n; i++) {
+		double a = ir_load(got, i), b = ir_load(want, i);
+		off += a != b;
+		worst = fabs(a - b) > worst ? fabs(a - b) : worst;
+		lo = b < lo ? b : lo, hi = b > hi ? b : hi;
+	}
+	bool exact = want->dtype == KILN_I32;
+	ck_assert_msg(exact ? off == 0 : worst <= 1 && off * 500 <= n,
+	              "%s: %lld of %lld elements differ, by up to %g", name, (long long)off,
+	              (long long)n, worst);
+	ck_assert_msg(hi - lo >= (exact ? 1000 : 60), "%s: results span only [%g, %g]", name, lo, hi);
+	kiln_tensor_free(want), kiln_tensor_free(got);
+}
+
+/* QLinearConv and ConvInteger through the 8-bit GEMM against the
+ * interpreter: every signedness of x and w (u8 x s8 as ORT's quantizer
+ * writes, and the three others, which flip B), per-channel and per-tensor
+ * weight scales and zero points, u8 and s8 results, with and without
+ * bias; a 7x7 stride-2 stem (K = 147, not a multiple of 4), 13 output
+ * channels (not a multiple of the tile's 6 rows) over 81 pixels (two
+ * column panels), a 1x1 conv (the GEMM on x itself), 2 groups, and a map
+ * big enough for the chunked im2col; padding must read as x's zero
+ * point. */
+START_TEST(int8_convs_match_the_interpreter)
+{
+	static const struct {
+		int64_t n, c, m, h, w, k, grp;
+		const char *attrs;
+		kiln_dtype xt, wt, yt;
+		bool per_channel, bias, integer;
+	} cases[] = {
+		{1, 3, 8, 13, 13, 7, 1, "strides=2,2 pads=3,3,3,3", KILN_U8, KILN_I8, KILN_U8, true, true, false},
+		{2, 16, 13, 9, 9, 3, 1, "pads=1,1,1,1", KILN_U8, KILN_I8, KILN_U8, true, true, false},
+		{1, 70, 64, 5, 5, 1, 1, "", KILN_I8, KILN_I8, KILN_I8, false, false, false},
+		{1, 16, 16, 6, 7, 3, 2, "pads=1,0,1,2", KILN_U8, KILN_U8, KILN_U8, true, true, false},
+		{1, 8, 12, 9, 9, 3, 1, "pads=1,1,1,1 strides=2,2", KILN_I8, KILN_U8, KILN_U8, false, true, false},
+		{1, 4, 8, 70, 66, 3, 1, "pads=1,1,1,1", KILN_U8, KILN_I8, KILN_U8, true, true, false},
+		{2, 10, 9, 7, 7, 3, 1, "pads=1,1,1,1", KILN_U8, KILN_U8, KILN_I32, true, false, true},
+		{1, 24, 20, 6, 6, 1, 1, "", KILN_I8, KILN_I8, KILN_I32, false, false, true},
+	};
+	for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+		char name[32], attrs[96];
+		snprintf(name, sizeof name, "int8conv%zu", i);
+		snprintf(attrs, sizeof attrs, "group=%lld %s", (long long)cases[i].grp, cases[i].attrs);
+		kiln_dtype xt = cases[i].xt, wt = cases[i].wt, yt = cases[i].yt;
+		int64_t M = cases[i].m, K = cases[i].c / cases[i].grp * cases[i].k * cases[i].k;
+		int64_t sx[] = {cases[i].n, cases[i].c, cases[i].h, cases[i].w};
+		int64_t sw[] = {M, cases[i].c / cases[i].grp, cases[i].k, cases[i].k}, sv = M;
+		int64_t nv = cases[i].per_channel ? M : 1;
+		kiln_graph *g = kiln_graph_new(name);
+		kiln_tensor *in[9] = {0};
+		uint32_t v[9];
+		int nin;
+		in[0] = qtensor(xt, 4, sx, qlo(xt), qhi(xt));
+		v[0] = input(g, "x", xt, 4, sx);
+		if (cases[i].integer) { /* ConvInteger: x, w, x_zp, w_zp (per channel or not) */
+			in[1] = qtensor(wt, 4, sw, qlo(wt), qhi(wt));
+			in[2] = qtensor(xt, 0, NULL, qlo(xt) + 20, qhi(xt) - 20);
+			in[3] = qtensor(wt, nv > 1, &nv, qlo(wt) + 50, qhi(wt) - 50);
+			v[1] = input(g, "w", wt, 4, sw);
+			v[2] = input(g, "xz", xt, 0, NULL);
+			v[3] = input(g, "wz", wt, nv > 1, &nv);
+			nin = 4;
+			ir_output_add(g, op1(g, KILN_OP_CONV_INTEGER, 4, v, attrs), NULL);
+		} else { /* QLinearConv: x, xs, xz, w, ws, wz, ys, yz[, bias] */
+			double step = 0.02 * 0.01 * sqrt((double)K) * 128 * 40 / 255;
+			in[1] = scales(1, 0.02, 0.021);
+			in[2] = qtensor(xt, 0, NULL, qlo(xt) + 10, qhi(xt) - 10);
+			in[3] = qtensor(wt, 4, sw, qlo(wt), qhi(wt));
+			in[4] = scales(nv, 0.005, 0.015);
+			in[5] = qtensor(wt, nv > 1, &nv, wt == KILN_U8 ? 100 : -20, wt == KILN_U8 ? 150 : 20);
+			in[6] = scales(1, step, step * 1.01);
+			in[7] = qtensor(yt, 0, NULL, qlo(yt) + 100, qlo(yt) + 150);
+			in[8] = qtensor(KILN_I32, 1, &sv, -3000, 3000);
+			const char *names[] = {"x", "xs", "xz", "w", "ws", "wz", "ys", "yz", "b"};
+			nin = cases[i].bias ? 9 : 8;
+			for (int k = 1; k < nin; k++)
+				v[k] = input(g, names[k], in[k]->dtype, in[k]->rank, in[k]->shape);
+			ir_output_add(g, op1(g, KILN_OP_QLINEAR_CONV, (uint32_t)nin, v, attrs), NULL);
+		}
+		int_op_matches(name, g, in, nin);
+		for (int k = 0; k < 9; k++)
+			kiln_tensor_free(in[k]);
+		kiln_graph_free(g);
+	}
+}
+END_TEST
+
+/* QLinearMatMul and MatMulInteger through the 8-bit GEMM: a stack of A
+ * matrices times one B (u8 x s8, B per column), everything per tensor
+ * with an s8 result, a 2-D product of 200 x 300 x 256 on two threads (the work split
+ * over the pool), and MatMulInteger with both zero points (A's per row,
+ * B's per column), u8 x u8 (the flip) and i8 x i8. */
+START_TEST(int8_matmuls_match_the_interpreter)
+{
+	static const struct {
+		int64_t batch, m, k, n;
+		kiln_dtype at, bt, yt;
+		bool rows, cols, integer, threads;
+	} cases[] = {
+		{3, 37, 45, 70, KILN_U8, KILN_I8, KILN_U8, false, true, false, false},
+		{1, 13, 130, 20, KILN_U8, KILN_I8, KILN_I8, false, false, false, false},
+		{0, 200, 256, 300, KILN_U8, KILN_I8, KILN_U8, false, true, false, true},
+		{0, 5, 301, 130, KILN_U8, KILN_U8, KILN_I32, true, true, true, false},
+		{0, 9, 66, 17, KILN_I8, KILN_I8, KILN_I32, false, false, true, false},
+	};
+	for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+		char name[32];
+		snprintf(name, sizeof name, "int8mm%zu", i);
+		kiln_dtype at = cases[i].at, bt = cases[i].bt, yt = cases[i].yt;
+		int64_t M = cases[i].m, K = cases[i].k, N = cases[i].n;
+		int64_t sa[3] = {cases[i].batch, M, K}, sb[2] = {K, N};
+		int ra = cases[i].batch ? 3 : 2;
+		const int64_t *pa = cases[i].batch ? sa : sa + 1;
+		int64_t nr = cases[i].rows ? M : 1, nc = cases[i].cols ? N : 1;
+		kiln_graph *g = kiln_graph_new(name);
+		kiln_tensor *in[8] = {0};
+		uint32_t v[8];
+		int nin;
+		if (cases[i].integer) {
+			in[0] = qtensor(at, ra, pa, qlo(at), qhi(at));
+			in[1] = qtensor(bt, 2, sb, qlo(bt), qhi(bt));
+			in[2] = qtensor(at, nr > 1, &nr, qlo(at) + 30, qhi(at) - 30);
+			in[3] = qtensor(bt, nc > 1, &nc, qlo(bt) + 30, qhi(bt) - 30);
+			nin = 4;
+		} else { /* a, as, az, b, bs, bz, ys, yz */
+			double step = 0.02 * 0.01 * sqrt((double)K) * 128 * 40 / 255;
+			in[0] = qtensor(at, ra, pa, qlo(at), qhi(at));
+			in[1] = scales(nr, 0.02, 0.021);
+			in[2] = qtensor(at, nr > 1, &nr, qlo(at) + 10, qhi(at) - 10);
+			in[3] = qtensor(bt, 2, sb, qlo(bt), qhi(bt));
+			in[4] = scales(nc, 0.005, 0.015);
+			in[5] = qtensor(bt, nc > 1, &nc, -20, 20);
+			in[6] = scales(1, step, step * 1.01);
+			in[7] = qtensor(yt, 0, NULL, qlo(yt) + 100, qlo(yt) + 150);
+			nin = 8;
+		}
+		static const char *const names[] = {"a", "as", "az", "b", "bs", "bz", "ys", "yz"};
+		static const char *const inames[] = {"a", "b", "az", "bz"};
+		for (int k = 0; k < nin; k++)
+			v[k] = input(g, nin == 4 ? inames[k] : names[k], in[k]->dtype, in[k]->rank, in[k]->shape);
+		ir_output_add(g, op1(g, cases[i].integer ? KILN_OP_MATMUL_INTEGER : KILN_OP_QLINEAR_MATMUL,
+		                     (uint32_t)nin, v, ""), NULL);
+		if (cases[i].threads)
+			setenv("KILN_NUM_THREADS", "2", 1);
+		int_op_matches(name, g, in, nin);
+		unsetenv("KILN_NUM_THREADS");
+		for (int k = 0; k < 8; k++)
+			kiln_tensor_free(in[k]);
+		kiln_graph_free(g);
+	}
+}
+END_TEST
+
 /* The last test: how long compiling took, so a slow backend shows. */
 START_TEST(report_compile_time)
 {
@@ -967,6 +1182,8 @@ static Suite *compiled_ops_suite(void)
 	tcase_add_test(tc, loss_target_out_of_range_is_an_error);
 	tcase_add_test(tc, integer_division_by_zero_is_an_error);
 	tcase_add_test(tc, runtime_scales_are_checked_by_the_library);
+	tcase_add_test(tc, int8_convs_match_the_interpreter);
+	tcase_add_test(tc, int8_matmuls_match_the_interpreter);
 	tcase_add_test(tc, report_compile_time);
 	suite_add_tcase(s, tc);
 	return s;

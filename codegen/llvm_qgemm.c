@@ -1,0 +1,761 @@
+/*
+ * llvm_qgemm.c: kiln_qgemm, the 8-bit integer matrix product behind the
+ * quantized ops' CG_GEMMs (QLinearConv, QLinearMatMul, ConvInteger,
+ * MatMulInteger), emitted as LLVM vector IR around the dot-product
+ * instruction of AVX512-VNNI / AVX-VNNI (vpdpbusd: per 32-bit lane, the
+ * sum of four u8 x s8 products added to an i32, without saturation).
+ *
+ * The key idea: C = A x B with A's rows broadcast 4 bytes at a time (the
+ * four k of one row as one i32) and B packed so that each 32-bit lane of a
+ * vector holds the four k of one column.  One vpdpbusd then does W x 4
+ * multiply-adds; an MR x NV register tile of accumulators (6 x 4 zmm, as
+ * kiln_sgemm's f32 tile) does MR x NV of them per group of four k, reading
+ * NV vectors of packed B and MR broadcasts of A.  A is read in place (its
+ * rows contiguous: the conv's weights, or a matmul's activations); B is
+ * packed per NR-column panel into the thread's scratch, zero-padded past
+ * K and past the last column, so the tile needs no edge code but masked
+ * stores and one partial group when K % 4 != 0.
+ *
+ * vpdpbusd multiplies unsigned bytes by signed ones.  Whichever of A and B
+ * is signed is used as the signed operand; when both have the same
+ * signedness B's bytes are flipped (xor 0x80) while packing, which moves
+ * its values by 128, and its zero point with them.  Zero points are then
+ * algebra in the epilogue:
+ *   sum_k (A - za)(B - zb) = S - zb * rowsum(A) - za * colsum(B) + K za zb
+ * with rowsum(A) computed per block of rows and colsum(B) while packing,
+ * only when the zero points (or the flip) make them count.  The epilogue
+ * adds the i32 bias (per row or column), and for an f32 or 8-bit C
+ * multiplies by the requantization scale in f32 (per row, per column or one
+ * value, as ONNX Runtime's kernels do), clamps to the activation, adds the
+ * output zero point, rounds half to even and saturates.
+ *
+ * The work is (column panel, block of rows) items: over the pool with
+ * rt_parallel_for when there is a pool and work enough, else in one call.
+ * Each item packs its own panel (A's block is the larger operand re-read).
+ * Where the target has no VNNI the same code runs with the dot product
+ * spelled out in generic vector IR (widen, multiply, add four lanes).
+ */
+#include <string.h>
+
+#include "codegen/llvm.h"
+
+/* kiln_qgemm's parameters (llvm.h documents them). */
+enum {
+	Q_X, Q_M, Q_N, Q_K, Q_A, Q_ARS, Q_B, Q_BRS, Q_C, Q_CRS, Q_ZA, Q_ZAS, Q_ZB, Q_ZBS,
+	Q_BIAS, Q_BAXIS, Q_SCALE, Q_SAXIS, Q_CZ, Q_LO, Q_HI, Q_COUNT,
+	/* the argument block of the range function also carries: */
+	Q_RB = Q_COUNT, Q_NPAN, Q_ARGS
+};
+
+/* Rows per item: with a pool, small blocks so that a batch-1 conv on a
+ * 7x7 map (one column panel) still splits; alone, large ones (each block
+ * re-packs its panel).  Work (M*N*K) below which threads are not used. */
+enum { ROWS_PAR = 8, ROWS_SERIAL = 40, QPAR_WORK = 1 << 20 };
+
+typedef struct qgen {
+	cg_llvm *L;
+	LLVMBuilderRef b;
+	LLVMValueRef fn;
+	int W, MR, NV, NR;
+	bool a_u8, b_u8; /* A's and B's bytes unsigned (B is packed with the other signedness than A) */
+	bool flip;       /* B's bytes flipped (xor 0x80) while packing: A and B alike */
+	int b_delta;     /* what the flip adds to B's values and zero point (+-128) */
+	kiln_dtype c_dt;
+	LLVMTypeRef i8p, i32p, f32p, vi32, vf, vi1, v4i8, xty, xp, argty;
+	LLVMValueRef dot;    /* the vpdpbusd intrinsic, NULL: generic IR */
+	LLVMValueRef zeros;  /* a constant 64 zero bytes: what a guarded load reads when off */
+	LLVMValueRef p[Q_ARGS];
+} qgen;
+
+/* ---- small IR helpers ---------------------------------------------------- */
+
+static LLVMValueRef c64(qgen *g, int64_t v) { return LLVMConstInt(g->L->i64, (unsigned long long)v, 1); }
+static LLVMValueRef c32(qgen *g, int64_t v) { return LLVMConstInt(g->L->i32, (unsigned long long)v, 1); }
+static LLVMValueRef add(qgen *g, LLVMValueRef a, LLVMValueRef b) { return LLVMBuildAdd(g->b, a, b, ""); }
+static LLVMValueRef sub(qgen *g, LLVMValueRef a, LLVMValueRef b) { return LLVMBuildSub(g->b, a, b, ""); }
+static LLVMValueRef mul(qgen *g, LLVMValueRef a, LLVMValueRef b) { return LLVMBuildMul(g->b, a, b, ""); }
+
+static LLVMValueRef lt(qgen *g, LLVMValueRef a, LLVMValueRef b)
+{
+	return LLVMBuildICmp(g->b, LLVMIntSLT, a, b, "");
+}
+
+static LLVMValueRef smin(qgen *g, LLVMValueRef a, LLVMValueRef b)
+{
+	return LLVMBuildSelect(g->b, lt(g, a, b), a, b, "");
+}
+
+/* &p[i] for p of element type ty */
+static LLVMValueRef gep(qgen *g, LLVMTypeRef ty, LLVMValueRef p, LLVMValueRef i)
+{
+	return LLVMBuildGEP2(g->b, ty, p, &i, 1, "");
+}
+
+static LLVMValueRef cast_ptr(qgen *g, LLVMValueRef p, LLVMTypeRef to)
+{
+	return LLVMBuildBitCast(g->b, p, to, "");
+}
+
+static LLVMValueRef load(qgen *g, LLVMTypeRef ty, LLVMValueRef p, unsigned align)
+{
+	LLVMValueRef v = LLVMBuildLoad2(g->b, ty, cast_ptr(g, p, LLVMPointerType(ty, 0)), "");
+	LLVMSetAlignment(v, align);
+	return v;
+}
+
+static void store(qgen *g, LLVMValueRef v, LLVMValueRef p, unsigned align)
+{
+	LLVMValueRef s = LLVMBuildStore(g->b, v, cast_ptr(g, p, LLVMPointerType(LLVMTypeOf(v), 0)));
+	LLVMSetAlignment(s, align);
+}
+
+static LLVMValueRef call(qgen *g, LLVMValueRef fn, LLVMValueRef *args, unsigned n)
+{
+	return LLVMBuildCall2(g->b, LLVMGlobalGetValueType(fn), fn, args, n, "");
+}
+
+static LLVMValueRef intrinsic(qgen *g, const char *name, LLVMTypeRef *tys, size_t n)
+{
+	unsigned id = LLVMLookupIntrinsicID(name, strlen(name));
+	return id ? LLVMGetIntrinsicDeclaration(g->L->mod, id, tys, n) : NULL;
+}
+
+static LLVMValueRef splat(qgen *g, LLVMTypeRef vty, LLVMValueRef s)
+{
+	unsigned n = LLVMGetVectorSize(vty);
+	LLVMValueRef v = LLVMBuildInsertElement(g->b, LLVMGetUndef(vty), s, c32(g, 0), "");
+	return LLVMBuildShuffleVector(g->b, v, LLVMGetUndef(vty),
+	                              LLVMConstNull(LLVMVectorType(g->L->i32, n)), "");
+}
+
+/* <n x i1>: lane l on when l < rem (any i64) */
+static LLVMValueRef lanes(qgen *g, int n, LLVMValueRef rem)
+{
+	LLVMValueRef iota[256];
+	for (int l = 0; l < n; l++)
+		iota[l] = c32(g, l);
+	rem = LLVMBuildTrunc(g->b, smin(g, LLVMBuildSelect(g->b, lt(g, rem, c64(g, 0)), c64(g, 0),
+	                                                   rem, ""), c64(g, n)), g->L->i32, "");
+	return LLVMBuildICmp(g->b, LLVMIntSLT, LLVMConstVector(iota, (unsigned)n),
+	                     splat(g, LLVMVectorType(g->L->i32, (unsigned)n), rem), "");
+}
+
+/* llvm.masked.load of <ty> at p (lanes off read nothing and are 0) */
+static LLVMValueRef mload(qgen *g, LLVMTypeRef vty, LLVMValueRef p, LLVMValueRef mask,
+                          unsigned align)
+{
+	LLVMTypeRef pty = LLVMPointerType(vty, 0), t[] = {vty, pty};
+	LLVMValueRef f = intrinsic(g, "llvm.masked.load", t, 2);
+	LLVMValueRef a[] = {cast_ptr(g, p, pty), c32(g, align), mask, LLVMConstNull(vty)};
+	return call(g, f, a, 4);
+}
+
+static void mstore(qgen *g, LLVMValueRef v, LLVMValueRef p, LLVMValueRef mask, unsigned align)
+{
+	LLVMTypeRef vty = LLVMTypeOf(v), pty = LLVMPointerType(vty, 0), t[] = {vty, pty};
+	LLVMValueRef f = intrinsic(g, "llvm.masked.store", t, 2);
+	LLVMValueRef a[] = {v, cast_ptr(g, p, pty), c32(g, align), mask};
+	call(g, f, a, 4);
+}
+
+/* An alloca in the entry block (mem2reg turns these into registers). */
+static LLVMValueRef local(qgen *g, LLVMTypeRef ty, LLVMValueRef init)
+{
+	LLVMBasicBlockRef cur = LLVMGetInsertBlock(g->b);
+	LLVMBasicBlockRef entry = LLVMGetEntryBasicBlock(g->fn);
+	LLVMValueRef first = LLVMGetFirstInstruction(entry);
+	if (first)
+		LLVMPositionBuilderBefore(g->b, first);
+	else
+		LLVMPositionBuilderAtEnd(g->b, entry);
+	LLVMValueRef a = LLVMBuildAlloca(g->b, ty, "");
+	LLVMPositionBuilderAtEnd(g->b, cur);
+	if (init)
+		LLVMBuildStore(g->b, init, a);
+	return a;
+}
+
+static LLVMBasicBlockRef block(qgen *g, const char *name)
+{
+	return LLVMAppendBasicBlockInContext(g->L->ctx, g->fn, name);
+}
+
+typedef struct qloop {
+	LLVMValueRef i, step;
+	LLVMBasicBlockRef head, exit;
+} qloop;
+
+/* for (i = lo; i < hi; i += step) */
+static LLVMValueRef loop_begin(qgen *g, qloop *l, LLVMValueRef lo, LLVMValueRef hi, int64_t step)
+{
+	LLVMBasicBlockRef pre = LLVMGetInsertBlock(g->b), body;
+	l->head = block(g, "head");
+	body = block(g, "body");
+	l->exit = block(g, "exit");
+	l->step = c64(g, step);
+	LLVMBuildBr(g->b, l->head);
+	LLVMPositionBuilderAtEnd(g->b, l->head);
+	l->i = LLVMBuildPhi(g->b, g->L->i64, "i");
+	LLVMAddIncoming(l->i, &lo, &pre, 1);
+	LLVMBuildCondBr(g->b, lt(g, l->i, hi), body, l->exit);
+	LLVMPositionBuilderAtEnd(g->b, body);
+	return l->i;
+}
+
+static void loop_end(qgen *g, qloop *l)
+{
+	LLVMValueRef next = add(g, l->i, l->step);
+	LLVMBasicBlockRef latch = LLVMGetInsertBlock(g->b);
+	LLVMBuildBr(g->b, l->head);
+	LLVMAddIncoming(l->i, &next, &latch, 1);
+	LLVMPositionBuilderAtEnd(g->b, l->exit);
+}
+
+static LLVMBasicBlockRef if_begin(qgen *g, LLVMValueRef cond)
+{
+	LLVMBasicBlockRef then = block(g, "then"), join = block(g, "join");
+	LLVMBuildCondBr(g->b, cond, then, join);
+	LLVMPositionBuilderAtEnd(g->b, then);
+	return join;
+}
+
+static void if_end(qgen *g, LLVMBasicBlockRef join)
+{
+	LLVMBuildBr(g->b, join);
+	LLVMPositionBuilderAtEnd(g->b, join);
+}
+
+/* p when cond, else the constant zeros: a load that reads nothing when off */
+static LLVMValueRef or_zeros(qgen *g, LLVMValueRef cond, LLVMValueRef p)
+{
+	return LLVMBuildSelect(g->b, cond, cast_ptr(g, p, g->i8p), cast_ptr(g, g->zeros, g->i8p), "");
+}
+
+static LLVMValueRef not_null(qgen *g, LLVMValueRef p)
+{
+	return LLVMBuildIsNotNull(g->b, p, "");
+}
+
+/* byte p[0] of a zero point as i32: signed or not; 0 when p is null */
+static LLVMValueRef zp_at(qgen *g, LLVMValueRef p, LLVMValueRef i, bool u8)
+{
+	LLVMValueRef on = not_null(g, p);
+	LLVMValueRef v = load(g, g->L->i8, or_zeros(g, on, gep(g, g->L->i8, p, i)), 1);
+	return u8 ? LLVMBuildZExt(g->b, v, g->L->i32, "") : LLVMBuildSExt(g->b, v, g->L->i32, "");
+}
+
+/* ---- the dot product ------------------------------------------------------ */
+
+/* acc + per lane the sum of four u8 (u) x s8 (s) byte products */
+static LLVMValueRef dot4(qgen *g, LLVMValueRef acc, LLVMValueRef u, LLVMValueRef s)
+{
+	if (g->dot) {
+		LLVMValueRef a[] = {acc, u, s};
+		return call(g, g->dot, a, 3);
+	}
+	/* generic: widen the 4W bytes, multiply, add lanes 4l..4l+3 */
+	unsigned n = (unsigned)(4 * g->W);
+	LLVMTypeRef vb = LLVMVectorType(g->L->i8, n), vw = LLVMVectorType(g->L->i32, n);
+	LLVMValueRef uw = LLVMBuildZExt(g->b, LLVMBuildBitCast(g->b, u, vb, ""), vw, "");
+	LLVMValueRef sw = LLVMBuildSExt(g->b, LLVMBuildBitCast(g->b, s, vb, ""), vw, "");
+	LLVMValueRef pr = mul(g, uw, sw);
+	for (int r = 0; r < 4; r++) {
+		LLVMValueRef idx[64];
+		for (int l = 0; l < g->W; l++)
+			idx[l] = c32(g, 4 * l + r);
+		acc = add(g, acc, LLVMBuildShuffleVector(g->b, pr, LLVMGetUndef(vw),
+		                                         LLVMConstVector(idx, (unsigned)g->W), ""));
+	}
+	return acc;
+}
+
+/* ---- packing B -------------------------------------------------------------- */
+
+/* Rows 4q..4q+3 of the panel's columns [0, nr) (B at the panel's first
+ * column) as NV vectors of W 32-bit lanes, lane l of vector v holding the
+ * four rows' bytes of column v*W + l, stored at dst; rows past K and
+ * columns past nr are 0 (flipped bytes too).  With sums, colsum (NV
+ * vectors of i32) gains the packed values. */
+static void pack_group(qgen *g, LLVMValueRef q, LLVMValueRef nrmask, LLVMValueRef dst,
+                       LLVMValueRef *colsum)
+{
+	cg_llvm *L = g->L;
+	LLVMValueRef *p = g->p, row[4];
+	LLVMTypeRef vb = LLVMVectorType(L->i8, (unsigned)g->NR);
+	LLVMValueRef none = LLVMConstNull(LLVMVectorType(L->i1, (unsigned)g->NR));
+	for (int r = 0; r < 4; r++) {
+		LLVMValueRef k = add(g, mul(g, q, c64(g, 4)), c64(g, r));
+		LLVMValueRef mask = LLVMBuildSelect(g->b, lt(g, k, p[Q_K]), nrmask, none, "");
+		row[r] = mload(g, vb, gep(g, L->i8, p[Q_B], mul(g, k, p[Q_BRS])), mask, 1);
+		if (g->flip) /* only the lanes loaded: padding stays 0 */
+			row[r] = LLVMBuildXor(g->b, row[r],
+			                      LLVMBuildSelect(g->b, mask, splat(g, vb, LLVMConstInt(L->i8, 0x80, 0)),
+			                                      LLVMConstNull(vb), ""), "");
+		if (colsum) {
+			LLVMTypeRef vw = LLVMVectorType(L->i32, (unsigned)g->NR);
+			/* the packed bytes' signedness: signed when A is unsigned */
+			LLVMValueRef w = g->a_u8 ? LLVMBuildSExt(g->b, row[r], vw, "")
+			                         : LLVMBuildZExt(g->b, row[r], vw, "");
+			for (int v = 0; v < g->NV; v++) {
+				LLVMValueRef idx[64];
+				for (int l = 0; l < g->W; l++)
+					idx[l] = c32(g, v * g->W + l);
+				LLVMValueRef part = LLVMBuildShuffleVector(g->b, w, LLVMGetUndef(vw),
+				                                           LLVMConstVector(idx, (unsigned)g->W), "");
+				LLVMBuildStore(g->b, add(g, LLVMBuildLoad2(g->b, g->vi32, colsum[v], ""), part),
+				               colsum[v]);
+			}
+		}
+	}
+	/* interleave: byte 4l + r of vector v is row r's byte v*W + l */
+	LLVMValueRef cat[2], idx[256];
+	for (int h = 0; h < 2; h++) {
+		for (int i = 0; i < 2 * g->NR; i++)
+			idx[i] = c32(g, i);
+		cat[h] = LLVMBuildShuffleVector(g->b, row[2 * h], row[2 * h + 1],
+		                                LLVMConstVector(idx, (unsigned)(2 * g->NR)), "");
+	}
+	for (int v = 0; v < g->NV; v++) {
+		for (int l = 0; l < g->W; l++)
+			for (int r = 0; r < 4; r++)
+				idx[4 * l + r] = c32(g, (r / 2) * 2 * g->NR + (r % 2) * g->NR + v * g->W + l);
+		LLVMValueRef out = LLVMBuildShuffleVector(g->b, cat[0], cat[1],
+		                                          LLVMConstVector(idx, (unsigned)(4 * g->W)), "");
+		store(g, out, gep(g, L->i8, dst, c64(g, (int64_t)v * 4 * g->W)), 4);
+	}
+}
+
+/* The panel of columns [j0, j0 + nr) into Bp: ceil(K/4) groups of NV
+ * vectors; with sums (A's zero point present) their column sums into cb,
+ * else zeros there. */
+static void pack_panel(qgen *g, LLVMValueRef Bp, LLVMValueRef cb, LLVMValueRef nr)
+{
+	LLVMValueRef *p = g->p;
+	LLVMValueRef k4 = LLVMBuildSDiv(g->b, add(g, p[Q_K], c64(g, 3)), c64(g, 4), "");
+	LLVMValueRef nrmask = lanes(g, g->NR, nr), colsum[8];
+	for (int v = 0; v < g->NV; v++)
+		colsum[v] = local(g, g->vi32, NULL);
+	for (int v = 0; v < g->NV; v++)
+		LLVMBuildStore(g->b, LLVMConstNull(g->vi32), colsum[v]);
+	LLVMBasicBlockRef with = block(g, "sums"), without = block(g, "nosums"), done = block(g, "packed");
+	LLVMBuildCondBr(g->b, not_null(g, p[Q_ZA]), with, without);
+	for (int s = 0; s < 2; s++) {
+		LLVMPositionBuilderAtEnd(g->b, s ? without : with);
+		qloop lq;
+		LLVMValueRef q = loop_begin(g, &lq, c64(g, 0), k4, 1);
+		pack_group(g, q, nrmask, gep(g, g->L->i8, Bp, mul(g, q, c64(g, 4 * g->NR))),
+		           s ? NULL : colsum);
+		loop_end(g, &lq);
+		LLVMBuildBr(g->b, done);
+	}
+	LLVMPositionBuilderAtEnd(g->b, done);
+	for (int v = 0; v < g->NV; v++)
+		store(g, LLVMBuildLoad2(g->b, g->vi32, colsum[v], ""),
+		      gep(g, g->L->i32, cb, c64(g, (int64_t)v * g->W)), 4);
+}
+
+/* ra[i - m0] = sum_k A[i, k] for i in [m0, m1) (A's own signedness) */
+static void row_sums(qgen *g, LLVMValueRef ra, LLVMValueRef m0, LLVMValueRef m1)
+{
+	cg_llvm *L = g->L;
+	LLVMValueRef *p = g->p;
+	qloop li, lk;
+	LLVMValueRef i = loop_begin(g, &li, m0, m1, 1);
+	LLVMValueRef arow = gep(g, L->i8, p[Q_A], mul(g, i, p[Q_ARS]));
+	LLVMValueRef s = local(g, L->i32, NULL);
+	LLVMBuildStore(g->b, c32(g, 0), s);
+	LLVMValueRef k = loop_begin(g, &lk, c64(g, 0), p[Q_K], 1);
+	LLVMValueRef a = load(g, L->i8, gep(g, L->i8, arow, k), 1);
+	a = g->a_u8 ? LLVMBuildZExt(g->b, a, L->i32, "") : LLVMBuildSExt(g->b, a, L->i32, "");
+	LLVMBuildStore(g->b, add(g, LLVMBuildLoad2(g->b, L->i32, s, ""), a), s);
+	loop_end(g, &lk);
+	store(g, LLVMBuildLoad2(g->b, L->i32, s, ""), gep(g, L->i32, ra, sub(g, i, m0)), 4);
+	loop_end(g, &li);
+}
+
+/* ---- the tile ---------------------------------------------------------------- */
+
+/* Per panel: B's zero point per column as the flip moved it, A's zero point
+ * times B's column sums, the column bias and the column scale (the one
+ * value where the scale is one value, 1 where it is per row or absent),
+ * and each vector's store mask. */
+typedef struct panel {
+	LLVMValueRef zb[8], cb[8], bias[8], scale[8], mask[8];
+} panel;
+
+static void panel_vectors(qgen *g, panel *pn, LLVMValueRef j0, LLVMValueRef nr, LLVMValueRef cb)
+{
+	cg_llvm *L = g->L;
+	LLVMValueRef *p = g->p;
+	LLVMTypeRef vb = LLVMVectorType(L->i8, (unsigned)g->W);
+	LLVMValueRef none = LLVMConstNull(g->vi1);
+	LLVMValueRef colzb = LLVMBuildAnd(g->b, not_null(g, p[Q_ZB]),
+	                                  LLVMBuildICmp(g->b, LLVMIntNE, p[Q_ZBS], c64(g, 0), ""), "");
+	LLVMValueRef zb0 = splat(g, g->vi32, add(g, zp_at(g, p[Q_ZB], c64(g, 0), g->b_u8),
+	                                         c32(g, g->b_delta)));
+	LLVMValueRef colb = LLVMBuildICmp(g->b, LLVMIntEQ, p[Q_BAXIS], c32(g, 1), "");
+	LLVMValueRef cols = LLVMBuildICmp(g->b, LLVMIntEQ, p[Q_SAXIS], c32(g, 1), "");
+	LLVMValueRef alls = LLVMBuildICmp(g->b, LLVMIntEQ, p[Q_SAXIS], c32(g, 3), "");
+	LLVMValueRef s0 = load(g, L->f32, or_zeros(g, alls, p[Q_SCALE]), 4);
+	LLVMValueRef one = splat(g, g->vf, LLVMBuildSelect(g->b, alls, s0, LLVMConstReal(L->f32, 1), ""));
+	for (int v = 0; v < g->NV; v++) {
+		LLVMValueRef off = add(g, j0, c64(g, (int64_t)v * g->W));
+		pn->mask[v] = lanes(g, g->W, sub(g, nr, c64(g, (int64_t)v * g->W)));
+		LLVMValueRef m = LLVMBuildSelect(g->b, colzb, pn->mask[v], none, "");
+		LLVMValueRef zv = mload(g, vb, or_zeros(g, colzb, gep(g, L->i8, p[Q_ZB], off)), m, 1);
+		zv = g->b_u8 ? LLVMBuildZExt(g->b, zv, g->vi32, "") : LLVMBuildSExt(g->b, zv, g->vi32, "");
+		zv = add(g, zv, splat(g, g->vi32, c32(g, g->b_delta)));
+		pn->zb[v] = LLVMBuildSelect(g->b, colzb, zv, zb0, "");
+		pn->cb[v] = load(g, g->vi32, gep(g, L->i32, cb, c64(g, (int64_t)v * g->W)), 4);
+		m = LLVMBuildSelect(g->b, colb, pn->mask[v], none, "");
+		pn->bias[v] = mload(g, g->vi32, or_zeros(g, colb, gep(g, L->i32, p[Q_BIAS], off)), m, 4);
+		m = LLVMBuildSelect(g->b, cols, pn->mask[v], none, "");
+		LLVMValueRef sv = mload(g, g->vf, or_zeros(g, cols, gep(g, L->f32, p[Q_SCALE], off)), m, 4);
+		pn->scale[v] = LLVMBuildSelect(g->b, cols, sv, one, "");
+	}
+}
+
+static LLVMValueRef fclamp(qgen *g, LLVMValueRef v, LLVMValueRef lo, LLVMValueRef hi)
+{
+	v = LLVMBuildSelect(g->b, LLVMBuildFCmp(g->b, LLVMRealOLT, v, lo, ""), lo, v, "");
+	return LLVMBuildSelect(g->b, LLVMBuildFCmp(g->b, LLVMRealOGT, v, hi, ""), hi, v, "");
+}
+
+/* Row m's NV vectors of sums (acc) through the epilogue into C. */
+static void epilogue_row(qgen *g, const panel *pn, LLVMValueRef *acc, LLVMValueRef m,
+                         LLVMValueRef ra, LLVMValueRef j0)
+{
+	cg_llvm *L = g->L;
+	LLVMValueRef *p = g->p;
+	LLVMValueRef za = zp_at(g, p[Q_ZA], mul(g, m, p[Q_ZAS]), g->a_u8);
+	/* zb'(n) * (rowsum - K za) + za * colsum(n) */
+	LLVMValueRef rz = sub(g, ra, mul(g, LLVMBuildTrunc(g->b, p[Q_K], L->i32, ""), za));
+	LLVMValueRef rzv = splat(g, g->vi32, rz), zav = splat(g, g->vi32, za);
+	LLVMValueRef rowb_on = LLVMBuildICmp(g->b, LLVMIntEQ, p[Q_BAXIS], c32(g, 2), "");
+	LLVMValueRef rowb = load(g, L->i32, or_zeros(g, rowb_on, gep(g, L->i32, p[Q_BIAS], m)), 4);
+	LLVMValueRef rows_on = LLVMBuildICmp(g->b, LLVMIntEQ, p[Q_SAXIS], c32(g, 2), "");
+	LLVMValueRef rs = load(g, L->f32, or_zeros(g, rows_on, gep(g, L->f32, p[Q_SCALE], m)), 4);
+	rs = splat(g, g->vf, LLVMBuildSelect(g->b, rows_on, rs, LLVMConstReal(L->f32, 1), ""));
+	LLVMValueRef rowbv = splat(g, g->vi32, rowb);
+	bool f32c = g->c_dt == KILN_F32, i32c = g->c_dt == KILN_I32;
+	int es = f32c || i32c ? 4 : 1;
+	LLVMTypeRef ety = f32c ? L->f32 : i32c ? L->i32 : L->i8;
+	LLVMValueRef crow = mul(g, m, p[Q_CRS]);
+	LLVMValueRef lo = splat(g, g->vf, p[Q_LO]), hi = splat(g, g->vf, p[Q_HI]);
+	bool u8 = g->c_dt == KILN_U8;
+	LLVMValueRef czf = NULL, qlo = NULL, qhi = NULL;
+	if (es == 1) {
+		LLVMValueRef cz = zp_at(g, p[Q_CZ], c64(g, 0), u8);
+		czf = splat(g, g->vf, LLVMBuildSIToFP(g->b, cz, L->f32, ""));
+		qlo = splat(g, g->vf, LLVMConstReal(L->f32, u8 ? 0 : -128));
+		qhi = splat(g, g->vf, LLVMConstReal(L->f32, u8 ? 255 : 127));
+	}
+	for (int v = 0; v < g->NV; v++) {
+		LLVMValueRef s = LLVMBuildLoad2(g->b, g->vi32, acc[v], "");
+		s = sub(g, s, add(g, mul(g, pn->zb[v], rzv), mul(g, zav, pn->cb[v])));
+		s = add(g, s, add(g, pn->bias[v], rowbv));
+		LLVMValueRef at = gep(g, ety, cast_ptr(g, p[Q_C], LLVMPointerType(ety, 0)),
+		                      add(g, crow, add(g, j0, c64(g, (int64_t)v * g->W))));
+		if (i32c) {
+			mstore(g, s, at, pn->mask[v], 4);
+			continue;
+		}
+		LLVMValueRef f = LLVMBuildSIToFP(g->b, s, g->vf, "");
+		f = fclamp(g, LLVMBuildFMul(g->b, f, LLVMBuildFMul(g->b, pn->scale[v], rs, ""), ""), lo, hi);
+		if (f32c) {
+			mstore(g, f, at, pn->mask[v], 4);
+			continue;
+		}
+		LLVMTypeRef vf = g->vf;
+		LLVMValueRef rint = intrinsic(g, "llvm.rint", &vf, 1);
+		LLVMValueRef a[] = {LLVMBuildFAdd(g->b, f, czf, "")};
+		f = fclamp(g, call(g, rint, a, 1), qlo, qhi);
+		LLVMValueRef iv = LLVMBuildFPToSI(g->b, f, g->vi32, "");
+		iv = LLVMBuildTrunc(g->b, iv, LLVMVectorType(L->i8, (unsigned)g->W), "");
+		mstore(g, iv, at, pn->mask[v], 1);
+	}
+}
+
+/* Rows [i0, min(i0 + MR, m1)) of the panel at Bp: the k loop over whole
+ * groups of four, a last partial group, the epilogue.  Rows past m1 repeat
+ * row m1 - 1 (computed, never stored). */
+static void tile(qgen *g, const panel *pn, LLVMValueRef Bp, LLVMValueRef i0, LLVMValueRef m0,
+                 LLVMValueRef m1, LLVMValueRef ra, LLVMValueRef j0)
+{
+	cg_llvm *L = g->L;
+	LLVMValueRef *p = g->p, arow[16], acc[64], bv[8];
+	int MR = g->MR, NV = g->NV;
+	LLVMValueRef last = sub(g, m1, c64(g, 1));
+	for (int i = 0; i < MR; i++)
+		arow[i] = gep(g, L->i8, p[Q_A], mul(g, smin(g, add(g, i0, c64(g, i)), last), p[Q_ARS]));
+	for (int i = 0; i < MR * NV; i++) {
+		acc[i] = local(g, g->vi32, NULL);
+		LLVMBuildStore(g->b, LLVMConstNull(g->vi32), acc[i]);
+	}
+	LLVMValueRef kfull = LLVMBuildSDiv(g->b, p[Q_K], c64(g, 4), "");
+	LLVMValueRef rem = LLVMBuildSRem(g->b, p[Q_K], c64(g, 4), "");
+	unsigned valign = (unsigned)(4 * g->W < 64 ? 4 * g->W : 64);
+	for (int part = 0; part < 2; part++) {
+		qloop lq;
+		LLVMBasicBlockRef join = NULL;
+		LLVMValueRef q;
+		if (part == 0) {
+			q = loop_begin(g, &lq, c64(g, 0), kfull, 1);
+		} else { /* the last group of K % 4 rows */
+			join = if_begin(g, LLVMBuildICmp(g->b, LLVMIntSGT, rem, c64(g, 0), ""));
+			q = kfull;
+		}
+		LLVMValueRef bq = gep(g, L->i8, Bp, mul(g, q, c64(g, 4 * g->NR)));
+		for (int v = 0; v < NV; v++)
+			bv[v] = load(g, g->vi32, gep(g, L->i8, bq, c64(g, (int64_t)v * 4 * g->W)), valign);
+		for (int i = 0; i < MR; i++) {
+			LLVMValueRef ap = gep(g, L->i8, arow[i], mul(g, q, c64(g, 4))), a;
+			if (part == 0) {
+				a = load(g, L->i32, ap, 1);
+			} else { /* bytes t < rem, zeros above: never read past the row */
+				a = c32(g, 0);
+				for (int t = 0; t < 3; t++) {
+					LLVMValueRef on = lt(g, c64(g, t), rem);
+					LLVMValueRef byte = load(g, L->i8, or_zeros(g, on, gep(g, L->i8, ap, c64(g, t))), 1);
+					byte = LLVMBuildZExt(g->b, byte, L->i32, "");
+					a = LLVMBuildOr(g->b, a, LLVMBuildShl(g->b, byte, c32(g, 8 * t), ""), "");
+				}
+			}
+			LLVMValueRef av = splat(g, g->vi32, a);
+			for (int v = 0; v < NV; v++) {
+				LLVMValueRef s = LLVMBuildLoad2(g->b, g->vi32, acc[i * NV + v], "");
+				s = g->a_u8 ? dot4(g, s, av, bv[v]) : dot4(g, s, bv[v], av);
+				LLVMBuildStore(g->b, s, acc[i * NV + v]);
+			}
+		}
+		if (part == 0)
+			loop_end(g, &lq);
+		else
+			if_end(g, join);
+	}
+	for (int i = 0; i < MR; i++) {
+		LLVMValueRef m = add(g, i0, c64(g, i));
+		LLVMBasicBlockRef join = if_begin(g, lt(g, m, m1));
+		LLVMValueRef r = load(g, L->i32, gep(g, L->i32, ra, sub(g, m, m0)), 4);
+		epilogue_row(g, pn, acc + i * NV, m, r, j0);
+		if_end(g, join);
+	}
+}
+
+/* ---- the work items and the entry ------------------------------------------- */
+
+static void param_types(qgen *g, LLVMTypeRef *t)
+{
+	cg_llvm *L = g->L;
+	LLVMTypeRef tys[Q_ARGS] = {
+		[Q_X] = g->xp, [Q_M] = L->i64, [Q_N] = L->i64, [Q_K] = L->i64,
+		[Q_A] = g->i8p, [Q_ARS] = L->i64, [Q_B] = g->i8p, [Q_BRS] = L->i64,
+		[Q_C] = g->i8p, [Q_CRS] = L->i64, [Q_ZA] = g->i8p, [Q_ZAS] = L->i64,
+		[Q_ZB] = g->i8p, [Q_ZBS] = L->i64, [Q_BIAS] = g->i32p, [Q_BAXIS] = L->i32,
+		[Q_SCALE] = g->f32p, [Q_SAXIS] = L->i32, [Q_CZ] = g->i8p, [Q_LO] = L->f32,
+		[Q_HI] = L->f32, [Q_RB] = L->i64, [Q_NPAN] = L->i64,
+	};
+	memcpy(t, tys, sizeof tys);
+}
+
+static LLVMValueRef function(qgen *g, const char *name, LLVMTypeRef *params, unsigned n)
+{
+	LLVMTypeRef ty = LLVMFunctionType(LLVMVoidTypeInContext(g->L->ctx), params, n, 0);
+	LLVMValueRef fn = LLVMAddFunction(g->L->mod, name, ty);
+	LLVMSetLinkage(fn, LLVMInternalLinkage);
+	char bits[16];
+	snprintf(bits, sizeof bits, "%d", g->W * 32);
+	LLVMAddTargetDependentFunctionAttr(fn, "min-legal-vector-width", bits);
+	g->fn = fn;
+	LLVMPositionBuilderAtEnd(g->b, block(g, "entry"));
+	return fn;
+}
+
+/* <name>_range(x, begin, end): items [begin, end), the arguments in the
+ * block at x->buf; item t is row block t / npan, column panel t % npan, so
+ * a thread's consecutive items share their rows of A, whose sums it then
+ * computes once. */
+static LLVMValueRef emit_range(qgen *g, const char *name)
+{
+	cg_llvm *L = g->L;
+	LLVMTypeRef t[] = {g->xp, L->i64, L->i64};
+	LLVMValueRef fn = function(g, name, t, 3), *p = g->p;
+	LLVMValueRef x = LLVMGetParam(fn, 0), begin = LLVMGetParam(fn, 1), end = LLVMGetParam(fn, 2);
+	LLVMValueRef bp = LLVMBuildStructGEP2(g->b, g->xty, x, 0, "");
+	LLVMValueRef args = LLVMBuildLoad2(g->b, LLVMStructGetTypeAtIndex(g->xty, 0), bp, "");
+	args = cast_ptr(g, args, LLVMPointerType(g->argty, 0));
+	p[Q_X] = x;
+	for (int i = 1; i < Q_ARGS; i++)
+		p[i] = LLVMBuildLoad2(g->b, LLVMStructGetTypeAtIndex(g->argty, (unsigned)i),
+		                      LLVMBuildStructGEP2(g->b, g->argty, args, (unsigned)i, ""), "");
+	LLVMValueRef scratch = LLVMBuildLoad2(g->b, LLVMStructGetTypeAtIndex(g->xty, 3),
+	                                      LLVMBuildStructGEP2(g->b, g->xty, x, 3, ""), "");
+	LLVMValueRef Bp = cast_ptr(g, scratch, g->i8p);
+	LLVMValueRef k4 = LLVMBuildSDiv(g->b, add(g, p[Q_K], c64(g, 3)), c64(g, 4), "");
+	LLVMValueRef cb = cast_ptr(g, gep(g, L->i8, Bp, mul(g, k4, c64(g, 4 * g->NR))), g->i32p);
+	LLVMValueRef ra = gep(g, L->i32, cb, c64(g, g->NR));
+	LLVMValueRef need_ra = g->flip ? LLVMConstInt(L->i1, 1, 0) : not_null(g, p[Q_ZB]);
+	LLVMValueRef last_rb = local(g, L->i64, NULL);
+	LLVMBuildStore(g->b, c64(g, -1), last_rb);
+	qloop lt_, li;
+	LLVMValueRef it = loop_begin(g, &lt_, begin, end, 1);
+	LLVMValueRef rb = LLVMBuildSDiv(g->b, it, p[Q_NPAN], ""), pi = LLVMBuildSRem(g->b, it, p[Q_NPAN], "");
+	LLVMValueRef j0 = mul(g, pi, c64(g, g->NR)), nr = smin(g, c64(g, g->NR), sub(g, p[Q_N], j0));
+	LLVMValueRef m0 = mul(g, rb, p[Q_RB]), m1 = smin(g, p[Q_M], add(g, m0, p[Q_RB]));
+	/* the panel: B from its first column */
+	LLVMValueRef B0 = p[Q_B];
+	p[Q_B] = gep(g, L->i8, B0, j0);
+	pack_panel(g, Bp, cb, nr);
+	p[Q_B] = B0;
+	LLVMValueRef new_rows = LLVMBuildICmp(g->b, LLVMIntNE, rb, LLVMBuildLoad2(g->b, L->i64, last_rb, ""), "");
+	LLVMBasicBlockRef join = if_begin(g, LLVMBuildAnd(g->b, need_ra, new_rows, ""));
+	row_sums(g, ra, m0, m1);
+	LLVMBuildStore(g->b, rb, last_rb);
+	if_end(g, join);
+	panel pn;
+	panel_vectors(g, &pn, j0, nr, cb);
+	LLVMValueRef i0 = loop_begin(g, &li, m0, m1, g->MR);
+	tile(g, &pn, Bp, i0, m0, m1, ra, j0);
+	loop_end(g, &li);
+	loop_end(g, &lt_);
+	LLVMBuildRetVoid(g->b);
+	return fn;
+}
+
+static const char *dt_tag(kiln_dtype dt)
+{
+	return dt == KILN_U8 ? "u8" : dt == KILN_I8 ? "i8" : dt == KILN_I32 ? "i32" : "f32";
+}
+
+static LLVMValueRef emit_entry(qgen *g, const char *name, LLVMValueRef range)
+{
+	cg_llvm *L = g->L;
+	LLVMTypeRef t[Q_ARGS];
+	param_types(g, t);
+	LLVMValueRef fn = function(g, name, t, Q_COUNT), *p = g->p;
+	for (int i = 0; i < Q_COUNT; i++)
+		p[i] = LLVMGetParam(fn, (unsigned)i);
+	LLVMValueRef zero = c64(g, 0);
+	LLVMValueRef empty = LLVMBuildOr(g->b, LLVMBuildICmp(g->b, LLVMIntSLE, p[Q_M], zero, ""),
+	                                 LLVMBuildICmp(g->b, LLVMIntSLE, p[Q_N], zero, ""), "");
+	LLVMBasicBlockRef ret = block(g, "ret"), go = block(g, "go");
+	LLVMBuildCondBr(g->b, empty, ret, go);
+	LLVMPositionBuilderAtEnd(g->b, ret);
+	LLVMBuildRetVoid(g->b);
+	LLVMPositionBuilderAtEnd(g->b, go);
+	LLVMValueRef pool = LLVMBuildLoad2(g->b, LLVMStructGetTypeAtIndex(g->xty, 2),
+	                                   LLVMBuildStructGEP2(g->b, g->xty, p[Q_X], 2, ""), "");
+	LLVMValueRef work = mul(g, mul(g, p[Q_M], p[Q_N]), p[Q_K]);
+	LLVMValueRef par = LLVMBuildAnd(g->b, not_null(g, pool),
+	                                LLVMBuildICmp(g->b, LLVMIntSGE, work, c64(g, QPAR_WORK), ""), "");
+	LLVMValueRef RB = LLVMBuildSelect(g->b, par, c64(g, (int64_t)g->MR * ROWS_PAR),
+	                                  c64(g, (int64_t)g->MR * ROWS_SERIAL), "");
+	LLVMValueRef nrb = LLVMBuildSDiv(g->b, add(g, p[Q_M], sub(g, RB, c64(g, 1))), RB, "");
+	LLVMValueRef npan = LLVMBuildSDiv(g->b, add(g, p[Q_N], c64(g, g->NR - 1)), c64(g, g->NR), "");
+	LLVMValueRef args = local(g, g->argty, NULL);
+	p[Q_RB] = RB, p[Q_NPAN] = npan;
+	for (int i = 1; i < Q_ARGS; i++)
+		LLVMBuildStore(g->b, p[i], LLVMBuildStructGEP2(g->b, g->argty, args, (unsigned)i, ""));
+	/* *x with buf pointing at the arguments (128 bytes: a runtime whose
+	 * rt_exec grows stays in bounds) */
+	LLVMValueRef copy = local(g, LLVMArrayType(L->i64, 16), NULL);
+	LLVMBuildStore(g->b, LLVMConstNull(LLVMArrayType(L->i64, 16)), copy);
+	LLVMValueRef cx = cast_ptr(g, copy, g->xp);
+	LLVMBuildStore(g->b, LLVMBuildLoad2(g->b, g->xty, p[Q_X], ""), cx);
+	LLVMBuildStore(g->b, cast_ptr(g, args, LLVMStructGetTypeAtIndex(g->xty, 0)),
+	               LLVMBuildStructGEP2(g->b, g->xty, cx, 0, ""));
+	LLVMValueRef items = mul(g, npan, nrb);
+	LLVMBasicBlockRef split = block(g, "split"), serial = block(g, "serial");
+	LLVMBuildCondBr(g->b, par, split, serial);
+	LLVMPositionBuilderAtEnd(g->b, split);
+	LLVMTypeRef pt[3];
+	LLVMGetParamTypes(LLVMGlobalGetValueType(L->par_for), pt);
+	LLVMValueRef a[] = {LLVMBuildPointerCast(g->b, cx, pt[0], ""), items,
+	                    LLVMBuildPointerCast(g->b, range, pt[2], "")};
+	call(g, L->par_for, a, 3);
+	LLVMBuildRetVoid(g->b);
+	LLVMPositionBuilderAtEnd(g->b, serial);
+	LLVMValueRef r[] = {cx, zero, items};
+	call(g, range, r, 3);
+	LLVMBuildRetVoid(g->b);
+	return fn;
+}
+
+/* The target's dot-product instruction for W lanes, or NULL. */
+static LLVMValueRef vnni(qgen *g)
+{
+	const cg_target *t = g->L->t;
+	if (!t || !t->vnni_bits)
+		return NULL;
+	const char *name = g->W == 16 && t->vnni_bits >= 512 ? "llvm.x86.avx512.vpdpbusd.512"
+	                 : g->W == 8 ? "llvm.x86.avx512.vpdpbusd.256"
+	                 : g->W == 4 ? "llvm.x86.avx512.vpdpbusd.128" : NULL;
+	return name ? intrinsic(g, name, NULL, 0) : NULL;
+}
+
+int cg_qgemm_spec(kiln_dtype a, kiln_dtype b, kiln_dtype c)
+{
+	if ((a != KILN_U8 && a != KILN_I8) || (b != KILN_U8 && b != KILN_I8))
+		return -1;
+	int ci = c == KILN_U8 ? 0 : c == KILN_I8 ? 1 : c == KILN_I32 ? 2 : c == KILN_F32 ? 3 : -1;
+	return ci < 0 ? -1 : ((a == KILN_U8) * 2 + (b == KILN_U8)) * 4 + ci;
+}
+
+LLVMValueRef cg_llvm_qgemm(cg_llvm *L, kiln_dtype a, kiln_dtype b, kiln_dtype c)
+{
+	int spec = cg_qgemm_spec(a, b, c);
+	if (spec < 0)
+		return NULL;
+	if (L->qgemm[spec])
+		return L->qgemm[spec];
+	qgen g = {.L = L, .b = LLVMCreateBuilderInContext(L->ctx), .a_u8 = a == KILN_U8,
+	          .b_u8 = b == KILN_U8, .c_dt = c};
+	int bits = L->t && L->t->vec_bits >= 128 ? L->t->vec_bits : 128;
+	g.W = bits / 32;
+	g.NV = g.W >= 16 ? 4 : 2;
+	g.MR = g.W >= 8 ? 6 : 4;
+	g.NR = g.NV * g.W;
+	g.flip = g.a_u8 == g.b_u8;
+	g.b_delta = !g.flip ? 0 : g.b_u8 ? -128 : 128;
+	g.i8p = L->ptr;
+	g.i32p = LLVMPointerType(L->i32, 0);
+	g.f32p = LLVMPointerType(L->f32, 0);
+	g.vi32 = LLVMVectorType(L->i32, (unsigned)g.W);
+	g.vf = LLVMVectorType(L->f32, (unsigned)g.W);
+	g.vi1 = LLVMVectorType(L->i1, (unsigned)g.W);
+	LLVMTypeRef xf[] = {LLVMPointerType(L->ptr, 0), LLVMPointerType(L->i64, 0), L->ptr,
+	                    g.f32p, L->i64};
+	g.xty = L->exec_ty ? L->exec_ty : LLVMStructTypeInContext(L->ctx, xf, 5, 0);
+	g.xp = LLVMPointerType(g.xty, 0);
+	LLVMTypeRef at[Q_ARGS];
+	param_types(&g, at);
+	g.argty = LLVMStructTypeInContext(L->ctx, at, Q_ARGS, 0);
+	g.dot = vnni(&g);
+	LLVMTypeRef zt = LLVMArrayType(L->i8, 64);
+	g.zeros = LLVMAddGlobal(L->mod, zt, "kiln_qgemm_zeros");
+	LLVMSetInitializer(g.zeros, LLVMConstNull(zt));
+	LLVMSetAlignment(g.zeros, 64);
+	LLVMSetGlobalConstant(g.zeros, 1);
+	LLVMSetLinkage(g.zeros, LLVMInternalLinkage);
+	if (!L->par_for) {
+		LLVMTypeRef rt[] = {g.xp, L->i64, L->i64};
+		LLVMTypeRef rfn = LLVMFunctionType(LLVMVoidTypeInContext(L->ctx), rt, 3, 0);
+		LLVMTypeRef pt[] = {g.xp, L->i64, LLVMPointerType(rfn, 0)};
+		L->par_for = cg_llvm_runtime_fn(L, "rt_parallel_for",
+		    LLVMFunctionType(LLVMVoidTypeInContext(L->ctx), pt, 3, 0));
+	}
+	char name[64], rname[72];
+	snprintf(name, sizeof name, "kiln_qgemm_%s%s_%s", dt_tag(a), dt_tag(b), dt_tag(c));
+	snprintf(rname, sizeof rname, "%s_range", name);
+	LLVMValueRef range = emit_range(&g, rname);
+	L->qgemm[spec] = emit_entry(&g, name, range);
+	LLVMDisposeBuilder(g.b);
+	return L->qgemm[spec];
+}
+
+uint64_t cg_qgemm_scratch_bytes(const cg_target *t)
+{
+	int bits = t && t->vec_bits >= 128 ? t->vec_bits : 128, W = bits / 32;
+	int64_t NR = (W >= 16 ? 4 : 2) * W, MR = W >= 8 ? 6 : 4;
+	return (uint64_t)((CG_QGEMM_MAX_K + 3) / 4 * 4 * NR + NR * 4 + MR * ROWS_SERIAL * 4);
+}
