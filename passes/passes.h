@@ -164,8 +164,19 @@ kiln_status pass_bnfold(kiln_graph *g, const pass_opts *o);
  * nodes, and Pow by a scalar Constant 2, 3 or 0.5 by Muls or Sqrt. */
 kiln_status pass_nnfuse(kiln_graph *g, const pass_opts *o);
 
+/* ---- qfuse.c ------------------------------------------------------------ */
+
+/* Replaces a QDQ model's DequantizeLinear -> Conv/MatMul/Gemm ->
+ * QuantizeLinear by QLinearConv/QLinearMatMul (ConvInteger/MatMulInteger
+ * and an f32 scale where no Q follows), and DQ -> MaxPool -> Q by a MaxPool
+ * of the 8-bit tensor, where weights and scales are fixed (see qfuse.c);
+ * leaves graphs marked for training alone. */
+kiln_status pass_qfuse(kiln_graph *g, const pass_opts *o);
+
 /* The pipeline for compiling an inference graph (kiln_compile's default):
- * bnfold between two folds, so BN parameters behind foldable ops fold too. */
-#define PASS_INFERENCE "infer,canonicalize,fold,nnfuse,bnfold,fold,cse,dce"
+ * qfuse before the folds (which would turn a weight's DequantizeLinear into
+ * an f32 constant), bnfold between two folds, so BN parameters behind
+ * foldable ops fold too. */
+#define PASS_INFERENCE "infer,canonicalize,qfuse,fold,nnfuse,bnfold,fold,cse,dce"
 
 #endif /* KILN_PASSES_H */

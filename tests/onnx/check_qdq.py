@@ -15,9 +15,9 @@ random images), then
 - reports the largest difference from ORT's outputs in units of the output's
   quantization step (the scale of the last DequantizeLinear), against ORT's
   int8 run and against ORT running the Q/DQ nodes as written (optimisations
-  off), and fails when kiln and ORT's int8 run disagree (see MAX_MEAN_STEPS).  ORT runs the model with integer kernels (QLinearConv, u8 x s8
-  sums, requantized); kiln today runs each Q/DQ pair as written, the convs in
-  f32 on the dequantized values, so the two differ by rounding at the
+  off), and fails when kiln and ORT's int8 run disagree (see MAX_MEAN_STEPS).  Both run the model on integer kernels (kiln's qfuse pass
+  makes QLinearConv/QLinearMatMul of the Q/DQ patterns; depthwise convs
+  stay f32 between their Q/DQ nodes), so the two differ by rounding at the
   requantization points only.
 
 The report line is what docs/QUANTIZATION.md quotes.  Runs with the venv

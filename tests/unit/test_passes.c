@@ -8,6 +8,7 @@
  * interpreter and compares the outputs.
  */
 #include <check.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -510,6 +511,142 @@ START_TEST(optimize_keeps_what_the_model_computes)
 }
 END_TEST
 
+/* ---- qfuse -------------------------------------------------------------- */
+
+/* A Constant of dtype dt and shape (rank 0: a scalar) holding v[i], or
+ * f(i) when v is NULL. */
+static uint32_t qconst(kiln_graph *g, kiln_dtype dt, int rank, const int64_t *shape,
+                       const double *v, double (*f)(int64_t))
+{
+	kiln_tensor *t = kiln_tensor_new(dt, rank, shape);
+	for (int64_t i = 0; i < kiln_tensor_numel(t); i++)
+		ir_store(t, i, v ? v[i] : f(i));
+	ir_node *c = mk(g, KILN_OP_CONSTANT, 0, NULL, 1);
+	ck_assert_int_eq(ir_attr_set_tensor(g, c, "value", t), KILN_OK);
+	kiln_tensor_free(t);
+	return done(g, c);
+}
+
+static double wpat(int64_t i) { return (double)((i * 37 + 11) % 201 - 100); }
+static double bpat(int64_t i) { return (double)((i * 53) % 900 - 450); }
+
+static uint32_t qnode(kiln_graph *g, kiln_op op, uint32_t x, uint32_t s, uint32_t z, int64_t axis)
+{
+	ir_node *n = mk(g, op, 3, (uint32_t[]){x, s, z}, 1);
+	if (axis >= 0)
+		ir_attr_set_int(g, n, "axis", axis);
+	return done(g, n);
+}
+
+/* The QDQ form ORT's quantizer writes: Q(x) -> DQ -> Conv(DQ(w) per
+ * channel, DQ(b) in units of xs*ws) -> Q -> DQ -> MaxPool -> Q (same
+ * scale) -> DQ -> Flatten -> Gemm(DQ(w2) per column, transB, f32 bias): a
+ * classifier's f32 logits. */
+static kiln_graph *qdq_graph(void)
+{
+	kiln_graph *g = kiln_graph_new("qdq");
+	int64_t sx[] = {2, 3, 8, 8}, sw[] = {4, 3, 3, 3}, s4[] = {4}, sf[] = {5, 64}, s5[] = {5};
+	uint32_t x = input(g, "x", 4, sx);
+	const double ws[] = {0.01, 0.02, 0.015, 0.012}, xs = 0.02;
+	uint32_t xsc = qconst(g, KILN_F32, 0, NULL, &xs, NULL);
+	uint32_t xz = qconst(g, KILN_U8, 0, NULL, (double[]){128}, NULL);
+	uint32_t xq = qnode(g, KILN_OP_QUANTIZE_LINEAR, x, xsc, xz, -1);
+	uint32_t xd = qnode(g, KILN_OP_DEQUANTIZE_LINEAR, xq, xsc, xz, -1);
+	uint32_t w = qconst(g, KILN_I8, 4, sw, NULL, wpat);
+	uint32_t wd = qnode(g, KILN_OP_DEQUANTIZE_LINEAR, w, qconst(g, KILN_F32, 1, s4, ws, NULL),
+	                    qconst(g, KILN_I8, 1, s4, (double[]){0, 0, 0, 0}, NULL), 0);
+	double bs[4];
+	for (int c = 0; c < 4; c++)
+		bs[c] = (float)xs * (float)ws[c];
+	uint32_t bd = qnode(g, KILN_OP_DEQUANTIZE_LINEAR, qconst(g, KILN_I32, 1, s4, NULL, bpat),
+	                    qconst(g, KILN_F32, 1, s4, bs, NULL),
+	                    qconst(g, KILN_I32, 1, s4, (double[]){0, 0, 0, 0}, NULL), 0);
+	ir_node *cv = mk(g, KILN_OP_CONV, 3, (uint32_t[]){xd, wd, bd}, 1);
+	ir_attr_set_ints(g, cv, "pads", 4, (int64_t[]){1, 1, 1, 1});
+	uint32_t y = done(g, cv);
+	uint32_t ysc = qconst(g, KILN_F32, 0, NULL, (double[]){0.05}, NULL);
+	uint32_t yz = qconst(g, KILN_U8, 0, NULL, (double[]){60}, NULL);
+	y = qnode(g, KILN_OP_DEQUANTIZE_LINEAR, qnode(g, KILN_OP_QUANTIZE_LINEAR, y, ysc, yz, -1), ysc, yz, -1);
+	ir_node *mp = mk(g, KILN_OP_MAX_POOL, 1, &y, 1);
+	ir_attr_set_ints(g, mp, "kernel_shape", 2, (int64_t[]){2, 2});
+	ir_attr_set_ints(g, mp, "strides", 2, (int64_t[]){2, 2});
+	y = done(g, mp);
+	y = qnode(g, KILN_OP_DEQUANTIZE_LINEAR, qnode(g, KILN_OP_QUANTIZE_LINEAR, y, ysc, yz, -1), ysc, yz, -1);
+	y = op1(g, KILN_OP_FLATTEN, y);
+	const double w2s[] = {0.003, 0.004, 0.005, 0.006, 0.007};
+	uint32_t w2 = qnode(g, KILN_OP_DEQUANTIZE_LINEAR, qconst(g, KILN_I8, 2, sf, NULL, wpat),
+	                    qconst(g, KILN_F32, 1, s5, w2s, NULL),
+	                    qconst(g, KILN_I8, 1, s5, (double[]){0, 0, 0, 0, 0}, NULL), 0);
+	ir_node *gm = mk(g, KILN_OP_GEMM, 3, (uint32_t[]){y, w2, qconst(g, KILN_F32, 1, s5, NULL, bpat)}, 1);
+	ir_attr_set_int(g, gm, "transB", 1);
+	ck_assert_int_eq(ir_output_add(g, done(g, gm), "logits"), KILN_OK);
+	return g;
+}
+
+/* qfuse turns the QDQ pattern into QLinearConv, an 8-bit MaxPool and
+ * MatMulInteger with an f32 scale and bias, and the graph computes what it
+ * did: every logit within 1e-4 of the QDQ graph's in the interpreter (the
+ * same integers; only f32 rounding of the scale products differs). */
+START_TEST(qfuse_turns_qdq_into_integer_ops)
+{
+	kiln_graph *ref = qdq_graph(), *g = qdq_graph();
+	ok(g, "infer,qfuse,dce");
+	ck_assert_int_eq(count_op(g, KILN_OP_QLINEAR_CONV), 1);
+	ck_assert_int_eq(count_op(g, KILN_OP_MATMUL_INTEGER), 1);
+	ck_assert_int_eq(count_op(g, KILN_OP_CONV) + count_op(g, KILN_OP_GEMM), 0);
+	ck_assert_int_eq(count_op(g, KILN_OP_MAX_POOL), 1);
+	for (uint32_t i = 0; i < g->nnode; i++)
+		if (!g->node[i]->dead && g->node[i]->op == KILN_OP_MAX_POOL)
+			ck_assert_int_eq(g->val[g->node[i]->in[0]]->type.dtype, KILN_U8);
+	/* the input's Q stays; no DQ is left but the weights' */
+	ck_assert_int_eq(count_op(g, KILN_OP_QUANTIZE_LINEAR), 1);
+	ck_assert_int_eq(count_op(g, KILN_OP_DEQUANTIZE_LINEAR), 0);
+	int64_t sx[] = {2, 3, 8, 8};
+	kiln_tensor *x = kiln_tensor_new(KILN_F32, 4, sx);
+	float *xv = x->data;
+	for (int64_t i = 0; i < kiln_tensor_numel(x); i++)
+		xv[i] = (float)(((i * 29) % 97) / 30.0 - 1.5);
+	kiln_tensor *y0 = NULL, *y1 = NULL;
+	kiln_error e = {0};
+	ck_assert_msg(kiln_graph_run(ref, &x, 1, &y0, 1, &e) == KILN_OK, "%s", e.msg);
+	ck_assert_msg(kiln_graph_run(g, &x, 1, &y1, 1, &e) == KILN_OK, "%s", e.msg);
+	const float *a = y0->data, *b = y1->data;
+	double lo = INFINITY, hi = -INFINITY;
+	for (int i = 0; i < 10; i++) {
+		ck_assert_msg(fabs(a[i] - b[i]) <= 1e-4 * (1 + fabs(a[i])), "logit %d: %g vs %g", i,
+		              a[i], b[i]);
+		lo = a[i] < lo ? a[i] : lo, hi = a[i] > hi ? a[i] : hi;
+	}
+	ck_assert_msg(hi - lo > 1, "logits span only [%g, %g]", lo, hi);
+	kiln_tensor_free(x), kiln_tensor_free(y0), kiln_tensor_free(y1);
+	kiln_graph_free(ref), kiln_graph_free(g);
+}
+END_TEST
+
+/* A Conv whose input is not dequantized (an f32 activation) stays f32, and
+ * a graph marked for training is left alone. */
+START_TEST(qfuse_leaves_float_convs_and_training_graphs)
+{
+	kiln_graph *g = qdq_graph();
+	kiln_graph_set_training(g, true);
+	ok(g, "infer,qfuse,dce");
+	ck_assert_int_eq(count_op(g, KILN_OP_CONV), 1);
+	ck_assert_int_eq(count_op(g, KILN_OP_QLINEAR_CONV), 0);
+	kiln_graph_free(g);
+	g = kiln_graph_new("f32conv");
+	int64_t sx[] = {1, 2, 4, 4}, sw[] = {2, 2, 1, 1};
+	uint32_t x = input(g, "x", 4, sx);
+	kiln_tensor *t = kiln_tensor_new(KILN_F32, 4, sw);
+	ir_node *c = mk(g, KILN_OP_CONSTANT, 0, NULL, 1);
+	ir_attr_set_tensor(g, c, "value", t);
+	kiln_tensor_free(t);
+	ir_output_add(g, op2(g, KILN_OP_CONV, x, done(g, c)), NULL);
+	ok(g, "infer,qfuse,dce");
+	ck_assert_int_eq(count_op(g, KILN_OP_CONV), 1);
+	kiln_graph_free(g);
+}
+END_TEST
+
 /* ---- suite -------------------------------------------------------------- */
 
 static Suite *passes_suite(void)
@@ -539,6 +676,8 @@ static Suite *passes_suite(void)
 	tcase_add_test(pipe, pipeline_dump_after_all_prints_after_every_pass);
 	tcase_add_test(pipe, pipeline_reports_an_earlier_graph_error);
 	tcase_add_test(pipe, optimize_keeps_what_the_model_computes);
+	tcase_add_test(pipe, qfuse_turns_qdq_into_integer_ops);
+	tcase_add_test(pipe, qfuse_leaves_float_convs_and_training_graphs);
 	suite_add_tcase(s, fold);
 	suite_add_tcase(s, dce);
 	suite_add_tcase(s, cse);
