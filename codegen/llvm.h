@@ -137,6 +137,27 @@ bool cg_llvm_supports(const cg_module *m, const cg_kernel *k, char *why, size_t 
  * micro-kernel in vector IR of the target's width; may split work over
  * x->pool with rt_parallel_for. */
 LLVMValueRef cg_llvm_sgemm(cg_llvm *L);
+
+/* Structured control flow for the helpers' builders (b builds into fn):
+ * an alloca in fn's entry block (mem2reg makes it a register), stored
+ * init unless NULL; for (i = lo; i < hi; i += step), loop_begin positioned
+ * at the body returning i, loop_end after the loop; if (cond) { ... }. */
+typedef struct cg_llvm_loop {
+	LLVMValueRef i, step;
+	LLVMBasicBlockRef head, exit;
+} cg_llvm_loop;
+LLVMValueRef cg_llvm_local(cg_llvm *L, LLVMBuilderRef b, LLVMValueRef fn, LLVMTypeRef ty,
+                           LLVMValueRef init);
+LLVMValueRef cg_llvm_loop_begin(cg_llvm *L, LLVMBuilderRef b, LLVMValueRef fn, cg_llvm_loop *l,
+                                LLVMValueRef lo, LLVMValueRef hi, int64_t step);
+void cg_llvm_loop_end(LLVMBuilderRef b, cg_llvm_loop *l);
+LLVMBasicBlockRef cg_llvm_if_begin(cg_llvm *L, LLVMBuilderRef b, LLVMValueRef fn,
+                                   LLVMValueRef cond);
+void cg_llvm_if_end(LLVMBuilderRef b, LLVMBasicBlockRef join);
+/* A new internal void function name(params), its vectors vec_bits wide at
+ * most ("min-legal-vector-width"), b positioned in its entry block. */
+LLVMValueRef cg_llvm_helper_fn(cg_llvm *L, LLVMBuilderRef b, const char *name,
+                               LLVMTypeRef *params, unsigned n, int vec_bits);
 /* Makes L's kiln_sgemm and kiln_transpose, where defined, visible to the
  * library's other parts (hidden external linkage). */
 void cg_llvm_export_helpers(cg_llvm *L);

@@ -232,21 +232,87 @@ static LLVMValueRef hsum(gen *g, LLVMValueRef v)
 	return LLVMBuildExtractElement(g->b, v, LLVMConstInt(g->L->i32, 0, 0), "");
 }
 
-/* An alloca in the entry block (mem2reg/SROA turn these into registers). */
-static LLVMValueRef local(gen *g, LLVMTypeRef ty, LLVMValueRef init)
+/* ---- structured control flow (llvm.h; llvm_qgemm.c uses it too) ----------- */
+
+LLVMValueRef cg_llvm_local(cg_llvm *L, LLVMBuilderRef b, LLVMValueRef fn, LLVMTypeRef ty,
+                           LLVMValueRef init)
 {
-	LLVMBasicBlockRef cur = LLVMGetInsertBlock(g->b);
-	LLVMBasicBlockRef entry = LLVMGetEntryBasicBlock(g->fn);
+	(void)L;
+	LLVMBasicBlockRef cur = LLVMGetInsertBlock(b);
+	LLVMBasicBlockRef entry = LLVMGetEntryBasicBlock(fn);
 	LLVMValueRef first = LLVMGetFirstInstruction(entry);
 	if (first)
-		LLVMPositionBuilderBefore(g->b, first);
+		LLVMPositionBuilderBefore(b, first);
 	else
-		LLVMPositionBuilderAtEnd(g->b, entry);
-	LLVMValueRef a = LLVMBuildAlloca(g->b, ty, "");
-	LLVMPositionBuilderAtEnd(g->b, cur);
+		LLVMPositionBuilderAtEnd(b, entry);
+	LLVMValueRef a = LLVMBuildAlloca(b, ty, "");
+	LLVMPositionBuilderAtEnd(b, cur);
 	if (init)
-		LLVMBuildStore(g->b, init, a);
+		LLVMBuildStore(b, init, a);
 	return a;
+}
+
+LLVMValueRef cg_llvm_loop_begin(cg_llvm *L, LLVMBuilderRef b, LLVMValueRef fn, cg_llvm_loop *l,
+                                LLVMValueRef lo, LLVMValueRef hi, int64_t step)
+{
+	LLVMBasicBlockRef pre = LLVMGetInsertBlock(b), body;
+	l->head = LLVMAppendBasicBlockInContext(L->ctx, fn, "head");
+	body = LLVMAppendBasicBlockInContext(L->ctx, fn, "body");
+	l->exit = LLVMAppendBasicBlockInContext(L->ctx, fn, "exit");
+	l->step = LLVMConstInt(L->i64, (unsigned long long)step, 1);
+	LLVMBuildBr(b, l->head);
+	LLVMPositionBuilderAtEnd(b, l->head);
+	l->i = LLVMBuildPhi(b, L->i64, "i");
+	LLVMAddIncoming(l->i, &lo, &pre, 1);
+	LLVMBuildCondBr(b, LLVMBuildICmp(b, LLVMIntSLT, l->i, hi, ""), body, l->exit);
+	LLVMPositionBuilderAtEnd(b, body);
+	return l->i;
+}
+
+void cg_llvm_loop_end(LLVMBuilderRef b, cg_llvm_loop *l)
+{
+	LLVMValueRef next = LLVMBuildAdd(b, l->i, l->step, "");
+	LLVMBasicBlockRef latch = LLVMGetInsertBlock(b);
+	LLVMBuildBr(b, l->head);
+	LLVMAddIncoming(l->i, &next, &latch, 1);
+	LLVMPositionBuilderAtEnd(b, l->exit);
+}
+
+LLVMBasicBlockRef cg_llvm_if_begin(cg_llvm *L, LLVMBuilderRef b, LLVMValueRef fn,
+                                   LLVMValueRef cond)
+{
+	LLVMBasicBlockRef then = LLVMAppendBasicBlockInContext(L->ctx, fn, "then");
+	LLVMBasicBlockRef join = LLVMAppendBasicBlockInContext(L->ctx, fn, "join");
+	LLVMBuildCondBr(b, cond, then, join);
+	LLVMPositionBuilderAtEnd(b, then);
+	return join;
+}
+
+void cg_llvm_if_end(LLVMBuilderRef b, LLVMBasicBlockRef join)
+{
+	LLVMBuildBr(b, join);
+	LLVMPositionBuilderAtEnd(b, join);
+}
+
+LLVMValueRef cg_llvm_helper_fn(cg_llvm *L, LLVMBuilderRef b, const char *name,
+                               LLVMTypeRef *params, unsigned n, int vec_bits)
+{
+	LLVMTypeRef ty = LLVMFunctionType(LLVMVoidTypeInContext(L->ctx), params, n, 0);
+	LLVMValueRef fn = LLVMAddFunction(L->mod, name, ty);
+	LLVMSetLinkage(fn, LLVMInternalLinkage);
+	char bits[16];
+	snprintf(bits, sizeof bits, "%d", vec_bits);
+	LLVMAddTargetDependentFunctionAttr(fn, "min-legal-vector-width", bits);
+	LLVMPositionBuilderAtEnd(b, LLVMAppendBasicBlockInContext(L->ctx, fn, "entry"));
+	return fn;
+}
+
+/* this file's short forms of them */
+typedef cg_llvm_loop loop;
+
+static LLVMValueRef local(gen *g, LLVMTypeRef ty, LLVMValueRef init)
+{
+	return cg_llvm_local(g->L, g->b, g->fn, ty, init);
 }
 
 static LLVMBasicBlockRef block(gen *g, const char *name)
@@ -254,67 +320,34 @@ static LLVMBasicBlockRef block(gen *g, const char *name)
 	return LLVMAppendBasicBlockInContext(g->L->ctx, g->fn, name);
 }
 
-/* for (i = lo; i < hi; i += step): loop_begin positions at the body and
- * returns i, loop_end closes it and positions after the loop. */
-typedef struct loop {
-	LLVMValueRef i, step;
-	LLVMBasicBlockRef head, exit;
-} loop;
-
 static LLVMValueRef loop_begin(gen *g, loop *l, LLVMValueRef lo, LLVMValueRef hi,
                                int64_t step)
 {
-	LLVMBasicBlockRef pre = LLVMGetInsertBlock(g->b), body;
-	l->head = block(g, "head");
-	body = block(g, "body");
-	l->exit = block(g, "exit");
-	l->step = i64c(g, step);
-	LLVMBuildBr(g->b, l->head);
-	LLVMPositionBuilderAtEnd(g->b, l->head);
-	l->i = LLVMBuildPhi(g->b, g->L->i64, "i");
-	LLVMAddIncoming(l->i, &lo, &pre, 1);
-	LLVMBuildCondBr(g->b, icmp(g, LLVMIntSLT, l->i, hi), body, l->exit);
-	LLVMPositionBuilderAtEnd(g->b, body);
-	return l->i;
+	return cg_llvm_loop_begin(g->L, g->b, g->fn, l, lo, hi, step);
 }
 
 static void loop_end(gen *g, loop *l)
 {
-	LLVMValueRef next = add(g, l->i, l->step);
-	LLVMBasicBlockRef latch = LLVMGetInsertBlock(g->b);
-	LLVMBuildBr(g->b, l->head);
-	LLVMAddIncoming(l->i, &next, &latch, 1);
-	LLVMPositionBuilderAtEnd(g->b, l->exit);
+	cg_llvm_loop_end(g->b, l);
 }
 
-/* if (cond) { ...: if_begin positions in the then block; if_end joins. */
 static LLVMBasicBlockRef if_begin(gen *g, LLVMValueRef cond)
 {
-	LLVMBasicBlockRef then = block(g, "then"), join = block(g, "join");
-	LLVMBuildCondBr(g->b, cond, then, join);
-	LLVMPositionBuilderAtEnd(g->b, then);
-	return join;
+	return cg_llvm_if_begin(g->L, g->b, g->fn, cond);
 }
 
 static void if_end(gen *g, LLVMBasicBlockRef join)
 {
-	LLVMBuildBr(g->b, join);
-	LLVMPositionBuilderAtEnd(g->b, join);
+	cg_llvm_if_end(g->b, join);
 }
 
 /* A new internal function; g->fn and g->p[] are set, builder at entry. */
 static LLVMValueRef function(gen *g, const char *name, LLVMTypeRef *params, unsigned n)
 {
-	LLVMTypeRef ty = LLVMFunctionType(LLVMVoidTypeInContext(g->L->ctx), params, n, 0);
-	LLVMValueRef fn = LLVMAddFunction(g->L->mod, name, ty);
-	LLVMSetLinkage(fn, LLVMInternalLinkage);
-	char bits[16];
-	snprintf(bits, sizeof bits, "%d", g->g.W * 32);
-	LLVMAddTargetDependentFunctionAttr(fn, "min-legal-vector-width", bits);
+	LLVMValueRef fn = cg_llvm_helper_fn(g->L, g->b, name, params, n, g->g.W * 32);
 	g->fn = fn;
 	for (unsigned i = 0; i < n && i < P_COUNT + 2; i++)
 		g->p[i] = LLVMGetParam(fn, i);
-	LLVMPositionBuilderAtEnd(g->b, block(g, "entry"));
 	return fn;
 }
 

@@ -158,21 +158,12 @@ static void mstore(qgen *g, LLVMValueRef v, LLVMValueRef p, LLVMValueRef mask, u
 	call(g, f, a, 4);
 }
 
-/* An alloca in the entry block (mem2reg turns these into registers). */
+/* llvm_gemm.c's structured control flow in this file's builder */
+typedef cg_llvm_loop qloop;
+
 static LLVMValueRef local(qgen *g, LLVMTypeRef ty, LLVMValueRef init)
 {
-	LLVMBasicBlockRef cur = LLVMGetInsertBlock(g->b);
-	LLVMBasicBlockRef entry = LLVMGetEntryBasicBlock(g->fn);
-	LLVMValueRef first = LLVMGetFirstInstruction(entry);
-	if (first)
-		LLVMPositionBuilderBefore(g->b, first);
-	else
-		LLVMPositionBuilderAtEnd(g->b, entry);
-	LLVMValueRef a = LLVMBuildAlloca(g->b, ty, "");
-	LLVMPositionBuilderAtEnd(g->b, cur);
-	if (init)
-		LLVMBuildStore(g->b, init, a);
-	return a;
+	return cg_llvm_local(g->L, g->b, g->fn, ty, init);
 }
 
 static LLVMBasicBlockRef block(qgen *g, const char *name)
@@ -180,49 +171,24 @@ static LLVMBasicBlockRef block(qgen *g, const char *name)
 	return LLVMAppendBasicBlockInContext(g->L->ctx, g->fn, name);
 }
 
-typedef struct qloop {
-	LLVMValueRef i, step;
-	LLVMBasicBlockRef head, exit;
-} qloop;
-
-/* for (i = lo; i < hi; i += step) */
 static LLVMValueRef loop_begin(qgen *g, qloop *l, LLVMValueRef lo, LLVMValueRef hi, int64_t step)
 {
-	LLVMBasicBlockRef pre = LLVMGetInsertBlock(g->b), body;
-	l->head = block(g, "head");
-	body = block(g, "body");
-	l->exit = block(g, "exit");
-	l->step = c64(g, step);
-	LLVMBuildBr(g->b, l->head);
-	LLVMPositionBuilderAtEnd(g->b, l->head);
-	l->i = LLVMBuildPhi(g->b, g->L->i64, "i");
-	LLVMAddIncoming(l->i, &lo, &pre, 1);
-	LLVMBuildCondBr(g->b, lt(g, l->i, hi), body, l->exit);
-	LLVMPositionBuilderAtEnd(g->b, body);
-	return l->i;
+	return cg_llvm_loop_begin(g->L, g->b, g->fn, l, lo, hi, step);
 }
 
 static void loop_end(qgen *g, qloop *l)
 {
-	LLVMValueRef next = add(g, l->i, l->step);
-	LLVMBasicBlockRef latch = LLVMGetInsertBlock(g->b);
-	LLVMBuildBr(g->b, l->head);
-	LLVMAddIncoming(l->i, &next, &latch, 1);
-	LLVMPositionBuilderAtEnd(g->b, l->exit);
+	cg_llvm_loop_end(g->b, l);
 }
 
 static LLVMBasicBlockRef if_begin(qgen *g, LLVMValueRef cond)
 {
-	LLVMBasicBlockRef then = block(g, "then"), join = block(g, "join");
-	LLVMBuildCondBr(g->b, cond, then, join);
-	LLVMPositionBuilderAtEnd(g->b, then);
-	return join;
+	return cg_llvm_if_begin(g->L, g->b, g->fn, cond);
 }
 
 static void if_end(qgen *g, LLVMBasicBlockRef join)
 {
-	LLVMBuildBr(g->b, join);
-	LLVMPositionBuilderAtEnd(g->b, join);
+	cg_llvm_if_end(g->b, join);
 }
 
 /* p when cond, else the constant zeros: a load that reads nothing when off */
@@ -560,15 +526,7 @@ static void param_types(qgen *g, LLVMTypeRef *t)
 
 static LLVMValueRef function(qgen *g, const char *name, LLVMTypeRef *params, unsigned n)
 {
-	LLVMTypeRef ty = LLVMFunctionType(LLVMVoidTypeInContext(g->L->ctx), params, n, 0);
-	LLVMValueRef fn = LLVMAddFunction(g->L->mod, name, ty);
-	LLVMSetLinkage(fn, LLVMInternalLinkage);
-	char bits[16];
-	snprintf(bits, sizeof bits, "%d", g->W * 32);
-	LLVMAddTargetDependentFunctionAttr(fn, "min-legal-vector-width", bits);
-	g->fn = fn;
-	LLVMPositionBuilderAtEnd(g->b, block(g, "entry"));
-	return fn;
+	return g->fn = cg_llvm_helper_fn(g->L, g->b, name, params, n, g->W * 32);
 }
 
 /* <name>_range(x, begin, end): items [begin, end), the arguments in the

@@ -36,34 +36,15 @@
 
 #include "passes/passes.h"
 
-/* v's tensor when it is fixed at compile time: a Constant or a parameter. */
+/* v's float tensor when it is fixed at compile time: a Constant or a
+ * parameter. */
 static const kiln_tensor *fixed(const kiln_graph *g, uint32_t v)
 {
-	const ir_value *x = g->val[v];
-	if (x->kind == IR_V_PARAM)
-		return x->data && kiln_dtype_is_float(x->data->dtype) ? x->data : NULL;
-	if (x->kind != IR_V_NODE || !x->def || x->def->dead || x->def->op != KILN_OP_CONSTANT)
-		return NULL;
-	const ir_attr *a = ir_attr_get(x->def, "value");
-	return a && a->kind == IR_A_TENSOR && kiln_dtype_is_float(a->u.t->dtype) ? a->u.t : NULL;
+	const kiln_tensor *t = pass_fixed(g, v);
+	return t && kiln_dtype_is_float(t->dtype) ? t : NULL;
 }
 
-static bool is_output(const kiln_graph *g, uint32_t v)
-{
-	for (uint32_t i = 0; i < g->noutput; i++)
-		if (g->output[i] == v)
-			return true;
-	return false;
-}
 
-/* A new Constant holding t (copied into the graph); 0 on error. */
-static uint32_t constant(kiln_graph *g, kiln_loc loc, const kiln_tensor *t)
-{
-	ir_node *c = ir_node_new(g, KILN_OP_CONSTANT, 0, NULL, 1, loc);
-	if (!c || ir_attr_set_tensor(g, c, "value", t) != KILN_OK || ir_infer_node(g, c) != KILN_OK)
-		return 0;
-	return c->out[0];
-}
 
 /* w with every slice along axis k multiplied by s[k] (the per-channel scale). */
 static kiln_tensor *scale_along(const kiln_tensor *w, int axis, const double *s)
@@ -88,21 +69,6 @@ static kiln_tensor *bias(kiln_dtype dt, const kiln_tensor *b, double beta, const
 	return r;
 }
 
-static void copy_attrs(kiln_graph *g, ir_node *dst, const ir_node *src)
-{
-	for (uint32_t i = 0; i < src->nattr; i++) {
-		const ir_attr *a = &src->attr[i];
-		switch (a->kind) {
-		case IR_A_INT: ir_attr_set_int(g, dst, a->name, a->u.i); break;
-		case IR_A_DTYPE: ir_attr_set_dtype(g, dst, a->name, (kiln_dtype)a->u.i); break;
-		case IR_A_FLOAT: ir_attr_set_float(g, dst, a->name, a->u.f); break;
-		case IR_A_INTS: ir_attr_set_ints(g, dst, a->name, a->n, a->u.ints); break;
-		case IR_A_FLOATS: ir_attr_set_floats(g, dst, a->name, a->n, a->u.floats); break;
-		case IR_A_STRING: ir_attr_set_string(g, dst, a->name, a->u.s); break;
-		case IR_A_TENSOR: ir_attr_set_tensor(g, dst, a->name, a->u.t); break;
-		}
-	}
-}
 
 /* Removes n, then the Constants that fed only n. */
 static void drop(kiln_graph *g, ir_node *n)
@@ -111,7 +77,7 @@ static void drop(kiln_graph *g, ir_node *n)
 	for (uint32_t i = 0; i < n->nin; i++) {
 		const ir_value *x = g->val[n->in[i]];
 		if (x->kind == IR_V_NODE && x->def && x->def->op == KILN_OP_CONSTANT && !x->nuse &&
-		    !is_output(g, n->in[i]))
+		    !pass_is_output(g, n->in[i]))
 			ir_node_remove(g, x->def);
 	}
 }
@@ -123,7 +89,7 @@ static kiln_status rebuild(kiln_graph *g, ir_node *bn, ir_node *p, kiln_op op, u
 {
 	uint32_t cin[3] = {in[0], 0, 0};
 	for (int k = 0; k < nowned; k++) /* owned[k] is the weight tensor of in[1 + k] */
-		if (!owned[k] || !(cin[1 + k] = constant(g, p->loc, owned[k])))
+		if (!owned[k] || !(cin[1 + k] = pass_constant(g, p->loc, owned[k])))
 			return g->status ? g->status : ir_errorf(g, bn, KILN_ENOMEM, "bnfold: out of memory");
 	for (uint32_t k = 1 + nowned; k < nin; k++)
 		cin[k] = in[k];
@@ -132,7 +98,7 @@ static kiln_status rebuild(kiln_graph *g, ir_node *bn, ir_node *p, kiln_op op, u
 		return g->status;
 	f->name = p->name;
 	if (op == p->op)
-		copy_attrs(g, f, p);
+		pass_copy_attrs(g, f, p);
 	if (op == KILN_OP_GEMM)
 		ir_attr_set_float(g, f, "beta", 1);
 	if (ir_infer_node(g, f) != KILN_OK)
@@ -219,11 +185,11 @@ static ir_node *producer(const kiln_graph *g, const ir_node *bn)
 {
 	const ir_value *x = g->val[bn->in[0]];
 	if (ir_attr_int(bn, "training_mode", 0) || x->kind != IR_V_NODE || !x->def ||
-	    !into[x->def->op] || x->nuse != 1 || is_output(g, bn->in[0]) || x->type.rank < 2 ||
+	    !into[x->def->op] || x->nuse != 1 || pass_is_output(g, bn->in[0]) || x->type.rank < 2 ||
 	    !kiln_dtype_is_float(x->type.dtype) || x->type.dim[1] < 0)
 		return NULL;
 	for (uint32_t k = 1; k < bn->nout; k++)
-		if (g->val[bn->out[k]]->nuse || is_output(g, bn->out[k]))
+		if (g->val[bn->out[k]]->nuse || pass_is_output(g, bn->out[k]))
 			return NULL;
 	return x->def;
 }
@@ -270,7 +236,7 @@ static kiln_status untranspose_b(kiln_graph *g, ir_node *n, bool *changed)
 	uint32_t v = n->in[1];
 	const kiln_tensor *w = fixed(g, v);
 	if (!ir_attr_int(n, "transB", 0) || !w || w->rank != 2 || g->val[v]->nuse != 1 ||
-	    is_output(g, v))
+	    pass_is_output(g, v))
 		return KILN_OK;
 	int64_t N = w->shape[0], K = w->shape[1];
 	kiln_tensor *t = kiln_tensor_new(w->dtype, 2, (int64_t[]){K, N});
@@ -282,7 +248,7 @@ static kiln_status untranspose_b(kiln_graph *g, ir_node *n, bool *changed)
 	for (int64_t r = 0; r < N; r++)
 		for (int64_t c = 0; c < K; c++)
 			memcpy(dst + (c * N + r) * es, src + (r * K + c) * es, es);
-	uint32_t c = constant(g, n->loc, t);
+	uint32_t c = pass_constant(g, n->loc, t);
 	kiln_tensor_free(t);
 	if (!c)
 		return g->status ? g->status : ir_errorf(g, n, KILN_ENOMEM, "bnfold: out of memory");

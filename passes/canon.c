@@ -27,17 +27,10 @@
 
 #include "passes/passes.h"
 
-static bool is_output(const kiln_graph *g, uint32_t v)
-{
-	for (uint32_t i = 0; i < g->noutput; i++)
-		if (g->output[i] == v)
-			return true;
-	return false;
-}
 
 static bool unused(const kiln_graph *g, uint32_t v)
 {
-	return g->val[v]->nuse == 0 && !is_output(g, v);
+	return g->val[v]->nuse == 0 && !pass_is_output(g, v);
 }
 
 /* Removes n, then whatever fed only n (kiln ops are pure). */
@@ -61,8 +54,8 @@ static bool forward(kiln_graph *g, ir_node *n, uint32_t src)
 	ir_value *y = g->val[n->out[0]], *x = g->val[src];
 	if (!ir_type_eq(&x->type, &y->type))
 		return false;
-	if (is_output(g, n->out[0])) {
-		if (x->kind != IR_V_NODE || is_output(g, src))
+	if (pass_is_output(g, n->out[0])) {
+		if (x->kind != IR_V_NODE || pass_is_output(g, src))
 			return false;
 		if (y->name)
 			x->name = y->name;

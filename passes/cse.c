@@ -138,20 +138,13 @@ static bool same(const kiln_graph *g, const ir_node *a, const ir_node *b, uint32
 	return true;
 }
 
-static bool is_output(const kiln_graph *g, uint32_t v)
-{
-	for (uint32_t i = 0; i < g->noutput; i++)
-		if (g->output[i] == v)
-			return true;
-	return false;
-}
 
 /* A node that defines a graph output stays (it may still absorb later
  * duplicates); random nodes neither absorb nor are absorbed. */
 static bool defines_output(const kiln_graph *g, const ir_node *n)
 {
 	for (uint32_t k = 0; k < n->nout; k++)
-		if (is_output(g, n->out[k]))
+		if (pass_is_output(g, n->out[k]))
 			return true;
 	return false;
 }

@@ -27,26 +27,11 @@
 
 #define FOLD_MAX_ELEMS ((int64_t)1 << 20)
 
-static const kiln_tensor *const_of(const kiln_graph *g, uint32_t v)
-{
-	const ir_value *x = g->val[v];
-	if (x->kind != IR_V_NODE || !x->def || x->def->dead || x->def->op != KILN_OP_CONSTANT)
-		return NULL;
-	const ir_attr *a = ir_attr_get(x->def, "value");
-	return a && a->kind == IR_A_TENSOR ? a->u.t : NULL;
-}
 
-static bool is_output(const kiln_graph *g, uint32_t v)
-{
-	for (uint32_t i = 0; i < g->noutput; i++)
-		if (g->output[i] == v)
-			return true;
-	return false;
-}
 
 static bool wanted(const kiln_graph *g, uint32_t v)
 {
-	return g->val[v]->nuse > 0 || is_output(g, v);
+	return g->val[v]->nuse > 0 || pass_is_output(g, v);
 }
 
 static int64_t numel(const ir_type *t)
@@ -84,7 +69,7 @@ static void drop(kiln_graph *g, ir_node *n)
 	ir_node_remove(g, n);
 	for (uint32_t i = 0; i < n->nin; i++) {
 		uint32_t v = n->in[i];
-		if (const_of(g, v) && !wanted(g, v))
+		if (pass_const_of(g, v) && !wanted(g, v))
 			ir_node_remove(g, g->val[v]->def);
 	}
 }
@@ -96,7 +81,7 @@ static bool foldable(const kiln_graph *g, const ir_node *n, int64_t cap)
 	if ((ir_op(n->op)->flags & IR_RANDOM) && ir_attr_int(n, "training_mode", 0) != 0)
 		return false;
 	for (uint32_t i = 0; i < n->nin; i++)
-		if (!const_of(g, n->in[i]))
+		if (!pass_const_of(g, n->in[i]))
 			return false;
 	for (uint32_t k = 0; k < n->nout; k++) {
 		const ir_type *t = &g->val[n->out[k]]->type;
@@ -115,7 +100,7 @@ static kiln_status eval(kiln_graph *g, ir_node *n, bool *done)
 	if (!in)
 		return ir_errorf(g, n, KILN_ENOMEM, "fold: out of memory");
 	for (uint32_t i = 0; i < n->nin; i++)
-		in[i] = (kiln_tensor *)const_of(g, n->in[i]); /* kernels only read inputs */
+		in[i] = (kiln_tensor *)pass_const_of(g, n->in[i]); /* kernels only read inputs */
 	for (uint32_t k = 0; k < n->nout && st == KILN_OK; k++) {
 		const ir_type *t = &g->val[n->out[k]]->type;
 		if (!(out[k] = kiln_tensor_new(t->dtype, t->rank, t->dim)))

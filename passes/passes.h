@@ -50,6 +50,18 @@ const pass_info *pass_find(const char *name); /* NULL if unknown */
 kiln_status pass_run_list(kiln_graph *g, const char *list, const pass_opts *o,
                           kiln_error *err);
 
+/* ---- rewrite.c: shared by the rewriting passes ----------------------------- */
+
+/* v's tensor when v is the result of a live Constant, else NULL. */
+const kiln_tensor *pass_const_of(const kiln_graph *g, uint32_t v);
+/* ... or a parameter's data: fixed when compiling for inference. */
+const kiln_tensor *pass_fixed(const kiln_graph *g, uint32_t v);
+bool pass_is_output(const kiln_graph *g, uint32_t v);
+/* A new Constant holding a copy of t, inferred; 0 on error (in g). */
+uint32_t pass_constant(kiln_graph *g, kiln_loc loc, const kiln_tensor *t);
+/* Every attribute of src set on dst. */
+void pass_copy_attrs(kiln_graph *g, ir_node *dst, const ir_node *src);
+
 /* ---- infer.c ------------------------------------------------------------ */
 
 /* Re-runs shape inference over the schedule, in order. */

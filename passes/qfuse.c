@@ -44,25 +44,7 @@
 
 #include "passes/passes.h"
 
-/* v's tensor when fixed at compile time: a Constant or a parameter. */
-static const kiln_tensor *fixed(const kiln_graph *g, uint32_t v)
-{
-	const ir_value *x = g->val[v];
-	if (x->kind == IR_V_PARAM)
-		return x->data;
-	if (x->kind != IR_V_NODE || !x->def || x->def->dead || x->def->op != KILN_OP_CONSTANT)
-		return NULL;
-	const ir_attr *a = ir_attr_get(x->def, "value");
-	return a && a->kind == IR_A_TENSOR ? a->u.t : NULL;
-}
 
-static bool is_output(const kiln_graph *g, uint32_t v)
-{
-	for (uint32_t i = 0; i < g->noutput; i++)
-		if (g->output[i] == v)
-			return true;
-	return false;
-}
 
 /* The live node of op that defines v, or NULL. */
 static ir_node *def_of(const kiln_graph *g, uint32_t v, kiln_op op)
@@ -75,7 +57,7 @@ static ir_node *def_of(const kiln_graph *g, uint32_t v, kiln_op op)
 static ir_node *only_use(const kiln_graph *g, uint32_t v)
 {
 	const ir_value *x = g->val[v];
-	return x->nuse == 1 && !is_output(g, v) && !x->uses[0]->dead ? x->uses[0] : NULL;
+	return x->nuse == 1 && !pass_is_output(g, v) && !x->uses[0]->dead ? x->uses[0] : NULL;
 }
 
 static bool is8(kiln_dtype dt)
@@ -98,7 +80,7 @@ static bool params(const kiln_graph *g, const ir_node *n, uint32_t q, qp *p)
 	p->q = q;
 	p->scale = n->in[1];
 	p->zp = n->nin > 2 ? n->in[2] : 0;
-	p->s = fixed(g, p->scale);
+	p->s = pass_fixed(g, p->scale);
 	int rank = g->val[n->in[0]]->type.rank;
 	int64_t axis = ir_attr_int(n, "axis", 1);
 	p->axis = (int)(axis < 0 ? axis + rank : axis);
@@ -145,7 +127,7 @@ static bool dq_view(kiln_graph *g, uint32_t x, kiln_loc loc, qp *p)
 static bool dq_weight(const kiln_graph *g, uint32_t w, int axis, qp *p)
 {
 	ir_node *d = def_of(g, w, KILN_OP_DEQUANTIZE_LINEAR);
-	if (!d || !params(g, d, d->in[0], p) || !fixed(g, d->in[0]) ||
+	if (!d || !params(g, d, d->in[0], p) || !pass_fixed(g, d->in[0]) ||
 	    !is8(g->val[d->in[0]]->type.dtype))
 		return false;
 	const ir_type *t = &g->val[d->in[0]]->type;
@@ -163,11 +145,11 @@ static double *bias_values(const kiln_graph *g, uint32_t b, int64_t n, bool *ok)
 	double *v = malloc((size_t)(n ? n : 1) * sizeof *v);
 	if (!v)
 		return NULL;
-	const kiln_tensor *t = fixed(g, b), *s = NULL, *z = NULL;
+	const kiln_tensor *t = pass_fixed(g, b), *s = NULL, *z = NULL;
 	ir_node *d = t ? NULL : def_of(g, b, KILN_OP_DEQUANTIZE_LINEAR);
 	if (d) {
-		t = fixed(g, d->in[0]), s = fixed(g, d->in[1]);
-		z = d->nin > 2 ? fixed(g, d->in[2]) : NULL;
+		t = pass_fixed(g, d->in[0]), s = pass_fixed(g, d->in[1]);
+		z = d->nin > 2 ? pass_fixed(g, d->in[2]) : NULL;
 		if (!s || (d->nin > 2 && !z))
 			t = NULL;
 	} else if (t && !kiln_dtype_is_float(t->dtype)) {
@@ -192,14 +174,6 @@ static double *bias_values(const kiln_graph *g, uint32_t b, int64_t n, bool *ok)
 	return v;
 }
 
-/* A new Constant holding t (copied); 0 on error. */
-static uint32_t constant(kiln_graph *g, kiln_loc loc, const kiln_tensor *t)
-{
-	ir_node *c = ir_node_new(g, KILN_OP_CONSTANT, 0, NULL, 1, loc);
-	if (!c || ir_attr_set_tensor(g, c, "value", t) != KILN_OK || ir_infer_node(g, c) != KILN_OK)
-		return 0;
-	return c->out[0];
-}
 
 /* A scalar Constant of dtype dt holding v. */
 static uint32_t scalar(kiln_graph *g, kiln_loc loc, kiln_dtype dt, double v)
@@ -208,7 +182,7 @@ static uint32_t scalar(kiln_graph *g, kiln_loc loc, kiln_dtype dt, double v)
 	if (!t)
 		return 0;
 	ir_store(t, 0, v);
-	uint32_t c = constant(g, loc, t);
+	uint32_t c = pass_constant(g, loc, t);
 	kiln_tensor_free(t);
 	return c;
 }
@@ -235,26 +209,11 @@ static uint32_t int_bias(kiln_graph *g, kiln_loc loc, const double *b, const qp 
 		fits = fits && isfinite(q) && fabs(q) < 2147483647.0;
 		ir_store(t, i, fits ? q : 0);
 	}
-	uint32_t c = fits ? constant(g, loc, t) : 0;
+	uint32_t c = fits ? pass_constant(g, loc, t) : 0;
 	kiln_tensor_free(t);
 	return c;
 }
 
-static void copy_attrs(kiln_graph *g, ir_node *dst, const ir_node *src)
-{
-	for (uint32_t i = 0; i < src->nattr; i++) {
-		const ir_attr *a = &src->attr[i];
-		switch (a->kind) {
-		case IR_A_INT: ir_attr_set_int(g, dst, a->name, a->u.i); break;
-		case IR_A_DTYPE: ir_attr_set_dtype(g, dst, a->name, (kiln_dtype)a->u.i); break;
-		case IR_A_FLOAT: ir_attr_set_float(g, dst, a->name, a->u.f); break;
-		case IR_A_INTS: ir_attr_set_ints(g, dst, a->name, a->n, a->u.ints); break;
-		case IR_A_FLOATS: ir_attr_set_floats(g, dst, a->name, a->n, a->u.floats); break;
-		case IR_A_STRING: ir_attr_set_string(g, dst, a->name, a->u.s); break;
-		case IR_A_TENSOR: ir_attr_set_tensor(g, dst, a->name, a->u.t); break;
-		}
-	}
-}
 
 /* A new node op(in) with one inferred output; NULL on error. */
 static ir_node *node(kiln_graph *g, kiln_op op, uint32_t nin, const uint32_t *in, kiln_loc loc,
@@ -292,7 +251,7 @@ static ir_node *q_after(const kiln_graph *g, uint32_t y, qp *p)
 	p->q = q->out[0];
 	p->scale = q->in[1];
 	p->zp = q->nin > 2 ? q->in[2] : 0;
-	p->s = fixed(g, p->scale);
+	p->s = pass_fixed(g, p->scale);
 	p->ns = st->rank == 0 ? 1 : st->dim[0];
 	return p->ns == 1 && is8(g->val[q->out[0]]->type.dtype) ? q : NULL;
 }
@@ -319,7 +278,7 @@ static kiln_status float_epilogue(kiln_graph *g, const ir_node *at, uint32_t acc
 		if (bt)
 			ir_store(bt, i, b[i]);
 	}
-	uint32_t sc = constant(g, at->loc, s), bc = bt ? constant(g, at->loc, bt) : 0;
+	uint32_t sc = pass_constant(g, at->loc, s), bc = bt ? pass_constant(g, at->loc, bt) : 0;
 	kiln_tensor_free(s), kiln_tensor_free(bt);
 	ir_node *c = sc && (!b || bc) ? node(g, KILN_OP_CAST, 1, &acc, at->loc, NULL) : NULL;
 	if (!c)
@@ -372,7 +331,7 @@ static kiln_status conv(kiln_graph *g, ir_node *n, bool *changed)
 		uint32_t in[9] = {x.q, x.scale, xz, wq, w.scale, wz, y.scale, yz, bq};
 		ir_node *c = yz ? node(g, KILN_OP_QLINEAR_CONV, b ? 9 : 8, in, n->loc, n->name) : NULL;
 		if (c) {
-			copy_attrs(g, c, n);
+			pass_copy_attrs(g, c, n);
 			if (ir_infer_node(g, c) == KILN_OK)
 				st = take_over(g, n, q->out[0], c->out[0]);
 			n->name = NULL; /* the name is the new op's now */
@@ -380,7 +339,7 @@ static kiln_status conv(kiln_graph *g, ir_node *n, bool *changed)
 	} else { /* ConvInteger, then the scale and bias in f32 */
 		ir_node *c = node(g, KILN_OP_CONV_INTEGER, 4, (uint32_t[]){x.q, wq, xz, wz}, n->loc, NULL);
 		if (c) {
-			copy_attrs(g, c, n);
+			pass_copy_attrs(g, c, n);
 			if (ir_infer_node(g, c) == KILN_OK)
 				st = float_epilogue(g, n, c->out[0], &x, &w, b, M, 1,
 				                    g->val[n->out[0]]->type.rank, n->out[0]);
@@ -415,7 +374,7 @@ static kiln_status matmul(kiln_graph *g, ir_node *n, bool *changed)
 	}
 	uint32_t wq = g->val[n->in[1]]->def->in[0];
 	if (tb) { /* the weight as [K, N] */
-		const kiln_tensor *src = fixed(g, wq);
+		const kiln_tensor *src = pass_fixed(g, wq);
 		kiln_tensor *t = kiln_tensor_new(src->dtype, 2, (int64_t[]){K, N});
 		if (!t) {
 			free(b);
@@ -424,7 +383,7 @@ static kiln_status matmul(kiln_graph *g, ir_node *n, bool *changed)
 		for (int64_t r = 0; r < N; r++)
 			for (int64_t c = 0; c < K; c++)
 				ir_store(t, c * N + r, ir_load(src, r * K + c));
-		wq = constant(g, n->loc, t);
+		wq = pass_constant(g, n->loc, t);
 		kiln_tensor_free(t);
 	}
 	ir_node *q = b ? NULL : q_after(g, n->out[0], &y);
@@ -460,14 +419,14 @@ static kiln_status max_pool(kiln_graph *g, ir_node *n, bool *changed)
 	if (!q || !dq_tensor(g, n->in[0], &x) || !y.s ||
 	    ir_load(x.s, 0) != ir_load(y.s, 0) || g->val[x.q]->type.dtype != g->val[y.q]->type.dtype)
 		return KILN_OK;
-	const kiln_tensor *xz = x.zp ? fixed(g, x.zp) : NULL, *yz = y.zp ? fixed(g, y.zp) : NULL;
+	const kiln_tensor *xz = x.zp ? pass_fixed(g, x.zp) : NULL, *yz = y.zp ? pass_fixed(g, y.zp) : NULL;
 	double zx = xz ? ir_load(xz, 0) : 0, zy = yz ? ir_load(yz, 0) : 0;
 	if ((x.zp && !xz) || (y.zp && !yz) || zx != zy)
 		return KILN_OK;
 	ir_node *p = node(g, KILN_OP_MAX_POOL, 1, &x.q, n->loc, n->name);
 	if (!p)
 		return g->status;
-	copy_attrs(g, p, n);
+	pass_copy_attrs(g, p, n);
 	if (ir_infer_node(g, p) != KILN_OK)
 		return g->status;
 	kiln_status st = take_over(g, n, q->out[0], p->out[0]);

@@ -100,11 +100,16 @@ def check(np, ort, torch, kiln, out, name):
     return None
 
 
-def main(argv):
+def check_models(argv, doc, default, check, ready=None):
+    """The command line this script and check_qdq.py share: KILN OUT_DIR
+    [NAME...] (default: default), check(np, ort, torch, kiln, out, name)
+    per model, which returns why it failed or None.  Exits 77 when numpy,
+    onnxruntime, torch or torchvision is missing or ready() returns why
+    not, 2 on a bad command line, 1 when a model fails, 0 otherwise."""
     if len(argv) < 3:
-        sys.stderr.write(__doc__)
+        sys.stderr.write(doc)
         return 2
-    kiln, out, names = argv[1], argv[2], argv[3:] or DEFAULT
+    kiln, out, names = argv[1], argv[2], argv[3:] or default
     try:
         import numpy as np
         import onnxruntime as ort
@@ -112,6 +117,10 @@ def main(argv):
         import torchvision  # noqa: F401
     except ImportError as e:
         print(f"skipped: {e} (run with .venv/bin/python: scripts/setup-venv.sh)")
+        return 77
+    why = ready() if ready else None
+    if why:
+        print(f"skipped: {why}")
         return 77
     torch.set_num_threads(2)
     os.makedirs(out, exist_ok=True)
@@ -128,4 +137,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv))
+    sys.exit(check_models(sys.argv, __doc__, DEFAULT, check))

@@ -70,7 +70,8 @@ def output_step(onnx_mod, path):
     return last
 
 
-def check(np, ort, onnx_mod, torch, kiln, out, name):
+def check(np, ort, torch, kiln, out, name):
+    import onnx as onnx_mod
     f32 = os.path.join(out, f"{name}.onnx")
     qdq = os.path.join(out, f"{name}.qdq.onnx")
     so = os.path.join(out, f"{name}.qdq.so")
@@ -118,36 +119,11 @@ def check(np, ort, onnx_mod, torch, kiln, out, name):
     return None
 
 
-def main(argv):
-    if len(argv) < 3:
-        sys.stderr.write(__doc__)
-        return 2
-    kiln, out, names = argv[1], argv[2], argv[3:] or DEFAULT
-    try:
-        import numpy as np
-        import onnx as onnx_mod
-        import onnxruntime as ort
-        import torch
-        import torchvision  # noqa: F401
-    except ImportError as e:
-        print(f"skipped: {e} (run with .venv/bin/python: scripts/setup-venv.sh)")
-        return 77
+def ready():
     if not os.access(QUANT_PY, os.X_OK):
-        print("skipped: no .venv-quant with ONNX Runtime's quantizer (scripts/setup-venv.sh)")
-        return 77
-    torch.set_num_threads(2)
-    os.makedirs(out, exist_ok=True)
-    failed = 0
-    for name in names:
-        try:
-            why = check(np, ort, onnx_mod, torch, kiln, out, name)
-        except RuntimeError as e:
-            why = str(e)
-        if why:
-            print(f"{name}: FAIL: {why}")
-            failed += 1
-    return 1 if failed else 0
+        return "no .venv-quant with ONNX Runtime's quantizer (scripts/setup-venv.sh)"
+    return None
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv))
+    sys.exit(cbm.check_models(sys.argv, __doc__, DEFAULT, check, ready))
