@@ -1077,6 +1077,72 @@ static cg_expr *x_pad(cg_module *m, int xz, kiln_dtype xdt)
 	return xz >= 0 ? cg_ld(m, xz, I(m, 0)) : fc(m, xdt, 0);
 }
 
+static kiln_status conv_depthwise(cg_module *m, const ir_node *n, const int *in, int y,
+                                  const geom *g, kiln_error *err);
+
+/* Whether an integer conv is depthwise (2-D, one input channel per group)
+ * with sums that f32 holds exactly: (x - x_zp) and (w - w_zp) are integers
+ * of magnitude at most 255, so any sum of up to 2^24 / 255^2 = 258 taps of
+ * their products is an exact f32, and the f32 depthwise kernels (blocked,
+ * flat, split by stride, vectorized) compute the integer sums. */
+static bool int_dw_ok(cg_module *m, const ir_node *n, int x, int w, const geom *g)
+{
+	const ir_type *xt = cg_btype(m, x), *wt = cg_btype(m, w);
+	int64_t grp = ir_attr_int(n, "group", 1);
+	bool x8 = xt->dtype == KILN_U8 || xt->dtype == KILN_I8;
+	bool w8 = wt->dtype == KILN_U8 || wt->dtype == KILN_I8;
+	return x8 && w8 && g->nsp == 2 && grp > 1 && grp == xt->dim[1] && wt->dim[1] == 1 &&
+	       g->ksz * 255 * 255 < (1 << 24);
+}
+
+/* A new f32 buffer shaped as like (its dims) holding src - z: the zero
+ * point z (-1: none) one value, or one per run of `per` elements. */
+static int minus_zp_f32(cg_module *m, const ir_node *n, int src, int z, int64_t per, int like)
+{
+	ir_type t = *cg_btype(m, like);
+	cg_expr *numel = m->buf[src].numel;
+	int dst = cg_lower_scratch(m, KILN_F32, numel);
+	cg_kernel *k = dst < 0 ? NULL : cg_lower_kernel(m, n);
+	if (!k)
+		return -1;
+	t.dtype = KILN_F32;
+	m->buf[dst].type = t;
+	cg_expr *i;
+	cg_stmt *b;
+	cg_append(m, k->body, cg_loop(m, k, numel, CG_PARALLEL | CG_VECTORIZE, &i, &b));
+	cg_expr *v = cg_cast(m, cg_ld(m, src, i), KILN_F32);
+	if (z >= 0)
+		v = cg_bin(m, CG_SUB, v, cg_cast(m, qv(m, z, cg_bin(m, CG_DIV, i, I(m, per))), KILN_F32));
+	cg_append(m, b, cg_st(m, dst, i, v));
+	return b->n ? dst : -1;
+}
+
+/* int_dw_ok's conv: its exact sums, without bias, into the f32 buffer yf
+ * (shaped as the result). */
+static kiln_status dw_integer(cg_module *m, const ir_node *n, const conv_ops *op, int yf,
+                              const geom *g, kiln_error *err)
+{
+	int xf = minus_zp_f32(m, n, op->x, op->xz, 1, op->x);
+	int wf = xf < 0 ? -1 : minus_zp_f32(m, n, op->w, op->wz, g->ksz, op->w);
+	if (wf < 0)
+		return nomem(m, n, err);
+	const int in[3] = {xf, wf, -1};
+	return conv_depthwise(m, n, in, yf, g, err);
+}
+
+/* A scratch buffer for an integer conv's sums, shaped as y: f32 for
+ * dw_integer, else i32. */
+static int sums_buf(cg_module *m, int y, bool dw)
+{
+	ir_type t = *cg_btype(m, y);
+	int b = cg_lower_scratch(m, dw ? KILN_F32 : KILN_I32, m->buf[y].numel);
+	if (b >= 0) {
+		t.dtype = dw ? KILN_F32 : KILN_I32;
+		m->buf[b].type = t;
+	}
+	return b;
+}
+
 kiln_status cg_lower_conv_integer(cg_module *m, const ir_node *n, const int *in, const int *out,
                                   kiln_error *err)
 {
@@ -1090,7 +1156,20 @@ kiln_status cg_lower_conv_integer(cg_module *m, const ir_node *n, const int *in,
 		conv_int q = {xdt, x_pad(m, op.xz, xdt), op.xz, op.wz, -1, -1};
 		return conv_int_gemms(m, n, op.x, op.w, -1, out[0], &g, &q, err);
 	}
-	return conv_direct(m, n, &op, true, out[0], &g, err);
+	if (!int_dw_ok(m, n, op.x, op.w, &g))
+		return conv_direct(m, n, &op, true, out[0], &g, err);
+	int yf = sums_buf(m, out[0], true);
+	if (yf < 0)
+		return nomem(m, n, err);
+	st = dw_integer(m, n, &op, yf, &g, err);
+	cg_kernel *k = st ? NULL : cg_lower_kernel(m, n);
+	if (!k)
+		return st ? st : nomem(m, n, err);
+	cg_expr *i;
+	cg_stmt *b;
+	cg_append(m, k->body, cg_loop(m, k, m->buf[out[0]].numel, CG_PARALLEL | CG_VECTORIZE, &i, &b));
+	cg_append(m, b, cg_st(m, out[0], i, cg_cast(m, cg_ld(m, yf, i), KILN_I32)));
+	return KILN_OK;
 }
 
 /* mult[i] = x_scale[i] * w_scale[i] / y_scale in f32, the requantization
@@ -1115,13 +1194,16 @@ static int multiplier(cg_module *m, const ir_node *n, int xs, int ws, int ys)
 }
 
 /* As GEMMs where int_gemm_ok, the requantization in their epilogue; else
- * the i32 sums into a scratch buffer, then one requantizing pass over y
- * (w_scale per output channel or one value). */
+ * the sums into a scratch buffer (dw_integer's f32 ones for a depthwise
+ * conv, conv_direct's i32 ones otherwise), then one requantizing pass over
+ * y (w_scale per output channel or one value). */
 kiln_status cg_lower_qlinear_conv(cg_module *m, const ir_node *n, const int *in, const int *out,
                                   kiln_error *err)
 {
 	int y = out[0];
-	conv_ops op = {in[0], in[3], in[2], in[5], n->nin > 8 ? in[8] : -1, cg_btype(m, y)};
+	/* the sums' buffer is typed as y (sums_buf): no yt, which a new
+	 * scratch buffer would leave pointing into a moved m->buf */
+	conv_ops op = {in[0], in[3], in[2], in[5], n->nin > 8 ? in[8] : -1, NULL};
 	geom g;
 	kiln_status st = conv_geometry(m, n, op.x, op.w, y, &g, err);
 	if (st)
@@ -1134,10 +1216,11 @@ kiln_status cg_lower_qlinear_conv(cg_module *m, const ir_node *n, const int *in,
 		conv_int q = {xdt, x_pad(m, op.xz, xdt), op.xz, op.wz, in[7], mult};
 		return conv_int_gemms(m, n, op.x, op.w, op.bias, y, &g, &q, err);
 	}
-	int acc = cg_lower_scratch(m, KILN_I32, m->buf[y].numel);
-	if (acc < 0)
+	bool dw = int_dw_ok(m, n, op.x, op.w, &g);
+	int acc = sums_buf(m, y, dw), mult = acc < 0 ? -1 : multiplier(m, n, in[1], in[4], in[6]);
+	if (mult < 0)
 		return nomem(m, n, err);
-	st = conv_direct(m, n, &op, true, acc, &g, err);
+	st = dw ? dw_integer(m, n, &op, acc, &g, err) : conv_direct(m, n, &op, true, acc, &g, err);
 	cg_kernel *k = st ? NULL : cg_lower_kernel(m, n);
 	if (!k)
 		return st ? st : nomem(m, n, err);
@@ -1147,9 +1230,14 @@ kiln_status cg_lower_qlinear_conv(cg_module *m, const ir_node *n, const int *in,
 	cg_stmt *body = cg_nest(m, k, k->body, 2, ext, h, iv);
 	cg_expr *mi = cg_bin(m, CG_REM, iv[0], I(m, yt->dim[1]));
 	cg_expr *yi = add(m, mul(m, iv[0], I(m, g.osz)), iv[1]);
-	cg_expr *v = requant(m, cg_ld(m, acc, yi), qv(m, in[1], I(m, 0)), qv(m, in[4], mi),
-	                     qv(m, in[6], I(m, 0)), qv(m, in[7], I(m, 0)));
-	cg_append(m, body, cg_st(m, y, yi, v));
+	/* in f32 with the multiplier per channel, as the 8-bit GEMM's epilogue
+	 * (dw_integer's sums are exact f32s: no conversion, which as a
+	 * saturating f32 -> i32 kept this loop from vectorizing) */
+	cg_expr *sum = cg_cast(m, cg_ld(m, acc, yi), KILN_F32);
+	if (dw && op.bias >= 0) /* conv_direct starts from the bias; dw_integer does not */
+		sum = add(m, sum, cg_cast(m, cg_ld(m, op.bias, mi), KILN_F32));
+	cg_expr *v = add(m, mul(m, sum, qv(m, mult, mi)), cg_cast(m, qv(m, in[7], I(m, 0)), KILN_F32));
+	cg_append(m, body, cg_st(m, y, yi, cg_un(m, CG_ROUND, v)));
 	return KILN_OK;
 }
 

@@ -26,9 +26,6 @@
  * rounds the f32 conv result (the difference is the requantization point's
  * rounding, a step at most).
  *
- * Depthwise convs stay as written (f32 between their DQ and Q): the
- * codegen has fast f32 depthwise kernels and no 8-bit ones yet.
- *
  * Conditions: x's scale and zero point one value each (what ONNX's integer
  * ops take), w's fixed, per tensor or per output channel (axis 0 of a conv
  * weight, the output column of a matmul weight); scales fixed (Constants
@@ -308,12 +305,6 @@ static kiln_status conv(kiln_graph *g, ir_node *n, bool *changed)
 	if (!dq_tensor(g, n->in[0], &x) || !dq_weight(g, n->in[1], 0, &w) || wt->rank < 3)
 		return KILN_OK;
 	int64_t M = wt->dim[0];
-	/* a depthwise conv (one input channel per group) stays as written:
-	 * the f32 depthwise kernels beat the integer loop nests the codegen has
-	 * for it (MobileNetV2 QDQ, batch 1, one thread: 9.3 ms through them,
-	 * 7.4 ms with its depthwise convs left in f32) */
-	if (ir_attr_int(n, "group", 1) > 1 && wt->dim[1] == 1)
-		return KILN_OK;
 	bool ok;
 	double *b = bias_values(g, n->nin > 2 ? n->in[2] : 0, M, &ok);
 	if (!ok)
