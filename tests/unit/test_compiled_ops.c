@@ -965,6 +965,20 @@ static kiln_tensor *scales(int64_t n, double lo, double hi)
 	return t;
 }
 
+/* An operand of g: an input named name of t's type, or with fixed a
+ * Constant holding t (weights, scales and zero points known at compile
+ * time, which the lowering folds: codegen/lower_nn.c, folded_bias). */
+static uint32_t operand(kiln_graph *g, const char *name, const kiln_tensor *t, bool fixed)
+{
+	if (!fixed)
+		return input(g, name, t->dtype, t->rank, t->shape);
+	ir_node *c = ir_node_new(g, KILN_OP_CONSTANT, 0, NULL, 1, KILN_HERE);
+	ck_assert_ptr_nonnull(c);
+	ck_assert_int_eq(ir_attr_set_tensor(g, c, "value", t), KILN_OK);
+	ck_assert_int_eq(ir_infer_node(g, c), KILN_OK);
+	return c->out[0];
+}
+
 /* The library against the interpreter on an integer op's graph.  i32
  * results must agree exactly; an 8-bit result may differ by one step
  * where the product of the sum and the multiplier lies within f32
@@ -1032,9 +1046,13 @@ START_TEST(int8_convs_match_the_interpreter)
 		{2, 8, 16, 13, 12, 3, 8, "pads=1,1,1,1 strides=2,2", KILN_U8, KILN_U8, KILN_U8, true, true, false},
 		{1, 12, 12, 9, 9, 5, 12, "pads=2,2,2,2", KILN_I8, KILN_I8, KILN_I32, true, false, true},
 	};
-	for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+	const size_t ncase = sizeof cases / sizeof *cases;
+	for (size_t r = 0; r < 2 * ncase; r++) {
+		/* each case twice: operands as inputs, then as constants */
+		size_t i = r % ncase;
+		bool fixed = r >= ncase;
 		char name[32], attrs[96];
-		snprintf(name, sizeof name, "int8conv%zu", i);
+		snprintf(name, sizeof name, "int8conv%zu%s", i, fixed ? "_fixed" : "");
 		snprintf(attrs, sizeof attrs, "group=%lld %s", (long long)cases[i].grp, cases[i].attrs);
 		kiln_dtype xt = cases[i].xt, wt = cases[i].wt, yt = cases[i].yt;
 		int64_t M = cases[i].m, K = cases[i].c / cases[i].grp * cases[i].k * cases[i].k;
@@ -1051,9 +1069,9 @@ START_TEST(int8_convs_match_the_interpreter)
 			in[1] = qtensor(wt, 4, sw, qlo(wt), qhi(wt));
 			in[2] = qtensor(xt, 0, NULL, qlo(xt) + 20, qhi(xt) - 20);
 			in[3] = qtensor(wt, nv > 1, &nv, qlo(wt) + 50, qhi(wt) - 50);
-			v[1] = input(g, "w", wt, 4, sw);
-			v[2] = input(g, "xz", xt, 0, NULL);
-			v[3] = input(g, "wz", wt, nv > 1, &nv);
+			v[1] = operand(g, "w", in[1], fixed);
+			v[2] = operand(g, "xz", in[2], fixed);
+			v[3] = operand(g, "wz", in[3], fixed);
 			nin = 4;
 			ir_output_add(g, op1(g, KILN_OP_CONV_INTEGER, 4, v, attrs), NULL);
 		} else { /* QLinearConv: x, xs, xz, w, ws, wz, ys, yz[, bias] */
@@ -1069,10 +1087,10 @@ START_TEST(int8_convs_match_the_interpreter)
 			const char *names[] = {"x", "xs", "xz", "w", "ws", "wz", "ys", "yz", "b"};
 			nin = cases[i].bias ? 9 : 8;
 			for (int k = 1; k < nin; k++)
-				v[k] = input(g, names[k], in[k]->dtype, in[k]->rank, in[k]->shape);
+				v[k] = operand(g, names[k], in[k], fixed);
 			ir_output_add(g, op1(g, KILN_OP_QLINEAR_CONV, (uint32_t)nin, v, attrs), NULL);
 		}
-		int_op_matches(name, g, in, nin);
+		int_op_matches(name, g, in, fixed ? 1 : nin);
 		for (int k = 0; k < 9; k++)
 			kiln_tensor_free(in[k]);
 		kiln_graph_free(g);
@@ -1098,9 +1116,13 @@ START_TEST(int8_matmuls_match_the_interpreter)
 		{0, 5, 301, 130, KILN_U8, KILN_U8, KILN_I32, true, true, true, false},
 		{0, 9, 66, 17, KILN_I8, KILN_I8, KILN_I32, false, false, true, false},
 	};
-	for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+	const size_t ncase = sizeof cases / sizeof *cases;
+	for (size_t r = 0; r < 2 * ncase; r++) {
+		/* each case twice: B and the scales as inputs, then as constants */
+		size_t i = r % ncase;
+		bool fixed = r >= ncase;
 		char name[32];
-		snprintf(name, sizeof name, "int8mm%zu", i);
+		snprintf(name, sizeof name, "int8mm%zu%s", i, fixed ? "_fixed" : "");
 		kiln_dtype at = cases[i].at, bt = cases[i].bt, yt = cases[i].yt;
 		int64_t M = cases[i].m, K = cases[i].k, N = cases[i].n;
 		int64_t sa[3] = {cases[i].batch, M, K}, sb[2] = {K, N};
@@ -1132,12 +1154,12 @@ START_TEST(int8_matmuls_match_the_interpreter)
 		static const char *const names[] = {"a", "as", "az", "b", "bs", "bz", "ys", "yz"};
 		static const char *const inames[] = {"a", "b", "az", "bz"};
 		for (int k = 0; k < nin; k++)
-			v[k] = input(g, nin == 4 ? inames[k] : names[k], in[k]->dtype, in[k]->rank, in[k]->shape);
+			v[k] = operand(g, nin == 4 ? inames[k] : names[k], in[k], fixed && k > 0);
 		ir_output_add(g, op1(g, cases[i].integer ? KILN_OP_MATMUL_INTEGER : KILN_OP_QLINEAR_MATMUL,
 		                     (uint32_t)nin, v, ""), NULL);
 		if (cases[i].threads)
 			setenv("KILN_NUM_THREADS", "2", 1);
-		int_op_matches(name, g, in, nin);
+		int_op_matches(name, g, in, fixed ? 1 : nin);
 		unsetenv("KILN_NUM_THREADS");
 		for (int k = 0; k < 8; k++)
 			kiln_tensor_free(in[k]);
