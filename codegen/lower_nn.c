@@ -100,6 +100,7 @@ typedef struct mm_int {
 } mm_int;
 
 static cg_gemm_vec qvec(cg_module *m, int buf, cg_expr *off, int axis);
+static int live_zp(const cg_module *m, int z);
 static int folded_bias(cg_module *m, int w, int wz, int xz, int bias, int64_t M, int64_t K,
                        int64_t si, int64_t sk);
 
@@ -282,14 +283,14 @@ kiln_status cg_lower_matmul(cg_module *m, const ir_node *n, const int *in, const
 kiln_status cg_lower_matmul_integer(cg_module *m, const ir_node *n, const int *in,
                                     const int *out, kiln_error *err)
 {
-	mm_int z = {n->nin > 2 ? in[2] : -1, n->nin > 3 ? in[3] : -1, NULL};
+	mm_int z = {live_zp(m, n->nin > 2 ? in[2] : -1), live_zp(m, n->nin > 3 ? in[3] : -1), NULL};
 	return matmul_of(m, n, in[0], in[1], out[0], &z, err);
 }
 
 kiln_status cg_lower_qlinear_matmul(cg_module *m, const ir_node *n, const int *in,
                                     const int *out, kiln_error *err)
 {
-	mm_int z = {in[2], in[5], in};
+	mm_int z = {live_zp(m, in[2]), live_zp(m, in[5]), in};
 	return matmul_of(m, n, in[0], in[3], out[0], &z, err);
 }
 
@@ -1076,6 +1077,17 @@ static const kiln_tensor *const_data(const cg_module *m, int b)
 	return cb && cb->kind == CG_BUF_CONST && cb->alias < 0 ? cb->data : NULL;
 }
 
+/* Zero point buffer z, or -1 (none) when it is a constant of zeros, as
+ * symmetric weights' are: the GEMM then computes no sums for it. */
+static int live_zp(const cg_module *m, int z)
+{
+	const kiln_tensor *t = const_data(m, z);
+	for (int64_t i = 0; t && i < kiln_tensor_numel(t); i++)
+		if (ir_load(t, i) != 0)
+			return z;
+	return t ? -1 : z;
+}
+
 /* A new constant buffer holding t (arena-owned), named "<of's name>.sfx". */
 static int const_buf(cg_module *m, kiln_tensor *t, int of, const char *sfx)
 {
@@ -1230,7 +1242,8 @@ static int sums_buf(cg_module *m, int y, bool dw)
 kiln_status cg_lower_conv_integer(cg_module *m, const ir_node *n, const int *in, const int *out,
                                   kiln_error *err)
 {
-	conv_ops op = {in[0], in[1], n->nin > 2 ? in[2] : -1, n->nin > 3 ? in[3] : -1, -1, NULL};
+	conv_ops op = {in[0], in[1], live_zp(m, n->nin > 2 ? in[2] : -1),
+	               live_zp(m, n->nin > 3 ? in[3] : -1), -1, NULL};
 	geom g;
 	kiln_status st = conv_geometry(m, n, op.x, op.w, out[0], &g, err);
 	if (st)
@@ -1300,7 +1313,8 @@ kiln_status cg_lower_qlinear_conv(cg_module *m, const ir_node *n, const int *in,
 	int y = out[0];
 	/* the sums' buffer is typed as y (sums_buf): no yt, which a new
 	 * scratch buffer would leave pointing into a moved m->buf */
-	conv_ops op = {in[0], in[3], in[2], in[5], n->nin > 8 ? in[8] : -1, NULL};
+	conv_ops op = {in[0], in[3], live_zp(m, in[2]), live_zp(m, in[5]), n->nin > 8 ? in[8] : -1,
+	               NULL};
 	geom g;
 	kiln_status st = conv_geometry(m, n, op.x, op.w, y, &g, err);
 	if (st)
