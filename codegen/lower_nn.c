@@ -1852,10 +1852,12 @@ kiln_status cg_lower_pool(cg_module *m, const ir_node *n, const int *in, const i
 	/* stride 2: the plane of x split into even and odd columns first */
 	split sp = {.buf = -1, .half = (g.in[1] + 1) / 2};
 	bool rows = false;
-	if (want_split(&g) && (x->dtype == KILN_F32)) {
+	if (want_split(&g) && (x->dtype == KILN_F32 || x->dtype == KILN_U8 || x->dtype == KILN_I8)) {
+		/* the copy keeps x's dtype: a u8 max pool of a quantized model too */
+		kiln_dtype xdt = x->dtype;
 		rows = by_rows(&g);
 		int64_t psz = (rows ? g.k[0] : g.in[0]) * 2 * sp.half;
-		sp.buf = cg_lower_scratch(m, KILN_F32, mul(m, nc, I(m, psz)));
+		sp.buf = cg_lower_scratch(m, xdt, mul(m, nc, I(m, psz)));
 		if (sp.buf < 0)
 			return nomem(m, n, err);
 		sp.plane = mul(m, b, I(m, psz));

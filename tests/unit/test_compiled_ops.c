@@ -1168,6 +1168,32 @@ START_TEST(int8_matmuls_match_the_interpreter)
 }
 END_TEST
 
+/* MaxPool of 8-bit tensors (a quantized model's, after qfuse), stride 2
+ * on planes wide enough to split into even and odd columns, whole planes
+ * and row by row (by_rows), u8 and i8: exactly the interpreter's. */
+START_TEST(int8_max_pools_match_the_interpreter)
+{
+	static const struct {
+		int64_t c, h;
+		kiln_dtype dt;
+	} cases[] = {{3, 28, KILN_U8}, {2, 70, KILN_I8}, {2, 17, KILN_U8}};
+	for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+		char name[32];
+		snprintf(name, sizeof name, "int8pool%zu", i);
+		kiln_graph *g = kiln_graph_new(name);
+		int64_t sx[] = {2, cases[i].c, cases[i].h, cases[i].h + 1};
+		kiln_dtype dt = cases[i].dt;
+		uint32_t x = input(g, "x", dt, 4, sx);
+		ir_output_add(g, op1(g, KILN_OP_MAX_POOL, 1, &x,
+		                     "kernel_shape=3,3 strides=2,2 pads=1,1,1,1"), NULL);
+		opcase_graph c = {name, g, {qtensor(dt, 4, sx, qlo(dt), qhi(dt))}, {0}, 1, 1, 0};
+		char why[1400] = "";
+		ck_assert_msg(case_matches(&c, true, why, sizeof why), "%s: %s", name, why);
+		opcase_free(&c);
+	}
+}
+END_TEST
+
 /* The last test: how long compiling took, so a slow backend shows. */
 START_TEST(report_compile_time)
 {
@@ -1211,6 +1237,7 @@ static Suite *compiled_ops_suite(void)
 	tcase_add_test(tc, runtime_scales_are_checked_by_the_library);
 	tcase_add_test(tc, int8_convs_match_the_interpreter);
 	tcase_add_test(tc, int8_matmuls_match_the_interpreter);
+	tcase_add_test(tc, int8_max_pools_match_the_interpreter);
 	tcase_add_test(tc, report_compile_time);
 	suite_add_tcase(s, tc);
 	return s;
