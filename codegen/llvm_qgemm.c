@@ -23,7 +23,9 @@
  * algebra in the epilogue:
  *   sum_k (A - za)(B - zb) = S - zb * rowsum(A) - za * colsum(B) + K za zb
  * with rowsum(A) computed per block of rows and colsum(B) while packing,
- * only when the zero points (or the flip) make them count.  The epilogue
+ * only when the zero points (or the flip) make them count (the lowering
+ * folds a constant B zero point into the bias and drops zero points that
+ * are constant zeros, so a quantized model's convs pass neither).  The epilogue
  * adds the i32 bias (per row or column), and for an f32 or 8-bit C
  * multiplies by the requantization scale in f32 (per row, per column or one
  * value, as ONNX Runtime's kernels do), clamps to the activation, adds the
@@ -61,7 +63,7 @@ typedef struct qgen {
 	bool flip;       /* B's bytes flipped (xor 0x80) while packing: A and B alike */
 	int b_delta;     /* what the flip adds to B's values and zero point (+-128) */
 	kiln_dtype c_dt;
-	LLVMTypeRef i8p, i32p, f32p, vi32, vf, vi1, v4i8, xty, xp, argty;
+	LLVMTypeRef i8p, i32p, f32p, vi32, vf, vi1, xty, xp, argty;
 	LLVMValueRef dot;    /* the vpdpbusd intrinsic, NULL: generic IR */
 	LLVMValueRef zeros;  /* a constant 64 zero bytes: what a guarded load reads when off */
 	LLVMValueRef p[Q_ARGS];
