@@ -16,6 +16,9 @@
  *            a Cast to f32, a Mul by xs*ws and an Add of the bias
  *   DQ(x) -> MaxPool -> Q with the same scale and zero point   into MaxPool
  *            on the 8-bit tensor (the max commutes with a monotone map)
+ * and where a Relu or Clip stands between the op and its Q, it goes too
+ * when the Q's saturation already clips at its bounds (a u8 Q with zero
+ * point 0 after a Relu: what kiln quantize and ORT's quantizer write).
  * so the codegen's 8-bit GEMM (codegen/llvm_qgemm.c) runs the sums and the
  * requantization is its epilogue.  The tensors between two such ops stay
  * 8-bit: the Q -> DQ pairs between them fall away, as DQ and Q of other
@@ -237,11 +240,34 @@ static kiln_status take_over(kiln_graph *g, const ir_node *at, uint32_t old, uin
 	return g->status;
 }
 
-/* The QuantizeLinear that quantizes y (its one reader) with one scale and
- * zero point, into 8 bits; NULL otherwise. */
+/* Whether the Relu or Clip r changes nothing that the QuantizeLinear p
+ * after it keeps: Q is monotone and saturates, so Q(clip(y, lo, hi)) =
+ * Q(y) when Q(lo) is the lowest 8-bit value and Q(hi) the highest. */
+static bool clip_saturates(const kiln_graph *g, const ir_node *r, const qp *p)
+{
+	const kiln_tensor *zt = p->zp ? pass_fixed(g, p->zp) : NULL;
+	if (!p->s || (p->zp && !zt))
+		return false;
+	bool u8 = g->val[p->q]->type.dtype == KILN_U8;
+	double qmin = u8 ? 0 : -128, qmax = u8 ? 255 : 127, zp = zt ? ir_load(zt, 0) : 0;
+	float s = (float)ir_load(p->s, 0);
+	double lo = r->op == KILN_OP_RELU ? 0 : ir_attr_float(r, "min", -INFINITY);
+	double hi = r->op == KILN_OP_RELU ? INFINITY : ir_attr_float(r, "max", INFINITY);
+	return (lo == -INFINITY || nearbyintf((float)lo / s) + zp <= qmin) &&
+	       (hi == INFINITY || nearbyintf((float)hi / s) + zp >= qmax);
+}
+
+/* The QuantizeLinear that quantizes y (its one reader, or the one reader
+ * of a Relu or Clip reading y that the Q's saturation makes redundant)
+ * with one scale and zero point, into 8 bits; NULL otherwise. */
 static ir_node *q_after(const kiln_graph *g, uint32_t y, qp *p)
 {
-	ir_node *q = only_use(g, y);
+	ir_node *q = only_use(g, y), *r = NULL;
+	if (q && (q->op == KILN_OP_RELU || q->op == KILN_OP_CLIP) && q->in[0] == y) {
+		r = q;
+		y = r->out[0];
+		q = only_use(g, y);
+	}
 	if (!q || q->op != KILN_OP_QUANTIZE_LINEAR || q->in[0] != y)
 		return NULL;
 	const ir_type *st = &g->val[q->in[1]]->type;
@@ -250,7 +276,9 @@ static ir_node *q_after(const kiln_graph *g, uint32_t y, qp *p)
 	p->zp = q->nin > 2 ? q->in[2] : 0;
 	p->s = pass_fixed(g, p->scale);
 	p->ns = st->rank == 0 ? 1 : st->dim[0];
-	return p->ns == 1 && is8(g->val[q->out[0]]->type.dtype) ? q : NULL;
+	if (p->ns != 1 || !is8(g->val[q->out[0]]->type.dtype))
+		return NULL;
+	return !r || clip_saturates(g, r, p) ? q : NULL;
 }
 
 /* f32 result of an integer product: Cast(i32 -> f32) * (xs*ws) + b, the

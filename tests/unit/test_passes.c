@@ -542,7 +542,16 @@ static uint32_t qnode(kiln_graph *g, kiln_op op, uint32_t x, uint32_t s, uint32_
  * channel, DQ(b) in units of xs*ws) -> Q -> DQ -> MaxPool -> Q (same
  * scale) -> DQ -> Flatten -> Gemm(DQ(w2) per column, transB, f32 bias): a
  * classifier's f32 logits. */
+static kiln_graph *qdq_graph_act(kiln_op act, double clip_max, double yzv);
+
 static kiln_graph *qdq_graph(void)
+{
+	return qdq_graph_act(KILN_OP_COUNT, 0, 60);
+}
+
+/* The same with a Relu or Clip(0, clip_max) (act; KILN_OP_COUNT: none)
+ * between the conv and its Q, whose zero point is yzv. */
+static kiln_graph *qdq_graph_act(kiln_op act, double clip_max, double yzv)
 {
 	kiln_graph *g = kiln_graph_new("qdq");
 	int64_t sx[] = {2, 3, 8, 8}, sw[] = {4, 3, 3, 3}, s4[] = {4}, sf[] = {5, 64}, s5[] = {5};
@@ -564,8 +573,14 @@ static kiln_graph *qdq_graph(void)
 	ir_node *cv = mk(g, KILN_OP_CONV, 3, (uint32_t[]){xd, wd, bd}, 1);
 	ir_attr_set_ints(g, cv, "pads", 4, (int64_t[]){1, 1, 1, 1});
 	uint32_t y = done(g, cv);
+	if (act != KILN_OP_COUNT) {
+		ir_node *a = mk(g, act, 1, &y, 1);
+		if (act == KILN_OP_CLIP)
+			ir_attr_set_float(g, a, "min", 0), ir_attr_set_float(g, a, "max", clip_max);
+		y = done(g, a);
+	}
 	uint32_t ysc = qconst(g, KILN_F32, 0, NULL, (double[]){0.05}, NULL);
-	uint32_t yz = qconst(g, KILN_U8, 0, NULL, (double[]){60}, NULL);
+	uint32_t yz = qconst(g, KILN_U8, 0, NULL, &yzv, NULL);
 	y = qnode(g, KILN_OP_DEQUANTIZE_LINEAR, qnode(g, KILN_OP_QUANTIZE_LINEAR, y, ysc, yz, -1), ysc, yz, -1);
 	ir_node *mp = mk(g, KILN_OP_MAX_POOL, 1, &y, 1);
 	ir_attr_set_ints(g, mp, "kernel_shape", 2, (int64_t[]){2, 2});
@@ -620,6 +635,51 @@ START_TEST(qfuse_turns_qdq_into_integer_ops)
 	ck_assert_msg(hi - lo > 1, "logits span only [%g, %g]", lo, hi);
 	kiln_tensor_free(x), kiln_tensor_free(y0), kiln_tensor_free(y1);
 	kiln_graph_free(ref), kiln_graph_free(g);
+}
+END_TEST
+
+/* The logits of ref and g agree in the interpreter (within 1e-4), on an
+ * input that reaches both sides of the activations' bounds. */
+static void same_logits(kiln_graph *ref, kiln_graph *g)
+{
+	int64_t sx[] = {2, 3, 8, 8};
+	kiln_tensor *x = kiln_tensor_new(KILN_F32, 4, sx), *y0 = NULL, *y1 = NULL;
+	float *xv = x->data;
+	for (int64_t i = 0; i < kiln_tensor_numel(x); i++)
+		xv[i] = (float)(((i * 29) % 97) / 30.0 - 1.5);
+	kiln_error e = {0};
+	ck_assert_msg(kiln_graph_run(ref, &x, 1, &y0, 1, &e) == KILN_OK, "%s", e.msg);
+	ck_assert_msg(kiln_graph_run(g, &x, 1, &y1, 1, &e) == KILN_OK, "%s", e.msg);
+	const float *a = y0->data, *b = y1->data;
+	for (int i = 0; i < 10; i++)
+		ck_assert_msg(fabs(a[i] - b[i]) <= 1e-4 * (1 + fabs(a[i])), "logit %d: %g vs %g", i,
+		              a[i], b[i]);
+	kiln_tensor_free(x), kiln_tensor_free(y0), kiln_tensor_free(y1);
+}
+
+/* A Relu or Clip between the conv and its Q goes when the Q saturates at
+ * its bounds (zero point 0 for the Relu's 0; Clip's max quantized to 255
+ * or beyond: 12.74 / 0.05 rounds to 255, 12.7 / 0.05 to 254), and stays, with the conv
+ * in f32, when it does not; either way the logits are the QDQ graph's. */
+START_TEST(qfuse_absorbs_a_relu_or_clip_only_when_the_q_saturates_there)
+{
+	static const struct {
+		kiln_op act;
+		double max, yz;
+		bool fused;
+	} c[] = {{KILN_OP_RELU, 0, 0, true},    {KILN_OP_RELU, 0, 60, false},
+	         {KILN_OP_CLIP, 13, 0, true},   {KILN_OP_CLIP, 12.74, 0, true},
+	         {KILN_OP_CLIP, 12.7, 0, false}, {KILN_OP_CLIP, 6, 0, false},
+	         {KILN_OP_CLIP, 13, 3, false}};
+	for (size_t k = 0; k < sizeof c / sizeof *c; k++) {
+		kiln_graph *ref = qdq_graph_act(c[k].act, c[k].max, c[k].yz);
+		kiln_graph *g = qdq_graph_act(c[k].act, c[k].max, c[k].yz);
+		ok(g, "infer,qfuse,dce");
+		ck_assert_msg(count_op(g, KILN_OP_QLINEAR_CONV) == (c[k].fused ? 1 : 0), "case %zu", k);
+		ck_assert_msg(count_op(g, c[k].act) == (c[k].fused ? 0 : 1), "case %zu", k);
+		same_logits(ref, g);
+		kiln_graph_free(ref), kiln_graph_free(g);
+	}
 }
 END_TEST
 
@@ -678,6 +738,7 @@ static Suite *passes_suite(void)
 	tcase_add_test(pipe, optimize_keeps_what_the_model_computes);
 	tcase_add_test(pipe, qfuse_turns_qdq_into_integer_ops);
 	tcase_add_test(pipe, qfuse_leaves_float_convs_and_training_graphs);
+	tcase_add_test(pipe, qfuse_absorbs_a_relu_or_clip_only_when_the_q_saturates_there);
 	suite_add_tcase(s, fold);
 	suite_add_tcase(s, dce);
 	suite_add_tcase(s, cse);
