@@ -185,6 +185,50 @@ kiln_status pass_nnfuse(kiln_graph *g, const pass_opts *o);
  * leaves graphs marked for training alone. */
 kiln_status pass_qfuse(kiln_graph *g, const pass_opts *o);
 
+/* ---- quantize.c ------------------------------------------------------------ */
+
+/* Post-training quantization's graph side (driver/quantize.c calibrates).
+ * A value to quantize: an f32 activation some layer reads. */
+typedef struct pass_qtensor {
+	uint32_t v;     /* the f32 value */
+	int same_as;    /* >= 0: takes that tensor's scale and zero point (a
+	                   MaxPool's result takes its input's) */
+	double lo, hi;  /* the range to cover, set by the caller before apply */
+	float scale;    /* set by apply: u8, asymmetric */
+	int zp;
+	uint32_t dq;    /* set by apply: the DequantizeLinear its readers take */
+} pass_qtensor;
+
+/* A layer: Conv/MatMul/Gemm (fixed f32 weight), residual Add, MaxPool. */
+typedef struct pass_qlayer {
+	uint32_t node;  /* its index in the schedule (a clone's is the same) */
+	int nact;       /* activation inputs: in[0] (and in[1] for Add) */
+	int x[2];       /* their tensors */
+	uint32_t out;   /* its result, or that of the Relu/Clip it absorbs */
+	int q;          /* out's tensor when a layer reads it, else -1 (f32) */
+} pass_qlayer;
+
+typedef struct pass_qplan {
+	pass_qtensor *t;
+	int nt;
+	pass_qlayer *l;
+	int nl;
+} pass_qplan;
+
+/* The layers of g and the activations they read, in schedule order; nodes
+ * whose name or ONNX op type is in keep[0..nkeep) stay f32.  g is not
+ * changed (value ids and node indices hold for a clone). */
+kiln_status pass_qplan_build(kiln_graph *g, const char *const *keep, int nkeep, pass_qplan *p);
+void pass_qplan_free(pass_qplan *p);
+/* u8 scale and zero point of [lo, hi] widened to hold 0 (ORT's rule; an
+ * all-zero range gets scale 1). */
+void pass_qparams(double lo, double hi, float *scale, int *zp);
+/* Rewrites g (the graph p was built on, or a clone) into the QDQ graph:
+ * every tensor's Q -> DQ with its range's parameters, weights s8 per
+ * channel (one scale when per_tensor_weights), biases i32.  Sets each
+ * tensor's scale, zp and dq. */
+kiln_status pass_qplan_apply(kiln_graph *g, pass_qplan *p, bool per_tensor_weights);
+
 /* The pipeline for compiling an inference graph (kiln_compile's default):
  * qfuse before the folds (which would turn a weight's DequantizeLinear into
  * an f32 constant), bnfold between two folds, so BN parameters behind

@@ -850,6 +850,83 @@ typedef struct kiln_compile_times {
 KILN_API kiln_status kiln_compile(const kiln_graph *g, const char *out_path,
                                   const kiln_compile_opts *opts, kiln_error *err);
 
+/* ---- int8 quantization ---- */
+/* Post-training quantization (docs/QUANTIZATION.md): calibrates g on
+ * sample inputs by running it compiled (kiln_compile, to a temporary
+ * library) and returns the QDQ graph ONNX Runtime's quantize_static would
+ * write: u8 activations with one scale and zero point, s8 symmetric
+ * weights with a scale per output channel, i32 biases, around every Conv,
+ * MatMul, Gemm (fixed f32 weights), residual Add and MaxPool; a Relu or
+ * Clip after a layer is absorbed into its output's range.  kiln_compile
+ * runs the result on 8-bit kernels; kiln_onnx_export writes it for ORT.
+ *
+ * calib[i] feeds graph input i: either a stack of samples along axis 0 of
+ * the input's own rank (batched o->batch at a time when dim 0 is a symbol,
+ * else dim 0 at a time) or one more axis in front, each slice a whole
+ * input.  Every sample is run.  g must be an inference graph. */
+typedef enum kiln_calib_method {
+	KILN_CALIB_MINMAX = 0, /* the range seen */
+	KILN_CALIB_PERCENTILE, /* the range holding o->percentile % of values on
+	                          each side (default 99.999) */
+	KILN_CALIB_ENTROPY,    /* the clip threshold that minimizes the KL
+	                          divergence of the 8-bit histogram from the f32
+	                          one (TensorRT's method, 2048 bins) */
+} kiln_calib_method;
+
+typedef struct kiln_quant_opts {
+	kiln_calib_method method;
+	double percentile;          /* KILN_CALIB_PERCENTILE; 0: 99.999 */
+	const char *const *keep_float; /* node names or ONNX op types ("Gemm")
+	                               left in f32 */
+	int nkeep_float;
+	bool per_tensor_weights;    /* one scale per weight instead of per channel */
+	int64_t batch;              /* samples per calibration run for a symbolic
+	                               batch dim; 0: 16 */
+	int threads;                /* for the calibration runs; 0: 1 */
+	const kiln_compile_opts *compile; /* how the calibration libraries are
+	                                     compiled (cpu, features); NULL: host */
+} kiln_quant_opts;
+
+/* One quantized layer, measured on the calibration set against f32. */
+typedef struct kiln_quant_layer {
+	const char *name;    /* the node's name, or "<op>#<k>" */
+	const char *op;      /* ONNX op type */
+	bool quantized;      /* its result leaves as u8 (else f32) */
+	double scale;        /* quantized: its result's u8 scale and zero point */
+	int zero_point;
+	double lo, hi;       /* the calibrated range (quantized) */
+	double saturation;   /* share of f32 results outside the u8 range */
+	double rel_error;    /* ||int8 - f32|| / ||f32|| of its result, where the
+	                        int8 model's result is taken after DQ */
+	double max_error;    /* max |int8 - f32|: in steps of scale when
+	                        quantized, absolute otherwise */
+} kiln_quant_layer;
+
+/* A graph output, int8 model against f32. */
+typedef struct kiln_quant_output {
+	const char *name;
+	double rel_error, cosine;
+	double top1;         /* rank-2 [N, C] outputs: share of rows whose argmax
+	                        agrees; NaN otherwise */
+} kiln_quant_output;
+
+typedef struct kiln_quant_report {
+	int64_t samples;
+	kiln_calib_method method;
+	int nlayers, noutputs;
+	kiln_quant_layer *layers;
+	kiln_quant_output *outputs;
+} kiln_quant_report;
+
+/* *out (and *report, when report is not NULL) are the caller's.  Errors:
+ * EINVAL (a training graph, an already quantized one, nothing to quantize,
+ * calibration data that does not fit an input or is not finite, a value
+ * that overflows), EUNSUPPORTED and EIO from compiling. */
+KILN_API kiln_status kiln_quantize(const kiln_graph *g, kiln_tensor *const *calib, int ncalib,
+                                   const kiln_quant_opts *o, kiln_graph **out,
+                                   kiln_quant_report **report, kiln_error *err);
+KILN_API void kiln_quant_report_free(kiln_quant_report *r);
+
 /* ---- autodiff and losses ---- */
 /* Reverse-mode gradients (docs/TRAINING.md): appends to g the backward graph
  * of loss (a float value with one element) with respect to wrt[0..nwrt)
