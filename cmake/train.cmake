@@ -23,6 +23,7 @@ add_test(NAME train_digits_ort COMMAND sh -c
 	"if [ ! -x '${KILN_TRAIN_VENV_PY}' ]; then echo 'skipped: no onnxruntime (no .venv: run scripts/setup-venv.sh)'; exit 77; fi; \
 cd '${KILN_TRAIN_DIR}' && \
 '${KILN_TRAIN_VENV_PY}' '${CMAKE_SOURCE_DIR}/tests/train/check_ort.py' mlp.onnx data/test_x.npy mlp_out.npy data/test_y.npy && \
-'${KILN_TRAIN_VENV_PY}' '${CMAKE_SOURCE_DIR}/tests/train/check_ort.py' cnn.onnx data/test_img.npy cnn_out.npy data/test_y.npy")
+'${KILN_TRAIN_VENV_PY}' '${CMAKE_SOURCE_DIR}/tests/train/check_ort.py' cnn.onnx data/test_img.npy cnn_out.npy data/test_y.npy && \
+'${KILN_TRAIN_VENV_PY}' '${CMAKE_SOURCE_DIR}/tests/train/check_ort.py' --int8 cnn.int8.onnx data/test_img.npy cnn_int8_out.npy data/test_y.npy")
 set_tests_properties(train_digits_ort PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 300
 	FIXTURES_REQUIRED train_digits_out)

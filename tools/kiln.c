@@ -998,6 +998,7 @@ static int cmd_compile(int argc, char **argv)
 	const char *file = NULL, *out = NULL, *v;
 	kiln_compile_opts o = {0};
 	train_cli tc = {.t = {.loss = KILN_LOSS_CROSS_ENTROPY, .accum_steps = 1}};
+	quant_cli qc = {0};
 	static const struct {
 		const char *lng, *shrt;
 		size_t off;
@@ -1026,6 +1027,12 @@ static int cmd_compile(int argc, char **argv)
 		}
 		while (k < sizeof opts / sizeof *opts && !is_opt(argv[i], opts[k].lng, opts[k].shrt))
 			k++;
+		int qf = k == sizeof opts / sizeof *opts ? quant_cli_flag("compile", argc, argv, &i, &qc, false)
+		                                        : 0;
+		if (qf < 0)
+			return TOOLS_EXIT_USAGE;
+		if (qf > 0)
+			continue;
 		int tf = k == sizeof opts / sizeof *opts ? train_flag(argc, argv, &i, &tc) : 0;
 		if (tf < 0)
 			return TOOLS_EXIT_USAGE;
@@ -1047,6 +1054,11 @@ static int cmd_compile(int argc, char **argv)
 		return usage_error("compile", "missing %s", !file ? "FILE.kir or FILE.onnx" : "-o OUT");
 	if (tc.other && !tc.on)
 		return usage_error("compile", "%s", "optimizer and loss options need --train");
+	if (qc.set && !qc.on)
+		return usage_error("compile", "%s", "calibration options need --int8");
+	if (qc.on && (tc.on || !qc.ncalib))
+		return usage_error("compile", "%s", tc.on ? "--int8 and --train do not mix"
+		                                            : "--int8 needs --calib X.npy");
 	bool lib = !o.emit || !strcmp(o.emit, "so"); /* a library brings its header */
 	if (check_outputs(file, (tool_file[]){{"-o", out, NULL},
 	                  {"-o", NULL, " (the header written beside the library)"}}, lib ? 2 : 1,
@@ -1059,6 +1071,16 @@ static int cmd_compile(int argc, char **argv)
 	kiln_status st = kiln_graph_load_any(file, &g, &e);
 	if (tc.on && !tc.wd_set && tc.t.optim == KILN_OPT_ADAMW)
 		tc.t.weight_decay = 0.01; /* PyTorch's AdamW default */
+	if (st == KILN_OK && qc.on) {
+		kiln_graph *q = NULL;
+		qc.o.compile = &o;
+		if (quant_cli_run(&qc, g, &q, true)) {
+			kiln_graph_free(g);
+			return 1;
+		}
+		kiln_graph_free(g);
+		g = q;
+	}
 	if (st == KILN_OK)
 		st = tc.on ? driver_compile_train_inference(g, (uint64_t)tc.seed, &tc.t, tc.batch, out,
 		                                            &o, &e)
@@ -1130,6 +1152,7 @@ static const command commands[] = {
 	{"compile", cmd_compile,
 	 "compile FILE.kir|FILE.onnx -o OUT.so [--name N] [--cpu C] [--features F]\n"
 	 "        [--emit=kir|ll|asm|obj] [--passes=LIST] [--conv=ALGO] [-j N] [--time-report]\n"
+	 "        [--int8 --calib X.npy ...]\n"
 	 "  Compiles the graph to a shared library needing only libc, libm and\n"
 	 "  libpthread, and writes its header beside it (OUT.h); prints the time.\n"
 	 "  -o, --output OUT     the library (or, with --emit, that stage's file)\n"
@@ -1164,9 +1187,14 @@ static const command commands[] = {
 	 "  --clip-norm C        clip the global gradient norm to C first\n"
 	 "  --accum K            update every K micro-batches (default 1)\n"
 	 "  --batch B            fix the train step's batch (needed with convolutions)\n"
-	 "  --seed S             Dropout's masks (default 0), as kiln train --seed",
+	 "  --seed S             Dropout's masks (default 0), as kiln train --seed\n"
+	 "  --int8               quantize first, as 'kiln quantize' does (docs/QUANTIZATION.md),\n"
+	 "                       and compile the int8 model: needs --calib [NAME=]X.npy;\n"
+	 "                       takes quantize's --method, --percentile, --keep-float,\n"
+	 "                       --per-tensor, --samples and --threads",
 	 "compile a graph to a standalone .so and its header"},
 	{"train", cmd_train, cmd_train_usage, cmd_train_summary},
+	{"quantize", cmd_quantize, cmd_quantize_usage, cmd_quantize_summary},
 	{"export", cmd_export, cmd_export_usage, cmd_export_summary},
 	{"help", cmd_help, "help [CMD]\n  Prints help for CMD, or the list of commands.",
 	 "show help for a command"},

@@ -82,4 +82,32 @@ extern const char cmd_export_summary[];
  * unsupported node, one per line, and returns 1. */
 int onnx_cli_inspect_report(const char *path, struct kiln_graph **g);
 
+/* ---- quantize_cli.c ------------------------------------------------------ */
+
+enum { QUANT_CLI_MAX_INPUTS = 16, QUANT_CLI_MAX_KEEP = 64 };
+
+/* The calibration options `kiln quantize` and `kiln compile --int8` share. */
+typedef struct quant_cli {
+	bool on;        /* compile: --int8 given */
+	bool set;       /* any calibration option given */
+	bool quiet;
+	const char *calib[QUANT_CLI_MAX_INPUTS]; /* "[NAME=]X.npy" */
+	int ncalib;
+	const char *keep[QUANT_CLI_MAX_KEEP];
+	int64_t samples;  /* --samples: 0 for all */
+	kiln_quant_opts o;
+} quant_cli;
+
+/* Takes argv[*i] (and its value) when it is a calibration option: 1; 0
+ * when it is not one; -1 after a usage error line.  all: every option
+ * (quantize); else compile's subset: --int8 and no --batch/--quiet. */
+int quant_cli_flag(const char *cmd, int argc, char **argv, int *i, quant_cli *q, bool all);
+/* Loads the --calib files, quantizes g into *out and prints the report
+ * (on stdout; summary: one line on stderr instead).  0, or the exit
+ * status after an error line. */
+int quant_cli_run(quant_cli *q, const kiln_graph *g, kiln_graph **out, bool summary);
+int cmd_quantize(int argc, char **argv);
+extern const char cmd_quantize_usage[];
+extern const char cmd_quantize_summary[];
+
 #endif /* KILN_TOOLS_H */

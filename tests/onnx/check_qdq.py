@@ -20,7 +20,11 @@ random images), then
   stay f32 between their Q/DQ nodes), so the two differ by rounding at the
   requantization points only.
 
-The report line is what docs/QUANTIZATION.md quotes.  Runs with the venv
+Then the same f32 model goes through `kiln quantize` (min-max on 8
+random images of the input's distribution): ORT runs kiln's QDQ file, and
+kiln's compiled int8 library must agree with it (cosine, top-1).
+
+The report lines are what docs/QUANTIZATION.md quotes.  Runs with the venv
 of scripts/setup-venv.sh, the quantizer in its .venv-quant; exits 77 when onnxruntime or torch is missing, 1
 when a model fails, 0 otherwise.
 """
@@ -116,6 +120,41 @@ def check(np, ort, torch, kiln, out, name):
         return f"cosine {agree:.5f} with ORT's int8 output (at least {MIN_COSINE})"
     if top1 < 1:
         return f"top-1 class differs from ORT's int8 on {100 * (1 - top1):.0f}% of the images"
+    return check_kiln_quantizer(np, ort, kiln, out, name, f32, x, ref)
+
+
+def cosine(np, a, b):
+    a, b = a.astype(np.float64).ravel(), b.astype(np.float64).ravel()
+    return float(a @ b / np.sqrt((a @ a) * (b @ b)))
+
+
+def check_kiln_quantizer(np, ort, kiln, out, name, f32, x, ref):
+    """`kiln quantize` on the same f32 model (min-max on CALIB images of
+    x's distribution), then kiln's compiled int8 library and ORT on that
+    QDQ file against each other and against f32."""
+    shape = x.shape[1:]
+    calib = os.path.join(out, f"{name}_calib.npy")
+    np.save(calib, np.random.default_rng(1).standard_normal((CALIB, *shape), dtype=np.float32))
+    kq = os.path.join(out, f"{name}.kq.onnx")
+    so = os.path.join(out, f"{name}.kq.so")
+    cbm.run([kiln, "quantize", f32, "--calib", calib, "-o", kq, "--quiet"])
+    cbm.run([kiln, "compile", kq, "-o", so])
+    res = os.path.join(out, f"{name}_kq")
+    xin = os.path.join(out, f"{name}_qdq_input.npy")
+    cbm.run([kiln, "run", so, "-i", f"input={xin}", "-o", res],
+            dict(os.environ, KILN_NUM_THREADS="2"))
+    got = np.load(os.path.join(res, "output.npy"))
+    want = ort.InferenceSession(kq, providers=["CPUExecutionProvider"]).run(
+        None, {"input": x})[0]
+    agree, top1 = cosine(np, got, want), float((got.argmax(1) == want.argmax(1)).mean())
+    print(f"{name}: kiln quantize (min-max on {CALIB} images): kiln int8 vs ORT int8 on the same "
+          f"file cosine {agree:.5f}, top-1 agreement {top1:.2f}; vs f32: kiln cosine "
+          f"{cosine(np, got, ref):.4f}, top-1 {float((got.argmax(1) == ref.argmax(1)).mean()):.2f}; "
+          f"ORT cosine {cosine(np, want, ref):.4f}")
+    if not agree >= MIN_COSINE:
+        return f"kiln quantize's model: cosine {agree:.5f} between kiln and ORT (at least {MIN_COSINE})"
+    if top1 < 1:
+        return "kiln quantize's model: kiln's and ORT's top-1 classes differ"
     return None
 
 

@@ -4,11 +4,14 @@
 
 Checks onnx.checker (full_check) on the file, that ORT's argmax equals
 kiln's for every row, that the logits agree within 1e-4 (absolute) and,
-given the targets, prints both accuracies.  Run it with the repo's .venv/bin/python (made by
+given the targets, prints both accuracies.  With --int8 (a QDQ model
+written by `kiln quantize`, kiln's logits from its compiled 8-bit library):
+ORT's int8 kernels round their own way, so the logits need only agree
+within 0.25 and the argmax on 99% of the rows.  Run it with the repo's .venv/bin/python (made by
 scripts/setup-venv.sh), which has onnxruntime; without onnxruntime it exits
 77 (skip) and says why.
 
-usage: check_ort.py MODEL.onnx X.npy KILN_OUT.npy [Y.npy]
+usage: check_ort.py [--int8] MODEL.onnx X.npy KILN_OUT.npy [Y.npy]
 """
 import sys
 
@@ -16,6 +19,9 @@ import numpy as np
 
 
 def main():
+    int8 = len(sys.argv) > 1 and sys.argv[1] == "--int8"
+    if int8:
+        del sys.argv[1]
     if len(sys.argv) not in (4, 5):
         sys.exit(__doc__)
     try:
@@ -33,7 +39,7 @@ def main():
         print(f"FAIL: ORT output {got.shape}, kiln's {want.shape}")
         return 1
     diff = float(np.max(np.abs(got.astype(np.float64) - want)))
-    tol = 1e-4
+    tol = 0.25 if int8 else 1e-4
     same = got.argmax(axis=1) == want.argmax(axis=1)
     print(f"{path}: {len(x)} rows, max |ORT - kiln| = {diff:.3g} (tolerance {tol:.3g}), "
           f"argmax equal on {int(same.sum())}/{len(same)}")
@@ -41,7 +47,7 @@ def main():
         y = np.load(sys.argv[4])
         print(f"accuracy: ORT {100 * np.mean(got.argmax(axis=1) == y):.2f}%, "
               f"kiln {100 * np.mean(want.argmax(axis=1) == y):.2f}%")
-    if not same.all() or not diff <= tol:
+    if not (same.mean() >= 0.99 if int8 else same.all()) or not diff <= tol:
         print("FAIL: ONNX Runtime and kiln disagree")
         return 1
     return 0

@@ -12,7 +12,11 @@
 #   3. an MLP run really killed (SIGKILL) once it has checkpointed, then
 #      resumed from its checkpoint folder: the same CSV again;
 #   4. the .kir path (export, then train from it) and the command-line
-#      errors (one "kiln: error:" line, exit 2 for usage, 1 for failures).
+#      errors (one "kiln: error:" line, exit 2 for usage, 1 for failures);
+#   1b. the trained CNN quantized by `kiln quantize` on 100 training samples
+#      loses at most 0.5 points of test accuracy compiled, `kiln compile
+#      --int8` gives the same library's logits, and its errors (the QDQ
+#      file and kiln's int8 logits go to check_ort.py --int8).
 #
 # usage: digits.sh KILN WORKDIR    (KILN: the kiln CLI; WORKDIR is recreated)
 # Exit 77 (skip) when Debian's python3-sklearn is missing.
@@ -75,6 +79,35 @@ cat cnn.log
 at_least 95 cnn.log
 [ "$(ls ck_cnn)" = "ckpt-000000080.safetensors
 ckpt-000000090.safetensors" ] || die "ck_cnn should keep the last two checkpoints: $(ls ck_cnn)"
+
+# ---- 1b. int8: the trained CNN quantized on 100 training samples ----
+"$KILN" quantize cnn.onnx --calib "$D/train_img.npy" --samples 100 -o cnn.int8.onnx > quant.log
+cat quant.log
+grep -q "^calibrated on 100 samples (minmax): 3 layers, 2 with u8 results" quant.log ||
+	die "quantize: unexpected report"
+"$KILN" compile cnn.onnx -o cnn_f32.so
+"$KILN" compile cnn.int8.onnx -o cnn_int8.so
+"$KILN" compile cnn.onnx --int8 --calib x="$D/train_img.npy" --samples 100 -o cnn_int8b.so
+for m in f32 int8 int8b; do
+	"$KILN" run cnn_$m.so -i x="$D/test_img.npy" -o out_$m > /dev/null
+done
+cmp out_int8/logits.npy out_int8b/logits.npy || die "compile --int8 differs from quantize + compile"
+/usr/bin/python3 - "$D/test_y.npy" out_f32/logits.npy out_int8/logits.npy << 'EOF'
+import sys
+import numpy as np
+y, f, q = (np.load(p) for p in sys.argv[1:])
+af, aq = (100 * float(np.mean(o.argmax(1) == y)) for o in (f, q))
+print(f"int8: test accuracy f32 {af:.2f}%, int8 {aq:.2f}% ({aq - af:+.2f} points)")
+sys.exit(0 if af >= 95 and aq >= af - 0.5 else "FAIL: int8 loses more than 0.5 points")
+EOF
+cp out_int8/logits.npy cnn_int8_out.npy
+expect 2 "missing --calib X.npy" "$KILN" quantize cnn.onnx -o x.onnx
+expect 2 "bad value 'kl' for --method" "$KILN" quantize cnn.onnx --calib a.npy --method kl -o x.onnx
+expect 2 "calibration options need --int8" "$KILN" compile cnn.onnx --calib a.npy -o x.so
+expect 1 "the model has no input 'y'" "$KILN" quantize cnn.onnx --calib y="$D/train_img.npy" -o x.onnx
+expect 1 "is f32\[1438,64\]: it must be samples of f32\[N,1,8,8\]" \
+	"$KILN" quantize cnn.onnx --calib "$D/train_x.npy" -o x.onnx
+expect 1 "is quantized already" "$KILN" quantize cnn.int8.onnx --calib "$D/train_img.npy" -o x.onnx
 
 # ---- 2. stop, torn checkpoint, resume ----
 "$KILN" train $CNN --checkpoint ck_stop --log stop.csv --stop-after 50 --quiet
