@@ -322,6 +322,7 @@ START_TEST(fixed_batches_and_stacked_samples)
 	ck_assert_msg(quantize(g, stack, NULL, &q2, NULL, &e) == KILN_OK, "%s", e.msg);
 	ck_assert_float_eq(ir_load(const_of(q1, q_of(q1, q1->input[0])->in[1]), 0),
 	                   ir_load(const_of(q2, q_of(q2, q2->input[0])->in[1]), 0));
+	kiln_graph_free(q1);
 	flat->shape[0] = 5;
 	ck_assert_int_eq(quantize(g, flat, NULL, &q1, NULL, &e), KILN_EINVAL);
 	ck_assert_msg(strstr(e.msg, "5 calibration samples do not split into runs of 2"), "%s", e.msg);
