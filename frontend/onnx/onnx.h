@@ -144,6 +144,10 @@ bool onnx_shape_input(onnx_imp *c, onnx_nd *d, uint32_t i, const char *name,
 /* ONNX input i of d as a scalar float / int attribute (absent: not set). */
 bool onnx_float_input(onnx_imp *c, onnx_nd *d, uint32_t i, const char *name);
 bool onnx_int_input(onnx_imp *c, onnx_nd *d, uint32_t i, const char *name);
+/* Copies d's ONNX attributes onto another node n by op's schema (an op a
+ * node is imported as several of); names in skip are ignored. */
+bool onnx_copy_attrs_to(onnx_imp *c, onnx_nd *d, ir_node *n, kiln_op op,
+                        const char *const *skip);
 /* The ONNX attribute called name on d, or NULL. */
 const Onnx__AttributeProto *onnx_attr(const onnx_nd *d, const char *name);
 /* The domain of node p ("" for the default) and the opset c imports it at. */
@@ -170,6 +174,14 @@ void onnx_fold(onnx_imp *c, const ir_node *n);
 typedef void (*onnx_import_fn)(onnx_imp *c, onnx_nd *d);
 extern const onnx_import_fn onnx_import_table[KILN_OP_COUNT];
 void onnx_import_node(onnx_imp *c, onnx_nd *d);
+
+/* ---- onnx_msft.c -------------------------------------------------------- */
+
+/* Imports a node of the com.microsoft domain that ONNX Runtime's quantizer
+ * writes in its QOperator format (QLinearAdd, QGemm...) as standard ops
+ * between DequantizeLinear and QuantizeLinear; records a problem for any
+ * other. */
+void onnx_import_msft(onnx_imp *c, onnx_nd *d);
 
 /* ---- onnx_export.c ------------------------------------------------------ */
 

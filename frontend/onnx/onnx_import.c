@@ -165,9 +165,12 @@ static void add_node(onnx_imp *c, const Onnx__NodeProto *p)
 {
 	onnx_nd d = {p, KILN_OP_COUNT, NULL, false};
 	const char *dom = onnx_domain_of(p);
-	if (strcmp(dom, "ai.onnx"))
+	if (!strcmp(dom, "com.microsoft"))
+		onnx_import_msft(c, &d);
+	else if (strcmp(dom, "ai.onnx"))
 		onnx_problem(c, &d, KILN_EUNSUPPORTED, "domain '%s' is not supported (only the "
-		             "default ONNX domain is)", dom);
+		             "default ONNX domain and ONNX Runtime's quantized ops in "
+		             "com.microsoft are)", dom);
 	else if (!p->op_type || (d.op = ir_op_from_onnx(p->op_type)) == KILN_OP_COUNT)
 		onnx_problem(c, &d, KILN_EUNSUPPORTED, "op is not in kiln's op table");
 	else if (c->opset < 7 && !(ir_op(d.op)->flags & IR_ONNX_PRE7))

@@ -486,3 +486,14 @@ bool onnx_int_input(onnx_imp *c, onnx_nd *d, uint32_t i, const char *name)
 	return scalar_input(c, d, i, name, true);
 }
 
+
+bool onnx_copy_attrs_to(onnx_imp *c, onnx_nd *d, ir_node *n, kiln_op op,
+                        const char *const *skip)
+{
+	ir_node *keep_n = d->n;
+	kiln_op keep_op = d->op;
+	d->n = n, d->op = op;
+	bool ok = copy_attrs(c, d, skip);
+	d->n = keep_n, d->op = keep_op;
+	return ok;
+}

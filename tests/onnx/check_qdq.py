@@ -20,7 +20,10 @@ random images), then
   stay f32 between their Q/DQ nodes), so the two differ by rounding at the
   requantization points only.
 
-Then the same f32 model goes through `kiln quantize` (min-max on 8
+The same runs for ORT's QOperator format (QLinearConv with the
+com.microsoft QLinearAdd, QLinearGlobalAveragePool and QGemm, which kiln
+imports as standard ops between DQ and Q).  Then the same f32 model goes
+through `kiln quantize` (min-max on 8
 random images of the input's distribution): ORT runs kiln's QDQ file, and
 kiln's compiled int8 library must agree with it (cosine, top-1).
 
@@ -55,10 +58,10 @@ CALIB = 8
 QUANT_PY = os.path.join(HERE, "..", "..", ".venv-quant", "bin", "python")
 
 
-def quantize(src, dst, shape):
+def quantize(src, dst, shape, fmt="qdq"):
     """tests/onnx/ort_quantize.py in scripts/setup-venv.sh's .venv-quant."""
     cbm.run([QUANT_PY, os.path.join(HERE, "ort_quantize.py"), src, dst, "input",
-             ",".join(str(d) for d in shape), str(CALIB)])
+             ",".join(str(d) for d in shape), str(CALIB), fmt])
 
 
 def output_step(onnx_mod, path):
@@ -75,17 +78,27 @@ def output_step(onnx_mod, path):
 
 
 def check(np, ort, torch, kiln, out, name):
-    import onnx as onnx_mod
     f32 = os.path.join(out, f"{name}.onnx")
-    qdq = os.path.join(out, f"{name}.qdq.onnx")
-    so = os.path.join(out, f"{name}.qdq.so")
     cbm.export(torch, name, f32)
+    for fmt in ("qdq", "qoperator"):
+        err = check_format(np, ort, kiln, out, name, f32, fmt)
+        if err:
+            return f"{fmt}: {err}"
+    x = np.load(os.path.join(out, f"{name}_qdq_input.npy"))
+    ref = ort.InferenceSession(f32, providers=["CPUExecutionProvider"]).run(None, {"input": x})[0]
+    return check_kiln_quantizer(np, ort, kiln, out, name, f32, x, ref)
+
+
+def check_format(np, ort, kiln, out, name, f32, fmt):
+    import onnx as onnx_mod
+    qdq = os.path.join(out, f"{name}.{fmt}.onnx")
+    so = os.path.join(out, f"{name}.{fmt}.so")
     shape, _ = models.SHAPES[name]
-    quantize(f32, qdq, shape)
+    quantize(f32, qdq, shape, fmt)
     cbm.run([kiln, "compile", qdq, "-o", so])
     x = np.random.default_rng(7).standard_normal((2, *shape), dtype=np.float32)
     xin = os.path.join(out, f"{name}_qdq_input.npy")
-    res = os.path.join(out, f"{name}_qdq")
+    res = os.path.join(out, f"{name}_{fmt}")
     np.save(xin, x)
     cbm.run([kiln, "run", so, "-i", f"input={xin}", "-o", res],
             dict(os.environ, KILN_NUM_THREADS="2"))
@@ -109,7 +122,8 @@ def check(np, ort, torch, kiln, out, name):
     agree = float(g64 @ w64 / np.sqrt((g64 @ g64) * (w64 @ w64)))
     top1 = float((got.argmax(1) == want.argmax(1)).mean())
     cos = float((got * ref).sum() / np.sqrt((got * got).sum() * (ref * ref).sum()))
-    print(f"{name}: QDQ (ORT quantize_static, per-channel s8 weights, u8 activations): "
+    what = "QDQ" if fmt == "qdq" else "QOperator (QLinearConv, com.microsoft QLinearAdd, QGemm...)"
+    print(f"{name}: {what} (ORT quantize_static, per-channel s8 weights, u8 activations): "
           f"kiln vs ORT int8 max |diff| {steps:.2f} output steps (step {step:.4g}), "
           f"vs ORT running the Q/DQ nodes as written {lit:.2f}; {100 * within1:.1f}% of "
           f"outputs within 1 step of ORT int8, mean {mean:.2f} steps, cosine {agree:.5f}; "
@@ -120,7 +134,7 @@ def check(np, ort, torch, kiln, out, name):
         return f"cosine {agree:.5f} with ORT's int8 output (at least {MIN_COSINE})"
     if top1 < 1:
         return f"top-1 class differs from ORT's int8 on {100 * (1 - top1):.0f}% of the images"
-    return check_kiln_quantizer(np, ort, kiln, out, name, f32, x, ref)
+    return None
 
 
 def cosine(np, a, b):

@@ -202,6 +202,14 @@ static kiln_tensor *run_iota(kiln_graph *g, int rank, const int64_t *shape)
 	return y;
 }
 
+static int count_op(const kiln_graph *g, kiln_op op)
+{
+	int n = 0;
+	for (uint32_t i = 0; i < g->nnode; i++)
+		n += !g->node[i]->dead && g->node[i]->op == op;
+	return n;
+}
+
 static const ir_node *only_node(const kiln_graph *g, kiln_op op)
 {
 	const ir_node *found = NULL;
@@ -879,12 +887,102 @@ START_TEST(every_unsupported_node_is_listed_at_once)
 		"t.onnx: Frobnicate 'f1' (domain ai.onnx, opset 13): op is not in kiln's op table\n"
 		"t.onnx: Relu 'r2' (domain ai.onnx, opset 13): attribute 'bogus' is not supported\n"
 		"t.onnx: Relu (domain com.example, opset -1): domain 'com.example' is not supported "
-		"(only the default ONNX domain is)\n"
+		"(only the default ONNX domain and ONNX Runtime's quantized ops in com.microsoft "
+		"are)\n"
 		"t.onnx: Sum 's' (domain ai.onnx, opset 13): op is not in kiln's op table";
 	ck_assert_str_eq(err.msg, want);
 	ck_assert_int_eq(strlen(report), strlen(want) + 1);
 	ck_assert_ptr_null(g);
 	free(report);
+	pool_free();
+}
+END_TEST
+
+/* An initializer of ONNX type `type` (float_data for FLOAT, int32_data
+ * for the 8-bit and 32-bit integer types). */
+static void init_t(Onnx__ModelProto *m, const char *name, int32_t type, int rank,
+                   const int64_t *dims, const double *v)
+{
+	Onnx__TensorProto *t = tensor(name, type, rank, dims);
+	size_t n = 1;
+	for (int i = 0; i < rank; i++)
+		n *= (size_t)dims[i];
+	if (type == F32) {
+		t->n_float_data = n, t->float_data = A(n * sizeof(float));
+		for (size_t i = 0; i < n; i++)
+			t->float_data[i] = (float)v[i];
+	} else {
+		t->n_int32_data = n, t->int32_data = A(n * sizeof(int32_t));
+		for (size_t i = 0; i < n; i++)
+			t->int32_data[i] = (int32_t)v[i];
+	}
+	PUSH(m->graph->initializer, m->graph->n_initializer, t);
+}
+
+#define U8 ONNX__TENSOR_PROTO__DATA_TYPE__UINT8
+#define I8 ONNX__TENSOR_PROTO__DATA_TYPE__INT8
+#define I32 ONNX__TENSOR_PROTO__DATA_TYPE__INT32
+
+/* x f32[1,2,2,2] -> Q -> com.microsoft QLinearAdd (x + x) ->
+ * QLinearGlobalAveragePool -> Flatten -> QGemm (transB, per-column
+ * scales, i32 bias, no y_scale: f32 logits): ORT's QOperator ops. */
+static Onnx__ModelProto *msft_model(void)
+{
+	Onnx__ModelProto *m = model(13);
+	Onnx__OperatorSetIdProto *os = A(sizeof *os);
+	onnx__operator_set_id_proto__init(os);
+	os->domain = S("com.microsoft"), os->has_version = 1, os->version = 1;
+	PUSH(m->opset_import, m->n_opset_import, os);
+	input(m, "x", F32, "1,2,2,2");
+	const int64_t d3[] = {3}, w32[] = {3, 2};
+	init_t(m, "xs", F32, 0, NULL, (double[]){0.1}), init_t(m, "xz", U8, 0, NULL, (double[]){128});
+	init_t(m, "cs", F32, 0, NULL, (double[]){0.25}), init_t(m, "cz", U8, 0, NULL, (double[]){100});
+	init_t(m, "gs", F32, 0, NULL, (double[]){0.5}), init_t(m, "gz", U8, 0, NULL, (double[]){128});
+	init_t(m, "w", I8, 2, w32, (double[]){1, 2, 3, -4, -5, 6});
+	init_t(m, "ws", F32, 1, d3, (double[]){0.5, 0.25, 0.125});
+	init_t(m, "wz", I8, 1, d3, (double[]){0, 0, 0});
+	init_t(m, "bias", I32, 1, d3, (double[]){10, -20, 40});
+	node(m, "QuantizeLinear", "x,xs,xz", "xq", "q");
+	node(m, "QLinearAdd", "xq,xs,xz,xq,xs,xz,cs,cz", "c", "add")->domain = S("com.microsoft");
+	node(m, "QLinearGlobalAveragePool", "c,cs,cz,gs,gz", "g", "gap")->domain = S("com.microsoft");
+	node(m, "Flatten", "g", "gf", "flat");
+	Onnx__NodeProto *qg = node(m, "QGemm", "gf,gs,gz,w,ws,wz,bias", "y", "fc");
+	qg->domain = S("com.microsoft");
+	attr_i(qg, "transB", 1);
+	output(m, "y");
+	return m;
+}
+
+/* They import as standard ops between DQ and Q and compute what ORT does:
+ * x = -5..2 in steps of 1, so every quantization is exact; the channel
+ * means of 2x are -7 and 1; the logits are ((-7, 1) . w[c]) * 0.5 * ws[c]
+ * plus bias[c] * 0.5 * ws[c]: 0, -8.75, 7.625. */
+START_TEST(msft_qoperator_ops_import_as_dq_op_q)
+{
+	Onnx__ModelProto *m = msft_model();
+	kiln_graph *g = import_ok(m);
+	ck_assert_int_eq(count_op(g, KILN_OP_ADD), 1);
+	ck_assert_int_eq(count_op(g, KILN_OP_GLOBAL_AVERAGE_POOL), 1);
+	ck_assert_int_eq(count_op(g, KILN_OP_GEMM), 1);
+	ck_assert_int_eq(count_op(g, KILN_OP_QUANTIZE_LINEAR), 3);
+	kiln_tensor *y = run_iota(g, 4, (int64_t[]){1, 2, 2, 2});
+	const float *v = y->data, want[3] = {0, -8.75f, 7.625f};
+	for (int i = 0; i < 3; i++)
+		ck_assert_msg(fabsf(v[i] - want[i]) < 1e-5f, "y[%d] = %g, want %g", i, v[i], want[i]);
+	ck_assert_str_eq(kiln_value_name(g, kiln_graph_output(g, 0)), "y");
+	kiln_tensor_free(y);
+	kiln_graph_free(g);
+	/* NHWC pooling and other ops of the domain are named problems */
+	m = msft_model();
+	attr_i(m->graph->node[2], "channels_last", 1);
+	m->graph->node[3]->op_type = S("QLinearFrob");
+	m->graph->node[3]->domain = S("com.microsoft");
+	kiln_error err = {0};
+	ck_assert_int_eq(import(m, &g, &err), KILN_EUNSUPPORTED);
+	ck_assert_msg(strstr(err.msg, "QLinearGlobalAveragePool 'gap' (domain com.microsoft, opset 1): "
+	                              "channels_last=1 is not supported") &&
+	              strstr(err.msg, "QLinearFrob 'flat' (domain com.microsoft, opset 1): op is "
+	                              "not supported in domain com.microsoft"), "%s", err.msg);
 	pool_free();
 }
 END_TEST
@@ -1053,6 +1151,7 @@ static Suite *onnx_import_suite(void)
 	suite_add_tcase(s, t);
 	t = tcase_create("errors");
 	tcase_add_test(t, every_unsupported_node_is_listed_at_once);
+	tcase_add_test(t, msft_qoperator_ops_import_as_dq_op_q);
 	tcase_add_test(t, report_of_an_undecodable_model_is_its_one_error);
 	tcase_add_test(t, cli_inspect_lists_every_unsupported_node);
 	tcase_add_test(t, old_opset_only_for_unchanged_ops);
