@@ -114,9 +114,7 @@ static bool dq_view(kiln_graph *g, uint32_t x, kiln_loc loc, qp *p)
 	ir_node *n = ir_node_new(g, f->op, f->nin, in, 1, loc);
 	if (!n)
 		return false;
-	for (uint32_t i = 0; i < f->nattr; i++) /* Flatten's axis, Reshape's allowzero */
-		if (f->attr[i].kind == IR_A_INT)
-			ir_attr_set_int(g, n, f->attr[i].name, f->attr[i].u.i);
+	pass_copy_attrs(g, n, f); /* Flatten's axis; Reshape's shape and allowzero */
 	if (ir_infer_node(g, n) != KILN_OK)
 		return false;
 	p->q = n->out[0];

@@ -683,6 +683,49 @@ START_TEST(qfuse_absorbs_a_relu_or_clip_only_when_the_q_saturates_there)
 }
 END_TEST
 
+/* x [2,3,4] -> Q -> DQ -> Reshape [6, 4] -> MatMul(DQ(w [4, 5])): qfuse
+ * moves the Reshape (its shape attribute with it) before the DQ and makes
+ * a MatMulInteger of the 8-bit rows; the result is the QDQ graph's. */
+static kiln_graph *reshape_matmul(void)
+{
+	kiln_graph *g = kiln_graph_new("rmm");
+	int64_t sx[] = {2, 3, 4}, sw[] = {4, 5};
+	uint32_t x = input(g, "x", 3, sx);
+	uint32_t xs = qconst(g, KILN_F32, 0, NULL, (double[]){0.05}, NULL);
+	uint32_t xz = qconst(g, KILN_U8, 0, NULL, (double[]){128}, NULL);
+	uint32_t xd = qnode(g, KILN_OP_DEQUANTIZE_LINEAR, qnode(g, KILN_OP_QUANTIZE_LINEAR, x, xs, xz, -1),
+	                    xs, xz, -1);
+	ir_node *r = mk(g, KILN_OP_RESHAPE, 1, &xd, 1);
+	ir_attr_set_ints(g, r, "shape", 2, (int64_t[]){6, 4});
+	uint32_t w = qnode(g, KILN_OP_DEQUANTIZE_LINEAR, qconst(g, KILN_I8, 2, sw, NULL, wpat),
+	                   qconst(g, KILN_F32, 0, NULL, (double[]){0.01}, NULL),
+	                   qconst(g, KILN_I8, 0, NULL, (double[]){0}, NULL), -1);
+	ck_assert_int_eq(ir_output_add(g, op2(g, KILN_OP_MATMUL, done(g, r), w), "y"), KILN_OK);
+	return g;
+}
+
+START_TEST(qfuse_moves_a_reshape_with_its_shape_before_the_dq)
+{
+	kiln_graph *ref = reshape_matmul(), *g = reshape_matmul();
+	ok(g, "infer,qfuse,dce");
+	ck_assert_int_eq(count_op(g, KILN_OP_MATMUL_INTEGER), 1);
+	ck_assert_int_eq(count_op(g, KILN_OP_MATMUL), 0);
+	int64_t sx[] = {2, 3, 4};
+	kiln_tensor *x = kiln_tensor_new(KILN_F32, 3, sx), *y0 = NULL, *y1 = NULL;
+	for (int64_t i = 0; i < 24; i++)
+		((float *)x->data)[i] = (float)((i * 7) % 23) / 5 - 2;
+	kiln_error e = {0};
+	ck_assert_msg(kiln_graph_run(ref, &x, 1, &y0, 1, &e) == KILN_OK, "%s", e.msg);
+	ck_assert_msg(kiln_graph_run(g, &x, 1, &y1, 1, &e) == KILN_OK, "%s", e.msg);
+	ck_assert_int_eq(y1->rank, 2);
+	ck_assert_int_eq(y1->shape[0], 6);
+	for (int i = 0; i < 30; i++)
+		ck_assert_float_eq_tol(((float *)y1->data)[i], ((float *)y0->data)[i], 1e-5);
+	kiln_tensor_free(x), kiln_tensor_free(y0), kiln_tensor_free(y1);
+	kiln_graph_free(ref), kiln_graph_free(g);
+}
+END_TEST
+
 /* A Conv whose input is not dequantized (an f32 activation) stays f32, and
  * a graph marked for training is left alone. */
 START_TEST(qfuse_leaves_float_convs_and_training_graphs)
@@ -739,6 +782,7 @@ static Suite *passes_suite(void)
 	tcase_add_test(pipe, qfuse_turns_qdq_into_integer_ops);
 	tcase_add_test(pipe, qfuse_leaves_float_convs_and_training_graphs);
 	tcase_add_test(pipe, qfuse_absorbs_a_relu_or_clip_only_when_the_q_saturates_there);
+	tcase_add_test(pipe, qfuse_moves_a_reshape_with_its_shape_before_the_dq);
 	suite_add_tcase(s, fold);
 	suite_add_tcase(s, dce);
 	suite_add_tcase(s, cse);
