@@ -201,6 +201,32 @@ START_TEST(valgrind_create_run_destroy_is_clean)
 }
 END_TEST
 
+/* The same CNN quantized by kiln_quantize: its 8-bit library (QLinearConv,
+ * a u8 MaxPool, the GEMM's scratch) is as clean over create/run/destroy. */
+START_TEST(valgrind_int8_create_run_destroy_is_clean)
+{
+	setup();
+	char so[1200], exe[1200], out[16384], args[1300];
+	if (!have_tool("valgrind")) {
+		printf("skipped: valgrind not found\n");
+		return;
+	}
+	kiln_tensor *calib = images(16, 3);
+	kiln_graph *q = NULL;
+	kiln_error e = {0};
+	ck_assert_msg(kiln_quantize(cnn_graph, &calib, 1, NULL, &q, NULL, &e) == KILN_OK, "%s", e.msg);
+	snprintf(so, sizeof so, "%s/cnn_int8_v3.so", so_dir("generated_test"));
+	kiln_compile_opts o = {.name = "cnn", .cpu = "x86-64-v3"};
+	ck_assert_msg(kiln_compile(q, so, &o, &e) == KILN_OK, "kiln_compile %s: %s", so, e.msg);
+	snprintf(exe, sizeof exe, "%s/drive", so_dir("generated_test"));
+	ck_assert_msg(build_driver(exe, out, sizeof out) == 0, "cc failed:\n%s", out);
+	snprintf(args, sizeof args, "'%s' 2", so);
+	int rc = valgrind(exe, args, out, sizeof out);
+	ck_assert_msg(rc == 0, "valgrind exit %d:\n%s", rc, out);
+	kiln_tensor_free(calib), kiln_graph_free(q);
+}
+END_TEST
+
 static Suite *generated_suite(void)
 {
 	Suite *s = suite_create("generated");
@@ -212,6 +238,7 @@ static Suite *generated_suite(void)
 	tcase_add_test(tc, loaded_library_refuses_bad_inputs);
 	tcase_add_test(tc, typed_entry_points_match_interpreter);
 	tcase_add_test(tc, valgrind_create_run_destroy_is_clean);
+	tcase_add_test(tc, valgrind_int8_create_run_destroy_is_clean);
 	suite_add_tcase(s, tc);
 	return s;
 }
