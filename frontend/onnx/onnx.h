@@ -175,6 +175,16 @@ typedef void (*onnx_import_fn)(onnx_imp *c, onnx_nd *d);
 extern const onnx_import_fn onnx_import_table[KILN_OP_COUNT];
 void onnx_import_node(onnx_imp *c, onnx_nd *d);
 
+/* ---- onnx_compose.c ----------------------------------------------------- */
+
+/* Imports d when its op is one kiln spells with its own (ReduceL1 as
+ * ReduceSum(Abs x), ArgMin as ArgMax of the negation...): true when it
+ * was one (d->n or d->failed set), false for any other op. */
+bool onnx_import_composite(onnx_imp *c, onnx_nd *d);
+/* Whether the importer takes op_type of domain ("" or NULL: the default):
+ * an op of kiln's table, a composition above, or a com.microsoft op. */
+bool onnx_op_imports(const char *domain, const char *op_type);
+
 /* ---- onnx_msft.c -------------------------------------------------------- */
 
 /* Imports a node of the com.microsoft domain that ONNX Runtime's quantizer
@@ -182,6 +192,7 @@ void onnx_import_node(onnx_imp *c, onnx_nd *d);
  * between DequantizeLinear and QuantizeLinear; records a problem for any
  * other. */
 void onnx_import_msft(onnx_imp *c, onnx_nd *d);
+bool onnx_msft_op(const char *op_type); /* one onnx_import_msft takes */
 
 /* ---- onnx_export.c ------------------------------------------------------ */
 

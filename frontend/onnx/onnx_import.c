@@ -171,8 +171,11 @@ static void add_node(onnx_imp *c, const Onnx__NodeProto *p)
 		onnx_problem(c, &d, KILN_EUNSUPPORTED, "domain '%s' is not supported (only the "
 		             "default ONNX domain and ONNX Runtime's quantized ops in "
 		             "com.microsoft are)", dom);
-	else if (!p->op_type || (d.op = ir_op_from_onnx(p->op_type)) == KILN_OP_COUNT)
+	else if (!p->op_type || ((d.op = ir_op_from_onnx(p->op_type)) == KILN_OP_COUNT &&
+	                         !onnx_import_composite(c, &d)))
 		onnx_problem(c, &d, KILN_EUNSUPPORTED, "op is not in kiln's op table");
+	else if (d.op == KILN_OP_COUNT)
+		; /* imported as a composition of kiln's ops */
 	else if (c->opset < 7 && !(ir_op(d.op)->flags & IR_ONNX_PRE7))
 		onnx_problem(c, &d, KILN_EUNSUPPORTED, "opsets before 7 are supported only for ops "
 		             "whose definition has not changed since (this one has)");

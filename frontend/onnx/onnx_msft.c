@@ -199,6 +199,19 @@ static const struct {
 	{"QLinearGlobalAveragePool", KILN_OP_GLOBAL_AVERAGE_POOL},
 };
 
+static const char *const others[] = {"QLinearAdd", "QLinearMul", "QLinearConcat", "QGemm"};
+
+bool onnx_msft_op(const char *op_type)
+{
+	for (size_t i = 0; i < sizeof others / sizeof *others; i++)
+		if (!strcmp(op_type, others[i]))
+			return true;
+	for (size_t i = 0; i < sizeof unary_ops / sizeof *unary_ops; i++)
+		if (!strcmp(op_type, unary_ops[i].name))
+			return true;
+	return false;
+}
+
 void onnx_import_msft(onnx_imp *c, onnx_nd *d)
 {
 	const char *t = d->p->op_type ? d->p->op_type : "";

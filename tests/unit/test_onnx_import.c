@@ -987,6 +987,48 @@ START_TEST(msft_qoperator_ops_import_as_dq_op_q)
 }
 END_TEST
 
+/* ArgMin of integers is ArgMax of -1 - x: INT64_MIN, which has no
+ * negation, is still the minimum; select_last_index picks the last of equal
+ * minima.  ReduceLogSumExp subtracts the maximum first: x = 1000 gives
+ * 1000 + log 3, not inf. */
+START_TEST(argmin_of_integers_and_logsumexp_of_large_values)
+{
+	for (int last = 0; last < 2; last++) {
+		Onnx__ModelProto *m = model(13);
+		input(m, "x", I64, "5");
+		Onnx__NodeProto *n = node(m, "ArgMin", "x", "y", "am");
+		attr_i(n, "select_last_index", last);
+		output(m, "y");
+		kiln_graph *g = import_ok(m);
+		kiln_tensor *x = kiln_tensor_new(KILN_I64, 1, (int64_t[]){5}), *y = NULL;
+		const int64_t v[5] = {7, INT64_MIN, 3, INT64_MIN, INT64_MAX};
+		memcpy(x->data, v, sizeof v);
+		kiln_error e = {0};
+		ck_assert_msg(kiln_graph_run(g, &x, 1, &y, 1, &e) == KILN_OK, "%s", e.msg);
+		ck_assert_int_eq(((int64_t *)y->data)[0], last ? 3 : 1);
+		kiln_tensor_free(x), kiln_tensor_free(y), kiln_graph_free(g);
+		pool_free();
+	}
+	Onnx__ModelProto *m = model(13);
+	input(m, "x", F32, "2,3");
+	Onnx__NodeProto *n = node(m, "ReduceLogSumExp", "x", "y", "lse");
+	attr_ints(n, "axes", 1, (int64_t[]){1});
+	attr_i(n, "keepdims", 0);
+	output(m, "y");
+	kiln_graph *g = import_ok(m);
+	kiln_tensor *x = kiln_tensor_new(KILN_F32, 2, (int64_t[]){2, 3}), *y = NULL;
+	const float v[6] = {1000, 1000, 1000, -1, 0, 1};
+	memcpy(x->data, v, sizeof v);
+	kiln_error e = {0};
+	ck_assert_msg(kiln_graph_run(g, &x, 1, &y, 1, &e) == KILN_OK, "%s", e.msg);
+	ck_assert_int_eq(y->rank, 1);
+	ck_assert_float_eq_tol(((float *)y->data)[0], 1000 + logf(3), 1e-3);
+	ck_assert_float_eq_tol(((float *)y->data)[1], logf(expf(-1) + 1 + expf(1)), 1e-5);
+	kiln_tensor_free(x), kiln_tensor_free(y), kiln_graph_free(g);
+	pool_free();
+}
+END_TEST
+
 /* A model protobuf-c cannot decode still gets a report: its one error. */
 START_TEST(report_of_an_undecodable_model_is_its_one_error)
 {
@@ -1152,6 +1194,7 @@ static Suite *onnx_import_suite(void)
 	t = tcase_create("errors");
 	tcase_add_test(t, every_unsupported_node_is_listed_at_once);
 	tcase_add_test(t, msft_qoperator_ops_import_as_dq_op_q);
+	tcase_add_test(t, argmin_of_integers_and_logsumexp_of_large_values);
 	tcase_add_test(t, report_of_an_undecodable_model_is_its_one_error);
 	tcase_add_test(t, cli_inspect_lists_every_unsupported_node);
 	tcase_add_test(t, old_opset_only_for_unchanged_ops);
