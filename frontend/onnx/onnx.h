@@ -141,6 +141,11 @@ typedef bool (*onnx_sym_fn)(onnx_imp *c, onnx_nd *d, const onnx_svec *s, int64_t
 /* The same for a required shape input that may hold symbolic dims. */
 bool onnx_shape_input(onnx_imp *c, onnx_nd *d, uint32_t i, const char *name,
                       onnx_sym_fn resolve);
+/* Input i as a known constant tensor: a constant or foldable, or a graph
+ * input the caller specialised on (kiln_onnx_opts.specialize); NULL when
+ * absent, or after a problem naming the input and what it is. */
+const kiln_tensor *onnx_const_input(onnx_imp *c, onnx_nd *d, uint32_t i, const char *what,
+                                    bool required);
 /* ONNX input i of d as a scalar float / int attribute (absent: not set). */
 bool onnx_float_input(onnx_imp *c, onnx_nd *d, uint32_t i, const char *name);
 bool onnx_int_input(onnx_imp *c, onnx_nd *d, uint32_t i, const char *name);

@@ -16,6 +16,8 @@
  * The reductions keep the node's axes, keepdims and noop_with_empty_axes.
  * Export writes the composition, which imports back to the same graph.
  */
+#include <math.h>
+#include <stdint.h>
 #include <string.h>
 
 #include "frontend/onnx/onnx.h"
@@ -122,6 +124,411 @@ static void argmin(onnx_imp *c, onnx_nd *d)
 	step(c, d, KILN_OP_ARGMAX, 1, &neg, true, NULL);
 }
 
+/* ---- elementwise ---------------------------------------------------------------- */
+
+/* A scalar Constant of dtype dt holding v; 0 on a problem. */
+static uint32_t kconst(onnx_imp *c, onnx_nd *d, kiln_dtype dt, double v, const char *suffix)
+{
+	kiln_tensor *t = d->failed ? NULL : ir_tensor_new(c->g, dt, 0, NULL);
+	ir_node *k = t ? onnx_extra(c, d, KILN_OP_CONSTANT, 0, NULL, suffix) : NULL;
+	if (k)
+		ir_store(t, 0, v);
+	if (!k || ir_attr_set_tensor(c->g, k, "value", t) || !onnx_infer(c, d, k)) {
+		d->failed = true;
+		return 0;
+	}
+	return k->out[0];
+}
+
+/* A Constant holding t (taken over: t is the graph's arena tensor). */
+static uint32_t tconst(onnx_imp *c, onnx_nd *d, kiln_tensor *t, const char *suffix)
+{
+	ir_node *k = t && !d->failed ? onnx_extra(c, d, KILN_OP_CONSTANT, 0, NULL, suffix) : NULL;
+	if (!k || ir_attr_set_tensor(c->g, k, "value", t)) {
+		d->failed = true;
+		return 0;
+	}
+	if (!suffix) {
+		d->n = k;
+		return k->out[0];
+	}
+	return onnx_infer(c, d, k) ? k->out[0] : (d->failed = true, 0);
+}
+
+static uint32_t u1(onnx_imp *c, onnx_nd *d, kiln_op op, uint32_t a, const char *suffix)
+{
+	return step(c, d, op, 1, &a, false, suffix);
+}
+
+static uint32_t b2(onnx_imp *c, onnx_nd *d, kiln_op op, uint32_t a, uint32_t b, const char *suffix)
+{
+	return step(c, d, op, 2, (uint32_t[]){a, b}, false, suffix);
+}
+
+static kiln_dtype dtype(onnx_imp *c, uint32_t v)
+{
+	return v ? c->g->val[v]->type.dtype : KILN_F32;
+}
+
+/* Sign: 1, -1, or x * 0 (0, and NaN for NaN). */
+static void sign(onnx_imp *c, onnx_nd *d)
+{
+	uint32_t x = onnx_input(c, d, 0, true);
+	kiln_dtype dt = dtype(c, x);
+	uint32_t zero = kconst(c, d, dt, 0, "zero");
+	uint32_t rest = step(c, d, KILN_OP_WHERE, 3, (uint32_t[]){b2(c, d, KILN_OP_LESS, x, zero, "neg"),
+	                     kconst(c, d, dt, -1, "minus_one"), b2(c, d, KILN_OP_MUL, x, zero, "x0")},
+	                     false, "rest");
+	step(c, d, KILN_OP_WHERE, 3, (uint32_t[]){b2(c, d, KILN_OP_GREATER, x, zero, "pos"),
+	     kconst(c, d, dt, 1, "one"), rest}, false, NULL);
+}
+
+/* Sinh, Cosh: (e^x -+ e^-x) / 2. */
+static void hyperbolic(onnx_imp *c, onnx_nd *d, kiln_op combine)
+{
+	uint32_t x = onnx_input(c, d, 0, true);
+	uint32_t e = u1(c, d, KILN_OP_EXP, x, "exp"), en = u1(c, d, KILN_OP_EXP, u1(c, d, KILN_OP_NEG, x, "neg"), "exp_neg");
+	b2(c, d, KILN_OP_MUL, b2(c, d, combine, e, en, "sum"), kconst(c, d, dtype(c, x), 0.5, "half"), NULL);
+}
+
+static void sinh_op(onnx_imp *c, onnx_nd *d) { hyperbolic(c, d, KILN_OP_SUB); }
+static void cosh_op(onnx_imp *c, onnx_nd *d) { hyperbolic(c, d, KILN_OP_ADD); }
+
+/* Asinh: sign(x) log(|x| + sqrt(x^2 + 1)), odd by construction. */
+static void asinh_op(onnx_imp *c, onnx_nd *d)
+{
+	uint32_t x = onnx_input(c, d, 0, true), a = u1(c, d, KILN_OP_ABS, x, "abs");
+	uint32_t one = kconst(c, d, dtype(c, x), 1, "one"), zero = kconst(c, d, dtype(c, x), 0, "zero");
+	uint32_t r = u1(c, d, KILN_OP_SQRT, b2(c, d, KILN_OP_ADD, b2(c, d, KILN_OP_MUL, a, a, "sq"), one, "sq1"), "root");
+	r = u1(c, d, KILN_OP_LOG, b2(c, d, KILN_OP_ADD, a, r, "arg"), "log");
+	step(c, d, KILN_OP_WHERE, 3, (uint32_t[]){b2(c, d, KILN_OP_LESS, x, zero, "neg"),
+	     u1(c, d, KILN_OP_NEG, r, "minus"), r}, false, NULL);
+}
+
+/* Acosh: log(x + sqrt(x^2 - 1)). */
+static void acosh_op(onnx_imp *c, onnx_nd *d)
+{
+	uint32_t x = onnx_input(c, d, 0, true), one = kconst(c, d, dtype(c, x), 1, "one");
+	uint32_t r = u1(c, d, KILN_OP_SQRT, b2(c, d, KILN_OP_SUB, b2(c, d, KILN_OP_MUL, x, x, "sq"), one, "sq1"), "root");
+	u1(c, d, KILN_OP_LOG, b2(c, d, KILN_OP_ADD, x, r, "arg"), NULL);
+}
+
+/* Atanh: log((1 + x) / (1 - x)) / 2. */
+static void atanh_op(onnx_imp *c, onnx_nd *d)
+{
+	uint32_t x = onnx_input(c, d, 0, true), one = kconst(c, d, dtype(c, x), 1, "one");
+	uint32_t q = b2(c, d, KILN_OP_DIV, b2(c, d, KILN_OP_ADD, one, x, "num"), b2(c, d, KILN_OP_SUB, one, x, "den"), "ratio");
+	b2(c, d, KILN_OP_MUL, u1(c, d, KILN_OP_LOG, q, "log"), kconst(c, d, dtype(c, x), 0.5, "half"), NULL);
+}
+
+/* GreaterOrEqual, LessOrEqual: the strict comparison or equality (false
+ * with a NaN, as ONNX's). */
+static void or_equal(onnx_imp *c, onnx_nd *d, kiln_op strict)
+{
+	uint32_t a = onnx_input(c, d, 0, true), b = onnx_input(c, d, 1, true);
+	b2(c, d, KILN_OP_OR, b2(c, d, strict, a, b, "strict"), b2(c, d, KILN_OP_EQUAL, a, b, "equal"), NULL);
+}
+
+static void greater_or_equal(onnx_imp *c, onnx_nd *d) { or_equal(c, d, KILN_OP_GREATER); }
+static void less_or_equal(onnx_imp *c, onnx_nd *d) { or_equal(c, d, KILN_OP_LESS); }
+
+/* Xor: (a or b) and not (a and b). */
+static void xor_op(onnx_imp *c, onnx_nd *d)
+{
+	uint32_t a = onnx_input(c, d, 0, true), b = onnx_input(c, d, 1, true);
+	b2(c, d, KILN_OP_AND, b2(c, d, KILN_OP_OR, a, b, "or"),
+	   u1(c, d, KILN_OP_NOT, b2(c, d, KILN_OP_AND, a, b, "and"), "nand"), NULL);
+}
+
+/* PRelu: x < 0 ? slope x : x (slope broadcast to x). */
+static void prelu(onnx_imp *c, onnx_nd *d)
+{
+	uint32_t x = onnx_input(c, d, 0, true), s = onnx_input(c, d, 1, true);
+	uint32_t neg = b2(c, d, KILN_OP_LESS, x, kconst(c, d, dtype(c, x), 0, "zero"), "neg");
+	step(c, d, KILN_OP_WHERE, 3, (uint32_t[]){neg, b2(c, d, KILN_OP_MUL, x, s, "scaled"), x}, false, NULL);
+}
+
+/* ---- shapes known at import ---------------------------------------------------- */
+
+/* x's type when every dim from `from` on is a number; NULL after a problem. */
+static const ir_type *fixed_dims(onnx_imp *c, onnx_nd *d, uint32_t x, int from, const char *what)
+{
+	const ir_type *t = x ? &c->g->val[x]->type : NULL;
+	for (int i = from; t && i < t->rank; i++)
+		if (ir_dim_expr(c->g, t->dim[i])) {
+			onnx_problem(c, d, KILN_EUNSUPPORTED, "%s needs dim %d of its input to be a "
+			             "number, not a symbol", what, i);
+			return NULL;
+		}
+	return t;
+}
+
+/* A Reshape of x to shape (0: copy that dim), inferred unless last. */
+static uint32_t reshape_to(onnx_imp *c, onnx_nd *d, uint32_t x, int n, const int64_t *shape,
+                           const char *suffix)
+{
+	if (!x || d->failed)
+		return 0;
+	ir_node *r = onnx_extra(c, d, KILN_OP_RESHAPE, 1, &x, suffix);
+	if (!r || ir_attr_set_ints(c->g, r, "shape", (uint32_t)n, shape)) {
+		d->failed = true;
+		return 0;
+	}
+	if (!suffix) {
+		d->n = r;
+		return r->out[0];
+	}
+	return onnx_infer(c, d, r) ? r->out[0] : (d->failed = true, 0);
+}
+
+static uint32_t transpose(onnx_imp *c, onnx_nd *d, uint32_t x, int n, const int64_t *perm,
+                          const char *suffix)
+{
+	if (!x || d->failed)
+		return 0;
+	ir_node *t = onnx_extra(c, d, KILN_OP_TRANSPOSE, 1, &x, suffix);
+	if (!t || ir_attr_set_ints(c->g, t, "perm", (uint32_t)n, perm) || !onnx_infer(c, d, t)) {
+		d->failed = true;
+		return 0;
+	}
+	return t->out[0];
+}
+
+static int64_t int_attr(const onnx_nd *d, const char *name, int64_t dflt)
+{
+	const Onnx__AttributeProto *a = onnx_attr(d, name);
+	return a ? a->i : dflt;
+}
+
+/* GlobalMaxPool: ReduceMax over the spatial axes, kept. */
+static void global_max_pool(onnx_imp *c, onnx_nd *d)
+{
+	uint32_t x = onnx_input(c, d, 0, true);
+	if (!x)
+		return;
+	int rank = c->g->val[x]->type.rank;
+	int64_t axes[KILN_MAX_RANK];
+	for (int i = 2; i < rank; i++)
+		axes[i - 2] = i;
+	if (rank < 3)
+		return (void)onnx_problem(c, d, KILN_ESHAPE, "input of rank %d: GlobalMaxPool takes "
+		                          "[N, C, spatial...]", rank);
+	ir_node *n = onnx_extra(c, d, KILN_OP_REDUCE_MAX, 1, &x, NULL);
+	if (!n || ir_attr_set_ints(c->g, n, "axes", (uint32_t)(rank - 2), axes))
+		return (void)(d->failed = true);
+	d->n = n;
+}
+
+/* DepthToSpace (DCR or CRD) and SpaceToDepth: ONNX's own Reshape ->
+ * Transpose -> Reshape, the batch copied (0) so it may be a symbol. */
+static void depth_space(onnx_imp *c, onnx_nd *d, bool to_space)
+{
+	uint32_t x = onnx_input(c, d, 0, true);
+	const ir_type *t = fixed_dims(c, d, x, 1, to_space ? "DepthToSpace" : "SpaceToDepth");
+	int64_t b = int_attr(d, "blocksize", 0);
+	if (!t)
+		return;
+	if (t->rank != 4 || b < 1)
+		return (void)onnx_problem(c, d, KILN_EINVAL, "needs a rank-4 input and blocksize >= 1 "
+		                          "(rank %d, blocksize %lld)", t->rank, (long long)b);
+	int64_t C = t->dim[1], H = t->dim[2], W = t->dim[3];
+	if (to_space) {
+		const Onnx__AttributeProto *m = onnx_attr(d, "mode");
+		bool crd = m && m->s.len == 3 && !memcmp(m->s.data, "CRD", 3);
+		if (C % (b * b))
+			return (void)onnx_problem(c, d, KILN_ESHAPE, "%lld channels do not split into "
+			                          "blocks of %lld", (long long)C, (long long)(b * b));
+		int64_t s1[6] = {0, b, b, C / (b * b), H, W}, p1[6] = {0, 3, 4, 1, 5, 2};
+		int64_t s2[6] = {0, C / (b * b), b, b, H, W}, p2[6] = {0, 1, 4, 2, 5, 3};
+		uint32_t r = reshape_to(c, d, x, 6, crd ? s2 : s1, "blocks");
+		r = transpose(c, d, r, 6, crd ? p2 : p1, "moved");
+		reshape_to(c, d, r, 4, (int64_t[]){0, C / (b * b), H * b, W * b}, NULL);
+	} else {
+		if (H % b || W % b)
+			return (void)onnx_problem(c, d, KILN_ESHAPE, "%lldx%lld does not split into "
+			                          "%lldx%lld blocks", (long long)H, (long long)W,
+			                          (long long)b, (long long)b);
+		uint32_t r = reshape_to(c, d, x, 6, (int64_t[]){0, C, H / b, b, W / b, b}, "blocks");
+		r = transpose(c, d, r, 6, (int64_t[]){0, 3, 5, 1, 2, 4}, "moved");
+		reshape_to(c, d, r, 4, (int64_t[]){0, C * b * b, H / b, W / b}, NULL);
+	}
+}
+
+static void depth_to_space(onnx_imp *c, onnx_nd *d) { depth_space(c, d, true); }
+static void space_to_depth(onnx_imp *c, onnx_nd *d) { depth_space(c, d, false); }
+
+/* Tile with known repeats: x [d...] -> Reshape [1, d0, 1, d1, ...] ->
+ * Expand [r0, d0, r1, d1, ...] -> Reshape [r0 d0, r1 d1, ...]. */
+static void tile(onnx_imp *c, onnx_nd *d)
+{
+	uint32_t x = onnx_input(c, d, 0, true);
+	const kiln_tensor *r = onnx_const_input(c, d, 1, "repeats", true);
+	const ir_type *t = fixed_dims(c, d, x, 0, "Tile");
+	if (!t || d->failed)
+		return;
+	if (kiln_tensor_numel(r) != t->rank || t->rank > KILN_MAX_RANK / 2)
+		return (void)onnx_problem(c, d, KILN_EUNSUPPORTED, "repeats has %lld values for an "
+		                          "input of rank %d (kiln tiles up to rank %d)",
+		                          (long long)kiln_tensor_numel(r), t->rank, KILN_MAX_RANK / 2);
+	int64_t s1[KILN_MAX_RANK], s2[KILN_MAX_RANK], s3[KILN_MAX_RANK];
+	for (int i = 0; i < t->rank; i++) {
+		int64_t k = ir_load_i64(r, i);
+		if (k < 0)
+			return (void)onnx_problem(c, d, KILN_EINVAL, "repeats[%d] is %lld", i, (long long)k);
+		s1[2 * i] = 1, s1[2 * i + 1] = t->dim[i];
+		s2[2 * i] = k, s2[2 * i + 1] = t->dim[i];
+		s3[i] = k * t->dim[i];
+	}
+	uint32_t y = reshape_to(c, d, x, 2 * t->rank, s1, "spread");
+	ir_node *e = y ? onnx_extra(c, d, KILN_OP_EXPAND, 1, &y, "repeated") : NULL;
+	if (!e || ir_attr_set_ints(c->g, e, "shape", (uint32_t)(2 * t->rank), s2) ||
+	    !onnx_infer(c, d, e))
+		return (void)(d->failed = true);
+	reshape_to(c, d, e->out[0], t->rank, s3, NULL);
+}
+
+/* Trilu: Where(mask, x, 0) with the mask of the last two dims (known). */
+static void trilu(onnx_imp *c, onnx_nd *d)
+{
+	uint32_t x = onnx_input(c, d, 0, true);
+	const ir_type *t = x ? fixed_dims(c, d, x, 0, "Trilu") : NULL;
+	const kiln_tensor *kt = onnx_const_input(c, d, 1, "diagonal offset k", false);
+	if (!t || d->failed)
+		return;
+	if (t->rank < 2 || (kt && kiln_tensor_numel(kt) != 1))
+		return (void)onnx_problem(c, d, KILN_EINVAL, "needs an input of rank >= 2 and k one "
+		                          "value (rank %d)", t->rank);
+	int64_t k = kt ? ir_load_i64(kt, 0) : 0, n = t->dim[t->rank - 2], m = t->dim[t->rank - 1];
+	bool upper = int_attr(d, "upper", 1) != 0;
+	kiln_tensor *mask = ir_tensor_new(c->g, KILN_BOOL, 2, (int64_t[]){n, m});
+	if (!mask)
+		return (void)(d->failed = true);
+	for (int64_t i = 0; i < n; i++)
+		for (int64_t j = 0; j < m; j++)
+			ir_store(mask, i * m + j, upper ? j - i >= k : j - i <= k);
+	uint32_t mk = tconst(c, d, mask, "mask");
+	step(c, d, KILN_OP_WHERE, 3, (uint32_t[]){mk, x, kconst(c, d, t->dtype, 0, "zero")}, false,
+	     NULL);
+}
+
+/* ConstantOfShape with a shape known at import: the filled Constant. */
+static void constant_of_shape(onnx_imp *c, onnx_nd *d)
+{
+	const kiln_tensor *s = onnx_const_input(c, d, 0, "shape", true);
+	if (d->failed)
+		return;
+	if (s->rank != 1 || kiln_tensor_numel(s) > KILN_MAX_RANK)
+		return (void)onnx_problem(c, d, KILN_EINVAL, "the shape must be 1-D, of at most %d "
+		                          "dims", KILN_MAX_RANK);
+	const Onnx__AttributeProto *a = onnx_attr(d, "value");
+	kiln_tensor *v = NULL;
+	kiln_error err = {0};
+	if (a && a->t && onnx_tensor_read(a->t, c->dir, &v, &err))
+		return (void)onnx_problem(c, d, err.code, "value: %s", err.msg);
+	if (v && kiln_tensor_numel(v) != 1) {
+		kiln_tensor_free(v);
+		return (void)onnx_problem(c, d, KILN_EINVAL, "value must hold one element");
+	}
+	int64_t shape[KILN_MAX_RANK], n = 1;
+	int rank = (int)kiln_tensor_numel(s);
+	for (int i = 0; i < rank; i++) {
+		shape[i] = ir_load_i64(s, i);
+		if (shape[i] < 0 || (shape[i] && n > INT64_MAX / 2 / shape[i])) {
+			kiln_tensor_free(v);
+			return (void)onnx_problem(c, d, KILN_EINVAL, "shape[%d] is %lld", i,
+			                          (long long)shape[i]);
+		}
+		n *= shape[i];
+	}
+	kiln_tensor *t = ir_tensor_new(c->g, v ? v->dtype : KILN_F32, rank, shape);
+	for (int64_t i = 0; t && i < n; i++)
+		ir_store(t, i, v ? ir_load(v, 0) : 0);
+	if (t && v && v->dtype == KILN_I64)
+		for (int64_t i = 0; i < n; i++)
+			ir_store_i64(t, i, ir_load_i64(v, 0));
+	kiln_tensor_free(v);
+	tconst(c, d, t, NULL);
+}
+
+/* Range with start, limit and delta known at import: the Constant. */
+static void range(onnx_imp *c, onnx_nd *d)
+{
+	const kiln_tensor *v[3];
+	static const char *const what[3] = {"start", "limit", "delta"};
+	for (uint32_t i = 0; i < 3; i++) {
+		v[i] = onnx_const_input(c, d, i, what[i], true);
+		if (!d->failed && kiln_tensor_numel(v[i]) != 1)
+			return (void)onnx_problem(c, d, KILN_EINVAL, "%s must be a scalar", what[i]);
+	}
+	if (d->failed)
+		return;
+	double start = ir_load(v[0], 0), limit = ir_load(v[1], 0), delta = ir_load(v[2], 0);
+	double cnt = delta != 0 ? ceil((limit - start) / delta) : NAN;
+	if (!(cnt < 1e9))
+		return (void)onnx_problem(c, d, KILN_EINVAL, "start %g, limit %g, delta %g give no "
+		                          "finite length", start, limit, delta);
+	int64_t n = cnt > 0 ? (int64_t)cnt : 0;
+	kiln_tensor *t = ir_tensor_new(c->g, v[0]->dtype, 1, &n);
+	bool ints = !kiln_dtype_is_float(v[0]->dtype);
+	for (int64_t i = 0; t && i < n; i++) {
+		if (ints)
+			ir_store_i64(t, i, ir_load_i64(v[0], 0) + i * ir_load_i64(v[2], 0));
+		else
+			ir_store(t, i, start + (double)i * delta);
+	}
+	tconst(c, d, t, NULL);
+}
+
+/* InstanceNormalization: (x - mean) / sqrt(var + eps) * scale + bias over
+ * the spatial axes, scale and bias per channel. */
+static void instance_norm(onnx_imp *c, onnx_nd *d)
+{
+	uint32_t x = onnx_input(c, d, 0, true), s = onnx_input(c, d, 1, true), b = onnx_input(c, d, 2, true);
+	if (d->failed)
+		return;
+	int rank = c->g->val[x]->type.rank;
+	if (rank < 3)
+		return (void)onnx_problem(c, d, KILN_ESHAPE, "input of rank %d: InstanceNormalization "
+		                          "takes [N, C, spatial...]", rank);
+	const Onnx__AttributeProto *ea = onnx_attr(d, "epsilon");
+	int64_t axes[KILN_MAX_RANK], cshape[KILN_MAX_RANK];
+	cshape[0] = -1;
+	for (int i = 2; i < rank; i++)
+		axes[i - 2] = i, cshape[i - 1] = 1;
+	ir_node *mean = onnx_extra(c, d, KILN_OP_REDUCE_MEAN, 1, &x, "mean");
+	if (!mean || ir_attr_set_ints(c->g, mean, "axes", (uint32_t)(rank - 2), axes) ||
+	    !onnx_infer(c, d, mean))
+		return (void)(d->failed = true);
+	uint32_t dx = b2(c, d, KILN_OP_SUB, x, mean->out[0], "centered");
+	uint32_t sq = b2(c, d, KILN_OP_MUL, dx, dx, "squared");
+	ir_node *var = sq ? onnx_extra(c, d, KILN_OP_REDUCE_MEAN, 1, &sq, "var") : NULL;
+	if (!var || ir_attr_set_ints(c->g, var, "axes", (uint32_t)(rank - 2), axes) ||
+	    !onnx_infer(c, d, var))
+		return (void)(d->failed = true);
+	kiln_dtype dt = dtype(c, x);
+	uint32_t den = u1(c, d, KILN_OP_SQRT, b2(c, d, KILN_OP_ADD, var->out[0],
+	                  kconst(c, d, dt, ea ? ea->f : 1e-5f, "epsilon"), "var_eps"), "std");
+	uint32_t y = b2(c, d, KILN_OP_DIV, dx, den, "normalized");
+	y = b2(c, d, KILN_OP_MUL, y, reshape_to(c, d, s, rank - 1, cshape, "scale_c"), "scaled");
+	b2(c, d, KILN_OP_ADD, y, reshape_to(c, d, b, rank - 1, cshape, "bias_c"), NULL);
+}
+
+/* Size with a shape known at import: a Constant i64 scalar. */
+static void size_op(onnx_imp *c, onnx_nd *d)
+{
+	uint32_t x = onnx_input(c, d, 0, true);
+	const ir_type *t = fixed_dims(c, d, x, 0, "Size");
+	if (!t)
+		return;
+	kiln_tensor *n = ir_tensor_new(c->g, KILN_I64, 0, NULL);
+	int64_t v = 1;
+	for (int i = 0; i < t->rank; i++)
+		v *= t->dim[i];
+	if (n)
+		ir_store_i64(n, 0, v);
+	tconst(c, d, n, NULL);
+}
+
 static const struct {
 	const char *name;
 	void (*import)(onnx_imp *c, onnx_nd *d);
@@ -132,6 +539,25 @@ static const struct {
 	{"ReduceLogSum", reduce_log_sum},
 	{"ReduceLogSumExp", reduce_log_sum_exp},
 	{"ArgMin", argmin},
+	{"Sign", sign},
+	{"Sinh", sinh_op},
+	{"Cosh", cosh_op},
+	{"Asinh", asinh_op},
+	{"Acosh", acosh_op},
+	{"Atanh", atanh_op},
+	{"GreaterOrEqual", greater_or_equal},
+	{"LessOrEqual", less_or_equal},
+	{"Xor", xor_op},
+	{"PRelu", prelu},
+	{"GlobalMaxPool", global_max_pool},
+	{"DepthToSpace", depth_to_space},
+	{"SpaceToDepth", space_to_depth},
+	{"Tile", tile},
+	{"Trilu", trilu},
+	{"ConstantOfShape", constant_of_shape},
+	{"Range", range},
+	{"InstanceNormalization", instance_norm},
+	{"Size", size_op},
 };
 
 bool onnx_import_composite(onnx_imp *c, onnx_nd *d)

@@ -395,14 +395,34 @@ static const kiln_tensor *specialize(onnx_imp *c, uint32_t v)
 	return val->data;
 }
 
-/* Input i as a known constant tensor (NULL: absent, or a problem recorded). */
-static const kiln_tensor *const_input(onnx_imp *c, onnx_nd *d, uint32_t i, const char *what,
-                                      bool required)
+/* v's value when it is known, or can be: a graph input the caller
+ * specialised on, or a node whose inputs all are (folded now, depth-first:
+ * a Cast or Add of a specialised input). */
+static const kiln_tensor *known(onnx_imp *c, uint32_t v, int depth)
+{
+	const kiln_tensor *t = onnx_const(c, v);
+	const ir_value *val = c->g->val[v];
+	if (t || depth > 32)
+		return t;
+	if (val->kind == IR_V_INPUT)
+		return specialize(c, v);
+	if (val->kind != IR_V_NODE || !val->def || !c->specialize)
+		return NULL;
+	const ir_node *n = val->def;
+	for (uint32_t i = 0; i < n->nin; i++)
+		if (n->in[i] && !known(c, n->in[i], depth + 1))
+			return NULL;
+	onnx_fold(c, n);
+	return onnx_const(c, v);
+}
+
+const kiln_tensor *onnx_const_input(onnx_imp *c, onnx_nd *d, uint32_t i, const char *what,
+                                    bool required)
 {
 	uint32_t v = onnx_input(c, d, i, required);
 	const kiln_tensor *t = onnx_const(c, v);
 	if (v && !t)
-		t = specialize(c, v);
+		t = known(c, v, 0);
 	if (v && !t)
 		onnx_problem(c, d, KILN_EUNSUPPORTED, "input %u ('%s', the %s) is not a constant "
 		             "known at import (initializer, Constant or foldable shape arithmetic)",
@@ -446,7 +466,7 @@ bool onnx_shape_input(onnx_imp *c, onnx_nd *d, uint32_t i, const char *name,
 
 bool onnx_ints_input(onnx_imp *c, onnx_nd *d, uint32_t i, const char *name, bool required)
 {
-	const kiln_tensor *t = const_input(c, d, i, name, required);
+	const kiln_tensor *t = onnx_const_input(c, d, i, name, required);
 	if (!t)
 		return !d->failed;
 	int64_t n = kiln_tensor_numel(t);
@@ -464,7 +484,7 @@ bool onnx_ints_input(onnx_imp *c, onnx_nd *d, uint32_t i, const char *name, bool
 
 static bool scalar_input(onnx_imp *c, onnx_nd *d, uint32_t i, const char *name, bool isint)
 {
-	const kiln_tensor *t = const_input(c, d, i, name, false);
+	const kiln_tensor *t = onnx_const_input(c, d, i, name, false);
 	if (!t)
 		return !d->failed;
 	if (kiln_tensor_numel(t) != 1)

@@ -1029,6 +1029,47 @@ START_TEST(argmin_of_integers_and_logsumexp_of_large_values)
 }
 END_TEST
 
+static void expect_import_error(Onnx__ModelProto *m, const char *want)
+{
+	kiln_graph *g = NULL;
+	kiln_error err = {0};
+	ck_assert_int_ne(import(m, &g, &err), KILN_OK);
+	ck_assert_msg(strstr(err.msg, want), "want '%s', got: %s", want, err.msg);
+	ck_assert_ptr_null(g);
+}
+
+/* The ops imported as compositions say what they need when a model does
+ * not give it: dims known at import, constants, shapes that fit. */
+START_TEST(composites_refuse_what_they_cannot_know)
+{
+	Onnx__ModelProto *m = model(13);
+	input(m, "x", F32, "N,3");
+	init_i64(m, "reps", 2, (int64_t[]){2, 2});
+	node(m, "Tile", "x,reps", "y", "t");
+	output(m, "y");
+	expect_import_error(m, "Tile 't' (domain ai.onnx, opset 13): Tile needs dim 0 of its input "
+	                       "to be a number, not a symbol");
+	m = model(13);
+	input(m, "lim", I64, "");
+	init_i64(m, "zero", 1, (int64_t[]){0});
+	node(m, "Squeeze", "zero", "z", "sq");
+	node(m, "Range", "z,lim,z", "y", "r");
+	output(m, "y");
+	expect_import_error(m, "input 1 ('lim', the limit) is not a constant known at import");
+	m = model(13);
+	init_i64(m, "shape", 2, (int64_t[]){-1, 2});
+	node(m, "ConstantOfShape", "shape", "y", "c");
+	output(m, "y");
+	expect_import_error(m, "ConstantOfShape 'c' (domain ai.onnx, opset 13): shape[0] is -1");
+	m = model(13);
+	input(m, "x", F32, "1,4,2,2");
+	attr_i(node(m, "DepthToSpace", "x", "y", "d2s"), "blocksize", 3);
+	output(m, "y");
+	expect_import_error(m, "4 channels do not split into blocks of 9");
+	pool_free();
+}
+END_TEST
+
 /* A model protobuf-c cannot decode still gets a report: its one error. */
 START_TEST(report_of_an_undecodable_model_is_its_one_error)
 {
@@ -1081,7 +1122,7 @@ START_TEST(cli_inspect_lists_every_unsupported_node)
 	input(m, "x", F32, "2,3");
 	node(m, "Frobnicate", "x", "a", "frob1");
 	node(m, "Relu", "a", "b", "quiet");
-	node(m, "Trilu", "x", "c", "tri2");
+	node(m, "Einsum", "x", "c", "tri2");
 	Onnx__NodeProto *d = node(m, "Relu", "x", "d", "custom3");
 	d->domain = S("com.example");
 	node(m, "Add", "b,c", "e", "add");
@@ -1093,7 +1134,7 @@ START_TEST(cli_inspect_lists_every_unsupported_node)
 	ck_assert_int_eq(run_cmd(cmd, out, sizeof out), 1);
 	static const char *const want[] = {
 		"Frobnicate 'frob1' (domain ai.onnx, opset 13): op is not in kiln's op table",
-		"Trilu 'tri2' (domain ai.onnx, opset 13): op is not in kiln's op table",
+		"Einsum 'tri2' (domain ai.onnx, opset 13): op is not in kiln's op table",
 		("Relu 'custom3' (domain com.example, opset -1): domain 'com.example' is not "
 		 "supported"),
 		"kiln: error: ", "3 problems",
@@ -1195,6 +1236,7 @@ static Suite *onnx_import_suite(void)
 	tcase_add_test(t, every_unsupported_node_is_listed_at_once);
 	tcase_add_test(t, msft_qoperator_ops_import_as_dq_op_q);
 	tcase_add_test(t, argmin_of_integers_and_logsumexp_of_large_values);
+	tcase_add_test(t, composites_refuse_what_they_cannot_know);
 	tcase_add_test(t, report_of_an_undecodable_model_is_its_one_error);
 	tcase_add_test(t, cli_inspect_lists_every_unsupported_node);
 	tcase_add_test(t, old_opset_only_for_unchanged_ops);
