@@ -18,6 +18,7 @@
  */
 #include <math.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "frontend/onnx/onnx.h"
@@ -529,6 +530,159 @@ static void size_op(onnx_imp *c, onnx_nd *d)
 	tconst(c, d, n, NULL);
 }
 
+/* ---- more compositions ---------------------------------------------------------- */
+
+/* Sum and Mean of one or more inputs: an Add chain (divided by the count). */
+static void sum_mean(onnx_imp *c, onnx_nd *d, bool mean)
+{
+	uint32_t n = (uint32_t)d->p->n_input, acc = onnx_input(c, d, 0, true);
+	if (n == 0)
+		return (void)onnx_problem(c, d, KILN_EINVAL, "needs at least one input");
+	for (uint32_t i = 1; i < n && acc; i++) {
+		char sfx[32];
+		snprintf(sfx, sizeof sfx, "sum_%u", i);
+		acc = b2(c, d, KILN_OP_ADD, acc, onnx_input(c, d, i, true),
+		         i + 1 == n && !mean ? NULL : sfx);
+	}
+	if (mean)
+		b2(c, d, KILN_OP_DIV, acc, kconst(c, d, dtype(c, acc), n, "count"), NULL);
+	else if (n == 1 && acc)
+		u1(c, d, KILN_OP_IDENTITY, acc, NULL);
+}
+
+static void sum_op(onnx_imp *c, onnx_nd *d) { sum_mean(c, d, false); }
+static void mean_op(onnx_imp *c, onnx_nd *d) { sum_mean(c, d, true); }
+
+static double float_attr(const onnx_nd *d, const char *name, double dflt)
+{
+	const Onnx__AttributeProto *a = onnx_attr(d, name);
+	return a ? a->f : dflt;
+}
+
+/* Shrink: x < -lambd ? x + bias : x > lambd ? x - bias : 0. */
+static void shrink(onnx_imp *c, onnx_nd *d)
+{
+	uint32_t x = onnx_input(c, d, 0, true);
+	kiln_dtype dt = dtype(c, x);
+	double l = float_attr(d, "lambd", 0.5), b = float_attr(d, "bias", 0);
+	uint32_t bias = kconst(c, d, dt, b, "bias");
+	uint32_t hi = step(c, d, KILN_OP_WHERE, 3, (uint32_t[]){
+	                   b2(c, d, KILN_OP_GREATER, x, kconst(c, d, dt, l, "lambd"), "above"),
+	                   b2(c, d, KILN_OP_SUB, x, bias, "minus_bias"), kconst(c, d, dt, 0, "zero")},
+	                   false, "upper");
+	step(c, d, KILN_OP_WHERE, 3, (uint32_t[]){
+	     b2(c, d, KILN_OP_LESS, x, kconst(c, d, dt, -l, "minus_lambd"), "below"),
+	     b2(c, d, KILN_OP_ADD, x, bias, "plus_bias"), hi}, false, NULL);
+}
+
+/* 0, 1, ..., n-1 (i64) laid along axis of a rank-`rank` tensor of ones. */
+static uint32_t iota(onnx_imp *c, onnx_nd *d, int rank, int axis, int64_t n)
+{
+	int64_t shape[KILN_MAX_RANK];
+	for (int i = 0; i < rank; i++)
+		shape[i] = i == axis ? n : 1;
+	kiln_tensor *t = n >= 0 ? ir_tensor_new(c->g, KILN_I64, rank, shape) : NULL;
+	for (int64_t i = 0; t && i < n; i++)
+		ir_store_i64(t, i, i);
+	return tconst(c, d, t, "iota");
+}
+
+/* Hardmax: 1 where the first maximum along axis is, else 0. */
+static void hardmax(onnx_imp *c, onnx_nd *d)
+{
+	uint32_t x = onnx_input(c, d, 0, true);
+	if (!x)
+		return;
+	const ir_type *t = &c->g->val[x]->type;
+	int64_t axis = int_attr(d, "axis", c->opset >= 13 ? -1 : 1);
+	axis += axis < 0 ? t->rank : 0;
+	if (axis < 0 || axis >= t->rank || c->opset < 13)
+		return (void)onnx_problem(c, d, KILN_EUNSUPPORTED, "axis %lld of rank %d (kiln imports "
+		                          "Hardmax from opset 13)", (long long)axis, t->rank);
+	if (ir_dim_expr(c->g, t->dim[axis]))
+		return (void)onnx_problem(c, d, KILN_EUNSUPPORTED, "needs dim %lld (the axis) to be a "
+		                          "number, not a symbol", (long long)axis);
+	ir_node *am = onnx_extra(c, d, KILN_OP_ARGMAX, 1, &x, "argmax");
+	/* axis 0 is ArgMax's default: left unset, as import leaves a default */
+	if (!am || (axis && ir_attr_set_int(c->g, am, "axis", axis)) || !onnx_infer(c, d, am))
+		return (void)(d->failed = true);
+	uint32_t eq = b2(c, d, KILN_OP_EQUAL, iota(c, d, t->rank, (int)axis, t->dim[axis]),
+	                 am->out[0], "is_max");
+	ir_node *cast = eq ? onnx_extra(c, d, KILN_OP_CAST, 1, &eq, NULL) : NULL;
+	if (!cast || ir_attr_set_dtype(c->g, cast, "to", t->dtype))
+		return (void)(d->failed = true);
+	d->n = cast;
+}
+
+/* OneHot(indices, depth, [off, on]): Where(Unsqueeze(idx) == iota, on,
+ * off), negative indices counted from depth. */
+static void one_hot(onnx_imp *c, onnx_nd *d)
+{
+	uint32_t idx = onnx_input(c, d, 0, true);
+	const kiln_tensor *dt = onnx_const_input(c, d, 1, "depth", true);
+	const kiln_tensor *vals = onnx_const_input(c, d, 2, "values", true);
+	if (d->failed)
+		return;
+	if (kiln_tensor_numel(dt) != 1 || kiln_tensor_numel(vals) != 2)
+		return (void)onnx_problem(c, d, KILN_EINVAL, "depth must be one value and values two");
+	int64_t depth = (int64_t)ir_load(dt, 0);
+	int rank = c->g->val[idx]->type.rank + 1;
+	int64_t axis = int_attr(d, "axis", -1);
+	axis += axis < 0 ? rank : 0;
+	if (depth < 1 || axis < 0 || axis >= rank || rank > KILN_MAX_RANK)
+		return (void)onnx_problem(c, d, KILN_EINVAL, "depth %lld, axis %lld for indices of rank "
+		                          "%d", (long long)depth, (long long)int_attr(d, "axis", -1),
+		                          rank - 1);
+	if (dtype(c, idx) != KILN_I64) {
+		ir_node *cast = onnx_extra(c, d, KILN_OP_CAST, 1, &idx, "indices_i64");
+		if (!cast || ir_attr_set_dtype(c->g, cast, "to", KILN_I64) || !onnx_infer(c, d, cast))
+			return (void)(d->failed = true);
+		idx = cast->out[0];
+	}
+	uint32_t dk = kconst(c, d, KILN_I64, (double)depth, "depth");
+	uint32_t wrapped = step(c, d, KILN_OP_WHERE, 3, (uint32_t[]){
+	                        b2(c, d, KILN_OP_LESS, idx, kconst(c, d, KILN_I64, 0, "zero"), "negative"),
+	                        b2(c, d, KILN_OP_ADD, idx, dk, "from_end"), idx}, false, "wrapped");
+	ir_node *u = wrapped ? onnx_extra(c, d, KILN_OP_UNSQUEEZE, 1, &wrapped, "unsqueezed") : NULL;
+	if (!u || ir_attr_set_ints(c->g, u, "axes", 1, &axis) || !onnx_infer(c, d, u))
+		return (void)(d->failed = true);
+	uint32_t hot = b2(c, d, KILN_OP_EQUAL, u->out[0], iota(c, d, rank, (int)axis, depth), "hot");
+	step(c, d, KILN_OP_WHERE, 3, (uint32_t[]){hot, kconst(c, d, vals->dtype, ir_load(vals, 1), "on"),
+	     kconst(c, d, vals->dtype, ir_load(vals, 0), "off")}, false, NULL);
+}
+
+/* Mod: a - b q with q = a / b truncated (fmod=1: C's fmod; floats need
+ * it); fmod=0 (integers) moves a remainder whose sign differs from b's by
+ * b, as Python's %. */
+static void mod_op(onnx_imp *c, onnx_nd *d)
+{
+	uint32_t a = onnx_input(c, d, 0, true), b = onnx_input(c, d, 1, true);
+	bool fmod = int_attr(d, "fmod", 0) != 0;
+	kiln_dtype dt = dtype(c, a);
+	if (!a || !b)
+		return;
+	if (kiln_dtype_is_float(dt) && !fmod)
+		return (void)onnx_problem(c, d, KILN_EINVAL, "fmod=0 is defined for integers only");
+	uint32_t q = b2(c, d, KILN_OP_DIV, a, b, "quotient"), zero = kconst(c, d, dt, 0, "zero");
+	if (kiln_dtype_is_float(dt))
+		q = step(c, d, KILN_OP_WHERE, 3, (uint32_t[]){b2(c, d, KILN_OP_LESS, q, zero, "neg"),
+		         u1(c, d, KILN_OP_CEIL, q, "ceil"), u1(c, d, KILN_OP_FLOOR, q, "floor")}, false,
+		         "truncated");
+	uint32_t r = b2(c, d, KILN_OP_SUB, a, b2(c, d, KILN_OP_MUL, b, q, "product"),
+	                fmod ? NULL : "remainder");
+	if (fmod)
+		return;
+	uint32_t rn = b2(c, d, KILN_OP_LESS, r, zero, "r_neg"), bn = b2(c, d, KILN_OP_LESS, b, zero, "b_neg");
+	uint32_t differ = b2(c, d, KILN_OP_AND, b2(c, d, KILN_OP_OR, rn, bn, "either"),
+	                     u1(c, d, KILN_OP_NOT, b2(c, d, KILN_OP_AND, rn, bn, "both"), "not_both"),
+	                     "signs_differ");
+	uint32_t move = b2(c, d, KILN_OP_AND, differ,
+	                   u1(c, d, KILN_OP_NOT, b2(c, d, KILN_OP_EQUAL, r, zero, "r_zero"), "r_nonzero"),
+	                   "move");
+	step(c, d, KILN_OP_WHERE, 3, (uint32_t[]){move, b2(c, d, KILN_OP_ADD, r, b, "moved"), r}, false,
+	     NULL);
+}
+
 static const struct {
 	const char *name;
 	void (*import)(onnx_imp *c, onnx_nd *d);
@@ -558,6 +712,12 @@ static const struct {
 	{"Range", range},
 	{"InstanceNormalization", instance_norm},
 	{"Size", size_op},
+	{"Sum", sum_op},
+	{"Mean", mean_op},
+	{"Shrink", shrink},
+	{"Hardmax", hardmax},
+	{"OneHot", one_hot},
+	{"Mod", mod_op},
 };
 
 bool onnx_import_composite(onnx_imp *c, onnx_nd *d)
