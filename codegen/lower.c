@@ -583,9 +583,10 @@ static int64_t int_limit(kiln_dtype dt, bool hi)
 static cg_expr *red_init(cg_module *m, kiln_op op, kiln_dtype ct)
 {
 	bool mx = op == KILN_OP_REDUCE_MAX, mn = op == KILN_OP_REDUCE_MIN;
+	double one = op == KILN_OP_REDUCE_PROD;
 	if (kiln_dtype_is_float(ct))
-		return fc(m, ct, mx ? -INFINITY : mn ? INFINITY : 0);
-	cg_expr *e = fc(m, ct, 0);
+		return fc(m, ct, mx ? -INFINITY : mn ? INFINITY : one);
+	cg_expr *e = fc(m, ct, one);
 	if (e && (mx || mn))
 		e->i = int_limit(ct, mn);
 	return e;
@@ -594,6 +595,7 @@ static cg_expr *red_init(cg_module *m, kiln_op op, kiln_dtype ct)
 static const cg_binop red_step[KILN_OP_COUNT] = {
 	[KILN_OP_REDUCE_SUM] = CG_ADD, [KILN_OP_REDUCE_MEAN] = CG_ADD,
 	[KILN_OP_REDUCE_MAX] = CG_MAX, [KILN_OP_REDUCE_MIN] = CG_MIN,
+	[KILN_OP_REDUCE_PROD] = CG_MUL,
 };
 
 /* Groups x's dims by kept/reduced: kept groups index the output. */
@@ -1018,6 +1020,7 @@ const cg_lower_fn cg_lower_table[KILN_OP_COUNT] = {
 	[KILN_OP_WHERE] = elementwise,
 	[KILN_OP_REDUCE_SUM] = reduce, [KILN_OP_REDUCE_MEAN] = reduce,
 	[KILN_OP_REDUCE_MAX] = reduce, [KILN_OP_REDUCE_MIN] = reduce, [KILN_OP_ARGMAX] = argmax,
+	[KILN_OP_REDUCE_PROD] = reduce,
 	[KILN_OP_MATMUL] = cg_lower_matmul, [KILN_OP_GEMM] = cg_lower_gemm,
 	[KILN_OP_CONV] = cg_lower_conv, [KILN_OP_CONV_TRANSPOSE] = cg_lower_conv_transpose,
 	[KILN_OP_MAX_POOL] = cg_lower_pool, [KILN_OP_AVERAGE_POOL] = cg_lower_pool,

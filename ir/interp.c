@@ -543,6 +543,7 @@ static const reducer reducers[KILN_OP_COUNT] = {
 	[KILN_OP_REDUCE_MEAN] = {0, add, 0, addi, true},
 	[KILN_OP_REDUCE_MAX] = {-INFINITY, ir_maxd, INT64_MIN, maxi, false},
 	[KILN_OP_REDUCE_MIN] = {INFINITY, mind, INT64_MAX, mini, false},
+	[KILN_OP_REDUCE_PROD] = {1, mul, 1, muli, false},
 };
 
 /* Marks the reduced axes; false means "no reduction" (empty axes with
@@ -1000,6 +1001,7 @@ const ir_interp_fn ir_interp_table[KILN_OP_COUNT] = {
 	[KILN_OP_WHERE] = where,
 	[KILN_OP_REDUCE_SUM] = reduce, [KILN_OP_REDUCE_MEAN] = reduce,
 	[KILN_OP_REDUCE_MAX] = reduce, [KILN_OP_REDUCE_MIN] = reduce, [KILN_OP_ARGMAX] = argmax,
+	[KILN_OP_REDUCE_PROD] = reduce,
 	[KILN_OP_MATMUL] = matmul, [KILN_OP_GEMM] = gemm,
 	[KILN_OP_CONV] = ir_interp_conv, [KILN_OP_CONV_TRANSPOSE] = ir_interp_conv_transpose,
 	[KILN_OP_MAX_POOL] = ir_interp_pool, [KILN_OP_AVERAGE_POOL] = ir_interp_pool,

@@ -653,6 +653,7 @@ const ir_shape_fn ir_shape_table[KILN_OP_COUNT] = {
 
 	[KILN_OP_REDUCE_SUM] = shape_reduce, [KILN_OP_REDUCE_MEAN] = shape_reduce,
 	[KILN_OP_REDUCE_MAX] = shape_reduce, [KILN_OP_REDUCE_MIN] = shape_reduce,
+	[KILN_OP_REDUCE_PROD] = shape_reduce,
 	[KILN_OP_ARGMAX] = shape_argmax,
 
 	[KILN_OP_MATMUL] = ir_shape_matmul, [KILN_OP_GEMM] = ir_shape_gemm,

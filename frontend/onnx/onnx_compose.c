@@ -683,6 +683,8 @@ static void mod_op(onnx_imp *c, onnx_nd *d)
 	     NULL);
 }
 
+static void cast_like(onnx_imp *c, onnx_nd *d);
+
 static const struct {
 	const char *name;
 	void (*import)(onnx_imp *c, onnx_nd *d);
@@ -718,6 +720,7 @@ static const struct {
 	{"Hardmax", hardmax},
 	{"OneHot", one_hot},
 	{"Mod", mod_op},
+	{"CastLike", cast_like},
 };
 
 bool onnx_import_composite(onnx_imp *c, onnx_nd *d)
@@ -742,4 +745,14 @@ bool onnx_op_imports(const char *domain, const char *op_type)
 		if (!strcmp(op_type, composites[i].name))
 			return true;
 	return ir_op_from_onnx(op_type) != KILN_OP_COUNT;
+}
+
+/* CastLike(x, like): Cast to like's dtype. */
+static void cast_like(onnx_imp *c, onnx_nd *d)
+{
+	uint32_t x = onnx_input(c, d, 0, true), like = onnx_input(c, d, 1, true);
+	ir_node *n = x && like ? onnx_extra(c, d, KILN_OP_CAST, 1, &x, NULL) : NULL;
+	if (!n || ir_attr_set_dtype(c->g, n, "to", c->g->val[like]->type.dtype))
+		return (void)(d->failed = true);
+	d->n = n;
 }

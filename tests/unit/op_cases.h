@@ -96,6 +96,8 @@ static const opcase opcase_reductions[] = {
 	{"reduce_min", KILN_OP_REDUCE_MIN, "axes=1 keepdims=0"},
 	{"reduce_sum_noop", KILN_OP_REDUCE_SUM, "noop_with_empty_axes=1"},
 	{"reduce_sum_i64", KILN_OP_REDUCE_SUM, "axes=0 keepdims=0"},
+	{"reduce_prod", KILN_OP_REDUCE_PROD, "axes=1 keepdims=0"},
+	{"reduce_prod_i64", KILN_OP_REDUCE_PROD, "axes=1"},
 	{"argmax", KILN_OP_ARGMAX, "axis=1"},
 	{"argmax_last", KILN_OP_ARGMAX, "axis=1 keepdims=0 select_last_index=1"},
 };
