@@ -888,6 +888,47 @@ static kiln_status gather(cg_module *m, const ir_node *n, const int *in, const i
 	return KILN_OK;
 }
 
+/* GatherElements: a nest over the indices' dims; x's offset takes the
+ * index (negative from the end, checked, clamped) on the axis and the
+ * loop's coordinate elsewhere. */
+static kiln_status gather_elements(cg_module *m, const ir_node *n, const int *in,
+                                   const int *out, kiln_error *err)
+{
+	const ir_type *x = cg_btype(m, in[0]), *ix = cg_btype(m, in[1]);
+	int64_t axis = ir_attr_int(n, "axis", 0);
+	axis = axis < 0 ? axis + x->rank : axis;
+	if (axis < 0 || axis >= x->rank || ix->rank != x->rank ||
+	    kiln_dtype_is_float(m->buf[in[1]].dt))
+		return cg_lower_fail(m, n, err, KILN_EINVAL, "bad axis, indices or ranks");
+	cg_kernel *k = cg_lower_kernel(m, n);
+	if (!k)
+		return KILN_ENOMEM;
+	cg_expr *dim = cg_dim(m, x->dim[axis]), *ni = m->buf[in[1]].numel;
+	char what[64];
+	snprintf(what, sizeof what, "axis %lld index", (long long)axis);
+	cg_lower_check_all(m, k, n, what, in[1], ni, cg_bin(m, CG_SUB, cg_int(m, 0), dim), dim,
+	                   NULL);
+	int r = ix->rank;
+	cg_expr *ext[KILN_MAX_RANK], *iv[KILN_MAX_RANK];
+	uint32_t h[KILN_MAX_RANK] = {0};
+	for (int d = 0; d < r; d++)
+		ext[d] = cg_dim(m, ix->dim[d]);
+	h[0] = cg_par(m, m->buf[out[0]].numel);
+	cg_stmt *body = cg_nest(m, k, k->body, r, ext, h, iv);
+	cg_expr *yi = cg_int(m, 0);
+	for (int d = 0; d < r; d++)
+		yi = cg_bin(m, CG_ADD, cg_bin(m, CG_MUL, yi, ext[d]), iv[d]);
+	cg_expr *v = cg_cast(m, cg_load(m, in[1], yi), KILN_I64);
+	cg_expr *at = cg_select(m, cg_bin(m, CG_LT, v, cg_int(m, 0)), cg_bin(m, CG_ADD, v, dim), v);
+	at = cg_clamp(m, at, dim);
+	cg_expr *xi = cg_int(m, 0);
+	for (int d = 0; d < r; d++)
+		xi = cg_bin(m, CG_ADD, cg_bin(m, CG_MUL, xi, cg_dim(m, x->dim[d])),
+		            d == axis ? at : iv[d]);
+	cg_append(m, body, cg_store(m, out[0], yi, cg_load(m, in[0], xi)));
+	return KILN_OK;
+}
+
 /* Where padded coordinate j reads: reflect mirrors without repeating the
  * edge (period 2(dim-1)), edge clamps; dims of 1 behave as edge. */
 static cg_expr *pad_src(cg_module *m, int mode, cg_expr *j, cg_expr *dim)
@@ -1029,6 +1070,7 @@ const cg_lower_fn cg_lower_table[KILN_OP_COUNT] = {
 	[KILN_OP_SOFTMAX] = cg_lower_softmax, [KILN_OP_LOG_SOFTMAX] = cg_lower_softmax,
 	[KILN_OP_RESHAPE] = view, [KILN_OP_TRANSPOSE] = transpose, [KILN_OP_CONCAT] = concat,
 	[KILN_OP_SPLIT] = split, [KILN_OP_SLICE] = slice, [KILN_OP_GATHER] = gather,
+	[KILN_OP_GATHER_ELEMENTS] = gather_elements,
 	[KILN_OP_FLATTEN] = view, [KILN_OP_SQUEEZE] = view, [KILN_OP_UNSQUEEZE] = view,
 	[KILN_OP_EXPAND] = expand, [KILN_OP_PAD] = pad, [KILN_OP_SHAPE] = shape,
 	[KILN_OP_CONSTANT] = NULL, /* a CONST buffer, made by the driver */

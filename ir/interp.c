@@ -805,6 +805,37 @@ static kiln_status gather(ir_interp *c, const ir_node *n, kiln_tensor *const *in
 	return rc;
 }
 
+/* out[c] = x[c with its axis coordinate replaced by indices[c]]: out has
+ * the indices' shape, no larger than x's but along the axis. */
+static kiln_status gather_elements(ir_interp *c, const ir_node *n, kiln_tensor *const *in,
+                                   kiln_tensor *const *out)
+{
+	const kiln_tensor *x = in[0], *ix = in[1];
+	int64_t axis = ir_naxis(ir_attr_int(n, "axis", 0), x->rank);
+	kiln_status rc = same_dtype(c, n, x, out[0]);
+	if (axis < 0 || axis >= x->rank || !ir_isint(ix->dtype) || ix->rank != x->rank)
+		return ir_fail(c, n, KILN_EINVAL, "bad axis, non-integer indices or ranks that differ");
+	int64_t coord[KILN_MAX_RANK] = {0}, dim = x->shape[axis];
+	for (int64_t i = 0, cnt = kiln_tensor_numel(ix); i < cnt && !rc; i++) {
+		int64_t rest = i, xi = 0;
+		for (int d = ix->rank - 1; d >= 0; d--)
+			coord[d] = rest % ix->shape[d], rest /= ix->shape[d];
+		int64_t v = ir_load_i64(ix, i), at = v < 0 ? v + dim : v;
+		if (at < 0 || at >= dim) {
+			char a[96];
+			return ir_fail(c, n, KILN_EINVAL, "index %lld out of range for axis %lld of %s",
+			               (long long)v, (long long)axis, ir_tstr(x, a, sizeof a));
+		}
+		for (int d = 0; d < x->rank; d++) {
+			if (d != axis && coord[d] >= x->shape[d])
+				return ir_fail(c, n, KILN_ESHAPE, "indices are larger than data off the axis");
+			xi = xi * x->shape[d] + (d == axis ? at : coord[d]);
+		}
+		copy_elem(out[0], i, x, xi);
+	}
+	return rc;
+}
+
 static kiln_status expand(ir_interp *c, const ir_node *n, kiln_tensor *const *in,
                           kiln_tensor *const *out)
 {
@@ -1010,6 +1041,7 @@ const ir_interp_fn ir_interp_table[KILN_OP_COUNT] = {
 	[KILN_OP_SOFTMAX] = ir_interp_softmax, [KILN_OP_LOG_SOFTMAX] = ir_interp_softmax,
 	[KILN_OP_RESHAPE] = copy, [KILN_OP_TRANSPOSE] = transpose, [KILN_OP_CONCAT] = concat,
 	[KILN_OP_SPLIT] = split, [KILN_OP_SLICE] = slice, [KILN_OP_GATHER] = gather,
+	[KILN_OP_GATHER_ELEMENTS] = gather_elements,
 	[KILN_OP_FLATTEN] = copy, [KILN_OP_SQUEEZE] = copy, [KILN_OP_UNSQUEEZE] = copy,
 	[KILN_OP_EXPAND] = expand, [KILN_OP_PAD] = pad, [KILN_OP_SHAPE] = shape,
 	[KILN_OP_CONSTANT] = constant, [KILN_OP_DROPOUT] = ir_interp_dropout,

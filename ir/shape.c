@@ -492,6 +492,28 @@ static kiln_status shape_gather(kiln_graph *g, const ir_node *n, const ir_type *
 	return KILN_OK;
 }
 
+/* GatherElements: the indices' shape, x's dtype; same ranks, and off the
+ * axis the indices no larger than x where both are known. */
+static kiln_status shape_gather_elements(kiln_graph *g, const ir_node *n, const ir_type *in,
+                                         ir_type *out)
+{
+	const ir_type *x = &in[0], *ix = &in[1];
+	int axis;
+	tbuf a, b;
+	TRY(ir_axis_norm(g, n, ir_attr_int(n, "axis", 0), x->rank, 0, x, &axis));
+	if (ix->dtype != KILN_I32 && ix->dtype != KILN_I64)
+		FAIL(KILN_ESHAPE, "indices must be i32 or i64, got %s", TS(ix, a));
+	if (ix->rank != x->rank)
+		FAIL(KILN_ESHAPE, "indices %s and data %s must have the same rank", TS(ix, a), TS(x, b));
+	for (int d = 0; d < x->rank; d++)
+		if (d != axis && !ir_dim_expr(g, x->dim[d]) && !ir_dim_expr(g, ix->dim[d]) &&
+		    ix->dim[d] > x->dim[d])
+			FAIL(KILN_ESHAPE, "indices %s exceed data %s on dim %d", TS(ix, a), TS(x, b), d);
+	out[0] = *ix;
+	out[0].dtype = x->dtype;
+	return KILN_OK;
+}
+
 static kiln_status shape_flatten(kiln_graph *g, const ir_node *n, const ir_type *in,
                                  ir_type *out)
 {
@@ -668,6 +690,7 @@ const ir_shape_fn ir_shape_table[KILN_OP_COUNT] = {
 	[KILN_OP_RESHAPE] = shape_reshape, [KILN_OP_TRANSPOSE] = shape_transpose,
 	[KILN_OP_CONCAT] = shape_concat, [KILN_OP_SPLIT] = shape_split,
 	[KILN_OP_SLICE] = shape_slice, [KILN_OP_GATHER] = shape_gather,
+	[KILN_OP_GATHER_ELEMENTS] = shape_gather_elements,
 	[KILN_OP_FLATTEN] = shape_flatten, [KILN_OP_SQUEEZE] = shape_squeeze,
 	[KILN_OP_UNSQUEEZE] = shape_unsqueeze, [KILN_OP_EXPAND] = shape_expand,
 	[KILN_OP_PAD] = shape_pad, [KILN_OP_SHAPE] = shape_shape,

@@ -158,6 +158,8 @@ static const opcase opcase_movement[] = {
 	{"slice_neg_step", KILN_OP_SLICE, "starts=-1,4 ends=-1000,0 axes=0,1 steps=-2,-1"},
 	{"slice_clamp", KILN_OP_SLICE, "starts=-100,1 ends=100,1000 axes=1,2"},
 	{"gather", KILN_OP_GATHER, "axis=0"}, {"gather_axis1", KILN_OP_GATHER, "axis=1"},
+	{"gather_elements", KILN_OP_GATHER_ELEMENTS, "axis=1"},
+	{"gather_elements_axis0", KILN_OP_GATHER_ELEMENTS, "axis=-3"},
 	{"flatten", KILN_OP_FLATTEN, "axis=2"}, {"squeeze", KILN_OP_SQUEEZE, "axes=0,2"},
 	{"unsqueeze", KILN_OP_UNSQUEEZE, "axes=0,5"}, {"expand", KILN_OP_EXPAND, "shape=2,3,4"},
 	{"pad_constant", KILN_OP_PAD, "pads=0,0,1,2,0,0,2,1 value=1.5"},
