@@ -288,10 +288,13 @@ static uint32_t transpose(onnx_imp *c, onnx_nd *d, uint32_t x, int n, const int6
 	if (!x || d->failed)
 		return 0;
 	ir_node *t = onnx_extra(c, d, KILN_OP_TRANSPOSE, 1, &x, suffix);
-	if (!t || ir_attr_set_ints(c->g, t, "perm", (uint32_t)n, perm) || !onnx_infer(c, d, t)) {
+	if (!t || ir_attr_set_ints(c->g, t, "perm", (uint32_t)n, perm) ||
+	    (suffix && !onnx_infer(c, d, t))) {
 		d->failed = true;
 		return 0;
 	}
+	if (!suffix)
+		d->n = t;
 	return t->out[0];
 }
 
@@ -683,6 +686,220 @@ static void mod_op(onnx_imp *c, onnx_nd *d)
 	     NULL);
 }
 
+/* ---- batch: constants, tests, windows, scans ----------------------------------- */
+
+/* EyeLike: ones on diagonal k of x's (known) 2-D shape, in dtype (or x's). */
+static void eye_like(onnx_imp *c, onnx_nd *d)
+{
+	uint32_t x = onnx_input(c, d, 0, true);
+	const ir_type *t = fixed_dims(c, d, x, 0, "EyeLike");
+	if (!t)
+		return;
+	if (t->rank != 2)
+		return (void)onnx_problem(c, d, KILN_EINVAL, "input of rank %d: EyeLike takes 2-D",
+		                          t->rank);
+	const Onnx__AttributeProto *a = onnx_attr(d, "dtype");
+	kiln_dtype dt = a ? onnx_dtype_to_kiln((int32_t)a->i) : t->dtype;
+	if (dt == KILN_DT_INVALID)
+		return (void)onnx_problem(c, d, KILN_EUNSUPPORTED, "dtype %lld is not one kiln has",
+		                          (long long)a->i);
+	int64_t k = int_attr(d, "k", 0);
+	kiln_tensor *e = ir_tensor_new(c->g, dt, 2, t->dim);
+	for (int64_t i = 0; e && i < t->dim[0]; i++)
+		if (i + k >= 0 && i + k < t->dim[1])
+			ir_store(e, i * t->dim[1] + i + k, 1);
+	tconst(c, d, e, NULL);
+}
+
+/* IsNaN: x != x. */
+static void is_nan(onnx_imp *c, onnx_nd *d)
+{
+	uint32_t x = onnx_input(c, d, 0, true);
+	u1(c, d, KILN_OP_NOT, b2(c, d, KILN_OP_EQUAL, x, x, "equal"), NULL);
+}
+
+/* IsInf: x == +inf (detect_positive), or x == -inf (detect_negative). */
+static void is_inf(onnx_imp *c, onnx_nd *d)
+{
+	uint32_t x = onnx_input(c, d, 0, true);
+	bool pos = int_attr(d, "detect_positive", 1), neg = int_attr(d, "detect_negative", 1);
+	kiln_dtype dt = dtype(c, x);
+	if (!pos && !neg) /* never: x != x or x == x */
+		return (void)b2(c, d, KILN_OP_AND, b2(c, d, KILN_OP_EQUAL, x, x, "equal"),
+		                u1(c, d, KILN_OP_NOT, b2(c, d, KILN_OP_EQUAL, x, x, "equal2"), "nan"),
+		                NULL);
+	uint32_t p = pos ? b2(c, d, KILN_OP_EQUAL, x, kconst(c, d, dt, INFINITY, "inf"),
+	                      neg ? "is_pos" : NULL) : 0;
+	uint32_t q = neg ? b2(c, d, KILN_OP_EQUAL, x, kconst(c, d, dt, -INFINITY, "minus_inf"),
+	                      pos ? "is_neg" : NULL) : 0;
+	if (pos && neg)
+		b2(c, d, KILN_OP_OR, p, q, NULL);
+}
+
+/* Tan: sin / cos. */
+static void tan_op(onnx_imp *c, onnx_nd *d)
+{
+	uint32_t x = onnx_input(c, d, 0, true);
+	b2(c, d, KILN_OP_DIV, u1(c, d, KILN_OP_SIN, x, "sin"), u1(c, d, KILN_OP_COS, x, "cos"), NULL);
+}
+
+/* Hann, Hamming and Blackman windows of a size known at import: sums of
+ * a[j] cos(2 pi j n / N) with N = size (periodic) or size - 1. */
+static void window(onnx_imp *c, onnx_nd *d, const double *a, int na)
+{
+	const kiln_tensor *s = onnx_const_input(c, d, 0, "size", true);
+	if (d->failed)
+		return;
+	int64_t n = kiln_tensor_numel(s) == 1 ? ir_load_i64(s, 0) : -1;
+	const Onnx__AttributeProto *od = onnx_attr(d, "output_datatype");
+	kiln_dtype dt = od ? onnx_dtype_to_kiln((int32_t)od->i) : KILN_F32;
+	if (n < 0 || n > (1 << 26) || dt == KILN_DT_INVALID)
+		return (void)onnx_problem(c, d, KILN_EINVAL, "size must be one value in [0, 2^26] and "
+		                          "output_datatype one kiln has");
+	double den = int_attr(d, "periodic", 1) ? (double)n : (double)n - 1;
+	kiln_tensor *w = ir_tensor_new(c->g, dt, 1, &n);
+	for (int64_t i = 0; w && i < n; i++) {
+		double v = 0;
+		for (int j = 0; j < na; j++)
+			v += a[j] * cos(2 * M_PI * j * (double)i / den);
+		ir_store(w, i, v);
+	}
+	tconst(c, d, w, NULL);
+}
+
+static void hann_window(onnx_imp *c, onnx_nd *d)
+{
+	window(c, d, (const double[]){0.5, -0.5}, 2);
+}
+
+static void hamming_window(onnx_imp *c, onnx_nd *d)
+{
+	window(c, d, (const double[]){25.0 / 46, -(1 - 25.0 / 46)}, 2);
+}
+
+static void blackman_window(onnx_imp *c, onnx_nd *d)
+{
+	window(c, d, (const double[]){0.42, -0.5, 0.08}, 3);
+}
+
+/* Compress with a condition known at import: Gather of the positions that
+ * hold (of the flattened input when there is no axis). */
+static void compress(onnx_imp *c, onnx_nd *d)
+{
+	uint32_t x = onnx_input(c, d, 0, true);
+	const kiln_tensor *cond = onnx_const_input(c, d, 1, "condition", true);
+	if (d->failed)
+		return;
+	const Onnx__AttributeProto *ax = onnx_attr(d, "axis");
+	int64_t n = 0, cnt = kiln_tensor_numel(cond);
+	for (int64_t i = 0; i < cnt; i++)
+		n += ir_load(cond, i) != 0;
+	kiln_tensor *idx = ir_tensor_new(c->g, KILN_I64, 1, &n);
+	for (int64_t i = 0, k = 0; idx && i < cnt; i++)
+		if (ir_load(cond, i) != 0)
+			ir_store_i64(idx, k++, i);
+	uint32_t iv = tconst(c, d, idx, "positions");
+	if (!ax)
+		x = reshape_to(c, d, x, 1, (int64_t[]){-1}, "flat");
+	ir_node *g = x && iv ? onnx_extra(c, d, KILN_OP_GATHER, 2, (uint32_t[]){x, iv}, NULL) : NULL;
+	if (!g || (ax && ax->i && ir_attr_set_int(c->g, g, "axis", ax->i)))
+		return (void)(d->failed = true);
+	d->n = g;
+}
+
+/* A Cast of x to dt, inferred unless last (suffix NULL: d's result). */
+static uint32_t cast_to(onnx_imp *c, onnx_nd *d, uint32_t x, kiln_dtype dt, const char *suffix)
+{
+	ir_node *n = x && !d->failed ? onnx_extra(c, d, KILN_OP_CAST, 1, &x, suffix) : NULL;
+	if (!n || ir_attr_set_dtype(c->g, n, "to", dt)) {
+		d->failed = true;
+		return 0;
+	}
+	if (!suffix) {
+		d->n = n;
+		return n->out[0];
+	}
+	return onnx_infer(c, d, n) ? n->out[0] : (d->failed = true, 0);
+}
+
+/* CumSum along an axis of known length n: x (axis moved last) times the
+ * n x n 0/1 matrix of which inputs each output sums (exclusive, reverse),
+ * in f64 for integers (exact to 2^53). */
+static void cum_sum(onnx_imp *c, onnx_nd *d)
+{
+	uint32_t x = onnx_input(c, d, 0, true);
+	const kiln_tensor *at = onnx_const_input(c, d, 1, "axis", true);
+	if (d->failed)
+		return;
+	const ir_type *t = &c->g->val[x]->type;
+	int rank = t->rank;
+	int64_t axis = kiln_tensor_numel(at) == 1 ? ir_load_i64(at, 0) : rank;
+	axis += axis < 0 ? rank : 0;
+	if (axis < 0 || axis >= rank)
+		return (void)onnx_problem(c, d, KILN_EINVAL, "axis out of range for rank %d", rank);
+	if (ir_dim_expr(c->g, t->dim[axis]))
+		return (void)onnx_problem(c, d, KILN_EUNSUPPORTED, "needs dim %lld (the axis) to be a "
+		                          "number, not a symbol", (long long)axis);
+	int64_t n = t->dim[axis], perm[KILN_MAX_RANK], inv[KILN_MAX_RANK];
+	bool excl = int_attr(d, "exclusive", 0), rev = int_attr(d, "reverse", 0);
+	kiln_dtype dt = t->dtype, ct = kiln_dtype_is_float(dt) ? dt : KILN_F64;
+	kiln_tensor *m = ir_tensor_new(c->g, ct, 2, (int64_t[]){n, n}); /* m[j][i]: j into i */
+	for (int64_t j = 0; m && j < n; j++)
+		for (int64_t i = 0; i < n; i++)
+			ir_store(m, j * n + i, rev ? (excl ? j > i : j >= i) : (excl ? j < i : j <= i));
+	for (int i = 0; i < rank; i++)
+		perm[i] = i < axis ? i : i == rank - 1 ? axis : i + 1;
+	for (int i = 0; i < rank; i++)
+		inv[perm[i]] = i;
+	bool move = axis != rank - 1, cast = ct != dt;
+	uint32_t tri = tconst(c, d, m, "triangle"), y = x;
+	if (cast)
+		y = cast_to(c, d, y, ct, "as_f64");
+	if (move)
+		y = transpose(c, d, y, rank, perm, "axis_last");
+	y = b2(c, d, KILN_OP_MATMUL, y, tri, move || cast ? "sums" : NULL);
+	if (move)
+		y = transpose(c, d, y, rank, inv, cast ? "axis_back" : NULL);
+	if (cast)
+		cast_to(c, d, y, dt, NULL);
+}
+
+/* LRN over channels: x / (bias + alpha / size * sum of x^2 over the size
+ * channels around)^beta, the window sum an AveragePool (zeros counted) of
+ * x^2 viewed as [N, 1, C, spatial] times size. */
+static void lrn(onnx_imp *c, onnx_nd *d)
+{
+	uint32_t x = onnx_input(c, d, 0, true);
+	const ir_type *t = fixed_dims(c, d, x, 1, "LRN");
+	int64_t size = int_attr(d, "size", 0);
+	if (!t)
+		return;
+	if (t->rank < 3 || size < 1)
+		return (void)onnx_problem(c, d, KILN_EINVAL, "needs [N, C, spatial...] and size >= 1 "
+		                          "(rank %d, size %lld)", t->rank, (long long)size);
+	int64_t sp = 1, back[KILN_MAX_RANK];
+	for (int i = 2; i < t->rank; i++)
+		sp *= t->dim[i];
+	for (int i = 0; i < t->rank; i++)
+		back[i] = i ? t->dim[i] : 0;
+	kiln_dtype dt = t->dtype;
+	uint32_t sq = b2(c, d, KILN_OP_MUL, x, x, "square");
+	sq = reshape_to(c, d, sq, 4, (int64_t[]){0, 1, t->dim[1], sp}, "channels_as_rows");
+	ir_node *p = sq ? onnx_extra(c, d, KILN_OP_AVERAGE_POOL, 1, &sq, "window_mean") : NULL;
+	int64_t lo = (size - 1) / 2, hi = size - 1 - lo;
+	if (!p || ir_attr_set_ints(c->g, p, "kernel_shape", 2, (int64_t[]){size, 1}) ||
+	    ir_attr_set_ints(c->g, p, "pads", 4, (int64_t[]){lo, 0, hi, 0}) ||
+	    ir_attr_set_int(c->g, p, "count_include_pad", 1) || !onnx_infer(c, d, p))
+		return (void)(d->failed = true);
+	uint32_t s = reshape_to(c, d, p->out[0], t->rank, back, "window_mean_back");
+	double alpha = float_attr(d, "alpha", 1e-4), beta = float_attr(d, "beta", 0.75);
+	uint32_t base = b2(c, d, KILN_OP_ADD, kconst(c, d, dt, float_attr(d, "bias", 1), "bias"),
+	                   b2(c, d, KILN_OP_MUL, s, kconst(c, d, dt, alpha, "alpha"), "scaled"),
+	                   "base");
+	b2(c, d, KILN_OP_DIV, x, b2(c, d, KILN_OP_POW, base, kconst(c, d, dt, beta, "beta"), "den"),
+	   NULL);
+}
+
 static void cast_like(onnx_imp *c, onnx_nd *d);
 
 static const struct {
@@ -721,6 +938,16 @@ static const struct {
 	{"OneHot", one_hot},
 	{"Mod", mod_op},
 	{"CastLike", cast_like},
+	{"EyeLike", eye_like},
+	{"IsNaN", is_nan},
+	{"IsInf", is_inf},
+	{"Tan", tan_op},
+	{"HannWindow", hann_window},
+	{"HammingWindow", hamming_window},
+	{"BlackmanWindow", blackman_window},
+	{"Compress", compress},
+	{"CumSum", cum_sum},
+	{"LRN", lrn},
 };
 
 bool onnx_import_composite(onnx_imp *c, onnx_nd *d)
