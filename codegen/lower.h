@@ -100,6 +100,10 @@ kiln_status cg_lower_conv_winograd(cg_module *m, const ir_node *n, const int *in
                                    const ir_conv_geom *g, bool weights_at_run, kiln_error *err);
 
 /* lower_nn.c */
+/* A constant buffer holding t (an arena tensor, cg_lower_arena_tensor),
+ * named "<buffer of's name>.sfx"; -1 when out of memory. */
+int cg_lower_const_buf(cg_module *m, kiln_tensor *t, int of, const char *sfx);
+kiln_tensor *cg_lower_arena_tensor(cg_module *m, kiln_dtype dt, int64_t n);
 kiln_status cg_lower_matmul(cg_module *m, const ir_node *n, const int *in, const int *out,
                             kiln_error *err);
 kiln_status cg_lower_gemm(cg_module *m, const ir_node *n, const int *in, const int *out,
@@ -121,6 +125,9 @@ kiln_status cg_lower_qlinear_conv(cg_module *m, const ir_node *n, const int *in,
                                   kiln_error *err);
 kiln_status cg_lower_pool(cg_module *m, const ir_node *n, const int *in, const int *out,
                           kiln_error *err);
+/* lower_resize.c */
+kiln_status cg_lower_resize(cg_module *m, const ir_node *n, const int *in, const int *out,
+                            kiln_error *err);
 kiln_status cg_lower_global_avg_pool(cg_module *m, const ir_node *n, const int *in,
                                      const int *out, kiln_error *err);
 kiln_status cg_lower_batch_norm(cg_module *m, const ir_node *n, const int *in, const int *out,

@@ -2327,3 +2327,15 @@ kiln_status cg_lower_loss(cg_module *m, const ir_node *n, const int *in, const i
 	}
 	return nll(m, n, x, lp, in[1], w, out[0], err);
 }
+
+/* ---- shared with the other lowering files (lower.h) ----------------------------- */
+
+int cg_lower_const_buf(cg_module *m, kiln_tensor *t, int of, const char *sfx)
+{
+	return const_buf(m, t, of, sfx);
+}
+
+kiln_tensor *cg_lower_arena_tensor(cg_module *m, kiln_dtype dt, int64_t n)
+{
+	return arena_tensor(m, dt, n);
+}

@@ -1042,6 +1042,7 @@ const ir_interp_fn ir_interp_table[KILN_OP_COUNT] = {
 	[KILN_OP_RESHAPE] = copy, [KILN_OP_TRANSPOSE] = transpose, [KILN_OP_CONCAT] = concat,
 	[KILN_OP_SPLIT] = split, [KILN_OP_SLICE] = slice, [KILN_OP_GATHER] = gather,
 	[KILN_OP_GATHER_ELEMENTS] = gather_elements,
+	[KILN_OP_RESIZE] = ir_interp_resize,
 	[KILN_OP_FLATTEN] = copy, [KILN_OP_SQUEEZE] = copy, [KILN_OP_UNSQUEEZE] = copy,
 	[KILN_OP_EXPAND] = expand, [KILN_OP_PAD] = pad, [KILN_OP_SHAPE] = shape,
 	[KILN_OP_CONSTANT] = constant, [KILN_OP_DROPOUT] = ir_interp_dropout,

@@ -59,6 +59,10 @@ kiln_status ir_interp_dropout(ir_interp *c, const ir_node *n, kiln_tensor *const
 kiln_status ir_interp_loss(ir_interp *c, const ir_node *n, kiln_tensor *const *in,
                            kiln_tensor *const *out);
 
+/* resize.c */
+kiln_status ir_interp_resize(ir_interp *c, const ir_node *n, kiln_tensor *const *in,
+                             kiln_tensor *const *out);
+
 /* ---- quantization kernels (interp_quant.c), by op; NULL where none ----- */
 
 extern const ir_interp_fn ir_interp_quant_table[KILN_OP_COUNT];

@@ -326,6 +326,32 @@ ir_shape_fn ir_shape_rule(kiln_op op);
  * output type equals what inference gives; the message names the node. */
 kiln_status ir_verify(const kiln_graph *g, kiln_error *err);
 
+/* ---- resize.c: Resize's per-axis taps (interpreter and lowering) ------- */
+
+typedef struct ir_resize {
+	int mode;     /* 0 nearest, 1 linear, 2 cubic */
+	int ctm;      /* coordinate_transformation_mode: 0 half_pixel, 1 pytorch_half_pixel,
+	                 2 align_corners, 3 asymmetric, 4 tf_half_pixel_for_nn,
+	                 5 tf_crop_and_resize */
+	int nearest;  /* 0 round_prefer_floor, 1 round_prefer_ceil, 2 floor, 3 ceil */
+	double a, extrap;
+	bool exclude;
+	const double *scales, *roi;
+	const int64_t *sizes;
+	uint32_t nscales, nsizes, nroi;
+} ir_resize;
+
+/* n's attributes for an input of rank rank; EINVAL with why otherwise. */
+kiln_status ir_resize_parse(const ir_node *n, int rank, ir_resize *r, char *why, size_t size);
+/* Output length of axis d (-1 when it does not fit). */
+int64_t ir_resize_out(const ir_resize *r, int d, int rank, int64_t in);
+double ir_resize_scale(const ir_resize *r, int d, int64_t in, int64_t out);
+/* The taps of output coordinate o along axis d (in -> out): count (0 when
+ * tf_crop_and_resize leaves the axis: *outside), indices clamped into the
+ * axis, weights (idx, w: room for 4). */
+int ir_resize_taps(const ir_resize *r, int d, int rank, int64_t in, int64_t out, int64_t o,
+                   int64_t *idx, double *w, bool *outside);
+
 /* ---- kir_print.c / kir_parse.c ----------------------------------------- */
 
 char *ir_print(const kiln_graph *g); /* malloc'd */

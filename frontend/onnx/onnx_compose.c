@@ -900,6 +900,31 @@ static void lrn(onnx_imp *c, onnx_nd *d)
 	   NULL);
 }
 
+/* Upsample (opsets 7 to 9; scales an attribute, then an input): Resize
+ * with asymmetric coordinates and floor for nearest, as it defined them. */
+static void upsample(onnx_imp *c, onnx_nd *d)
+{
+	uint32_t x = onnx_input(c, d, 0, true);
+	const Onnx__AttributeProto *sa = onnx_attr(d, "scales"), *ma = onnx_attr(d, "mode");
+	const kiln_tensor *st = sa ? NULL : onnx_const_input(c, d, 1, "scales", true);
+	if (d->failed || !x)
+		return;
+	int64_t cnt = sa ? (int64_t)sa->n_floats : kiln_tensor_numel(st);
+	double *f = ir_alloc(c->g->arena, (size_t)(cnt + 1) * sizeof *f);
+	for (int64_t k = 0; f && k < cnt; k++)
+		f[k] = sa ? sa->floats[k] : ir_load(st, k);
+	char mode[16] = "nearest";
+	if (ma && ma->s.len && ma->s.len < sizeof mode)
+		memcpy(mode, ma->s.data, ma->s.len), mode[ma->s.len] = 0;
+	ir_node *n = f ? onnx_extra(c, d, KILN_OP_RESIZE, 1, &x, NULL) : NULL;
+	if (!n || ir_attr_set_floats(c->g, n, "scales", (uint32_t)cnt, f) ||
+	    (strcmp(mode, "nearest") && ir_attr_set_string(c->g, n, "mode", mode)) ||
+	    ir_attr_set_string(c->g, n, "coordinate_transformation_mode", "asymmetric") ||
+	    ir_attr_set_string(c->g, n, "nearest_mode", "floor"))
+		return (void)(d->failed = true);
+	d->n = n;
+}
+
 static void cast_like(onnx_imp *c, onnx_nd *d);
 
 static const struct {
@@ -948,6 +973,7 @@ static const struct {
 	{"Compress", compress},
 	{"CumSum", cum_sum},
 	{"LRN", lrn},
+	{"Upsample", upsample},
 };
 
 bool onnx_import_composite(onnx_imp *c, onnx_nd *d)

@@ -392,6 +392,7 @@ typedef enum {
 	MV_LIKE,     /* scalar of the first input's dtype */
 	MV_F32,      /* float scalar */
 	MV_BOOL,     /* bool scalar */
+	MV_FLOATS,   /* float 1-D tensor of the floats */
 } mv_kind;
 
 typedef struct move {
@@ -413,6 +414,7 @@ static const move moves[KILN_OP_COUNT][4] = {
 	[KILN_OP_PAD] = {{"pads", MV_INTS}, {"value", MV_LIKE}},
 	[KILN_OP_REDUCE_SUM] = {{"axes", MV_INTS}},
 	[KILN_OP_DROPOUT] = {{"ratio", MV_F32}, {"training_mode", MV_BOOL}},
+	[KILN_OP_RESIZE] = {{"roi", MV_FLOATS}, {"scales", MV_FLOATS}, {"sizes", MV_INTS}},
 };
 
 static bool is_moved(kiln_op op, const char *name)
@@ -454,19 +456,29 @@ static const char *moved_input(ex *x, const ir_node *n, const ir_attr *a, mv_kin
 	double v = a->kind == IR_A_FLOAT ? a->u.f : (double)a->u.i;
 	kiln_tensor *t = NULL;
 	bool ints = kind == MV_INTS || kind == MV_SHAPE;
-	if (ints != (a->kind == IR_A_INTS) || (!ints && a->kind != IR_A_FLOAT &&
-	                                        a->kind != IR_A_INT)) {
+	if (kind == MV_FLOATS ? a->kind != IR_A_FLOATS
+	                      : ints != (a->kind == IR_A_INTS) || (!ints && a->kind != IR_A_FLOAT &&
+	                                                           a->kind != IR_A_INT)) {
 		fail(x, KILN_EVERIFY, "onnx export: %s: attribute %s has the wrong kind",
 		     ir_node_desc(n, desc, sizeof desc), a->name);
 		return NULL;
 	}
+	for (uint32_t i = 0; kind == MV_INTS && n->op == KILN_OP_RESIZE && i < a->n; i++)
+		if (a->u.ints[i] < 0) {
+			fail(x, KILN_EUNSUPPORTED, "onnx export: %s: sizes[%u] is a symbolic dim, which "
+			     "has no constant form", ir_node_desc(n, desc, sizeof desc), i);
+			return NULL;
+		}
+	if (kind == MV_FLOATS && (t = scratch_tensor(x, KILN_F32, 1, a->n)))
+		for (uint32_t i = 0; i < a->n; i++)
+			((float *)t->data)[i] = (float)a->u.floats[i];
 	if (kind == MV_INTS && (t = scratch_tensor(x, KILN_I64, 1, a->n)))
 		memcpy(t->data, a->u.ints, a->n * sizeof(int64_t));
 	else if (kind == MV_SHAPE)
 		t = shape_tensor(x, n, a);
 	else if (kind == MV_LIKE)
 		t = scalar(x, x->g->val[n->in[0]]->type.dtype, v);
-	else if (kind != MV_INTS)
+	else if (kind != MV_INTS && kind != MV_FLOATS)
 		t = scalar(x, kind == MV_F32 ? KILN_F32 : KILN_BOOL, v);
 	snprintf(base, sizeof base, "%.500s_%s", x->vname[n->out[0]], a->name);
 	return t ? constant(x, base, t) : NULL;

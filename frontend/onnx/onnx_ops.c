@@ -282,6 +282,49 @@ static void zero_points(onnx_imp *c, onnx_nd *d)
 		onnx_emit_with(c, d, nin, in, NULL);
 }
 
+/* Resize's sizes: a symbolic element is kept as the symbol (the shape rule
+ * accepts it where it equals the input's dim: that axis is not resized). */
+static bool resize_sizes(onnx_imp *c, onnx_nd *d, const onnx_svec *s, int64_t *out)
+{
+	(void)c, (void)d;
+	for (int i = 0; i < s->n; i++)
+		out[i] = s->v[i];
+	return true;
+}
+
+/* Resize: opset 10 takes (X, scales) with Upsample's asymmetric
+ * coordinates and floor for nearest; opset 11 on (X, roi, scales, sizes),
+ * any of the last three absent or empty.  They become attributes; roi
+ * only matters to tf_crop_and_resize. */
+static void resize(onnx_imp *c, onnx_nd *d)
+{
+	if (!onnx_emit(c, d, 1, NULL))
+		return;
+	int si = c->opset < 11 ? 1 : 2;
+	for (int i = c->opset < 11 ? 1 : 1; i <= si && !d->failed; i++) {
+		bool roi = c->opset >= 11 && i == 1;
+		uint32_t v = onnx_input(c, d, (uint32_t)i, false);
+		if (!v || (roi && strcmp(ir_attr_str(d->n, "coordinate_transformation_mode",
+		                                     "half_pixel"), "tf_crop_and_resize")))
+			continue;
+		const kiln_tensor *t = onnx_const_input(c, d, (uint32_t)i, roi ? "roi" : "scales",
+		                                        false);
+		int64_t cnt = t ? kiln_tensor_numel(t) : 0;
+		double *f = cnt ? ir_alloc(c->g->arena, (size_t)cnt * sizeof *f) : NULL;
+		for (int64_t k = 0; f && k < cnt; k++)
+			f[k] = ir_load(t, k);
+		if (cnt && (!f || ir_attr_set_floats(c->g, d->n, roi ? "roi" : "scales", (uint32_t)cnt, f)))
+			onnx_problem(c, d, KILN_ENOMEM, "out of memory");
+	}
+	if (c->opset < 11) {
+		if (ir_attr_set_string(c->g, d->n, "coordinate_transformation_mode", "asymmetric") ||
+		    ir_attr_set_string(c->g, d->n, "nearest_mode", "floor"))
+			onnx_problem(c, d, KILN_ENOMEM, "out of memory");
+	} else if (onnx_input(c, d, 3, false) && !d->failed) {
+		onnx_shape_input(c, d, 3, "sizes", resize_sizes);
+	}
+}
+
 const onnx_import_fn onnx_import_table[KILN_OP_COUNT] = {
 	[KILN_OP_RESHAPE] = reshape, [KILN_OP_EXPAND] = expand, [KILN_OP_SLICE] = slice,
 	[KILN_OP_SQUEEZE] = axes_input, [KILN_OP_UNSQUEEZE] = axes_input,
@@ -291,6 +334,7 @@ const onnx_import_fn onnx_import_table[KILN_OP_COUNT] = {
 	[KILN_OP_SOFTMAX] = softmax, [KILN_OP_LOG_SOFTMAX] = softmax,
 	[KILN_OP_CONSTANT] = constant, [KILN_OP_POW] = pow_op,
 	[KILN_OP_MATMUL_INTEGER] = zero_points, [KILN_OP_CONV_INTEGER] = zero_points,
+	[KILN_OP_RESIZE] = resize,
 };
 
 /* Ops without an entry map one to one. */

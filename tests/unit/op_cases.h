@@ -166,6 +166,10 @@ static const opcase opcase_movement[] = {
 	{"pad_reflect", KILN_OP_PAD, "pads=0,0,1,2,0,0,2,1 mode=reflect"},
 	{"pad_edge", KILN_OP_PAD, "pads=0,0,1,2,0,0,2,1 mode=edge"},
 	{"pad_i32", KILN_OP_PAD, "pads=0,1,1,0 value=7"},
+	{"resize_linear", KILN_OP_RESIZE, "mode=linear scales=1,1,2,1.5"},
+	{"resize_nearest_i64", KILN_OP_RESIZE,
+	 "sizes=1,1,4,5 coordinate_transformation_mode=asymmetric nearest_mode=floor"},
+	{"resize_cubic", KILN_OP_RESIZE, "mode=cubic scales=1,1,0.75,0.75"},
 };
 
 static const opcase opcase_regularisation[] = {
@@ -286,7 +290,10 @@ static inline void set_attrs(kiln_graph *g, ir_node *n, const char *spec)
 			k++;
 		ck_assert_msg(k < ns, "'%s' is not an attribute of %s", tok, ir_op(n->op)->onnx);
 		int64_t ints[16];
-		uint32_t cnt = 0;
+		double floats[16];
+		uint32_t cnt = 0, nf = 0;
+		for (char *p = val; *p && nf < 16; p += *p == ',')
+			floats[nf++] = strtod(p, &p);
 		for (char *p = val; *p && cnt < 16; p += *p == ',')
 			ints[cnt++] = strtoll(p, &p, 10);
 		kiln_status st = KILN_OK;
@@ -294,6 +301,7 @@ static inline void set_attrs(kiln_graph *g, ir_node *n, const char *spec)
 		case IR_A_INT: st = ir_attr_set_int(g, n, tok, strtoll(val, NULL, 10)); break;
 		case IR_A_FLOAT: st = ir_attr_set_float(g, n, tok, strtod(val, NULL)); break;
 		case IR_A_INTS: st = ir_attr_set_ints(g, n, tok, cnt, ints); break;
+		case IR_A_FLOATS: st = ir_attr_set_floats(g, n, tok, nf, floats); break;
 		case IR_A_STRING: st = ir_attr_set_string(g, n, tok, val); break;
 		case IR_A_DTYPE: st = ir_attr_set_dtype(g, n, tok, kiln_dtype_from_name(val)); break;
 		default: ck_abort_msg("attribute kind of '%s' not handled by the test", tok);
