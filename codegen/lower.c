@@ -929,6 +929,101 @@ static kiln_status gather_elements(cg_module *m, const ir_node *n, const int *in
 	return KILN_OK;
 }
 
+/* ---- ScatterElements, ScatterND ---------------------------------------------------- */
+
+/* out's element at oi given update u: u, or old + u, old * u. */
+static cg_stmt *scatter_store(cg_module *m, const ir_node *n, int o, cg_expr *oi, cg_expr *u)
+{
+	const char *r = ir_attr_str(n, "reduction", "none");
+	if (!strcmp(r, "add"))
+		u = cg_bin(m, CG_ADD, cg_load(m, o, oi), u);
+	else if (!strcmp(r, "mul"))
+		u = cg_bin(m, CG_MUL, cg_load(m, o, oi), u);
+	return cg_store(m, o, oi, u);
+}
+
+/* The kernel's first loop: out = x (the updates then land in order, on one
+ * thread: with a reduction, repeated indices accumulate). */
+static cg_kernel *scatter_copy(cg_module *m, const ir_node *n, const int *in, const int *out)
+{
+	cg_kernel *k = cg_lower_kernel(m, n);
+	if (!k)
+		return NULL;
+	cg_expr *numel = m->buf[out[0]].numel, *i;
+	cg_stmt *body;
+	cg_append(m, k->body, cg_loop(m, k, numel, cg_par(m, numel) | CG_VECTORIZE, &i, &body));
+	cg_append(m, body, cg_store(m, out[0], i, cg_load(m, in[0], i)));
+	return k;
+}
+
+static kiln_status scatter_elements(cg_module *m, const ir_node *n, const int *in,
+                                    const int *out, kiln_error *err)
+{
+	const ir_type *x = cg_btype(m, in[0]), *ix = cg_btype(m, in[1]);
+	int64_t axis = ir_attr_int(n, "axis", 0);
+	axis = axis < 0 ? axis + x->rank : axis;
+	if (axis < 0 || axis >= x->rank || ix->rank != x->rank)
+		return cg_lower_fail(m, n, err, KILN_EINVAL, "bad axis or ranks");
+	cg_kernel *k = scatter_copy(m, n, in, out);
+	if (!k)
+		return KILN_ENOMEM;
+	cg_expr *dim = cg_dim(m, x->dim[axis]);
+	char what[64];
+	snprintf(what, sizeof what, "axis %lld index", (long long)axis);
+	cg_lower_check_all(m, k, n, what, in[1], m->buf[in[1]].numel,
+	                   cg_bin(m, CG_SUB, cg_int(m, 0), dim), dim, NULL);
+	int r = ix->rank;
+	cg_expr *ext[KILN_MAX_RANK], *iv[KILN_MAX_RANK];
+	uint32_t h[KILN_MAX_RANK] = {0};
+	for (int d = 0; d < r; d++)
+		ext[d] = cg_dim(m, ix->dim[d]);
+	cg_stmt *body = cg_nest(m, k, k->body, r, ext, h, iv);
+	cg_expr *ui = cg_int(m, 0), *oi = cg_int(m, 0);
+	for (int d = 0; d < r; d++)
+		ui = cg_bin(m, CG_ADD, cg_bin(m, CG_MUL, ui, ext[d]), iv[d]);
+	cg_expr *v = cg_cast(m, cg_load(m, in[1], ui), KILN_I64);
+	cg_expr *at = cg_clamp(m, cg_select(m, cg_bin(m, CG_LT, v, cg_int(m, 0)),
+	                                    cg_bin(m, CG_ADD, v, dim), v), dim);
+	for (int d = 0; d < r; d++)
+		oi = cg_bin(m, CG_ADD, cg_bin(m, CG_MUL, oi, cg_dim(m, x->dim[d])),
+		            d == axis ? at : iv[d]);
+	cg_append(m, body, scatter_store(m, n, out[0], oi, cg_load(m, in[2], ui)));
+	return KILN_OK;
+}
+
+static kiln_status scatter_nd(cg_module *m, const ir_node *n, const int *in, const int *out,
+                              kiln_error *err)
+{
+	const ir_type *x = cg_btype(m, in[0]), *ix = cg_btype(m, in[1]);
+	int64_t kk = ix->rank ? ix->dim[ix->rank - 1] : 0;
+	if (kk < 1 || kk > x->rank)
+		return cg_lower_fail(m, n, err, KILN_EINVAL, "bad index length");
+	cg_kernel *k = scatter_copy(m, n, in, out);
+	if (!k)
+		return KILN_ENOMEM;
+	cg_expr *q = cg_bin(m, CG_DIV, m->buf[in[1]].numel, cg_int(m, kk));
+	cg_expr *s = cg_prod(m, x, (int)kk, x->rank), *qi, *si;
+	cg_stmt *qb, *sb;
+	cg_append(m, k->body, cg_loop(m, k, q, 0, &qi, &qb));
+	cg_expr *base = cg_local(m, k, qb, KILN_I64, cg_int(m, 0));
+	for (int64_t j = 0; j < kk; j++) {
+		cg_expr *dim = cg_dim(m, x->dim[j]);
+		cg_expr *v = cg_cast(m, cg_load(m, in[1], cg_bin(m, CG_ADD, cg_bin(m, CG_MUL, qi,
+		                     cg_int(m, kk)), cg_int(m, j))), KILN_I64);
+		char what[64];
+		snprintf(what, sizeof what, "index %lld", (long long)j);
+		cg_append(m, qb, cg_lower_check(m, n, what, v, cg_bin(m, CG_SUB, cg_int(m, 0), dim), dim));
+		cg_expr *at = cg_clamp(m, cg_select(m, cg_bin(m, CG_LT, v, cg_int(m, 0)),
+		                                    cg_bin(m, CG_ADD, v, dim), v), dim);
+		cg_set(m, qb, base, cg_bin(m, CG_ADD, cg_bin(m, CG_MUL, base, dim), at));
+	}
+	cg_append(m, qb, cg_loop(m, k, s, 0, &si, &sb));
+	cg_expr *oi = cg_bin(m, CG_ADD, cg_bin(m, CG_MUL, base, s), si);
+	cg_expr *ui = cg_bin(m, CG_ADD, cg_bin(m, CG_MUL, qi, s), si);
+	cg_append(m, sb, scatter_store(m, n, out[0], oi, cg_load(m, in[2], ui)));
+	return KILN_OK;
+}
+
 /* Where padded coordinate j reads: reflect mirrors without repeating the
  * edge (period 2(dim-1)), edge clamps; dims of 1 behave as edge. */
 static cg_expr *pad_src(cg_module *m, int mode, cg_expr *j, cg_expr *dim)
@@ -1072,6 +1167,7 @@ const cg_lower_fn cg_lower_table[KILN_OP_COUNT] = {
 	[KILN_OP_RESHAPE] = view, [KILN_OP_TRANSPOSE] = transpose, [KILN_OP_CONCAT] = concat,
 	[KILN_OP_SPLIT] = split, [KILN_OP_SLICE] = slice, [KILN_OP_GATHER] = gather,
 	[KILN_OP_GATHER_ELEMENTS] = gather_elements,
+	[KILN_OP_SCATTER_ELEMENTS] = scatter_elements, [KILN_OP_SCATTER_ND] = scatter_nd,
 	[KILN_OP_FLATTEN] = view, [KILN_OP_SQUEEZE] = view, [KILN_OP_UNSQUEEZE] = view,
 	[KILN_OP_EXPAND] = expand, [KILN_OP_PAD] = pad, [KILN_OP_SHAPE] = shape,
 	[KILN_OP_CONSTANT] = NULL, /* a CONST buffer, made by the driver */

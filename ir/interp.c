@@ -836,6 +836,85 @@ static kiln_status gather_elements(ir_interp *c, const ir_node *n, kiln_tensor *
 	return rc;
 }
 
+/* out = x, then each update written (or added, multiplied) at its place. */
+static void scatter_put(kiln_tensor *out, int64_t oi, const kiln_tensor *u, int64_t ui, int red)
+{
+	if (red == 0) {
+		copy_elem(out, oi, u, ui);
+	} else if (!kiln_dtype_is_float(out->dtype)) {
+		int64_t a = ir_load_i64(out, oi), b = ir_load_i64(u, ui);
+		ir_store_i64(out, oi, red == 1 ? addi(a, b) : muli(a, b));
+	} else {
+		double a = ir_load(out, oi), b = ir_load(u, ui);
+		ir_store(out, oi, red == 1 ? a + b : a * b);
+	}
+}
+
+static int reduction_of(const ir_node *n)
+{
+	const char *r = ir_attr_str(n, "reduction", "none");
+	return !strcmp(r, "add") ? 1 : !strcmp(r, "mul") ? 2 : 0;
+}
+
+static kiln_status index_fail(ir_interp *c, const ir_node *n, int64_t v, int64_t axis,
+                              const kiln_tensor *x)
+{
+	char a[96];
+	return ir_fail(c, n, KILN_EINVAL, "index %lld out of range for axis %lld of %s", (long long)v,
+	               (long long)axis, ir_tstr(x, a, sizeof a));
+}
+
+static kiln_status scatter_elements(ir_interp *c, const ir_node *n, kiln_tensor *const *in,
+                                    kiln_tensor *const *out)
+{
+	const kiln_tensor *x = in[0], *ix = in[1], *u = in[2];
+	int64_t axis = ir_naxis(ir_attr_int(n, "axis", 0), x->rank), coord[KILN_MAX_RANK];
+	kiln_status rc = same_dtype(c, n, x, out[0]);
+	if (rc || axis < 0 || axis >= x->rank || ix->rank != x->rank)
+		return rc ? rc : ir_fail(c, n, KILN_EINVAL, "bad axis or ranks");
+	memcpy(out[0]->data, x->data, kiln_tensor_nbytes(x));
+	int red = reduction_of(n);
+	for (int64_t i = 0, cnt = kiln_tensor_numel(ix); i < cnt; i++) {
+		ir_unravel(i, ix->rank, ix->shape, coord);
+		int64_t v = ir_load_i64(ix, i), at = v < 0 ? v + x->shape[axis] : v, oi = 0;
+		if (at < 0 || at >= x->shape[axis])
+			return index_fail(c, n, v, axis, x);
+		for (int d = 0; d < x->rank; d++) {
+			int64_t k = d == axis ? at : coord[d];
+			if (k >= x->shape[d])
+				return ir_fail(c, n, KILN_ESHAPE, "indices are larger than data off the axis");
+			oi = oi * x->shape[d] + k;
+		}
+		scatter_put(out[0], oi, u, i, red);
+	}
+	return KILN_OK;
+}
+
+static kiln_status scatter_nd(ir_interp *c, const ir_node *n, kiln_tensor *const *in,
+                              kiln_tensor *const *out)
+{
+	const kiln_tensor *x = in[0], *ix = in[1], *u = in[2];
+	kiln_status rc = same_dtype(c, n, x, out[0]);
+	int64_t k = ix->rank ? ix->shape[ix->rank - 1] : 0;
+	if (rc || k < 1 || k > x->rank)
+		return rc ? rc : ir_fail(c, n, KILN_EINVAL, "bad index length");
+	memcpy(out[0]->data, x->data, kiln_tensor_nbytes(x));
+	int64_t q = kiln_tensor_numel(ix) / k, s = ir_prod(x->shape, (int)k, x->rank);
+	int red = reduction_of(n);
+	for (int64_t i = 0; i < q; i++) {
+		int64_t base = 0;
+		for (int64_t j = 0; j < k; j++) {
+			int64_t v = ir_load_i64(ix, i * k + j), at = v < 0 ? v + x->shape[j] : v;
+			if (at < 0 || at >= x->shape[j])
+				return index_fail(c, n, v, j, x);
+			base = base * x->shape[j] + at;
+		}
+		for (int64_t e = 0; e < s; e++)
+			scatter_put(out[0], base * s + e, u, i * s + e, red);
+	}
+	return KILN_OK;
+}
+
 static kiln_status expand(ir_interp *c, const ir_node *n, kiln_tensor *const *in,
                           kiln_tensor *const *out)
 {
@@ -1043,6 +1122,7 @@ const ir_interp_fn ir_interp_table[KILN_OP_COUNT] = {
 	[KILN_OP_SPLIT] = split, [KILN_OP_SLICE] = slice, [KILN_OP_GATHER] = gather,
 	[KILN_OP_GATHER_ELEMENTS] = gather_elements,
 	[KILN_OP_RESIZE] = ir_interp_resize,
+	[KILN_OP_SCATTER_ELEMENTS] = scatter_elements, [KILN_OP_SCATTER_ND] = scatter_nd,
 	[KILN_OP_FLATTEN] = copy, [KILN_OP_SQUEEZE] = copy, [KILN_OP_UNSQUEEZE] = copy,
 	[KILN_OP_EXPAND] = expand, [KILN_OP_PAD] = pad, [KILN_OP_SHAPE] = shape,
 	[KILN_OP_CONSTANT] = constant, [KILN_OP_DROPOUT] = ir_interp_dropout,

@@ -514,6 +514,64 @@ static kiln_status shape_gather_elements(kiln_graph *g, const ir_node *n, const 
 	return KILN_OK;
 }
 
+/* 0 none, 1 add, 2 mul; -1 otherwise. */
+static int scatter_reduction(const ir_node *n)
+{
+	const char *r = ir_attr_str(n, "reduction", "none");
+	return !strcmp(r, "none") ? 0 : !strcmp(r, "add") ? 1 : !strcmp(r, "mul") ? 2 : -1;
+}
+
+/* ScatterElements: data's type; indices and updates of one shape, data's
+ * rank. */
+static kiln_status shape_scatter_elements(kiln_graph *g, const ir_node *n, const ir_type *in,
+                                          ir_type *out)
+{
+	const ir_type *x = &in[0], *ix = &in[1], *u = &in[2];
+	int axis;
+	tbuf a, b;
+	TRY(ir_axis_norm(g, n, ir_attr_int(n, "axis", 0), x->rank, 0, x, &axis));
+	if (scatter_reduction(n) < 0)
+		FAIL(KILN_EINVAL, "reduction must be none, add or mul, got \"%s\"",
+		     ir_attr_str(n, "reduction", ""));
+	if (ix->dtype != KILN_I32 && ix->dtype != KILN_I64)
+		FAIL(KILN_ESHAPE, "indices must be i32 or i64, got %s", TS(ix, a));
+	if (ix->rank != u->rank)
+		FAIL(KILN_ESHAPE, "indices %s and updates %s must have one shape", TS(ix, a), TS(u, b));
+	for (int d = 0; d < ix->rank; d++)
+		if (ix->dim[d] != u->dim[d])
+			FAIL(KILN_ESHAPE, "indices %s and updates %s must have one shape", TS(ix, a), TS(u, b));
+	if (ix->rank != x->rank || u->dtype != x->dtype)
+		FAIL(KILN_ESHAPE, "updates %s must have data %s's rank and dtype", TS(u, a), TS(x, b));
+	out[0] = *x;
+	return KILN_OK;
+}
+
+/* ScatterND: data's type; indices [..., k] with k <= rank, updates
+ * indices.shape[:-1] + data.shape[k:]. */
+static kiln_status shape_scatter_nd(kiln_graph *g, const ir_node *n, const ir_type *in,
+                                    ir_type *out)
+{
+	const ir_type *x = &in[0], *ix = &in[1], *u = &in[2];
+	tbuf a, b, c;
+	if (scatter_reduction(n) < 0)
+		FAIL(KILN_EINVAL, "reduction must be none, add or mul, got \"%s\"",
+		     ir_attr_str(n, "reduction", ""));
+	if ((ix->dtype != KILN_I32 && ix->dtype != KILN_I64) || ix->rank < 1 || u->dtype != x->dtype)
+		FAIL(KILN_ESHAPE, "indices %s must be integers of rank >= 1 and updates %s data %s's "
+		     "dtype", TS(ix, a), TS(u, b), TS(x, c));
+	int64_t k = ix->dim[ix->rank - 1];
+	bool fits = k >= 1 && k <= x->rank && u->rank == ix->rank - 1 + x->rank - k;
+	for (int d = 0; fits && d < ix->rank - 1; d++)
+		fits = u->dim[d] == ix->dim[d];
+	for (int d = 0; fits && d < x->rank - k; d++)
+		fits = u->dim[ix->rank - 1 + d] == x->dim[k + d];
+	if (!fits)
+		FAIL(KILN_ESHAPE, "updates %s do not fit indices %s into data %s (the index length "
+		     "must be a number)", TS(u, a), TS(ix, b), TS(x, c));
+	out[0] = *x;
+	return KILN_OK;
+}
+
 static kiln_status shape_flatten(kiln_graph *g, const ir_node *n, const ir_type *in,
                                  ir_type *out)
 {
@@ -692,6 +750,7 @@ const ir_shape_fn ir_shape_table[KILN_OP_COUNT] = {
 	[KILN_OP_SLICE] = shape_slice, [KILN_OP_GATHER] = shape_gather,
 	[KILN_OP_GATHER_ELEMENTS] = shape_gather_elements,
 	[KILN_OP_RESIZE] = ir_shape_resize,
+	[KILN_OP_SCATTER_ELEMENTS] = shape_scatter_elements, [KILN_OP_SCATTER_ND] = shape_scatter_nd,
 	[KILN_OP_FLATTEN] = shape_flatten, [KILN_OP_SQUEEZE] = shape_squeeze,
 	[KILN_OP_UNSQUEEZE] = shape_unsqueeze, [KILN_OP_EXPAND] = shape_expand,
 	[KILN_OP_PAD] = shape_pad, [KILN_OP_SHAPE] = shape_shape,

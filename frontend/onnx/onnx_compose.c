@@ -925,6 +925,14 @@ static void upsample(onnx_imp *c, onnx_nd *d)
 	d->n = n;
 }
 
+/* Scatter (opsets 9, 10): ScatterElements under its old name. */
+static void scatter(onnx_imp *c, onnx_nd *d)
+{
+	uint32_t in[3] = {onnx_input(c, d, 0, true), onnx_input(c, d, 1, true),
+	                  onnx_input(c, d, 2, true)};
+	step(c, d, KILN_OP_SCATTER_ELEMENTS, 3, in, true, NULL);
+}
+
 static void cast_like(onnx_imp *c, onnx_nd *d);
 
 static const struct {
@@ -974,6 +982,7 @@ static const struct {
 	{"CumSum", cum_sum},
 	{"LRN", lrn},
 	{"Upsample", upsample},
+	{"Scatter", scatter},
 };
 
 bool onnx_import_composite(onnx_imp *c, onnx_nd *d)
