@@ -110,6 +110,9 @@ static double unf(cg_unop op, double a)
 	case CG_ERF: return erf(a);
 	case CG_SIN: return sin(a);
 	case CG_COS: return cos(a);
+	case CG_ATAN: return atan(a);
+	case CG_ASIN: return asin(a);
+	case CG_ACOS: return acos(a);
 	case CG_FLOOR: return floor(a);
 	case CG_CEIL: return ceil(a);
 	case CG_ROUND: return nearbyint(a);

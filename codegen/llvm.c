@@ -604,10 +604,23 @@ static LLVMValueRef u_not(fn_ctx *c, LLVMValueRef a, kiln_dtype dt)
 	return LLVMBuildNot(c->L->b, a, "");
 }
 
+/* atan, asin, acos: libm's (atanf ... in f32), one call per element */
+static LLVMValueRef u_libm(fn_ctx *c, LLVMValueRef a, kiln_dtype dt, const char *name)
+{
+	char f[16];
+	snprintf(f, sizeof f, "%s%s", name, dt == KILN_F64 ? "" : "f");
+	return libm1(c, f, a);
+}
+
+static LLVMValueRef u_atan(fn_ctx *c, LLVMValueRef a, kiln_dtype dt) { return u_libm(c, a, dt, "atan"); }
+static LLVMValueRef u_asin(fn_ctx *c, LLVMValueRef a, kiln_dtype dt) { return u_libm(c, a, dt, "asin"); }
+static LLVMValueRef u_acos(fn_ctx *c, LLVMValueRef a, kiln_dtype dt) { return u_libm(c, a, dt, "acos"); }
+
 typedef LLVMValueRef (*unop_fn)(fn_ctx *c, LLVMValueRef a, kiln_dtype dt);
 static const unop_fn unop_table[CG_UNOP_COUNT] = {
 	[CG_NEG] = u_neg, [CG_ABS] = u_abs, [CG_EXP] = u_exp, [CG_TANH] = u_tanh,
-	[CG_ERF] = u_erf, [CG_NOT] = u_not,
+	[CG_ERF] = u_erf, [CG_NOT] = u_not, [CG_ATAN] = u_atan, [CG_ASIN] = u_asin,
+	[CG_ACOS] = u_acos,
 };
 /* The rest are LLVM intrinsics on floats (identity on integers). */
 static const char *const unop_intrinsic[CG_UNOP_COUNT] = {

@@ -327,6 +327,7 @@ static const cg_unop unop_of[KILN_OP_COUNT] = {
 	[KILN_OP_NEG] = CG_NEG, [KILN_OP_ABS] = CG_ABS, [KILN_OP_EXP] = CG_EXP,
 	[KILN_OP_LOG] = CG_LOG, [KILN_OP_SQRT] = CG_SQRT, [KILN_OP_FLOOR] = CG_FLOOR,
 	[KILN_OP_CEIL] = CG_CEIL, [KILN_OP_ROUND] = CG_ROUND, [KILN_OP_SIN] = CG_SIN, [KILN_OP_COS] = CG_COS,
+	[KILN_OP_ATAN] = CG_ATAN, [KILN_OP_ASIN] = CG_ASIN, [KILN_OP_ACOS] = CG_ACOS,
 	[KILN_OP_TANH] = CG_TANH, [KILN_OP_ERF] = CG_ERF, [KILN_OP_NOT] = CG_NOT,
 };
 
@@ -481,6 +482,7 @@ static const scal_fn scal[KILN_OP_COUNT] = {
 	[KILN_OP_NEG] = s_unary, [KILN_OP_ABS] = s_unary, [KILN_OP_EXP] = s_unary,
 	[KILN_OP_LOG] = s_unary, [KILN_OP_SQRT] = s_unary, [KILN_OP_FLOOR] = s_unary,
 	[KILN_OP_CEIL] = s_unary, [KILN_OP_ROUND] = s_unary, [KILN_OP_SIN] = s_unary, [KILN_OP_COS] = s_unary,
+	[KILN_OP_ATAN] = s_unary, [KILN_OP_ASIN] = s_unary, [KILN_OP_ACOS] = s_unary,
 	[KILN_OP_TANH] = s_unary, [KILN_OP_ERF] = s_unary, [KILN_OP_NOT] = s_unary,
 	[KILN_OP_RECIPROCAL] = s_recip, [KILN_OP_RELU] = s_relu,
 	[KILN_OP_SIGMOID] = s_sigmoid, [KILN_OP_CLIP] = s_clip,
@@ -1145,6 +1147,7 @@ const cg_lower_fn cg_lower_table[KILN_OP_COUNT] = {
 	[KILN_OP_RECIPROCAL] = elementwise, [KILN_OP_FLOOR] = elementwise,
 	[KILN_OP_CEIL] = elementwise, [KILN_OP_ROUND] = elementwise,
 	[KILN_OP_SIN] = elementwise, [KILN_OP_COS] = elementwise,
+	[KILN_OP_ATAN] = elementwise, [KILN_OP_ASIN] = elementwise, [KILN_OP_ACOS] = elementwise,
 	[KILN_OP_RELU] = elementwise,
 	[KILN_OP_SIGMOID] = elementwise, [KILN_OP_TANH] = elementwise,
 	[KILN_OP_ERF] = elementwise, [KILN_OP_CLIP] = elementwise,

@@ -286,7 +286,7 @@ static double (*const unary_fn[KILN_OP_COUNT])(double) = {
 	[KILN_OP_NEG] = neg,    [KILN_OP_ABS] = fabs,   [KILN_OP_EXP] = exp,
 	[KILN_OP_LOG] = log,    [KILN_OP_SQRT] = sqrt,  [KILN_OP_RECIPROCAL] = recip,
 	[KILN_OP_FLOOR] = floor, [KILN_OP_CEIL] = ceil, [KILN_OP_ROUND] = nearbyint, [KILN_OP_SIN] = sin,
-	[KILN_OP_COS] = cos,    [KILN_OP_RELU] = relu,  [KILN_OP_SIGMOID] = sigmoid,
+	[KILN_OP_COS] = cos, [KILN_OP_ATAN] = atan, [KILN_OP_ASIN] = asin, [KILN_OP_ACOS] = acos,    [KILN_OP_RELU] = relu,  [KILN_OP_SIGMOID] = sigmoid,
 	[KILN_OP_TANH] = tanh,  [KILN_OP_ERF] = erf,
 };
 
@@ -1100,7 +1100,8 @@ const ir_interp_fn ir_interp_table[KILN_OP_COUNT] = {
 	[KILN_OP_LOG] = unary, [KILN_OP_SQRT] = unary, [KILN_OP_RECIPROCAL] = unary,
 	[KILN_OP_FLOOR] = unary, [KILN_OP_CEIL] = unary, [KILN_OP_ROUND] = unary,
 	[KILN_OP_SIN] = unary,
-	[KILN_OP_COS] = unary, [KILN_OP_RELU] = unary, [KILN_OP_SIGMOID] = unary,
+	[KILN_OP_COS] = unary, [KILN_OP_RELU] = unary,
+	[KILN_OP_ATAN] = unary, [KILN_OP_ASIN] = unary, [KILN_OP_ACOS] = unary, [KILN_OP_SIGMOID] = unary,
 	[KILN_OP_TANH] = unary, [KILN_OP_ERF] = unary,
 	[KILN_OP_CLIP] = clip,
 	[KILN_OP_NOT] = not_op, [KILN_OP_CAST] = cast, [KILN_OP_IDENTITY] = copy,

@@ -719,6 +719,7 @@ const ir_shape_fn ir_shape_table[KILN_OP_COUNT] = {
 	[KILN_OP_LOG] = shape_same, [KILN_OP_SQRT] = shape_same,
 	[KILN_OP_RECIPROCAL] = shape_same, [KILN_OP_FLOOR] = shape_same,
 	[KILN_OP_CEIL] = shape_same, [KILN_OP_ROUND] = shape_same, [KILN_OP_SIN] = shape_same, [KILN_OP_COS] = shape_same,
+	[KILN_OP_ATAN] = shape_same, [KILN_OP_ASIN] = shape_same, [KILN_OP_ACOS] = shape_same,
 	[KILN_OP_RELU] = shape_same,
 	[KILN_OP_SIGMOID] = shape_same, [KILN_OP_TANH] = shape_same,
 	[KILN_OP_GELU] = shape_gelu, [KILN_OP_ERF] = shape_same, [KILN_OP_CLIP] = shape_same,

@@ -200,6 +200,21 @@ static kiln_status gcos(kiln_graph *g, const ir_node *n, const uint32_t *dy, uin
 	return g->status;
 }
 
+/* atan' = 1 / (1 + x^2); asin' = 1 / sqrt(1 - x^2); acos' = -asin' */
+static kiln_status gatan(kiln_graph *g, const ir_node *n, const uint32_t *dy, uint32_t *dx)
+{
+	uint32_t x = n->in[0];
+	dx[0] = DIV(dy[0], kiln_add_at(g, L, K(1), MUL(x, x)));
+	return g->status;
+}
+
+static kiln_status gasin(kiln_graph *g, const ir_node *n, const uint32_t *dy, uint32_t *dx)
+{
+	uint32_t x = n->in[0], d = kiln_sqrt_at(g, L, kiln_sub_at(g, L, K(1), MUL(x, x)));
+	dx[0] = n->op == KILN_OP_ACOS ? NEG(DIV(dy[0], d)) : DIV(dy[0], d);
+	return g->status;
+}
+
 static kiln_status grelu(kiln_graph *g, const ir_node *n, const uint32_t *dy, uint32_t *dx)
 {
 	dx[0] = ZERO_WHERE(kiln_greater_at(g, L, n->in[0], K(0)), dy[0]);
@@ -684,6 +699,7 @@ const pass_grad_fn pass_grad_table[KILN_OP_COUNT] = {
 	[KILN_OP_NEG] = gneg, [KILN_OP_ABS] = gabs, [KILN_OP_EXP] = gexp, [KILN_OP_LOG] = glog,
 	[KILN_OP_SQRT] = gsqrt, [KILN_OP_RECIPROCAL] = grecip, [KILN_OP_SIN] = gsin,
 	[KILN_OP_COS] = gcos, [KILN_OP_RELU] = grelu,
+	[KILN_OP_ATAN] = gatan, [KILN_OP_ASIN] = gasin, [KILN_OP_ACOS] = gasin,
 	[KILN_OP_SIGMOID] = gsigmoid, [KILN_OP_TANH] = gtanh,
 	[KILN_OP_ERF] = gerf, [KILN_OP_CLIP] = gclip, [KILN_OP_CAST] = gcast,
 	[KILN_OP_IDENTITY] = gidentity,

@@ -60,6 +60,7 @@ static const opcase opcase_elementwise[] = {
 	{"log", KILN_OP_LOG, ""}, {"sqrt", KILN_OP_SQRT, ""},
 	{"reciprocal", KILN_OP_RECIPROCAL, ""}, {"floor", KILN_OP_FLOOR, ""},
 	{"ceil", KILN_OP_CEIL, ""}, {"sin", KILN_OP_SIN, ""}, {"cos", KILN_OP_COS, ""},
+	{"atan", KILN_OP_ATAN, ""}, {"asin", KILN_OP_ASIN, ""}, {"acos", KILN_OP_ACOS, ""},
 	{"relu", KILN_OP_RELU, ""}, {"sigmoid", KILN_OP_SIGMOID, ""}, {"tanh", KILN_OP_TANH, ""},
 	{"erf", KILN_OP_ERF, ""}, {"identity", KILN_OP_IDENTITY, ""},
 	{"leaky_relu", KILN_OP_LEAKY_RELU, "alpha=0.2"}, {"gelu", KILN_OP_GELU, ""},
