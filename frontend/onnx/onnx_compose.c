@@ -933,6 +933,172 @@ static void scatter(onnx_imp *c, onnx_nd *d)
 	step(c, d, KILN_OP_SCATTER_ELEMENTS, 3, in, true, NULL);
 }
 
+/* ---- Einsum ------------------------------------------------------------------- */
+
+/* x transposed by perm unless perm is the identity. */
+static uint32_t permuted(onnx_imp *c, onnx_nd *d, uint32_t x, int n, const int64_t *perm,
+                         const char *suffix)
+{
+	bool id = true;
+	for (int i = 0; i < n; i++)
+		id = id && perm[i] == i;
+	return id ? x : transpose(c, d, x, n, perm, suffix);
+}
+
+/* Einsum of one or two operands whose dims are known at import (no
+ * ellipsis, no letter twice in one operand): letters only one operand has
+ * and the output lacks are summed first; then batch letters (both
+ * operands and the output), contracted ones (both, not the output), and
+ * each side's own make one batched MatMul of [B, L, C] by [B, C, R], whose
+ * result is reshaped and transposed to the output's order. */
+static void einsum(onnx_imp *c, onnx_nd *d)
+{
+	const Onnx__AttributeProto *ea = onnx_attr(d, "equation");
+	char eq[128] = "", terms[3][KILN_MAX_RANK + 1] = {{0}};
+	if (!ea || !ea->s.len || ea->s.len >= sizeof eq)
+		return (void)onnx_problem(c, d, KILN_EINVAL, "needs an equation");
+	int k = 0, nt = 0, len[3] = {0};
+	bool arrow = false;
+	for (size_t i = 0; i < ea->s.len; i++)
+		if (ea->s.data[i] != ' ')
+			eq[k++] = (char)ea->s.data[i];
+	eq[k] = 0;
+	for (char *p = eq; *p && nt < 3; p++) {
+		if (*p == ',' && !arrow) {
+			nt++;
+		} else if (p[0] == '-' && p[1] == '>' && !arrow) {
+			arrow = true, nt++, p++;
+		} else if ((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z')) {
+			if (len[nt] == KILN_MAX_RANK)
+				return (void)onnx_problem(c, d, KILN_EUNSUPPORTED, "equation '%s': a term of "
+				                          "more than %d letters", eq, KILN_MAX_RANK);
+			terms[nt][len[nt]++] = *p;
+		} else {
+			return (void)onnx_problem(c, d, KILN_EUNSUPPORTED, "equation '%s': kiln takes "
+			                          "letters, ',' and '->' (no ellipsis)", eq);
+		}
+	}
+	int nin = arrow ? nt : nt + 1;
+	if (nin != (int)d->p->n_input || nin < 1 || nin > 2)
+		return (void)onnx_problem(c, d, KILN_EUNSUPPORTED, "equation '%s' for %zu inputs: kiln "
+		                          "takes one or two", eq, d->p->n_input);
+	if (!arrow) { /* implicit output: the letters used once, in order */
+		for (char ch = 'A'; ch <= 'z'; ch++) {
+			int uses = 0;
+			for (int t = 0; t < nin; t++)
+				uses += strchr(terms[t], ch) != NULL;
+			if (uses == 1 && ((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z')))
+				terms[2][len[2]++] = ch;
+		}
+	} else if (nt != nin) {
+		return (void)onnx_problem(c, d, KILN_EINVAL, "equation '%s' is malformed", eq);
+	}
+	if (nin == 1 && arrow) /* "ij->i": the output is the second term */
+		memcpy(terms[2], terms[1], sizeof terms[2]), len[2] = len[1];
+	const char *out = terms[2];
+	int nout = len[2];
+	uint32_t x[2] = {onnx_input(c, d, 0, true), nin > 1 ? onnx_input(c, d, 1, true) : 0};
+	int64_t dim[128];
+	for (int i = 0; i < 128; i++)
+		dim[i] = -1;
+	for (int t = 0; t < nin; t++) {
+		const ir_type *ty = fixed_dims(c, d, x[t], 0, "Einsum");
+		if (!ty)
+			return;
+		if (ty->rank != len[t])
+			return (void)onnx_problem(c, d, KILN_EINVAL, "term '%s' for input %d of rank %d", terms[t],
+			                          t, ty->rank);
+		for (int i = 0; i < len[t]; i++) {
+			int ch = (unsigned char)terms[t][i];
+			if (strchr(terms[t] + i + 1, ch))
+				return (void)onnx_problem(c, d, KILN_EUNSUPPORTED, "equation '%s': letter '%c' "
+				                          "twice in one term (a diagonal)", eq, ch);
+			if (dim[ch] >= 0 && dim[ch] != ty->dim[i])
+				return (void)onnx_problem(c, d, KILN_EUNSUPPORTED, "equation '%s': letter '%c' "
+				                          "is %lld and %lld long (kiln does not broadcast "
+				                          "Einsum's operands)", eq, ch, (long long)dim[ch],
+				                          (long long)ty->dim[i]);
+			dim[ch] = ty->dim[i];
+		}
+	}
+	for (int i = 0; i < nout; i++)
+		if (dim[(unsigned char)out[i]] < 0)
+			return (void)onnx_problem(c, d, KILN_EINVAL, "equation '%s': output letter '%c' is "
+			                          "in no input", eq, out[i]);
+	/* sum what only one operand has and the output lacks */
+	for (int t = 0; t < nin; t++) {
+		int64_t axes[KILN_MAX_RANK];
+		int na = 0, kept = 0;
+		char rest[KILN_MAX_RANK + 1] = {0};
+		for (int i = 0; i < len[t]; i++) {
+			char ch = terms[t][i];
+			bool other = nin > 1 && strchr(terms[1 - t], ch);
+			if (!strchr(out, ch) && !other)
+				axes[na++] = i;
+			else
+				rest[kept++] = ch;
+		}
+		if (!na)
+			continue;
+		ir_node *r = onnx_extra(c, d, KILN_OP_REDUCE_SUM, 1, &x[t], t ? "sum_b" : "sum_a");
+		if (!r || ir_attr_set_ints(c->g, r, "axes", (uint32_t)na, axes) ||
+		    ir_attr_set_int(c->g, r, "keepdims", 0) || !onnx_infer(c, d, r))
+			return (void)(d->failed = true);
+		x[t] = r->out[0];
+		memcpy(terms[t], rest, sizeof rest);
+		len[t] = kept;
+	}
+	uint32_t y;
+	char yt[KILN_MAX_RANK + 1] = {0};
+	if (nin == 1) {
+		y = x[0];
+		memcpy(yt, terms[0], sizeof yt);
+	} else {
+		char cls[4][KILN_MAX_RANK + 1] = {{0}}; /* batch, left, contracted, right */
+		int nc[4] = {0};
+		for (int i = 0; i < len[0]; i++) {
+			char ch = terms[0][i];
+			int w = strchr(terms[1], ch) ? (strchr(out, ch) ? 0 : 2) : 1;
+			cls[w][nc[w]++] = ch;
+		}
+		for (int i = 0; i < len[1]; i++)
+			if (!strchr(terms[0], terms[1][i]))
+				cls[3][nc[3]++] = terms[1][i];
+		int64_t pa[KILN_MAX_RANK], pb[KILN_MAX_RANK], ext[4] = {1, 1, 1, 1};
+		int ka = 0, kb = 0;
+		const int order_a[3] = {0, 1, 2}, order_b[3] = {0, 2, 3};
+		for (int s = 0; s < 3; s++)
+			for (int i = 0; i < nc[order_a[s]]; i++)
+				pa[ka++] = strchr(terms[0], cls[order_a[s]][i]) - terms[0];
+		for (int s = 0; s < 3; s++)
+			for (int i = 0; i < nc[order_b[s]]; i++)
+				pb[kb++] = strchr(terms[1], cls[order_b[s]][i]) - terms[1];
+		for (int w = 0; w < 4; w++)
+			for (int i = 0; i < nc[w]; i++)
+				ext[w] *= dim[(unsigned char)cls[w][i]];
+		uint32_t a = permuted(c, d, x[0], len[0], pa, "a_ordered");
+		uint32_t b = permuted(c, d, x[1], len[1], pb, "b_ordered");
+		a = reshape_to(c, d, a, 3, (int64_t[]){ext[0], ext[1], ext[2]}, "a_3d");
+		b = reshape_to(c, d, b, 3, (int64_t[]){ext[0], ext[2], ext[3]}, "b_3d");
+		y = b2(c, d, KILN_OP_MATMUL, a, b, "product");
+		int64_t shape[KILN_MAX_RANK];
+		int ny = 0;
+		const int order_y[3] = {0, 1, 3};
+		for (int s = 0; s < 3; s++)
+			for (int i = 0; i < nc[order_y[s]]; i++) {
+				char ch = cls[order_y[s]][i];
+				yt[ny] = ch;
+				shape[ny++] = dim[(unsigned char)ch];
+			}
+		y = reshape_to(c, d, y, ny, shape, "unflattened");
+	}
+	int64_t perm[KILN_MAX_RANK];
+	for (int i = 0; i < nout; i++)
+		perm[i] = strchr(yt, out[i]) - yt;
+	y = permuted(c, d, y, nout, perm, "output_order");
+	u1(c, d, KILN_OP_IDENTITY, y, NULL);
+}
+
 static void cast_like(onnx_imp *c, onnx_nd *d);
 
 static const struct {
@@ -983,6 +1149,7 @@ static const struct {
 	{"LRN", lrn},
 	{"Upsample", upsample},
 	{"Scatter", scatter},
+	{"Einsum", einsum},
 };
 
 bool onnx_import_composite(onnx_imp *c, onnx_nd *d)
