@@ -1099,6 +1099,62 @@ static void einsum(onnx_imp *c, onnx_nd *d)
 	u1(c, d, KILN_OP_IDENTITY, y, NULL);
 }
 
+/* ReverseSequence with lengths known at import: GatherElements along the
+ * time axis by the constant index t < len[b] ? len[b] - 1 - t : t. */
+static void reverse_sequence(onnx_imp *c, onnx_nd *d)
+{
+	uint32_t x = onnx_input(c, d, 0, true);
+	const kiln_tensor *lens = onnx_const_input(c, d, 1, "sequence_lens", true);
+	const ir_type *t = x && !d->failed ? fixed_dims(c, d, x, 0, "ReverseSequence") : NULL;
+	if (!t)
+		return;
+	int64_t ta = int_attr(d, "time_axis", 0), ba = int_attr(d, "batch_axis", 1);
+	if (t->rank < 2 || ta == ba || ta < 0 || ta > 1 || ba < 0 || ba > 1 ||
+	    kiln_tensor_numel(lens) != t->dim[ba])
+		return (void)onnx_problem(c, d, KILN_EINVAL, "needs time and batch axes 0 and 1 and "
+		                          "one length per batch row (rank %d, %lld lengths)", t->rank,
+		                          (long long)kiln_tensor_numel(lens));
+	int64_t n = 1, coord[KILN_MAX_RANK];
+	for (int i = 0; i < t->rank; i++)
+		n *= t->dim[i];
+	kiln_tensor *idx = ir_tensor_new(c->g, KILN_I64, t->rank, t->dim);
+	for (int64_t i = 0; idx && i < n; i++) {
+		int64_t rest = i;
+		for (int k = t->rank - 1; k >= 0; k--)
+			coord[k] = rest % t->dim[k], rest /= t->dim[k];
+		int64_t len = ir_load_i64(lens, coord[ba]), tt = coord[ta];
+		if (len < 0 || len > t->dim[ta])
+			return (void)onnx_problem(c, d, KILN_EINVAL, "sequence_lens[%lld] is %lld, beyond "
+			                          "the %lld steps", (long long)coord[ba], (long long)len,
+			                          (long long)t->dim[ta]);
+		ir_store_i64(idx, i, tt < len ? len - 1 - tt : tt);
+	}
+	uint32_t iv = tconst(c, d, idx, "reversed_index");
+	ir_node *g = iv ? onnx_extra(c, d, KILN_OP_GATHER_ELEMENTS, 2, (uint32_t[]){x, iv}, NULL) : NULL;
+	if (!g || (ta && ir_attr_set_int(c->g, g, "axis", ta)))
+		return (void)(d->failed = true);
+	d->n = g;
+}
+
+/* BitShift of unsigned integers: x * 2^y (bits past the top are lost) or
+ * x / 2^y. */
+static void bit_shift(onnx_imp *c, onnx_nd *d)
+{
+	uint32_t x = onnx_input(c, d, 0, true), y = onnx_input(c, d, 1, true);
+	const Onnx__AttributeProto *a = onnx_attr(d, "direction");
+	bool left = a && a->s.len == 4 && !memcmp(a->s.data, "LEFT", 4);
+	bool right = a && a->s.len == 5 && !memcmp(a->s.data, "RIGHT", 5);
+	if (d->failed)
+		return;
+	if (!left && !right)
+		return (void)onnx_problem(c, d, KILN_EINVAL, "direction must be LEFT or RIGHT");
+	if (dtype(c, x) != KILN_U8)
+		return (void)onnx_problem(c, d, KILN_EUNSUPPORTED, "shifts %s: kiln's only unsigned "
+		                          "type is u8", kiln_dtype_name(dtype(c, x)));
+	uint32_t p = b2(c, d, KILN_OP_POW, kconst(c, d, KILN_U8, 2, "two"), y, "power");
+	b2(c, d, left ? KILN_OP_MUL : KILN_OP_DIV, x, p, NULL);
+}
+
 static void cast_like(onnx_imp *c, onnx_nd *d);
 
 static const struct {
@@ -1150,6 +1206,8 @@ static const struct {
 	{"Upsample", upsample},
 	{"Scatter", scatter},
 	{"Einsum", einsum},
+	{"ReverseSequence", reverse_sequence},
+	{"BitShift", bit_shift},
 };
 
 bool onnx_import_composite(onnx_imp *c, onnx_nd *d)
