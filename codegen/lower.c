@@ -931,6 +931,60 @@ static kiln_status gather_elements(cg_module *m, const ir_node *n, const int *in
 	return KILN_OK;
 }
 
+/* ---- TopK ------------------------------------------------------------------------- */
+
+/* Per slice, k passes over the axis, each keeping the best element that
+ * comes after the previous pass's pick in the order (value, then lower
+ * index): branch-free selects, O(k n), fine for the small k models use. */
+static kiln_status topk(cg_module *m, const ir_node *n, const int *in, const int *out,
+                        kiln_error *err)
+{
+	const ir_type *x = cg_btype(m, in[0]);
+	int64_t axis = ir_attr_int(n, "axis", -1), k = ir_attr_int(n, "k", 0);
+	axis = axis < 0 ? axis + x->rank : axis;
+	bool largest = ir_attr_int(n, "largest", 1) != 0;
+	if (axis < 0 || axis >= x->rank || x->dim[axis] < 0)
+		return cg_lower_fail(m, n, err, KILN_EINVAL, "bad axis");
+	cg_kernel *kr = cg_lower_kernel(m, n);
+	if (!kr)
+		return KILN_ENOMEM;
+	kiln_dtype dt = x->dtype, ct = kiln_dtype_is_float(dt) ? dt : KILN_I64;
+	cg_expr *len = cg_int(m, x->dim[axis]), *kk = cg_int(m, k);
+	cg_expr *ext[2] = {cg_prod(m, x, 0, (int)axis), cg_prod(m, x, (int)axis + 1, x->rank)};
+	uint32_t h[2] = {cg_par(m, m->buf[out[0]].numel), 0};
+	cg_expr *iv[2], *j, *i;
+	cg_stmt *slice = cg_nest(m, kr, kr->body, 2, ext, h, iv), *jb, *ib;
+	cg_expr *pv = cg_local(m, kr, slice, ct, cg_const(m, ct, 0));
+	cg_expr *pi = cg_local(m, kr, slice, KILN_I64, cg_int(m, -1));
+	cg_append(m, slice, cg_loop(m, kr, kk, 0, &j, &jb));
+	cg_expr *best = cg_local(m, kr, jb, ct, cg_const(m, ct, 0));
+	cg_expr *bi = cg_local(m, kr, jb, KILN_I64, cg_int(m, -1));
+	cg_append(m, jb, cg_loop(m, kr, len, 0, &i, &ib));
+	cg_expr *xi = cg_bin(m, CG_ADD, cg_bin(m, CG_MUL, cg_bin(m, CG_ADD, cg_bin(m, CG_MUL, iv[0],
+	                     len), i), ext[1]), iv[1]);
+	cg_expr *v = cg_cast(m, cg_load(m, in[0], xi), ct), *zero = cg_int(m, 0);
+	cg_binop past = largest ? CG_LT : CG_GT, beats = largest ? CG_GT : CG_LT;
+	cg_expr *after = cg_bin(m, CG_OR, cg_bin(m, CG_LT, pi, zero),
+	                        cg_bin(m, CG_OR, cg_bin(m, past, v, pv),
+	                               cg_bin(m, CG_AND, cg_bin(m, CG_EQ, v, pv), cg_bin(m, CG_GT, i, pi))));
+	cg_expr *better = cg_bin(m, CG_OR, cg_bin(m, CG_LT, bi, zero), cg_bin(m, beats, v, best));
+	/* decided once, before best and bi change */
+	cg_expr *take = cg_local(m, kr, ib, KILN_I64, cg_select(m, cg_bin(m, CG_AND, after, better),
+	                                                        cg_int(m, 1), zero));
+	take = cg_bin(m, CG_NE, take, zero);
+	cg_set(m, ib, best, cg_select(m, take, v, best));
+	cg_set(m, ib, bi, cg_select(m, take, i, bi));
+	cg_expr *oi = cg_bin(m, CG_ADD, cg_bin(m, CG_MUL, cg_bin(m, CG_ADD, cg_bin(m, CG_MUL, iv[0],
+	                     kk), j), ext[1]), iv[1]);
+	cg_expr *src = cg_bin(m, CG_ADD, cg_bin(m, CG_MUL, cg_bin(m, CG_ADD, cg_bin(m, CG_MUL, iv[0],
+	                      len), cg_clamp(m, bi, len)), ext[1]), iv[1]);
+	cg_append(m, jb, cg_store(m, out[0], oi, cg_load(m, in[0], src)));
+	cg_append(m, jb, cg_store(m, out[1], oi, bi));
+	cg_set(m, jb, pv, best);
+	cg_set(m, jb, pi, bi);
+	return KILN_OK;
+}
+
 /* ---- ScatterElements, ScatterND ---------------------------------------------------- */
 
 /* out's element at oi given update u: u, or old + u, old * u. */
@@ -1171,6 +1225,7 @@ const cg_lower_fn cg_lower_table[KILN_OP_COUNT] = {
 	[KILN_OP_SPLIT] = split, [KILN_OP_SLICE] = slice, [KILN_OP_GATHER] = gather,
 	[KILN_OP_GATHER_ELEMENTS] = gather_elements,
 	[KILN_OP_SCATTER_ELEMENTS] = scatter_elements, [KILN_OP_SCATTER_ND] = scatter_nd,
+	[KILN_OP_TOPK] = topk,
 	[KILN_OP_FLATTEN] = view, [KILN_OP_SQUEEZE] = view, [KILN_OP_UNSQUEEZE] = view,
 	[KILN_OP_EXPAND] = expand, [KILN_OP_PAD] = pad, [KILN_OP_SHAPE] = shape,
 	[KILN_OP_CONSTANT] = NULL, /* a CONST buffer, made by the driver */

@@ -836,6 +836,42 @@ static kiln_status gather_elements(ir_interp *c, const ir_node *n, kiln_tensor *
 	return rc;
 }
 
+/* TopK: per slice along the axis, the k best by (value, then the lower
+ * index first), in that order: a selection by that total order. */
+static kiln_status topk(ir_interp *c, const ir_node *n, kiln_tensor *const *in,
+                        kiln_tensor *const *out)
+{
+	const kiln_tensor *x = in[0];
+	int64_t axis = ir_naxis(ir_attr_int(n, "axis", -1), x->rank), k = ir_attr_int(n, "k", 0);
+	bool largest = ir_attr_int(n, "largest", 1) != 0;
+	kiln_status rc = same_dtype(c, n, x, out[0]);
+	if (rc || axis < 0 || axis >= x->rank || k < 0 || k > x->shape[axis])
+		return rc ? rc : ir_fail(c, n, KILN_EINVAL, "bad axis or k");
+	int64_t outer = ir_prod(x->shape, 0, axis), len = x->shape[axis];
+	int64_t inner = ir_prod(x->shape, axis + 1, x->rank);
+	for (int64_t o = 0; o < outer; o++)
+		for (int64_t in_ = 0; in_ < inner; in_++) {
+			double pv = 0;
+			int64_t pi = -1;
+			for (int64_t j = 0; j < k; j++) {
+				double best = 0;
+				int64_t bi = -1;
+				for (int64_t i = 0; i < len; i++) {
+					double v = ir_load(x, (o * len + i) * inner + in_);
+					bool after = pi < 0 || (largest ? v < pv : v > pv) || (v == pv && i > pi);
+					bool better = bi < 0 || (largest ? v > best : v < best);
+					if (after && better)
+						best = v, bi = i;
+				}
+				int64_t oi = (o * k + j) * inner + in_;
+				copy_elem(out[0], oi, x, (o * len + bi) * inner + in_);
+				ir_store_i64(out[1], oi, bi);
+				pv = best, pi = bi;
+			}
+		}
+	return KILN_OK;
+}
+
 /* out = x, then each update written (or added, multiplied) at its place. */
 static void scatter_put(kiln_tensor *out, int64_t oi, const kiln_tensor *u, int64_t ui, int red)
 {
@@ -1124,6 +1160,7 @@ const ir_interp_fn ir_interp_table[KILN_OP_COUNT] = {
 	[KILN_OP_GATHER_ELEMENTS] = gather_elements,
 	[KILN_OP_RESIZE] = ir_interp_resize,
 	[KILN_OP_SCATTER_ELEMENTS] = scatter_elements, [KILN_OP_SCATTER_ND] = scatter_nd,
+	[KILN_OP_TOPK] = topk,
 	[KILN_OP_FLATTEN] = copy, [KILN_OP_SQUEEZE] = copy, [KILN_OP_UNSQUEEZE] = copy,
 	[KILN_OP_EXPAND] = expand, [KILN_OP_PAD] = pad, [KILN_OP_SHAPE] = shape,
 	[KILN_OP_CONSTANT] = constant, [KILN_OP_DROPOUT] = ir_interp_dropout,

@@ -514,6 +514,25 @@ static kiln_status shape_gather_elements(kiln_graph *g, const ir_node *n, const 
 	return KILN_OK;
 }
 
+/* TopK: the k largest (smallest) along axis, and their i64 indices. */
+static kiln_status shape_topk(kiln_graph *g, const ir_node *n, const ir_type *in, ir_type *out)
+{
+	const ir_type *x = &in[0];
+	int axis;
+	tbuf a;
+	int64_t k = ir_attr_int(n, "k", -1);
+	TRY(ir_axis_norm(g, n, ir_attr_int(n, "axis", -1), x->rank, 0, x, &axis));
+	if (x->dim[axis] < 0)
+		FAIL(KILN_EUNSUPPORTED, "TopK along symbolic dim %d of %s", axis, TS(x, a));
+	if (k < 0 || k > x->dim[axis])
+		FAIL(KILN_ESHAPE, "k = %lld for dim %d of %s", (long long)k, axis, TS(x, a));
+	out[0] = *x;
+	out[0].dim[axis] = k;
+	out[1] = out[0];
+	out[1].dtype = KILN_I64;
+	return KILN_OK;
+}
+
 /* 0 none, 1 add, 2 mul; -1 otherwise. */
 static int scatter_reduction(const ir_node *n)
 {
@@ -750,7 +769,7 @@ const ir_shape_fn ir_shape_table[KILN_OP_COUNT] = {
 	[KILN_OP_CONCAT] = shape_concat, [KILN_OP_SPLIT] = shape_split,
 	[KILN_OP_SLICE] = shape_slice, [KILN_OP_GATHER] = shape_gather,
 	[KILN_OP_GATHER_ELEMENTS] = shape_gather_elements,
-	[KILN_OP_RESIZE] = ir_shape_resize,
+	[KILN_OP_RESIZE] = ir_shape_resize, [KILN_OP_TOPK] = shape_topk,
 	[KILN_OP_SCATTER_ELEMENTS] = shape_scatter_elements, [KILN_OP_SCATTER_ND] = shape_scatter_nd,
 	[KILN_OP_FLATTEN] = shape_flatten, [KILN_OP_SQUEEZE] = shape_squeeze,
 	[KILN_OP_UNSQUEEZE] = shape_unsqueeze, [KILN_OP_EXPAND] = shape_expand,

@@ -393,6 +393,7 @@ typedef enum {
 	MV_F32,      /* float scalar */
 	MV_BOOL,     /* bool scalar */
 	MV_FLOATS,   /* float 1-D tensor of the floats */
+	MV_I64_1,    /* int64 1-D tensor of the one int (TopK's K) */
 } mv_kind;
 
 typedef struct move {
@@ -415,6 +416,7 @@ static const move moves[KILN_OP_COUNT][4] = {
 	[KILN_OP_REDUCE_SUM] = {{"axes", MV_INTS}},
 	[KILN_OP_DROPOUT] = {{"ratio", MV_F32}, {"training_mode", MV_BOOL}},
 	[KILN_OP_RESIZE] = {{"roi", MV_FLOATS}, {"scales", MV_FLOATS}, {"sizes", MV_INTS}},
+	[KILN_OP_TOPK] = {{"k", MV_I64_1}},
 };
 
 static bool is_moved(kiln_op op, const char *name)
@@ -469,6 +471,8 @@ static const char *moved_input(ex *x, const ir_node *n, const ir_attr *a, mv_kin
 			     "has no constant form", ir_node_desc(n, desc, sizeof desc), i);
 			return NULL;
 		}
+	if (kind == MV_I64_1 && (t = scratch_tensor(x, KILN_I64, 1, 1)))
+		((int64_t *)t->data)[0] = a->u.i;
 	if (kind == MV_FLOATS && (t = scratch_tensor(x, KILN_F32, 1, a->n)))
 		for (uint32_t i = 0; i < a->n; i++)
 			((float *)t->data)[i] = (float)a->u.floats[i];
@@ -478,7 +482,7 @@ static const char *moved_input(ex *x, const ir_node *n, const ir_attr *a, mv_kin
 		t = shape_tensor(x, n, a);
 	else if (kind == MV_LIKE)
 		t = scalar(x, x->g->val[n->in[0]]->type.dtype, v);
-	else if (kind != MV_INTS && kind != MV_FLOATS)
+	else if (kind != MV_INTS && kind != MV_FLOATS && kind != MV_I64_1)
 		t = scalar(x, kind == MV_F32 ? KILN_F32 : KILN_BOOL, v);
 	snprintf(base, sizeof base, "%.500s_%s", x->vname[n->out[0]], a->name);
 	return t ? constant(x, base, t) : NULL;

@@ -325,6 +325,18 @@ static void resize(onnx_imp *c, onnx_nd *d)
 	}
 }
 
+/* TopK: K is an attribute before opset 10, then a 1-element input. */
+static void topk(onnx_imp *c, onnx_nd *d)
+{
+	if (!onnx_emit(c, d, 1, NULL) || c->opset < 10)
+		return;
+	const kiln_tensor *k = onnx_const_input(c, d, 1, "K", true);
+	if (k && kiln_tensor_numel(k) != 1)
+		onnx_problem(c, d, KILN_EINVAL, "K must hold one value");
+	else if (k && ir_attr_set_int(c->g, d->n, "k", ir_load_i64(k, 0)))
+		onnx_problem(c, d, KILN_ENOMEM, "out of memory");
+}
+
 const onnx_import_fn onnx_import_table[KILN_OP_COUNT] = {
 	[KILN_OP_RESHAPE] = reshape, [KILN_OP_EXPAND] = expand, [KILN_OP_SLICE] = slice,
 	[KILN_OP_SQUEEZE] = axes_input, [KILN_OP_UNSQUEEZE] = axes_input,
@@ -334,7 +346,7 @@ const onnx_import_fn onnx_import_table[KILN_OP_COUNT] = {
 	[KILN_OP_SOFTMAX] = softmax, [KILN_OP_LOG_SOFTMAX] = softmax,
 	[KILN_OP_CONSTANT] = constant, [KILN_OP_POW] = pow_op,
 	[KILN_OP_MATMUL_INTEGER] = zero_points, [KILN_OP_CONV_INTEGER] = zero_points,
-	[KILN_OP_RESIZE] = resize,
+	[KILN_OP_RESIZE] = resize, [KILN_OP_TOPK] = topk,
 };
 
 /* Ops without an entry map one to one. */

@@ -100,6 +100,8 @@ static const opcase opcase_reductions[] = {
 	{"reduce_prod", KILN_OP_REDUCE_PROD, "axes=1 keepdims=0"},
 	{"reduce_prod_i64", KILN_OP_REDUCE_PROD, "axes=1"},
 	{"argmax", KILN_OP_ARGMAX, "axis=1"},
+	{"topk", KILN_OP_TOPK, "k=2 axis=1"},
+	{"topk_smallest_i64", KILN_OP_TOPK, "k=3 largest=0"},
 	{"argmax_last", KILN_OP_ARGMAX, "axis=1 keepdims=0 select_last_index=1"},
 };
 
