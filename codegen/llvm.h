@@ -27,6 +27,8 @@ typedef struct cg_target {
 	int vec_bits;      /* widest float vector: 512, 256 or 128 */
 	int prefer_bits;   /* "prefer-vector-width" of every function; 0: the CPU's */
 	int vnni_bits;     /* widest vectors with the 8-bit dot product (vpdpbusd); 0: none */
+	bool amx;          /* AMX-INT8 tiles (tdpbusd): kiln_qgemm's AMX path, taken at run
+	                      time when the OS grants the tile state (rt_amx_ready) */
 	LLVMTargetMachineRef tm;
 } cg_target;
 

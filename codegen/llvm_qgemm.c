@@ -54,6 +54,12 @@ enum {
  * re-packs its panel).  Work (M*N*K) below which threads are not used. */
 enum { ROWS_PAR = 8, ROWS_SERIAL = 40, QPAR_WORK = 1 << 20 };
 
+/* The AMX path's tile registers (C's 2 x 2 tiles of 16 x 16 i32, two row
+ * tiles of A, two column tiles of B), its rows per step and per item (with
+ * a pool, alone), and the bytes of its row-tile copies (edge). */
+enum { T_C = 0, T_A = 4, T_B = 6, AMX_MR = 32, AMX_ROWS_PAR = 64, AMX_ROWS_SERIAL = 512,
+       AMX_EDGE = 2 * 16 * 64 };
+
 typedef struct qgen {
 	cg_llvm *L;
 	LLVMBuilderRef b;
@@ -61,11 +67,13 @@ typedef struct qgen {
 	int W, MR, NV, NR;
 	bool a_u8, b_u8; /* A's and B's bytes unsigned (B is packed with the other signedness than A) */
 	bool flip;       /* B's bytes flipped (xor 0x80) while packing: A and B alike */
+	bool amx;        /* the target has AMX: a second range function on tiles */
 	int b_delta;     /* what the flip adds to B's values and zero point (+-128) */
 	kiln_dtype c_dt;
 	LLVMTypeRef i8p, i32p, f32p, vi32, vf, vi1, xty, xp, argty;
 	LLVMValueRef dot;    /* the vpdpbusd intrinsic, NULL: generic IR */
 	LLVMValueRef zeros;  /* a constant 64 zero bytes: what a guarded load reads when off */
+	LLVMValueRef tcfg;   /* the AMX path's tile configuration (64 bytes) */
 	LLVMValueRef p[Q_ARGS];
 } qgen;
 
@@ -361,13 +369,12 @@ static void pack_group(qgen *g, LLVMValueRef q, LLVMValueRef nrmask, LLVMValueRe
 	}
 }
 
-/* The panel of columns [j0, j0 + nr) into Bp: ceil(K/4) groups of NV
- * vectors; with sums (A's zero point present) their column sums into cb,
+/* The panel of columns [j0, j0 + nr) into Bp: k4 groups of NV vectors
+ * (ceil(K/4), or more for the AMX path: the groups past K are zeros); with sums (A's zero point present) their column sums into cb,
  * else zeros there. */
-static void pack_panel(qgen *g, LLVMValueRef Bp, LLVMValueRef cb, LLVMValueRef nr)
+static void pack_panel(qgen *g, LLVMValueRef Bp, LLVMValueRef cb, LLVMValueRef nr, LLVMValueRef k4)
 {
 	LLVMValueRef *p = g->p;
-	LLVMValueRef k4 = LLVMBuildSDiv(g->b, add(g, p[Q_K], c64(g, 3)), c64(g, 4), "");
 	LLVMValueRef nrmask = lanes(g, g->NR, nr), colsum[8];
 	for (int v = 0; v < g->NV; v++)
 		colsum[v] = local(g, g->vi32, NULL);
@@ -578,6 +585,109 @@ static void tile(qgen *g, const panel *pn, LLVMValueRef Bp, LLVMValueRef i0, LLV
 	}
 }
 
+/* ---- the AMX tile ------------------------------------------------------------ */
+
+/* A tile intrinsic (llvm.x86.<name>) on tile registers named by immediates */
+static void tile_op(qgen *g, const char *name, LLVMValueRef *a, unsigned n)
+{
+	char full[48];
+	snprintf(full, sizeof full, "llvm.x86.%s", name);
+	call(g, intrinsic(g, full, NULL, 0), a, n);
+}
+
+static LLVMValueRef treg(qgen *g, int t)
+{
+	return LLVMConstInt(g->L->i8, (unsigned long long)t, 0);
+}
+
+/* Tile T_A + t: A's rows [r0, r0 + 16), bytes [64 kc, 64 kc + 64), read
+ * in place when all of them are inside A, else copied first into the
+ * t-th 16 x 64 block at edge with zeros past K and past the last row (the
+ * last group of K, a block of rows past M: the packed B is 0 there, so
+ * the zeros add nothing). */
+static void load_a(qgen *g, int t, LLVMValueRef r0, LLVMValueRef kc, LLVMValueRef edge)
+{
+	cg_llvm *L = g->L;
+	LLVMValueRef *p = g->p, k0 = mul(g, kc, c64(g, 64));
+	LLVMValueRef full = LLVMBuildAnd(g->b,
+		LLVMBuildICmp(g->b, LLVMIntSLE, add(g, r0, c64(g, 16)), p[Q_M], ""),
+		LLVMBuildICmp(g->b, LLVMIntSLE, add(g, k0, c64(g, 64)), p[Q_K], ""), "");
+	LLVMValueRef e = gep(g, L->i8, edge, c64(g, (int64_t)t * 16 * 64));
+	LLVMBasicBlockRef join = if_begin(g, LLVMBuildNot(g->b, full, ""));
+	qloop lr;
+	LLVMValueRef r = loop_begin(g, &lr, c64(g, 0), c64(g, 16), 1), row = add(g, r0, r);
+	LLVMValueRef n = LLVMBuildSelect(g->b, lt(g, row, p[Q_M]), sub(g, p[Q_K], k0), c64(g, 0), "");
+	LLVMValueRef at = add(g, mul(g, smin(g, row, sub(g, p[Q_M], c64(g, 1))), p[Q_ARS]), k0);
+	LLVMValueRef v = mload(g, LLVMVectorType(L->i8, 64), gep(g, L->i8, p[Q_A], at), lanes(g, 64, n), 1);
+	store(g, v, gep(g, L->i8, e, mul(g, r, c64(g, 64))), 64);
+	loop_end(g, &lr);
+	if_end(g, join);
+	LLVMValueRef in = gep(g, L->i8, p[Q_A], add(g, mul(g, r0, p[Q_ARS]), k0));
+	LLVMValueRef a[] = {treg(g, T_A + t), LLVMBuildSelect(g->b, full, in, e, ""),
+	                    LLVMBuildSelect(g->b, full, p[Q_ARS], c64(g, 64), "")};
+	tile_op(g, "tileloadd64", a, 3);
+}
+
+/* amx_tile: tile()'s work for rows [i0, min(i0 + AMX_MR, m1)) on AMX:
+ * per half panel (32 columns; the second only when the panel has more),
+ * a 2 x 2 block of C tiles over ceil(K / 64) steps, each two row tiles of
+ * A (tile(), not packed) times two column tiles of the packed B, whose
+ * layout is already the one tdpbusd reads (row q: four k of 16 columns
+ * per 64 bytes), then stored to ctile (32 rows of NR i32) for
+ * epilogue_row. */
+static void amx_tile(qgen *g, const panel *pn, LLVMValueRef Bp, LLVMValueRef i0, LLVMValueRef m0,
+                     LLVMValueRef m1, LLVMValueRef ra, LLVMValueRef j0, LLVMValueRef nr,
+                     LLVMValueRef ctile, LLVMValueRef edge)
+{
+	cg_llvm *L = g->L;
+	LLVMValueRef *p = g->p;
+	int64_t gb = 4 * g->NR; /* bytes of a packed group of four k, and of a ctile row */
+	LLVMValueRef kc_n = LLVMBuildSDiv(g->b, add(g, p[Q_K], c64(g, 63)), c64(g, 64), "");
+	const char *dp = g->a_u8 ? "tdpbusd" : "tdpbsud"; /* A's signedness, then B's */
+	for (int h = 0; h < 2; h++) {
+		LLVMBasicBlockRef join = h ? if_begin(g, LLVMBuildICmp(g->b, LLVMIntSGT, nr, c64(g, 32), ""))
+		                           : NULL;
+		for (int c = 0; c < 4; c++) {
+			LLVMValueRef a[] = {treg(g, T_C + c)};
+			tile_op(g, "tilezero", a, 1);
+		}
+		qloop lk;
+		LLVMValueRef kc = loop_begin(g, &lk, c64(g, 0), kc_n, 1);
+		load_a(g, 0, i0, kc, edge);
+		load_a(g, 1, add(g, i0, c64(g, 16)), kc, edge);
+		for (int c = 0; c < 2; c++) {
+			LLVMValueRef at = add(g, mul(g, kc, c64(g, 16 * gb)), c64(g, (int64_t)(2 * h + c) * 64));
+			LLVMValueRef a[] = {treg(g, T_B + c), gep(g, L->i8, Bp, at), c64(g, gb)};
+			tile_op(g, "tileloadd64", a, 3);
+		}
+		for (int r = 0; r < 2; r++)
+			for (int c = 0; c < 2; c++) {
+				LLVMValueRef a[] = {treg(g, T_C + 2 * r + c), treg(g, T_A + r), treg(g, T_B + c)};
+				tile_op(g, dp, a, 3);
+			}
+		loop_end(g, &lk);
+		for (int r = 0; r < 2; r++)
+			for (int c = 0; c < 2; c++) {
+				LLVMValueRef at = c64(g, (int64_t)r * 16 * gb + (2 * h + c) * 64);
+				LLVMValueRef a[] = {treg(g, T_C + 2 * r + c), gep(g, L->i8, ctile, at), c64(g, gb)};
+				tile_op(g, "tilestored64", a, 3);
+			}
+		if (h)
+			if_end(g, join);
+	}
+	qloop li;
+	LLVMValueRef i = loop_begin(g, &li, c64(g, 0), c64(g, AMX_MR), 1), m = add(g, i0, i);
+	LLVMBasicBlockRef join = if_begin(g, lt(g, m, m1));
+	LLVMValueRef acc[8], r = load(g, L->i32, gep(g, L->i32, ra, sub(g, m, m0)), 4);
+	LLVMValueRef row = gep(g, L->i8, ctile, mul(g, i, c64(g, gb)));
+	for (int v = 0; v < g->NV; v++)
+		acc[v] = cast_ptr(g, gep(g, L->i8, row, c64(g, (int64_t)v * 64)),
+		                  LLVMPointerType(g->vi32, 0));
+	epilogue_row(g, pn, acc, m, r, j0);
+	if_end(g, join);
+	loop_end(g, &li);
+}
+
 /* ---- the work items and the entry ------------------------------------------- */
 
 static void param_types(qgen *g, LLVMTypeRef *t)
@@ -603,7 +713,7 @@ static LLVMValueRef function(qgen *g, const char *name, LLVMTypeRef *params, uns
  * block at x->buf; item t is row block t / npan, column panel t % npan, so
  * a thread's consecutive items share their rows of A, whose sums it then
  * computes once. */
-static LLVMValueRef emit_range(qgen *g, const char *name)
+static LLVMValueRef emit_range(qgen *g, const char *name, bool amx)
 {
 	cg_llvm *L = g->L;
 	LLVMTypeRef t[] = {g->xp, L->i64, L->i64};
@@ -619,9 +729,19 @@ static LLVMValueRef emit_range(qgen *g, const char *name)
 	LLVMValueRef scratch = LLVMBuildLoad2(g->b, LLVMStructGetTypeAtIndex(g->xty, 3),
 	                                      LLVMBuildStructGEP2(g->b, g->xty, x, 3, ""), "");
 	LLVMValueRef Bp = cast_ptr(g, scratch, g->i8p);
-	LLVMValueRef k4 = LLVMBuildSDiv(g->b, add(g, p[Q_K], c64(g, 3)), c64(g, 4), "");
+	/* the scratch: the packed panel, its column sums, A's row sums; for
+	 * AMX whole steps of 64 k packed, then the C tiles and A's edge tiles */
+	LLVMValueRef k4 = amx ? mul(g, LLVMBuildSDiv(g->b, add(g, p[Q_K], c64(g, 63)), c64(g, 64), ""),
+	                            c64(g, 16))
+	                      : LLVMBuildSDiv(g->b, add(g, p[Q_K], c64(g, 3)), c64(g, 4), "");
 	LLVMValueRef cb = cast_ptr(g, gep(g, L->i8, Bp, mul(g, k4, c64(g, 4 * g->NR))), g->i32p);
 	LLVMValueRef ra = gep(g, L->i32, cb, c64(g, g->NR));
+	LLVMValueRef ctile = cast_ptr(g, gep(g, L->i32, ra, c64(g, AMX_ROWS_SERIAL)), g->i8p);
+	LLVMValueRef edge = gep(g, L->i8, ctile, c64(g, (int64_t)AMX_MR * 4 * g->NR));
+	if (amx) { /* this thread's tile configuration: 8 tiles of 16 rows of 64 bytes */
+		LLVMValueRef a[] = {cast_ptr(g, g->tcfg, g->i8p)};
+		tile_op(g, "ldtilecfg", a, 1);
+	}
 	LLVMValueRef need_ra = g->flip ? LLVMConstInt(L->i1, 1, 0) : not_null(g, p[Q_ZB]);
 	LLVMValueRef last_rb = local(g, L->i64, NULL);
 	LLVMBuildStore(g->b, c64(g, -1), last_rb);
@@ -633,7 +753,7 @@ static LLVMValueRef emit_range(qgen *g, const char *name)
 	/* the panel: B from its first column */
 	LLVMValueRef B0 = p[Q_B];
 	p[Q_B] = gep(g, L->i8, B0, j0);
-	pack_panel(g, Bp, cb, nr);
+	pack_panel(g, Bp, cb, nr, k4);
 	p[Q_B] = B0;
 	LLVMValueRef new_rows = LLVMBuildICmp(g->b, LLVMIntNE, rb, LLVMBuildLoad2(g->b, L->i64, last_rb, ""), "");
 	LLVMBasicBlockRef join = if_begin(g, LLVMBuildAnd(g->b, need_ra, new_rows, ""));
@@ -642,10 +762,15 @@ static LLVMValueRef emit_range(qgen *g, const char *name)
 	if_end(g, join);
 	panel pn;
 	panel_vectors(g, &pn, j0, nr, cb);
-	LLVMValueRef i0 = loop_begin(g, &li, m0, m1, g->MR);
-	tile(g, &pn, Bp, i0, m0, m1, ra, j0);
+	LLVMValueRef i0 = loop_begin(g, &li, m0, m1, amx ? AMX_MR : g->MR);
+	if (amx)
+		amx_tile(g, &pn, Bp, i0, m0, m1, ra, j0, nr, ctile, edge);
+	else
+		tile(g, &pn, Bp, i0, m0, m1, ra, j0);
 	loop_end(g, &li);
 	loop_end(g, &lt_);
+	if (amx)
+		tile_op(g, "tilerelease", NULL, 0);
 	LLVMBuildRetVoid(g->b);
 	return fn;
 }
@@ -655,7 +780,10 @@ static const char *dt_tag(kiln_dtype dt)
 	return dt == KILN_U8 ? "u8" : dt == KILN_I8 ? "i8" : dt == KILN_I32 ? "i32" : "f32";
 }
 
-static LLVMValueRef emit_entry(qgen *g, const char *name, LLVMValueRef range)
+/* The entry: the items over the pool or in one call, of range_amx (NULL:
+ * none) when the process may use AMX tiles (rt_amx_ready), else range. */
+static LLVMValueRef emit_entry(qgen *g, const char *name, LLVMValueRef range,
+                               LLVMValueRef range_amx)
 {
 	cg_llvm *L = g->L;
 	LLVMTypeRef t[Q_ARGS];
@@ -678,6 +806,15 @@ static LLVMValueRef emit_entry(qgen *g, const char *name, LLVMValueRef range)
 	                                LLVMBuildICmp(g->b, LLVMIntSGE, work, c64(g, QPAR_WORK), ""), "");
 	LLVMValueRef RB = LLVMBuildSelect(g->b, par, c64(g, (int64_t)g->MR * ROWS_PAR),
 	                                  c64(g, (int64_t)g->MR * ROWS_SERIAL), "");
+	LLVMValueRef fnp = range;
+	if (range_amx) {
+		LLVMTypeRef rt = LLVMFunctionType(L->i32, NULL, 0, 0);
+		LLVMValueRef ready = call(g, cg_llvm_runtime_fn(L, "rt_amx_ready", rt), NULL, 0);
+		LLVMValueRef on = LLVMBuildICmp(g->b, LLVMIntNE, ready, c32(g, 0), "");
+		RB = LLVMBuildSelect(g->b, on, LLVMBuildSelect(g->b, par, c64(g, AMX_ROWS_PAR),
+		                                               c64(g, AMX_ROWS_SERIAL), ""), RB, "");
+		fnp = LLVMBuildSelect(g->b, on, range_amx, range, "");
+	}
 	LLVMValueRef nrb = LLVMBuildSDiv(g->b, add(g, p[Q_M], sub(g, RB, c64(g, 1))), RB, "");
 	LLVMValueRef npan = LLVMBuildSDiv(g->b, add(g, p[Q_N], c64(g, g->NR - 1)), c64(g, g->NR), "");
 	LLVMValueRef args = local(g, g->argty, NULL);
@@ -699,12 +836,12 @@ static LLVMValueRef emit_entry(qgen *g, const char *name, LLVMValueRef range)
 	LLVMTypeRef pt[3];
 	LLVMGetParamTypes(LLVMGlobalGetValueType(L->par_for), pt);
 	LLVMValueRef a[] = {LLVMBuildPointerCast(g->b, cx, pt[0], ""), items,
-	                    LLVMBuildPointerCast(g->b, range, pt[2], "")};
+	                    LLVMBuildPointerCast(g->b, fnp, pt[2], "")};
 	call(g, L->par_for, a, 3);
 	LLVMBuildRetVoid(g->b);
 	LLVMPositionBuilderAtEnd(g->b, serial);
 	LLVMValueRef r[] = {cx, zero, items};
-	call(g, range, r, 3);
+	LLVMBuildCall2(g->b, LLVMGlobalGetValueType(range), fnp, r, 3, "");
 	LLVMBuildRetVoid(g->b);
 	return fn;
 }
@@ -765,6 +902,18 @@ LLVMValueRef cg_llvm_qgemm(cg_llvm *L, kiln_dtype a, kiln_dtype b, kiln_dtype c)
 	LLVMSetAlignment(g.zeros, 64);
 	LLVMSetGlobalConstant(g.zeros, 1);
 	LLVMSetLinkage(g.zeros, LLVMInternalLinkage);
+	g.amx = L->t && L->t->amx && g.W == 16 && g.NV == 4 && g.dot;
+	if (g.amx) { /* palette 1; per tile: bytes per row (u16 at 16 + 2t), rows (48 + t) */
+		uint8_t cfg[64] = {1};
+		for (int t = 0; t < 8; t++)
+			cfg[16 + 2 * t] = 64, cfg[48 + t] = 16;
+		LLVMValueRef cv = LLVMConstStringInContext(L->ctx, (const char *)cfg, 64, 1);
+		g.tcfg = LLVMAddGlobal(L->mod, LLVMTypeOf(cv), "kiln_qgemm_tilecfg");
+		LLVMSetInitializer(g.tcfg, cv);
+		LLVMSetAlignment(g.tcfg, 64);
+		LLVMSetGlobalConstant(g.tcfg, 1);
+		LLVMSetLinkage(g.tcfg, LLVMInternalLinkage);
+	}
 	if (!L->par_for) {
 		LLVMTypeRef rt[] = {g.xp, L->i64, L->i64};
 		LLVMTypeRef rfn = LLVMFunctionType(LLVMVoidTypeInContext(L->ctx), rt, 3, 0);
@@ -775,8 +924,12 @@ LLVMValueRef cg_llvm_qgemm(cg_llvm *L, kiln_dtype a, kiln_dtype b, kiln_dtype c)
 	char name[64], rname[72];
 	snprintf(name, sizeof name, "kiln_qgemm_%s%s_%s", dt_tag(a), dt_tag(b), dt_tag(c));
 	snprintf(rname, sizeof rname, "%s_range", name);
-	LLVMValueRef range = emit_range(&g, rname);
-	L->qgemm[spec] = emit_entry(&g, name, range);
+	LLVMValueRef range = emit_range(&g, rname, false), range_amx = NULL;
+	if (g.amx) {
+		snprintf(rname, sizeof rname, "%s_amx", name);
+		range_amx = emit_range(&g, rname, true);
+	}
+	L->qgemm[spec] = emit_entry(&g, name, range, range_amx);
 	LLVMDisposeBuilder(g.b);
 	return L->qgemm[spec];
 }
@@ -785,5 +938,9 @@ uint64_t cg_qgemm_scratch_bytes(const cg_target *t)
 {
 	int bits = t && t->vec_bits >= 128 ? t->vec_bits : 128, W = bits / 32;
 	int64_t NR = (W >= 16 ? 4 : 2) * W, MR = W >= 8 ? 6 : 4;
-	return (uint64_t)((CG_QGEMM_MAX_K + 3) / 4 * 4 * NR + NR * 4 + MR * ROWS_SERIAL * 4);
+	uint64_t vnni = (uint64_t)((CG_QGEMM_MAX_K + 3) / 4 * 4 * NR + NR * 4 + MR * ROWS_SERIAL * 4);
+	/* emit_range's AMX layout: the ctile and edge after AMX_ROWS_SERIAL row sums */
+	uint64_t amx = (uint64_t)((CG_QGEMM_MAX_K + 63) / 64 * 16 * 4 * NR + NR * 4 +
+	                          AMX_ROWS_SERIAL * 4 + AMX_MR * 4 * NR + AMX_EDGE);
+	return t && t->amx && vnni < amx ? amx : vnni;
 }
