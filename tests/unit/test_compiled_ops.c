@@ -1168,6 +1168,59 @@ START_TEST(int8_matmuls_match_the_interpreter)
 }
 END_TEST
 
+/* The 8-bit GEMM's two paths on one machine: each product with AMX tiles
+ * allowed (taken where the CPU and OS have them) and with KILN_AMX=0 (the
+ * AVX512-VNNI or generic tile), exactly the interpreter's i32 sums.  The
+ * shapes are the AMX tile's edges: K a multiple of its 64-k step and not
+ * (the last step's A copied with zeros), fewer than 64 k, rows past M in
+ * the last 16-row tile, panels of at most 32 columns (one half) and of 33
+ * to 63, more rows than one AMX item (512), on two threads, every
+ * signedness and zero points per row and per column. */
+START_TEST(int8_gemm_paths_match_the_interpreter)
+{
+	static const struct {
+		int64_t m, k, n;
+		kiln_dtype at, bt;
+		bool threads;
+	} cases[] = {
+		{40, 192, 100, KILN_U8, KILN_I8, false},
+		{33, 200, 30, KILN_I8, KILN_U8, false},
+		{70, 64, 64, KILN_U8, KILN_U8, false},
+		{16, 7, 5, KILN_I8, KILN_I8, false},
+		{600, 130, 45, KILN_U8, KILN_I8, false},
+		{97, 320, 150, KILN_U8, KILN_I8, true},
+	};
+	for (size_t r = 0; r < 2 * (sizeof cases / sizeof *cases); r++) {
+		size_t i = r / 2;
+		bool vnni = r % 2;
+		char name[32];
+		snprintf(name, sizeof name, "int8gemm%zu%s", i, vnni ? "_noamx" : "");
+		kiln_dtype at = cases[i].at, bt = cases[i].bt;
+		int64_t M = cases[i].m, K = cases[i].k, N = cases[i].n;
+		int64_t sa[2] = {M, K}, sb[2] = {K, N};
+		kiln_graph *g = kiln_graph_new(name);
+		kiln_tensor *in[4] = {qtensor(at, 2, sa, qlo(at), qhi(at)), qtensor(bt, 2, sb, qlo(bt), qhi(bt)),
+		                      qtensor(at, 1, &M, qlo(at) + 30, qhi(at) - 30),
+		                      qtensor(bt, 1, &N, qlo(bt) + 30, qhi(bt) - 30)};
+		static const char *const names[] = {"a", "b", "az", "bz"};
+		uint32_t v[4];
+		for (int k = 0; k < 4; k++)
+			v[k] = operand(g, names[k], in[k], false);
+		ir_output_add(g, op1(g, KILN_OP_MATMUL_INTEGER, 4, v, ""), NULL);
+		if (cases[i].threads)
+			setenv("KILN_NUM_THREADS", "2", 1);
+		if (vnni)
+			setenv("KILN_AMX", "0", 1);
+		int_op_matches(name, g, in, 4);
+		unsetenv("KILN_NUM_THREADS");
+		unsetenv("KILN_AMX");
+		for (int k = 0; k < 4; k++)
+			kiln_tensor_free(in[k]);
+		kiln_graph_free(g);
+	}
+}
+END_TEST
+
 /* MaxPool of 8-bit tensors (a quantized model's, after qfuse), stride 2
  * on planes wide enough to split into even and odd columns, whole planes
  * and row by row (by_rows), u8 and i8: exactly the interpreter's. */
@@ -1237,6 +1290,7 @@ static Suite *compiled_ops_suite(void)
 	tcase_add_test(tc, runtime_scales_are_checked_by_the_library);
 	tcase_add_test(tc, int8_convs_match_the_interpreter);
 	tcase_add_test(tc, int8_matmuls_match_the_interpreter);
+	tcase_add_test(tc, int8_gemm_paths_match_the_interpreter);
 	tcase_add_test(tc, int8_max_pools_match_the_interpreter);
 	tcase_add_test(tc, report_compile_time);
 	suite_add_tcase(s, tc);
