@@ -56,9 +56,11 @@ enum { ROWS_PAR = 8, ROWS_SERIAL = 40, QPAR_WORK = 1 << 20 };
 
 /* The AMX path's tile registers (C's 2 x 2 tiles of 16 x 16 i32, two row
  * tiles of A, two column tiles of B), its rows per step and per item (with
- * a pool, alone), and the bytes of its row-tile copies (edge). */
+ * a pool, alone), the bytes of copy_tail's rows, and the least K and M
+ * it runs on (below, the VNNI tile wastes less: K = 16..32 pointwise
+ * convs, a batch-1 matmul's one row). */
 enum { T_C = 0, T_A = 4, T_B = 6, AMX_MR = 32, AMX_ROWS_PAR = 64, AMX_ROWS_SERIAL = 512,
-       AMX_EDGE = 2 * 16 * 64 };
+       AMX_TAIL = (AMX_ROWS_SERIAL + 16) * 64, AMX_MIN_K = 64 };
 
 typedef struct qgen {
 	cg_llvm *L;
@@ -600,30 +602,46 @@ static LLVMValueRef treg(qgen *g, int t)
 	return LLVMConstInt(g->L->i8, (unsigned long long)t, 0);
 }
 
-/* Tile T_A + t: A's rows [r0, r0 + 16), bytes [64 kc, 64 kc + 64), read
- * in place when all of them are inside A, else copied first into the
- * t-th 16 x 64 block at edge with zeros past K and past the last row (the
- * last group of K, a block of rows past M: the packed B is 0 there, so
- * the zeros add nothing). */
-static void load_a(qgen *g, int t, LLVMValueRef r0, LLVMValueRef kc, LLVMValueRef edge)
+/* The first row of A's t-th row tile at i0: i0 + 16t, moved up so that
+ * the tile ends at M (the AMX path runs only when M >= 16), so a tile
+ * reads no row past A's last. */
+static LLVMValueRef tile_row(qgen *g, LLVMValueRef i0, int t)
+{
+	return smin(g, add(g, i0, c64(g, 16 * t)), sub(g, g->p[Q_M], c64(g, 16)));
+}
+
+/* Per block of rows from tb (tile_row's first of the block) to m1: the
+ * bytes of A's last step of 64 k when K is not a multiple of 64, zeros
+ * past K, as rows of 64 bytes at tail; tiles read the step from there. */
+static void copy_tail(qgen *g, LLVMValueRef tail, LLVMValueRef tb, LLVMValueRef m1)
+{
+	cg_llvm *L = g->L;
+	LLVMValueRef *p = g->p;
+	LLVMValueRef k0 = mul(g, LLVMBuildSDiv(g->b, p[Q_K], c64(g, 64), ""), c64(g, 64));
+	LLVMValueRef n = sub(g, p[Q_K], k0);
+	LLVMBasicBlockRef join = if_begin(g, LLVMBuildICmp(g->b, LLVMIntSGT, n, c64(g, 0), ""));
+	LLVMValueRef mask = lanes(g, 64, n);
+	qloop lr;
+	LLVMValueRef r = loop_begin(g, &lr, tb, m1, 1);
+	LLVMValueRef v = mload(g, LLVMVectorType(L->i8, 64),
+	                       gep(g, L->i8, p[Q_A], add(g, mul(g, r, p[Q_ARS]), k0)), mask, 1);
+	store(g, v, gep(g, L->i8, tail, mul(g, sub(g, r, tb), c64(g, 64))), 64);
+	loop_end(g, &lr);
+	if_end(g, join);
+}
+
+/* Tile T_A + t: A's rows [r0, r0 + 16), bytes [64 kc, 64 kc + 64): in
+ * place, or for the last step of a K that is not a multiple of 64 from
+ * copy_tail's rows (the packed B is 0 past K, so its zeros add nothing). */
+static void load_a(qgen *g, int t, LLVMValueRef r0, LLVMValueRef kc, LLVMValueRef tail,
+                   LLVMValueRef tb)
 {
 	cg_llvm *L = g->L;
 	LLVMValueRef *p = g->p, k0 = mul(g, kc, c64(g, 64));
-	LLVMValueRef full = LLVMBuildAnd(g->b,
-		LLVMBuildICmp(g->b, LLVMIntSLE, add(g, r0, c64(g, 16)), p[Q_M], ""),
-		LLVMBuildICmp(g->b, LLVMIntSLE, add(g, k0, c64(g, 64)), p[Q_K], ""), "");
-	LLVMValueRef e = gep(g, L->i8, edge, c64(g, (int64_t)t * 16 * 64));
-	LLVMBasicBlockRef join = if_begin(g, LLVMBuildNot(g->b, full, ""));
-	qloop lr;
-	LLVMValueRef r = loop_begin(g, &lr, c64(g, 0), c64(g, 16), 1), row = add(g, r0, r);
-	LLVMValueRef n = LLVMBuildSelect(g->b, lt(g, row, p[Q_M]), sub(g, p[Q_K], k0), c64(g, 0), "");
-	LLVMValueRef at = add(g, mul(g, smin(g, row, sub(g, p[Q_M], c64(g, 1))), p[Q_ARS]), k0);
-	LLVMValueRef v = mload(g, LLVMVectorType(L->i8, 64), gep(g, L->i8, p[Q_A], at), lanes(g, 64, n), 1);
-	store(g, v, gep(g, L->i8, e, mul(g, r, c64(g, 64))), 64);
-	loop_end(g, &lr);
-	if_end(g, join);
+	LLVMValueRef full = LLVMBuildICmp(g->b, LLVMIntSLE, add(g, k0, c64(g, 64)), p[Q_K], "");
 	LLVMValueRef in = gep(g, L->i8, p[Q_A], add(g, mul(g, r0, p[Q_ARS]), k0));
-	LLVMValueRef a[] = {treg(g, T_A + t), LLVMBuildSelect(g->b, full, in, e, ""),
+	LLVMValueRef cp = gep(g, L->i8, tail, mul(g, sub(g, r0, tb), c64(g, 64)));
+	LLVMValueRef a[] = {treg(g, T_A + t), LLVMBuildSelect(g->b, full, in, cp, ""),
 	                    LLVMBuildSelect(g->b, full, p[Q_ARS], c64(g, 64), "")};
 	tile_op(g, "tileloadd64", a, 3);
 }
@@ -631,18 +649,19 @@ static void load_a(qgen *g, int t, LLVMValueRef r0, LLVMValueRef kc, LLVMValueRe
 /* amx_tile: tile()'s work for rows [i0, min(i0 + AMX_MR, m1)) on AMX:
  * per half panel (32 columns; the second only when the panel has more),
  * a 2 x 2 block of C tiles over ceil(K / 64) steps, each two row tiles of
- * A (tile(), not packed) times two column tiles of the packed B, whose
- * layout is already the one tdpbusd reads (row q: four k of 16 columns
- * per 64 bytes), then stored to ctile (32 rows of NR i32) for
- * epilogue_row. */
+ * A (read in place, as tile() does; tile_row) times two column tiles of
+ * the packed B, whose layout is already the one tdpbusd reads (group q:
+ * four k of 16 columns per 64 bytes), then stored to ctile (32 rows of NR
+ * i32) for epilogue_row. */
 static void amx_tile(qgen *g, const panel *pn, LLVMValueRef Bp, LLVMValueRef i0, LLVMValueRef m0,
                      LLVMValueRef m1, LLVMValueRef ra, LLVMValueRef j0, LLVMValueRef nr,
-                     LLVMValueRef ctile, LLVMValueRef edge)
+                     LLVMValueRef ctile, LLVMValueRef tail, LLVMValueRef tb)
 {
 	cg_llvm *L = g->L;
 	LLVMValueRef *p = g->p;
 	int64_t gb = 4 * g->NR; /* bytes of a packed group of four k, and of a ctile row */
 	LLVMValueRef kc_n = LLVMBuildSDiv(g->b, add(g, p[Q_K], c64(g, 63)), c64(g, 64), "");
+	LLVMValueRef r0[2] = {tile_row(g, i0, 0), tile_row(g, i0, 1)};
 	const char *dp = g->a_u8 ? "tdpbusd" : "tdpbsud"; /* A's signedness, then B's */
 	for (int h = 0; h < 2; h++) {
 		LLVMBasicBlockRef join = h ? if_begin(g, LLVMBuildICmp(g->b, LLVMIntSGT, nr, c64(g, 32), ""))
@@ -653,8 +672,8 @@ static void amx_tile(qgen *g, const panel *pn, LLVMValueRef Bp, LLVMValueRef i0,
 		}
 		qloop lk;
 		LLVMValueRef kc = loop_begin(g, &lk, c64(g, 0), kc_n, 1);
-		load_a(g, 0, i0, kc, edge);
-		load_a(g, 1, add(g, i0, c64(g, 16)), kc, edge);
+		for (int t = 0; t < 2; t++)
+			load_a(g, t, r0[t], kc, tail, tb);
 		for (int c = 0; c < 2; c++) {
 			LLVMValueRef at = add(g, mul(g, kc, c64(g, 16 * gb)), c64(g, (int64_t)(2 * h + c) * 64));
 			LLVMValueRef a[] = {treg(g, T_B + c), gep(g, L->i8, Bp, at), c64(g, gb)};
@@ -675,11 +694,15 @@ static void amx_tile(qgen *g, const panel *pn, LLVMValueRef Bp, LLVMValueRef i0,
 		if (h)
 			if_end(g, join);
 	}
+	/* row m = i0 + i of tile t = i / 16 is row m - r0[t] of that tile */
 	qloop li;
 	LLVMValueRef i = loop_begin(g, &li, c64(g, 0), c64(g, AMX_MR), 1), m = add(g, i0, i);
 	LLVMBasicBlockRef join = if_begin(g, lt(g, m, m1));
+	LLVMValueRef second = LLVMBuildICmp(g->b, LLVMIntSGE, i, c64(g, 16), "");
+	LLVMValueRef crow = add(g, LLVMBuildSelect(g->b, second, c64(g, 16), c64(g, 0), ""),
+	                        sub(g, m, LLVMBuildSelect(g->b, second, r0[1], r0[0], "")));
 	LLVMValueRef acc[8], r = load(g, L->i32, gep(g, L->i32, ra, sub(g, m, m0)), 4);
-	LLVMValueRef row = gep(g, L->i8, ctile, mul(g, i, c64(g, gb)));
+	LLVMValueRef row = gep(g, L->i8, ctile, mul(g, crow, c64(g, gb)));
 	for (int v = 0; v < g->NV; v++)
 		acc[v] = cast_ptr(g, gep(g, L->i8, row, c64(g, (int64_t)v * 64)),
 		                  LLVMPointerType(g->vi32, 0));
@@ -730,14 +753,14 @@ static LLVMValueRef emit_range(qgen *g, const char *name, bool amx)
 	                                      LLVMBuildStructGEP2(g->b, g->xty, x, 3, ""), "");
 	LLVMValueRef Bp = cast_ptr(g, scratch, g->i8p);
 	/* the scratch: the packed panel, its column sums, A's row sums; for
-	 * AMX whole steps of 64 k packed, then the C tiles and A's edge tiles */
+	 * AMX whole steps of 64 k packed, then the C tiles and A's tail rows */
 	LLVMValueRef k4 = amx ? mul(g, LLVMBuildSDiv(g->b, add(g, p[Q_K], c64(g, 63)), c64(g, 64), ""),
 	                            c64(g, 16))
 	                      : LLVMBuildSDiv(g->b, add(g, p[Q_K], c64(g, 3)), c64(g, 4), "");
 	LLVMValueRef cb = cast_ptr(g, gep(g, L->i8, Bp, mul(g, k4, c64(g, 4 * g->NR))), g->i32p);
 	LLVMValueRef ra = gep(g, L->i32, cb, c64(g, g->NR));
 	LLVMValueRef ctile = cast_ptr(g, gep(g, L->i32, ra, c64(g, AMX_ROWS_SERIAL)), g->i8p);
-	LLVMValueRef edge = gep(g, L->i8, ctile, c64(g, (int64_t)AMX_MR * 4 * g->NR));
+	LLVMValueRef tail = gep(g, L->i8, ctile, c64(g, (int64_t)AMX_MR * 4 * g->NR));
 	if (amx) { /* this thread's tile configuration: 8 tiles of 16 rows of 64 bytes */
 		LLVMValueRef a[] = {cast_ptr(g, g->tcfg, g->i8p)};
 		tile_op(g, "ldtilecfg", a, 1);
@@ -756,15 +779,20 @@ static LLVMValueRef emit_range(qgen *g, const char *name, bool amx)
 	pack_panel(g, Bp, cb, nr, k4);
 	p[Q_B] = B0;
 	LLVMValueRef new_rows = LLVMBuildICmp(g->b, LLVMIntNE, rb, LLVMBuildLoad2(g->b, L->i64, last_rb, ""), "");
-	LLVMBasicBlockRef join = if_begin(g, LLVMBuildAnd(g->b, need_ra, new_rows, ""));
+	LLVMValueRef tb = amx ? tile_row(g, m0, 0) : NULL;
+	LLVMBasicBlockRef join = if_begin(g, new_rows);
+	LLVMBasicBlockRef sums = if_begin(g, need_ra);
 	row_sums(g, ra, m0, m1);
+	if_end(g, sums);
+	if (amx)
+		copy_tail(g, tail, tb, m1);
 	LLVMBuildStore(g->b, rb, last_rb);
 	if_end(g, join);
 	panel pn;
 	panel_vectors(g, &pn, j0, nr, cb);
 	LLVMValueRef i0 = loop_begin(g, &li, m0, m1, amx ? AMX_MR : g->MR);
 	if (amx)
-		amx_tile(g, &pn, Bp, i0, m0, m1, ra, j0, nr, ctile, edge);
+		amx_tile(g, &pn, Bp, i0, m0, m1, ra, j0, nr, ctile, tail, tb);
 	else
 		tile(g, &pn, Bp, i0, m0, m1, ra, j0);
 	loop_end(g, &li);
@@ -810,7 +838,10 @@ static LLVMValueRef emit_entry(qgen *g, const char *name, LLVMValueRef range,
 	if (range_amx) {
 		LLVMTypeRef rt = LLVMFunctionType(L->i32, NULL, 0, 0);
 		LLVMValueRef ready = call(g, cg_llvm_runtime_fn(L, "rt_amx_ready", rt), NULL, 0);
-		LLVMValueRef on = LLVMBuildICmp(g->b, LLVMIntNE, ready, c32(g, 0), "");
+		LLVMValueRef big = LLVMBuildAnd(g->b, LLVMBuildICmp(g->b, LLVMIntSGE, p[Q_K], c64(g, AMX_MIN_K), ""),
+		                                LLVMBuildICmp(g->b, LLVMIntSGE, p[Q_M], c64(g, 16), ""), "");
+		LLVMValueRef on = LLVMBuildAnd(g->b, LLVMBuildICmp(g->b, LLVMIntNE, ready, c32(g, 0), ""),
+		                               big, "");
 		RB = LLVMBuildSelect(g->b, on, LLVMBuildSelect(g->b, par, c64(g, AMX_ROWS_PAR),
 		                                               c64(g, AMX_ROWS_SERIAL), ""), RB, "");
 		fnp = LLVMBuildSelect(g->b, on, range_amx, range, "");
@@ -939,8 +970,8 @@ uint64_t cg_qgemm_scratch_bytes(const cg_target *t)
 	int bits = t && t->vec_bits >= 128 ? t->vec_bits : 128, W = bits / 32;
 	int64_t NR = (W >= 16 ? 4 : 2) * W, MR = W >= 8 ? 6 : 4;
 	uint64_t vnni = (uint64_t)((CG_QGEMM_MAX_K + 3) / 4 * 4 * NR + NR * 4 + MR * ROWS_SERIAL * 4);
-	/* emit_range's AMX layout: the ctile and edge after AMX_ROWS_SERIAL row sums */
+	/* emit_range's AMX layout: the ctile and tail after AMX_ROWS_SERIAL row sums */
 	uint64_t amx = (uint64_t)((CG_QGEMM_MAX_K + 63) / 64 * 16 * 4 * NR + NR * 4 +
-	                          AMX_ROWS_SERIAL * 4 + AMX_MR * 4 * NR + AMX_EDGE);
+	                          AMX_ROWS_SERIAL * 4 + AMX_MR * 4 * NR + AMX_TAIL);
 	return t && t->amx && vnni < amx ? amx : vnni;
 }

@@ -1172,10 +1172,11 @@ END_TEST
  * allowed (taken where the CPU and OS have them) and with KILN_AMX=0 (the
  * AVX512-VNNI or generic tile), exactly the interpreter's i32 sums.  The
  * shapes are the AMX tile's edges: K a multiple of its 64-k step and not
- * (the last step's A copied with zeros), fewer than 64 k, rows past M in
- * the last 16-row tile, panels of at most 32 columns (one half) and of 33
- * to 63, more rows than one AMX item (512), on two threads, every
- * signedness and zero points per row and per column. */
+ * (the last step's A copied with zeros), M = 16 and row tiles moved up to
+ * end at M (M = 33, 40, 70, 97), panels of at most 32 columns (one half)
+ * and of 33 to 63, more rows than one AMX item (512), on two threads,
+ * every signedness, zero points per row and per column, and K < 64 (the
+ * VNNI tile whatever the CPU). */
 START_TEST(int8_gemm_paths_match_the_interpreter)
 {
 	static const struct {
@@ -1186,7 +1187,8 @@ START_TEST(int8_gemm_paths_match_the_interpreter)
 		{40, 192, 100, KILN_U8, KILN_I8, false},
 		{33, 200, 30, KILN_I8, KILN_U8, false},
 		{70, 64, 64, KILN_U8, KILN_U8, false},
-		{16, 7, 5, KILN_I8, KILN_I8, false},
+		{16, 70, 5, KILN_I8, KILN_I8, false},
+		{20, 7, 9, KILN_U8, KILN_I8, false},
 		{600, 130, 45, KILN_U8, KILN_I8, false},
 		{97, 320, 150, KILN_U8, KILN_I8, true},
 	};
