@@ -43,7 +43,7 @@
 
 /* kiln_qgemm's parameters (llvm.h documents them). */
 enum {
-	Q_X, Q_M, Q_N, Q_K, Q_A, Q_ARS, Q_B, Q_BRS, Q_C, Q_CRS, Q_ZA, Q_ZAS, Q_ZB, Q_ZBS,
+	Q_X, Q_M, Q_N, Q_K, Q_A, Q_ARS, Q_B, Q_BRS, Q_BROWS, Q_C, Q_CRS, Q_ZA, Q_ZAS, Q_ZB, Q_ZBS,
 	Q_BIAS, Q_BAXIS, Q_SCALE, Q_SAXIS, Q_CZ, Q_LO, Q_HI, Q_COUNT,
 	/* the argument block of the range function also carries: */
 	Q_RB = Q_COUNT, Q_NPAN, Q_ARGS
@@ -313,8 +313,18 @@ static void interleave_512(qgen *g, LLVMValueRef *row, LLVMValueRef dst)
 	}
 }
 
+/* Where B's row k (in: k < K) starts: k*b_rs, or b_rows[k] when b_rows
+ * is given (an implicit im2col's taps); past K (masked off) anything. */
+static LLVMValueRef row_at(qgen *g, LLVMValueRef k, LLVMValueRef in)
+{
+	LLVMValueRef *p = g->p, on = LLVMBuildAnd(g->b, in, not_null(g, p[Q_BROWS]), "");
+	LLVMValueRef at = gep(g, g->L->i64, p[Q_BROWS], k);
+	LLVMValueRef v = load(g, g->L->i64, or_zeros(g, on, at), 8);
+	return LLVMBuildSelect(g->b, on, v, mul(g, k, p[Q_BRS]), "");
+}
+
 /* Rows 4q..4q+3 of the panel's columns [0, nr) (B at the panel's first
- * column) as NV vectors of W 32-bit lanes, lane l of vector v holding the
+ * column, row k at B + k*b_rs or, with b_rows, at B + b_rows[k]) as NV vectors of W 32-bit lanes, lane l of vector v holding the
  * four rows' bytes of column v*W + l, stored at dst; rows past K and
  * columns past nr are 0 (flipped bytes too).  With sums, colsum (NV
  * vectors of i32) gains the packed values. */
@@ -327,8 +337,8 @@ static void pack_group(qgen *g, LLVMValueRef q, LLVMValueRef nrmask, LLVMValueRe
 	LLVMValueRef none = LLVMConstNull(LLVMVectorType(L->i1, (unsigned)g->NR));
 	for (int r = 0; r < 4; r++) {
 		LLVMValueRef k = add(g, mul(g, q, c64(g, 4)), c64(g, r));
-		LLVMValueRef mask = LLVMBuildSelect(g->b, lt(g, k, p[Q_K]), nrmask, none, "");
-		row[r] = mload(g, vb, gep(g, L->i8, p[Q_B], mul(g, k, p[Q_BRS])), mask, 1);
+		LLVMValueRef in = lt(g, k, p[Q_K]), mask = LLVMBuildSelect(g->b, in, nrmask, none, "");
+		row[r] = mload(g, vb, gep(g, L->i8, p[Q_B], row_at(g, k, in)), mask, 1);
 		if (g->flip) /* only the lanes loaded: padding stays 0 */
 			row[r] = LLVMBuildXor(g->b, row[r],
 			                      LLVMBuildSelect(g->b, mask, splat(g, vb, LLVMConstInt(L->i8, 0x80, 0)),
@@ -719,6 +729,7 @@ static void param_types(qgen *g, LLVMTypeRef *t)
 	LLVMTypeRef tys[Q_ARGS] = {
 		[Q_X] = g->xp, [Q_M] = L->i64, [Q_N] = L->i64, [Q_K] = L->i64,
 		[Q_A] = g->i8p, [Q_ARS] = L->i64, [Q_B] = g->i8p, [Q_BRS] = L->i64,
+		[Q_BROWS] = LLVMPointerType(L->i64, 0),
 		[Q_C] = g->i8p, [Q_CRS] = L->i64, [Q_ZA] = g->i8p, [Q_ZAS] = L->i64,
 		[Q_ZB] = g->i8p, [Q_ZBS] = L->i64, [Q_BIAS] = g->i32p, [Q_BAXIS] = L->i32,
 		[Q_SCALE] = g->f32p, [Q_SAXIS] = L->i32, [Q_CZ] = g->i8p, [Q_LO] = L->f32,
