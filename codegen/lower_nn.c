@@ -1151,36 +1151,64 @@ static int folded_bias(cg_module *m, int w, int wz, int xz, int bias, int64_t M,
 	return const_buf(m, t, w, "qbias");
 }
 
-/* ---- implicit im2col: 8-bit convs of stride 1 --------------------------------- */
+/* ---- implicit im2col: 8-bit 2-D convs ------------------------------------------ */
 
-/* Whether an integer conv (of one group, not pointwise) runs as conv_wide:
- * 2-D and stride 1, where every tap row of the output is a contiguous run
- * of a padded input plane. */
+/* Whether an integer conv (of one group, not conv_1x1's) runs as
+ * conv_wide: 2-D, one group. */
 static bool want_wide(const geom *g, int64_t grp)
 {
-	return g->nsp == 2 && grp == 1 && g->stride[0] == 1 && g->stride[1] == 1 && g->ksz > 1;
+	return g->nsp == 2 && grp == 1;
 }
 
-/* A 2-D integer conv of stride 1 as one 8-bit GEMM per image on x itself,
- * with no im2col.  x is copied once into planes padded with its zero
- * point (Hp x Wp each); there tap (kh, kw) of output (oh, ow) is element
- * (oh + kh*dh)*Wp + ow + kw*dw, so over the GEMM's wide columns
- * n = oh*Wp + ow, row k = (c, kh, kw) of B is a run of the padded planes
- * from c*Hp*Wp + kh*dh*Wp + kw*dw: the GEMM packs its panels from there
- * (b_rows, K constant offsets).  It computes Wp - OW columns between
- * output rows that are no outputs, into a wide copy of y, and a last loop
- * copies the real columns into y.  The im2col this replaces wrote K rows
- * per image of which each byte of x is ksz copies (ResNet-18 int8: 42% of
- * the time at batch 16, 36% at batch 1, on AMX); the padded planes and
- * the wide result are one copy each of x and y. */
+/* Phase planes of a stride (sy, sx) conv: which of the sy*sx phases
+ * (py, px) its taps read (tap t reads phase (t*dil) % s of a dim), each
+ * numbered by its slot (-1: unread); returns the count. */
+static int phase_slots(const geom *g, int *slot)
+{
+	int64_t sy = g->stride[0], sx = g->stride[1];
+	int nph = 0;
+	for (int64_t p = 0; p < sy * sx; p++)
+		slot[p] = -1;
+	for (int64_t kh = 0; kh < g->k[0]; kh++)
+		for (int64_t kw = 0; kw < g->k[1]; kw++) {
+			int64_t p = (kh * g->dil[0]) % sy * sx + (kw * g->dil[1]) % sx;
+			if (slot[p] < 0)
+				slot[p] = nph++;
+		}
+	return nph;
+}
+
+/* A 2-D integer conv as one 8-bit GEMM per image on a copy of x, with no
+ * im2col.  x is copied once, padded with its zero point and split by the
+ * stride (sy, sx) into phase planes: phase (py, px) holds the padded
+ * input's rows sy*i + py and columns sx*j + px (a stride-1 conv has one
+ * phase, the padded plane).  Tap (kh, kw) of output (oh, ow) is then
+ * element (oh + kh*dh / sy)*Wq + ow + kw*dw / sx of phase
+ * (kh*dh % sy, kw*dw % sx), so over the GEMM's wide columns
+ * n = oh*Wq + ow, row k = (c, kh, kw) of B is a contiguous run of one
+ * phase plane: the GEMM packs its panels from there (b_rows: K constant
+ * offsets).  It computes the Wq - OW columns between output rows too,
+ * into a wide copy of y, and a last loop copies the real columns into y.
+ * The im2col this replaces wrote each image's K x OH*OW columns, every
+ * byte of x ksz / (sy*sx) times, and rows of 7 bytes for ResNet's 7x7 maps
+ * (ResNet-18 int8 on AMX: 36% of the time at batch 1, 42% at 16); the
+ * phase planes and the wide result are about one copy each of x and y. */
 static kiln_status conv_wide(cg_module *m, const ir_node *n, const int *in, int y, const geom *g,
                              const conv_int *q, kiln_error *err)
 {
 	const ir_type *x = cg_btype(m, in[0]), *yt = cg_btype(m, y);
 	int64_t C = x->dim[1], M = yt->dim[1], batch = x->dim[0], H = g->in[0], W = g->in[1];
-	int64_t OH = g->out[0], OW = g->out[1], K = C * g->ksz;
-	int64_t Hp = H + g->pad[0] + g->pad_end[0], Wp = W + g->pad[1] + g->pad_end[1];
-	int64_t plane = Hp * Wp, NW = (OH - 1) * Wp + OW;
+	int64_t OH = g->out[0], OW = g->out[1], K = C * g->ksz, sy = g->stride[0], sx = g->stride[1];
+	int64_t e0 = (g->k[0] - 1) * g->dil[0] / sy, e1 = (g->k[1] - 1) * g->dil[1] / sx;
+	int64_t Hq = (H + g->pad[0] + g->pad_end[0] + sy - 1) / sy;
+	int64_t Wq = (W + g->pad[1] + g->pad_end[1] + sx - 1) / sx;
+	Hq = Hq > OH + e0 ? Hq : OH + e0; /* every tap's rows inside its plane */
+	Wq = Wq > OW + e1 ? Wq : OW + e1;
+	int slot[64];
+	if (sy * sx > 64)
+		return conv_im2col(m, n, in, y, g, q, err);
+	int nph = phase_slots(g, slot);
+	int64_t plane = Hq * Wq, NW = (OH - 1) * Wq + OW;
 	kiln_dtype ydt = m->buf[y].dt;
 	bool bias = n->nin > 2 && in[2] >= 0;
 	kiln_tensor *t = arena_tensor(m, KILN_I64, K);
@@ -1188,32 +1216,52 @@ static kiln_status conv_wide(cg_module *m, const ir_node *n, const int *in, int 
 		return nomem(m, n, err);
 	for (int64_t c = 0, k = 0; c < C; c++)
 		for (int64_t kh = 0; kh < g->k[0]; kh++)
-			for (int64_t kw = 0; kw < g->k[1]; kw++)
-				((int64_t *)t->data)[k++] = c * plane + kh * g->dil[0] * Wp + kw * g->dil[1];
+			for (int64_t kw = 0; kw < g->k[1]; kw++) {
+				int64_t dh = kh * g->dil[0], dw = kw * g->dil[1];
+				int64_t ph = slot[dh % sy * sx + dw % sx];
+				((int64_t *)t->data)[k++] = (c * nph + ph) * plane + dh / sy * Wq + dw / sx;
+			}
 	/* new buffers may move m->buf: x and yt are dead after this */
 	int rows = const_buf(m, t, in[1], "rows");
 	cg_expr *bd = cg_dim(m, batch);
-	int xp = rows < 0 ? -1 : cg_lower_scratch(m, q->xdt, mul(m, bd, I(m, C * plane)));
-	int yw = xp < 0 ? -1 : cg_lower_scratch(m, ydt, mul(m, bd, I(m, M * OH * Wp)));
+	int xp = rows < 0 ? -1 : cg_lower_scratch(m, q->xdt, mul(m, bd, I(m, C * nph * plane)));
+	int yw = xp < 0 ? -1 : cg_lower_scratch(m, ydt, mul(m, bd, I(m, M * OH * Wq)));
 	cg_kernel *k = yw < 0 ? NULL : cg_lower_kernel(m, n);
 	if (!k)
 		return nomem(m, n, err);
-	/* the padded planes, over the threads */
-	cg_expr *pc, *r, *v;
-	cg_stmt *pb, *rb, *lb, *row = cg_block(m), *pad = cg_block(m);
-	cg_append(m, k->body, cg_loop(m, k, mul(m, bd, I(m, C)),
-	                              cg_par(m, mul(m, bd, I(m, C * plane))), &pc, &pb));
-	cg_append(m, pb, cg_loop(m, k, I(m, Hp), 0, &r, &rb));
-	cg_expr *ih = add(m, r, I(m, -g->pad[0])), *dst = add(m, mul(m, pc, I(m, plane)),
-	                                                       mul(m, r, I(m, Wp)));
-	cg_expr *inside = cg_bin(m, CG_AND, cg_bin(m, CG_GE, ih, I(m, 0)), cg_bin(m, CG_LT, ih, I(m, H)));
-	fill(m, k, row, xp, dst, g->pad[1], q->pad);
-	cg_append(m, row, cg_loop(m, k, I(m, W), CG_VECTORIZE, &v, &lb));
-	cg_expr *src = add(m, mul(m, pc, I(m, H * W)), mul(m, cg_clamp(m, ih, I(m, H)), I(m, W)));
-	cg_append(m, lb, cg_st(m, xp, add(m, dst, add(m, I(m, g->pad[1]), v)), cg_ld(m, in[0], add(m, src, v))));
-	fill(m, k, row, xp, add(m, dst, I(m, g->pad[1] + W)), g->pad_end[1], q->pad);
-	fill(m, k, pad, xp, dst, Wp, q->pad);
-	cg_append(m, rb, cg_if(m, inside, row, pad));
+	/* the phase planes over the threads: per plane of x (b, c) and phase,
+	 * each row the zero point where it is padding, else zero points, the
+	 * columns of x that land inside, zero points */
+	for (int64_t p = 0; p < sy * sx; p++) {
+		if (slot[p] < 0)
+			continue;
+		int64_t py = p / sx, px = p % sx;
+		/* columns j with sx*j + px - pad in [0, W): [jlo, jhi) */
+		int64_t jlo = (g->pad[1] - px + sx - 1) / sx, jhi = (g->pad[1] + W - px + sx - 1) / sx;
+		jlo = jlo < 0 ? 0 : jlo > Wq ? Wq : jlo;
+		jhi = jhi > Wq ? Wq : jhi < jlo ? jlo : jhi;
+		cg_expr *pc, *r, *v;
+		cg_stmt *pb, *rb, *lb, *row = cg_block(m), *pad = cg_block(m);
+		cg_append(m, k->body, cg_loop(m, k, mul(m, bd, I(m, C)),
+		                              cg_par(m, mul(m, bd, I(m, C * plane))), &pc, &pb));
+		cg_append(m, pb, cg_loop(m, k, I(m, Hq), 0, &r, &rb));
+		cg_expr *ih = add(m, mul(m, r, I(m, sy)), I(m, py - g->pad[0]));
+		cg_expr *dst = add(m, mul(m, add(m, mul(m, pc, I(m, nph)), I(m, slot[p])), I(m, plane)),
+		                   mul(m, r, I(m, Wq)));
+		cg_expr *inside = cg_bin(m, CG_AND, cg_bin(m, CG_GE, ih, I(m, 0)),
+		                         cg_bin(m, CG_LT, ih, I(m, H)));
+		fill(m, k, row, xp, dst, jlo, q->pad);
+		if (jhi > jlo) {
+			cg_append(m, row, cg_loop(m, k, I(m, jhi - jlo), CG_VECTORIZE, &v, &lb));
+			cg_expr *src = add(m, mul(m, pc, I(m, H * W)), mul(m, cg_clamp(m, ih, I(m, H)), I(m, W)));
+			cg_expr *col = add(m, mul(m, add(m, I(m, jlo), v), I(m, sx)), I(m, px - g->pad[1]));
+			cg_append(m, lb, cg_st(m, xp, add(m, dst, add(m, I(m, jlo), v)),
+			                       cg_ld(m, in[0], add(m, src, col))));
+		}
+		fill(m, k, row, xp, add(m, dst, I(m, jhi)), Wq - jhi, q->pad);
+		fill(m, k, pad, xp, dst, Wq, q->pad);
+		cg_append(m, rb, cg_if(m, inside, row, pad));
+	}
 	/* per image one GEMM (a batch of one inline: its GEMM splits) */
 	cg_expr *b;
 	cg_stmt *gb;
@@ -1221,9 +1269,9 @@ static kiln_status conv_wide(cg_module *m, const ir_node *n, const int *in, int 
 	cg_gemm gm = {.a = in[1], .b = xp, .c = yw, .bias = bias ? in[2] : -1,
 	              .M = I(m, M), .N = I(m, NW), .K = I(m, K), .batch = I(m, 1),
 	              .a_off = I(m, 0), .a_bs = I(m, 0), .a_rs = I(m, K), .a_cs = I(m, 1),
-	              .b_off = mul(m, b, I(m, C * plane)), .b_bs = I(m, 0), .b_rs = I(m, 0),
+	              .b_off = mul(m, b, I(m, C * nph * plane)), .b_bs = I(m, 0), .b_rs = I(m, 0),
 	              .b_cs = I(m, 1), .has_b_rows = true, .b_rows = rows,
-	              .c_off = mul(m, b, I(m, M * OH * Wp)), .c_bs = I(m, 0), .c_rs = I(m, OH * Wp),
+	              .c_off = mul(m, b, I(m, M * OH * Wq)), .c_bs = I(m, 0), .c_rs = I(m, OH * Wq),
 	              .bias_off = I(m, 0), .alpha = 1, .beta = 0, .bias_axis = bias ? 2 : 0};
 	int_gemm(m, &gm, q, I(m, 0));
 	cg_stmt *gs = cg_gemm_stmt(m, &gm);
@@ -1234,9 +1282,9 @@ static kiln_status conv_wide(cg_module *m, const ir_node *n, const int *in, int 
 	cg_expr *ext[3] = {mul(m, bd, I(m, M)), I(m, OH), I(m, OW)}, *iv[3];
 	uint32_t h[3] = {cg_par(m, mul(m, bd, I(m, M * OH * OW))), 0, CG_VECTORIZE};
 	cg_stmt *body = cg_nest(m, k, k->body, 3, ext, h, iv);
-	cg_append(m, body, cg_st(m, y, add(m, mul(m, add(m, mul(m, iv[0], I(m, OH)), iv[1]), I(m, OW)), iv[2]),
-	                         cg_ld(m, yw, add(m, mul(m, add(m, mul(m, iv[0], I(m, OH)), iv[1]), I(m, Wp)),
-	                                          iv[2]))));
+	cg_expr *orow = add(m, mul(m, iv[0], I(m, OH)), iv[1]);
+	cg_append(m, body, cg_st(m, y, add(m, mul(m, orow, I(m, OW)), iv[2]),
+	                         cg_ld(m, yw, add(m, mul(m, orow, I(m, Wq)), iv[2]))));
 	return body && body->n ? KILN_OK : nomem(m, n, err);
 }
 

@@ -1021,8 +1021,9 @@ static void int_op_matches(const char *name, kiln_graph *g, kiln_tensor **in, in
  * weight scales and zero points, u8 and s8 results, with and without
  * bias; a 7x7 stride-2 stem (K = 147, not a multiple of 4), 13 output
  * channels (not a multiple of the tile's 6 rows) over 81 pixels (two
- * column panels), a 1x1 conv (the GEMM on x itself), stride-1 convs on
- * padded planes (conv_wide: asymmetric pads, dilation, none), 2 groups, a map
+ * column panels), a 1x1 conv (the GEMM on x itself), convs on padded
+ * phase planes (conv_wide: asymmetric pads, dilation, strides 2 and 3, a
+ * strided 1x1), 2 groups, a map
  * big enough for the chunked im2col, and depthwise convs (one with two
  * outputs per channel, stride 2; a 5x5 ConvInteger); padding must read as
  * x's zero point. */
@@ -1041,10 +1042,13 @@ START_TEST(int8_convs_match_the_interpreter)
 		{1, 8, 12, 9, 9, 3, 1, "pads=1,1,1,1 strides=2,2", KILN_I8, KILN_U8, KILN_U8, false, true, false},
 		{1, 4, 8, 70, 66, 3, 1, "pads=1,1,1,1", KILN_U8, KILN_I8, KILN_U8, true, true, false},
 		{2, 10, 9, 7, 7, 3, 1, "pads=1,1,1,1", KILN_U8, KILN_U8, KILN_I32, true, false, true},
-		/* stride 1 without im2col (conv_wide): padding on some sides only
-		 * and dilated, none at all with an even kernel */
+		/* on phase planes (conv_wide): padding on some sides only and
+		 * dilated, none at all with an even kernel, strides 2 and 3 with
+		 * dilation, a strided 1x1 (one phase of four read) */
 		{1, 5, 7, 11, 10, 3, 1, "pads=0,1,2,1 dilations=2,1", KILN_U8, KILN_I8, KILN_U8, true, true, false},
 		{2, 6, 9, 8, 9, 2, 1, "", KILN_I8, KILN_I8, KILN_I8, false, false, false},
+		{1, 4, 6, 13, 14, 3, 1, "strides=2,3 pads=1,0,2,2 dilations=1,2", KILN_U8, KILN_I8, KILN_U8, true, true, false},
+		{2, 8, 5, 9, 8, 1, 1, "strides=2,2", KILN_U8, KILN_I8, KILN_I32, true, false, true},
 		{1, 24, 20, 6, 6, 1, 1, "", KILN_I8, KILN_I8, KILN_I32, false, false, true},
 		/* depthwise: exact sums on the f32 depthwise kernels */
 		{1, 16, 16, 10, 9, 3, 16, "pads=1,1,1,1", KILN_U8, KILN_I8, KILN_U8, true, true, false},
