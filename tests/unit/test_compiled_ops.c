@@ -1054,6 +1054,11 @@ START_TEST(int8_convs_match_the_interpreter)
 		{1, 16, 16, 10, 9, 3, 16, "pads=1,1,1,1", KILN_U8, KILN_I8, KILN_U8, true, true, false},
 		{2, 8, 16, 13, 12, 3, 8, "pads=1,1,1,1 strides=2,2", KILN_U8, KILN_U8, KILN_U8, true, true, false},
 		{1, 12, 12, 9, 9, 5, 12, "pads=2,2,2,2", KILN_I8, KILN_I8, KILN_I32, true, false, true},
+		/* QLinearConv depthwise requantizing in the kernel's own stores:
+		 * flat rows (9 columns), per-row columns (40), split stride 2 */
+		{1, 16, 16, 12, 9, 3, 16, "pads=1,1,1,1", KILN_U8, KILN_I8, KILN_U8, true, true, false},
+		{2, 8, 8, 10, 40, 3, 8, "pads=1,1,1,1", KILN_U8, KILN_I8, KILN_U8, false, true, false},
+		{1, 8, 8, 34, 36, 3, 8, "pads=1,1,1,1 strides=2,2", KILN_U8, KILN_I8, KILN_I8, true, false, false},
 	};
 	const size_t ncase = sizeof cases / sizeof *cases;
 	for (size_t r = 0; r < 2 * ncase; r++) {
