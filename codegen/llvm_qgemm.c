@@ -70,6 +70,9 @@ typedef struct qgen {
 	bool a_u8, b_u8; /* A's and B's bytes unsigned (B is packed with the other signedness than A) */
 	bool flip;       /* B's bytes flipped (xor 0x80) while packing: A and B alike */
 	bool amx;        /* the target has AMX: a second range function on tiles */
+	bool zp;         /* the tile being emitted subtracts zero point terms (else none is
+	                    live: the range function has a copy of its loop without them) */
+	LLVMValueRef czf, qlo, qhi, lo, hi; /* the range's epilogue_consts */
 	int b_delta;     /* what the flip adds to B's values and zero point (+-128) */
 	kiln_dtype c_dt;
 	LLVMTypeRef i8p, i32p, f32p, vi32, vf, vi1, xty, xp, argty;
@@ -476,16 +479,44 @@ static LLVMValueRef fclamp(qgen *g, LLVMValueRef v, LLVMValueRef lo, LLVMValueRe
 	return LLVMBuildSelect(g->b, LLVMBuildFCmp(g->b, LLVMRealOGT, v, hi, ""), hi, v, "");
 }
 
-/* Row m's NV vectors of sums (acc) through the epilogue into C. */
+/* What every row's epilogue shares, once per range call: an f32 C's
+ * activation bounds; an 8-bit C's zero point and one clamp for both the
+ * activation and the saturation.  With h(x) = rint(x + cz), monotone,
+ * clamp(h(clamp(f, lo, hi)), qlo, qhi) = clamp(h(f), L, U) for
+ * L = clamp(h(lo), qlo, qhi), U = clamp(h(hi), qlo, qhi): the same values
+ * with two compares per vector fewer. */
+static void epilogue_consts(qgen *g)
+{
+	cg_llvm *L = g->L;
+	LLVMValueRef *p = g->p;
+	g->lo = splat(g, g->vf, p[Q_LO]), g->hi = splat(g, g->vf, p[Q_HI]);
+	if (g->c_dt != KILN_U8 && g->c_dt != KILN_I8)
+		return;
+	bool u8 = g->c_dt == KILN_U8;
+	LLVMValueRef cz = LLVMBuildSIToFP(g->b, zp_at(g, p[Q_CZ], c64(g, 0), u8), L->f32, "");
+	LLVMValueRef qlo = LLVMConstReal(L->f32, u8 ? 0 : -128), qhi = LLVMConstReal(L->f32, u8 ? 255 : 127);
+	LLVMTypeRef f = L->f32;
+	LLVMValueRef rint = intrinsic(g, "llvm.rint", &f, 1), b[2];
+	for (int i = 0; i < 2; i++) {
+		LLVMValueRef a[] = {LLVMBuildFAdd(g->b, p[i ? Q_HI : Q_LO], cz, "")};
+		b[i] = fclamp(g, call(g, rint, a, 1), qlo, qhi);
+	}
+	g->czf = splat(g, g->vf, cz);
+	g->qlo = splat(g, g->vf, b[0]), g->qhi = splat(g, g->vf, b[1]);
+}
+
+/* Row m's NV vectors of sums (acc) through the epilogue into C (ra: A's
+ * row sum, read only with g->zp). */
 static void epilogue_row(qgen *g, const panel *pn, LLVMValueRef *acc, LLVMValueRef m,
                          LLVMValueRef ra, LLVMValueRef j0)
 {
 	cg_llvm *L = g->L;
-	LLVMValueRef *p = g->p;
-	LLVMValueRef za = zp_at(g, p[Q_ZA], mul(g, m, p[Q_ZAS]), g->a_u8);
-	/* zb'(n) * (rowsum - K za) + za * colsum(n) */
-	LLVMValueRef rz = sub(g, ra, mul(g, LLVMBuildTrunc(g->b, p[Q_K], L->i32, ""), za));
-	LLVMValueRef rzv = splat(g, g->vi32, rz), zav = splat(g, g->vi32, za);
+	LLVMValueRef *p = g->p, rzv = NULL, zav = NULL;
+	if (g->zp) { /* zb'(n) * (rowsum - K za) + za * colsum(n) */
+		LLVMValueRef za = zp_at(g, p[Q_ZA], mul(g, m, p[Q_ZAS]), g->a_u8);
+		LLVMValueRef rz = sub(g, ra, mul(g, LLVMBuildTrunc(g->b, p[Q_K], L->i32, ""), za));
+		rzv = splat(g, g->vi32, rz), zav = splat(g, g->vi32, za);
+	}
 	LLVMValueRef rowb_on = LLVMBuildICmp(g->b, LLVMIntEQ, p[Q_BAXIS], c32(g, 2), "");
 	LLVMValueRef rowb = load(g, L->i32, or_zeros(g, rowb_on, gep(g, L->i32, p[Q_BIAS], m)), 4);
 	LLVMValueRef rows_on = LLVMBuildICmp(g->b, LLVMIntEQ, p[Q_SAXIS], c32(g, 2), "");
@@ -493,21 +524,12 @@ static void epilogue_row(qgen *g, const panel *pn, LLVMValueRef *acc, LLVMValueR
 	rs = splat(g, g->vf, LLVMBuildSelect(g->b, rows_on, rs, LLVMConstReal(L->f32, 1), ""));
 	LLVMValueRef rowbv = splat(g, g->vi32, rowb);
 	bool f32c = g->c_dt == KILN_F32, i32c = g->c_dt == KILN_I32;
-	int es = f32c || i32c ? 4 : 1;
 	LLVMTypeRef ety = f32c ? L->f32 : i32c ? L->i32 : L->i8;
 	LLVMValueRef crow = mul(g, m, p[Q_CRS]);
-	LLVMValueRef lo = splat(g, g->vf, p[Q_LO]), hi = splat(g, g->vf, p[Q_HI]);
-	bool u8 = g->c_dt == KILN_U8;
-	LLVMValueRef czf = NULL, qlo = NULL, qhi = NULL;
-	if (es == 1) {
-		LLVMValueRef cz = zp_at(g, p[Q_CZ], c64(g, 0), u8);
-		czf = splat(g, g->vf, LLVMBuildSIToFP(g->b, cz, L->f32, ""));
-		qlo = splat(g, g->vf, LLVMConstReal(L->f32, u8 ? 0 : -128));
-		qhi = splat(g, g->vf, LLVMConstReal(L->f32, u8 ? 255 : 127));
-	}
 	for (int v = 0; v < g->NV; v++) {
 		LLVMValueRef s = LLVMBuildLoad2(g->b, g->vi32, acc[v], "");
-		s = sub(g, s, add(g, mul(g, pn->zb[v], rzv), mul(g, zav, pn->cb[v])));
+		if (g->zp)
+			s = sub(g, s, add(g, mul(g, pn->zb[v], rzv), mul(g, zav, pn->cb[v])));
 		s = add(g, s, add(g, pn->bias[v], rowbv));
 		LLVMValueRef at = gep(g, ety, cast_ptr(g, p[Q_C], LLVMPointerType(ety, 0)),
 		                      add(g, crow, add(g, j0, c64(g, (int64_t)v * g->W))));
@@ -516,15 +538,15 @@ static void epilogue_row(qgen *g, const panel *pn, LLVMValueRef *acc, LLVMValueR
 			continue;
 		}
 		LLVMValueRef f = LLVMBuildSIToFP(g->b, s, g->vf, "");
-		f = fclamp(g, LLVMBuildFMul(g->b, f, LLVMBuildFMul(g->b, pn->scale[v], rs, ""), ""), lo, hi);
+		f = LLVMBuildFMul(g->b, f, LLVMBuildFMul(g->b, pn->scale[v], rs, ""), "");
 		if (f32c) {
-			mstore(g, f, at, pn->mask[v], 4);
+			mstore(g, fclamp(g, f, g->lo, g->hi), at, pn->mask[v], 4);
 			continue;
 		}
 		LLVMTypeRef vf = g->vf;
 		LLVMValueRef rint = intrinsic(g, "llvm.rint", &vf, 1);
-		LLVMValueRef a[] = {LLVMBuildFAdd(g->b, f, czf, "")};
-		f = fclamp(g, call(g, rint, a, 1), qlo, qhi);
+		LLVMValueRef a[] = {LLVMBuildFAdd(g->b, f, g->czf, "")};
+		f = fclamp(g, call(g, rint, a, 1), g->qlo, g->qhi);
 		LLVMValueRef iv = LLVMBuildFPToSI(g->b, f, g->vi32, "");
 		iv = LLVMBuildTrunc(g->b, iv, LLVMVectorType(L->i8, (unsigned)g->W), "");
 		mstore(g, iv, at, pn->mask[v], 1);
@@ -591,7 +613,7 @@ static void tile(qgen *g, const panel *pn, LLVMValueRef Bp, LLVMValueRef i0, LLV
 	for (int i = 0; i < MR; i++) {
 		LLVMValueRef m = add(g, i0, c64(g, i));
 		LLVMBasicBlockRef join = if_begin(g, lt(g, m, m1));
-		LLVMValueRef r = load(g, L->i32, gep(g, L->i32, ra, sub(g, m, m0)), 4);
+		LLVMValueRef r = g->zp ? load(g, L->i32, gep(g, L->i32, ra, sub(g, m, m0)), 4) : NULL;
 		epilogue_row(g, pn, acc + i * NV, m, r, j0);
 		if_end(g, join);
 	}
@@ -711,7 +733,7 @@ static void amx_tile(qgen *g, const panel *pn, LLVMValueRef Bp, LLVMValueRef i0,
 	LLVMValueRef second = LLVMBuildICmp(g->b, LLVMIntSGE, i, c64(g, 16), "");
 	LLVMValueRef crow = add(g, LLVMBuildSelect(g->b, second, c64(g, 16), c64(g, 0), ""),
 	                        sub(g, m, LLVMBuildSelect(g->b, second, r0[1], r0[0], "")));
-	LLVMValueRef acc[8], r = load(g, L->i32, gep(g, L->i32, ra, sub(g, m, m0)), 4);
+	LLVMValueRef acc[8], r = g->zp ? load(g, L->i32, gep(g, L->i32, ra, sub(g, m, m0)), 4) : NULL;
 	LLVMValueRef row = gep(g, L->i8, ctile, mul(g, crow, c64(g, gb)));
 	for (int v = 0; v < g->NV; v++)
 		acc[v] = cast_ptr(g, gep(g, L->i8, row, c64(g, (int64_t)v * 64)),
@@ -772,6 +794,7 @@ static LLVMValueRef emit_range(qgen *g, const char *name, bool amx)
 	LLVMValueRef ra = gep(g, L->i32, cb, c64(g, g->NR));
 	LLVMValueRef ctile = cast_ptr(g, gep(g, L->i32, ra, c64(g, AMX_ROWS_SERIAL)), g->i8p);
 	LLVMValueRef tail = gep(g, L->i8, ctile, c64(g, (int64_t)AMX_MR * 4 * g->NR));
+	epilogue_consts(g);
 	if (amx) { /* this thread's tile configuration: 8 tiles of 16 rows of 64 bytes */
 		LLVMValueRef a[] = {cast_ptr(g, g->tcfg, g->i8p)};
 		tile_op(g, "ldtilecfg", a, 1);
@@ -801,12 +824,23 @@ static LLVMValueRef emit_range(qgen *g, const char *name, bool amx)
 	if_end(g, join);
 	panel pn;
 	panel_vectors(g, &pn, j0, nr, cb);
-	LLVMValueRef i0 = loop_begin(g, &li, m0, m1, amx ? AMX_MR : g->MR);
-	if (amx)
-		amx_tile(g, &pn, Bp, i0, m0, m1, ra, j0, nr, ctile, tail, tb);
-	else
-		tile(g, &pn, Bp, i0, m0, m1, ra, j0);
-	loop_end(g, &li);
+	/* the tiles twice: with zero point terms, and (most quantized models'
+	 * convs: weights symmetric, x's zero point folded into the bias) without */
+	LLVMValueRef live = LLVMBuildOr(g->b, not_null(g, p[Q_ZA]), not_null(g, p[Q_ZB]), "");
+	LLVMBasicBlockRef with = block(g, "zp"), without = block(g, "nozp"), tiled = block(g, "tiled");
+	LLVMBuildCondBr(g->b, g->flip ? LLVMConstInt(L->i1, 1, 0) : live, with, without);
+	for (int z = 1; z >= 0; z--) {
+		LLVMPositionBuilderAtEnd(g->b, z ? with : without);
+		g->zp = z || g->flip;
+		LLVMValueRef i0 = loop_begin(g, &li, m0, m1, amx ? AMX_MR : g->MR);
+		if (amx)
+			amx_tile(g, &pn, Bp, i0, m0, m1, ra, j0, nr, ctile, tail, tb);
+		else
+			tile(g, &pn, Bp, i0, m0, m1, ra, j0);
+		loop_end(g, &li);
+		LLVMBuildBr(g->b, tiled);
+	}
+	LLVMPositionBuilderAtEnd(g->b, tiled);
 	loop_end(g, &lt_);
 	if (amx)
 		tile_op(g, "tilerelease", NULL, 0);
