@@ -72,6 +72,7 @@ typedef struct qgen {
 	bool amx;        /* the target has AMX: a second range function on tiles */
 	bool zp;         /* the tile being emitted subtracts zero point terms (else none is
 	                    live: the range function has a copy of its loop without them) */
+	bool rows_only;  /* ... nor a bias or scale per column: the tile loop's third copy */
 	LLVMValueRef czf, qlo, qhi, lo, hi; /* the range's epilogue_consts */
 	int b_delta;     /* what the flip adds to B's values and zero point (+-128) */
 	kiln_dtype c_dt;
@@ -530,7 +531,7 @@ static void epilogue_row(qgen *g, const panel *pn, LLVMValueRef *acc, LLVMValueR
 		LLVMValueRef s = LLVMBuildLoad2(g->b, g->vi32, acc[v], "");
 		if (g->zp)
 			s = sub(g, s, add(g, mul(g, pn->zb[v], rzv), mul(g, zav, pn->cb[v])));
-		s = add(g, s, add(g, pn->bias[v], rowbv));
+		s = add(g, s, g->rows_only ? rowbv : add(g, pn->bias[v], rowbv));
 		LLVMValueRef at = gep(g, ety, cast_ptr(g, p[Q_C], LLVMPointerType(ety, 0)),
 		                      add(g, crow, add(g, j0, c64(g, (int64_t)v * g->W))));
 		if (i32c) {
@@ -538,7 +539,7 @@ static void epilogue_row(qgen *g, const panel *pn, LLVMValueRef *acc, LLVMValueR
 			continue;
 		}
 		LLVMValueRef f = LLVMBuildSIToFP(g->b, s, g->vf, "");
-		f = LLVMBuildFMul(g->b, f, LLVMBuildFMul(g->b, pn->scale[v], rs, ""), "");
+		f = LLVMBuildFMul(g->b, f, g->rows_only ? rs : LLVMBuildFMul(g->b, pn->scale[v], rs, ""), "");
 		if (f32c) {
 			mstore(g, fclamp(g, f, g->lo, g->hi), at, pn->mask[v], 4);
 			continue;
@@ -824,14 +825,23 @@ static LLVMValueRef emit_range(qgen *g, const char *name, bool amx)
 	if_end(g, join);
 	panel pn;
 	panel_vectors(g, &pn, j0, nr, cb);
-	/* the tiles twice: with zero point terms, and (most quantized models'
-	 * convs: weights symmetric, x's zero point folded into the bias) without */
+	/* the tiles three times: with zero point terms; without (most quantized
+	 * models' convs: weights symmetric, x's zero point folded into the
+	 * bias); without them and with a bias and scale per row or none (those
+	 * convs again: an add and a multiply per vector fewer) */
 	LLVMValueRef live = LLVMBuildOr(g->b, not_null(g, p[Q_ZA]), not_null(g, p[Q_ZB]), "");
-	LLVMBasicBlockRef with = block(g, "zp"), without = block(g, "nozp"), tiled = block(g, "tiled");
-	LLVMBuildCondBr(g->b, g->flip ? LLVMConstInt(L->i1, 1, 0) : live, with, without);
-	for (int z = 1; z >= 0; z--) {
-		LLVMPositionBuilderAtEnd(g->b, z ? with : without);
-		g->zp = z || g->flip;
+	LLVMValueRef rows = LLVMBuildAnd(g->b,
+		LLVMBuildICmp(g->b, LLVMIntNE, p[Q_BAXIS], c32(g, 1), ""),
+		LLVMBuildOr(g->b, LLVMBuildICmp(g->b, LLVMIntEQ, p[Q_SAXIS], c32(g, 2), ""),
+		            LLVMBuildICmp(g->b, LLVMIntEQ, p[Q_SAXIS], c32(g, 0), ""), ""), "");
+	LLVMBasicBlockRef v[3] = {block(g, "zp"), block(g, "nozp"), block(g, "rows")};
+	LLVMBasicBlockRef nozp = block(g, "nozp?"), tiled = block(g, "tiled");
+	LLVMBuildCondBr(g->b, g->flip ? LLVMConstInt(L->i1, 1, 0) : live, v[0], nozp);
+	LLVMPositionBuilderAtEnd(g->b, nozp);
+	LLVMBuildCondBr(g->b, rows, v[2], v[1]);
+	for (int z = 0; z < 3; z++) { /* with the flip only the first runs (folded away) */
+		LLVMPositionBuilderAtEnd(g->b, v[z]);
+		g->zp = z == 0, g->rows_only = z == 2;
 		LLVMValueRef i0 = loop_begin(g, &li, m0, m1, amx ? AMX_MR : g->MR);
 		if (amx)
 			amx_tile(g, &pn, Bp, i0, m0, m1, ra, j0, nr, ctile, tail, tb);
