@@ -1391,8 +1391,10 @@ static int minus_zp_f32(cg_module *m, const ir_node *n, int src, int z, int64_t 
 static kiln_status dw_integer(cg_module *m, const ir_node *n, const conv_ops *op, int yf,
                               const geom *g, const dw_requant *rq, kiln_error *err)
 {
-	bool per_plane = rq && cg_btype(m, yf)->dim[1] == cg_btype(m, op->x)->dim[1];
-	int xf = per_plane ? f32_like(m, op->x, op->x) : minus_zp_f32(m, n, op->x, op->xz, 1, op->x);
+	bool direct = rq && op->xz < 0; /* x - 0: the conv's own copies and loads convert x */
+	bool per_plane = rq && !direct && cg_btype(m, yf)->dim[1] == cg_btype(m, op->x)->dim[1];
+	int xf = direct ? op->x : per_plane ? f32_like(m, op->x, op->x)
+	                                    : minus_zp_f32(m, n, op->x, op->xz, 1, op->x);
 	int wf = xf < 0 ? -1 : minus_zp_f32(m, n, op->w, op->wz, g->ksz, op->w);
 	if (wf < 0)
 		return nomem(m, n, err);
@@ -1604,7 +1606,7 @@ static void dw_cols(cg_module *m, cg_kernel *k, cg_stmt *blk, const ir_node *n, 
 	cg_expr *xv = cg_select(m, valid, interior && sp->buf >= 0
 	                                      ? cg_ld(m, sp->buf, split_at(m, g, sp, sp->rows ? tv[0] : j[0],
 	                                                                   o[1], tv[1]))
-	                                      : cg_ld(m, in[0], xi), fc(m, ct, 0));
+	                                      : cg_cast(m, cg_ld(m, in[0], xi), ct), fc(m, ct, 0));
 	cg_set(m, tb, part, add(m, part, mul(m, xv, cg_ld(m, in[1], wi))));
 	cg_append(m, vb, cg_st(m, rq ? rq->q : y, add(m, mul(m, pl[0], I(m, g->osz)),
 	                                              add(m, mul(m, oh, I(m, g->out[1])), o[1])),
@@ -1647,10 +1649,11 @@ static void padded_plane(cg_module *m, cg_kernel *k, cg_stmt *blk, int P, cg_exp
  * 960-channel 7x7 one 0.088 -> 0.051 ms (ORT 0.034). */
 enum { FLAT_W = 32 };
 
-static bool want_flat(const cg_module *m, const geom *g, int x)
+/* x8: an 8-bit x the kernel may copy to f32 itself (exact) */
+static bool want_flat(const cg_module *m, const geom *g, int x, bool x8)
 {
 	return g->nsp == 2 && g->stride[0] == 1 && g->stride[1] == 1 && g->out[1] < FLAT_W &&
-	       m->buf[x].dt == KILN_F32;
+	       (m->buf[x].dt == KILN_F32 || x8);
 }
 
 static kiln_status dw_flat(cg_module *m, cg_kernel *k, cg_stmt *blk, const ir_node *n,
@@ -1854,14 +1857,17 @@ static kiln_status conv_depthwise(cg_module *m, const ir_node *n, const int *in,
 			v = cg_bin(m, CG_SUB, v, cg_cast(m, qv(m, cv->xz, at), KILN_F32));
 		cg_append(m, ib, cg_st(m, in[0], at, v));
 	}
-	if (want_flat(m, g, in[0])) {
+	/* with rq, x may be the 8-bit tensor itself (no zero point): its
+	 * copies (split, padded planes) and loads convert it */
+	bool x8 = rq && m->buf[in[0]].dt != KILN_F32;
+	if (want_flat(m, g, in[0], x8)) {
 		kiln_status st = dw_flat(m, k, blk, n, in, y, g, pl, nm, rq, err);
 		k->final_buf = rq ? -1 : y;
 		return st;
 	}
 	/* stride 2: the plane of x split into even and odd columns first */
 	split sp = {.buf = -1, .half = (g->in[1] + 1) / 2};
-	if (want_split(g) && m->buf[in[0]].dt == KILN_F32) {
+	if (want_split(g) && (m->buf[in[0]].dt == KILN_F32 || x8)) {
 		sp.rows = by_rows(g);
 		int64_t psz = (sp.rows ? g->k[0] : g->in[0]) * 2 * sp.half;
 		sp.buf = cg_lower_scratch(m, KILN_F32, mul(m, nm, I(m, psz)));
