@@ -142,6 +142,9 @@ typedef struct cg_gemm {
 	kiln_dtype a_dt, b_dt, c_dt, acc_dt;
 	cg_gemm_vec scale;            /* requantization scale (f32) */
 	cg_gemm_vec a_zero, b_zero, c_zero; /* zero points */
+	bool has_b_rows;              /* B's row k starts at b_rows[k] (a constant i64 buffer of K
+	                                 offsets) instead of k*b_rs: an implicit im2col (int8) */
+	int b_rows;
 	bool has_residual;            /* residual: a buffer added after act */
 	bool res_first;               /* ... or before scale and act */
 	int residual;
@@ -154,14 +157,15 @@ typedef struct cg_gemm {
 #define CG_QGEMM_MAX_K 16384
 
 /* Whether g is an 8-bit GEMM the backends' int8 kernels take: A and B u8
- * or i8, i32 sums, C u8, i8, i32 or f32, A's and B's rows contiguous,
+ * or i8, i32 sums, C u8, i8, i32 or f32, A's and B's rows contiguous (B's
+ * at a stride or at b_rows' offsets),
  * alpha 1, beta 0, no residual, zero points of A per row or one value, of
  * B per column or one value, of C one value, a constant K at most
  * CG_QGEMM_MAX_K.  (cg_eval takes every GEMM.) */
 bool cg_gemm_is_int8(const cg_gemm *g);
 
-/* Whether g is a plain GEMM: every type f32, no scale or zero points, a
- * residual only before act, act none, relu or clip (what the lowering
+/* Whether g is a plain GEMM: every type f32, no scale or zero points, B's
+ * rows at a stride, a residual only before act, act none, relu or clip (what the lowering
  * makes today). */
 bool cg_gemm_is_f32(const cg_gemm *g);
 

@@ -454,7 +454,7 @@ bool cg_gemm_is_f32(const cg_gemm *g)
 {
 	return g->a_dt == KILN_F32 && g->b_dt == KILN_F32 && g->c_dt == KILN_F32 &&
 	       g->acc_dt == KILN_F32 && !g->scale.axis && !g->a_zero.axis && !g->b_zero.axis &&
-	       !g->c_zero.axis && (!g->has_residual || g->res_first) &&
+	       !g->c_zero.axis && !g->has_b_rows && (!g->has_residual || g->res_first) &&
 	       (g->act == CG_ACT_NONE || g->act == CG_ACT_RELU || g->act == CG_ACT_CLIP);
 }
 
@@ -663,6 +663,10 @@ static void pgemm(const printer *p, const cg_gemm *g)
 		else
 			fputc('1', p->out);
 		fputc(']', p->out);
+	}
+	if (g->has_b_rows) {
+		fputs(" b_rows=", p->out);
+		pref(p, g->b_rows);
 	}
 	fprintf(p->out, " alpha=%g beta=%g", g->alpha, g->beta);
 	if (p->canon && !g->bias_axis && g->bias >= 0) { /* passed, unread */

@@ -303,7 +303,10 @@ static void gemm(ev *e, const cg_gemm *g)
 				double bz = vec_at(e, &g->b_zero, i, j, "gemm b_zero");
 				for (int64_t k = 0; k < K && !e->st; k++) {
 					int64_t ai = ao + b * abs + i * ars + k * acs;
-					int64_t bi = bo + b * bbs + k * brs + j * bcs;
+					int64_t bk = k * brs;
+					if (g->has_b_rows && in_range(e, g->b_rows, k, "gemm b_rows"))
+						bk = (int64_t)ir_load(&e->view[g->b_rows], k);
+					int64_t bi = bo + b * bbs + bk + j * bcs;
 					if (in_range(e, g->a, ai, "gemm A") && in_range(e, g->b, bi, "gemm B"))
 						acc += (ir_load(&e->view[g->a], ai) - az) *
 						       (ir_load(&e->view[g->b], bi) - bz);

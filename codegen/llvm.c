@@ -170,6 +170,8 @@ static void scan_gemm(scan *s, const cg_gemm *g)
 	scan_buf(s, g->c);
 	if (g->bias >= 0)
 		scan_buf(s, g->bias);
+	if (g->has_b_rows)
+		scan_buf(s, g->b_rows);
 	if (g->has_residual) {
 		scan_expr(s, g->res_off);
 		scan_expr(s, g->res_rs);
@@ -1019,22 +1021,23 @@ static void s_qgemm(fn_ctx *c, const cg_gemm *g)
 	double lo = g->act == CG_ACT_CLIP ? g->act_lo : g->act == CG_ACT_RELU ? 0 : -__builtin_inf();
 	double hi = g->act == CG_ACT_CLIP ? g->act_hi : __builtin_inf();
 	LLVMValueRef bias = byte_ptr(c, g->bias, g->bias_off, NULL, NULL);
-	LLVMValueRef args[21] = {
+	LLVMValueRef args[22] = {
 		c->x, iexpr(c, g->M), iexpr(c, g->N), iexpr(c, g->K),
 		byte_ptr(c, g->a, g->a_off, g->a_bs, b), iexpr(c, g->a_rs),
 		byte_ptr(c, g->b, g->b_off, g->b_bs, b), iexpr(c, g->b_rs),
+		byte_ptr(c, g->has_b_rows ? g->b_rows : -1, NULL, NULL, NULL),
 		byte_ptr(c, g->c, g->c_off, g->c_bs, b), iexpr(c, g->c_rs),
 		vec_ptr(c, &g->a_zero), i64c(L, g->a_zero.axis == CG_AXIS_ROW),
 		vec_ptr(c, &g->b_zero), i64c(L, g->b_zero.axis == CG_AXIS_COL),
 		bias, i32c(L, g->bias >= 0 ? g->bias_axis : 0),
 		vec_ptr(c, &g->scale), i32c(L, g->scale.axis),
 		vec_ptr(c, &g->c_zero), LLVMConstReal(L->f32, lo), LLVMConstReal(L->f32, hi)};
-	LLVMTypeRef ft = LLVMGlobalGetValueType(f), pt[21];
+	LLVMTypeRef ft = LLVMGlobalGetValueType(f), pt[22];
 	LLVMGetParamTypes(ft, pt);
-	for (int i = 0; i < 21; i++)
+	for (int i = 0; i < 22; i++)
 		if (LLVMGetTypeKind(pt[i]) == LLVMPointerTypeKind)
 			args[i] = LLVMBuildBitCast(L->b, args[i], pt[i], "");
-	LLVMBuildCall2(L->b, ft, f, args, 21, "");
+	LLVMBuildCall2(L->b, ft, f, args, 22, "");
 	loop_end(c, &l, 0);
 }
 
@@ -1689,6 +1692,11 @@ static bool int8_gemm_ok(const cg_module *m, const cg_gemm *g, char *why, size_t
 	}
 	if (g->bias >= 0 && g->bias_axis != 1 && g->bias_axis != 2) {
 		snprintf(why, size, "8-bit GEMM bias axis %d", g->bias_axis);
+		return false;
+	}
+	if (g->has_b_rows && (g->b_rows < 0 || g->b_rows >= m->nbuf ||
+	                      m->buf[g->b_rows].dt != KILN_I64)) {
+		snprintf(why, size, "8-bit GEMM whose B row offsets are not an i64 buffer");
 		return false;
 	}
 	return true;

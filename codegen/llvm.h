@@ -27,6 +27,8 @@ typedef struct cg_target {
 	int vec_bits;      /* widest float vector: 512, 256 or 128 */
 	int prefer_bits;   /* "prefer-vector-width" of every function; 0: the CPU's */
 	int vnni_bits;     /* widest vectors with the 8-bit dot product (vpdpbusd); 0: none */
+	bool amx;          /* AMX-INT8 tiles (tdpbusd): kiln_qgemm's AMX path, taken at run
+	                      time when the OS grants the tile state (rt_amx_ready) */
 	LLVMTargetMachineRef tm;
 } cg_target;
 
@@ -179,11 +181,13 @@ uint64_t cg_sgemm_scratch_floats(const cg_target *t);
 int cg_qgemm_spec(kiln_dtype a, kiln_dtype b, kiln_dtype c);
 /* Builds once per module (internal to it) and returns
  *   void kiln_qgemm_<a><b>_<c>(rt_exec *x, i64 M, i64 N, i64 K,
- *        const i8 *A, i64 a_rs, const i8 *B, i64 b_rs, void *C, i64 c_rs,
+ *        const i8 *A, i64 a_rs, const i8 *B, i64 b_rs, const i64 *b_rows,
+ *        void *C, i64 c_rs,
  *        const i8 *za, i64 za_step, const i8 *zb, i64 zb_step,
  *        const i32 *bias, i32 bias_axis, const float *scale, i32 scale_axis,
  *        const i8 *cz, float lo, float hi)
- * with v = sum_k (A[m*a_rs + k] - za[m*za_step]) * (B[k*b_rs + n] - zb[n*zb_step])
+ * with v = sum_k (A[m*a_rs + k] - za[m*za_step]) * (B[bk + n] - zb[n*zb_step]),
+ * bk = b_rows ? b_rows[k] : k*b_rs,
  * + bias (axis 1: bias[n], 2: bias[m], 0: none), all in i32 (za, zb, cz
  * null: zero); C[m*c_rs + n] is v for an i32 C, else
  * clamp(v * scale, lo, hi) (scale_axis 1: scale[n], 2: scale[m], 3:

@@ -43,7 +43,7 @@
 
 /* kiln_qgemm's parameters (llvm.h documents them). */
 enum {
-	Q_X, Q_M, Q_N, Q_K, Q_A, Q_ARS, Q_B, Q_BRS, Q_C, Q_CRS, Q_ZA, Q_ZAS, Q_ZB, Q_ZBS,
+	Q_X, Q_M, Q_N, Q_K, Q_A, Q_ARS, Q_B, Q_BRS, Q_BROWS, Q_C, Q_CRS, Q_ZA, Q_ZAS, Q_ZB, Q_ZBS,
 	Q_BIAS, Q_BAXIS, Q_SCALE, Q_SAXIS, Q_CZ, Q_LO, Q_HI, Q_COUNT,
 	/* the argument block of the range function also carries: */
 	Q_RB = Q_COUNT, Q_NPAN, Q_ARGS
@@ -54,6 +54,14 @@ enum {
  * re-packs its panel).  Work (M*N*K) below which threads are not used. */
 enum { ROWS_PAR = 8, ROWS_SERIAL = 40, QPAR_WORK = 1 << 20 };
 
+/* The AMX path's tile registers (C's 2 x 2 tiles of 16 x 16 i32, two row
+ * tiles of A, two column tiles of B), its rows per step and per item (with
+ * a pool, alone), the bytes of copy_tail's rows, and the least K and M
+ * it runs on (below, the VNNI tile wastes less: K = 16..32 pointwise
+ * convs, a batch-1 matmul's one row). */
+enum { T_C = 0, T_A = 4, T_B = 6, AMX_MR = 32, AMX_ROWS_PAR = 64, AMX_ROWS_SERIAL = 512,
+       AMX_TAIL = (AMX_ROWS_SERIAL + 16) * 64, AMX_MIN_K = 64 };
+
 typedef struct qgen {
 	cg_llvm *L;
 	LLVMBuilderRef b;
@@ -61,11 +69,17 @@ typedef struct qgen {
 	int W, MR, NV, NR;
 	bool a_u8, b_u8; /* A's and B's bytes unsigned (B is packed with the other signedness than A) */
 	bool flip;       /* B's bytes flipped (xor 0x80) while packing: A and B alike */
+	bool amx;        /* the target has AMX: a second range function on tiles */
+	bool zp;         /* the tile being emitted subtracts zero point terms (else none is
+	                    live: the range function has a copy of its loop without them) */
+	bool rows_only;  /* ... nor a bias or scale per column: the tile loop's third copy */
+	LLVMValueRef czf, qlo, qhi, lo, hi; /* the range's epilogue_consts */
 	int b_delta;     /* what the flip adds to B's values and zero point (+-128) */
 	kiln_dtype c_dt;
 	LLVMTypeRef i8p, i32p, f32p, vi32, vf, vi1, xty, xp, argty;
 	LLVMValueRef dot;    /* the vpdpbusd intrinsic, NULL: generic IR */
 	LLVMValueRef zeros;  /* a constant 64 zero bytes: what a guarded load reads when off */
+	LLVMValueRef tcfg;   /* the AMX path's tile configuration (64 bytes) */
 	LLVMValueRef p[Q_ARGS];
 } qgen;
 
@@ -303,8 +317,18 @@ static void interleave_512(qgen *g, LLVMValueRef *row, LLVMValueRef dst)
 	}
 }
 
+/* Where B's row k (in: k < K) starts: k*b_rs, or b_rows[k] when b_rows
+ * is given (an implicit im2col's taps); past K (masked off) anything. */
+static LLVMValueRef row_at(qgen *g, LLVMValueRef k, LLVMValueRef in)
+{
+	LLVMValueRef *p = g->p, on = LLVMBuildAnd(g->b, in, not_null(g, p[Q_BROWS]), "");
+	LLVMValueRef at = gep(g, g->L->i64, p[Q_BROWS], k);
+	LLVMValueRef v = load(g, g->L->i64, or_zeros(g, on, at), 8);
+	return LLVMBuildSelect(g->b, on, v, mul(g, k, p[Q_BRS]), "");
+}
+
 /* Rows 4q..4q+3 of the panel's columns [0, nr) (B at the panel's first
- * column) as NV vectors of W 32-bit lanes, lane l of vector v holding the
+ * column, row k at B + k*b_rs or, with b_rows, at B + b_rows[k]) as NV vectors of W 32-bit lanes, lane l of vector v holding the
  * four rows' bytes of column v*W + l, stored at dst; rows past K and
  * columns past nr are 0 (flipped bytes too).  With sums, colsum (NV
  * vectors of i32) gains the packed values. */
@@ -317,8 +341,8 @@ static void pack_group(qgen *g, LLVMValueRef q, LLVMValueRef nrmask, LLVMValueRe
 	LLVMValueRef none = LLVMConstNull(LLVMVectorType(L->i1, (unsigned)g->NR));
 	for (int r = 0; r < 4; r++) {
 		LLVMValueRef k = add(g, mul(g, q, c64(g, 4)), c64(g, r));
-		LLVMValueRef mask = LLVMBuildSelect(g->b, lt(g, k, p[Q_K]), nrmask, none, "");
-		row[r] = mload(g, vb, gep(g, L->i8, p[Q_B], mul(g, k, p[Q_BRS])), mask, 1);
+		LLVMValueRef in = lt(g, k, p[Q_K]), mask = LLVMBuildSelect(g->b, in, nrmask, none, "");
+		row[r] = mload(g, vb, gep(g, L->i8, p[Q_B], row_at(g, k, in)), mask, 1);
 		if (g->flip) /* only the lanes loaded: padding stays 0 */
 			row[r] = LLVMBuildXor(g->b, row[r],
 			                      LLVMBuildSelect(g->b, mask, splat(g, vb, LLVMConstInt(L->i8, 0x80, 0)),
@@ -361,13 +385,12 @@ static void pack_group(qgen *g, LLVMValueRef q, LLVMValueRef nrmask, LLVMValueRe
 	}
 }
 
-/* The panel of columns [j0, j0 + nr) into Bp: ceil(K/4) groups of NV
- * vectors; with sums (A's zero point present) their column sums into cb,
+/* The panel of columns [j0, j0 + nr) into Bp: k4 groups of NV vectors
+ * (ceil(K/4), or more for the AMX path: the groups past K are zeros); with sums (A's zero point present) their column sums into cb,
  * else zeros there. */
-static void pack_panel(qgen *g, LLVMValueRef Bp, LLVMValueRef cb, LLVMValueRef nr)
+static void pack_panel(qgen *g, LLVMValueRef Bp, LLVMValueRef cb, LLVMValueRef nr, LLVMValueRef k4)
 {
 	LLVMValueRef *p = g->p;
-	LLVMValueRef k4 = LLVMBuildSDiv(g->b, add(g, p[Q_K], c64(g, 3)), c64(g, 4), "");
 	LLVMValueRef nrmask = lanes(g, g->NR, nr), colsum[8];
 	for (int v = 0; v < g->NV; v++)
 		colsum[v] = local(g, g->vi32, NULL);
@@ -457,16 +480,44 @@ static LLVMValueRef fclamp(qgen *g, LLVMValueRef v, LLVMValueRef lo, LLVMValueRe
 	return LLVMBuildSelect(g->b, LLVMBuildFCmp(g->b, LLVMRealOGT, v, hi, ""), hi, v, "");
 }
 
-/* Row m's NV vectors of sums (acc) through the epilogue into C. */
+/* What every row's epilogue shares, once per range call: an f32 C's
+ * activation bounds; an 8-bit C's zero point and one clamp for both the
+ * activation and the saturation.  With h(x) = rint(x + cz), monotone,
+ * clamp(h(clamp(f, lo, hi)), qlo, qhi) = clamp(h(f), L, U) for
+ * L = clamp(h(lo), qlo, qhi), U = clamp(h(hi), qlo, qhi): the same values
+ * with two compares per vector fewer. */
+static void epilogue_consts(qgen *g)
+{
+	cg_llvm *L = g->L;
+	LLVMValueRef *p = g->p;
+	g->lo = splat(g, g->vf, p[Q_LO]), g->hi = splat(g, g->vf, p[Q_HI]);
+	if (g->c_dt != KILN_U8 && g->c_dt != KILN_I8)
+		return;
+	bool u8 = g->c_dt == KILN_U8;
+	LLVMValueRef cz = LLVMBuildSIToFP(g->b, zp_at(g, p[Q_CZ], c64(g, 0), u8), L->f32, "");
+	LLVMValueRef qlo = LLVMConstReal(L->f32, u8 ? 0 : -128), qhi = LLVMConstReal(L->f32, u8 ? 255 : 127);
+	LLVMTypeRef f = L->f32;
+	LLVMValueRef rint = intrinsic(g, "llvm.rint", &f, 1), b[2];
+	for (int i = 0; i < 2; i++) {
+		LLVMValueRef a[] = {LLVMBuildFAdd(g->b, p[i ? Q_HI : Q_LO], cz, "")};
+		b[i] = fclamp(g, call(g, rint, a, 1), qlo, qhi);
+	}
+	g->czf = splat(g, g->vf, cz);
+	g->qlo = splat(g, g->vf, b[0]), g->qhi = splat(g, g->vf, b[1]);
+}
+
+/* Row m's NV vectors of sums (acc) through the epilogue into C (ra: A's
+ * row sum, read only with g->zp). */
 static void epilogue_row(qgen *g, const panel *pn, LLVMValueRef *acc, LLVMValueRef m,
                          LLVMValueRef ra, LLVMValueRef j0)
 {
 	cg_llvm *L = g->L;
-	LLVMValueRef *p = g->p;
-	LLVMValueRef za = zp_at(g, p[Q_ZA], mul(g, m, p[Q_ZAS]), g->a_u8);
-	/* zb'(n) * (rowsum - K za) + za * colsum(n) */
-	LLVMValueRef rz = sub(g, ra, mul(g, LLVMBuildTrunc(g->b, p[Q_K], L->i32, ""), za));
-	LLVMValueRef rzv = splat(g, g->vi32, rz), zav = splat(g, g->vi32, za);
+	LLVMValueRef *p = g->p, rzv = NULL, zav = NULL;
+	if (g->zp) { /* zb'(n) * (rowsum - K za) + za * colsum(n) */
+		LLVMValueRef za = zp_at(g, p[Q_ZA], mul(g, m, p[Q_ZAS]), g->a_u8);
+		LLVMValueRef rz = sub(g, ra, mul(g, LLVMBuildTrunc(g->b, p[Q_K], L->i32, ""), za));
+		rzv = splat(g, g->vi32, rz), zav = splat(g, g->vi32, za);
+	}
 	LLVMValueRef rowb_on = LLVMBuildICmp(g->b, LLVMIntEQ, p[Q_BAXIS], c32(g, 2), "");
 	LLVMValueRef rowb = load(g, L->i32, or_zeros(g, rowb_on, gep(g, L->i32, p[Q_BIAS], m)), 4);
 	LLVMValueRef rows_on = LLVMBuildICmp(g->b, LLVMIntEQ, p[Q_SAXIS], c32(g, 2), "");
@@ -474,22 +525,13 @@ static void epilogue_row(qgen *g, const panel *pn, LLVMValueRef *acc, LLVMValueR
 	rs = splat(g, g->vf, LLVMBuildSelect(g->b, rows_on, rs, LLVMConstReal(L->f32, 1), ""));
 	LLVMValueRef rowbv = splat(g, g->vi32, rowb);
 	bool f32c = g->c_dt == KILN_F32, i32c = g->c_dt == KILN_I32;
-	int es = f32c || i32c ? 4 : 1;
 	LLVMTypeRef ety = f32c ? L->f32 : i32c ? L->i32 : L->i8;
 	LLVMValueRef crow = mul(g, m, p[Q_CRS]);
-	LLVMValueRef lo = splat(g, g->vf, p[Q_LO]), hi = splat(g, g->vf, p[Q_HI]);
-	bool u8 = g->c_dt == KILN_U8;
-	LLVMValueRef czf = NULL, qlo = NULL, qhi = NULL;
-	if (es == 1) {
-		LLVMValueRef cz = zp_at(g, p[Q_CZ], c64(g, 0), u8);
-		czf = splat(g, g->vf, LLVMBuildSIToFP(g->b, cz, L->f32, ""));
-		qlo = splat(g, g->vf, LLVMConstReal(L->f32, u8 ? 0 : -128));
-		qhi = splat(g, g->vf, LLVMConstReal(L->f32, u8 ? 255 : 127));
-	}
 	for (int v = 0; v < g->NV; v++) {
 		LLVMValueRef s = LLVMBuildLoad2(g->b, g->vi32, acc[v], "");
-		s = sub(g, s, add(g, mul(g, pn->zb[v], rzv), mul(g, zav, pn->cb[v])));
-		s = add(g, s, add(g, pn->bias[v], rowbv));
+		if (g->zp)
+			s = sub(g, s, add(g, mul(g, pn->zb[v], rzv), mul(g, zav, pn->cb[v])));
+		s = add(g, s, g->rows_only ? rowbv : add(g, pn->bias[v], rowbv));
 		LLVMValueRef at = gep(g, ety, cast_ptr(g, p[Q_C], LLVMPointerType(ety, 0)),
 		                      add(g, crow, add(g, j0, c64(g, (int64_t)v * g->W))));
 		if (i32c) {
@@ -497,15 +539,15 @@ static void epilogue_row(qgen *g, const panel *pn, LLVMValueRef *acc, LLVMValueR
 			continue;
 		}
 		LLVMValueRef f = LLVMBuildSIToFP(g->b, s, g->vf, "");
-		f = fclamp(g, LLVMBuildFMul(g->b, f, LLVMBuildFMul(g->b, pn->scale[v], rs, ""), ""), lo, hi);
+		f = LLVMBuildFMul(g->b, f, g->rows_only ? rs : LLVMBuildFMul(g->b, pn->scale[v], rs, ""), "");
 		if (f32c) {
-			mstore(g, f, at, pn->mask[v], 4);
+			mstore(g, fclamp(g, f, g->lo, g->hi), at, pn->mask[v], 4);
 			continue;
 		}
 		LLVMTypeRef vf = g->vf;
 		LLVMValueRef rint = intrinsic(g, "llvm.rint", &vf, 1);
-		LLVMValueRef a[] = {LLVMBuildFAdd(g->b, f, czf, "")};
-		f = fclamp(g, call(g, rint, a, 1), qlo, qhi);
+		LLVMValueRef a[] = {LLVMBuildFAdd(g->b, f, g->czf, "")};
+		f = fclamp(g, call(g, rint, a, 1), g->qlo, g->qhi);
 		LLVMValueRef iv = LLVMBuildFPToSI(g->b, f, g->vi32, "");
 		iv = LLVMBuildTrunc(g->b, iv, LLVMVectorType(L->i8, (unsigned)g->W), "");
 		mstore(g, iv, at, pn->mask[v], 1);
@@ -572,10 +614,134 @@ static void tile(qgen *g, const panel *pn, LLVMValueRef Bp, LLVMValueRef i0, LLV
 	for (int i = 0; i < MR; i++) {
 		LLVMValueRef m = add(g, i0, c64(g, i));
 		LLVMBasicBlockRef join = if_begin(g, lt(g, m, m1));
-		LLVMValueRef r = load(g, L->i32, gep(g, L->i32, ra, sub(g, m, m0)), 4);
+		LLVMValueRef r = g->zp ? load(g, L->i32, gep(g, L->i32, ra, sub(g, m, m0)), 4) : NULL;
 		epilogue_row(g, pn, acc + i * NV, m, r, j0);
 		if_end(g, join);
 	}
+}
+
+/* ---- the AMX tile ------------------------------------------------------------ */
+
+/* A tile intrinsic (llvm.x86.<name>) on tile registers named by immediates */
+static void tile_op(qgen *g, const char *name, LLVMValueRef *a, unsigned n)
+{
+	char full[48];
+	snprintf(full, sizeof full, "llvm.x86.%s", name);
+	call(g, intrinsic(g, full, NULL, 0), a, n);
+}
+
+static LLVMValueRef treg(qgen *g, int t)
+{
+	return LLVMConstInt(g->L->i8, (unsigned long long)t, 0);
+}
+
+/* The first row of A's t-th row tile at i0: i0 + 16t, moved up so that
+ * the tile ends at M (the AMX path runs only when M >= 16), so a tile
+ * reads no row past A's last. */
+static LLVMValueRef tile_row(qgen *g, LLVMValueRef i0, int t)
+{
+	return smin(g, add(g, i0, c64(g, 16 * t)), sub(g, g->p[Q_M], c64(g, 16)));
+}
+
+/* Per block of rows from tb (tile_row's first of the block) to m1: the
+ * bytes of A's last step of 64 k when K is not a multiple of 64, zeros
+ * past K, as rows of 64 bytes at tail; tiles read the step from there. */
+static void copy_tail(qgen *g, LLVMValueRef tail, LLVMValueRef tb, LLVMValueRef m1)
+{
+	cg_llvm *L = g->L;
+	LLVMValueRef *p = g->p;
+	LLVMValueRef k0 = mul(g, LLVMBuildSDiv(g->b, p[Q_K], c64(g, 64), ""), c64(g, 64));
+	LLVMValueRef n = sub(g, p[Q_K], k0);
+	LLVMBasicBlockRef join = if_begin(g, LLVMBuildICmp(g->b, LLVMIntSGT, n, c64(g, 0), ""));
+	LLVMValueRef mask = lanes(g, 64, n);
+	qloop lr;
+	LLVMValueRef r = loop_begin(g, &lr, tb, m1, 1);
+	LLVMValueRef v = mload(g, LLVMVectorType(L->i8, 64),
+	                       gep(g, L->i8, p[Q_A], add(g, mul(g, r, p[Q_ARS]), k0)), mask, 1);
+	store(g, v, gep(g, L->i8, tail, mul(g, sub(g, r, tb), c64(g, 64))), 64);
+	loop_end(g, &lr);
+	if_end(g, join);
+}
+
+/* Tile T_A + t: A's rows [r0, r0 + 16), bytes [64 kc, 64 kc + 64): in
+ * place, or for the last step of a K that is not a multiple of 64 from
+ * copy_tail's rows (the packed B is 0 past K, so its zeros add nothing). */
+static void load_a(qgen *g, int t, LLVMValueRef r0, LLVMValueRef kc, LLVMValueRef tail,
+                   LLVMValueRef tb)
+{
+	cg_llvm *L = g->L;
+	LLVMValueRef *p = g->p, k0 = mul(g, kc, c64(g, 64));
+	LLVMValueRef full = LLVMBuildICmp(g->b, LLVMIntSLE, add(g, k0, c64(g, 64)), p[Q_K], "");
+	LLVMValueRef in = gep(g, L->i8, p[Q_A], add(g, mul(g, r0, p[Q_ARS]), k0));
+	LLVMValueRef cp = gep(g, L->i8, tail, mul(g, sub(g, r0, tb), c64(g, 64)));
+	LLVMValueRef a[] = {treg(g, T_A + t), LLVMBuildSelect(g->b, full, in, cp, ""),
+	                    LLVMBuildSelect(g->b, full, p[Q_ARS], c64(g, 64), "")};
+	tile_op(g, "tileloadd64", a, 3);
+}
+
+/* amx_tile: tile()'s work for rows [i0, min(i0 + AMX_MR, m1)) on AMX:
+ * per half panel (32 columns; the second only when the panel has more),
+ * a 2 x 2 block of C tiles over ceil(K / 64) steps, each two row tiles of
+ * A (read in place, as tile() does; tile_row) times two column tiles of
+ * the packed B, whose layout is already the one tdpbusd reads (group q:
+ * four k of 16 columns per 64 bytes), then stored to ctile (32 rows of NR
+ * i32) for epilogue_row. */
+static void amx_tile(qgen *g, const panel *pn, LLVMValueRef Bp, LLVMValueRef i0, LLVMValueRef m0,
+                     LLVMValueRef m1, LLVMValueRef ra, LLVMValueRef j0, LLVMValueRef nr,
+                     LLVMValueRef ctile, LLVMValueRef tail, LLVMValueRef tb)
+{
+	cg_llvm *L = g->L;
+	LLVMValueRef *p = g->p;
+	int64_t gb = 4 * g->NR; /* bytes of a packed group of four k, and of a ctile row */
+	LLVMValueRef kc_n = LLVMBuildSDiv(g->b, add(g, p[Q_K], c64(g, 63)), c64(g, 64), "");
+	LLVMValueRef r0[2] = {tile_row(g, i0, 0), tile_row(g, i0, 1)};
+	const char *dp = g->a_u8 ? "tdpbusd" : "tdpbsud"; /* A's signedness, then B's */
+	for (int h = 0; h < 2; h++) {
+		LLVMBasicBlockRef join = h ? if_begin(g, LLVMBuildICmp(g->b, LLVMIntSGT, nr, c64(g, 32), ""))
+		                           : NULL;
+		for (int c = 0; c < 4; c++) {
+			LLVMValueRef a[] = {treg(g, T_C + c)};
+			tile_op(g, "tilezero", a, 1);
+		}
+		qloop lk;
+		LLVMValueRef kc = loop_begin(g, &lk, c64(g, 0), kc_n, 1);
+		for (int t = 0; t < 2; t++)
+			load_a(g, t, r0[t], kc, tail, tb);
+		for (int c = 0; c < 2; c++) {
+			LLVMValueRef at = add(g, mul(g, kc, c64(g, 16 * gb)), c64(g, (int64_t)(2 * h + c) * 64));
+			LLVMValueRef a[] = {treg(g, T_B + c), gep(g, L->i8, Bp, at), c64(g, gb)};
+			tile_op(g, "tileloadd64", a, 3);
+		}
+		for (int r = 0; r < 2; r++)
+			for (int c = 0; c < 2; c++) {
+				LLVMValueRef a[] = {treg(g, T_C + 2 * r + c), treg(g, T_A + r), treg(g, T_B + c)};
+				tile_op(g, dp, a, 3);
+			}
+		loop_end(g, &lk);
+		for (int r = 0; r < 2; r++)
+			for (int c = 0; c < 2; c++) {
+				LLVMValueRef at = c64(g, (int64_t)r * 16 * gb + (2 * h + c) * 64);
+				LLVMValueRef a[] = {treg(g, T_C + 2 * r + c), gep(g, L->i8, ctile, at), c64(g, gb)};
+				tile_op(g, "tilestored64", a, 3);
+			}
+		if (h)
+			if_end(g, join);
+	}
+	/* row m = i0 + i of tile t = i / 16 is row m - r0[t] of that tile */
+	qloop li;
+	LLVMValueRef i = loop_begin(g, &li, c64(g, 0), c64(g, AMX_MR), 1), m = add(g, i0, i);
+	LLVMBasicBlockRef join = if_begin(g, lt(g, m, m1));
+	LLVMValueRef second = LLVMBuildICmp(g->b, LLVMIntSGE, i, c64(g, 16), "");
+	LLVMValueRef crow = add(g, LLVMBuildSelect(g->b, second, c64(g, 16), c64(g, 0), ""),
+	                        sub(g, m, LLVMBuildSelect(g->b, second, r0[1], r0[0], "")));
+	LLVMValueRef acc[8], r = g->zp ? load(g, L->i32, gep(g, L->i32, ra, sub(g, m, m0)), 4) : NULL;
+	LLVMValueRef row = gep(g, L->i8, ctile, mul(g, crow, c64(g, gb)));
+	for (int v = 0; v < g->NV; v++)
+		acc[v] = cast_ptr(g, gep(g, L->i8, row, c64(g, (int64_t)v * 64)),
+		                  LLVMPointerType(g->vi32, 0));
+	epilogue_row(g, pn, acc, m, r, j0);
+	if_end(g, join);
+	loop_end(g, &li);
 }
 
 /* ---- the work items and the entry ------------------------------------------- */
@@ -586,6 +752,7 @@ static void param_types(qgen *g, LLVMTypeRef *t)
 	LLVMTypeRef tys[Q_ARGS] = {
 		[Q_X] = g->xp, [Q_M] = L->i64, [Q_N] = L->i64, [Q_K] = L->i64,
 		[Q_A] = g->i8p, [Q_ARS] = L->i64, [Q_B] = g->i8p, [Q_BRS] = L->i64,
+		[Q_BROWS] = LLVMPointerType(L->i64, 0),
 		[Q_C] = g->i8p, [Q_CRS] = L->i64, [Q_ZA] = g->i8p, [Q_ZAS] = L->i64,
 		[Q_ZB] = g->i8p, [Q_ZBS] = L->i64, [Q_BIAS] = g->i32p, [Q_BAXIS] = L->i32,
 		[Q_SCALE] = g->f32p, [Q_SAXIS] = L->i32, [Q_CZ] = g->i8p, [Q_LO] = L->f32,
@@ -603,7 +770,7 @@ static LLVMValueRef function(qgen *g, const char *name, LLVMTypeRef *params, uns
  * block at x->buf; item t is row block t / npan, column panel t % npan, so
  * a thread's consecutive items share their rows of A, whose sums it then
  * computes once. */
-static LLVMValueRef emit_range(qgen *g, const char *name)
+static LLVMValueRef emit_range(qgen *g, const char *name, bool amx)
 {
 	cg_llvm *L = g->L;
 	LLVMTypeRef t[] = {g->xp, L->i64, L->i64};
@@ -619,9 +786,20 @@ static LLVMValueRef emit_range(qgen *g, const char *name)
 	LLVMValueRef scratch = LLVMBuildLoad2(g->b, LLVMStructGetTypeAtIndex(g->xty, 3),
 	                                      LLVMBuildStructGEP2(g->b, g->xty, x, 3, ""), "");
 	LLVMValueRef Bp = cast_ptr(g, scratch, g->i8p);
-	LLVMValueRef k4 = LLVMBuildSDiv(g->b, add(g, p[Q_K], c64(g, 3)), c64(g, 4), "");
+	/* the scratch: the packed panel, its column sums, A's row sums; for
+	 * AMX whole steps of 64 k packed, then the C tiles and A's tail rows */
+	LLVMValueRef k4 = amx ? mul(g, LLVMBuildSDiv(g->b, add(g, p[Q_K], c64(g, 63)), c64(g, 64), ""),
+	                            c64(g, 16))
+	                      : LLVMBuildSDiv(g->b, add(g, p[Q_K], c64(g, 3)), c64(g, 4), "");
 	LLVMValueRef cb = cast_ptr(g, gep(g, L->i8, Bp, mul(g, k4, c64(g, 4 * g->NR))), g->i32p);
 	LLVMValueRef ra = gep(g, L->i32, cb, c64(g, g->NR));
+	LLVMValueRef ctile = cast_ptr(g, gep(g, L->i32, ra, c64(g, AMX_ROWS_SERIAL)), g->i8p);
+	LLVMValueRef tail = gep(g, L->i8, ctile, c64(g, (int64_t)AMX_MR * 4 * g->NR));
+	epilogue_consts(g);
+	if (amx) { /* this thread's tile configuration: 8 tiles of 16 rows of 64 bytes */
+		LLVMValueRef a[] = {cast_ptr(g, g->tcfg, g->i8p)};
+		tile_op(g, "ldtilecfg", a, 1);
+	}
 	LLVMValueRef need_ra = g->flip ? LLVMConstInt(L->i1, 1, 0) : not_null(g, p[Q_ZB]);
 	LLVMValueRef last_rb = local(g, L->i64, NULL);
 	LLVMBuildStore(g->b, c64(g, -1), last_rb);
@@ -633,19 +811,49 @@ static LLVMValueRef emit_range(qgen *g, const char *name)
 	/* the panel: B from its first column */
 	LLVMValueRef B0 = p[Q_B];
 	p[Q_B] = gep(g, L->i8, B0, j0);
-	pack_panel(g, Bp, cb, nr);
+	pack_panel(g, Bp, cb, nr, k4);
 	p[Q_B] = B0;
 	LLVMValueRef new_rows = LLVMBuildICmp(g->b, LLVMIntNE, rb, LLVMBuildLoad2(g->b, L->i64, last_rb, ""), "");
-	LLVMBasicBlockRef join = if_begin(g, LLVMBuildAnd(g->b, need_ra, new_rows, ""));
+	LLVMValueRef tb = amx ? tile_row(g, m0, 0) : NULL;
+	LLVMBasicBlockRef join = if_begin(g, new_rows);
+	LLVMBasicBlockRef sums = if_begin(g, need_ra);
 	row_sums(g, ra, m0, m1);
+	if_end(g, sums);
+	if (amx)
+		copy_tail(g, tail, tb, m1);
 	LLVMBuildStore(g->b, rb, last_rb);
 	if_end(g, join);
 	panel pn;
 	panel_vectors(g, &pn, j0, nr, cb);
-	LLVMValueRef i0 = loop_begin(g, &li, m0, m1, g->MR);
-	tile(g, &pn, Bp, i0, m0, m1, ra, j0);
-	loop_end(g, &li);
+	/* the tiles three times: with zero point terms; without (most quantized
+	 * models' convs: weights symmetric, x's zero point folded into the
+	 * bias); without them and with a bias and scale per row or none (those
+	 * convs again: an add and a multiply per vector fewer) */
+	LLVMValueRef live = LLVMBuildOr(g->b, not_null(g, p[Q_ZA]), not_null(g, p[Q_ZB]), "");
+	LLVMValueRef rows = LLVMBuildAnd(g->b,
+		LLVMBuildICmp(g->b, LLVMIntNE, p[Q_BAXIS], c32(g, 1), ""),
+		LLVMBuildOr(g->b, LLVMBuildICmp(g->b, LLVMIntEQ, p[Q_SAXIS], c32(g, 2), ""),
+		            LLVMBuildICmp(g->b, LLVMIntEQ, p[Q_SAXIS], c32(g, 0), ""), ""), "");
+	LLVMBasicBlockRef v[3] = {block(g, "zp"), block(g, "nozp"), block(g, "rows")};
+	LLVMBasicBlockRef nozp = block(g, "nozp?"), tiled = block(g, "tiled");
+	LLVMBuildCondBr(g->b, g->flip ? LLVMConstInt(L->i1, 1, 0) : live, v[0], nozp);
+	LLVMPositionBuilderAtEnd(g->b, nozp);
+	LLVMBuildCondBr(g->b, rows, v[2], v[1]);
+	for (int z = 0; z < 3; z++) { /* with the flip only the first runs (folded away) */
+		LLVMPositionBuilderAtEnd(g->b, v[z]);
+		g->zp = z == 0, g->rows_only = z == 2;
+		LLVMValueRef i0 = loop_begin(g, &li, m0, m1, amx ? AMX_MR : g->MR);
+		if (amx)
+			amx_tile(g, &pn, Bp, i0, m0, m1, ra, j0, nr, ctile, tail, tb);
+		else
+			tile(g, &pn, Bp, i0, m0, m1, ra, j0);
+		loop_end(g, &li);
+		LLVMBuildBr(g->b, tiled);
+	}
+	LLVMPositionBuilderAtEnd(g->b, tiled);
 	loop_end(g, &lt_);
+	if (amx)
+		tile_op(g, "tilerelease", NULL, 0);
 	LLVMBuildRetVoid(g->b);
 	return fn;
 }
@@ -655,7 +863,10 @@ static const char *dt_tag(kiln_dtype dt)
 	return dt == KILN_U8 ? "u8" : dt == KILN_I8 ? "i8" : dt == KILN_I32 ? "i32" : "f32";
 }
 
-static LLVMValueRef emit_entry(qgen *g, const char *name, LLVMValueRef range)
+/* The entry: the items over the pool or in one call, of range_amx (NULL:
+ * none) when the process may use AMX tiles (rt_amx_ready), else range. */
+static LLVMValueRef emit_entry(qgen *g, const char *name, LLVMValueRef range,
+                               LLVMValueRef range_amx)
 {
 	cg_llvm *L = g->L;
 	LLVMTypeRef t[Q_ARGS];
@@ -678,6 +889,18 @@ static LLVMValueRef emit_entry(qgen *g, const char *name, LLVMValueRef range)
 	                                LLVMBuildICmp(g->b, LLVMIntSGE, work, c64(g, QPAR_WORK), ""), "");
 	LLVMValueRef RB = LLVMBuildSelect(g->b, par, c64(g, (int64_t)g->MR * ROWS_PAR),
 	                                  c64(g, (int64_t)g->MR * ROWS_SERIAL), "");
+	LLVMValueRef fnp = range;
+	if (range_amx) {
+		LLVMTypeRef rt = LLVMFunctionType(L->i32, NULL, 0, 0);
+		LLVMValueRef ready = call(g, cg_llvm_runtime_fn(L, "rt_amx_ready", rt), NULL, 0);
+		LLVMValueRef big = LLVMBuildAnd(g->b, LLVMBuildICmp(g->b, LLVMIntSGE, p[Q_K], c64(g, AMX_MIN_K), ""),
+		                                LLVMBuildICmp(g->b, LLVMIntSGE, p[Q_M], c64(g, 16), ""), "");
+		LLVMValueRef on = LLVMBuildAnd(g->b, LLVMBuildICmp(g->b, LLVMIntNE, ready, c32(g, 0), ""),
+		                               big, "");
+		RB = LLVMBuildSelect(g->b, on, LLVMBuildSelect(g->b, par, c64(g, AMX_ROWS_PAR),
+		                                               c64(g, AMX_ROWS_SERIAL), ""), RB, "");
+		fnp = LLVMBuildSelect(g->b, on, range_amx, range, "");
+	}
 	LLVMValueRef nrb = LLVMBuildSDiv(g->b, add(g, p[Q_M], sub(g, RB, c64(g, 1))), RB, "");
 	LLVMValueRef npan = LLVMBuildSDiv(g->b, add(g, p[Q_N], c64(g, g->NR - 1)), c64(g, g->NR), "");
 	LLVMValueRef args = local(g, g->argty, NULL);
@@ -699,12 +922,12 @@ static LLVMValueRef emit_entry(qgen *g, const char *name, LLVMValueRef range)
 	LLVMTypeRef pt[3];
 	LLVMGetParamTypes(LLVMGlobalGetValueType(L->par_for), pt);
 	LLVMValueRef a[] = {LLVMBuildPointerCast(g->b, cx, pt[0], ""), items,
-	                    LLVMBuildPointerCast(g->b, range, pt[2], "")};
+	                    LLVMBuildPointerCast(g->b, fnp, pt[2], "")};
 	call(g, L->par_for, a, 3);
 	LLVMBuildRetVoid(g->b);
 	LLVMPositionBuilderAtEnd(g->b, serial);
 	LLVMValueRef r[] = {cx, zero, items};
-	call(g, range, r, 3);
+	LLVMBuildCall2(g->b, LLVMGlobalGetValueType(range), fnp, r, 3, "");
 	LLVMBuildRetVoid(g->b);
 	return fn;
 }
@@ -765,6 +988,18 @@ LLVMValueRef cg_llvm_qgemm(cg_llvm *L, kiln_dtype a, kiln_dtype b, kiln_dtype c)
 	LLVMSetAlignment(g.zeros, 64);
 	LLVMSetGlobalConstant(g.zeros, 1);
 	LLVMSetLinkage(g.zeros, LLVMInternalLinkage);
+	g.amx = L->t && L->t->amx && g.W == 16 && g.NV == 4 && g.dot;
+	if (g.amx) { /* palette 1; per tile: bytes per row (u16 at 16 + 2t), rows (48 + t) */
+		uint8_t cfg[64] = {1};
+		for (int t = 0; t < 8; t++)
+			cfg[16 + 2 * t] = 64, cfg[48 + t] = 16;
+		LLVMValueRef cv = LLVMConstStringInContext(L->ctx, (const char *)cfg, 64, 1);
+		g.tcfg = LLVMAddGlobal(L->mod, LLVMTypeOf(cv), "kiln_qgemm_tilecfg");
+		LLVMSetInitializer(g.tcfg, cv);
+		LLVMSetAlignment(g.tcfg, 64);
+		LLVMSetGlobalConstant(g.tcfg, 1);
+		LLVMSetLinkage(g.tcfg, LLVMInternalLinkage);
+	}
 	if (!L->par_for) {
 		LLVMTypeRef rt[] = {g.xp, L->i64, L->i64};
 		LLVMTypeRef rfn = LLVMFunctionType(LLVMVoidTypeInContext(L->ctx), rt, 3, 0);
@@ -775,8 +1010,12 @@ LLVMValueRef cg_llvm_qgemm(cg_llvm *L, kiln_dtype a, kiln_dtype b, kiln_dtype c)
 	char name[64], rname[72];
 	snprintf(name, sizeof name, "kiln_qgemm_%s%s_%s", dt_tag(a), dt_tag(b), dt_tag(c));
 	snprintf(rname, sizeof rname, "%s_range", name);
-	LLVMValueRef range = emit_range(&g, rname);
-	L->qgemm[spec] = emit_entry(&g, name, range);
+	LLVMValueRef range = emit_range(&g, rname, false), range_amx = NULL;
+	if (g.amx) {
+		snprintf(rname, sizeof rname, "%s_amx", name);
+		range_amx = emit_range(&g, rname, true);
+	}
+	L->qgemm[spec] = emit_entry(&g, name, range, range_amx);
 	LLVMDisposeBuilder(g.b);
 	return L->qgemm[spec];
 }
@@ -785,5 +1024,9 @@ uint64_t cg_qgemm_scratch_bytes(const cg_target *t)
 {
 	int bits = t && t->vec_bits >= 128 ? t->vec_bits : 128, W = bits / 32;
 	int64_t NR = (W >= 16 ? 4 : 2) * W, MR = W >= 8 ? 6 : 4;
-	return (uint64_t)((CG_QGEMM_MAX_K + 3) / 4 * 4 * NR + NR * 4 + MR * ROWS_SERIAL * 4);
+	uint64_t vnni = (uint64_t)((CG_QGEMM_MAX_K + 3) / 4 * 4 * NR + NR * 4 + MR * ROWS_SERIAL * 4);
+	/* emit_range's AMX layout: the ctile and tail after AMX_ROWS_SERIAL row sums */
+	uint64_t amx = (uint64_t)((CG_QGEMM_MAX_K + 63) / 64 * 16 * 4 * NR + NR * 4 +
+	                          AMX_ROWS_SERIAL * 4 + AMX_MR * 4 * NR + AMX_TAIL);
+	return t && t->amx && vnni < amx ? amx : vnni;
 }

@@ -1151,6 +1151,143 @@ static int folded_bias(cg_module *m, int w, int wz, int xz, int bias, int64_t M,
 	return const_buf(m, t, w, "qbias");
 }
 
+/* ---- implicit im2col: 8-bit 2-D convs ------------------------------------------ */
+
+/* Whether an integer conv (of one group, not conv_1x1's) runs as
+ * conv_wide: 2-D, one group. */
+static bool want_wide(const geom *g, int64_t grp)
+{
+	return g->nsp == 2 && grp == 1;
+}
+
+/* Phase planes of a stride (sy, sx) conv: which of the sy*sx phases
+ * (py, px) its taps read (tap t reads phase (t*dil) % s of a dim), each
+ * numbered by its slot (-1: unread); returns the count. */
+static int phase_slots(const geom *g, int *slot)
+{
+	int64_t sy = g->stride[0], sx = g->stride[1];
+	int nph = 0;
+	for (int64_t p = 0; p < sy * sx; p++)
+		slot[p] = -1;
+	for (int64_t kh = 0; kh < g->k[0]; kh++)
+		for (int64_t kw = 0; kw < g->k[1]; kw++) {
+			int64_t p = (kh * g->dil[0]) % sy * sx + (kw * g->dil[1]) % sx;
+			if (slot[p] < 0)
+				slot[p] = nph++;
+		}
+	return nph;
+}
+
+/* A 2-D integer conv as one 8-bit GEMM per image on a copy of x, with no
+ * im2col.  x is copied once, padded with its zero point and split by the
+ * stride (sy, sx) into phase planes: phase (py, px) holds the padded
+ * input's rows sy*i + py and columns sx*j + px (a stride-1 conv has one
+ * phase, the padded plane).  Tap (kh, kw) of output (oh, ow) is then
+ * element (oh + kh*dh / sy)*Wq + ow + kw*dw / sx of phase
+ * (kh*dh % sy, kw*dw % sx), so over the GEMM's wide columns
+ * n = oh*Wq + ow, row k = (c, kh, kw) of B is a contiguous run of one
+ * phase plane: the GEMM packs its panels from there (b_rows: K constant
+ * offsets).  It computes the Wq - OW columns between output rows too,
+ * into a wide copy of y, and a last loop copies the real columns into y.
+ * The im2col this replaces wrote each image's K x OH*OW columns, every
+ * byte of x ksz / (sy*sx) times, and rows of 7 bytes for ResNet's 7x7 maps
+ * (ResNet-18 int8 on AMX: 36% of the time at batch 1, 42% at 16); the
+ * phase planes and the wide result are about one copy each of x and y. */
+static kiln_status conv_wide(cg_module *m, const ir_node *n, const int *in, int y, const geom *g,
+                             const conv_int *q, kiln_error *err)
+{
+	const ir_type *x = cg_btype(m, in[0]), *yt = cg_btype(m, y);
+	int64_t C = x->dim[1], M = yt->dim[1], batch = x->dim[0], H = g->in[0], W = g->in[1];
+	int64_t OH = g->out[0], OW = g->out[1], K = C * g->ksz, sy = g->stride[0], sx = g->stride[1];
+	int64_t e0 = (g->k[0] - 1) * g->dil[0] / sy, e1 = (g->k[1] - 1) * g->dil[1] / sx;
+	int64_t Hq = (H + g->pad[0] + g->pad_end[0] + sy - 1) / sy;
+	int64_t Wq = (W + g->pad[1] + g->pad_end[1] + sx - 1) / sx;
+	Hq = Hq > OH + e0 ? Hq : OH + e0; /* every tap's rows inside its plane */
+	Wq = Wq > OW + e1 ? Wq : OW + e1;
+	int slot[64];
+	if (sy * sx > 64)
+		return conv_im2col(m, n, in, y, g, q, err);
+	int nph = phase_slots(g, slot);
+	int64_t plane = Hq * Wq, NW = (OH - 1) * Wq + OW;
+	kiln_dtype ydt = m->buf[y].dt;
+	bool bias = n->nin > 2 && in[2] >= 0;
+	kiln_tensor *t = arena_tensor(m, KILN_I64, K);
+	if (!t)
+		return nomem(m, n, err);
+	for (int64_t c = 0, k = 0; c < C; c++)
+		for (int64_t kh = 0; kh < g->k[0]; kh++)
+			for (int64_t kw = 0; kw < g->k[1]; kw++) {
+				int64_t dh = kh * g->dil[0], dw = kw * g->dil[1];
+				int64_t ph = slot[dh % sy * sx + dw % sx];
+				((int64_t *)t->data)[k++] = (c * nph + ph) * plane + dh / sy * Wq + dw / sx;
+			}
+	/* new buffers may move m->buf: x and yt are dead after this */
+	int rows = const_buf(m, t, in[1], "rows");
+	cg_expr *bd = cg_dim(m, batch);
+	int xp = rows < 0 ? -1 : cg_lower_scratch(m, q->xdt, mul(m, bd, I(m, C * nph * plane)));
+	int yw = xp < 0 ? -1 : cg_lower_scratch(m, ydt, mul(m, bd, I(m, M * OH * Wq)));
+	cg_kernel *k = yw < 0 ? NULL : cg_lower_kernel(m, n);
+	if (!k)
+		return nomem(m, n, err);
+	/* the phase planes over the threads: per plane of x (b, c) and phase,
+	 * each row the zero point where it is padding, else zero points, the
+	 * columns of x that land inside, zero points */
+	for (int64_t p = 0; p < sy * sx; p++) {
+		if (slot[p] < 0)
+			continue;
+		int64_t py = p / sx, px = p % sx;
+		/* columns j with sx*j + px - pad in [0, W): [jlo, jhi) */
+		int64_t jlo = (g->pad[1] - px + sx - 1) / sx, jhi = (g->pad[1] + W - px + sx - 1) / sx;
+		jlo = jlo < 0 ? 0 : jlo > Wq ? Wq : jlo;
+		jhi = jhi > Wq ? Wq : jhi < jlo ? jlo : jhi;
+		cg_expr *pc, *r, *v;
+		cg_stmt *pb, *rb, *lb, *row = cg_block(m), *pad = cg_block(m);
+		cg_append(m, k->body, cg_loop(m, k, mul(m, bd, I(m, C)),
+		                              cg_par(m, mul(m, bd, I(m, C * plane))), &pc, &pb));
+		cg_append(m, pb, cg_loop(m, k, I(m, Hq), 0, &r, &rb));
+		cg_expr *ih = add(m, mul(m, r, I(m, sy)), I(m, py - g->pad[0]));
+		cg_expr *dst = add(m, mul(m, add(m, mul(m, pc, I(m, nph)), I(m, slot[p])), I(m, plane)),
+		                   mul(m, r, I(m, Wq)));
+		cg_expr *inside = cg_bin(m, CG_AND, cg_bin(m, CG_GE, ih, I(m, 0)),
+		                         cg_bin(m, CG_LT, ih, I(m, H)));
+		fill(m, k, row, xp, dst, jlo, q->pad);
+		if (jhi > jlo) {
+			cg_append(m, row, cg_loop(m, k, I(m, jhi - jlo), CG_VECTORIZE, &v, &lb));
+			cg_expr *src = add(m, mul(m, pc, I(m, H * W)), mul(m, cg_clamp(m, ih, I(m, H)), I(m, W)));
+			cg_expr *col = add(m, mul(m, add(m, I(m, jlo), v), I(m, sx)), I(m, px - g->pad[1]));
+			cg_append(m, lb, cg_st(m, xp, add(m, dst, add(m, I(m, jlo), v)),
+			                       cg_ld(m, in[0], add(m, src, col))));
+		}
+		fill(m, k, row, xp, add(m, dst, I(m, jhi)), Wq - jhi, q->pad);
+		fill(m, k, pad, xp, dst, Wq, q->pad);
+		cg_append(m, rb, cg_if(m, inside, row, pad));
+	}
+	/* per image one GEMM (a batch of one inline: its GEMM splits) */
+	cg_expr *b;
+	cg_stmt *gb;
+	cg_append(m, k->body, cg_loop(m, k, bd, CG_PARALLEL, &b, &gb));
+	cg_gemm gm = {.a = in[1], .b = xp, .c = yw, .bias = bias ? in[2] : -1,
+	              .M = I(m, M), .N = I(m, NW), .K = I(m, K), .batch = I(m, 1),
+	              .a_off = I(m, 0), .a_bs = I(m, 0), .a_rs = I(m, K), .a_cs = I(m, 1),
+	              .b_off = mul(m, b, I(m, C * nph * plane)), .b_bs = I(m, 0), .b_rs = I(m, 0),
+	              .b_cs = I(m, 1), .has_b_rows = true, .b_rows = rows,
+	              .c_off = mul(m, b, I(m, M * OH * Wq)), .c_bs = I(m, 0), .c_rs = I(m, OH * Wq),
+	              .bias_off = I(m, 0), .alpha = 1, .beta = 0, .bias_axis = bias ? 2 : 0};
+	int_gemm(m, &gm, q, I(m, 0));
+	cg_stmt *gs = cg_gemm_stmt(m, &gm);
+	if (!gs)
+		return nomem(m, n, err);
+	cg_append(m, gb, gs);
+	/* the outputs' columns of the wide result into y */
+	cg_expr *ext[3] = {mul(m, bd, I(m, M)), I(m, OH), I(m, OW)}, *iv[3];
+	uint32_t h[3] = {cg_par(m, mul(m, bd, I(m, M * OH * OW))), 0, CG_VECTORIZE};
+	cg_stmt *body = cg_nest(m, k, k->body, 3, ext, h, iv);
+	cg_expr *orow = add(m, mul(m, iv[0], I(m, OH)), iv[1]);
+	cg_append(m, body, cg_st(m, y, add(m, mul(m, orow, I(m, OW)), iv[2]),
+	                         cg_ld(m, yw, add(m, mul(m, orow, I(m, Wq)), iv[2]))));
+	return body && body->n ? KILN_OK : nomem(m, n, err);
+}
+
 static kiln_status conv_int_gemms(cg_module *m, const ir_node *n, int x, int w, int bias, int y,
                                   const geom *g, conv_int *q, kiln_error *err)
 {
@@ -1164,7 +1301,11 @@ static kiln_status conv_int_gemms(cg_module *m, const ir_node *n, int x, int w, 
 	for (int d = 0; d < g->nsp; d++)
 		pointwise = pointwise && g->k[d] == 1 && g->stride[d] == 1 && g->pad[d] == 0 &&
 		            g->pad_end[d] == 0 && g->in[d] == g->out[d];
-	return pointwise ? conv_1x1(m, n, in, y, g, q, err) : conv_im2col(m, n, in, y, g, q, err);
+	if (pointwise)
+		return conv_1x1(m, n, in, y, g, q, err);
+	if (want_wide(g, ir_attr_int(n, "group", 1)))
+		return conv_wide(m, n, in, y, g, q, err);
+	return conv_im2col(m, n, in, y, g, q, err);
 }
 
 /* x's zero point as the padding value (0 without one) */
@@ -1173,8 +1314,27 @@ static cg_expr *x_pad(cg_module *m, int xz, kiln_dtype xdt)
 	return xz >= 0 ? cg_ld(m, xz, I(m, 0)) : fc(m, xdt, 0);
 }
 
+/* What a depthwise conv's final stores become for QLinearConv (NULL: the
+ * f32 sums into y as they are): rint((sum + bias[c]) * mult[c] + yz)
+ * stored into the 8-bit result q (bias -1: none), the requantization that
+ * otherwise is a pass over the sums (MobileNetV2 int8: 0.42 of 3.98 ms). */
+typedef struct dw_requant {
+	int q, bias, mult, yz;
+} dw_requant;
+
+/* An 8-bit x whose planes a depthwise conv converts itself, each before
+ * it reads it: in[0][plane] = f32(x[plane]) - f32(x_zp) (xz -1: none). */
+typedef struct dw_convert {
+	int x, xz;
+} dw_convert;
+
 static kiln_status conv_depthwise(cg_module *m, const ir_node *n, const int *in, int y,
-                                  const geom *g, kiln_error *err);
+                                  const geom *g, const dw_requant *rq, const dw_convert *cv,
+                                  kiln_error *err);
+/* a depthwise conv of this shape runs channel-blocked (dw_blocked) */
+static bool dw_blocked_shape(const geom *g, int64_t Mg);
+/* ... or on flat padded planes (dw_flat) */
+static bool want_flat(const cg_module *m, const geom *g, int x, bool x8);
 
 /* Whether an integer conv is depthwise (2-D, one input channel per group)
  * with sums that f32 holds exactly: (x - x_zp) and (w - w_zp) are integers
@@ -1193,16 +1353,25 @@ static bool int_dw_ok(cg_module *m, const ir_node *n, int x, int w, const geom *
 
 /* A new f32 buffer shaped as like (its dims) holding src - z: the zero
  * point z (-1: none) one value, or one per run of `per` elements. */
-static int minus_zp_f32(cg_module *m, const ir_node *n, int src, int z, int64_t per, int like)
+/* A new f32 scratch buffer of src's size, shaped as like (-1: no memory). */
+static int f32_like(cg_module *m, int src, int like)
 {
 	ir_type t = *cg_btype(m, like);
+	int dst = cg_lower_scratch(m, KILN_F32, m->buf[src].numel);
+	if (dst >= 0) {
+		t.dtype = KILN_F32;
+		m->buf[dst].type = t;
+	}
+	return dst;
+}
+
+static int minus_zp_f32(cg_module *m, const ir_node *n, int src, int z, int64_t per, int like)
+{
 	cg_expr *numel = m->buf[src].numel;
-	int dst = cg_lower_scratch(m, KILN_F32, numel);
+	int dst = f32_like(m, src, like);
 	cg_kernel *k = dst < 0 ? NULL : cg_lower_kernel(m, n);
 	if (!k)
 		return -1;
-	t.dtype = KILN_F32;
-	m->buf[dst].type = t;
 	cg_expr *i;
 	cg_stmt *b;
 	cg_append(m, k->body, cg_loop(m, k, numel, CG_PARALLEL | CG_VECTORIZE, &i, &b));
@@ -1214,16 +1383,30 @@ static int minus_zp_f32(cg_module *m, const ir_node *n, int src, int z, int64_t 
 }
 
 /* int_dw_ok's conv: its exact sums, without bias, into the f32 buffer yf
- * (shaped as the result). */
+ * (shaped as the result), or with rq requantized into rq->q.  x - x_zp in
+ * f32 is a pass over x before the conv, or with rq and one output per
+ * channel made per plane by the conv's own loop just before the plane's
+ * taps read it (dw_convert), while it is still in cache: MobileNetV2 int8
+ * at batch 16 spent 23 of 93 ms in the passes, writing 4 bytes per input
+ * to memory that the conv then read back (at batch 1, where the planes of
+ * a pass stay in cache, it is the same either way). */
 static kiln_status dw_integer(cg_module *m, const ir_node *n, const conv_ops *op, int yf,
-                              const geom *g, kiln_error *err)
+                              const geom *g, const dw_requant *rq, kiln_error *err)
 {
-	int xf = minus_zp_f32(m, n, op->x, op->xz, 1, op->x);
+	/* x - 0 where the conv copies x anyway (split rows, flat padded planes):
+	 * those copies convert it; its taps' own loads of a converted plane are
+	 * cheaper than converting at each of ksz taps (MobileNetV2's stride-1
+	 * 56x56 conv: 0.24 ms per plane converted, 0.35 converting per tap) */
+	bool direct = rq && op->xz < 0 && (want_split(g) || want_flat(m, g, op->x, true));
+	bool per_plane = rq && !direct && cg_btype(m, yf)->dim[1] == cg_btype(m, op->x)->dim[1];
+	int xf = direct ? op->x : per_plane ? f32_like(m, op->x, op->x)
+	                                    : minus_zp_f32(m, n, op->x, op->xz, 1, op->x);
 	int wf = xf < 0 ? -1 : minus_zp_f32(m, n, op->w, op->wz, g->ksz, op->w);
 	if (wf < 0)
 		return nomem(m, n, err);
 	const int in[3] = {xf, wf, -1};
-	return conv_depthwise(m, n, in, yf, g, err);
+	dw_convert cv = {op->x, op->xz};
+	return conv_depthwise(m, n, in, yf, g, rq, per_plane ? &cv : NULL, err);
 }
 
 /* A scratch buffer for an integer conv's sums, shaped as y: f32 for
@@ -1258,7 +1441,7 @@ kiln_status cg_lower_conv_integer(cg_module *m, const ir_node *n, const int *in,
 	int yf = sums_buf(m, out[0], true);
 	if (yf < 0)
 		return nomem(m, n, err);
-	st = dw_integer(m, n, &op, yf, &g, err);
+	st = dw_integer(m, n, &op, yf, &g, NULL, err);
 	cg_kernel *k = st ? NULL : cg_lower_kernel(m, n);
 	if (!k)
 		return st ? st : nomem(m, n, err);
@@ -1331,8 +1514,16 @@ kiln_status cg_lower_qlinear_conv(cg_module *m, const ir_node *n, const int *in,
 	int acc = sums_buf(m, y, dw), mult = acc < 0 ? -1 : multiplier(m, n, in[1], in[4], in[6]);
 	if (mult < 0)
 		return nomem(m, n, err);
-	st = dw ? dw_integer(m, n, &op, acc, &g, err) : conv_direct(m, n, &op, true, acc, &g, err);
-	cg_kernel *k = st ? NULL : cg_lower_kernel(m, n);
+	/* a depthwise conv requantizes in its own stores where its kernel
+	 * stores each sum once (not the channel-blocked one's transposes) */
+	int64_t Mg = cg_btype(m, y)->dim[1] / cg_btype(m, op.x)->dim[1];
+	dw_requant rq = {y, op.bias, mult, in[7]};
+	bool fused = dw && !dw_blocked_shape(&g, Mg);
+	st = dw ? dw_integer(m, n, &op, acc, &g, fused ? &rq : NULL, err)
+	        : conv_direct(m, n, &op, true, acc, &g, err);
+	if (st || fused)
+		return st;
+	cg_kernel *k = cg_lower_kernel(m, n);
 	if (!k)
 		return st ? st : nomem(m, n, err);
 	const ir_type *yt = cg_btype(m, y);
@@ -1384,9 +1575,22 @@ static cg_stmt *tap_rows(cg_module *m, cg_kernel *k, cg_stmt *blk, const geom *g
  * constant extent, which LLVM unrolls, so the column loop is innermost and
  * vectorizes; inside the interior span the column index is affine and only
  * the row, invariant in the loop, is tested). */
+/* A depthwise conv's final value of output channel ch: sum, or with rq
+ * the requantized value (stored into rq->q), as the requantization pass of
+ * cg_lower_qlinear_conv computes it. */
+static cg_expr *dw_value(cg_module *m, const dw_requant *rq, cg_expr *sum, cg_expr *ch)
+{
+	if (!rq)
+		return sum;
+	if (rq->bias >= 0)
+		sum = add(m, sum, cg_cast(m, cg_ld(m, rq->bias, ch), KILN_F32));
+	cg_expr *v = add(m, mul(m, sum, qv(m, rq->mult, ch)), cg_cast(m, qv(m, rq->yz, I(m, 0)), KILN_F32));
+	return cg_un(m, CG_ROUND, v);
+}
+
 static void dw_cols(cg_module *m, cg_kernel *k, cg_stmt *blk, const ir_node *n, const int *in,
                     int y, const geom *g, cg_expr **pl, cg_expr *oh, int64_t c0, int64_t ext,
-                    bool interior, const split *sp)
+                    bool interior, const split *sp, const dw_requant *rq)
 {
 	cg_expr *v, *tv[2];
 	cg_stmt *vb;
@@ -1408,10 +1612,11 @@ static void dw_cols(cg_module *m, cg_kernel *k, cg_stmt *blk, const ir_node *n, 
 	cg_expr *xv = cg_select(m, valid, interior && sp->buf >= 0
 	                                      ? cg_ld(m, sp->buf, split_at(m, g, sp, sp->rows ? tv[0] : j[0],
 	                                                                   o[1], tv[1]))
-	                                      : cg_ld(m, in[0], xi), fc(m, ct, 0));
+	                                      : cg_cast(m, cg_ld(m, in[0], xi), ct), fc(m, ct, 0));
 	cg_set(m, tb, part, add(m, part, mul(m, xv, cg_ld(m, in[1], wi))));
-	cg_append(m, vb, cg_st(m, y, add(m, mul(m, pl[0], I(m, g->osz)),
-	                                 add(m, mul(m, oh, I(m, g->out[1])), o[1])), acc));
+	cg_append(m, vb, cg_st(m, rq ? rq->q : y, add(m, mul(m, pl[0], I(m, g->osz)),
+	                                              add(m, mul(m, oh, I(m, g->out[1])), o[1])),
+	                       dw_value(m, rq, acc, pl[1])));
 }
 
 /* Appends to blk the zero-padded copy at P[pp] (Hp x Wp pixels of e
@@ -1450,15 +1655,16 @@ static void padded_plane(cg_module *m, cg_kernel *k, cg_stmt *blk, int P, cg_exp
  * 960-channel 7x7 one 0.088 -> 0.051 ms (ORT 0.034). */
 enum { FLAT_W = 32 };
 
-static bool want_flat(const cg_module *m, const geom *g, int x)
+/* x8: an 8-bit x the kernel may copy to f32 itself (exact) */
+static bool want_flat(const cg_module *m, const geom *g, int x, bool x8)
 {
 	return g->nsp == 2 && g->stride[0] == 1 && g->stride[1] == 1 && g->out[1] < FLAT_W &&
-	       m->buf[x].dt == KILN_F32;
+	       (m->buf[x].dt == KILN_F32 || x8);
 }
 
 static kiln_status dw_flat(cg_module *m, cg_kernel *k, cg_stmt *blk, const ir_node *n,
                            const int *in, int y, const geom *g, cg_expr **pl, cg_expr *nm,
-                           kiln_error *err)
+                           const dw_requant *rq, kiln_error *err)
 {
 	int64_t H = g->in[0], W = g->in[1], pt = g->pad[0], pw = g->pad[1];
 	int64_t Hp = g->out[0] + (g->k[0] - 1) * g->dil[0], Wp = g->out[1] + (g->k[1] - 1) * g->dil[1];
@@ -1496,9 +1702,10 @@ static kiln_status dw_flat(cg_module *m, cg_kernel *k, cg_stmt *blk, const ir_no
 	k->act_buf = T;
 	cg_append(m, blk, cg_loop(m, k, I(m, g->out[0]), 0, &r, &rb));
 	cg_append(m, rb, cg_loop(m, k, I(m, g->out[1]), CG_VECTORIZE, &c, &cb));
-	cg_append(m, cb, cg_st(m, y, add(m, mul(m, pl[0], I(m, g->osz)),
-	                                 add(m, mul(m, r, I(m, g->out[1])), c)),
-	                       cg_ld(m, T, add(m, tp, add(m, mul(m, r, I(m, Wp)), c)))));
+	cg_append(m, cb, cg_st(m, rq ? rq->q : y, add(m, mul(m, pl[0], I(m, g->osz)),
+	                                              add(m, mul(m, r, I(m, g->out[1])), c)),
+	                       dw_value(m, rq, cg_ld(m, T, add(m, tp, add(m, mul(m, r, I(m, Wp)), c))),
+	                                pl[1])));
 	return KILN_OK;
 }
 
@@ -1528,9 +1735,14 @@ enum { DW_CB = 16, DW_BLOCK_W = 8 };
 /* Whether the channel-blocked form computes this depthwise conv: f32, one
  * output channel per input channel, 2-D, rows of at most DW_BLOCK_W
  * outputs. */
+static bool dw_blocked_shape(const geom *g, int64_t Mg)
+{
+	return g->nsp == 2 && Mg == 1 && g->out[1] <= DW_BLOCK_W;
+}
+
 static bool want_blocked(const cg_module *m, const geom *g, int x, int64_t Mg)
 {
-	return g->nsp == 2 && Mg == 1 && m->buf[x].dt == KILN_F32 && g->out[1] <= DW_BLOCK_W;
+	return dw_blocked_shape(g, Mg) && m->buf[x].dt == KILN_F32;
 }
 
 static kiln_status dw_blocked(cg_module *m, const ir_node *n, const int *in, int y,
@@ -1622,11 +1834,12 @@ static kiln_status dw_blocked(cg_module *m, const ir_node *n, const int *in, int
  * edge of the row each accumulate all taps of an output pixel in a local
  * and store it once, instead of sweeping the plane once per tap. */
 static kiln_status conv_depthwise(cg_module *m, const ir_node *n, const int *in, int y,
-                                  const geom *g, kiln_error *err)
+                                  const geom *g, const dw_requant *rq, const dw_convert *cv,
+                                  kiln_error *err)
 {
 	const ir_type *x = cg_btype(m, in[0]), *yt = cg_btype(m, y);
 	int64_t C = x->dim[1], M = yt->dim[1], Mg = M / C, lo, hi;
-	if (want_blocked(m, g, in[0], Mg))
+	if (want_blocked(m, g, in[0], Mg) && !rq && !cv)
 		return dw_blocked(m, n, in, y, g, C, err);
 	cg_kernel *k = cg_lower_kernel(m, n);
 	if (!k)
@@ -1640,14 +1853,27 @@ static kiln_status conv_depthwise(cg_module *m, const ir_node *n, const int *in,
 	/* plane of y, channel (weight row), plane of x */
 	cg_expr *pl[3] = {bm, mi, add(m, mul(m, cg_bin(m, CG_DIV, bm, I(m, M)), I(m, C)),
 	                                 cg_bin(m, CG_DIV, mi, I(m, Mg)))};
-	if (want_flat(m, g, in[0])) {
-		kiln_status st = dw_flat(m, k, blk, n, in, y, g, pl, nm, err);
-		k->final_buf = y;
+	if (cv) { /* this plane of x in f32 (one output per channel: no other reads it) */
+		cg_expr *i, *at;
+		cg_stmt *ib;
+		cg_append(m, blk, cg_loop(m, k, I(m, g->isz), CG_VECTORIZE, &i, &ib));
+		at = add(m, mul(m, pl[2], I(m, g->isz)), i);
+		cg_expr *v = cg_cast(m, cg_ld(m, cv->x, at), KILN_F32);
+		if (cv->xz >= 0)
+			v = cg_bin(m, CG_SUB, v, cg_cast(m, qv(m, cv->xz, at), KILN_F32));
+		cg_append(m, ib, cg_st(m, in[0], at, v));
+	}
+	/* with rq, x may be the 8-bit tensor itself (no zero point): its
+	 * copies (split, padded planes) and loads convert it */
+	bool x8 = rq && m->buf[in[0]].dt != KILN_F32;
+	if (want_flat(m, g, in[0], x8)) {
+		kiln_status st = dw_flat(m, k, blk, n, in, y, g, pl, nm, rq, err);
+		k->final_buf = rq ? -1 : y;
 		return st;
 	}
 	/* stride 2: the plane of x split into even and odd columns first */
 	split sp = {.buf = -1, .half = (g->in[1] + 1) / 2};
-	if (want_split(g) && m->buf[in[0]].dt == KILN_F32) {
+	if (want_split(g) && (m->buf[in[0]].dt == KILN_F32 || x8)) {
 		sp.rows = by_rows(g);
 		int64_t psz = (sp.rows ? g->k[0] : g->in[0]) * 2 * sp.half;
 		sp.buf = cg_lower_scratch(m, KILN_F32, mul(m, nm, I(m, psz)));
@@ -1667,9 +1893,9 @@ static kiln_status conv_depthwise(cg_module *m, const ir_node *n, const int *in,
 		int ns = r == 1 ? vector_spans(c0[r], ext[r], st, len) : 1;
 		for (int q = 0; q < ns; q++)
 			if (len[q] > 0)
-				dw_cols(m, k, rb, n, in, y, g, pl, oh, st[q], len[q], r == 1, &sp);
+				dw_cols(m, k, rb, n, in, y, g, pl, oh, st[q], len[q], r == 1, &sp, rq);
 	}
-	k->final_buf = y;
+	k->final_buf = rq ? -1 : y;
 	return KILN_OK;
 }
 
@@ -1685,7 +1911,7 @@ kiln_status cg_lower_conv(cg_module *m, const ir_node *n, const int *in, const i
 		return st;
 	int64_t grp = ir_attr_int(n, "group", 1);
 	if (grp > 1 && grp == x->dim[1] && g.nsp == 2)
-		return conv_depthwise(m, n, in, out[0], &g, err);
+		return conv_depthwise(m, n, in, out[0], &g, NULL, NULL, err);
 	if (x->dtype != KILN_F32) {
 		conv_ops op = {in[0], in[1], -1, -1, n->nin > 2 ? in[2] : -1, NULL};
 		return conv_direct(m, n, &op, false, out[0], &g, err);

@@ -86,6 +86,8 @@ static void walk(cg_module *m, const cg_stmt *s, int t)
 			touch(m, s->gemm->bias, t);
 		if (s->gemm->has_residual)
 			touch(m, s->gemm->residual, t);
+		if (s->gemm->has_b_rows)
+			touch(m, s->gemm->b_rows, t);
 		{
 			const cg_gemm_vec *v[] = {&s->gemm->scale, &s->gemm->a_zero, &s->gemm->b_zero,
 			                          &s->gemm->c_zero};

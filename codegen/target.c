@@ -158,6 +158,14 @@ static int vnni_bits(const char *cpu, const char *features, int vec_bits)
 	return 0;
 }
 
+/* AMX-INT8 with its tiles: only from the feature string (the host's,
+ * or --features), so a CPU name alone (sapphirerapids) never selects it
+ * and "-amx-int8" turns it off. */
+static bool amx(const char *features)
+{
+	return feature_sign(features, "amx-int8") > 0 && feature_sign(features, "amx-tile") > 0;
+}
+
 /* 512 where the target has AVX-512 and its features do not ask for
  * narrower vectors; 0: leave it to the CPU's tuning. */
 static int preferred_bits(int vec_bits, const char *features)
@@ -214,6 +222,7 @@ kiln_status cg_target_init(cg_target *t, const char *cpu, const char *features,
 		t->vec_bits = vector_bits(t->cpu, t->features);
 		t->prefer_bits = preferred_bits(t->vec_bits, t->features);
 		t->vnni_bits = vnni_bits(t->cpu, t->features, t->vec_bits);
+		t->amx = t->vec_bits >= 512 && t->vnni_bits >= 512 && amx(t->features);
 		t->tm = LLVMCreateTargetMachine(target, t->triple, t->cpu, t->features,
 		                                LLVMCodeGenLevelAggressive, LLVMRelocPIC,
 		                                LLVMCodeModelDefault);

@@ -64,6 +64,10 @@ void rt_out_of_range(rt_exec *x, const char *what, int64_t value, int64_t lo, in
  * when called from inside a parallel loop). */
 void rt_parallel_for(rt_exec *x, int64_t n, rt_range_fn fn);
 
+/* 1 when this process may use AMX tiles (asking Linux for them on the
+ * first call), else 0: kiln_qgemm's choice of path (runtime/amx.c). */
+int rt_amx_ready(void);
+
 enum { RT_DIM_FIXED = 0, RT_DIM_SYM = 1, RT_DIM_EXPR = 2 };
 
 typedef struct rt_io_desc {

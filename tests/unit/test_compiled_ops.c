@@ -1021,7 +1021,9 @@ static void int_op_matches(const char *name, kiln_graph *g, kiln_tensor **in, in
  * weight scales and zero points, u8 and s8 results, with and without
  * bias; a 7x7 stride-2 stem (K = 147, not a multiple of 4), 13 output
  * channels (not a multiple of the tile's 6 rows) over 81 pixels (two
- * column panels), a 1x1 conv (the GEMM on x itself), 2 groups, a map
+ * column panels), a 1x1 conv (the GEMM on x itself), convs on padded
+ * phase planes (conv_wide: asymmetric pads, dilation, strides 2 and 3, a
+ * strided 1x1), 2 groups, a map
  * big enough for the chunked im2col, and depthwise convs (one with two
  * outputs per channel, stride 2; a 5x5 ConvInteger); padding must read as
  * x's zero point. */
@@ -1040,11 +1042,23 @@ START_TEST(int8_convs_match_the_interpreter)
 		{1, 8, 12, 9, 9, 3, 1, "pads=1,1,1,1 strides=2,2", KILN_I8, KILN_U8, KILN_U8, false, true, false},
 		{1, 4, 8, 70, 66, 3, 1, "pads=1,1,1,1", KILN_U8, KILN_I8, KILN_U8, true, true, false},
 		{2, 10, 9, 7, 7, 3, 1, "pads=1,1,1,1", KILN_U8, KILN_U8, KILN_I32, true, false, true},
+		/* on phase planes (conv_wide): padding on some sides only and
+		 * dilated, none at all with an even kernel, strides 2 and 3 with
+		 * dilation, a strided 1x1 (one phase of four read) */
+		{1, 5, 7, 11, 10, 3, 1, "pads=0,1,2,1 dilations=2,1", KILN_U8, KILN_I8, KILN_U8, true, true, false},
+		{2, 6, 9, 8, 9, 2, 1, "", KILN_I8, KILN_I8, KILN_I8, false, false, false},
+		{1, 4, 6, 13, 14, 3, 1, "strides=2,3 pads=1,0,2,2 dilations=1,2", KILN_U8, KILN_I8, KILN_U8, true, true, false},
+		{2, 8, 5, 9, 8, 1, 1, "strides=2,2", KILN_U8, KILN_I8, KILN_I32, true, false, true},
 		{1, 24, 20, 6, 6, 1, 1, "", KILN_I8, KILN_I8, KILN_I32, false, false, true},
 		/* depthwise: exact sums on the f32 depthwise kernels */
 		{1, 16, 16, 10, 9, 3, 16, "pads=1,1,1,1", KILN_U8, KILN_I8, KILN_U8, true, true, false},
 		{2, 8, 16, 13, 12, 3, 8, "pads=1,1,1,1 strides=2,2", KILN_U8, KILN_U8, KILN_U8, true, true, false},
 		{1, 12, 12, 9, 9, 5, 12, "pads=2,2,2,2", KILN_I8, KILN_I8, KILN_I32, true, false, true},
+		/* QLinearConv depthwise requantizing in the kernel's own stores:
+		 * flat rows (9 columns), per-row columns (40), split stride 2 */
+		{1, 16, 16, 12, 9, 3, 16, "pads=1,1,1,1", KILN_U8, KILN_I8, KILN_U8, true, true, false},
+		{2, 8, 8, 10, 40, 3, 8, "pads=1,1,1,1", KILN_U8, KILN_I8, KILN_U8, false, true, false},
+		{1, 8, 8, 34, 36, 3, 8, "pads=1,1,1,1 strides=2,2", KILN_U8, KILN_I8, KILN_I8, true, false, false},
 	};
 	const size_t ncase = sizeof cases / sizeof *cases;
 	for (size_t r = 0; r < 2 * ncase; r++) {
@@ -1077,10 +1091,18 @@ START_TEST(int8_convs_match_the_interpreter)
 		} else { /* QLinearConv: x, xs, xz, w, ws, wz, ys, yz[, bias] */
 			double step = 0.02 * 0.01 * sqrt((double)K) * 128 * 40 / 255;
 			in[1] = scales(1, 0.02, 0.021);
-			in[2] = qtensor(xt, 0, NULL, qlo(xt) + 10, qhi(xt) - 10);
+			/* a constant depthwise u8 x's zero point 0, as after MobileNetV2's
+			 * ReLU6s: the depthwise kernel then reads x itself */
+			bool relu_x = fixed && xt == KILN_U8 && cases[i].grp > 1;
+			in[2] = qtensor(xt, 0, NULL, relu_x ? 0 : qlo(xt) + 10, relu_x ? 0 : qhi(xt) - 10);
 			in[3] = qtensor(wt, 4, sw, qlo(wt), qhi(wt));
 			in[4] = scales(nv, 0.005, 0.015);
-			in[5] = qtensor(wt, nv > 1, &nv, wt == KILN_U8 ? 100 : -20, wt == KILN_U8 ? 150 : 20);
+			/* constant u8 x s8 per channel as ORT's quantizer writes them:
+			 * symmetric weights, so with x's zero point folded the GEMM has
+			 * no zero point and only per-row bias and scale */
+			bool sym = fixed && xt == KILN_U8 && wt == KILN_I8 && cases[i].per_channel;
+			in[5] = qtensor(wt, nv > 1, &nv, sym ? 0 : wt == KILN_U8 ? 100 : -20,
+			                sym ? 0 : wt == KILN_U8 ? 150 : 20);
 			in[6] = scales(1, step, step * 1.01);
 			in[7] = qtensor(yt, 0, NULL, qlo(yt) + 100, qlo(yt) + 150);
 			in[8] = qtensor(KILN_I32, 1, &sv, -3000, 3000);
@@ -1146,7 +1168,11 @@ START_TEST(int8_matmuls_match_the_interpreter)
 			in[2] = qtensor(at, nr > 1, &nr, qlo(at) + 10, qhi(at) - 10);
 			in[3] = qtensor(bt, 2, sb, qlo(bt), qhi(bt));
 			in[4] = scales(nc, 0.005, 0.015);
-			in[5] = qtensor(bt, nc > 1, &nc, -20, 20);
+			/* constant s8 B per column: symmetric, as ORT's quantizer
+			 * writes weights (A's zero point then folds into a column bias,
+			 * and the GEMM has no zero point) */
+			bool sym = fixed && bt == KILN_I8 && nc > 1;
+			in[5] = qtensor(bt, nc > 1, &nc, sym ? 0 : -20, sym ? 0 : 20);
 			in[6] = scales(1, step, step * 1.01);
 			in[7] = qtensor(yt, 0, NULL, qlo(yt) + 100, qlo(yt) + 150);
 			nin = 8;
@@ -1162,6 +1188,61 @@ START_TEST(int8_matmuls_match_the_interpreter)
 		int_op_matches(name, g, in, fixed ? 1 : nin);
 		unsetenv("KILN_NUM_THREADS");
 		for (int k = 0; k < 8; k++)
+			kiln_tensor_free(in[k]);
+		kiln_graph_free(g);
+	}
+}
+END_TEST
+
+/* The 8-bit GEMM's two paths on one machine: each product with AMX tiles
+ * allowed (taken where the CPU and OS have them) and with KILN_AMX=0 (the
+ * AVX512-VNNI or generic tile), exactly the interpreter's i32 sums.  The
+ * shapes are the AMX tile's edges: K a multiple of its 64-k step and not
+ * (the last step's A copied with zeros), M = 16 and row tiles moved up to
+ * end at M (M = 33, 40, 70, 97), panels of at most 32 columns (one half)
+ * and of 33 to 63, more rows than one AMX item (512), on two threads,
+ * every signedness, zero points per row and per column, and K < 64 (the
+ * VNNI tile whatever the CPU). */
+START_TEST(int8_gemm_paths_match_the_interpreter)
+{
+	static const struct {
+		int64_t m, k, n;
+		kiln_dtype at, bt;
+		bool threads;
+	} cases[] = {
+		{40, 192, 100, KILN_U8, KILN_I8, false},
+		{33, 200, 30, KILN_I8, KILN_U8, false},
+		{70, 64, 64, KILN_U8, KILN_U8, false},
+		{16, 70, 5, KILN_I8, KILN_I8, false},
+		{20, 7, 9, KILN_U8, KILN_I8, false},
+		{600, 130, 45, KILN_U8, KILN_I8, false},
+		{97, 320, 150, KILN_U8, KILN_I8, true},
+	};
+	for (size_t r = 0; r < 2 * (sizeof cases / sizeof *cases); r++) {
+		size_t i = r / 2;
+		bool vnni = r % 2;
+		char name[32];
+		snprintf(name, sizeof name, "int8gemm%zu%s", i, vnni ? "_noamx" : "");
+		kiln_dtype at = cases[i].at, bt = cases[i].bt;
+		int64_t M = cases[i].m, K = cases[i].k, N = cases[i].n;
+		int64_t sa[2] = {M, K}, sb[2] = {K, N};
+		kiln_graph *g = kiln_graph_new(name);
+		kiln_tensor *in[4] = {qtensor(at, 2, sa, qlo(at), qhi(at)), qtensor(bt, 2, sb, qlo(bt), qhi(bt)),
+		                      qtensor(at, 1, &M, qlo(at) + 30, qhi(at) - 30),
+		                      qtensor(bt, 1, &N, qlo(bt) + 30, qhi(bt) - 30)};
+		static const char *const names[] = {"a", "b", "az", "bz"};
+		uint32_t v[4];
+		for (int k = 0; k < 4; k++)
+			v[k] = operand(g, names[k], in[k], false);
+		ir_output_add(g, op1(g, KILN_OP_MATMUL_INTEGER, 4, v, ""), NULL);
+		if (cases[i].threads)
+			setenv("KILN_NUM_THREADS", "2", 1);
+		if (vnni)
+			setenv("KILN_AMX", "0", 1);
+		int_op_matches(name, g, in, 4);
+		unsetenv("KILN_NUM_THREADS");
+		unsetenv("KILN_AMX");
+		for (int k = 0; k < 4; k++)
 			kiln_tensor_free(in[k]);
 		kiln_graph_free(g);
 	}
@@ -1237,6 +1318,7 @@ static Suite *compiled_ops_suite(void)
 	tcase_add_test(tc, runtime_scales_are_checked_by_the_library);
 	tcase_add_test(tc, int8_convs_match_the_interpreter);
 	tcase_add_test(tc, int8_matmuls_match_the_interpreter);
+	tcase_add_test(tc, int8_gemm_paths_match_the_interpreter);
 	tcase_add_test(tc, int8_max_pools_match_the_interpreter);
 	tcase_add_test(tc, report_compile_time);
 	suite_add_tcase(s, tc);
