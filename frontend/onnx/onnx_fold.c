@@ -222,7 +222,52 @@ static bool sym_arith(onnx_imp *c, const ir_node *n, onnx_svec *o)
 	return true;
 }
 
+/* Equal of vectors: numbers compare; a symbol (a size, >= 1) differs from
+ * any number below 1 and equals itself; anything else is unknown. */
+static bool sym_equal(onnx_imp *c, const ir_node *n, onnx_svec *o)
+{
+	const onnx_svec *a = onnx_svec_of(c, n->in[0]), *b = onnx_svec_of(c, n->in[1]);
+	if (!a || !b || (a->n != b->n && a->n != 1 && b->n != 1))
+		return false;
+	o->rank = a->rank > b->rank ? a->rank : b->rank;
+	o->n = a->n > b->n ? a->n : b->n;
+	for (int i = 0; i < o->n; i++) {
+		int ia = a->n == 1 ? 0 : i, ib = b->n == 1 ? 0 : i;
+		bool sa = a->sym[ia], sb = b->sym[ib];
+		int64_t va = a->v[ia], vb = b->v[ib];
+		if (sa && sb && va != vb)
+			return false;
+		if (sa != sb && (sa ? vb : va) >= 1)
+			return false;
+		o->v[i] = va == vb && sa == sb, o->sym[i] = false;
+	}
+	return true;
+}
+
+/* Where of vectors with a known condition: the elements it picks. */
+static bool sym_where(onnx_imp *c, const ir_node *n, onnx_svec *o)
+{
+	const onnx_svec *k = onnx_svec_of(c, n->in[0]), *a = onnx_svec_of(c, n->in[1]);
+	const onnx_svec *b = onnx_svec_of(c, n->in[2]);
+	if (!k || !a || !b)
+		return false;
+	o->n = k->n > a->n ? k->n : a->n;
+	o->n = o->n > b->n ? o->n : b->n;
+	o->rank = o->n == 1 && k->rank == 0 && a->rank == 0 && b->rank == 0 ? 0 : 1;
+	for (int i = 0; i < o->n; i++) {
+		int ik = k->n == 1 ? 0 : i, ia = a->n == 1 ? 0 : i, ib = b->n == 1 ? 0 : i;
+		if (k->sym[ik] || (k->n != 1 && k->n != o->n) || (a->n != 1 && a->n != o->n) ||
+		    (b->n != 1 && b->n != o->n))
+			return false;
+		const onnx_svec *s = k->v[ik] ? a : b;
+		int is = k->v[ik] ? ia : ib;
+		o->v[i] = s->v[is], o->sym[i] = s->sym[is];
+	}
+	return true;
+}
+
 static const sym_rule sym_rules[KILN_OP_COUNT] = {
+	[KILN_OP_EQUAL] = sym_equal, [KILN_OP_WHERE] = sym_where, [KILN_OP_RESHAPE] = sym_same,
 	[KILN_OP_SHAPE] = sym_shape, [KILN_OP_GATHER] = sym_gather,
 	[KILN_OP_UNSQUEEZE] = sym_same, [KILN_OP_SQUEEZE] = sym_same, [KILN_OP_CAST] = sym_same,
 	[KILN_OP_IDENTITY] = sym_same, [KILN_OP_CONCAT] = sym_concat, [KILN_OP_SLICE] = sym_slice,

@@ -402,6 +402,18 @@ static const kiln_tensor *known(onnx_imp *c, uint32_t v, int depth)
 {
 	const kiln_tensor *t = onnx_const(c, v);
 	const ir_value *val = c->g->val[v];
+	const onnx_svec *s = t ? NULL : onnx_svec_of(c, v);
+	bool numbers = s && val->type.dtype == KILN_I64;
+	for (int i = 0; numbers && i < s->n; i++)
+		numbers = !s->sym[i];
+	if (numbers) { /* shape arithmetic that came out all numbers */
+		int64_t n = s->n;
+		kiln_tensor *k = ir_tensor_new(c->g, KILN_I64, s->rank, &n);
+		for (int i = 0; k && i < s->n; i++)
+			ir_store_i64(k, i, s->v[i]);
+		if (k && onnx_const_set(c, v, k))
+			return onnx_const(c, v);
+	}
 	if (t || depth > 32)
 		return t;
 	if (val->kind == IR_V_INPUT)

@@ -48,7 +48,9 @@ static bool reshape_dims(onnx_imp *c, onnx_nd *d, const onnx_svec *s, int64_t *o
 	return true;
 }
 
-/* A symbolic element equal to the input's aligned dim keeps it (1). */
+/* A symbolic element equal to the input's aligned dim keeps it (1); one
+ * where the input has 1 or no dim broadcasts to the symbol itself (torch's
+ * expand(N, -1, -1) of a class token). */
 static bool expand_dims(onnx_imp *c, onnx_nd *d, const onnx_svec *s, int64_t *out)
 {
 	const ir_type *x = &c->g->val[d->n->in[0]]->type;
@@ -57,7 +59,7 @@ static bool expand_dims(onnx_imp *c, onnx_nd *d, const onnx_svec *s, int64_t *ou
 		out[i] = s->v[i];
 		if (s->sym[i] && k >= 0 && x->dim[k] == s->v[i])
 			out[i] = 1;
-		else if (s->sym[i])
+		else if (s->sym[i] && k >= 0 && x->dim[k] != 1)
 			return false;
 	}
 	return true;

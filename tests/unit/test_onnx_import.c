@@ -1070,6 +1070,46 @@ START_TEST(composites_refuse_what_they_cannot_know)
 }
 END_TEST
 
+/* torch's expand(N, -1, -1) of a class token, as ViT exports it: the
+ * target shape is Where(Equal(shape, -1), 1, shape) over
+ * Concat(Shape(x)[0], -1, -1) reshaped; the symbolic shape arithmetic
+ * follows it, and the Expand broadcasts the token's 1 to the batch N. */
+START_TEST(expand_to_the_batch_through_where_and_equal)
+{
+	Onnx__ModelProto *m = model(13);
+	input(m, "x", F32, "N,4");
+	init_t(m, "tok", F32, 3, (int64_t[]){1, 1, 3}, (double[]){1.5, -2, 0.25});
+	init_i64(m, "zero", 1, (int64_t[]){0});
+	init_i64(m, "minus1", 1, (int64_t[]){-1});
+	init_i64(m, "flat", 1, (int64_t[]){-1});
+	init_i64(m, "three", 1, (int64_t[]){3});
+	node(m, "Shape", "x", "s", "shape");
+	node(m, "Gather", "s,zero", "n", "batch");
+	attr_i(node(m, "Concat", "n,minus1,minus1", "c", "cat"), "axis", 0);
+	node(m, "Reshape", "c,flat", "t", "vec");
+	node(m, "Equal", "t,minus1", "e", "eq");
+	Onnx__NodeProto *k = node(m, "ConstantOfShape", "three", "ones", "ones");
+	Onnx__AttributeProto *a = attr(k, "value", ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__TENSOR);
+	a->t = tensor("v", I64, 1, (int64_t[]){1});
+	a->t->n_int64_data = 1, a->t->int64_data = A(sizeof(int64_t)), a->t->int64_data[0] = 1;
+	node(m, "Where", "e,ones,t", "w", "where");
+	node(m, "Expand", "tok,w", "y", "expand");
+	output(m, "y");
+	kiln_graph *g = import_ok(m);
+	const ir_type *yt = &g->val[kiln_graph_output(g, 0)]->type;
+	ck_assert_int_eq(yt->rank, 3);
+	ck_assert_int_lt(yt->dim[0], 0); /* the symbol N */
+	ck_assert_int_eq(yt->dim[2], 3);
+	kiln_tensor *y = run_iota(g, 2, (int64_t[]){2, 4});
+	ck_assert_int_eq(y->shape[0], 2);
+	const float *v = y->data, tok[3] = {1.5f, -2, 0.25f};
+	for (int i = 0; i < 6; i++)
+		ck_assert_float_eq(v[i], tok[i % 3]);
+	kiln_tensor_free(y), kiln_graph_free(g);
+	pool_free();
+}
+END_TEST
+
 /* A model protobuf-c cannot decode still gets a report: its one error. */
 START_TEST(report_of_an_undecodable_model_is_its_one_error)
 {
@@ -1237,6 +1277,7 @@ static Suite *onnx_import_suite(void)
 	tcase_add_test(t, msft_qoperator_ops_import_as_dq_op_q);
 	tcase_add_test(t, argmin_of_integers_and_logsumexp_of_large_values);
 	tcase_add_test(t, composites_refuse_what_they_cannot_know);
+	tcase_add_test(t, expand_to_the_batch_through_where_and_equal);
 	tcase_add_test(t, report_of_an_undecodable_model_is_its_one_error);
 	tcase_add_test(t, cli_inspect_lists_every_unsupported_node);
 	tcase_add_test(t, old_opset_only_for_unchanged_ops);
