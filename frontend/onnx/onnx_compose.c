@@ -13,6 +13,7 @@
  *   ArgMin(x)           ArgMax(-x), ArgMax(-1 - x) for integers (no overflow:
  *                       a decreasing map keeps the first and last index)
  *
+ * RNN, GRU and LSTM are unrolled over their time steps in onnx_rnn.c.
  * The reductions keep the node's axes, keepdims and noop_with_empty_axes.
  * Export writes the composition, which imports back to the same graph.
  */
@@ -974,6 +975,9 @@ static const struct {
 	{"CumSum", cum_sum},
 	{"LRN", lrn},
 	{"Upsample", upsample},
+	{"RNN", onnx_import_rnn},
+	{"GRU", onnx_import_gru},
+	{"LSTM", onnx_import_lstm},
 };
 
 bool onnx_import_composite(onnx_imp *c, onnx_nd *d)
