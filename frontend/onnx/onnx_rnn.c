@@ -22,6 +22,8 @@
  *   Y_h  the last H, Y_c the last C
  *
  * initial_h / initial_c absent are a [1, hidden] zero that broadcasts.
+ * clip bounds the inputs of the gates' activations, not the cell state
+ * LSTM's h() reads (ONNX Runtime's reading of the spec).
  * Activations are kiln's unary ops (Relu, Tanh, Sigmoid, LeakyRelu,
  * ThresholdedRelu, HardSigmoid, Elu, Softsign, Softplus) or Affine and
  * ScaledTanh as Mul/Add; activation_alpha and activation_beta are taken in
@@ -381,12 +383,13 @@ static dir_out run_dir(onnx_imp *c, onnx_nd *d, rnn *s, int k, bool reverse)
 		po = slice(c, d, p, 0, H, 2 * H, NM(dn, -1, "P_o"));
 		pf = slice(c, d, p, 0, 2 * H, 3 * H, NM(dn, -1, "P_f"));
 	}
-	/* the initial state: given, or a [1, hidden] zero */
-	uint32_t h = s->h0 ? gather(c, d, s->h0, dk, 0, NM(dn, -1, "H0"))
+	/* the initial state: given ([dirs, batch, hidden], batch first in
+	 * layout 1), or a [1, hidden] zero */
+	uint32_t h = s->h0 ? gather(c, d, s->h0, dk, s->layout, NM(dn, -1, "H0"))
 	                   : kfill(c, d, s->dt, 2, 1, H, 0, NM(dn, -1, "H0"));
 	uint32_t cs = 0;
 	if (s->cell == CELL_LSTM)
-		cs = s->c0 ? gather(c, d, s->c0, dk, 0, NM(dn, -1, "C0"))
+		cs = s->c0 ? gather(c, d, s->c0, dk, s->layout, NM(dn, -1, "C0"))
 		           : kfill(c, d, s->dt, 2, 1, H, 0, NM(dn, -1, "C0"));
 	uint32_t *ys = ir_alloc(gr->arena, (size_t)s->seq * sizeof *ys);
 	if (!ys)
@@ -447,7 +450,8 @@ static dir_out run_dir(onnx_imp *c, onnx_nd *d, rnn *s, int k, bool reverse)
 				go = b2(c, d, KILN_OP_ADD, go, b2(c, d, KILN_OP_MUL, po, nc, S("o_peep")),
 				        S("o_pre_peep"));
 			uint32_t oo = activate(c, d, f, s->clip, go, S("o"));
-			nh = b2(c, d, KILN_OP_MUL, oo, activate(c, d, hact, s->clip, nc, S("c_act")), S("h"));
+			/* clip bounds the gates' inputs, not C (as ONNX Runtime) */
+			nh = b2(c, d, KILN_OP_MUL, oo, activate(c, d, hact, 0, nc, S("c_act")), S("h"));
 		}
 		uint32_t m = step_mask(c, d, s, t, dn), y = nh;
 		if (m) { /* rows past their length: H, C kept, Y 0 */
