@@ -21,7 +21,8 @@
  *   Y    the steps' H (masked), concatenated on the time axis
  *   Y_h  the last H, Y_c the last C
  *
- * initial_h / initial_c absent are a [1, hidden] zero that broadcasts.
+ * initial_h / initial_c absent (or all zeros) are a [1, hidden] zero that
+ * broadcasts.
  * clip bounds the inputs of the gates' activations, not the cell state
  * LSTM's h() reads (ONNX Runtime's reading of the spec).
  * Activations are kiln's unary ops (Relu, Tanh, Sigmoid, LeakyRelu,
@@ -514,6 +515,21 @@ static uint32_t stack_dirs(onnx_imp *c, onnx_nd *d, const rnn *s, const uint32_t
 	return s->ndir == 1 ? u[0] : concat(c, d, 2, u, axis, what);
 }
 
+/* Whether v is all zeros: a known constant, or an Expand of one (a zero
+ * state of symbolic batch, as torch writes it); such an initial state is
+ * the absent one, and its Expand is left unused. */
+static bool all_zero(onnx_imp *c, uint32_t v)
+{
+	const ir_value *val = v ? c->g->val[v] : NULL;
+	const kiln_tensor *t = v ? onnx_const(c, v) : NULL;
+	if (!t && val && val->kind == IR_V_NODE && val->def && val->def->op == KILN_OP_EXPAND)
+		t = onnx_const(c, val->def->in[0]);
+	for (int64_t i = 0; t && i < kiln_tensor_numel(t); i++)
+		if (ir_load(t, i) != 0)
+			return false;
+	return t != NULL;
+}
+
 /* The shared import: cell picks RNN, GRU or LSTM. */
 static void import_rnn(onnx_imp *c, onnx_nd *d, int cell)
 {
@@ -569,6 +585,10 @@ static void import_rnn(onnx_imp *c, onnx_nd *d, int cell)
 	}
 	if (d->failed)
 		return;
+	if (all_zero(c, s.h0))
+		s.h0 = 0;
+	if (all_zero(c, s.c0))
+		s.c0 = 0;
 	const ir_type *xt = &c->g->val[s.x]->type, *rt = &c->g->val[s.r]->type;
 	const ir_type *wt = &c->g->val[s.w]->type;
 	s.dt = xt->dtype;
