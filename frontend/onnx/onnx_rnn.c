@@ -530,6 +530,29 @@ static bool all_zero(onnx_imp *c, uint32_t v)
 	return t != NULL;
 }
 
+/* Whether optional input v (0: absent) has the rank and dims want (-1:
+ * any, the batch) and dtype dt (X's); a problem naming it when not. */
+static bool fits(onnx_imp *c, onnx_nd *d, uint32_t v, const char *what, kiln_dtype dt,
+                 int rank, const int64_t *want)
+{
+	const ir_type *t = v ? &c->g->val[v]->type : NULL;
+	bool ok = !t || (t->rank == rank && t->dtype == dt);
+	for (int i = 0; t && ok && i < rank; i++)
+		ok = want[i] < 0 || ir_dim_expr(c->g, t->dim[i]) || t->dim[i] == want[i];
+	if (!ok) {
+		char ty[256], sh[160] = "";
+		for (int i = 0; i < rank; i++) {
+			char one[32] = "batch";
+			if (want[i] >= 0)
+				snprintf(one, sizeof one, "%lld", (long long)want[i]);
+			snprintf(sh + strlen(sh), sizeof sh - strlen(sh), "%s%s", i ? ", " : "", one);
+		}
+		onnx_problem(c, d, KILN_ESHAPE, "%s is %s; it must be [%s] of X's type", what,
+		             ir_type_str(c->g, t, ty, sizeof ty), sh);
+	}
+	return ok;
+}
+
 /* The shared import: cell picks RNN, GRU or LSTM. */
 static void import_rnn(onnx_imp *c, onnx_nd *d, int cell)
 {
@@ -622,12 +645,23 @@ static void import_rnn(onnx_imp *c, onnx_nd *d, int cell)
 		                          (long long)rt->dim[0], (long long)rt->dim[1],
 		                          (long long)rt->dim[2], s.ndir, s.gates,
 		                          (long long)s.hidden);
+	int64_t nd = s.ndir, gh = s.gates * s.hidden, hid = s.hidden, bt = xt->dim[s.layout ? 0 : 1];
+	bt = ir_dim_expr(c->g, bt) ? -1 : bt;
+	const int64_t *state = s.layout ? (int64_t[]){bt, nd, hid} : (int64_t[]){nd, bt, hid};
+	if (!fits(c, d, s.b, "B", s.dt, 2, (int64_t[]){nd, 2 * gh}) ||
+	    !fits(c, d, s.p, "P", s.dt, 2, (int64_t[]){nd, 3 * hid}) ||
+	    !fits(c, d, s.h0, "initial_h", s.dt, 3, state) ||
+	    !fits(c, d, s.c0, "initial_c", s.dt, 3, state))
+		return;
 	/* sequence_lens: known at import (a constant, or a specialised graph
 	 * input), else compared at run time */
 	if (s.lens) {
 		const ir_type *lt = &c->g->val[s.lens]->type;
-		if (lt->dtype != KILN_I32 && lt->dtype != KILN_I64)
-			return (void)onnx_problem(c, d, KILN_EINVAL, "sequence_lens must be i32 or i64");
+		int64_t batch = xt->dim[s.layout ? 0 : 1];
+		if ((lt->dtype != KILN_I32 && lt->dtype != KILN_I64) || lt->rank != 1 ||
+		    (!ir_dim_expr(c->g, lt->dim[0]) && !ir_dim_expr(c->g, batch) && lt->dim[0] != batch))
+			return (void)onnx_problem(c, d, KILN_EINVAL, "sequence_lens must be a 1-D i32 or "
+			                          "i64 tensor of one length per batch row");
 		s.lens_k = onnx_const(c, s.lens);
 		if (!s.lens_k && c->specialize && c->g->val[s.lens]->kind == IR_V_INPUT &&
 		    c->g->val[s.lens]->name && kiln_tensor_set_get(c->specialize, c->g->val[s.lens]->name))
