@@ -993,6 +993,9 @@ static const struct {
 	{"DepthToSpace", depth_to_space},
 	{"SpaceToDepth", space_to_depth},
 	{"Tile", tile},
+	{"RNN", onnx_import_rnn},   /* onnx_rnn.c */
+	{"GRU", onnx_import_gru},
+	{"LSTM", onnx_import_lstm},
 	{"Trilu", trilu},
 	{"ConstantOfShape", constant_of_shape},
 	{"Range", range},
@@ -1016,9 +1019,6 @@ static const struct {
 	{"CumSum", cum_sum},
 	{"LRN", lrn},
 	{"Upsample", upsample},
-	{"RNN", onnx_import_rnn},
-	{"GRU", onnx_import_gru},
-	{"LSTM", onnx_import_lstm},
 };
 
 bool onnx_import_composite(onnx_imp *c, onnx_nd *d)

@@ -212,16 +212,14 @@ static bool read_acts(onnx_imp *c, onnx_nd *d, int nper, int ndir, const char *c
 		       false;
 	for (int k = 0; k < nper * ndir; k++) {
 		char name[32] = "";
-		if (!a || (size_t)k >= n) {
-			snprintf(name, sizeof name, "%s", a ? "" : dflt[k % nper]);
-		} else if (a->strings[k].len < sizeof name) {
-			memcpy(name, a->strings[k].data, a->strings[k].len);
-			name[a->strings[k].len] = 0;
-		}
 		if (a && (size_t)k >= n) { /* one direction's list: the second is the first */
 			out[k] = out[k - nper];
 			continue;
 		}
+		if (!a)
+			snprintf(name, sizeof name, "%s", dflt[k % nper]);
+		else if (a->strings[k].len < sizeof name)
+			memcpy(name, a->strings[k].data, a->strings[k].len), name[a->strings[k].len] = 0;
 		size_t t = 0, nt = sizeof act_table / sizeof *act_table;
 		while (t < nt && strcasecmp(name, act_table[t].name))
 			t++;
@@ -229,8 +227,8 @@ static bool read_acts(onnx_imp *c, onnx_nd *d, int nper, int ndir, const char *c
 			return onnx_problem(c, d, KILN_EUNSUPPORTED, "activation '%.*s' is not one kiln "
 			                    "imports (Relu, Tanh, Sigmoid, LeakyRelu, ThresholdedRelu, "
 			                    "HardSigmoid, Elu, Softsign, Softplus, Affine, ScaledTanh)",
-			                    (int)(a && (size_t)k < n ? a->strings[k].len : 0),
-			                    a && (size_t)k < n ? (const char *)a->strings[k].data : ""),
+			                    (int)(a ? a->strings[k].len : 0),
+			                    a ? (const char *)a->strings[k].data : ""),
 			       false;
 		act *x = &out[k];
 		*x = (act){act_table[t].kind, act_table[t].op, NULL, NULL, act_table[t].alpha_dflt,
