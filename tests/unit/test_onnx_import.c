@@ -1194,8 +1194,8 @@ END_TEST
 
 /* Unrolling needs the number of steps: a symbolic sequence length is
  * refused, naming the op, the node and what is needed (a symbolic batch
- * is fine: above). */
-START_TEST(rnn_symbolic_sequence_length_is_refused)
+ * is fine: above); so are activations and shapes it cannot take. */
+START_TEST(rnn_symbolic_sequence_length_and_bad_inputs_are_refused)
 {
 	const int32_t lens[RB] = {3, 3};
 	expect_import_error(lstm_model("T,2,2", NULL, lens),
@@ -1211,6 +1211,26 @@ START_TEST(rnn_symbolic_sequence_length_is_refused)
 	output(m, "y");
 	expect_import_error(m, "RNN 'rnn' (domain ai.onnx, opset 14): the sequence length (dim 1 of "
 	                       "X) is the symbol 'T'");
+	pool_free();
+	/* an activation kiln has no op for, a list of the wrong length, and a B
+	 * of the wrong shape, each by name (one direction's list serves both) */
+	m = lstm_model("3,2,2", NULL, lens);
+	Onnx__AttributeProto *a = attr(m->graph->node[0], "activations",
+	                               ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__STRINGS);
+	a->n_strings = 3, a->strings = A(3 * sizeof *a->strings);
+	const char *const acts[3] = {"Sigmoid", "Gelu", "Tanh"};
+	for (int i = 0; i < 3; i++)
+		a->strings[i].data = (uint8_t *)S(acts[i]), a->strings[i].len = strlen(acts[i]);
+	expect_import_error(m, "LSTM 'lstm' (domain ai.onnx, opset 14): activation 'Gelu' is not "
+	                       "one kiln imports (Relu, Tanh, Sigmoid, ");
+	a->n_strings = 2;
+	expect_import_error(m, "LSTM 'lstm' (domain ai.onnx, opset 14): activations lists 2 "
+	                       "functions; LSTM takes 3 per direction (6 here)");
+	pool_free();
+	m = lstm_model("3,2,2", NULL, lens);
+	m->graph->initializer[2]->dims[1] = 8, m->graph->initializer[2]->n_float_data = 16;
+	expect_import_error(m, "LSTM 'lstm' (domain ai.onnx, opset 14): B is f32[2,8]; it must be "
+	                       "[2, 16] of X's type");
 	pool_free();
 }
 END_TEST
@@ -1383,7 +1403,7 @@ static Suite *onnx_import_suite(void)
 	tcase_add_test(t, argmin_of_integers_and_logsumexp_of_large_values);
 	tcase_add_test(t, composites_refuse_what_they_cannot_know);
 	tcase_add_test(t, lstm_sequence_lens_zero_y_and_keep_state_past_the_length);
-	tcase_add_test(t, rnn_symbolic_sequence_length_is_refused);
+	tcase_add_test(t, rnn_symbolic_sequence_length_and_bad_inputs_are_refused);
 	tcase_add_test(t, report_of_an_undecodable_model_is_its_one_error);
 	tcase_add_test(t, cli_inspect_lists_every_unsupported_node);
 	tcase_add_test(t, old_opset_only_for_unchanged_ops);
