@@ -102,11 +102,17 @@ typedef struct onnx_imp {
 } onnx_imp;
 
 /* One ONNX node being imported. */
+#define ONNX_ND_MAXOUT 4
 typedef struct onnx_nd {
 	const Onnx__NodeProto *p;
 	kiln_op op;
 	ir_node *n;   /* the kiln node whose outputs are the ONNX outputs */
 	bool failed;  /* a problem was recorded; outputs get poisoned */
+	/* a composition whose ONNX outputs come from several kiln nodes (LSTM's
+	 * Y, Y_h, Y_c) leaves n NULL and sets nout and out[i], the value of
+	 * ONNX output i (0: omitted), each inferred and named after it */
+	uint32_t nout;
+	uint32_t out[ONNX_ND_MAXOUT];
 } onnx_nd;
 
 /* Records a problem about node d (one line: path, op, name, domain, opset,
@@ -189,6 +195,16 @@ bool onnx_import_composite(onnx_imp *c, onnx_nd *d);
 /* Whether the importer takes op_type of domain ("" or NULL: the default):
  * an op of kiln's table, a composition above, or a com.microsoft op. */
 bool onnx_op_imports(const char *domain, const char *op_type);
+
+/* ---- onnx_rnn.c --------------------------------------------------------- */
+
+/* RNN, GRU and LSTM (opsets 7 to 17) unrolled over a sequence length known
+ * at import into kiln's own ops: one MatMul of X by W^T for every step,
+ * then per step a Gemm by R^T, the gates' Slices and activations, Where
+ * masks for sequence_lens; outputs set through d->out. */
+void onnx_import_rnn(onnx_imp *c, onnx_nd *d);
+void onnx_import_gru(onnx_imp *c, onnx_nd *d);
+void onnx_import_lstm(onnx_imp *c, onnx_nd *d);
 
 /* ---- onnx_msft.c -------------------------------------------------------- */
 

@@ -13,6 +13,7 @@
  *   ArgMin(x)           ArgMax(-x), ArgMax(-1 - x) for integers (no overflow:
  *                       a decreasing map keeps the first and last index)
  *
+ * RNN, GRU and LSTM are unrolled over their time steps in onnx_rnn.c.
  * The reductions keep the node's axes, keepdims and noop_with_empty_axes.
  * Export writes the composition, which imports back to the same graph.
  */
@@ -415,9 +416,50 @@ static void trilu(onnx_imp *c, onnx_nd *d)
 	     NULL);
 }
 
+/* ConstantOfShape with symbolic dims in its shape (torch's zero initial
+ * state of an RNN of dynamic batch: [dirs, N, hidden] from Shape(x)): an
+ * Expand of the scalar to that shape, dims given as kiln's dims. */
+static void constant_of_sym_shape(onnx_imp *c, onnx_nd *d, const onnx_svec *sv)
+{
+	const Onnx__AttributeProto *a = onnx_attr(d, "value");
+	kiln_tensor *v = NULL;
+	kiln_error err = {0};
+	if (sv->rank != 1 || sv->n > KILN_MAX_RANK)
+		return (void)onnx_problem(c, d, KILN_EINVAL, "the shape must be 1-D, of at most %d "
+		                          "dims", KILN_MAX_RANK);
+	if (a && a->t && onnx_tensor_read(a->t, c->dir, &v, &err))
+		return (void)onnx_problem(c, d, err.code, "value: %s", err.msg);
+	if (v && kiln_tensor_numel(v) != 1) {
+		kiln_tensor_free(v);
+		return (void)onnx_problem(c, d, KILN_EINVAL, "value must hold one element");
+	}
+	kiln_tensor *t = ir_tensor_new(c->g, v ? v->dtype : KILN_F32, 0, NULL);
+	if (t && v && v->dtype == KILN_I64)
+		ir_store_i64(t, 0, ir_load_i64(v, 0));
+	else if (t)
+		ir_store(t, 0, v ? ir_load(v, 0) : 0);
+	kiln_tensor_free(v);
+	for (int i = 0; i < sv->n; i++)
+		if (!sv->sym[i] && sv->v[i] < 0)
+			return (void)onnx_problem(c, d, KILN_EINVAL, "shape[%d] is %lld", i,
+			                          (long long)sv->v[i]);
+	uint32_t k = tconst(c, d, t, "value");
+	int64_t *shape = ir_alloc(c->g->arena, (size_t)sv->n * sizeof *shape + 1);
+	ir_node *e = k && shape ? onnx_extra(c, d, KILN_OP_EXPAND, 1, &k, NULL) : NULL;
+	if (shape)
+		memcpy(shape, sv->v, (size_t)sv->n * sizeof *shape);
+	if (!e || ir_attr_set_ints(c->g, e, "shape", (uint32_t)sv->n, shape))
+		return (void)(d->failed = true);
+	d->n = e;
+}
+
 /* ConstantOfShape with a shape known at import: the filled Constant. */
 static void constant_of_shape(onnx_imp *c, onnx_nd *d)
 {
+	uint32_t sh = onnx_input(c, d, 0, true);
+	const onnx_svec *sv = sh && !onnx_const(c, sh) ? onnx_svec_of(c, sh) : NULL;
+	if (sv)
+		return constant_of_sym_shape(c, d, sv);
 	const kiln_tensor *s = onnx_const_input(c, d, 0, "shape", true);
 	if (d->failed)
 		return;
@@ -1181,6 +1223,9 @@ static const struct {
 	{"DepthToSpace", depth_to_space},
 	{"SpaceToDepth", space_to_depth},
 	{"Tile", tile},
+	{"RNN", onnx_import_rnn},   /* onnx_rnn.c */
+	{"GRU", onnx_import_gru},
+	{"LSTM", onnx_import_lstm},
 	{"Trilu", trilu},
 	{"ConstantOfShape", constant_of_shape},
 	{"Range", range},

@@ -185,7 +185,8 @@ static void add_node(onnx_imp *c, const Onnx__NodeProto *p)
 		d.failed = true;
 	for (size_t i = 0; i < p->n_output; i++)
 		if (p->output[i] && *p->output[i])
-			bind(c, &d, p->output[i], d.failed || !d.n || i >= d.n->nout ? 0 : d.n->out[i]);
+			bind(c, &d, p->output[i], d.failed ? 0 : d.nout ? (i < d.nout ? d.out[i] : 0)
+			                          : !d.n || i >= d.n->nout ? 0 : d.n->out[i]);
 }
 
 static void add_outputs(onnx_imp *c, const Onnx__GraphProto *gp)

@@ -1110,6 +1110,171 @@ START_TEST(expand_to_the_batch_through_where_and_equal)
 }
 END_TEST
 
+/* ---- recurrent ops (unrolled at import) ----------------------------------- */
+
+enum { RS = 3, RB = 2, RI = 2, RH = 2 }; /* steps, batch, input, hidden */
+
+static double lstm_w(int dir, int k, int j) { return 0.3 * sin(1.0 + dir + 0.7 * k + 1.3 * j); }
+static double lstm_r(int dir, int k, int j) { return 0.4 * cos(2.0 + dir + 0.9 * k - 0.5 * j); }
+static double lstm_b(int dir, int k) { return 0.1 * (k % 5) - 0.2 + 0.05 * dir; }
+static double lstm_x(int t, int b, int i) { return 0.5 * t - 0.8 * b + 0.3 * i - 0.2; }
+static double sigm(double v) { return 1 / (1 + exp(-v)); }
+
+/* A bidirectional LSTM over RS steps with sequence_lens {3, 1}: an
+ * initializer (masks known at import) or a graph input (compared at run
+ * time).  y, yh, yc get what ONNX defines, computed here step by step:
+ * past a row's length Y is 0 and H, C keep their last value (the reverse
+ * pass starts at the row's last step). */
+static void lstm_ref(const int32_t *lens, float *y, float *yh, float *yc)
+{
+	for (int dir = 0; dir < 2; dir++)
+		for (int b = 0; b < RB; b++) {
+			double h[RH] = {0}, c[RH] = {0};
+			for (int s = 0; s < RS; s++) {
+				int t = dir ? RS - 1 - s : s;
+				for (int j = 0; j < RH; j++)
+					y[((t * 2 + dir) * RB + b) * RH + j] = 0;
+				if (t >= lens[b])
+					continue;
+				double g[4 * RH], nh[RH];
+				for (int k = 0; k < 4 * RH; k++) {
+					g[k] = lstm_b(dir, k) + lstm_b(dir, k + 4 * RH);
+					for (int i = 0; i < RI; i++)
+						g[k] += lstm_w(dir, k, i) * lstm_x(t, b, i);
+					for (int j = 0; j < RH; j++)
+						g[k] += lstm_r(dir, k, j) * h[j];
+				}
+				for (int j = 0; j < RH; j++) { /* gates i, o, f, c */
+					c[j] = sigm(g[2 * RH + j]) * c[j] + sigm(g[j]) * tanh(g[3 * RH + j]);
+					nh[j] = sigm(g[RH + j]) * tanh(c[j]);
+				}
+				for (int j = 0; j < RH; j++)
+					h[j] = nh[j], y[((t * 2 + dir) * RB + b) * RH + j] = (float)h[j];
+			}
+			for (int j = 0; j < RH; j++)
+				yh[(dir * RB + b) * RH + j] = (float)h[j], yc[(dir * RB + b) * RH + j] = (float)c[j];
+		}
+}
+
+/* lens_dims: the graph input's dims, or NULL for an initializer. */
+static Onnx__ModelProto *lstm_model(const char *xdims, const char *lens_dims, const int32_t *lens)
+{
+	Onnx__ModelProto *m = model(14);
+	double w[2 * 4 * RH * RI], r[2 * 4 * RH * RH], bias[2 * 8 * RH];
+	for (int dir = 0; dir < 2; dir++) {
+		for (int k = 0; k < 4 * RH; k++) {
+			for (int i = 0; i < RI; i++)
+				w[(dir * 4 * RH + k) * RI + i] = lstm_w(dir, k, i);
+			for (int j = 0; j < RH; j++)
+				r[(dir * 4 * RH + k) * RH + j] = lstm_r(dir, k, j);
+		}
+		for (int k = 0; k < 8 * RH; k++)
+			bias[dir * 8 * RH + k] = lstm_b(dir, k);
+	}
+	input(m, "x", F32, xdims);
+	init_t(m, "w", F32, 3, (int64_t[]){2, 4 * RH, RI}, w);
+	init_t(m, "r", F32, 3, (int64_t[]){2, 4 * RH, RH}, r);
+	init_t(m, "b", F32, 2, (int64_t[]){2, 8 * RH}, bias);
+	if (lens_dims)
+		input(m, "lens", I32, lens_dims);
+	else
+		init_t(m, "lens", I32, 1, (int64_t[]){RB}, (double[]){lens[0], lens[1]});
+	Onnx__NodeProto *n = node(m, "LSTM", "x,w,r,b,lens", "y,yh,yc", "lstm");
+	Onnx__AttributeProto *a = attr(n, "direction", ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__STRING);
+	a->has_s = 1, a->s.data = (uint8_t *)S("bidirectional"), a->s.len = strlen("bidirectional");
+	attr_i(n, "hidden_size", RH);
+	output(m, "y"), output(m, "yh"), output(m, "yc");
+	return m;
+}
+
+START_TEST(lstm_sequence_lens_zero_y_and_keep_state_past_the_length)
+{
+	const int32_t lens[RB] = {3, 1};
+	float want[3][RS * 2 * RB * RH];
+	lstm_ref(lens, want[0], want[1], want[2]);
+	/* lens an initializer, a graph input, and one of a symbolic batch */
+	const char *const xdims[3] = {"3,2,2", "3,2,2", "3,N,2"}, *const ldims[3] = {NULL, "2", "N"};
+	for (int v = 0; v < 3; v++) {
+		int as_input = ldims[v] != NULL;
+		kiln_graph *g = import_ok(lstm_model(xdims[v], ldims[v], lens));
+		ck_assert_int_eq(kiln_graph_num_inputs(g), 1 + as_input);
+		kiln_tensor *in[2] = {kiln_tensor_new(KILN_F32, 3, (int64_t[]){RS, RB, RI}),
+		                      kiln_tensor_new(KILN_I32, 1, (int64_t[]){RB})};
+		kiln_tensor *out[3] = {0};
+		for (int t = 0; t < RS; t++)
+			for (int b = 0; b < RB; b++)
+				for (int i = 0; i < RI; i++)
+					((float *)in[0]->data)[(t * RB + b) * RI + i] = (float)lstm_x(t, b, i);
+		memcpy(in[1]->data, lens, sizeof lens);
+		kiln_error e = {0};
+		ck_assert_msg(kiln_graph_run(g, in, 1 + as_input, out, 3, &e) == KILN_OK, "%s", e.msg);
+		const int64_t numel[3] = {RS * 2 * RB * RH, 2 * RB * RH, 2 * RB * RH};
+		for (int o = 0; o < 3; o++) {
+			ck_assert_int_eq(kiln_tensor_numel(out[o]), numel[o]);
+			for (int64_t i = 0; i < numel[o]; i++)
+				ck_assert_msg(fabsf(((float *)out[o]->data)[i] - want[o][i]) < 1e-5f,
+				              "variant %d: output %d[%lld] = %g, want %g", v, o,
+				              (long long)i, ((float *)out[o]->data)[i], want[o][i]);
+		}
+		/* row 1 (length 1): Y is 0 from step 1 on, Y_h is its step-0 H */
+		for (int dir = 0; dir < 2; dir++)
+			for (int j = 0; j < RH; j++) {
+				ck_assert_float_eq(((float *)out[0]->data)[((2 * 2 + dir) * RB + 1) * RH + j], 0);
+				ck_assert_float_eq(((float *)out[1]->data)[(dir * RB + 1) * RH + j],
+				                   ((float *)out[0]->data)[((0 * 2 + dir) * RB + 1) * RH + j]);
+				ck_assert_float_ne(((float *)out[1]->data)[(dir * RB + 1) * RH + j], 0);
+			}
+		for (int k = 0; k < 3; k++)
+			kiln_tensor_free(out[k]);
+		kiln_tensor_free(in[0]), kiln_tensor_free(in[1]), kiln_graph_free(g);
+		pool_free();
+	}
+}
+END_TEST
+
+/* Unrolling needs the number of steps: a symbolic sequence length is
+ * refused, naming the op, the node and what is needed (a symbolic batch
+ * is fine: above); so are activations and shapes it cannot take. */
+START_TEST(rnn_symbolic_sequence_length_and_bad_inputs_are_refused)
+{
+	const int32_t lens[RB] = {3, 3};
+	expect_import_error(lstm_model("T,2,2", NULL, lens),
+	                    "LSTM 'lstm' (domain ai.onnx, opset 14): the sequence length (dim 0 of "
+	                    "X) is the symbol 'T': kiln unrolls LSTM over the time steps and needs "
+	                    "a fixed sequence length");
+	pool_free();
+	Onnx__ModelProto *m = model(14);
+	input(m, "x", F32, "N,T,2");
+	init_t(m, "w", F32, 3, (int64_t[]){1, 3, 2}, (double[]){1, 2, 3, 4, 5, 6});
+	init_t(m, "r", F32, 3, (int64_t[]){1, 3, 3}, (double[]){1, 2, 3, 4, 5, 6, 7, 8, 9});
+	attr_i(node(m, "RNN", "x,w,r", "y", "rnn"), "layout", 1);
+	output(m, "y");
+	expect_import_error(m, "RNN 'rnn' (domain ai.onnx, opset 14): the sequence length (dim 1 of "
+	                       "X) is the symbol 'T'");
+	pool_free();
+	/* an activation kiln has no op for, a list of the wrong length, and a B
+	 * of the wrong shape, each by name (one direction's list serves both) */
+	m = lstm_model("3,2,2", NULL, lens);
+	Onnx__AttributeProto *a = attr(m->graph->node[0], "activations",
+	                               ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__STRINGS);
+	a->n_strings = 3, a->strings = A(3 * sizeof *a->strings);
+	const char *const acts[3] = {"Sigmoid", "Gelu", "Tanh"};
+	for (int i = 0; i < 3; i++)
+		a->strings[i].data = (uint8_t *)S(acts[i]), a->strings[i].len = strlen(acts[i]);
+	expect_import_error(m, "LSTM 'lstm' (domain ai.onnx, opset 14): activation 'Gelu' is not "
+	                       "one kiln imports (Relu, Tanh, Sigmoid, ");
+	a->n_strings = 2;
+	expect_import_error(m, "LSTM 'lstm' (domain ai.onnx, opset 14): activations lists 2 "
+	                       "functions; LSTM takes 3 per direction (6 here)");
+	pool_free();
+	m = lstm_model("3,2,2", NULL, lens);
+	m->graph->initializer[2]->dims[1] = 8, m->graph->initializer[2]->n_float_data = 16;
+	expect_import_error(m, "LSTM 'lstm' (domain ai.onnx, opset 14): B is f32[2,8]; it must be "
+	                       "[2, 16] of X's type");
+	pool_free();
+}
+END_TEST
+
 /* A model protobuf-c cannot decode still gets a report: its one error. */
 START_TEST(report_of_an_undecodable_model_is_its_one_error)
 {
@@ -1278,6 +1443,8 @@ static Suite *onnx_import_suite(void)
 	tcase_add_test(t, argmin_of_integers_and_logsumexp_of_large_values);
 	tcase_add_test(t, composites_refuse_what_they_cannot_know);
 	tcase_add_test(t, expand_to_the_batch_through_where_and_equal);
+	tcase_add_test(t, lstm_sequence_lens_zero_y_and_keep_state_past_the_length);
+	tcase_add_test(t, rnn_symbolic_sequence_length_and_bad_inputs_are_refused);
 	tcase_add_test(t, report_of_an_undecodable_model_is_its_one_error);
 	tcase_add_test(t, cli_inspect_lists_every_unsupported_node);
 	tcase_add_test(t, old_opset_only_for_unchanged_ops);
