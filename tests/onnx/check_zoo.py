@@ -1,0 +1,101 @@
+#!/usr/bin/env python3
+"""torchvision models as people export them, through kiln against ONNX Runtime.
+
+    /usr/bin/python3 tests/onnx/check_zoo.py export OUT_DIR [NAME...]
+    .venv/bin/python tests/onnx/check_zoo.py check KILN OUT_DIR [NAME...]
+
+`export` (Debian's python3: torch 1.13, torchvision 0.14) writes NAME.onnx
+and NAME_x.npy for each model: random seeded weights (nothing is
+downloaded; a classifier head that torchvision initialises to zero gets
+small random weights, so the outputs compare), eval mode, opset 13, a
+dynamic batch "N", a batch of 2 inputs.  `check` (the venv's python, which
+has onnxruntime) compiles each with `KILN compile`, runs it with `KILN run`
+and compares with ORT on the same input: it prints the compile time and
+max |kiln - ORT| / max |ORT|, and fails (exit 1) when a model does not
+import, compile or run, or differs by more than 1e-4.  Not a ctest: the
+exports take minutes; docs/ONNX.md quotes its output.
+"""
+import os
+import subprocess
+import sys
+import time
+
+CLASSIFIERS = ("mobilenet_v3_small", "efficientnet_b0", "convnext_tiny", "regnet_y_400mf",
+               "googlenet", "swin_t", "vit_b_16")
+SEGMENTATION = ("lraspp_mobilenet_v3_large", "deeplabv3_mobilenet_v3_large", "fcn_resnet50")
+TOL = 1e-4
+
+
+def export(out, names):
+    import numpy as np
+    import torch
+    import torchvision
+    os.makedirs(out, exist_ok=True)
+    for name in names:
+        torch.manual_seed(0)
+        seg = name in SEGMENTATION
+        if seg:
+            m = getattr(torchvision.models.segmentation, name)(
+                weights=None, weights_backbone=None, num_classes=5, aux_loss=False)
+            size = 128
+        else:
+            kw = {"aux_logits": False, "init_weights": True} if name == "googlenet" else {}
+            m = getattr(torchvision.models, name)(weights=None, **kw)
+            size = 224
+        m.eval()
+        if name.startswith("vit_"):
+            torch.nn.init.normal_(m.heads.head.weight, std=0.02)
+        x = torch.randn(1, 3, size, size)
+        torch.onnx.export(m, x, os.path.join(out, name + ".onnx"), opset_version=13,
+                          input_names=["input"], output_names=["out"],
+                          dynamic_axes={"input": {0: "N"}, "out": {0: "N"}})
+        xs = np.random.default_rng(0).standard_normal((2, 3, size, size)).astype(np.float32)
+        np.save(os.path.join(out, name + "_x.npy"), xs)
+        print(f"check_zoo.py: exported {name}", flush=True)
+    return 0
+
+
+def check(kiln, out, names):
+    import numpy as np
+    import onnxruntime as ort
+    failed = 0
+    for name in names:
+        onnx_path, xp = os.path.join(out, name + ".onnx"), os.path.join(out, name + "_x.npy")
+        so, res = os.path.join(out, name + ".so"), os.path.join(out, name + "_out")
+        if not os.path.exists(onnx_path):
+            print(f"{name}: no export (run the export step)")
+            failed += 1
+            continue
+        x = np.load(xp)
+        ref = ort.InferenceSession(onnx_path, providers=["CPUExecutionProvider"]).run(
+            None, {"input": x})[0]
+        t = time.time()
+        r = subprocess.run([kiln, "compile", onnx_path, "-o", so], capture_output=True, text=True)
+        secs = time.time() - t
+        if r.returncode == 0:
+            r = subprocess.run([kiln, "run", so, "-i", f"input={xp}", "-o", res],
+                               capture_output=True, text=True)
+        if r.returncode:
+            print(f"{name}: FAILED: {r.stderr.strip()[:300]}")
+            failed += 1
+            continue
+        got = np.load(os.path.join(res, "out.npy"))
+        rel = float(np.abs(got - ref).max() / max(float(np.abs(ref).max()), 1e-30))
+        ok = got.shape == ref.shape and rel <= TOL
+        failed += not ok
+        print(f"{name}: compiled in {secs:.1f} s, output {got.shape}, max |kiln - ORT| / "
+              f"max |ORT| = {rel:.2e}{'' if ok else '  FAIL'}")
+    return 1 if failed else 0
+
+
+def main(argv):
+    if len(argv) >= 3 and argv[1] == "export":
+        return export(argv[2], argv[3:] or CLASSIFIERS + SEGMENTATION)
+    if len(argv) >= 4 and argv[1] == "check":
+        return check(argv[2], argv[3], argv[4:] or CLASSIFIERS + SEGMENTATION)
+    sys.stderr.write(__doc__)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
