@@ -26,6 +26,22 @@
 
 /* An extra node op(in) with d's attributes of op's schema (copy), inferred;
  * its result, or 0 on a problem. */
+/* The end of every step: n (made, its attributes set: ok) becomes d's own
+ * result when suffix is NULL (add_node infers it), else is inferred now;
+ * its result, or 0 after marking d failed. */
+static uint32_t finish(onnx_imp *c, onnx_nd *d, ir_node *n, bool ok, const char *suffix)
+{
+	if (!n || !ok) {
+		d->failed = true;
+		return 0;
+	}
+	if (!suffix) {
+		d->n = n;
+		return n->out[0];
+	}
+	return onnx_infer(c, d, n) ? n->out[0] : (d->failed = true, 0);
+}
+
 static uint32_t step(onnx_imp *c, onnx_nd *d, kiln_op op, uint32_t nin, const uint32_t *in,
                      bool copy, const char *suffix)
 {
@@ -33,15 +49,7 @@ static uint32_t step(onnx_imp *c, onnx_nd *d, kiln_op op, uint32_t nin, const ui
 		if (!in[i] || d->failed)
 			return 0;
 	ir_node *n = onnx_extra(c, d, op, nin, in, suffix);
-	if (!n || (copy && !onnx_copy_attrs_to(c, d, n, op, NULL))) {
-		d->failed = true;
-		return 0;
-	}
-	if (!suffix) { /* d's own result: add_node infers it */
-		d->n = n;
-		return n->out[0];
-	}
-	return onnx_infer(c, d, n) ? n->out[0] : (d->failed = true, 0);
+	return finish(c, d, n, n && (!copy || onnx_copy_attrs_to(c, d, n, op, NULL)), suffix);
 }
 
 /* The reduction over d's axes of x (ReduceSum or ReduceMax); keep forces
@@ -53,15 +61,8 @@ static uint32_t reduce(onnx_imp *c, onnx_nd *d, kiln_op op, uint32_t x, bool kee
 		return 0;
 	static const char *const no_keepdims[] = {"keepdims", NULL}; /* default 1 */
 	ir_node *n = onnx_extra(c, d, op, 1, &x, suffix);
-	if (!n || !onnx_copy_attrs_to(c, d, n, op, keep ? no_keepdims : NULL)) {
-		d->failed = true;
-		return 0;
-	}
-	if (!suffix) {
-		d->n = n;
-		return n->out[0];
-	}
-	return onnx_infer(c, d, n) ? n->out[0] : (d->failed = true, 0);
+	return finish(c, d, n, n && onnx_copy_attrs_to(c, d, n, op, keep ? no_keepdims : NULL),
+	              suffix);
 }
 
 static uint32_t square(onnx_imp *c, onnx_nd *d, uint32_t x)
@@ -146,15 +147,7 @@ static uint32_t kconst(onnx_imp *c, onnx_nd *d, kiln_dtype dt, double v, const c
 static uint32_t tconst(onnx_imp *c, onnx_nd *d, kiln_tensor *t, const char *suffix)
 {
 	ir_node *k = t && !d->failed ? onnx_extra(c, d, KILN_OP_CONSTANT, 0, NULL, suffix) : NULL;
-	if (!k || ir_attr_set_tensor(c->g, k, "value", t)) {
-		d->failed = true;
-		return 0;
-	}
-	if (!suffix) {
-		d->n = k;
-		return k->out[0];
-	}
-	return onnx_infer(c, d, k) ? k->out[0] : (d->failed = true, 0);
+	return finish(c, d, k, k && !ir_attr_set_tensor(c->g, k, "value", t), suffix);
 }
 
 static uint32_t u1(onnx_imp *c, onnx_nd *d, kiln_op op, uint32_t a, const char *suffix)
@@ -272,15 +265,7 @@ static uint32_t reshape_to(onnx_imp *c, onnx_nd *d, uint32_t x, int n, const int
 	if (!x || d->failed)
 		return 0;
 	ir_node *r = onnx_extra(c, d, KILN_OP_RESHAPE, 1, &x, suffix);
-	if (!r || ir_attr_set_ints(c->g, r, "shape", (uint32_t)n, shape)) {
-		d->failed = true;
-		return 0;
-	}
-	if (!suffix) {
-		d->n = r;
-		return r->out[0];
-	}
-	return onnx_infer(c, d, r) ? r->out[0] : (d->failed = true, 0);
+	return finish(c, d, r, r && !ir_attr_set_ints(c->g, r, "shape", (uint32_t)n, shape), suffix);
 }
 
 static uint32_t transpose(onnx_imp *c, onnx_nd *d, uint32_t x, int n, const int64_t *perm,
@@ -289,14 +274,7 @@ static uint32_t transpose(onnx_imp *c, onnx_nd *d, uint32_t x, int n, const int6
 	if (!x || d->failed)
 		return 0;
 	ir_node *t = onnx_extra(c, d, KILN_OP_TRANSPOSE, 1, &x, suffix);
-	if (!t || ir_attr_set_ints(c->g, t, "perm", (uint32_t)n, perm) ||
-	    (suffix && !onnx_infer(c, d, t))) {
-		d->failed = true;
-		return 0;
-	}
-	if (!suffix)
-		d->n = t;
-	return t->out[0];
+	return finish(c, d, t, t && !ir_attr_set_ints(c->g, t, "perm", (uint32_t)n, perm), suffix);
 }
 
 static int64_t int_attr(const onnx_nd *d, const char *name, int64_t dflt)
@@ -853,15 +831,7 @@ static void compress(onnx_imp *c, onnx_nd *d)
 static uint32_t cast_to(onnx_imp *c, onnx_nd *d, uint32_t x, kiln_dtype dt, const char *suffix)
 {
 	ir_node *n = x && !d->failed ? onnx_extra(c, d, KILN_OP_CAST, 1, &x, suffix) : NULL;
-	if (!n || ir_attr_set_dtype(c->g, n, "to", dt)) {
-		d->failed = true;
-		return 0;
-	}
-	if (!suffix) {
-		d->n = n;
-		return n->out[0];
-	}
-	return onnx_infer(c, d, n) ? n->out[0] : (d->failed = true, 0);
+	return finish(c, d, n, n && !ir_attr_set_dtype(c->g, n, "to", dt), suffix);
 }
 
 /* CumSum along an axis of known length n: x (axis moved last) times the
