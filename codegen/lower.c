@@ -890,44 +890,63 @@ static kiln_status gather(cg_module *m, const ir_node *n, const int *in, const i
 	return KILN_OK;
 }
 
-/* GatherElements: a nest over the indices' dims; x's offset takes the
- * index (negative from the end, checked, clamped) on the axis and the
- * loop's coordinate elsewhere. */
-static kiln_status gather_elements(cg_module *m, const ir_node *n, const int *in,
-                                   const int *out, kiln_error *err)
+/* GatherElements' and ScatterElements' walk over the indices: a nest over
+ * their dims (par: the first loop's hint) in k; *ii is the indices' (and
+ * the updates') linear index, *xi x's offset with the index on the axis
+ * (negative from the end; checked against x's dim, then clamped). */
+static cg_stmt *element_walk(cg_module *m, cg_kernel *k, const ir_node *n, int x, int idx,
+                             int64_t axis, uint32_t par, cg_expr **ii, cg_expr **xi)
+{
+	const ir_type *xt = cg_btype(m, x), *it = cg_btype(m, idx);
+	cg_expr *dim = cg_dim(m, xt->dim[axis]);
+	char what[64];
+	snprintf(what, sizeof what, "axis %lld index", (long long)axis);
+	cg_lower_check_all(m, k, n, what, idx, m->buf[idx].numel,
+	                   cg_bin(m, CG_SUB, cg_int(m, 0), dim), dim, NULL);
+	int r = it->rank;
+	cg_expr *ext[KILN_MAX_RANK], *iv[KILN_MAX_RANK];
+	uint32_t h[KILN_MAX_RANK] = {0};
+	for (int d = 0; d < r; d++)
+		ext[d] = cg_dim(m, it->dim[d]);
+	h[0] = par;
+	cg_stmt *body = cg_nest(m, k, k->body, r, ext, h, iv);
+	*ii = cg_int(m, 0), *xi = cg_int(m, 0);
+	for (int d = 0; d < r; d++)
+		*ii = cg_bin(m, CG_ADD, cg_bin(m, CG_MUL, *ii, ext[d]), iv[d]);
+	cg_expr *v = cg_cast(m, cg_load(m, idx, *ii), KILN_I64);
+	cg_expr *at = cg_select(m, cg_bin(m, CG_LT, v, cg_int(m, 0)), cg_bin(m, CG_ADD, v, dim), v);
+	at = cg_clamp(m, at, dim);
+	for (int d = 0; d < r; d++)
+		*xi = cg_bin(m, CG_ADD, cg_bin(m, CG_MUL, *xi, cg_dim(m, xt->dim[d])),
+		             d == axis ? at : iv[d]);
+	return body;
+}
+
+/* The axis of a GatherElements or ScatterElements whose indices have x's
+ * rank, or -1. */
+static int64_t element_axis(cg_module *m, const ir_node *n, const int *in)
 {
 	const ir_type *x = cg_btype(m, in[0]), *ix = cg_btype(m, in[1]);
 	int64_t axis = ir_attr_int(n, "axis", 0);
 	axis = axis < 0 ? axis + x->rank : axis;
-	if (axis < 0 || axis >= x->rank || ix->rank != x->rank ||
-	    kiln_dtype_is_float(m->buf[in[1]].dt))
+	return axis < 0 || axis >= x->rank || ix->rank != x->rank ||
+	       kiln_dtype_is_float(m->buf[in[1]].dt) ? -1 : axis;
+}
+
+/* GatherElements: out[c] = x[c with the index on the axis]. */
+static kiln_status gather_elements(cg_module *m, const ir_node *n, const int *in,
+                                   const int *out, kiln_error *err)
+{
+	int64_t axis = element_axis(m, n, in);
+	if (axis < 0)
 		return cg_lower_fail(m, n, err, KILN_EINVAL, "bad axis, indices or ranks");
 	cg_kernel *k = cg_lower_kernel(m, n);
 	if (!k)
 		return KILN_ENOMEM;
-	cg_expr *dim = cg_dim(m, x->dim[axis]), *ni = m->buf[in[1]].numel;
-	char what[64];
-	snprintf(what, sizeof what, "axis %lld index", (long long)axis);
-	cg_lower_check_all(m, k, n, what, in[1], ni, cg_bin(m, CG_SUB, cg_int(m, 0), dim), dim,
-	                   NULL);
-	int r = ix->rank;
-	cg_expr *ext[KILN_MAX_RANK], *iv[KILN_MAX_RANK];
-	uint32_t h[KILN_MAX_RANK] = {0};
-	for (int d = 0; d < r; d++)
-		ext[d] = cg_dim(m, ix->dim[d]);
-	h[0] = cg_par(m, m->buf[out[0]].numel);
-	cg_stmt *body = cg_nest(m, k, k->body, r, ext, h, iv);
-	cg_expr *yi = cg_int(m, 0);
-	for (int d = 0; d < r; d++)
-		yi = cg_bin(m, CG_ADD, cg_bin(m, CG_MUL, yi, ext[d]), iv[d]);
-	cg_expr *v = cg_cast(m, cg_load(m, in[1], yi), KILN_I64);
-	cg_expr *at = cg_select(m, cg_bin(m, CG_LT, v, cg_int(m, 0)), cg_bin(m, CG_ADD, v, dim), v);
-	at = cg_clamp(m, at, dim);
-	cg_expr *xi = cg_int(m, 0);
-	for (int d = 0; d < r; d++)
-		xi = cg_bin(m, CG_ADD, cg_bin(m, CG_MUL, xi, cg_dim(m, x->dim[d])),
-		            d == axis ? at : iv[d]);
-	cg_append(m, body, cg_store(m, out[0], yi, cg_load(m, in[0], xi)));
+	cg_expr *ii, *xi;
+	cg_stmt *body = element_walk(m, k, n, in[0], in[1], axis, cg_par(m, m->buf[out[0]].numel),
+	                             &ii, &xi);
+	cg_append(m, body, cg_store(m, out[0], ii, cg_load(m, in[0], xi)));
 	return KILN_OK;
 }
 
@@ -1015,34 +1034,14 @@ static cg_kernel *scatter_copy(cg_module *m, const ir_node *n, const int *in, co
 static kiln_status scatter_elements(cg_module *m, const ir_node *n, const int *in,
                                     const int *out, kiln_error *err)
 {
-	const ir_type *x = cg_btype(m, in[0]), *ix = cg_btype(m, in[1]);
-	int64_t axis = ir_attr_int(n, "axis", 0);
-	axis = axis < 0 ? axis + x->rank : axis;
-	if (axis < 0 || axis >= x->rank || ix->rank != x->rank)
-		return cg_lower_fail(m, n, err, KILN_EINVAL, "bad axis or ranks");
+	int64_t axis = element_axis(m, n, in);
+	if (axis < 0)
+		return cg_lower_fail(m, n, err, KILN_EINVAL, "bad axis, indices or ranks");
 	cg_kernel *k = scatter_copy(m, n, in, out);
 	if (!k)
 		return KILN_ENOMEM;
-	cg_expr *dim = cg_dim(m, x->dim[axis]);
-	char what[64];
-	snprintf(what, sizeof what, "axis %lld index", (long long)axis);
-	cg_lower_check_all(m, k, n, what, in[1], m->buf[in[1]].numel,
-	                   cg_bin(m, CG_SUB, cg_int(m, 0), dim), dim, NULL);
-	int r = ix->rank;
-	cg_expr *ext[KILN_MAX_RANK], *iv[KILN_MAX_RANK];
-	uint32_t h[KILN_MAX_RANK] = {0};
-	for (int d = 0; d < r; d++)
-		ext[d] = cg_dim(m, ix->dim[d]);
-	cg_stmt *body = cg_nest(m, k, k->body, r, ext, h, iv);
-	cg_expr *ui = cg_int(m, 0), *oi = cg_int(m, 0);
-	for (int d = 0; d < r; d++)
-		ui = cg_bin(m, CG_ADD, cg_bin(m, CG_MUL, ui, ext[d]), iv[d]);
-	cg_expr *v = cg_cast(m, cg_load(m, in[1], ui), KILN_I64);
-	cg_expr *at = cg_clamp(m, cg_select(m, cg_bin(m, CG_LT, v, cg_int(m, 0)),
-	                                    cg_bin(m, CG_ADD, v, dim), v), dim);
-	for (int d = 0; d < r; d++)
-		oi = cg_bin(m, CG_ADD, cg_bin(m, CG_MUL, oi, cg_dim(m, x->dim[d])),
-		            d == axis ? at : iv[d]);
+	cg_expr *ui, *oi; /* in order, on one thread */
+	cg_stmt *body = element_walk(m, k, n, out[0], in[1], axis, 0, &ui, &oi);
 	cg_append(m, body, scatter_store(m, n, out[0], oi, cg_load(m, in[2], ui)));
 	return KILN_OK;
 }
