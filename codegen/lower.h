@@ -128,6 +128,8 @@ kiln_status cg_lower_pool(cg_module *m, const ir_node *n, const int *in, const i
 /* lower_resize.c */
 kiln_status cg_lower_resize(cg_module *m, const ir_node *n, const int *in, const int *out,
                             kiln_error *err);
+kiln_status cg_lower_grid_sample(cg_module *m, const ir_node *n, const int *in, const int *out,
+                                 kiln_error *err);
 kiln_status cg_lower_global_avg_pool(cg_module *m, const ir_node *n, const int *in,
                                      const int *out, kiln_error *err);
 kiln_status cg_lower_batch_norm(cg_module *m, const ir_node *n, const int *in, const int *out,

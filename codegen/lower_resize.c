@@ -154,3 +154,152 @@ kiln_status cg_lower_resize(cg_module *m, const ir_node *n, const int *in, const
 	cg_append(m, body, cg_store(m, out[0], yi, weighted ? cg_cast(m, sum, dt) : sum));
 	return KILN_OK;
 }
+
+/* ---- GridSample ------------------------------------------------------------------ */
+
+typedef struct gsctx {
+	cg_module *m;
+	kiln_dtype ct;
+	bool align;
+	int pad;
+} gsctx;
+
+static cg_expr *gk(gsctx *g, double v) { return cg_const(g->m, g->ct, v); }
+static cg_expr *gb(gsctx *g, cg_binop op, cg_expr *a, cg_expr *b) { return cg_bin(g->m, op, a, b); }
+
+/* x reflected into [lo2 / 2, hi2 / 2], as ir/grid_sample.c's reflect. */
+static cg_expr *g_reflect(gsctx *g, cg_expr *x, cg_expr *lo2, cg_expr *hi2)
+{
+	cg_module *m = g->m;
+	cg_expr *lo = gb(g, CG_MUL, lo2, gk(g, 0.5)), *span = gb(g, CG_MUL, gb(g, CG_SUB, hi2, lo2),
+	                                                        gk(g, 0.5));
+	cg_expr *a = cg_un(m, CG_ABS, gb(g, CG_SUB, x, lo));
+	cg_expr *safe = gb(g, CG_MAX, span, gk(g, 1e-30));
+	cg_expr *flips = cg_un(m, CG_FLOOR, gb(g, CG_DIV, a, safe));
+	cg_expr *extra = gb(g, CG_SUB, a, gb(g, CG_MUL, safe, flips));
+	cg_expr *odd = gb(g, CG_SUB, flips, gb(g, CG_MUL, gk(g, 2),
+	                                      cg_un(m, CG_FLOOR, gb(g, CG_MUL, flips, gk(g, 0.5)))));
+	cg_expr *r = cg_select(m, gb(g, CG_EQ, odd, gk(g, 0)), gb(g, CG_ADD, extra, lo),
+	                       gb(g, CG_ADD, gb(g, CG_SUB, span, extra), lo));
+	return cg_select(m, gb(g, CG_EQ, lo2, hi2), gk(g, 0), r);
+}
+
+/* The padding's transform of a coordinate along an axis of size (float). */
+static cg_expr *g_pad(gsctx *g, cg_expr *x, cg_expr *size)
+{
+	cg_expr *hi = gb(g, CG_SUB, size, gk(g, 1));
+	if (g->pad == 0)
+		return x;
+	if (g->pad == 2)
+		x = g->align ? g_reflect(g, x, gk(g, 0), gb(g, CG_MUL, gk(g, 2), hi))
+		             : g_reflect(g, x, gk(g, -1), gb(g, CG_SUB, gb(g, CG_MUL, gk(g, 2), size),
+		                                               gk(g, 1)));
+	return gb(g, CG_MIN, gb(g, CG_MAX, x, gk(g, 0)), hi);
+}
+
+/* X at integral float coordinates (ix, iy): 0 outside the image. */
+static cg_expr *g_tap(gsctx *g, int x, cg_expr *base, cg_expr *ix, cg_expr *iy, cg_expr *W,
+                      cg_expr *H, cg_expr *Wi, cg_expr *Hi)
+{
+	cg_module *m = g->m;
+	cg_expr *in = gb(g, CG_AND, gb(g, CG_AND, gb(g, CG_GE, ix, gk(g, 0)),
+	                                gb(g, CG_LE, ix, gb(g, CG_SUB, W, gk(g, 1)))),
+	                 gb(g, CG_AND, gb(g, CG_GE, iy, gk(g, 0)),
+	                    gb(g, CG_LE, iy, gb(g, CG_SUB, H, gk(g, 1)))));
+	cg_expr *xi = cg_clamp(m, cg_cast(m, ix, KILN_I64), Wi), *yi = cg_clamp(m, cg_cast(m, iy, KILN_I64), Hi);
+	cg_expr *v = cg_cast(m, cg_load(m, x, cg_bin(m, CG_ADD, base, cg_bin(m, CG_ADD,
+	                     cg_bin(m, CG_MUL, yi, Wi), xi))), g->ct);
+	return cg_select(m, in, v, gk(g, 0));
+}
+
+static void g_cubic(gsctx *g, cg_expr *t, cg_expr **w)
+{
+	const double A = -0.75;
+	cg_expr *u = gb(g, CG_SUB, gk(g, 1), t), *t1 = gb(g, CG_ADD, t, gk(g, 1)),
+	        *u1 = gb(g, CG_ADD, u, gk(g, 1));
+	cg_expr *far[2] = {t1, u1}, *near[2] = {t, u};
+	for (int k = 0; k < 2; k++) { /* ((A s - 5A) s + 8A) s - 4A, ((A+2) s - (A+3)) s s + 1 */
+		cg_expr *s = far[k];
+		w[k ? 3 : 0] = gb(g, CG_SUB, gb(g, CG_MUL, gb(g, CG_ADD, gb(g, CG_MUL, gb(g, CG_SUB,
+		               gb(g, CG_MUL, gk(g, A), s), gk(g, 5 * A)), s), gk(g, 8 * A)), s), gk(g, 4 * A));
+		s = near[k];
+		w[k ? 2 : 1] = gb(g, CG_ADD, gb(g, CG_MUL, gb(g, CG_MUL, gb(g, CG_SUB,
+		               gb(g, CG_MUL, gk(g, A + 2), s), gk(g, A + 3)), s), s), gk(g, 1));
+	}
+}
+
+kiln_status cg_lower_grid_sample(cg_module *m, const ir_node *n, const int *in, const int *out,
+                                 kiln_error *err)
+{
+	const ir_type *x = cg_btype(m, in[0]), *y = cg_btype(m, out[0]);
+	int pad, mode = ir_grid_sample_mode(n, &pad);
+	if (mode < 0 || pad < 0 || x->rank != 4)
+		return cg_lower_fail(m, n, err, KILN_EINVAL, "bad mode, padding or rank");
+	gsctx g = {m, x->dtype == KILN_F64 ? KILN_F64 : KILN_F32,
+	           ir_attr_int(n, "align_corners", 0) != 0, pad};
+	cg_kernel *k = cg_lower_kernel(m, n);
+	if (!k)
+		return KILN_ENOMEM;
+	cg_expr *Hi = cg_dim(m, x->dim[2]), *Wi = cg_dim(m, x->dim[3]);
+	cg_expr *H = cg_cast(m, Hi, g.ct), *W = cg_cast(m, Wi, g.ct);
+	cg_expr *ext[3] = {cg_dim(m, y->dim[0]), cg_dim(m, y->dim[1]),
+	                   cg_bin(m, CG_MUL, cg_dim(m, y->dim[2]), cg_dim(m, y->dim[3]))}, *iv[3];
+	uint32_t h[3] = {cg_par(m, m->buf[out[0]].numel), 0, 0};
+	cg_stmt *body = cg_nest(m, k, k->body, 3, ext, h, iv);
+	cg_expr *gi = cg_bin(m, CG_MUL, cg_bin(m, CG_ADD, cg_bin(m, CG_MUL, iv[0], ext[2]), iv[2]),
+	                     cg_int(m, 2));
+	cg_expr *gx = cg_cast(m, cg_load(m, in[1], gi), g.ct);
+	cg_expr *gy = cg_cast(m, cg_load(m, in[1], cg_bin(m, CG_ADD, gi, cg_int(m, 1))), g.ct);
+	cg_expr *base = cg_bin(m, CG_MUL, cg_bin(m, CG_ADD, cg_bin(m, CG_MUL, iv[0], ext[1]), iv[1]),
+	                       cg_bin(m, CG_MUL, Hi, Wi));
+	/* unnormalize: align ? (g + 1) / 2 (size - 1) : ((g + 1) size - 1) / 2 */
+	cg_expr *px = g.align ? gb(&g, CG_MUL, gb(&g, CG_MUL, gb(&g, CG_ADD, gx, gk(&g, 1)), gk(&g, 0.5)),
+	                           gb(&g, CG_SUB, W, gk(&g, 1)))
+	                      : gb(&g, CG_MUL, gb(&g, CG_SUB, gb(&g, CG_MUL, gb(&g, CG_ADD, gx, gk(&g, 1)),
+	                           W), gk(&g, 1)), gk(&g, 0.5));
+	cg_expr *py = g.align ? gb(&g, CG_MUL, gb(&g, CG_MUL, gb(&g, CG_ADD, gy, gk(&g, 1)), gk(&g, 0.5)),
+	                           gb(&g, CG_SUB, H, gk(&g, 1)))
+	                      : gb(&g, CG_MUL, gb(&g, CG_SUB, gb(&g, CG_MUL, gb(&g, CG_ADD, gy, gk(&g, 1)),
+	                           H), gk(&g, 1)), gk(&g, 0.5));
+	px = cg_local(m, k, body, g.ct, px), py = cg_local(m, k, body, g.ct, py);
+	cg_expr *v;
+	if (mode == 2) {
+		cg_expr *fx = cg_local(m, k, body, g.ct, cg_un(m, CG_FLOOR, px));
+		cg_expr *fy = cg_local(m, k, body, g.ct, cg_un(m, CG_FLOOR, py));
+		cg_expr *wx[4], *wy[4];
+		g_cubic(&g, gb(&g, CG_SUB, px, fx), wx), g_cubic(&g, gb(&g, CG_SUB, py, fy), wy);
+		v = NULL;
+		for (int j = 0; j < 4; j++)
+			for (int i = 0; i < 4; i++) {
+				cg_expr *tx = g_pad(&g, gb(&g, CG_ADD, fx, gk(&g, i - 1)), W);
+				cg_expr *ty = g_pad(&g, gb(&g, CG_ADD, fy, gk(&g, j - 1)), H);
+				if (pad) /* truncated, as torch casts the padded coordinate */
+					tx = cg_un(m, CG_FLOOR, tx), ty = cg_un(m, CG_FLOOR, ty);
+				cg_expr *t = gb(&g, CG_MUL, gb(&g, CG_MUL, wx[i], wy[j]),
+				                g_tap(&g, in[0], base, tx, ty, W, H, Wi, Hi));
+				v = v ? gb(&g, CG_ADD, v, t) : t;
+			}
+	} else {
+		px = cg_local(m, k, body, g.ct, g_pad(&g, px, W));
+		py = cg_local(m, k, body, g.ct, g_pad(&g, py, H));
+		if (mode == 1) {
+			v = g_tap(&g, in[0], base, cg_un(m, CG_ROUND, px), cg_un(m, CG_ROUND, py), W, H,
+			          Wi, Hi);
+		} else {
+			cg_expr *fx = cg_local(m, k, body, g.ct, cg_un(m, CG_FLOOR, px));
+			cg_expr *fy = cg_local(m, k, body, g.ct, cg_un(m, CG_FLOOR, py));
+			cg_expr *tx = gb(&g, CG_SUB, px, fx), *ty = gb(&g, CG_SUB, py, fy);
+			cg_expr *ux = gb(&g, CG_SUB, gk(&g, 1), tx), *uy = gb(&g, CG_SUB, gk(&g, 1), ty);
+			cg_expr *x1 = gb(&g, CG_ADD, fx, gk(&g, 1)), *y1 = gb(&g, CG_ADD, fy, gk(&g, 1));
+			v = gb(&g, CG_ADD,
+			       gb(&g, CG_ADD, gb(&g, CG_MUL, gb(&g, CG_MUL, ux, uy), g_tap(&g, in[0], base, fx, fy, W, H, Wi, Hi)),
+			          gb(&g, CG_MUL, gb(&g, CG_MUL, tx, uy), g_tap(&g, in[0], base, x1, fy, W, H, Wi, Hi))),
+			       gb(&g, CG_ADD, gb(&g, CG_MUL, gb(&g, CG_MUL, ux, ty), g_tap(&g, in[0], base, fx, y1, W, H, Wi, Hi)),
+			          gb(&g, CG_MUL, gb(&g, CG_MUL, tx, ty), g_tap(&g, in[0], base, x1, y1, W, H, Wi, Hi))));
+		}
+	}
+	cg_expr *yi = cg_bin(m, CG_ADD, cg_bin(m, CG_MUL, cg_bin(m, CG_ADD, cg_bin(m, CG_MUL, iv[0],
+	                     ext[1]), iv[1]), ext[2]), iv[2]);
+	cg_append(m, body, cg_store(m, out[0], yi, cg_cast(m, v, x->dtype)));
+	return KILN_OK;
+}

@@ -59,6 +59,9 @@ kiln_status ir_interp_dropout(ir_interp *c, const ir_node *n, kiln_tensor *const
 kiln_status ir_interp_loss(ir_interp *c, const ir_node *n, kiln_tensor *const *in,
                            kiln_tensor *const *out);
 
+/* grid_sample.c */
+kiln_status ir_interp_grid_sample(ir_interp *c, const ir_node *n, kiln_tensor *const *in,
+                                  kiln_tensor *const *out);
 /* resize.c */
 kiln_status ir_interp_resize(ir_interp *c, const ir_node *n, kiln_tensor *const *in,
                              kiln_tensor *const *out);

@@ -326,6 +326,17 @@ ir_shape_fn ir_shape_rule(kiln_op op);
  * output type equals what inference gives; the message names the node. */
 kiln_status ir_verify(const kiln_graph *g, kiln_error *err);
 
+/* ---- grid_sample.c: GridSample's arithmetic (interpreter and lowering) -- */
+
+/* mode: 0 bilinear, 1 nearest, 2 bicubic; *pad: 0 zeros, 1 border, 2
+ * reflection; -1 for a name ONNX does not define. */
+int ir_grid_sample_mode(const ir_node *n, int *pad);
+double ir_grid_unnormalize(double g, int64_t size, bool align);
+double ir_grid_pad_coord(double x, int64_t size, int pad, bool align);
+/* X[n, c] (base: its offset) sampled at grid point (gx, gy). */
+double ir_grid_sample_at(const kiln_tensor *x, int64_t base, double gx, double gy, int mode,
+                         int pad, bool align);
+
 /* ---- resize.c: Resize's per-axis taps (interpreter and lowering) ------- */
 
 typedef struct ir_resize {

@@ -58,6 +58,9 @@ kiln_status ir_shape_layer_norm(kiln_graph *g, const ir_node *n, const ir_type *
 /* Softmax and LogSoftmax */
 kiln_status ir_shape_softmax(kiln_graph *g, const ir_node *n, const ir_type *in, ir_type *out);
 kiln_status ir_shape_dropout(kiln_graph *g, const ir_node *n, const ir_type *in, ir_type *out);
+/* grid_sample.c */
+kiln_status ir_shape_grid_sample(kiln_graph *g, const ir_node *n, const ir_type *in,
+                                 ir_type *out);
 /* resize.c */
 kiln_status ir_shape_resize(kiln_graph *g, const ir_node *n, const ir_type *in, ir_type *out);
 /* SoftmaxCrossEntropyLoss and NegativeLogLikelihoodLoss */

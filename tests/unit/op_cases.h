@@ -176,6 +176,10 @@ static const opcase opcase_movement[] = {
 	{"resize_nearest_i64", KILN_OP_RESIZE,
 	 "sizes=1,1,4,5 coordinate_transformation_mode=asymmetric nearest_mode=floor"},
 	{"resize_cubic", KILN_OP_RESIZE, "mode=cubic scales=1,1,0.75,0.75"},
+	{"grid_sample", KILN_OP_GRID_SAMPLE, ""},
+	{"grid_sample_nearest_border", KILN_OP_GRID_SAMPLE,
+	 "mode=nearest padding_mode=border align_corners=1"},
+	{"grid_sample_bicubic_reflection", KILN_OP_GRID_SAMPLE, "mode=bicubic padding_mode=reflection"},
 };
 
 static const opcase opcase_regularisation[] = {

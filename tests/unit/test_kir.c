@@ -196,8 +196,8 @@ static const char *const op_cases[] = {
 	"}\n",
 	/* inverse trigonometry, product, element gathers and scatters, resize */
 	"graph @more(%x: f32[N,3,4], %i: i64[N,3,2], %u: f32[N,3,2], %j: i64[2,2], "
-	"%v: f32[2,4]) -> (%3: f32[N,3], %4: f32[N,3,2], %6: f32[N,3,4], %7: f32[N,3,8], "
-	"%8: f32[N,2,4], %9: i64[N,2,4]) {\n"
+	"%v: f32[2,4], %y: f32[N,3,5,6], %gr: f32[N,2,2,2]) -> (%3: f32[N,3], %4: f32[N,3,2], "
+	"%6: f32[N,3,4], %7: f32[N,3,8], %8: f32[N,2,4], %9: i64[N,2,4], %10: f32[N,3,2,2]) {\n"
 	"  %0 = atan %x : f32[N,3,4]\n"
 	"  %1 = asin %0 : f32[N,3,4]\n"
 	"  %2 = acos %1 : f32[N,3,4]\n"
@@ -207,7 +207,8 @@ static const char *const op_cases[] = {
 	"  %6 = scatter_nd %5, %j, %v {reduction=\"mul\"} : f32[N,3,4]\n"
 	"  %7 = resize %x {mode=\"linear\", scales=[1.0,1.0,2.0]} : f32[N,3,8]\n"
 	"  %8, %9 = top_k %x {axis=1, k=2, largest=0} : f32[N,2,4], i64[N,2,4]\n"
-	"  ret %3, %4, %6, %7, %8, %9\n"
+	"  %10 = grid_sample %y, %gr {align_corners=1, mode=\"bicubic\"} : f32[N,3,2,2]\n"
+	"  ret %3, %4, %6, %7, %8, %9, %10\n"
 	"}\n",
 };
 #define NCASES (int)(sizeof op_cases / sizeof op_cases[0])
