@@ -993,6 +993,51 @@ static int train_flag(int argc, char **argv, int *i, train_cli *tc)
 
 /* ---- compile ---------------------------------------------------------------- */
 
+enum { MAX_BINDS = 16 };
+
+/* `--bind NAME=X.npy`: an ONNX model imported with those inputs' values
+ * where it needs a constant (a Reshape's shape, a Resize's sizes...); each
+ * input so used becomes part of the library and leaves its signature. */
+static int load_bound(const char *file, const char *const *binds, int nb, kiln_graph **g)
+{
+	kiln_tensor_set *set = kiln_tensor_set_new();
+	kiln_error e = {0};
+	int rc = set ? 0 : tool_fail(1, "out of memory");
+	if (!rc && kiln_file_sniff(file) != KILN_FILE_ONNX)
+		rc = tool_fail(TOOLS_EXIT_USAGE, "--bind takes an ONNX model (%s is not one)", file);
+	for (int i = 0; !rc && i < nb; i++) {
+		const char *eq = strchr(binds[i], '=');
+		char name[256];
+		kiln_tensor *t = NULL;
+		if (!eq || eq == binds[i] || (size_t)(eq - binds[i]) >= sizeof name) {
+			rc = tool_fail(TOOLS_EXIT_USAGE, "--bind needs NAME=X.npy, got '%s'", binds[i]);
+			break;
+		}
+		memcpy(name, binds[i], (size_t)(eq - binds[i]));
+		name[eq - binds[i]] = 0;
+		kiln_status st = kiln_npy_read(eq + 1, &t, &e);
+		if (st != KILN_OK)
+			rc = tool_fail_err(eq + 1, &e, st);
+		else if (kiln_tensor_set_add(set, name, t) != KILN_OK)
+			rc = tool_fail(1, "out of memory");
+		kiln_tensor_free(t);
+	}
+	if (!rc) {
+		kiln_onnx_opts o = {file, NULL, NULL, set};
+		kiln_status st = kiln_onnx_import_ex(NULL, 0, &o, g, &e);
+		rc = st == KILN_OK ? 0 : tool_fail_err(file, &e, st);
+	}
+	for (int i = 0; !rc && i < set->count; i++) {
+		bool input = false;
+		for (int k = 0; k < kiln_graph_num_inputs(*g); k++)
+			input = input || !strcmp(kiln_value_name(*g, kiln_graph_input(*g, k)), set->items[i].name);
+		fprintf(stderr, "kiln: --bind %s: %s\n", set->items[i].name,
+		        input ? "not needed at import, stays an input" : "bound into the library");
+	}
+	kiln_tensor_set_free(set);
+	return rc;
+}
+
 static int cmd_compile(int argc, char **argv)
 {
 	const char *file = NULL, *out = NULL, *v;
@@ -1010,8 +1055,18 @@ static int cmd_compile(int argc, char **argv)
 	            {"--conv", NULL, offsetof(kiln_compile_opts, conv)}};
 	kiln_compile_times times;
 	bool report = false;
+	const char *binds[MAX_BINDS];
+	int nb = 0;
 	for (int i = 0; i < argc; i++) {
 		size_t k = 0;
+		if (is_opt(argv[i], "--bind", NULL)) {
+			if (!(v = optval(argc, argv, &i, "--bind", NULL)))
+				return usage_error("compile", "%s", "--bind needs NAME=X.npy");
+			if (nb == MAX_BINDS)
+				return usage_error("compile", "%s", "too many --bind options");
+			binds[nb++] = v;
+			continue;
+		}
 		if (!strcmp(argv[i], "--time-report")) {
 			report = true;
 			o.times = &times;
@@ -1068,7 +1123,14 @@ static int cmd_compile(int argc, char **argv)
 	clock_gettime(CLOCK_MONOTONIC, &t0);
 	kiln_graph *g = NULL;
 	kiln_error e = {0};
-	kiln_status st = kiln_graph_load_any(file, &g, &e);
+	kiln_status st = KILN_OK;
+	if (nb) {
+		int brc = load_bound(file, binds, nb, &g);
+		if (brc)
+			return brc;
+	} else {
+		st = kiln_graph_load_any(file, &g, &e);
+	}
 	if (tc.on && !tc.wd_set && tc.t.optim == KILN_OPT_ADAMW)
 		tc.t.weight_decay = 0.01; /* PyTorch's AdamW default */
 	if (st == KILN_OK && qc.on) {
@@ -1152,7 +1214,7 @@ static const command commands[] = {
 	{"compile", cmd_compile,
 	 "compile FILE.kir|FILE.onnx -o OUT.so [--name N] [--cpu C] [--features F]\n"
 	 "        [--emit=kir|ll|asm|obj] [--passes=LIST] [--conv=ALGO] [-j N] [--time-report]\n"
-	 "        [--int8 --calib X.npy ...]\n"
+	 "        [--int8 --calib X.npy ...] [--bind NAME=X.npy ...]\n"
 	 "  Compiles the graph to a shared library needing only libc, libm and\n"
 	 "  libpthread, and writes its header beside it (OUT.h); prints the time.\n"
 	 "  -o, --output OUT     the library (or, with --emit, that stage's file)\n"
@@ -1188,6 +1250,9 @@ static const command commands[] = {
 	 "  --accum K            update every K micro-batches (default 1)\n"
 	 "  --batch B            fix the train step's batch (needed with convolutions)\n"
 	 "  --seed S             Dropout's masks (default 0), as kiln train --seed\n"
+	 "  --bind NAME=X.npy    an ONNX model's input NAME fixed to X's value where the\n"
+	 "                       import needs a constant (a Reshape's shape, Resize's sizes,\n"
+	 "                       a Range's bounds...): it becomes part of the library\n"
 	 "  --int8               quantize first, as 'kiln quantize' does (docs/QUANTIZATION.md),\n"
 	 "                       and compile the int8 model: needs --calib [NAME=]X.npy;\n"
 	 "                       takes quantize's --method, --percentile, --keep-float,\n"

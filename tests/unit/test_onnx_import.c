@@ -1401,6 +1401,53 @@ START_TEST(load_any_dispatches_on_the_extension)
 }
 END_TEST
 
+/* `kiln compile --bind NAME=X.npy`: a Reshape whose shape is a graph input
+ * does not compile alone; bound to [3, 2] it does, the input leaves the
+ * library's signature, and the library reshapes. */
+START_TEST(cli_compile_binds_an_input_the_import_needs)
+{
+	char cmd[4096], out[8192], path[512], npy[512], so[512], xn[512], od[400], yp[512];
+	Onnx__ModelProto *m = model(13);
+	input(m, "x", F32, "2,3");
+	input(m, "shape", I64, "2");
+	node(m, "Reshape", "x,shape", "y", "r");
+	output(m, "y");
+	snprintf(path, sizeof path, "%s/cli_bind.onnx", KILN_BIN);
+	snprintf(npy, sizeof npy, "%s/cli_bind_shape.npy", KILN_BIN);
+	snprintf(xn, sizeof xn, "%s/cli_bind_x.npy", KILN_BIN);
+	snprintf(so, sizeof so, "%s/cli_bind.so", KILN_BIN);
+	snprintf(od, sizeof od, "%s/cli_bind_out", KILN_BIN);
+	save(m, path);
+	kiln_tensor *s = kiln_tensor_new(KILN_I64, 1, (int64_t[]){2});
+	((int64_t *)s->data)[0] = 3, ((int64_t *)s->data)[1] = 2;
+	kiln_tensor *x = kiln_tensor_new(KILN_F32, 2, (int64_t[]){2, 3});
+	for (int i = 0; i < 6; i++)
+		((float *)x->data)[i] = (float)i;
+	kiln_error e = {0};
+	ck_assert_int_eq(kiln_npy_write(npy, s, &e), KILN_OK);
+	ck_assert_int_eq(kiln_npy_write(xn, x, &e), KILN_OK);
+	snprintf(cmd, sizeof cmd, "%s/kiln compile %s -o %s", KILN_BIN, path, so);
+	ck_assert_int_eq(run_cmd(cmd, out, sizeof out), 1);
+	ck_assert_msg(strstr(out, "('shape', the shape) is not a constant known at import"), "%s", out);
+	snprintf(cmd, sizeof cmd, "%s/kiln compile %s --bind shape=%s -o %s", KILN_BIN, path, npy, so);
+	ck_assert_msg(run_cmd(cmd, out, sizeof out) == 0, "%s", out);
+	ck_assert_msg(strstr(out, "--bind shape: bound into the library"), "%s", out);
+	snprintf(cmd, sizeof cmd, "%s/kiln run %s -i x=%s -o %s", KILN_BIN, so, xn, od);
+	ck_assert_msg(run_cmd(cmd, out, sizeof out) == 0, "%s", out);
+	snprintf(yp, sizeof yp, "%s/y.npy", od);
+	kiln_tensor *y = NULL;
+	ck_assert_int_eq(kiln_npy_read(yp, &y, &e), KILN_OK);
+	ck_assert_int_eq(y->rank, 2);
+	ck_assert_int_eq(y->shape[0], 3);
+	ck_assert_int_eq(y->shape[1], 2);
+	ck_assert_float_eq(((float *)y->data)[5], 5);
+	snprintf(cmd, sizeof cmd, "%s/kiln compile %s --bind shape -o %s", KILN_BIN, path, so);
+	ck_assert_int_eq(run_cmd(cmd, out, sizeof out), 2);
+	kiln_tensor_free(s), kiln_tensor_free(x), kiln_tensor_free(y);
+	pool_free();
+}
+END_TEST
+
 static Suite *onnx_import_suite(void)
 {
 	Suite *s = suite_create("onnx_import");
@@ -1443,6 +1490,7 @@ static Suite *onnx_import_suite(void)
 	tcase_add_test(t, argmin_of_integers_and_logsumexp_of_large_values);
 	tcase_add_test(t, composites_refuse_what_they_cannot_know);
 	tcase_add_test(t, expand_to_the_batch_through_where_and_equal);
+	tcase_add_test(t, cli_compile_binds_an_input_the_import_needs);
 	tcase_add_test(t, lstm_sequence_lens_zero_y_and_keep_state_past_the_length);
 	tcase_add_test(t, rnn_symbolic_sequence_length_and_bad_inputs_are_refused);
 	tcase_add_test(t, report_of_an_undecodable_model_is_its_one_error);
