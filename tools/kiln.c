@@ -283,7 +283,17 @@ static void input_names(const kiln_graph *g, char *buf, size_t size)
 }
 
 /* Reads every -i into in[] (graph input order); all inputs must be given. */
-static int read_inputs(const kiln_graph *g, const run_args *a, kiln_tensor **in)
+/* -i NAME (of length n) was bound into the graph at import. */
+static bool was_bound(const kiln_tensor_set *bound, const char *name, size_t n)
+{
+	for (int i = 0; bound && i < bound->count; i++)
+		if (strlen(bound->items[i].name) == n && !strncmp(bound->items[i].name, name, n))
+			return true;
+	return false;
+}
+
+static int read_inputs(const kiln_graph *g, const run_args *a, kiln_tensor **in,
+                       const kiln_tensor_set *bound)
 {
 	char names[512];
 	for (int k = 0; k < a->nspec; k++) {
@@ -291,6 +301,8 @@ static int read_inputs(const kiln_graph *g, const run_args *a, kiln_tensor **in)
 		if (!eq || eq == a->spec[k] || !eq[1])
 			return tool_fail(TOOLS_EXIT_USAGE, "bad -i '%s': expected NAME=FILE.npy", a->spec[k]);
 		int i = input_index(g, a->spec[k], eq - a->spec[k]);
+		if (i < 0 && was_bound(bound, a->spec[k], (size_t)(eq - a->spec[k])))
+			continue;
 		input_names(g, names, sizeof names);
 		if (i < 0)
 			return tool_fail(TOOLS_EXIT_USAGE, "unknown input '%.*s'; graph '%s' has inputs: %s",
@@ -559,6 +571,49 @@ static int run_so(const run_args *a)
 	return rc;
 }
 
+/* An ONNX model run with -i values: imported with them at hand, so an
+ * input the import needs as a constant (a Reshape's shape...) takes its
+ * value (*bound: those, said on stderr). */
+static int load_onnx_with(const char *file, const run_args *a, kiln_graph **g,
+                          kiln_tensor_set **bound)
+{
+	kiln_tensor_set *set = kiln_tensor_set_new();
+	kiln_error e = {0};
+	int rc = set ? 0 : tool_fail(1, "out of memory");
+	for (int k = 0; !rc && k < a->nspec; k++) {
+		const char *eq = strchr(a->spec[k], '=');
+		char name[256];
+		kiln_tensor *t = NULL;
+		if (!eq || eq == a->spec[k] || !eq[1] || (size_t)(eq - a->spec[k]) >= sizeof name)
+			return kiln_tensor_set_free(set),
+			       tool_fail(TOOLS_EXIT_USAGE, "bad -i '%s': expected NAME=FILE.npy", a->spec[k]);
+		memcpy(name, a->spec[k], (size_t)(eq - a->spec[k]));
+		name[eq - a->spec[k]] = 0;
+		kiln_status st = kiln_npy_read(eq + 1, &t, &e);
+		rc = st != KILN_OK ? tool_fail_err(NULL, &e, st)
+		   : kiln_tensor_set_add(set, name, t) != KILN_OK ? tool_fail(1, "out of memory") : 0;
+		kiln_tensor_free(t);
+	}
+	if (!rc) {
+		kiln_onnx_opts o = {file, NULL, NULL, set};
+		kiln_status st = kiln_onnx_import_ex(NULL, 0, &o, g, &e);
+		if (st == KILN_OK)
+			st = kiln_graph_verify(*g, &e);
+		rc = st == KILN_OK ? 0 : tool_fail_err(file, &e, st);
+	}
+	*bound = kiln_tensor_set_new();
+	for (int i = 0; !rc && *bound && i < set->count; i++) {
+		bool input = false;
+		for (int k = 0; k < kiln_graph_num_inputs(*g); k++)
+			input = input || !strcmp(kiln_value_name(*g, kiln_graph_input(*g, k)), set->items[i].name);
+		if (!input && kiln_tensor_set_add(*bound, set->items[i].name, set->items[i].tensor) == KILN_OK)
+			fprintf(stderr, "kiln: input '%s' is bound into the graph at import (a value the "
+			        "import needs as a constant)\n", set->items[i].name);
+	}
+	kiln_tensor_set_free(set);
+	return rc;
+}
+
 static int cmd_run(int argc, char **argv)
 {
 	const char **spec = calloc(argc + 1, sizeof *spec);
@@ -573,14 +628,17 @@ static int cmd_run(int argc, char **argv)
 		free(spec);
 		return rc;
 	}
-	if (!rc)
+	kiln_tensor_set *bound = NULL;
+	if (!rc && kiln_file_sniff(a.file) == KILN_FILE_ONNX && a.nspec)
+		rc = load_onnx_with(a.file, &a, &g, &bound);
+	else if (!rc)
 		rc = load(a.file, &g);
 	int nin = g ? kiln_graph_num_inputs(g) : 0, nout = g ? kiln_graph_num_outputs(g) : 0;
 	if (!rc) {
 		in = calloc((size_t)nin + 1, sizeof *in);
 		out = calloc((size_t)nout + 1, sizeof *out);
 		names = calloc((size_t)nout + 1, sizeof *names);
-		rc = in && out && names ? read_inputs(g, &a, in) : tool_fail(1, "out of memory");
+		rc = in && out && names ? read_inputs(g, &a, in, bound) : tool_fail(1, "out of memory");
 	}
 	for (int i = 0; !rc && i < nout; i++)
 		names[i] = kiln_value_name(g, kiln_graph_output(g, i));
@@ -603,6 +661,7 @@ static int cmd_run(int argc, char **argv)
 	out_files_free(&f);
 	free(spec);
 	kiln_graph_free(g);
+	kiln_tensor_set_free(bound);
 	return rc;
 }
 

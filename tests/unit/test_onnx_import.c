@@ -1403,7 +1403,8 @@ END_TEST
 
 /* `kiln compile --bind NAME=X.npy`: a Reshape whose shape is a graph input
  * does not compile alone; bound to [3, 2] it does, the input leaves the
- * library's signature, and the library reshapes. */
+ * library's signature, and the library reshapes.  `kiln run` of the model
+ * binds it from its -i values. */
 START_TEST(cli_compile_binds_an_input_the_import_needs)
 {
 	char cmd[4096], out[8192], path[512], npy[512], so[512], xn[512], od[400], yp[512];
@@ -1441,6 +1442,14 @@ START_TEST(cli_compile_binds_an_input_the_import_needs)
 	ck_assert_int_eq(y->shape[0], 3);
 	ck_assert_int_eq(y->shape[1], 2);
 	ck_assert_float_eq(((float *)y->data)[5], 5);
+	kiln_tensor_free(y), y = NULL;
+	/* `kiln run MODEL.onnx` binds it from its -i values, and says so */
+	snprintf(cmd, sizeof cmd, "%s/kiln run %s -i x=%s -i shape=%s -o %s", KILN_BIN, path, xn, npy,
+	         od);
+	ck_assert_msg(run_cmd(cmd, out, sizeof out) == 0, "%s", out);
+	ck_assert_msg(strstr(out, "input 'shape' is bound into the graph at import"), "%s", out);
+	ck_assert_int_eq(kiln_npy_read(yp, &y, &e), KILN_OK);
+	ck_assert_int_eq(y->shape[0], 3);
 	snprintf(cmd, sizeof cmd, "%s/kiln compile %s --bind shape -o %s", KILN_BIN, path, so);
 	ck_assert_int_eq(run_cmd(cmd, out, sizeof out), 2);
 	kiln_tensor_free(s), kiln_tensor_free(x), kiln_tensor_free(y);
