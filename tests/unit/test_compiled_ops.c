@@ -1059,6 +1059,16 @@ START_TEST(int8_convs_match_the_interpreter)
 		{1, 16, 16, 12, 9, 3, 16, "pads=1,1,1,1", KILN_U8, KILN_I8, KILN_U8, true, true, false},
 		{2, 8, 8, 10, 40, 3, 8, "pads=1,1,1,1", KILN_U8, KILN_I8, KILN_U8, false, true, false},
 		{1, 8, 8, 34, 36, 3, 8, "pads=1,1,1,1 strides=2,2", KILN_U8, KILN_I8, KILN_I8, true, false, false},
+		/* ... its rows with every tap inside apart (no row tests): 5x5
+		 * (two edge rows each side), padding on some sides only, none at
+		 * all, a plane too short to have such rows, 56 columns, stride 2
+		 * with odd rows */
+		{1, 8, 8, 20, 40, 5, 8, "pads=2,2,2,2", KILN_U8, KILN_I8, KILN_U8, true, true, false},
+		{2, 4, 4, 14, 36, 3, 4, "pads=0,1,2,1", KILN_U8, KILN_I8, KILN_U8, true, true, false},
+		{1, 4, 4, 9, 40, 3, 4, "", KILN_U8, KILN_I8, KILN_I8, false, true, false},
+		{1, 4, 4, 3, 40, 5, 4, "pads=2,2,2,2", KILN_U8, KILN_I8, KILN_U8, true, true, false},
+		{1, 6, 6, 14, 56, 3, 6, "pads=1,1,1,1", KILN_U8, KILN_I8, KILN_U8, true, true, false},
+		{1, 4, 4, 15, 41, 3, 4, "pads=1,1,1,1 strides=2,2", KILN_U8, KILN_I8, KILN_U8, true, true, false},
 	};
 	const size_t ncase = sizeof cases / sizeof *cases;
 	for (size_t r = 0; r < 2 * ncase; r++) {
