@@ -747,8 +747,67 @@ static LLVMValueRef e_select(fn_ctx *c, const cg_expr *e)
 	return LLVMBuildSelect(c->L->b, cond, t, f, "");
 }
 
+/* An f32 x rounded (half to even) and converted to u8 or i8, as
+ * convert(rint(x)) gives it (NaN to 0, saturated; for a whole x that is
+ * convert(x)), in fewer instructions:
+ * x clamped to the range (whole numbers, so clamping before rounding gives
+ * the same values), then rounded by adding 1.5 * 2^23, where an f32's ulp
+ * is 1: the sum's low mantissa bits are rint(x) in two's complement, its
+ * low byte the result.  For u8 the two compare-selects (vmaxps, vminps)
+ * also send NaN to 0; i8 tests NaN first.  A requantizing store (every
+ * 8-bit int kernel: a depthwise conv's, QuantizeLinear's, the fused Add's)
+ * was 7 instructions per vector (vrndscaleps, a NaN test and mask, two
+ * clamps, vcvttps2dq, vpmovdb), now 4 (u8) or 6. */
+static LLVMValueRef round_to_8bit(fn_ctx *c, LLVMValueRef x, kiln_dtype to)
+{
+	LLVMBuilderRef B = c->L->b;
+	LLVMTypeRef f = c->L->f32;
+	bool u = dt_unsigned(to);
+	LLVMValueRef lo = LLVMConstReal(f, u ? 0 : -128), hi = LLVMConstReal(f, u ? 255 : 127);
+	if (!u)
+		x = LLVMBuildSelect(B, LLVMBuildFCmp(B, LLVMRealUNO, x, x, ""), LLVMConstNull(f), x, "");
+	x = LLVMBuildSelect(B, LLVMBuildFCmp(B, LLVMRealOGT, x, lo, ""), x, lo, "");
+	x = LLVMBuildSelect(B, LLVMBuildFCmp(B, LLVMRealOLT, x, hi, ""), x, hi, "");
+	x = LLVMBuildFAdd(B, x, LLVMConstReal(f, 12582912.0), "");
+	return LLVMBuildTrunc(B, LLVMBuildBitCast(B, x, c->L->i32, ""), c->L->i8, "");
+}
+
+/* Whether e's value, unless NaN, is a whole number (or infinite): a
+ * rounding, an integer converted, sums, products, extremes and selections
+ * of such (an f32 operation on whole numbers rounds to a whole number:
+ * every f32 from 2^23 up is one). */
+static bool whole(const cg_module *m, const cg_expr *e)
+{
+	if (!e)
+		return false;
+	switch (e->kind) {
+	case CG_CONST: /* (NaN and the infinities fail the range test) */
+		return !dt_float(e->dt) || (e->f > -0x1p62 && e->f < 0x1p62 &&
+		                            e->f == (double)(int64_t)e->f);
+	case CG_LOAD: return !dt_float(e->dt) || !dt_float(m->buf[e->buf].dt);
+	case CG_CAST: return e->a && (!dt_float(e->a->dt) || whole(m, e->a));
+	case CG_SELECT: return whole(m, e->b) && whole(m, e->c);
+	case CG_UN:
+		return e->op == CG_ROUND || e->op == CG_FLOOR || e->op == CG_CEIL ||
+		       ((e->op == CG_NEG || e->op == CG_ABS) && whole(m, e->a));
+	case CG_BIN:
+		return (e->op == CG_ADD || e->op == CG_SUB || e->op == CG_MUL || e->op == CG_MIN ||
+		        e->op == CG_MAX) && whole(m, e->a) && whole(m, e->b);
+	default: return false;
+	}
+}
+
 static LLVMValueRef e_cast(fn_ctx *c, const cg_expr *e)
 {
+	const cg_expr *a = e->a;
+	if (a && a->dt == KILN_F32 && (e->dt == KILN_U8 || e->dt == KILN_I8)) {
+		/* rint(x) to 8 bits: x clamped and rounded by the addition; a
+		 * whole number: the addition is exact */
+		if (a->kind == CG_UN && a->op == CG_ROUND && a->a && a->a->dt == KILN_F32)
+			return round_to_8bit(c, expr(c, a->a), e->dt);
+		if (whole(c->L->m, a))
+			return round_to_8bit(c, expr(c, a), e->dt);
+	}
 	return convert(c, expr(c, e->a), e->a ? e->a->dt : e->dt, e->dt);
 }
 

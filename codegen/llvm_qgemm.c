@@ -78,6 +78,7 @@ typedef struct qgen {
 	kiln_dtype c_dt;
 	LLVMTypeRef i8p, i32p, f32p, vi32, vf, vi1, xty, xp, argty;
 	LLVMValueRef dot;    /* the vpdpbusd intrinsic, NULL: generic IR */
+	LLVMValueRef cvt;    /* vcvtps2dq (W lanes, the current rounding), NULL: rint + fptosi */
 	LLVMValueRef zeros;  /* a constant 64 zero bytes: what a guarded load reads when off */
 	LLVMValueRef tcfg;   /* the AMX path's tile configuration (64 bytes) */
 	LLVMValueRef p[Q_ARGS];
@@ -506,6 +507,30 @@ static void epilogue_consts(qgen *g)
 	g->qlo = splat(g, g->vf, b[0]), g->qhi = splat(g, g->vf, b[1]);
 }
 
+/* rint(v) clamped to [qlo, qhi] as i32.  Where the target has a
+ * conversion that rounds as the current mode does (half to even:
+ * vcvtps2dq), v is clamped first and converted by it: the same values
+ * (qlo and qhi are whole numbers, rint is monotone; NaN converts to
+ * INT_MIN either way and truncates to 0), one instruction fewer than
+ * vrndscaleps + vcvttps2dq per vector of a small-K GEMM's epilogue. */
+static LLVMValueRef to_int(qgen *g, LLVMValueRef v)
+{
+	if (g->cvt) {
+		v = fclamp(g, v, g->qlo, g->qhi);
+		if (g->W == 16) {
+			LLVMTypeRef i16 = LLVMInt16TypeInContext(g->L->ctx);
+			LLVMValueRef a[] = {v, LLVMGetUndef(g->vi32), LLVMConstInt(i16, 0xffff, 0),
+			                    c32(g, 4)}; /* all lanes, the current rounding */
+			return call(g, g->cvt, a, 4);
+		}
+		return call(g, g->cvt, &v, 1);
+	}
+	LLVMTypeRef vf = g->vf;
+	LLVMValueRef rint = intrinsic(g, "llvm.rint", &vf, 1);
+	LLVMValueRef f = fclamp(g, call(g, rint, &v, 1), g->qlo, g->qhi);
+	return LLVMBuildFPToSI(g->b, f, g->vi32, "");
+}
+
 /* Row m's NV vectors of sums (acc) through the epilogue into C (ra: A's
  * row sum, read only with g->zp). */
 static void epilogue_row(qgen *g, const panel *pn, LLVMValueRef *acc, LLVMValueRef m,
@@ -544,11 +569,7 @@ static void epilogue_row(qgen *g, const panel *pn, LLVMValueRef *acc, LLVMValueR
 			mstore(g, fclamp(g, f, g->lo, g->hi), at, pn->mask[v], 4);
 			continue;
 		}
-		LLVMTypeRef vf = g->vf;
-		LLVMValueRef rint = intrinsic(g, "llvm.rint", &vf, 1);
-		LLVMValueRef a[] = {LLVMBuildFAdd(g->b, f, g->czf, "")};
-		f = fclamp(g, call(g, rint, a, 1), g->qlo, g->qhi);
-		LLVMValueRef iv = LLVMBuildFPToSI(g->b, f, g->vi32, "");
+		LLVMValueRef iv = to_int(g, LLVMBuildFAdd(g->b, f, g->czf, ""));
 		iv = LLVMBuildTrunc(g->b, iv, LLVMVectorType(L->i8, (unsigned)g->W), "");
 		mstore(g, iv, at, pn->mask[v], 1);
 	}
@@ -982,6 +1003,10 @@ LLVMValueRef cg_llvm_qgemm(cg_llvm *L, kiln_dtype a, kiln_dtype b, kiln_dtype c)
 	param_types(&g, at);
 	g.argty = LLVMStructTypeInContext(L->ctx, at, Q_ARGS, 0);
 	g.dot = vnni(&g);
+	/* x86 only: W = 16 where the target has AVX-512, 8 with AVX */
+	if (L->t && L->t->triple && strncmp(L->t->triple, "x86_64", 6) == 0 && g.W >= 8)
+		g.cvt = intrinsic(&g, g.W == 16 ? "llvm.x86.avx512.mask.cvtps2dq.512"
+		                                : "llvm.x86.avx.cvt.ps2dq.256", NULL, 0);
 	LLVMTypeRef zt = LLVMArrayType(L->i8, 64);
 	g.zeros = LLVMAddGlobal(L->mod, zt, "kiln_qgemm_zeros");
 	LLVMSetInitializer(g.zeros, LLVMConstNull(zt));

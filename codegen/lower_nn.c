@@ -591,13 +591,18 @@ static cg_stmt *conv_nest(cg_module *m, cg_kernel *k, cg_stmt *blk, int64_t C, c
 
 /* Output columns [lo, hi) of a 2-D conv whose every tap column lands inside
  * the input: there a row needs no column test. */
+static void dw_span_d(const geom *g, int d, int64_t *lo, int64_t *hi)
+{
+	int64_t s = g->stride[d], p = g->pad[d], last = (g->k[d] - 1) * g->dil[d];
+	*lo = (p + s - 1) / s;
+	*hi = g->in[d] - 1 - last + p < 0 ? 0 : (g->in[d] - 1 - last + p) / s + 1;
+	*lo = *lo > g->out[d] ? g->out[d] : *lo;
+	*hi = *hi > g->out[d] ? g->out[d] : *hi < *lo ? *lo : *hi;
+}
+
 static void dw_span(const geom *g, int64_t *lo, int64_t *hi)
 {
-	int64_t s = g->stride[1], p = g->pad[1], last = (g->k[1] - 1) * g->dil[1];
-	*lo = (p + s - 1) / s;
-	*hi = g->in[1] - 1 - last + p < 0 ? 0 : (g->in[1] - 1 - last + p) / s + 1;
-	*lo = *lo > g->out[1] ? g->out[1] : *lo;
-	*hi = *hi > g->out[1] ? g->out[1] : *hi < *lo ? *lo : *hi;
+	dw_span_d(g, 1, lo, hi);
 }
 
 /* The interior [c0, c0 + ext) of a row whose every output is a final,
@@ -1590,7 +1595,7 @@ static cg_expr *dw_value(cg_module *m, const dw_requant *rq, cg_expr *sum, cg_ex
 
 static void dw_cols(cg_module *m, cg_kernel *k, cg_stmt *blk, const ir_node *n, const int *in,
                     int y, const geom *g, cg_expr **pl, cg_expr *oh, int64_t c0, int64_t ext,
-                    bool interior, const split *sp, const dw_requant *rq)
+                    bool interior, bool row_in, const split *sp, const dw_requant *rq)
 {
 	cg_expr *v, *tv[2];
 	cg_stmt *vb;
@@ -1603,7 +1608,12 @@ static void dw_cols(cg_module *m, cg_kernel *k, cg_stmt *blk, const ir_node *n, 
 	cg_stmt *tb = tap_rows(m, k, vb, g, acc, tv, &part);
 	cg_expr *j[2], *valid;
 	taps(m, g, o, tv, j, &valid);
-	if (interior) { /* the column is inside: only the row is tested */
+	if (interior && row_in) { /* row and column inside: no test, no clamp */
+		valid = cg_const(m, KILN_BOOL, 1);
+		j[0] = add(m, add(m, mul(m, oh, I(m, g->stride[0])), mul(m, tv[0], I(m, g->dil[0]))),
+		           I(m, -g->pad[0]));
+		j[1] = tap_col(m, g, o[1], tv[1]);
+	} else if (interior) { /* the column is inside: only the row is tested */
 		tap_row(m, g, o, tv, &valid);
 		j[1] = tap_col(m, g, o[1], tv[1]);
 	}
@@ -1883,17 +1893,34 @@ static kiln_status conv_depthwise(cg_module *m, const ir_node *n, const int *in,
 		if (!sp.rows)
 			split_plane(m, k, blk, in[0], mul(m, pl[2], I(m, g->isz)), &sp, g->in[0], g->in[1]);
 	}
-	cg_append(m, blk, cg_loop(m, k, I(m, g->out[0]), 0, &oh, &rb));
-	if (sp.buf >= 0 && sp.rows)
-		split_rows(m, k, rb, in[0], mul(m, pl[2], I(m, g->isz)), &sp, g, oh);
+	/* with rq, the output rows whose taps all lie inside run apart, with
+	 * no row tests: LLVM made each tap row's test a branch around the
+	 * interior's loads (MobileNetV2 int8 at batch 1, one thread, kiln
+	 * bench --profile: the 144-channel 56x56 stride-1 conv 0.25 ->
+	 * 0.17-0.19 ms; the whole model 2.65 -> 2.45 ms).  Only the 8-bit
+	 * path so far: the f32 libraries are unchanged (to measure there) */
+	int64_t rlo = 0, rhi = 0;
+	if (rq)
+		dw_span_d(g, 0, &rlo, &rhi);
+	int64_t r0[3] = {0, rlo, rhi}, rext[3] = {rlo, rhi - rlo, g->out[0] - rhi};
 	dw_span(g, &lo, &hi);
 	int64_t c0[3] = {0, lo, hi}, ext[3] = {lo, hi - lo, g->out[1] - hi};
-	for (int r = 0; r < 3; r++) {
-		int64_t st[2] = {c0[r]}, len[2] = {ext[r]};
-		int ns = r == 1 ? vector_spans(c0[r], ext[r], st, len) : 1;
-		for (int q = 0; q < ns; q++)
-			if (len[q] > 0)
-				dw_cols(m, k, rb, n, in, y, g, pl, oh, st[q], len[q], r == 1, &sp, rq);
+	for (int seg = rq ? 0 : 2; seg < 3; seg++) {
+		if (rext[seg] <= 0)
+			continue;
+		cg_append(m, blk, cg_loop(m, k, I(m, rext[seg]), 0, &oh, &rb));
+		if (r0[seg])
+			oh = add(m, I(m, r0[seg]), oh);
+		if (sp.buf >= 0 && sp.rows)
+			split_rows(m, k, rb, in[0], mul(m, pl[2], I(m, g->isz)), &sp, g, oh);
+		for (int r = 0; r < 3; r++) {
+			int64_t st[2] = {c0[r]}, len[2] = {ext[r]};
+			int ns = r == 1 ? vector_spans(c0[r], ext[r], st, len) : 1;
+			for (int q = 0; q < ns; q++)
+				if (len[q] > 0)
+					dw_cols(m, k, rb, n, in, y, g, pl, oh, st[q], len[q], r == 1,
+					        rq && seg == 1, &sp, rq);
+		}
 	}
 	k->final_buf = rq ? -1 : y;
 	return KILN_OK;

@@ -99,7 +99,7 @@ static int64_t sat_i64(double v, double lo, double hi)
 	if (v <= lo)
 		return (int64_t)lo;
 	if (v >= hi)
-		return v >= 0x1p63 ? INT64_MAX : (int64_t)hi;
+		return hi >= 0x1p63 ? INT64_MAX : (int64_t)hi;
 	return (int64_t)v;
 }
 

@@ -1059,6 +1059,16 @@ START_TEST(int8_convs_match_the_interpreter)
 		{1, 16, 16, 12, 9, 3, 16, "pads=1,1,1,1", KILN_U8, KILN_I8, KILN_U8, true, true, false},
 		{2, 8, 8, 10, 40, 3, 8, "pads=1,1,1,1", KILN_U8, KILN_I8, KILN_U8, false, true, false},
 		{1, 8, 8, 34, 36, 3, 8, "pads=1,1,1,1 strides=2,2", KILN_U8, KILN_I8, KILN_I8, true, false, false},
+		/* ... its rows with every tap inside apart (no row tests): 5x5
+		 * (two edge rows each side), padding on some sides only, none at
+		 * all, a plane too short to have such rows, 56 columns, stride 2
+		 * with odd rows */
+		{1, 8, 8, 20, 40, 5, 8, "pads=2,2,2,2", KILN_U8, KILN_I8, KILN_U8, true, true, false},
+		{2, 4, 4, 14, 36, 3, 4, "pads=0,1,2,1", KILN_U8, KILN_I8, KILN_U8, true, true, false},
+		{1, 4, 4, 9, 40, 3, 4, "", KILN_U8, KILN_I8, KILN_I8, false, true, false},
+		{1, 4, 4, 3, 40, 5, 4, "pads=2,2,2,2", KILN_U8, KILN_I8, KILN_U8, true, true, false},
+		{1, 6, 6, 14, 56, 3, 6, "pads=1,1,1,1", KILN_U8, KILN_I8, KILN_U8, true, true, false},
+		{1, 4, 4, 15, 41, 3, 4, "pads=1,1,1,1 strides=2,2", KILN_U8, KILN_I8, KILN_U8, true, true, false},
 	};
 	const size_t ncase = sizeof cases / sizeof *cases;
 	for (size_t r = 0; r < 2 * ncase; r++) {
@@ -1275,6 +1285,57 @@ START_TEST(int8_max_pools_match_the_interpreter)
 }
 END_TEST
 
+/* The 8-bit conversions of rounded and whole f32 values (llvm.c's
+ * round_to_8bit: clamp, then the addition of 1.5 * 2^23 that rounds):
+ * QuantizeLinear, y = sat(round(x / s) + zp) (a whole number converted),
+ * and with zero point 0 the shape u8(round(v)) of the convs' requantizing
+ * stores (the rounding done by the addition), exact
+ * against the interpreter: halves on both sides of every whole number
+ * (ties to even), just below and above them, both saturations, NaN (to 0),
+ * the infinities, for u8 and i8 with zero points 0 and not. */
+START_TEST(int8_rounding_conversions_are_exact)
+{
+	enum { N = 1300 };
+	static double xv[N];
+	for (int i = 0; i < N - 12; i++) /* x / s in [-320, 320) by quarters */
+		xv[i] = (i - (N - 12) / 2) * 0.125;
+	const double sp[12] = {NAN, INFINITY, -INFINITY, 1e20, -1e30, 0.24999999, 0.25000001,
+	                       -0.24999999, -0.75000001, 63.750004, -64.25, 1.2499999};
+	memcpy(xv + N - 12, sp, sizeof sp);
+	static const struct {
+		kiln_dtype dt;
+		int zp;
+	} cases[] = {{KILN_U8, 0}, {KILN_U8, 37}, {KILN_I8, 0}, {KILN_I8, -5}};
+	for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+		char name[32];
+		snprintf(name, sizeof name, "qround%zu", i);
+		kiln_graph *g = kiln_graph_new(name);
+		int64_t n = N;
+		kiln_tensor *in[3] = {tensor(KILN_F32, 1, &n, xv), tensor(KILN_F32, 0, NULL, (double[]){0.5}),
+		                      tensor(cases[i].dt, 0, NULL, (double[]){cases[i].zp})};
+		uint32_t v[3] = {input(g, "x", KILN_F32, 1, &n), operand(g, "s", in[1], true),
+		                 operand(g, "z", in[2], true)};
+		ir_output_add(g, op1(g, KILN_OP_QUANTIZE_LINEAR, 3, v, ""), NULL);
+		kiln_tensor *want = NULL, *got = NULL;
+		kiln_error err = {0};
+		ck_assert_msg(kiln_graph_run(g, in, 1, &want, 1, &err) == KILN_OK, "%s: %s", name, err.msg);
+		char dir[] = "/tmp/kiln_qround.XXXXXX";
+		ck_assert_ptr_nonnull(mkdtemp(dir));
+		kiln_status st = compile_and_run(g, dir, name, in, 1, &got, 1, &err);
+		remove_dir(dir);
+		ck_assert_msg(st == KILN_OK, "%s: %s", name, err.msg);
+		ck_assert_int_eq(got->dtype, want->dtype);
+		for (int64_t k = 0; k < N; k++)
+			ck_assert_msg(ir_load(got, k) == ir_load(want, k), "%s: x = %.9g: %g, interpreter %g",
+			              name, xv[k], ir_load(got, k), ir_load(want, k));
+		kiln_tensor_free(want), kiln_tensor_free(got);
+		for (int k = 0; k < 3; k++)
+			kiln_tensor_free(in[k]);
+		kiln_graph_free(g);
+	}
+}
+END_TEST
+
 /* The last test: how long compiling took, so a slow backend shows. */
 START_TEST(report_compile_time)
 {
@@ -1320,6 +1381,7 @@ static Suite *compiled_ops_suite(void)
 	tcase_add_test(tc, int8_matmuls_match_the_interpreter);
 	tcase_add_test(tc, int8_gemm_paths_match_the_interpreter);
 	tcase_add_test(tc, int8_max_pools_match_the_interpreter);
+	tcase_add_test(tc, int8_rounding_conversions_are_exact);
 	tcase_add_test(tc, report_compile_time);
 	suite_add_tcase(s, tc);
 	return s;
