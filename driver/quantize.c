@@ -530,12 +530,9 @@ static kiln_status make_report(qctx *c, kiln_quant_report **out)
 		y->max_error = e->maxd;
 		y->scale = NAN, y->lo = y->hi = NAN;
 		if (y->quantized) {
-			const pass_qtensor *t = &c->plan.t[l->q];
-			int src = l->q;
-			for (int hops = 0; c->plan.t[src].same_as >= 0 && hops < c->plan.nt; hops++)
-				src = c->plan.t[src].same_as;
+			const pass_qtensor *t = &c->plan.t[l->q]; /* lo, hi: its source's (apply) */
 			y->scale = t->scale, y->zero_point = t->zp;
-			y->lo = c->plan.t[src].lo, y->hi = c->plan.t[src].hi;
+			y->lo = t->lo, y->hi = t->hi;
 			y->saturation = e->n ? (double)e->sat / (double)e->n : 0;
 			y->max_error /= t->scale;
 		}

@@ -193,7 +193,8 @@ typedef struct pass_qtensor {
 	uint32_t v;     /* the f32 value */
 	int same_as;    /* >= 0: takes that tensor's scale and zero point (a
 	                   MaxPool's result takes its input's) */
-	double lo, hi;  /* the range to cover, set by the caller before apply */
+	double lo, hi;  /* the range to cover, set by the caller before apply (which
+	                   gives a shared tensor its source's) */
 	float scale;    /* set by apply: u8, asymmetric */
 	int zp;
 	uint32_t dq;    /* set by apply: the DequantizeLinear its readers take */

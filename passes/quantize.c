@@ -345,7 +345,8 @@ kiln_status pass_qplan_apply(kiln_graph *g, pass_qplan *p, bool per_tensor_weigh
 		    !isfinite(p->t[src].hi))
 			return ir_errorf(g, NULL, KILN_EINVAL, "quantize: tensor %d has no finite range "
 			                 "[%g, %g]", src, p->t[src].lo, p->t[src].hi);
-		pass_qparams(p->t[src].lo, p->t[src].hi, &t->scale, &t->zp);
+		t->lo = p->t[src].lo, t->hi = p->t[src].hi; /* a shared tensor reports its source's */
+		pass_qparams(t->lo, t->hi, &t->scale, &t->zp);
 	}
 	for (int i = 0; i < p->nl && g->status == KILN_OK; i++) {
 		ir_node *n = g->node[p->l[i].node];

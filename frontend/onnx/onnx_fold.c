@@ -189,6 +189,12 @@ static bool sym_slice(onnx_imp *c, const ir_node *n, onnx_svec *o)
 static bool arith(kiln_graph *g, kiln_op op, int64_t a, bool sa, int64_t b, bool sb,
                   int64_t *r, bool *sr)
 {
+	if (op == KILN_OP_EQUAL) { /* a symbol (a size, >= 1) differs from any number below 1 */
+		if ((sa && sb && a != b) || (sa != sb && (sa ? b : a) >= 1))
+			return false;
+		*sr = false, *r = a == b && sa == sb;
+		return true;
+	}
 	*sr = sa || sb;
 	if (!*sr) {
 		*r = op == KILN_OP_ADD ? a + b : op == KILN_OP_SUB ? a - b : op == KILN_OP_MUL ? a * b
@@ -222,28 +228,6 @@ static bool sym_arith(onnx_imp *c, const ir_node *n, onnx_svec *o)
 	return true;
 }
 
-/* Equal of vectors: numbers compare; a symbol (a size, >= 1) differs from
- * any number below 1 and equals itself; anything else is unknown. */
-static bool sym_equal(onnx_imp *c, const ir_node *n, onnx_svec *o)
-{
-	const onnx_svec *a = onnx_svec_of(c, n->in[0]), *b = onnx_svec_of(c, n->in[1]);
-	if (!a || !b || (a->n != b->n && a->n != 1 && b->n != 1))
-		return false;
-	o->rank = a->rank > b->rank ? a->rank : b->rank;
-	o->n = a->n > b->n ? a->n : b->n;
-	for (int i = 0; i < o->n; i++) {
-		int ia = a->n == 1 ? 0 : i, ib = b->n == 1 ? 0 : i;
-		bool sa = a->sym[ia], sb = b->sym[ib];
-		int64_t va = a->v[ia], vb = b->v[ib];
-		if (sa && sb && va != vb)
-			return false;
-		if (sa != sb && (sa ? vb : va) >= 1)
-			return false;
-		o->v[i] = va == vb && sa == sb, o->sym[i] = false;
-	}
-	return true;
-}
-
 /* Where of vectors with a known condition: the elements it picks. */
 static bool sym_where(onnx_imp *c, const ir_node *n, onnx_svec *o)
 {
@@ -267,7 +251,7 @@ static bool sym_where(onnx_imp *c, const ir_node *n, onnx_svec *o)
 }
 
 static const sym_rule sym_rules[KILN_OP_COUNT] = {
-	[KILN_OP_EQUAL] = sym_equal, [KILN_OP_WHERE] = sym_where, [KILN_OP_RESHAPE] = sym_same,
+	[KILN_OP_EQUAL] = sym_arith, [KILN_OP_WHERE] = sym_where, [KILN_OP_RESHAPE] = sym_same,
 	[KILN_OP_SHAPE] = sym_shape, [KILN_OP_GATHER] = sym_gather,
 	[KILN_OP_UNSQUEEZE] = sym_same, [KILN_OP_SQUEEZE] = sym_same, [KILN_OP_CAST] = sym_same,
 	[KILN_OP_IDENTITY] = sym_same, [KILN_OP_CONCAT] = sym_concat, [KILN_OP_SLICE] = sym_slice,
