@@ -1,8 +1,11 @@
 /*
  * fail.c: the CLI's error helper, shared by every tools/ file, so each
- * failure prints the same one line: "kiln: error: ..." on stderr.
+ * failure prints the same one line: "kiln: error: ..." on stderr; and the
+ * option readers every command's parser uses.
  */
+#include <errno.h>
 #include <stdarg.h>
+#include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -18,6 +21,31 @@ int tool_fail(int code, const char *fmt, ...)
 	fputc('\n', stderr);
 	va_end(ap);
 	return code;
+}
+
+const char *tool_optval(int argc, char **argv, int *i, const char *lng, const char *shrt)
+{
+	size_t n = strlen(lng);
+	if (strncmp(argv[*i], lng, n) == 0 && argv[*i][n] == '=')
+		return argv[*i] + n + 1;
+	if ((strcmp(argv[*i], lng) == 0 || (shrt && strcmp(argv[*i], shrt) == 0)) && *i + 1 < argc)
+		return argv[++*i];
+	return NULL;
+}
+
+bool tool_is_opt(const char *a, const char *lng, const char *shrt)
+{
+	size_t n = strlen(lng);
+	return strcmp(a, lng) == 0 || (strncmp(a, lng, n) == 0 && a[n] == '=') ||
+	       (shrt && strcmp(a, shrt) == 0);
+}
+
+bool tool_num(const char *s, double *v)
+{
+	char *end;
+	errno = 0;
+	*v = s ? strtod(s, &end) : 0;
+	return s && *s && !*end && !errno;
 }
 
 int tool_fail_err(const char *path, const kiln_error *e, kiln_status st)

@@ -73,23 +73,6 @@ static int load(const char *path, kiln_graph **g)
 	return tool_fail_err(NULL, &e, st);
 }
 
-/* An option's value: "--name=V", or "--name V" / "-x V" from the next arg. */
-static const char *optval(int argc, char **argv, int *i, const char *lng, const char *shrt)
-{
-	size_t n = strlen(lng);
-	if (strncmp(argv[*i], lng, n) == 0 && argv[*i][n] == '=')
-		return argv[*i] + n + 1;
-	if ((strcmp(argv[*i], lng) == 0 || (shrt && strcmp(argv[*i], shrt) == 0)) && *i + 1 < argc)
-		return argv[++*i];
-	return NULL;
-}
-
-static bool is_opt(const char *a, const char *lng, const char *shrt)
-{
-	size_t n = strlen(lng);
-	return strcmp(a, lng) == 0 || (strncmp(a, lng, n) == 0 && a[n] == '=') ||
-	       (shrt && strcmp(a, shrt) == 0);
-}
 
 /* Takes the single FILE argument; *file stays set on a second one. */
 static int positional(const char *cmd, const char *arg, const char **file)
@@ -240,12 +223,12 @@ static int run_parse(int argc, char **argv, run_args *a)
 {
 	for (int i = 0; i < argc; i++) {
 		const char *v;
-		if (is_opt(argv[i], "--input", "-i")) {
-			if (!(v = optval(argc, argv, &i, "--input", "-i")))
+		if (tool_is_opt(argv[i], "--input", "-i")) {
+			if (!(v = tool_optval(argc, argv, &i, "--input", "-i")))
 				return usage_error("run", "option '%s' needs NAME=FILE.npy", argv[i]);
 			a->spec[a->nspec++] = v;
-		} else if (is_opt(argv[i], "--output", "-o")) {
-			if (!(v = optval(argc, argv, &i, "--output", "-o")))
+		} else if (tool_is_opt(argv[i], "--output", "-o")) {
+			if (!(v = tool_optval(argc, argv, &i, "--output", "-o")))
 				return usage_error("run", "option '%s' needs a directory", argv[i]);
 			a->outdir = v;
 		} else if (positional("run", argv[i], &a->file)) {
@@ -690,18 +673,18 @@ static int cmd_opt(int argc, char **argv)
 	const char *file = NULL, *passes = "", *outfile = NULL, *v;
 	kiln_pass_opts o = {.dump = stderr};
 	for (int i = 0; i < argc; i++) {
-		if (is_opt(argv[i], "--passes", NULL)) {
-			if (!(v = optval(argc, argv, &i, "--passes", NULL)))
+		if (tool_is_opt(argv[i], "--passes", NULL)) {
+			if (!(v = tool_optval(argc, argv, &i, "--passes", NULL)))
 				return usage_error("opt", "option '%s' needs a pass list", argv[i]);
 			passes = v;
-		} else if (is_opt(argv[i], "--dump-after", NULL)) {
-			if (!(v = optval(argc, argv, &i, "--dump-after", NULL)))
+		} else if (tool_is_opt(argv[i], "--dump-after", NULL)) {
+			if (!(v = tool_optval(argc, argv, &i, "--dump-after", NULL)))
 				return usage_error("opt", "option '%s' needs a pass name or 'all'", argv[i]);
 			if (strcmp(v, "all") != 0 && !kiln_pass_known(v))
 				return usage_error("opt", "--dump-after: unknown pass '%s'", v);
 			o.dump_after = v;
-		} else if (is_opt(argv[i], "--output", "-o")) {
-			if (!(v = optval(argc, argv, &i, "--output", "-o")))
+		} else if (tool_is_opt(argv[i], "--output", "-o")) {
+			if (!(v = tool_optval(argc, argv, &i, "--output", "-o")))
 				return usage_error("opt", "option '%s' needs a file name", argv[i]);
 			outfile = v;
 		} else if (strcmp(argv[i], "--verify") == 0) {
@@ -756,14 +739,14 @@ static int bench_parse(int argc, char **argv, bench_args *a)
 	            {"--time", NULL, &a->seconds}};
 	for (int i = 0; i < argc; i++) {
 		size_t k = 0;
-		while (k < sizeof opts / sizeof opts[0] && !is_opt(argv[i], opts[k].lng, opts[k].shrt))
+		while (k < sizeof opts / sizeof opts[0] && !tool_is_opt(argv[i], opts[k].lng, opts[k].shrt))
 			k++;
 		if (strcmp(argv[i], "--json") == 0) {
 			a->json = true;
 		} else if (strcmp(argv[i], "--profile") == 0) {
 			a->profile = true;
 		} else if (k < sizeof opts / sizeof opts[0]) {
-			const char *o = argv[i], *v = optval(argc, argv, &i, opts[k].lng, opts[k].shrt);
+			const char *o = argv[i], *v = tool_optval(argc, argv, &i, opts[k].lng, opts[k].shrt);
 			char *end = NULL;
 			if (!v || (*opts[k].dst = strtod(v, &end), end == v || *end) || *opts[k].dst < 0)
 				return usage_error("bench", "option '%s' needs a number >= 0", o);
@@ -975,13 +958,6 @@ typedef struct train_cli {
 	int64_t batch, seed; /* --batch; --seed: Dropout's masks */
 } train_cli;
 
-static bool num(const char *s, double *v)
-{
-	char *end;
-	errno = 0;
-	*v = s ? strtod(s, &end) : 0;
-	return s && *s && !*end && !errno;
-}
 
 /* A loss or optimizer name into t; false when unknown. */
 static bool train_choice(const char *flag, const char *v, kiln_train_opts *t)
@@ -1021,23 +997,23 @@ static int train_flag(int argc, char **argv, int *i, train_cli *tc)
 		return 1;
 	}
 	size_t k = 0;
-	while (k < sizeof f / sizeof *f && !is_opt(argv[*i], f[k].flag, NULL))
+	while (k < sizeof f / sizeof *f && !tool_is_opt(argv[*i], f[k].flag, NULL))
 		k++;
 	if (k == sizeof f / sizeof *f)
 		return 0;
-	const char *v = optval(argc, argv, i, f[k].flag, NULL);
+	const char *v = tool_optval(argc, argv, i, f[k].flag, NULL);
 	double d;
 	char tail;
 	bool ok = v != NULL;
 	if (ok && f[k].off != SIZE_MAX) {
-		ok = num(v, (double *)(void *)((char *)&tc->t + f[k].off));
+		ok = tool_num(v, (double *)(void *)((char *)&tc->t + f[k].off));
 		tc->wd_set |= k == 2;
 	} else if (ok && k <= 6) {
 		ok = train_choice(f[k].flag, v, &tc->t);
 	} else if (ok && k == 7) {
 		ok = sscanf(v, "%lf,%lf%c", &tc->t.beta1, &tc->t.beta2, &tail) == 2;
 	} else if (ok) { /* --accum K >= 1, --batch B >= 0, --seed S >= 0: integers */
-		ok = num(v, &d) && d >= (k == 8) && d == (double)(int64_t)d && d < 1e15;
+		ok = tool_num(v, &d) && d >= (k == 8) && d == (double)(int64_t)d && d < 1e15;
 		ok = ok && (k == 10 || d < 1e9);
 		if (k == 8)
 			tc->t.accum_steps = (int)d;
@@ -1118,8 +1094,8 @@ static int cmd_compile(int argc, char **argv)
 	int nb = 0;
 	for (int i = 0; i < argc; i++) {
 		size_t k = 0;
-		if (is_opt(argv[i], "--bind", NULL)) {
-			if (!(v = optval(argc, argv, &i, "--bind", NULL)))
+		if (tool_is_opt(argv[i], "--bind", NULL)) {
+			if (!(v = tool_optval(argc, argv, &i, "--bind", NULL)))
 				return usage_error("compile", "%s", "--bind needs NAME=X.npy");
 			if (nb == MAX_BINDS)
 				return usage_error("compile", "%s", "too many --bind options");
@@ -1131,15 +1107,15 @@ static int cmd_compile(int argc, char **argv)
 			o.times = &times;
 			continue;
 		}
-		if (is_opt(argv[i], "--jobs", "-j") || (!strncmp(argv[i], "-j", 2) && argv[i][2])) {
+		if (tool_is_opt(argv[i], "--jobs", "-j") || (!strncmp(argv[i], "-j", 2) && argv[i][2])) {
 			double d; /* -j N, --jobs N, --jobs=N, or make's -jN */
-			v = argv[i][1] == 'j' && argv[i][2] ? argv[i] + 2 : optval(argc, argv, &i, "--jobs", "-j");
-			if (!v || !num(v, &d) || d < 0 || d > 1024 || d != (double)(int)d)
+			v = argv[i][1] == 'j' && argv[i][2] ? argv[i] + 2 : tool_optval(argc, argv, &i, "--jobs", "-j");
+			if (!v || !tool_num(v, &d) || d < 0 || d > 1024 || d != (double)(int)d)
 				return usage_error("compile", "%s", "--jobs needs a whole number >= 0");
 			o.jobs = (int)d;
 			continue;
 		}
-		while (k < sizeof opts / sizeof *opts && !is_opt(argv[i], opts[k].lng, opts[k].shrt))
+		while (k < sizeof opts / sizeof *opts && !tool_is_opt(argv[i], opts[k].lng, opts[k].shrt))
 			k++;
 		int qf = k == sizeof opts / sizeof *opts ? quant_cli_flag("compile", argc, argv, &i, &qc, false)
 		                                        : 0;
@@ -1157,7 +1133,7 @@ static int cmd_compile(int argc, char **argv)
 				return TOOLS_EXIT_USAGE;
 			continue;
 		}
-		if (!(v = optval(argc, argv, &i, opts[k].lng, opts[k].shrt)))
+		if (!(v = tool_optval(argc, argv, &i, opts[k].lng, opts[k].shrt)))
 			return usage_error("compile", "option '%s' needs a value", argv[i]);
 		if (k == 0)
 			out = v;

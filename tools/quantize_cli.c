@@ -39,30 +39,6 @@ const char cmd_quantize_usage[] =
 
 static const char *const methods[] = {"minmax", "percentile", "entropy"};
 
-static bool num(const char *s, double *v)
-{
-	char *end;
-	*v = strtod(s, &end);
-	return *s && !*end && isfinite(*v);
-}
-
-/* "--name=V" or "--name V". */
-static const char *value(int argc, char **argv, int *i, const char *name)
-{
-	size_t n = strlen(name);
-	if (!strncmp(argv[*i], name, n) && argv[*i][n] == '=')
-		return argv[*i] + n + 1;
-	if (!strcmp(argv[*i], name) && *i + 1 < argc)
-		return argv[++*i];
-	return NULL;
-}
-
-static bool is(const char *a, const char *name)
-{
-	size_t n = strlen(name);
-	return !strncmp(a, name, n) && (a[n] == '\0' || a[n] == '=');
-}
-
 int quant_cli_flag(const char *cmd, int argc, char **argv, int *i, quant_cli *q, bool all)
 {
 	const char *a = argv[*i], *v;
@@ -82,11 +58,11 @@ int quant_cli_flag(const char *cmd, int argc, char **argv, int *i, quant_cli *q,
 	static const char *const takes[] = {"--calib", "--method", "--percentile", "--keep-float",
 	                                    "--samples", "--batch", "--threads"};
 	int k = 0, nk = (int)(sizeof takes / sizeof *takes);
-	while (k < nk && !is(a, takes[k]))
+	while (k < nk && !tool_is_opt(a, takes[k], NULL))
 		k++;
 	if (k == nk || (!all && k == 5)) /* compile's --batch is the train step's */
 		return 0;
-	if (!(v = value(argc, argv, i, takes[k])))
+	if (!(v = tool_optval(argc, argv, i, takes[k], NULL)))
 		return tool_fail(TOOLS_EXIT_USAGE, "option '%s' needs a value (see 'kiln %s --help')", a,
 		                 cmd), -1;
 	q->set = true;
@@ -107,7 +83,7 @@ int quant_cli_flag(const char *cmd, int argc, char **argv, int *i, quant_cli *q,
 		break;
 	}
 	case 2:
-		ok = num(v, &q->o.percentile) && q->o.percentile > 50 && q->o.percentile <= 100;
+		ok = tool_num(v, &q->o.percentile) && q->o.percentile > 50 && q->o.percentile <= 100;
 		break;
 	case 3:
 		if (q->o.nkeep_float == QUANT_CLI_MAX_KEEP)
@@ -117,7 +93,7 @@ int quant_cli_flag(const char *cmd, int argc, char **argv, int *i, quant_cli *q,
 		q->o.keep_float = q->keep;
 		break;
 	default: /* --samples, --batch, --threads: whole numbers >= 1 */
-		ok = num(v, &d) && d >= 1 && d == floor(d) && d <= (k == 6 ? 256 : 1e12);
+		ok = tool_num(v, &d) && d >= 1 && d == floor(d) && d <= (k == 6 ? 256 : 1e12);
 		if (ok && k == 4)
 			q->samples = (int64_t)d;
 		else if (ok && k == 5)
@@ -268,10 +244,8 @@ int cmd_quantize(int argc, char **argv)
 			return TOOLS_EXIT_USAGE;
 		if (f > 0)
 			continue;
-		if (is(argv[i], "--output") || !strcmp(argv[i], "-o")) {
-			out = !strcmp(argv[i], "-o") ? (i + 1 < argc ? argv[++i] : NULL)
-			                             : value(argc, argv, &i, "--output");
-			if (!out)
+		if (tool_is_opt(argv[i], "--output", "-o")) {
+			if (!(out = tool_optval(argc, argv, &i, "--output", "-o")))
 				return tool_fail(TOOLS_EXIT_USAGE, "option '%s' needs a value (see 'kiln "
 				                 "quantize --help')", argv[i]);
 		} else if (argv[i][0] == '-' && argv[i][1]) {

@@ -31,6 +31,13 @@ int tool_fail(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3
  * not already name it; returns 1. */
 int tool_fail_err(const char *path, const kiln_error *e, kiln_status st);
 
+/* Option readers: an option's value ("--name=V", or "--name V" / "-x V"
+ * from the next argument; NULL when it has none); whether a is the option
+ * (either spelling); a whole string as a number (false otherwise). */
+const char *tool_optval(int argc, char **argv, int *i, const char *lng, const char *shrt);
+bool tool_is_opt(const char *a, const char *lng, const char *shrt);
+bool tool_num(const char *s, double *v);
+
 /* ---- files.c ------------------------------------------------------------ */
 
 /* A file a command reads or writes, for the checks below: the flag that
