@@ -325,6 +325,10 @@ cg_stmt *cg_transpose_stmt(cg_module *m, const cg_transpose *t);
 cg_stmt *cg_check(cg_module *m, const char *what, cg_expr *value, cg_expr *lo, cg_expr *hi);
 /* Textual dump of the whole module (`kiln compile --emit=kir`). */
 void cg_print(const cg_module *m, FILE *out);
+/* The module's graph as Graphviz text with each kernel a cluster around the
+ * nodes fused into it (`kiln compile --emit=dot`, dot_groups.c).  malloc'd;
+ * NULL on ENOMEM or when m has no graph. */
+char *cg_module_dot(const cg_module *m);
 /* A text equal for two kernels of m exactly when they compute the same
  * thing with their buffers renamed consistently: the body as cg_print
  * prints it, each buffer written as its root's index in order of first

@@ -33,6 +33,7 @@
 #include <unistd.h>
 
 #include "codegen/backend.h"
+#include "runtime/rt.h"
 
 extern char **environ;
 
@@ -318,6 +319,16 @@ static kiln_status header(const cg_module *m, const cg_module *eval, const cg_tr
 
 /* ---- emission --------------------------------------------------------------- */
 
+static kiln_status emit_dot(const cg_module *m, const char *path, kiln_error *err)
+{
+	char *text = cg_module_dot(m);
+	if (!text)
+		return ir_seterr(err, KILN_ENOMEM, "%s: out of memory drawing the graph", path);
+	kiln_status st = rt_write_atomic(path, text, strlen(text), err);
+	free(text);
+	return st;
+}
+
 static kiln_status emit_kir(const cg_module *m, const char *path, kiln_error *err)
 {
 	char tmp[4200];
@@ -414,6 +425,8 @@ kiln_status cg_emit(const cg_backend *b, const cg_module *m, const char *out_pat
 	const char *emit = o->emit ? o->emit : "so";
 	if (strcmp(emit, "kir") == 0)
 		return emit_kir(m, out_path, err);
+	if (strcmp(emit, "dot") == 0)
+		return emit_dot(m, out_path, err);
 	cg_library lib = {.m = m, .name = name, .o = o};
 	kiln_status st = backend(b ? b : cg_backend_find(NULL), &lib, out_path, emit, err);
 	if (st == KILN_OK && strcmp(emit, "so") == 0)

@@ -70,7 +70,7 @@ static kiln_status to_kernels(const kiln_graph *g, const kiln_compile_opts *o, k
 static kiln_status check_opts(const kiln_graph *g, const char *out, const kiln_compile_opts *o,
                               kiln_error *err)
 {
-	static const char *const emits[] = {"so", "kir", "ll", "asm", "obj"};
+	static const char *const emits[] = {"so", "kir", "dot", "ll", "asm", "obj"};
 	if (!g || !out || !*out)
 		return ir_seterr(err, KILN_EINVAL, "kiln_compile: %s is NULL",
 		                 !g ? "the graph" : "the output path");
@@ -88,7 +88,7 @@ static kiln_status check_opts(const kiln_graph *g, const char *out, const kiln_c
 		if (strcmp(o->emit, emits[i]) == 0)
 			return KILN_OK;
 	return o->emit ? ir_seterr(err, KILN_EINVAL, "kiln_compile: unknown --emit '%s' (want "
-	                           "so, kir, ll, asm or obj)", o->emit) : KILN_OK;
+	                           "so, kir, dot, ll, asm or obj)", o->emit) : KILN_OK;
 }
 
 KILN_API kiln_status kiln_compile(const kiln_graph *g, const char *out_path,

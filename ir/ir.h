@@ -105,6 +105,11 @@ int ir_dim_nsym(const kiln_graph *g);           /* symbols 0..n-1 */
 const char *ir_dim_symname(const kiln_graph *g, int k);
 /* "f32[N,3,224,224]" */
 char *ir_type_str(const kiln_graph *g, const ir_type *t, char *buf, size_t size);
+/* Graphviz text of g (dot.c): cluster NULL, or per node the cluster it is
+ * drawn in (-1: none), label[c] naming cluster c < ncluster.  malloc'd;
+ * NULL on ENOMEM. */
+char *ir_graph_dot(const kiln_graph *g, const int *cluster, const char *const *label,
+                   int ncluster);
 bool ir_type_eq(const ir_type *a, const ir_type *b);
 bool ir_type_concrete(const ir_type *t); /* no symbolic dim */
 

@@ -133,6 +133,12 @@ kiln_status rt_write_atomic(const char *path, const void *data, size_t n, kiln_e
 	return rt_write_atomicv(path, &c, 1, err);
 }
 
+KILN_API kiln_status kiln_write_file(const char *path, const void *data, size_t size,
+                                     kiln_error *err)
+{
+	return rt_write_atomic(path, data, size, err);
+}
+
 kiln_status rt_open_read(const char *path, int *fd, uint64_t *size, kiln_error *err)
 {
 	*fd = -1;

@@ -174,14 +174,39 @@ static int inspect_so(const char *file)
 	return 0;
 }
 
+/* `kiln inspect --dot OUT`: the graph as Graphviz (OUT "-": stdout) */
+static int inspect_dot(kiln_graph *g, const char *out)
+{
+	char *text = kiln_graph_to_dot(g);
+	kiln_graph_free(g);
+	if (!text)
+		return tool_fail(1, "out of memory drawing the graph");
+	int rc = 0;
+	if (strcmp(out, "-") == 0) {
+		fputs(text, stdout);
+	} else {
+		kiln_error e = {0};
+		kiln_status st = kiln_write_file(out, text, strlen(text), &e);
+		if (st != KILN_OK)
+			rc = tool_fail_err(NULL, &e, st);
+		else
+			fprintf(stderr, "kiln: wrote %s (render: dot -Tsvg %s -o graph.svg)\n", out, out);
+	}
+	free(text);
+	return rc;
+}
+
 static int cmd_inspect(int argc, char **argv)
 {
-	const char *file = NULL;
+	const char *file = NULL, *dot = NULL;
 	bool ir = true;
 	for (int i = 0; i < argc; i++) {
 		if (strcmp(argv[i], "--no-ir") == 0)
 			ir = false;
-		else if (positional("inspect", argv[i], &file))
+		else if (tool_is_opt(argv[i], "--dot", NULL)) {
+			if (!(dot = tool_optval(argc, argv, &i, "--dot", NULL)))
+				return usage_error("inspect", "%s", "--dot needs OUT.dot (or - for stdout)");
+		} else if (positional("inspect", argv[i], &file))
 			return TOOLS_EXIT_USAGE;
 	}
 	if (!file)
@@ -189,10 +214,13 @@ static int cmd_inspect(int argc, char **argv)
 	kiln_graph *g;
 	kiln_file_kind kind = kiln_file_sniff(file);
 	if (kind == KILN_FILE_ELF)
-		return inspect_so(file);
+		return dot ? usage_error("inspect", "%s", "--dot draws a graph (.kir or .onnx), not a "
+		                         "compiled library") : inspect_so(file);
 	/* an ONNX model lists every unsupported node, not just the first */
 	if (kind == KILN_FILE_ONNX ? onnx_cli_inspect_report(file, &g) : load(file, &g))
 		return 1;
+	if (dot)
+		return inspect_dot(g, dot);
 	printf("graph: %s\n", kiln_graph_name(g));
 	print_values(g, "inputs", true);
 	print_values(g, "outputs", false);
@@ -1204,13 +1232,16 @@ static int cmd_help(int argc, char **argv);
 
 static const command commands[] = {
 	{"inspect", cmd_inspect,
-	 "inspect FILE.kir|FILE.onnx|MODEL.so [--no-ir]\n"
+	 "inspect FILE.kir|FILE.onnx|MODEL.so [--no-ir] [--dot OUT.dot]\n"
 	 "  Prints the graph's name, inputs and outputs with their types, parameter\n"
 	 "  counts and bytes (trainable and buffers), node count, op histogram, then\n"
 	 "  the IR.  Weights load from FILE.safetensors beside it when present.  A\n"
 	 "  compiled library prints its signature and whether it trains.  Files are\n"
 	 "  recognised by content, not by name.\n"
-	 "  --no-ir      omit the IR",
+	 "  --no-ir      omit the IR\n"
+	 "  --dot OUT    write the graph as Graphviz instead (- for stdout): a box\n"
+	 "               per node with the weights it reads, types on the edges;\n"
+	 "               render with dot -Tsvg OUT -o graph.svg",
 	 "summarize a graph: signature, parameters, op histogram, IR"},
 	{"run", cmd_run,
 	 "run FILE.kir|MODEL.so -i NAME=X.npy [-i ...] [-o DIR]\n"
@@ -1248,7 +1279,7 @@ static const command commands[] = {
 	 "time a compiled model: median and spread of many runs"},
 	{"compile", cmd_compile,
 	 "compile FILE.kir|FILE.onnx -o OUT.so [--name N] [--cpu C] [--features F]\n"
-	 "        [--emit=kir|ll|asm|obj] [--passes=LIST] [--conv=ALGO] [-j N] [--time-report]\n"
+	 "        [--emit=kir|dot|ll|asm|obj] [--passes=LIST] [--conv=ALGO] [-j N] [--time-report]\n"
 	 "        [--int8 --calib X.npy ...] [--bind NAME=X.npy ...]\n"
 	 "  Compiles the graph to a shared library needing only libc, libm and\n"
 	 "  libpthread, and writes its header beside it (OUT.h); prints the time.\n"
@@ -1259,8 +1290,10 @@ static const command commands[] = {
 	 "                       (default: $KILN_CPU, else this machine with its features)\n"
 	 "  --features F         e.g. +avx2,-avx512f (default: $KILN_FEATURES, else the\n"
 	 "                       CPU's)\n"
-	 "  --emit=STAGE         write kernel IR (kir), LLVM IR after -O3 (ll),\n"
-	 "                       assembly (asm) or an object file (obj) instead\n"
+	 "  --emit=STAGE         write kernel IR (kir), the compiled graph as Graphviz\n"
+	 "                       with each kernel a cluster of the nodes fused into\n"
+	 "                       it (dot), LLVM IR after -O3 (ll), assembly (asm) or\n"
+	 "                       an object file (obj) instead\n"
 	 "  --passes=LIST        graph passes before lowering (default: the default)\n"
 	 "  --conv=ALGO          f32 convolutions: auto (default: a cost model picks\n"
 	 "                       per layer), im2col, or winograd (F(4x4,3x3) on every\n"

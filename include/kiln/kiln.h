@@ -134,6 +134,10 @@ KILN_API kiln_status kiln_npy_read(const char *path, kiln_tensor **out, kiln_err
 KILN_API kiln_status kiln_npy_write(const char *path, const kiln_tensor *t, kiln_error *err);
 KILN_API kiln_status kiln_safetensors_read(const char *path, kiln_tensor_set **out,
                                            kiln_error *err);
+/* size bytes of data as the file path, written atomically (a temporary file
+ * beside it, fsync, rename): the old file stays whole if anything fails. */
+KILN_API kiln_status kiln_write_file(const char *path, const void *data, size_t size,
+                                     kiln_error *err);
 /* Written atomically: temporary file, fsync, rename. */
 KILN_API kiln_status kiln_safetensors_write(const char *path, const kiln_tensor_set *s,
                                             kiln_error *err);
@@ -260,6 +264,11 @@ KILN_API int64_t kiln_tensor_get_i64(const kiln_tensor *t, int64_t i);
 
 /* Returns a malloc'd string; the caller frees it. */
 KILN_API char *kiln_graph_to_kir(const kiln_graph *g);
+/* The graph as Graphviz text (`kiln inspect --dot`): a box per node with
+ * the parameters it reads, an ellipse per input and output, each edge
+ * labelled with its type.  Render with `dot -Tsvg`.  malloc'd; NULL when
+ * out of memory. */
+KILN_API char *kiln_graph_to_dot(const kiln_graph *g);
 KILN_API kiln_status kiln_graph_from_kir(const char *text, const char *filename,
                                          kiln_graph **out, kiln_error *err);
 /* FILE.kir plus its weights in FILE.safetensors (when it has parameters). */
