@@ -73,6 +73,20 @@ int files_sync_dir(const char *path);
 /* Flushes stdout: 1 after an error line when anything printed was lost. */
 int files_finish_stdout(void);
 
+/* ---- plot.c ------------------------------------------------------------- */
+
+/* A training curve: every step's loss and learning rate, and the
+ * validation accuracy where it was measured (nval points, may be 0). */
+typedef struct plot_curve {
+	const double *step, *loss, *lr;
+	int64_t n;
+	const double *val_step, *val_acc;
+	int64_t nval;
+} plot_curve;
+
+/* Writes c to path as an SVG (atomically); 1 after an error line. */
+int plot_curve_svg(const char *path, const plot_curve *c);
+
 /* ---- train.c ------------------------------------------------------------ */
 
 /* `kiln train MODEL --x X.npy --y Y.npy ...`: see the usage text. */
