@@ -957,12 +957,29 @@ static uint32_t permuted(onnx_imp *c, onnx_nd *d, uint32_t x, int n, const int64
 	return id ? x : transpose(c, d, x, n, perm, suffix);
 }
 
-/* Einsum of one or two operands whose dims are known at import (no
- * ellipsis, no letter twice in one operand): letters only one operand has
- * and the output lacks are summed first; then batch letters (both
- * operands and the output), contracted ones (both, not the output), and
- * each side's own make one batched MatMul of [B, L, C] by [B, C, R], whose
- * result is reshaped and transposed to the output's order. */
+/* A Reshape target whose entries may be symbolic: the one symbolic entry
+ * becomes -1 (Reshape infers it); false when more than one is. */
+static bool one_symbolic(onnx_imp *c, int n, int64_t *shape)
+{
+	int k = -1;
+	for (int i = 0; i < n; i++)
+		if (ir_dim_expr(c->g, shape[i])) {
+			if (k >= 0)
+				return false;
+			k = i;
+		}
+	if (k >= 0)
+		shape[k] = -1;
+	return true;
+}
+
+/* Einsum of one or two operands (no ellipsis, no letter twice in one
+ * operand): letters only one operand has and the output lacks are summed
+ * first; then batch letters (both operands and the output), contracted
+ * ones (both, not the output), and each side's own make one batched
+ * MatMul of [B, L, C] by [B, C, R], whose result is reshaped and
+ * transposed to the output's order.  A letter may be a symbol (the batch
+ * N) as long as each of those reshapes has at most one symbolic extent. */
 static void einsum(onnx_imp *c, onnx_nd *d)
 {
 	const Onnx__AttributeProto *ea = onnx_attr(d, "equation");
@@ -1011,10 +1028,9 @@ static void einsum(onnx_imp *c, onnx_nd *d)
 	int nout = len[2];
 	uint32_t x[2] = {onnx_input(c, d, 0, true), nin > 1 ? onnx_input(c, d, 1, true) : 0};
 	int64_t dim[128];
-	for (int i = 0; i < 128; i++)
-		dim[i] = -1;
+	bool seen[128] = {0};
 	for (int t = 0; t < nin; t++) {
-		const ir_type *ty = fixed_dims(c, d, x[t], 0, "Einsum");
+		const ir_type *ty = x[t] ? &c->g->val[x[t]]->type : NULL;
 		if (!ty)
 			return;
 		if (ty->rank != len[t])
@@ -1025,16 +1041,20 @@ static void einsum(onnx_imp *c, onnx_nd *d)
 			if (strchr(terms[t] + i + 1, ch))
 				return (void)onnx_problem(c, d, KILN_EUNSUPPORTED, "equation '%s': letter '%c' "
 				                          "twice in one term (a diagonal)", eq, ch);
-			if (dim[ch] >= 0 && dim[ch] != ty->dim[i])
+			if (seen[ch] && dim[ch] != ty->dim[i]) {
+				char da[64], db[64];
 				return (void)onnx_problem(c, d, KILN_EUNSUPPORTED, "equation '%s': letter '%c' "
-				                          "is %lld and %lld long (kiln does not broadcast "
-				                          "Einsum's operands)", eq, ch, (long long)dim[ch],
-				                          (long long)ty->dim[i]);
+				                          "is %s and %s long (kiln does not broadcast "
+				                          "Einsum's operands)", eq, ch,
+				                          ir_dim_str(c->g, dim[ch], da, sizeof da),
+				                          ir_dim_str(c->g, ty->dim[i], db, sizeof db));
+			}
 			dim[ch] = ty->dim[i];
+			seen[ch] = true;
 		}
 	}
 	for (int i = 0; i < nout; i++)
-		if (dim[(unsigned char)out[i]] < 0)
+		if (!seen[(unsigned char)out[i]])
 			return (void)onnx_problem(c, d, KILN_EINVAL, "equation '%s': output letter '%c' is "
 			                          "in no input", eq, out[i]);
 	/* sum what only one operand has and the output lacks */
@@ -1087,11 +1107,16 @@ static void einsum(onnx_imp *c, onnx_nd *d)
 				pb[kb++] = strchr(terms[1], cls[order_b[s]][i]) - terms[1];
 		for (int w = 0; w < 4; w++)
 			for (int i = 0; i < nc[w]; i++)
-				ext[w] *= dim[(unsigned char)cls[w][i]];
+				ext[w] = ir_dim_mul(c->g, ext[w], dim[(unsigned char)cls[w][i]]);
+		int64_t sa[3] = {ext[0], ext[1], ext[2]}, sb[3] = {ext[0], ext[2], ext[3]};
+		if (!one_symbolic(c, 3, sa) || !one_symbolic(c, 3, sb))
+			return (void)onnx_problem(c, d, KILN_EUNSUPPORTED, "equation '%s': more than one "
+			                          "symbolic extent among batch, kept and contracted "
+			                          "letters (kiln reshapes them to 3-D)", eq);
 		uint32_t a = permuted(c, d, x[0], len[0], pa, "a_ordered");
 		uint32_t b = permuted(c, d, x[1], len[1], pb, "b_ordered");
-		a = reshape_to(c, d, a, 3, (int64_t[]){ext[0], ext[1], ext[2]}, "a_3d");
-		b = reshape_to(c, d, b, 3, (int64_t[]){ext[0], ext[2], ext[3]}, "b_3d");
+		a = reshape_to(c, d, a, 3, sa, "a_3d");
+		b = reshape_to(c, d, b, 3, sb, "b_3d");
 		y = b2(c, d, KILN_OP_MATMUL, a, b, "product");
 		int64_t shape[KILN_MAX_RANK];
 		int ny = 0;
@@ -1102,6 +1127,9 @@ static void einsum(onnx_imp *c, onnx_nd *d)
 				yt[ny] = ch;
 				shape[ny++] = dim[(unsigned char)ch];
 			}
+		if (!one_symbolic(c, ny, shape))
+			return (void)onnx_problem(c, d, KILN_EUNSUPPORTED, "equation '%s': the output has "
+			                          "more than one symbolic extent", eq);
 		y = reshape_to(c, d, y, ny, shape, "unflattened");
 	}
 	int64_t perm[KILN_MAX_RANK];

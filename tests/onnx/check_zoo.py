@@ -1,13 +1,14 @@
 #!/usr/bin/env python3
 """torchvision models as people export them, through kiln against ONNX Runtime.
 
-    /usr/bin/python3 tests/onnx/check_zoo.py export OUT_DIR [NAME...]
+    /usr/bin/python3 tests/onnx/check_zoo.py export [--opset N] OUT_DIR [NAME...]
     .venv/bin/python tests/onnx/check_zoo.py check KILN OUT_DIR [NAME...]
 
 `export` (Debian's python3: torch 1.13, torchvision 0.14) writes NAME.onnx
 and NAME_x.npy for each model: random seeded weights (nothing is
 downloaded; a classifier head that torchvision initialises to zero gets
-small random weights, so the outputs compare), eval mode, opset 13, a
+small random weights, so the outputs compare), eval mode, opset 13 (or
+--opset N: PyTorch 1.13 writes up to 17), a
 dynamic batch "N", a batch of 2 inputs.  `check` (the venv's python, which
 has onnxruntime) compiles each with `KILN compile`, runs it with `KILN run`
 and compares with ORT on the same input: it prints the compile time and
@@ -21,12 +22,15 @@ import sys
 import time
 
 CLASSIFIERS = ("mobilenet_v3_small", "efficientnet_b0", "convnext_tiny", "regnet_y_400mf",
-               "googlenet", "swin_t", "vit_b_16")
+               "googlenet", "swin_t", "vit_b_16", "resnet50", "squeezenet1_1",
+               "shufflenet_v2_x1_0", "densenet121", "inception_v3", "mnasnet1_0",
+               "resnext50_32x4d", "regnet_x_400mf", "efficientnet_v2_s", "mobilenet_v3_large",
+               "alexnet", "vgg11_bn", "wide_resnet50_2", "maxvit_t", "swin_v2_t")
 SEGMENTATION = ("lraspp_mobilenet_v3_large", "deeplabv3_mobilenet_v3_large", "fcn_resnet50")
 TOL = 1e-4
 
 
-def export(out, names):
+def export(out, names, opset=13):
     import numpy as np
     import torch
     import torchvision
@@ -39,14 +43,15 @@ def export(out, names):
                 weights=None, weights_backbone=None, num_classes=5, aux_loss=False)
             size = 128
         else:
-            kw = {"aux_logits": False, "init_weights": True} if name == "googlenet" else {}
+            kw = {"aux_logits": False, "init_weights": True} if name in (
+                "googlenet", "inception_v3") else {}
             m = getattr(torchvision.models, name)(weights=None, **kw)
-            size = 224
+            size = 299 if name == "inception_v3" else 224
         m.eval()
         if name.startswith("vit_"):
             torch.nn.init.normal_(m.heads.head.weight, std=0.02)
         x = torch.randn(1, 3, size, size)
-        torch.onnx.export(m, x, os.path.join(out, name + ".onnx"), opset_version=13,
+        torch.onnx.export(m, x, os.path.join(out, name + ".onnx"), opset_version=opset,
                           input_names=["input"], output_names=["out"],
                           dynamic_axes={"input": {0: "N"}, "out": {0: "N"}})
         xs = np.random.default_rng(0).standard_normal((2, 3, size, size)).astype(np.float32)
@@ -89,6 +94,8 @@ def check(kiln, out, names):
 
 
 def main(argv):
+    if len(argv) >= 5 and argv[1] == "export" and argv[2] == "--opset":
+        return export(argv[4], argv[5:] or CLASSIFIERS + SEGMENTATION, int(argv[3]))
     if len(argv) >= 3 and argv[1] == "export":
         return export(argv[2], argv[3:] or CLASSIFIERS + SEGMENTATION)
     if len(argv) >= 4 and argv[1] == "check":

@@ -150,6 +150,12 @@ static void attr_ints(Onnx__NodeProto *n, const char *name, int cnt, const int64
 	memcpy(a->ints, v, cnt * sizeof *v);
 }
 
+static void attr_s(Onnx__NodeProto *n, const char *name, const char *v)
+{
+	Onnx__AttributeProto *a = attr(n, name, ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__STRING);
+	a->has_s = 1, a->s.len = strlen(v), a->s.data = (uint8_t *)S(v);
+}
+
 static Onnx__TensorProto *tensor(const char *name, int32_t type, int rank, const int64_t *dims)
 {
 	Onnx__TensorProto *t = A(sizeof *t);
@@ -1070,6 +1076,62 @@ START_TEST(composites_refuse_what_they_cannot_know)
 }
 END_TEST
 
+/* Einsum over a symbolic batch letter (MaxViT's window attention:
+ * "bghij,bghjd->bghid" with b the batch N): the batched MatMul's reshapes
+ * infer the one symbolic extent, checked against the sum at two batches;
+ * two symbolic letters in one reshape are refused by name. */
+START_TEST(einsum_with_a_symbolic_batch_letter)
+{
+	Onnx__ModelProto *m = model(13);
+	input(m, "z", F32, "Z"); /* N is not the first symbol (whose dim reads as -1) */
+	input(m, "a", F32, "N,2,3");
+	input(m, "b", F32, "N,3,4");
+	attr_s(node(m, "Einsum", "a,b", "y", "es"), "equation", "b i j, b j k -> b k i");
+	node(m, "Identity", "z", "z2", "keep");
+	output(m, "y");
+	output(m, "z2");
+	kiln_graph *g = import_ok(m);
+	for (int64_t n = 2; n <= 3; n++) {
+		kiln_tensor *x[3] = {kiln_tensor_new(KILN_F32, 1, (int64_t[]){1}),
+		                     kiln_tensor_new(KILN_F32, 3, (int64_t[]){n, 2, 3}),
+		                     kiln_tensor_new(KILN_F32, 3, (int64_t[]){n, 3, 4})}, *y[2] = {0};
+		float *a = x[1]->data, *b = x[2]->data;
+		((float *)x[0]->data)[0] = 1;
+		for (int64_t i = 0; i < n * 6; i++)
+			a[i] = (float)((i * 7) % 5) - 2;
+		for (int64_t i = 0; i < n * 12; i++)
+			b[i] = (float)((i * 3) % 7) - 3;
+		kiln_error e = {0};
+		ck_assert_msg(kiln_graph_run(g, x, 3, y, 2, &e) == KILN_OK, "%s", e.msg);
+		ck_assert_int_eq(y[0]->rank, 3);
+		ck_assert_int_eq(y[0]->shape[0], n);
+		ck_assert_int_eq(y[0]->shape[1], 4);
+		ck_assert_int_eq(y[0]->shape[2], 2);
+		for (int64_t bb = 0; bb < n; bb++)
+			for (int k = 0; k < 4; k++)
+				for (int i = 0; i < 2; i++) {
+					float want = 0;
+					for (int j = 0; j < 3; j++)
+						want += a[bb * 6 + i * 3 + j] * b[bb * 12 + j * 4 + k];
+					ck_assert_float_eq_tol(((float *)y[0]->data)[bb * 8 + k * 2 + i], want,
+					                       1e-5);
+				}
+		for (int i = 0; i < 3; i++)
+			kiln_tensor_free(x[i]);
+		kiln_tensor_free(y[0]), kiln_tensor_free(y[1]);
+	}
+	kiln_graph_free(g);
+	pool_free();
+	m = model(13);
+	input(m, "a", F32, "N,M,3");
+	input(m, "b", F32, "N,3,4");
+	attr_s(node(m, "Einsum", "a,b", "y", "es2"), "equation", "bij,bjk->bik");
+	output(m, "y");
+	expect_import_error(m, "more than one symbolic extent");
+	pool_free();
+}
+END_TEST
+
 /* torch's expand(N, -1, -1) of a class token, as ViT exports it: the
  * target shape is Where(Equal(shape, -1), 1, shape) over
  * Concat(Shape(x)[0], -1, -1) reshaped; the symbolic shape arithmetic
@@ -1474,6 +1536,7 @@ static Suite *onnx_import_suite(void)
 	suite_add_tcase(s, t);
 	t = tcase_create("dims");
 	tcase_add_test(t, dim_param_is_a_symbol_and_missing_dim_a_fresh_one);
+	tcase_add_test(t, einsum_with_a_symbolic_batch_letter);
 	suite_add_tcase(s, t);
 	t = tcase_create("initializers");
 	tcase_add_test(t, raw_and_typed_initializers_give_the_same_param);
