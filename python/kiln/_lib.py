@@ -4,11 +4,11 @@ Only what the package uses is declared.  Every struct mirrors the header
 field for field; tests/test_abi.py compiles a C program against kiln.h and
 checks every size and offset here against the compiler's.
 
-The library is found, in order, at $KILN_LIBRARY (a full path), by
-ctypes.util.find_library("kiln") (an installed prefix), then in the build
-folders of the repository this package sits in (build/, then other
-build*/ folders that are not sanitizer builds); ImportError names every
-place tried.
+The library is found, in order, at $KILN_LIBRARY (a full path; when set
+it must work, there is no fallback), by ctypes.util.find_library("kiln")
+(an installed prefix), then in the build folders of the kiln source tree
+this package sits in (build/, then other build*/ folders that are not
+sanitizer builds); ImportError names every place tried.
 """
 import ctypes
 import ctypes.util
@@ -170,6 +170,9 @@ def _candidates():
     found = ctypes.util.find_library("kiln")
     out.append(('ctypes.util.find_library("kiln")', found))
     root = pathlib.Path(__file__).resolve().parents[2]
+    if not (root / "include" / "kiln" / "kiln.h").is_file():
+        out.append(("the repository's build folders", None))  # an installed package
+        return out
     builds = [root / "build"] + sorted(p for p in root.glob("build*") if p.name != "build")
     for b in builds:
         cache = b / "CMakeCache.txt"
@@ -182,8 +185,11 @@ def _candidates():
 def _open():
     tried = []
     for what, where in _candidates():
+        if tried and tried[0].startswith("$KILN_LIBRARY"):
+            break  # set but unusable: an error, not a silent fallback to another library
         if where is None:
-            tried.append(f"{what}: nothing found")
+            tried.append(f"{what}: nothing found" if "find_library" in what else
+                         f"{what}: none (this package is not in a kiln source tree)")
             continue
         if os.sep in where and not os.path.isfile(where):
             tried.append(f"{what}: {where} does not exist")
