@@ -8,6 +8,7 @@ import inspect
 import os
 import tempfile
 import warnings
+import weakref
 
 import numpy as np
 
@@ -16,17 +17,16 @@ from ._core import KilnError, check, dict_to_tensor_set, fspath, new_error
 
 
 class Graph:
-    """Owns one kiln_graph; freed by close() or when collected."""
+    """Owns one kiln_graph; freed by close(), when collected, or at exit
+    (weakref.finalize, which runs before the modules are torn down)."""
 
     def __init__(self, handle):
         self.handle = handle
+        self._finalizer = weakref.finalize(self, L.lib.kiln_graph_free, handle)
 
     def close(self):
-        h, self.handle = self.handle, None
-        if h:
-            L.lib.kiln_graph_free(h)
-
-    __del__ = close
+        self.handle = None
+        self._finalizer()
 
     def __enter__(self):
         return self
