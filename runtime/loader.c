@@ -244,6 +244,17 @@ KILN_API kiln_status kiln_model_run_into(kiln_model *m, kiln_tensor *const *inpu
 	return st == KILN_OK ? st : rt_seterr(err, st, "%s", rt_model_errmsg(m->rt));
 }
 
+KILN_API kiln_status kiln_model_output_shape(kiln_model *m, kiln_tensor *const *inputs,
+                                            int ninputs, int i, int *rank, int64_t *dims,
+                                            kiln_error *err)
+{
+	if (!m)
+		return rt_seterr(err, KILN_EINVAL, "kiln_model_output_shape: model is NULL");
+	kiln_status st = rt_model_output_shape(m->rt, (const kiln_tensor *const *)inputs, ninputs,
+	                                       i, rank, dims);
+	return st == KILN_OK ? st : rt_seterr(err, st, "%s", rt_model_errmsg(m->rt));
+}
+
 /* Allocates every output at the shape the inputs' symbols give. */
 static kiln_status alloc_outputs(kiln_model *m, kiln_tensor *const *inputs, int ninputs,
                                  kiln_tensor **outputs, kiln_error *err)
@@ -328,6 +339,15 @@ KILN_API kiln_status kiln_model_save(kiln_model *m, const char *path, kiln_error
 	if (!kiln_model_trainable(m))
 		return not_trainable(m, "kiln_model_save", err);
 	kiln_status st = rt_train_save(m->train, path);
+	return st == KILN_OK ? st : rt_seterr(err, st, "%s", rt_train_errmsg(m->train));
+}
+
+KILN_API kiln_status kiln_model_set_state(kiln_model *m, const kiln_tensor_set *s,
+                                          kiln_error *err)
+{
+	if (!kiln_model_trainable(m))
+		return not_trainable(m, "kiln_model_set_state", err);
+	kiln_status st = rt_train_set_state(m->train, s);
 	return st == KILN_OK ? st : rt_seterr(err, st, "%s", rt_train_errmsg(m->train));
 }
 

@@ -203,6 +203,10 @@ kiln_status rt_train_save(rt_train *t, const char *path);
 kiln_status rt_train_load(rt_train *t, const char *path);
 /* A copy of the state and counters (caller frees). */
 kiln_tensor_set *rt_train_state(const rt_train *t);
+/* Replaces the state and counters with s's (rt_train_state's form; its
+ * RT_CKPT_SUM is checked only when present), checked as load checks a
+ * file before anything changes. */
+kiln_status rt_train_set_state(rt_train *t, const kiln_tensor_set *s);
 /* ---- the checkpoint format -------------------------------------------------
  * One format for kiln_trainer (driver/train.c) and a compiled training
  * library (rt_train_save/load): a safetensors file of every state tensor

@@ -424,13 +424,17 @@ static bool has_state(const rt_model_desc *d, const char *name)
 	return false;
 }
 
-/* Checks a checkpoint against the state table without changing anything. */
-static kiln_status check_ckpt(rt_train *t, const kiln_tensor_set *s, const char *path)
+/* Checks a checkpoint against the state table without changing anything.
+ * A file must carry RT_CKPT_SUM (need_sum); a set in memory is checked
+ * against it only when it has one. */
+static kiln_status check_ckpt(rt_train *t, const kiln_tensor_set *s, const char *path,
+                              bool need_sum)
 {
 	const rt_model_desc *d = t->d->step;
 	int64_t steps, micro;
 	kiln_error e = {0};
-	if (rt_ckpt_check_sum(s, path, &e) != KILN_OK ||
+	bool has_sum = kiln_tensor_set_get(s, RT_CKPT_SUM) != NULL;
+	if (((need_sum || has_sum) && rt_ckpt_check_sum(s, path, &e) != KILN_OK) ||
 	    rt_ckpt_counters(s, path, &steps, &micro, &e) != KILN_OK)
 		return fail(t, e.code, "%s", e.msg);
 	for (uint32_t i = 0; i < d->nstate; i++) {
@@ -445,14 +449,38 @@ static kiln_status check_ckpt(rt_train *t, const kiln_tensor_set *s, const char 
 			            d->state[i].name, kiln_dtype_name(f->dtype), f->rank,
 			            kiln_dtype_name(v.dtype), v.rank);
 	}
-	if ((uint32_t)s->count == d->nstate + 3)
+	uint32_t want = d->nstate + 2 + has_sum;
+	if ((uint32_t)s->count == want)
 		return KILN_OK;
 	for (int i = 0; i < s->count; i++)
 		if (s->items[i].name[0] != '_' && !has_state(d, s->items[i].name))
 			return fail(t, KILN_EINVAL, "checkpoint '%s': '%s' is not part of this model "
 			            "(a different model or optimizer?)", path, s->items[i].name);
 	return fail(t, KILN_EINVAL, "checkpoint '%s': %d tensors, expected %u", path, s->count,
-	            d->nstate + 3);
+	            want);
+}
+
+/* Checks s whole, then copies it into the state and counters. */
+static kiln_status set_state(rt_train *t, const kiln_tensor_set *s, const char *path,
+                             bool need_sum)
+{
+	kiln_status st = check_ckpt(t, s, path, need_sum);
+	for (uint32_t i = 0; st == KILN_OK && i < t->d->step->nstate; i++) {
+		const kiln_tensor *f = kiln_tensor_set_get(s, t->d->step->state[i].name);
+		memcpy(t->state[i], f->data, kiln_tensor_nbytes(f));
+	}
+	if (st == KILN_OK)
+		rt_ckpt_counters(s, path, &t->steps, &t->micro, NULL);
+	return st;
+}
+
+kiln_status rt_train_set_state(rt_train *t, const kiln_tensor_set *s)
+{
+	if (!t)
+		return KILN_EINVAL;
+	if (!s)
+		return fail(t, KILN_EINVAL, "set_state: the tensor set is NULL");
+	return set_state(t, s, "state_dict", false);
 }
 
 kiln_status rt_train_load(rt_train *t, const char *path)
@@ -466,13 +494,7 @@ kiln_status rt_train_load(rt_train *t, const char *path)
 	kiln_status st = kiln_safetensors_read(path, &s, &e);
 	if (st != KILN_OK)
 		return fail(t, st, "checkpoint refused: %s", e.msg);
-	st = check_ckpt(t, s, path);
-	for (uint32_t i = 0; st == KILN_OK && i < t->d->step->nstate; i++) {
-		const kiln_tensor *f = kiln_tensor_set_get(s, t->d->step->state[i].name);
-		memcpy(t->state[i], f->data, kiln_tensor_nbytes(f));
-	}
-	if (st == KILN_OK)
-		rt_ckpt_counters(s, path, &t->steps, &t->micro, NULL);
+	st = set_state(t, s, path, true);
 	kiln_tensor_set_free(s);
 	return st;
 }

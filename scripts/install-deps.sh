@@ -6,7 +6,7 @@ set -eu
 build_pkgs="build-essential cmake pkg-config llvm-14-dev llvm-14-tools clang-14
   libclang-rt-14-dev check libprotobuf-c-dev protobuf-c-compiler libonnx-dev valgrind"
 test_pkgs="python3-numpy python3-onnx python3-torch python3-torchvision
-  python3-sklearn python3-venv graphviz"
+  python3-sklearn python3-venv python3-pytest graphviz"
 pkgs=$build_pkgs
 [ "${KILN_DEPS:-all}" = build ] || pkgs="$pkgs $test_pkgs"
 

@@ -666,6 +666,13 @@ KILN_API kiln_status kiln_model_run(kiln_model *m, kiln_tensor *const *inputs, i
 KILN_API kiln_status kiln_model_run_into(kiln_model *m, kiln_tensor *const *inputs, int ninputs,
                                          kiln_tensor *const *outputs, int noutputs,
                                          kiln_error *err);
+/* The shape output i has for these inputs (checked as a run checks them,
+ * nothing runs): *rank and dims[0..rank), so a caller can allocate the
+ * outputs kiln_model_run_into takes, even where a dim is computed from
+ * symbols ("?" in kiln_model_io). */
+KILN_API kiln_status kiln_model_output_shape(kiln_model *m, kiln_tensor *const *inputs,
+                                            int ninputs, int i, int *rank, int64_t *dims,
+                                            kiln_error *err);
 
 /* ---- training ---- */
 /* A train step is one graph: forward, loss, gradients (kiln_grad) and the
@@ -1027,6 +1034,12 @@ KILN_API int64_t kiln_model_steps(const kiln_model *m);
 KILN_API kiln_tensor_set *kiln_model_state(const kiln_model *m); /* caller frees */
 KILN_API kiln_status kiln_model_save(kiln_model *m, const char *path, kiln_error *err);
 KILN_API kiln_status kiln_model_load(kiln_model *m, const char *path, kiln_error *err);
+/* Replaces the state with s's tensors, as kiln_model_state returns them:
+ * every state tensor under its name, "__step__" and "__micro__" (i64
+ * scalars); "__checksum__" is checked when s has it.  Everything is checked
+ * as kiln_model_load checks a file, and on any error nothing changes. */
+KILN_API kiln_status kiln_model_set_state(kiln_model *m, const kiln_tensor_set *s,
+                                          kiln_error *err);
 
 #ifdef __cplusplus
 }

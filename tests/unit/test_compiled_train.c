@@ -605,6 +605,95 @@ START_TEST(checkpoint_of_another_optimizer_is_refused)
 }
 END_TEST
 
+/* kiln_model_set_state takes kiln_model_state's set: a fresh context given
+ * a trained one's state continues exactly as the trained one does; a set
+ * missing a tensor, with a mis-shaped one or a wrong checksum is refused
+ * with a message naming it, and changes nothing. */
+START_TEST(set_state_continues_as_the_trained_context_and_refuses_bad_sets)
+{
+	data d = load_data("mlp");
+	kiln_model *a = open_run("mlp_adamw"), *b = open_run("mlp_adamw");
+	for (int s = 0; s < 3; s++)
+		step(a, d, s, 0.01);
+	kiln_tensor_set *sa = kiln_model_state(a), *fresh = kiln_model_state(b);
+	kiln_error err;
+	/* refused sets first: b must stay as it was */
+	kiln_tensor_set *bad = kiln_tensor_set_new();
+	for (int i = 0; i < sa->count; i++)
+		if (strcmp(sa->items[i].name, "fc1.weight.exp_avg"))
+			ck_assert(!kiln_tensor_set_add(bad, sa->items[i].name, sa->items[i].tensor));
+	ck_assert_int_eq(kiln_model_set_state(b, bad, &err), KILN_EINVAL);
+	ck_assert_msg(strstr(err.msg, "'fc1.weight.exp_avg' is missing"), "message: %s", err.msg);
+	kiln_tensor small = *kiln_tensor_set_get(sa, "fc2.bias");
+	small.shape[0] = 5;
+	ck_assert(!kiln_tensor_set_add(bad, "fc1.weight.exp_avg", kiln_tensor_set_get(sa,
+	                                                                   "fc1.weight.exp_avg")));
+	ck_assert(!kiln_tensor_set_add(bad, "fc2.bias", &small));
+	ck_assert_int_eq(kiln_model_set_state(b, bad, &err), KILN_ESHAPE);
+	ck_assert_msg(strstr(err.msg, "'fc2.bias' has another dtype or shape"), "message: %s",
+	              err.msg);
+	ck_assert(!kiln_tensor_set_add(bad, "fc2.bias", kiln_tensor_set_get(sa, "fc2.bias")));
+	int64_t sum = 12345;
+	ck_assert(!kiln_tensor_set_add(bad, "__checksum__", &(kiln_tensor){KILN_I64, 0, {0}, &sum}));
+	ck_assert_int_eq(kiln_model_set_state(b, bad, &err), KILN_EPARSE);
+	ck_assert_msg(strstr(err.msg, "checksum mismatch"), "message: %s", err.msg);
+	ck_assert_int_eq(kiln_model_set_state(b, NULL, &err), KILN_EINVAL);
+	kiln_tensor_set *still = kiln_model_state(b);
+	assert_sets_close(fresh, still, 0);
+	ck_assert_int_eq(kiln_model_steps(b), 0);
+	/* the good set */
+	ck_assert_msg(kiln_model_set_state(b, sa, &err) == KILN_OK, "%s", err.msg);
+	ck_assert_int_eq(kiln_model_steps(b), 3);
+	for (int s = 3; s < 6; s++) {
+		double la = step(a, d, s, 0.01), lb = step(b, d, s, 0.01);
+		ck_assert_msg(la == lb, "step %d: %.17g vs %.17g after set_state", s, la, lb);
+	}
+	kiln_model *plain = NULL;
+	char so[1200];
+	snprintf(so, sizeof so, "%s/plain_state.so", so_dir("compiled_train_test"));
+	kiln_graph *e = mlp(false, 0);
+	ck_assert_msg(kiln_compile(e, so, NULL, &err) == KILN_OK, "%s", err.msg);
+	ck_assert(!kiln_load(so, &plain, &err));
+	ck_assert_int_eq(kiln_model_set_state(plain, sa, &err), KILN_EINVAL);
+	ck_assert_ptr_nonnull(strstr(err.msg, "is not a training library"));
+	kiln_model_free(plain);
+	kiln_graph_free(e);
+	kiln_tensor_set_free(sa), kiln_tensor_set_free(fresh), kiln_tensor_set_free(still);
+	kiln_tensor_set_free(bad);
+	kiln_model_free(a), kiln_model_free(b);
+	free_data(d);
+}
+END_TEST
+
+/* kiln_model_output_shape gives the shape the inputs bind, for the eval
+ * program of a training library too, and refuses a mis-shaped input. */
+START_TEST(output_shape_follows_the_inputs)
+{
+	data d = load_data("mlp");
+	kiln_model *m = open_run("mlp_sgd");
+	kiln_tensor x = view(d.x, 0);
+	x.shape[0] = 5;
+	int rank = 0;
+	int64_t dims[KILN_MAX_RANK] = {0};
+	kiln_error err;
+	ck_assert_msg(!kiln_model_output_shape(m, (kiln_tensor *[]){&x}, 1, 0, &rank, dims, &err),
+	              "%s", err.msg);
+	ck_assert_int_eq(rank, 2);
+	ck_assert_int_eq(dims[0], 5);
+	ck_assert_int_eq(dims[1], 10);
+	x.shape[1] = 63;
+	ck_assert_int_eq(kiln_model_output_shape(m, (kiln_tensor *[]){&x}, 1, 0, &rank, dims, &err),
+	                 KILN_ESHAPE);
+	ck_assert_msg(strstr(err.msg, "'x'"), "message: %s", err.msg);
+	x.shape[1] = 64;
+	ck_assert_int_eq(kiln_model_output_shape(m, (kiln_tensor *[]){&x}, 1, 1, &rank, dims, &err),
+	                 KILN_EINVAL);
+	ck_assert_int_eq(kiln_model_output_shape(NULL, NULL, 0, 0, &rank, dims, &err), KILN_EINVAL);
+	kiln_model_free(m);
+	free_data(d);
+}
+END_TEST
+
 /* ---- errors --------------------------------------------------------------------------- */
 
 START_TEST(wrong_shape_is_refused_and_nothing_committed)
@@ -906,6 +995,8 @@ static Suite *compiled_train_suite(void)
 	tcase_add_test(tc, corrupt_checkpoint_is_refused_by_checksum);
 	tcase_add_test(tc, checkpoint_of_another_optimizer_is_refused);
 	tcase_add_test(tc, edited_counters_are_refused_by_the_library);
+	tcase_add_test(tc, set_state_continues_as_the_trained_context_and_refuses_bad_sets);
+	tcase_add_test(tc, output_shape_follows_the_inputs);
 	suite_add_tcase(s, tc);
 	tc = tcase_create("dropout");
 	tcase_set_timeout(tc, 600);
