@@ -1340,7 +1340,11 @@ int main(int argc, char **argv)
 		return TOOLS_EXIT_USAGE;
 	}
 	if (strcmp(argv[1], "--version") == 0 || strcmp(argv[1], "-V") == 0) {
-		printf("kiln %s\n", KILN_VERSION);
+		/* where `kiln compile` takes its runtime from, or why it cannot */
+		char rt[4096];
+		kiln_error e = {0};
+		printf("kiln %s\nruntime: %s\n", KILN_VERSION,
+		       kiln_runtime_archive(rt, sizeof rt, &e) == KILN_OK ? rt : e.msg);
 		return 0;
 	}
 	if (is_help(argv[1])) {
