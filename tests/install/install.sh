@@ -10,7 +10,7 @@
 #      generated header alone gets values worked out by hand;
 #      KILN_RT_LIB naming nothing, or a file that is no archive, fails
 #      with a message naming it (and for the link, the command) and
-#      leaves no library;
+#      leaves no library; libkiln.so exports kiln.h's kiln_* only;
 #   3. tests/install/prog.c (the C DSL, the interpreter, kiln_compile,
 #      kiln_load: values worked out by hand) built with
 #      `pkg-config --cflags --libs kiln` against libkiln.so (its runtime:
@@ -21,13 +21,13 @@
 #     install.sh BUILD SRC SANITIZE
 # SANITIZE 1 (a KILN_SANITIZE build): the installed libkiln is sanitized,
 # so the programs that link it are built with -fsanitize=address,undefined.
-# Exit 77 (skipped) when cc, cmake, pkg-config or readelf is missing.
+# Exit 77 (skipped) when cc, cmake, pkg-config, readelf or nm is missing.
 set -eu
 build=$1
 src=$2
 san=""
 [ "$3" = 1 ] && san="-fsanitize=address,undefined"
-for t in cc cmake pkg-config readelf; do
+for t in cc cmake pkg-config readelf nm; do
 	if ! command -v "$t" >/dev/null 2>&1; then
 		echo "install: skipped: no $t (scripts/install-deps.sh installs it)"
 		exit 77
@@ -54,6 +54,11 @@ if grep -rlF "$tmp/first" "$P"; then
 fi
 readelf -d "$P/lib/libkiln.so" | grep -q 'SONAME.*libkiln\.so\.0\.1\]' ||
 	fail "libkiln.so has no SONAME libkiln.so.0.1"
+# the public API only: kiln.h's kiln_* (and the linker's own _edata...)
+other=$(nm -D --defined-only "$P/lib/libkiln.so" | awk '$3 !~ /^(kiln_|_)/ { print $3 }' | head -5)
+[ -z "$other" ] || fail "libkiln.so exports more than kiln.h's API: $other ..."
+nm -D --defined-only "$P/lib/libkiln.so" | grep -q ' T kiln_tensor_new$' ||
+	fail "libkiln.so does not export the runtime's kiln_tensor_new"
 rt="$P/lib/kiln/libkilnrt_gen.a"
 
 unset KILN_RT_LIB
