@@ -7,6 +7,11 @@
  * under a scratch folder stand in for installs; the build tree's own
  * archive (KILN_RT_GEN_LIB) for the real one.  The CMake build gives this
  * file the same KILN_RT_* definitions as rtpath.c.
+ *
+ * Also how the link reports failure (codegen/emit.c, cg_run_tool): one
+ * message naming the library, the tool's exit status, what it printed and
+ * the command; an empty argument (which left only ld's "cannot find :")
+ * is refused before anything runs.
  */
 #include <limits.h>
 #include <stdio.h>
@@ -160,6 +165,46 @@ START_TEST(kiln_runtime_archive_from_the_build_tree)
 }
 END_TEST
 
+/* ---- the link's messages ---------------------------------------------- */
+
+START_TEST(a_failed_tool_is_named_with_its_output_and_command)
+{
+	char *argv[] = {"sh", "-c", "echo first line; echo second >&2; exit 3", NULL};
+	kiln_error e = {0};
+	ck_assert_int_eq(cg_run_tool("out/m.so", argv, &e), KILN_EIO);
+	ck_assert_str_eq(e.msg, "out/m.so: linking failed: 'sh' exited with status 3: first "
+	                 "line;second; the command: sh -c 'echo first line; echo second >&2; "
+	                 "exit 3'");
+}
+END_TEST
+
+START_TEST(a_tool_killed_or_missing_is_named)
+{
+	char *killed[] = {"sh", "-c", "kill -9 $$", NULL};
+	kiln_error e = {0};
+	ck_assert_int_eq(cg_run_tool("m.so", killed, &e), KILN_EIO);
+	contains(e.msg, "m.so: linking failed: 'sh' was killed by signal 9: (it printed nothing)");
+	char *missing[] = {"/nonexistent/cc", "-shared", NULL};
+	ck_assert_int_eq(cg_run_tool("m.so", missing, &e), KILN_EIO);
+	contains(e.msg, "m.so: cannot run the linker '/nonexistent/cc': No such file");
+}
+END_TEST
+
+START_TEST(an_empty_argument_is_refused_before_the_tool_runs)
+{
+	tmp_make("kiln_rtpath");
+	char so[256];
+	snprintf(so, sizeof so, "%s", tpath("x.so"));
+	char *argv[] = {"cc", "-shared", "-o", so, "", NULL};
+	kiln_error e = {0};
+	ck_assert_int_eq(cg_run_tool("x.so", argv, &e), KILN_EINVAL);
+	contains(e.msg, "x.so: cannot link: argument 4 of 'cc' is empty");
+	char *ok[] = {"true", NULL};
+	ck_assert_int_eq(cg_run_tool("x.so", ok, &e), KILN_OK);
+	tmp_remove();
+}
+END_TEST
+
 static Suite *rtpath_suite(void)
 {
 	Suite *s = suite_create("rtpath");
@@ -170,6 +215,11 @@ static Suite *rtpath_suite(void)
 	tcase_add_test(tc, the_build_tree_before_the_prefix_only_from_the_build_tree);
 	tcase_add_test(tc, none_found_lists_every_path_tried);
 	tcase_add_test(tc, kiln_runtime_archive_from_the_build_tree);
+	suite_add_tcase(s, tc);
+	tc = tcase_create("link_messages");
+	tcase_add_test(tc, a_failed_tool_is_named_with_its_output_and_command);
+	tcase_add_test(tc, a_tool_killed_or_missing_is_named);
+	tcase_add_test(tc, an_empty_argument_is_refused_before_the_tool_runs);
 	suite_add_tcase(s, tc);
 	return s;
 }
