@@ -8,7 +8,9 @@
 # Sets, for the top-level CMakeLists:
 #   KILN_ONNX_SRC       the generated .pb-c.c, compiled into libkiln
 #   KILN_ONNX_INCLUDES  the folder holding the generated onnx.pb-c.h
-#   KILN_ONNX_LIBS      protobuf-c (pkg-config libprotobuf-c)
+#   KILN_ONNX_LIBS      protobuf-c (pkg-config libprotobuf-c), as full paths:
+#                       they go into the installed CMake package as they are
+#   KILN_ONNX_INC_DIRS  its include folders (usually none but /usr/include)
 
 find_package(PkgConfig REQUIRED)
 pkg_check_modules(PROTOBUF_C REQUIRED IMPORTED_TARGET libprotobuf-c)
@@ -19,7 +21,8 @@ get_filename_component(ONNX_PROTO_DIR ${ONNX_PROTO} DIRECTORY)
 
 set(KILN_ONNX_INCLUDES ${CMAKE_BINARY_DIR}/onnx_pb)
 set(KILN_ONNX_SRC ${KILN_ONNX_INCLUDES}/onnx.pb-c.c)
-set(KILN_ONNX_LIBS PkgConfig::PROTOBUF_C)
+set(KILN_ONNX_LIBS ${PROTOBUF_C_LINK_LIBRARIES})
+set(KILN_ONNX_INC_DIRS ${PROTOBUF_C_INCLUDE_DIRS})
 file(MAKE_DIRECTORY ${KILN_ONNX_INCLUDES})
 
 add_custom_command(

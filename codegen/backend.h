@@ -137,7 +137,27 @@ void cg_c_name(char *out, size_t size, const char *s);
 kiln_status cg_temp_file(const char *path, unsigned mode, char *tmp, size_t size,
                          kiln_error *err);
 kiln_status cg_commit_file(const char *tmp, const char *path, kiln_error *err);
-/* Runs argv (argv[0] found in $PATH, no shell) and checks its exit status. */
-kiln_status cg_run_tool(char *const *argv, kiln_error *err);
+/* Runs argv (argv[0] found in $PATH, no shell) and checks its exit status;
+ * its output is captured: on failure the message names what (the file being
+ * made), the command and what the tool said. */
+kiln_status cg_run_tool(const char *what, char *const *argv, kiln_error *err);
+
+/* ---- the runtime archive (rtpath.c) ---------------------------------------- */
+
+/* The runtime archive a generated library links (libkilnrt_gen.a), as an
+ * absolute path into out: $KILN_RT_LIB, else found beside the running
+ * executable or libkiln.so, in the build tree or the install prefix
+ * (rtpath.c says in which order).  EIO naming every path tried when none
+ * is there. */
+kiln_status cg_runtime_archive(char *out, size_t size, kiln_error *err);
+/* The same search from given places (for tests): */
+typedef struct cg_rt_search {
+	const char *env;       /* $KILN_RT_LIB's value, or NULL */
+	const char *exe;       /* the running executable's path, or NULL */
+	const char *lib;       /* the object holding libkiln's code (dladdr), or NULL */
+	const char *build;     /* the build tree's archive */
+	const char *installed; /* the configured install prefix's folder for it */
+} cg_rt_search;
+kiln_status cg_runtime_find(const cg_rt_search *w, char *out, size_t size, kiln_error *err);
 
 #endif /* KILN_CG_BACKEND_H */

@@ -111,22 +111,93 @@ kiln_status cg_commit_file(const char *tmp, const char *path, kiln_error *err)
 
 /* ---- linking -------------------------------------------------------------- */
 
-kiln_status cg_run_tool(char *const *argv, kiln_error *err)
+/* argv as one line for a message, each argument with a space or quote in
+ * it in single quotes; "..." once size runs out. */
+static void command_line(char *const *argv, char *out, size_t size)
 {
+	size_t n = 0;
+	out[0] = 0;
+	for (int i = 0; argv[i] && n + 4 < size; i++) {
+		bool q = !argv[i][0] || strpbrk(argv[i], " \t'\"\\$") != NULL;
+		int k = snprintf(out + n, size - n, "%s%s%s%s", i ? " " : "", q ? "'" : "", argv[i],
+		                 q ? "'" : "");
+		n += k < 0 ? 0 : (size_t)k;
+	}
+	if (n >= size - 1 && size > 4)
+		memcpy(out + size - 4, "...", 4);
+}
+
+/* The tool's output on one line, in place: trailing blanks dropped, each
+ * newline a ';'. */
+static void one_line(char *s)
+{
+	size_t n = strlen(s);
+	while (n && isspace((unsigned char)s[n - 1]))
+		s[--n] = 0;
+	for (char *p = s; *p; p++)
+		if (*p == '\n')
+			*p = ';';
+}
+
+kiln_status cg_run_tool(const char *what, char *const *argv, kiln_error *err)
+{
+	/* every input must be there: an empty or missing path would leave only
+	 * the linker's "cannot find" to say what went wrong */
+	for (int i = 1; argv[i]; i++)
+		if (!argv[i][0])
+			return ir_seterr(err, KILN_EINVAL, "%s: cannot link: argument %d of '%s' is "
+			                 "empty (a kiln bug)", what, i, argv[0]);
+	int fd[2];
+	if (pipe2(fd, O_CLOEXEC) != 0)
+		return ir_seterr(err, KILN_EIO, "%s: cannot run '%s': pipe: %s", what, argv[0],
+		                 strerror(errno));
+	posix_spawn_file_actions_t fa;
+	posix_spawn_file_actions_init(&fa);
+	posix_spawn_file_actions_adddup2(&fa, fd[1], 1);
+	posix_spawn_file_actions_adddup2(&fa, fd[1], 2);
 	pid_t pid;
-	int rc = posix_spawnp(&pid, argv[0], NULL, NULL, argv, environ);
-	if (rc != 0)
-		return ir_seterr(err, KILN_EIO, "cannot run the linker '%s': %s", argv[0],
+	int rc = posix_spawnp(&pid, argv[0], &fa, NULL, argv, environ);
+	posix_spawn_file_actions_destroy(&fa);
+	close(fd[1]);
+	if (rc != 0) {
+		close(fd[0]);
+		return ir_seterr(err, KILN_EIO, "%s: cannot run the linker '%s': %s", what, argv[0],
 		                 strerror(rc));
+	}
+	/* keep the start of what it says (the first error), read the rest so
+	 * that it never blocks on a full pipe */
+	char said[640];
+	size_t got = 0;
+	for (;;) {
+		char buf[4096];
+		ssize_t k = read(fd[0], buf, sizeof buf);
+		if (k < 0 && errno == EINTR)
+			continue;
+		if (k <= 0)
+			break;
+		size_t keep = got + (size_t)k < sizeof said - 1 ? (size_t)k : sizeof said - 1 - got;
+		memcpy(said + got, buf, keep);
+		got += keep;
+	}
+	said[got] = 0;
+	close(fd[0]);
 	int status;
 	while (waitpid(pid, &status, 0) < 0)
 		if (errno != EINTR)
-			return ir_seterr(err, KILN_EIO, "waiting for '%s': %s", argv[0], strerror(errno));
-	if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
-		return ir_seterr(err, KILN_EIO, "linking failed: '%s -shared ...' exited with "
-		                 "status %d (its messages are above)", argv[0],
-		                 WIFEXITED(status) ? WEXITSTATUS(status) : -1);
-	return KILN_OK;
+			return ir_seterr(err, KILN_EIO, "%s: waiting for '%s': %s", what, argv[0],
+			                 strerror(errno));
+	if (WIFEXITED(status) && WEXITSTATUS(status) == 0)
+		return KILN_OK;
+	char cmd[360];
+	command_line(argv, cmd, sizeof cmd);
+	one_line(said);
+	if (WIFEXITED(status))
+		return ir_seterr(err, KILN_EIO, "%s: linking failed: '%s' exited with status %d: %s"
+		                 "; the command: %s", what, argv[0], WEXITSTATUS(status),
+		                 said[0] ? said : "(it printed nothing)", cmd);
+	return ir_seterr(err, KILN_EIO, "%s: linking failed: '%s' was killed by signal %d: %s"
+	                 "; the command: %s", what, argv[0], WTERMSIG(status),
+	                 said[0] ? said : "(it printed nothing)", cmd);
 }
 
 /* ---- the header ------------------------------------------------------------ */

@@ -8,7 +8,8 @@
  * per part on a pool of threads (kiln_compile_opts.jobs): LLVMVerifyModule,
  * the new pass manager's default<O3> for the target machine, an object
  * file; then a link with the system C compiler against the never-sanitized
- * runtime archive (KILN_RT_GEN_LIB, or $KILN_RT_LIB), which puts the model
+ * runtime archive (found when the session opens, before any LLVM work:
+ * rtpath.c, $KILN_RT_LIB first), which puts the model
  * driver and thread pool into the library so it needs only libc, libm and
  * libpthread.  The weights do not go through LLVM: they are written to one
  * file that an assembler source includes (.incbin) and `cc -c` turns into
@@ -200,6 +201,7 @@ struct cg_session {
 	pthread_mutex_t lock;
 	int next;              /* the next part a thread takes */
 	char cache_buf[4096];  /* the object cache's folder */
+	char rt[4096];         /* the runtime archive (cg_runtime_archive), when linking */
 };
 
 /* Verify, O3, then the object (stage "so": a temporary file beside s->out)
@@ -364,11 +366,10 @@ static kiln_status link_so(cg_session *s, const char *blob_obj, const char *path
 		return st;
 	const char *base = strrchr(path, '/');
 	base = base ? base + 1 : path;
-	const char *rt = getenv("KILN_RT_LIB");
 	char *head[] = {"cc", "-shared", "-Wl,-z,defs", "-Wl,-z,noexecstack", "-Wl,--build-id=none",
 	                "-Wl,--exclude-libs,ALL", "-Wl,-Bsymbolic", "-Xlinker", "-soname",
 	                "-Xlinker", (char *)base, "-o", so};
-	char *tail[] = {(char *)(rt && *rt ? rt : KILN_RT_GEN_LIB), "-lm", "-lpthread", NULL};
+	char *tail[] = {s->rt, "-lm", "-lpthread", NULL};
 	enum { NHEAD = sizeof head / sizeof *head, NTAIL = sizeof tail / sizeof *tail };
 	char *argv[NHEAD + MAX_PARTS + 2 + NTAIL];
 	int n = 0;
@@ -380,7 +381,7 @@ static kiln_status link_so(cg_session *s, const char *blob_obj, const char *path
 		argv[n++] = (char *)blob_obj;
 	for (int i = 0; i < NTAIL; i++)
 		argv[n++] = tail[i];
-	st = cg_run_tool(argv, err);
+	st = cg_run_tool(path, argv, err);
 	if (st == KILN_OK)
 		st = cg_commit_file(so, path, err);
 	else
@@ -426,7 +427,14 @@ static kiln_status s_open(cg_session **out, const cg_library *lib, kiln_error *e
 	pthread_mutex_init(&s->lock, NULL);
 	int n = 1;
 	bool helpers = false;
+	/* no runtime, no library: say so before the LLVM work, not after */
 	if (linking(lib)) {
+		kiln_status st = cg_runtime_archive(s->rt, sizeof s->rt, err);
+		if (st != KILN_OK) {
+			pthread_mutex_destroy(&s->lock);
+			free(s);
+			return st;
+		}
 		n = cg_llvm_parts_for(lib->m, MAX_PARTS);
 		int ne = cg_llvm_parts_for(lib->eval, MAX_PARTS);
 		n = ne > n ? ne : n;

@@ -91,6 +91,14 @@ static kiln_status check_opts(const kiln_graph *g, const char *out, const kiln_c
 	                           "so, kir, dot, ll, asm or obj)", o->emit) : KILN_OK;
 }
 
+KILN_API kiln_status kiln_runtime_archive(char *buf, size_t size, kiln_error *err)
+{
+	if (!buf || !size)
+		return ir_seterr(err, KILN_EINVAL, "kiln_runtime_archive: null buffer");
+	buf[0] = 0;
+	return cg_runtime_archive(buf, size, err);
+}
+
 KILN_API kiln_status kiln_compile(const kiln_graph *g, const char *out_path,
                                   const kiln_compile_opts *opts, kiln_error *err)
 {

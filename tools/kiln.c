@@ -1304,7 +1304,8 @@ static const command commands[] = {
 	 "  The GEMM helpers, the same for every model, are compiled once per target\n"
 	 "  and kept in $KILN_CACHE_DIR (default $XDG_CACHE_HOME/kiln or\n"
 	 "  ~/.cache/kiln; set it empty for none)\n"
-	 "  --train              a training library instead (docs/TRAINING.md): the\n"
+	 "  The library is linked with cc against kiln's runtime archive: $KILN_RT_LIB,\n"
+	 "  else the one installed beside kiln (kiln --version says which)\n"	 "  --train              a training library instead (docs/TRAINING.md): the\n"
 	 "                       model's train step (loss, gradients, optimizer) and\n"
 	 "                       its eval forward, with entry points _train_step,\n"
 	 "                       _eval_step, _save, _load over state it owns; the\n"
@@ -1373,7 +1374,11 @@ int main(int argc, char **argv)
 		return TOOLS_EXIT_USAGE;
 	}
 	if (strcmp(argv[1], "--version") == 0 || strcmp(argv[1], "-V") == 0) {
-		printf("kiln %s\n", KILN_VERSION);
+		/* where `kiln compile` takes its runtime from, or why it cannot */
+		char rt[4096];
+		kiln_error e = {0};
+		printf("kiln %s\nruntime: %s\n", KILN_VERSION,
+		       kiln_runtime_archive(rt, sizeof rt, &e) == KILN_OK ? rt : e.msg);
 		return 0;
 	}
 	if (is_help(argv[1])) {

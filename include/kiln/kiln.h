@@ -818,8 +818,8 @@ KILN_API double kiln_sched_lr(const kiln_sched *s, int64_t step);
  * its header beside it (model.so -> model.h): typed entry points
  * <name>_create/_run/_set_threads/_errmsg/_destroy, plus the exported
  * self-describing `kiln_model_desc` that kiln_load reads.  The library is
- * linked with `cc` against the runtime archive ($KILN_RT_LIB overrides the
- * built-in path).  Files appear atomically or not at all. */
+ * linked with `cc` against the runtime archive (kiln_runtime_archive).
+ * Files appear atomically or not at all. */
 typedef struct kiln_compile_opts {
 	const char *name;     /* C name of the model (entry-point prefix);
 	                         NULL: the graph's name, made an identifier */
@@ -865,6 +865,14 @@ typedef struct kiln_compile_times {
  * node), EIO (writing or linking failed). */
 KILN_API kiln_status kiln_compile(const kiln_graph *g, const char *out_path,
                                   const kiln_compile_opts *opts, kiln_error *err);
+/* The runtime archive (libkilnrt_gen.a: model driver, thread pool) that
+ * kiln_compile links into every library, as an absolute path into buf:
+ * $KILN_RT_LIB when set and not empty; else the first that exists of
+ * lib/kiln/ beside the running program's bin/ folder, lib/kiln/ beside
+ * libkiln.so, the build tree's (when running from it), the configured
+ * install prefix's, the build tree's.  EIO, naming every path tried, when
+ * there is none: then kiln_compile fails the same way before any work. */
+KILN_API kiln_status kiln_runtime_archive(char *buf, size_t size, kiln_error *err);
 
 /* ---- int8 quantization ---- */
 /* Post-training quantization (docs/QUANTIZATION.md): calibrates g on
