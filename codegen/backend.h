@@ -137,6 +137,15 @@ void cg_c_name(char *out, size_t size, const char *s);
 kiln_status cg_temp_file(const char *path, unsigned mode, char *tmp, size_t size,
                          kiln_error *err);
 kiln_status cg_commit_file(const char *tmp, const char *path, kiln_error *err);
+/* The cache folder (llvm_emit.c): dir, else $KILN_CACHE_DIR, else
+ * $XDG_CACHE_HOME/kiln, else $HOME/.cache/kiln; NULL when that is ""
+ * (caching off) or there is no home.  Into buf. */
+const char *cg_cache_dir(const char *dir, char *buf, size_t size);
+/* A string naming everything but the graph that decides a library's bytes
+ * (target CPU and features, LLVM and kiln versions, this build), for cache
+ * keys.  o (may be NULL) gives cpu and features. */
+kiln_status cg_build_identity(const kiln_compile_opts *o, char *buf, size_t size,
+                              kiln_error *err);
 /* Runs argv (argv[0] found in $PATH, no shell) and checks its exit status. */
 kiln_status cg_run_tool(char *const *argv, kiln_error *err);
 

@@ -424,13 +424,14 @@ static bool has_state(const rt_model_desc *d, const char *name)
 	return false;
 }
 
-/* Checks a checkpoint against the state table without changing anything. */
-static kiln_status check_ckpt(rt_train *t, const kiln_tensor_set *s, const char *path)
+/* Checks a checkpoint against the state table without changing anything;
+ * a file must carry its checksum (sum), a set from rt_train_state need not. */
+static kiln_status check_ckpt(rt_train *t, const kiln_tensor_set *s, const char *path, bool sum)
 {
 	const rt_model_desc *d = t->d->step;
 	int64_t steps, micro;
 	kiln_error e = {0};
-	if (rt_ckpt_check_sum(s, path, &e) != KILN_OK ||
+	if ((sum && rt_ckpt_check_sum(s, path, &e) != KILN_OK) ||
 	    rt_ckpt_counters(s, path, &steps, &micro, &e) != KILN_OK)
 		return fail(t, e.code, "%s", e.msg);
 	for (uint32_t i = 0; i < d->nstate; i++) {
@@ -445,14 +446,25 @@ static kiln_status check_ckpt(rt_train *t, const kiln_tensor_set *s, const char 
 			            d->state[i].name, kiln_dtype_name(f->dtype), f->rank,
 			            kiln_dtype_name(v.dtype), v.rank);
 	}
-	if ((uint32_t)s->count == d->nstate + 3)
+	uint32_t want = d->nstate + 2 + (kiln_tensor_set_get(s, RT_CKPT_SUM) != NULL);
+	if ((uint32_t)s->count == want)
 		return KILN_OK;
 	for (int i = 0; i < s->count; i++)
 		if (s->items[i].name[0] != '_' && !has_state(d, s->items[i].name))
 			return fail(t, KILN_EINVAL, "checkpoint '%s': '%s' is not part of this model "
 			            "(a different model or optimizer?)", path, s->items[i].name);
 	return fail(t, KILN_EINVAL, "checkpoint '%s': %d tensors, expected %u", path, s->count,
-	            d->nstate + 3);
+	            want);
+}
+
+/* Copies a checked set's tensors and counters into the context. */
+static void take_state(rt_train *t, const kiln_tensor_set *s, const char *path)
+{
+	for (uint32_t i = 0; i < t->d->step->nstate; i++) {
+		const kiln_tensor *f = kiln_tensor_set_get(s, t->d->step->state[i].name);
+		memcpy(t->state[i], f->data, kiln_tensor_nbytes(f));
+	}
+	rt_ckpt_counters(s, path, &t->steps, &t->micro, NULL);
 }
 
 kiln_status rt_train_load(rt_train *t, const char *path)
@@ -466,13 +478,34 @@ kiln_status rt_train_load(rt_train *t, const char *path)
 	kiln_status st = kiln_safetensors_read(path, &s, &e);
 	if (st != KILN_OK)
 		return fail(t, st, "checkpoint refused: %s", e.msg);
-	st = check_ckpt(t, s, path);
-	for (uint32_t i = 0; st == KILN_OK && i < t->d->step->nstate; i++) {
-		const kiln_tensor *f = kiln_tensor_set_get(s, t->d->step->state[i].name);
-		memcpy(t->state[i], f->data, kiln_tensor_nbytes(f));
-	}
+	st = check_ckpt(t, s, path, true);
 	if (st == KILN_OK)
-		rt_ckpt_counters(s, path, &t->steps, &t->micro, NULL);
+		take_state(t, s, path);
 	kiln_tensor_set_free(s);
 	return st;
+}
+
+kiln_status rt_train_set_state(rt_train *t, const kiln_tensor_set *s)
+{
+	if (!t)
+		return KILN_EINVAL;
+	if (!s)
+		return fail(t, KILN_EINVAL, "set_state: the state is NULL");
+	kiln_status st = check_ckpt(t, s, "the state given", false);
+	if (st == KILN_OK)
+		take_state(t, s, "the state given");
+	return st;
+}
+
+kiln_status rt_train_state_view(rt_train *t, const char *name, kiln_tensor *out)
+{
+	if (!t)
+		return KILN_EINVAL;
+	for (uint32_t i = 0; name && out && i < t->d->step->nstate; i++)
+		if (!strcmp(t->d->step->state[i].name, name)) {
+			*out = state_tensor(t, i);
+			return KILN_OK;
+		}
+	return fail(t, KILN_EINVAL, "model '%s' has no state tensor '%s'", t->d->step->name,
+	            name ? name : "(NULL)");
 }
