@@ -931,12 +931,13 @@ static int bench_time(kiln_model *m, const bench_args *a, kiln_tensor **in, kiln
 	/* a train step's batch is its x's rows (fixed when it was compiled) */
 	long long rows = a->train ? (long long)in[0]->shape[0] : (long long)a->batch;
 	if (a->json)
-		printf("{\"model\": \"%s\", \"program\": \"%s\", \"batch\": %lld, \"threads\": %d, "
-		       "\"runs\": %d, \"median_ms\": %.6f, \"min_ms\": %.6f, \"p90_ms\": %.6f, "
-		       "\"spread_pct\": %.2f, \"peak_rss_mib\": %.1f, \"start_rss_mib\": %.1f, "
+		printf("{\"model\": \"%s\", \"batch\": %lld, \"threads\": %d, \"runs\": %d, "
+		       "\"median_ms\": %.6f, \"min_ms\": %.6f, \"p90_ms\": %.6f, \"spread_pct\": %.2f, "
+		       "\"peak_rss_mib\": %.1f, \"start_rss_mib\": %.1f, \"program\": \"%s\", "
 		       "\"steps\": %lld}\n",
-		       kiln_model_name(m), a->train ? "train_step" : "run", rows, (int)a->threads, n, med,
-		       t[0], p90, spread, peak_rss_mib(), a->start_rss, (long long)kiln_model_steps(m));
+		       kiln_model_name(m), rows, (int)a->threads, n, med, t[0], p90, spread,
+		       peak_rss_mib(), a->start_rss, a->train ? "train_step" : "run",
+		       (long long)kiln_model_steps(m));
 	else
 		printf("model %s%s: batch %lld, threads %d, %d runs after %d warm-up\n"
 		       "  median %.4f ms   min %.4f ms   p90 %.4f ms   spread (p90-p10)/median %.1f%%\n"
