@@ -233,10 +233,11 @@ static int run_parse(int argc, char **argv, run_args *a)
 				return usage_error("run", "option '%s' needs a directory", argv[i]);
 			a->outdir = v;
 		} else if (tool_is_opt(argv[i], "--threads", "-t")) {
+			const char *opt = argv[i];
 			double n;
 			if (!(v = tool_optval(argc, argv, &i, "--threads", "-t")) || !tool_num(v, &n) ||
-			    n != (int)n || n < 1 || n > 256)
-				return usage_error("run", "option '%s' needs a number in [1, 256]", argv[i]);
+			    n < 1 || n > 256 || n != (int)n)
+				return usage_error("run", "option '%s' needs a number in [1, 256]", opt);
 			a->threads = (int)n;
 		} else if (positional("run", argv[i], &a->file)) {
 			return TOOLS_EXIT_USAGE;

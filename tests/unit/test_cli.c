@@ -867,6 +867,14 @@ START_TEST(inspect_prints_a_library_signature)
 	ck_assert_msg(r.rc == 0, "%s", r.err);
 	contains(r.out, "y: f32[1,3]");
 	result_free(&r);
+	/* every CPU by default; --threads N for the library's pool */
+	r = kiln("run lib.bin -i x=x.npy --threads 3");
+	ck_assert_msg(r.rc == 0, "%s", r.err);
+	contains(r.out, "y: f32[1,3]");
+	result_free(&r);
+	r = kiln("run lib.bin -i x=x.npy --threads 0");
+	assert_fails(r, "option '--threads' needs a number in [1, 256]");
+	result_free(&r);
 	r = kiln("inspect --no-ir g.onnx");
 	ck_assert_msg(r.rc == 0, "%s", r.err);
 	contains(r.out, "graph: m");
