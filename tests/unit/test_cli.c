@@ -25,6 +25,10 @@ static void setup(void)
 {
 	strcpy(dir, "/tmp/kiln_cli_XXXXXX");
 	ck_assert_ptr_nonnull(mkdtemp(dir));
+	/* kiln train's compiled steps go to this test's folder, never ~/.cache */
+	char cache[sizeof dir + 8];
+	snprintf(cache, sizeof cache, "%s/cache", dir);
+	setenv("KILN_CACHE_DIR", cache, 1);
 }
 
 /* KILN_KEEP=1 keeps the directory, to look at what a failing test saw. */

@@ -34,6 +34,8 @@
 static void setup(void)
 {
 	tmp_make("kiln_cli_train");
+	/* kiln train's compiled steps go to this test's folder, never ~/.cache */
+	setenv("KILN_CACHE_DIR", tpath("cache"), 1);
 }
 
 static void teardown(void)
