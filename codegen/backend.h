@@ -160,4 +160,14 @@ typedef struct cg_rt_search {
 } cg_rt_search;
 kiln_status cg_runtime_find(const cg_rt_search *w, char *out, size_t size, kiln_error *err);
 
+/* The cache folder (llvm_emit.c): dir, else $KILN_CACHE_DIR, else
+ * $XDG_CACHE_HOME/kiln, else $HOME/.cache/kiln; NULL when that is ""
+ * (caching off) or there is no home.  Into buf. */
+const char *cg_cache_dir(const char *dir, char *buf, size_t size);
+/* A string naming everything but the graph that decides a library's bytes
+ * (target CPU and features, LLVM and kiln versions, this build), for cache
+ * keys.  o (may be NULL) gives cpu and features. */
+kiln_status cg_build_identity(const kiln_compile_opts *o, char *buf, size_t size,
+                              kiln_error *err);
+
 #endif /* KILN_CG_BACKEND_H */

@@ -20,6 +20,7 @@
  * context: errors become the compile's message, warnings (say, a loop
  * hinted for vectorization that LLVM would not vectorize) are dropped.
  */
+#include <dlfcn.h>
 #include <pthread.h>
 #include <sys/stat.h>
 #include <stdio.h>
@@ -396,12 +397,15 @@ static bool linking(const cg_library *lib)
 	return !lib->o->emit || strcmp(lib->o->emit, "so") == 0;
 }
 
-/* The object cache's folder: o->cache_dir, else $KILN_CACHE_DIR, else
- * $XDG_CACHE_HOME/kiln, else $HOME/.cache/kiln; NULL when that is "" (off)
- * or there is no home.  Into buf. */
+/* The object cache's folder (backend.h: cg_cache_dir). */
 static const char *cache_dir(const kiln_compile_opts *o, char *buf, size_t size)
 {
-	const char *d = o->cache_dir ? o->cache_dir : getenv("KILN_CACHE_DIR");
+	return cg_cache_dir(o->cache_dir, buf, size);
+}
+
+const char *cg_cache_dir(const char *dir, char *buf, size_t size)
+{
+	const char *d = dir ? dir : getenv("KILN_CACHE_DIR");
 	if (d) {
 		if (!*d)
 			return NULL;
@@ -566,3 +570,32 @@ const cg_backend cg_llvm_backend = {
 	.write = s_write,
 	.close = s_close,
 };
+
+/* Everything besides the graph that decides a library's bytes: the target
+ * (triple, CPU, features, vector width), LLVM's and kiln's versions, the
+ * pipeline, and the identity (size, mtime, inode) of the file holding this
+ * compiler and of the runtime archive it links, since KILN_VERSION does not
+ * change with every build. */
+kiln_status cg_build_identity(const kiln_compile_opts *o, char *buf, size_t size,
+                              kiln_error *err)
+{
+	cg_target t;
+	kiln_status st = cg_target_init(&t, o ? o->cpu : NULL, o ? o->features : NULL, err);
+	if (st != KILN_OK)
+		return st;
+	Dl_info dl = {0};
+	struct stat self = {0}, rt = {0};
+	if (!dladdr((void *)cg_build_identity, &dl) || !dl.dli_fname || stat(dl.dli_fname, &self))
+		stat("/proc/self/exe", &self);
+	const char *rtlib = getenv("KILN_RT_LIB");
+	rtlib = rtlib && *rtlib ? rtlib : KILN_RT_GEN_LIB;
+	stat(rtlib, &rt);
+	snprintf(buf, size, "%s|%s|%s|%d|%s|%s|%s|%lld.%ld.%llu|%s|%lld.%ld.%llu", t.triple,
+	         t.cpu, t.features, t.prefer_bits, LLVM_VERSION_STRING, KILN_VERSION, PIPELINE,
+	         (long long)self.st_size, (long)self.st_mtim.tv_sec * 1000000000L +
+	         self.st_mtim.tv_nsec, (unsigned long long)self.st_ino, rtlib,
+	         (long long)rt.st_size, (long)rt.st_mtim.tv_sec * 1000000000L + rt.st_mtim.tv_nsec,
+	         (unsigned long long)rt.st_ino);
+	cg_target_free(&t);
+	return KILN_OK;
+}

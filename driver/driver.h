@@ -2,7 +2,8 @@
  * driver.h: the driver's header for the `kiln` CLI (tools/), beside the
  * public API; nothing below the driver includes it.
  *
- * The drivers (compile.c: kiln_compile, kiln_compile_train; train.c:
+ * The drivers (compile.c: kiln_compile, kiln_compile_train; train_cache.c:
+ * driver_train_lib, kiln train's cached compiled step; train.c:
  * kiln_build_train_step, kiln_train_graph_from_inference, kiln_trainer) are
  * declared in include/kiln/kiln.h.  The CLI reads graphs, runs passes and
  * sniffs files through kiln.h too (kiln_graph_param, kiln_graph_op_histogram,
@@ -29,5 +30,23 @@ kiln_status driver_compile_train_inference(const kiln_graph *inference, uint64_t
                                            const kiln_train_opts *t, int64_t batch,
                                            const char *out_path, const kiln_compile_opts *o,
                                            kiln_error *err);
+
+/* What driver_train_lib found in the cache. */
+typedef struct driver_cache_info {
+	bool hit;        /* loaded from the cache, nothing compiled */
+	bool rebuilt;    /* an entry was there but torn or altered: compiled again */
+	char path[4200]; /* the entry ("" when there is no cache folder) */
+} driver_cache_info;
+
+/* `kiln train`'s compiled step: kiln_compile_train(train, eval, t, batch)
+ * through a cache of libraries keyed by a hash of both graphs' text, t,
+ * batch, the target CPU and features and this build of kiln (not the
+ * parameters' data: set the state after loading), in cache_dir (NULL: the
+ * default folder, see kiln_compile_opts.cache_dir; "": no cache, a
+ * temporary file), then kiln_load.  Entries are written atomically with a
+ * hash of their bytes, checked before every load; a bad one is rebuilt. */
+kiln_status driver_train_lib(const kiln_graph *train, const kiln_graph *eval,
+                             const kiln_train_opts *t, int64_t batch, const char *cache_dir,
+                             kiln_model **m, driver_cache_info *info, kiln_error *err);
 
 #endif /* KILN_DRIVER_H */

@@ -33,6 +33,8 @@ struct kiln_model {
 	rt_model *rt;           /* the context (a training library's: its eval program) */
 	rt_train *train;        /* a training library's context, or NULL */
 	kiln_model_io *io;      /* inputs, then outputs */
+	kiln_model_io *tio;     /* a training library's step: its data inputs */
+	int ntio;
 	uint64_t *prof;         /* per kernel: ns summed over runs, while profiling */
 };
 
@@ -66,6 +68,22 @@ static void *open_lib(const char *path)
 	return h;
 }
 
+/* The step's data inputs (x, target): every input but the scalars the
+ * context feeds (lr, step, apply, __micro__). */
+static kiln_status train_io(kiln_model *m, const rt_train_desc *td, const char *path,
+                            kiln_error *err)
+{
+	const rt_model_desc *s = td->step;
+	if (!(m->tio = calloc(s->ninputs + 1, sizeof *m->tio)))
+		return rt_seterr(err, KILN_ENOMEM, "%s: out of memory", path);
+	for (uint32_t i = 0; i < s->ninputs; i++) {
+		int32_t k = (int32_t)i;
+		if (k != td->lr && k != td->t && k != td->apply && k != td->micro1 - 1)
+			fill_io(s, &s->inputs[i], &m->tio[m->ntio++]);
+	}
+	return KILN_OK;
+}
+
 /* Validates the description the library exports and makes a context. */
 static kiln_status attach(kiln_model *m, const char *path, kiln_error *err)
 {
@@ -93,7 +111,7 @@ static kiln_status attach(kiln_model *m, const char *path, kiln_error *err)
 		fill_io(m->d, &m->d->inputs[i], &m->io[i]);
 	for (uint32_t i = 0; i < m->d->noutputs; i++)
 		fill_io(m->d, &m->d->outputs[i], &m->io[m->d->ninputs + i]);
-	return KILN_OK;
+	return td ? train_io(m, td, path, err) : KILN_OK;
 }
 
 KILN_API kiln_status kiln_load(const char *path, kiln_model **out, kiln_error *err)
@@ -142,6 +160,7 @@ KILN_API void kiln_model_free(kiln_model *m)
 	else
 		rt_model_destroy(m->rt); /* joins the pool's threads before the code goes */
 	free(m->io);
+	free(m->tio);
 	free(m->prof);
 	if (m->dl)
 		dlclose(m->dl);
@@ -342,8 +361,15 @@ KILN_API kiln_status kiln_model_save(kiln_model *m, const char *path, kiln_error
 	return st == KILN_OK ? st : rt_seterr(err, st, "%s", rt_train_errmsg(m->train));
 }
 
-KILN_API kiln_status kiln_model_set_state(kiln_model *m, const kiln_tensor_set *s,
-                                          kiln_error *err)
+KILN_API kiln_status kiln_model_load(kiln_model *m, const char *path, kiln_error *err)
+{
+	if (!kiln_model_trainable(m))
+		return not_trainable(m, "kiln_model_load", err);
+	kiln_status st = rt_train_load(m->train, path);
+	return st == KILN_OK ? st : rt_seterr(err, st, "%s", rt_train_errmsg(m->train));
+}
+
+KILN_API kiln_status kiln_model_set_state(kiln_model *m, const kiln_tensor_set *s, kiln_error *err)
 {
 	if (!kiln_model_trainable(m))
 		return not_trainable(m, "kiln_model_set_state", err);
@@ -351,10 +377,23 @@ KILN_API kiln_status kiln_model_set_state(kiln_model *m, const kiln_tensor_set *
 	return st == KILN_OK ? st : rt_seterr(err, st, "%s", rt_train_errmsg(m->train));
 }
 
-KILN_API kiln_status kiln_model_load(kiln_model *m, const char *path, kiln_error *err)
+KILN_API kiln_status kiln_model_state_view(kiln_model *m, const char *name, kiln_tensor *out,
+                                           kiln_error *err)
 {
 	if (!kiln_model_trainable(m))
-		return not_trainable(m, "kiln_model_load", err);
-	kiln_status st = rt_train_load(m->train, path);
+		return not_trainable(m, "kiln_model_state_view", err);
+	if (!out)
+		return rt_seterr(err, KILN_EINVAL, "kiln_model_state_view: out is NULL");
+	kiln_status st = rt_train_state_view(m->train, name, out);
 	return st == KILN_OK ? st : rt_seterr(err, st, "%s", rt_train_errmsg(m->train));
+}
+
+KILN_API int kiln_model_num_train_inputs(const kiln_model *m)
+{
+	return m && m->train ? m->ntio : 0;
+}
+
+KILN_API const kiln_model_io *kiln_model_train_input(const kiln_model *m, int i)
+{
+	return m && m->train && i >= 0 && i < m->ntio ? &m->tio[i] : NULL;
 }

@@ -203,10 +203,11 @@ kiln_status rt_train_save(rt_train *t, const char *path);
 kiln_status rt_train_load(rt_train *t, const char *path);
 /* A copy of the state and counters (caller frees). */
 kiln_tensor_set *rt_train_state(const rt_train *t);
-/* Replaces the state and counters with s's (rt_train_state's form; its
- * RT_CKPT_SUM is checked only when present), checked as load checks a
- * file before anything changes. */
+/* Replaces the state and counters with s (as rt_train_state gives it; a
+ * checksum is optional), checked first as a checkpoint is. */
 kiln_status rt_train_set_state(rt_train *t, const kiln_tensor_set *s);
+/* State tensor name over the context's own storage (no copy). */
+kiln_status rt_train_state_view(rt_train *t, const char *name, kiln_tensor *out);
 /* ---- the checkpoint format -------------------------------------------------
  * One format for kiln_trainer (driver/train.c) and a compiled training
  * library (rt_train_save/load): a safetensors file of every state tensor

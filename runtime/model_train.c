@@ -424,17 +424,14 @@ static bool has_state(const rt_model_desc *d, const char *name)
 	return false;
 }
 
-/* Checks a checkpoint against the state table without changing anything.
- * A file must carry RT_CKPT_SUM (need_sum); a set in memory is checked
- * against it only when it has one. */
-static kiln_status check_ckpt(rt_train *t, const kiln_tensor_set *s, const char *path,
-                              bool need_sum)
+/* Checks a checkpoint against the state table without changing anything;
+ * a file must carry its checksum (sum), a set from rt_train_state need not. */
+static kiln_status check_ckpt(rt_train *t, const kiln_tensor_set *s, const char *path, bool sum)
 {
 	const rt_model_desc *d = t->d->step;
 	int64_t steps, micro;
 	kiln_error e = {0};
-	bool has_sum = kiln_tensor_set_get(s, RT_CKPT_SUM) != NULL;
-	if (((need_sum || has_sum) && rt_ckpt_check_sum(s, path, &e) != KILN_OK) ||
+	if ((sum && rt_ckpt_check_sum(s, path, &e) != KILN_OK) ||
 	    rt_ckpt_counters(s, path, &steps, &micro, &e) != KILN_OK)
 		return fail(t, e.code, "%s", e.msg);
 	for (uint32_t i = 0; i < d->nstate; i++) {
@@ -449,7 +446,7 @@ static kiln_status check_ckpt(rt_train *t, const kiln_tensor_set *s, const char 
 			            d->state[i].name, kiln_dtype_name(f->dtype), f->rank,
 			            kiln_dtype_name(v.dtype), v.rank);
 	}
-	uint32_t want = d->nstate + 2 + has_sum;
+	uint32_t want = d->nstate + 2 + (kiln_tensor_set_get(s, RT_CKPT_SUM) != NULL);
 	if ((uint32_t)s->count == want)
 		return KILN_OK;
 	for (int i = 0; i < s->count; i++)
@@ -460,27 +457,14 @@ static kiln_status check_ckpt(rt_train *t, const kiln_tensor_set *s, const char 
 	            want);
 }
 
-/* Checks s whole, then copies it into the state and counters. */
-static kiln_status set_state(rt_train *t, const kiln_tensor_set *s, const char *path,
-                             bool need_sum)
+/* Copies a checked set's tensors and counters into the context. */
+static void take_state(rt_train *t, const kiln_tensor_set *s, const char *path)
 {
-	kiln_status st = check_ckpt(t, s, path, need_sum);
-	for (uint32_t i = 0; st == KILN_OK && i < t->d->step->nstate; i++) {
+	for (uint32_t i = 0; i < t->d->step->nstate; i++) {
 		const kiln_tensor *f = kiln_tensor_set_get(s, t->d->step->state[i].name);
 		memcpy(t->state[i], f->data, kiln_tensor_nbytes(f));
 	}
-	if (st == KILN_OK)
-		rt_ckpt_counters(s, path, &t->steps, &t->micro, NULL);
-	return st;
-}
-
-kiln_status rt_train_set_state(rt_train *t, const kiln_tensor_set *s)
-{
-	if (!t)
-		return KILN_EINVAL;
-	if (!s)
-		return fail(t, KILN_EINVAL, "set_state: the tensor set is NULL");
-	return set_state(t, s, "state_dict", false);
+	rt_ckpt_counters(s, path, &t->steps, &t->micro, NULL);
 }
 
 kiln_status rt_train_load(rt_train *t, const char *path)
@@ -494,7 +478,36 @@ kiln_status rt_train_load(rt_train *t, const char *path)
 	kiln_status st = kiln_safetensors_read(path, &s, &e);
 	if (st != KILN_OK)
 		return fail(t, st, "checkpoint refused: %s", e.msg);
-	st = set_state(t, s, path, true);
+	st = check_ckpt(t, s, path, true);
+	if (st == KILN_OK)
+		take_state(t, s, path);
 	kiln_tensor_set_free(s);
 	return st;
+}
+
+kiln_status rt_train_set_state(rt_train *t, const kiln_tensor_set *s)
+{
+	if (!t)
+		return KILN_EINVAL;
+	if (!s)
+		return fail(t, KILN_EINVAL, "set_state: the state is NULL");
+	/* a set from kiln_model_state carries its checksum: check it when there */
+	kiln_status st = check_ckpt(t, s, "the state given",
+	                            kiln_tensor_set_get(s, RT_CKPT_SUM) != NULL);
+	if (st == KILN_OK)
+		take_state(t, s, "the state given");
+	return st;
+}
+
+kiln_status rt_train_state_view(rt_train *t, const char *name, kiln_tensor *out)
+{
+	if (!t)
+		return KILN_EINVAL;
+	for (uint32_t i = 0; name && out && i < t->d->step->nstate; i++)
+		if (!strcmp(t->d->step->state[i].name, name)) {
+			*out = state_tensor(t, i);
+			return KILN_OK;
+		}
+	return fail(t, KILN_EINVAL, "model '%s' has no state tensor '%s'", t->d->step->name,
+	            name ? name : "(NULL)");
 }

@@ -1,13 +1,15 @@
 /*
  * fail.c: the CLI's error helper, shared by every tools/ file, so each
- * failure prints the same one line: "kiln: error: ..." on stderr; and the
- * option readers every command's parser uses.
+ * failure prints the same one line: "kiln: error: ..." on stderr; the
+ * option readers every command's parser uses; and the default thread count.
  */
 #include <errno.h>
+#include <sched.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "kiln/kiln.h"
 #include "tools/tools.h"
@@ -53,4 +55,13 @@ int tool_fail_err(const char *path, const kiln_error *e, kiln_status st)
 	const char *msg = e->msg[0] ? e->msg : kiln_status_str(st);
 	return !path || strstr(msg, path) ? tool_fail(1, "%s", msg)
 	                                  : tool_fail(1, "%s: %s", path, msg);
+}
+
+int tool_cpus(void)
+{
+	cpu_set_t set;
+	if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0)
+		return CPU_COUNT(&set) < 256 ? CPU_COUNT(&set) : 256;
+	long n = sysconf(_SC_NPROCESSORS_ONLN);
+	return n < 1 ? 1 : n < 256 ? (int)n : 256;
 }

@@ -245,6 +245,7 @@ typedef struct run_args {
 	const char *file, *outdir;
 	const char **spec; /* the -i NAME=FILE arguments */
 	int nspec;
+	int threads;       /* a library's pool (default: every CPU we may use) */
 } run_args;
 
 static int run_parse(int argc, char **argv, run_args *a)
@@ -259,6 +260,13 @@ static int run_parse(int argc, char **argv, run_args *a)
 			if (!(v = tool_optval(argc, argv, &i, "--output", "-o")))
 				return usage_error("run", "option '%s' needs a directory", argv[i]);
 			a->outdir = v;
+		} else if (tool_is_opt(argv[i], "--threads", "-t")) {
+			const char *opt = argv[i];
+			double n;
+			if (!(v = tool_optval(argc, argv, &i, "--threads", "-t")) || !tool_num(v, &n) ||
+			    n < 1 || n > 256 || n != (int)n)
+				return usage_error("run", "option '%s' needs a number in [1, 256]", opt);
+			a->threads = (int)n;
 		} else if (positional("run", argv[i], &a->file)) {
 			return TOOLS_EXIT_USAGE;
 		}
@@ -551,6 +559,9 @@ static int run_so(const run_args *a)
 	kiln_tensor **in = NULL, **out = NULL;
 	const char **names = NULL;
 	out_files f = {0};
+	kiln_error te = {0};
+	if (!rc && kiln_model_set_threads(m, a->threads, &te) != KILN_OK)
+		rc = tool_fail_err(NULL, &te, te.code);
 	if (!rc) {
 		nin = kiln_model_num_inputs(m);
 		nout = kiln_model_num_outputs(m);
@@ -628,7 +639,7 @@ static int load_onnx_with(const char *file, const run_args *a, kiln_graph **g,
 static int cmd_run(int argc, char **argv)
 {
 	const char **spec = calloc(argc + 1, sizeof *spec);
-	run_args a = {.spec = spec};
+	run_args a = {.spec = spec, .threads = tool_cpus()};
 	kiln_graph *g = NULL;
 	kiln_tensor **in = NULL, **out = NULL;
 	const char **names = NULL;
@@ -754,6 +765,7 @@ typedef struct bench_args {
 	double batch, threads, warmup, runs; /* runs 0: as many as fit in seconds */
 	double seconds;
 	bool json, profile;
+	bool eval, train; /* --eval; timing a training library's step (not --eval) */
 	double start_rss; /* peak RSS MiB before the model was loaded */
 } bench_args;
 
@@ -773,6 +785,8 @@ static int bench_parse(int argc, char **argv, bench_args *a)
 			a->json = true;
 		} else if (strcmp(argv[i], "--profile") == 0) {
 			a->profile = true;
+		} else if (strcmp(argv[i], "--eval") == 0) {
+			a->eval = true;
 		} else if (k < sizeof opts / sizeof opts[0]) {
 			const char *o = argv[i], *v = tool_optval(argc, argv, &i, opts[k].lng, opts[k].shrt);
 			char *end = NULL;
@@ -789,12 +803,14 @@ static int bench_parse(int argc, char **argv, bench_args *a)
 	return 0;
 }
 
-/* Random inputs (fixed seed) with every symbolic dim set to the batch. */
-static int bench_inputs(const kiln_model *m, int64_t batch, kiln_tensor **in)
+/* Random inputs (fixed seed) with every symbolic dim set to the batch: the
+ * model's, or a training library's step's (x, target) when train. */
+static int bench_inputs(const kiln_model *m, int64_t batch, bool train, kiln_tensor **in)
 {
 	uint64_t s = 0x9e3779b97f4a7c15u;
-	for (int i = 0; i < kiln_model_num_inputs(m); i++) {
-		const kiln_model_io *io = kiln_model_input(m, i);
+	int n = train ? kiln_model_num_train_inputs(m) : kiln_model_num_inputs(m);
+	for (int i = 0; i < n; i++) {
+		const kiln_model_io *io = train ? kiln_model_train_input(m, i) : kiln_model_input(m, i);
 		int64_t dims[KILN_MAX_RANK];
 		for (int k = 0; k < io->rank; k++) {
 			if (io->dim_names[k] && strcmp(io->dim_names[k], "?") == 0)
@@ -909,37 +925,58 @@ static int bench_profile(kiln_model *m, const bench_args *a, kiln_tensor **in,
 	return 0;
 }
 
+/* One timed run: the model (its eval program) into out, or a training
+ * library's step on (x, target) at lr 0, so the state stays what it was
+ * while the step does all its work (the update is computed and applied). */
+static kiln_status bench_once(kiln_model *m, const bench_args *a, kiln_tensor **in,
+                              kiln_tensor **out, kiln_error *e)
+{
+	if (a->train)
+		return kiln_model_train_step(m, in[0], kiln_model_num_train_inputs(m) > 1 ? in[1] : NULL,
+		                             0.0, NULL, e);
+	return kiln_model_run_into(m, in, kiln_model_num_inputs(m), out, kiln_model_num_outputs(m),
+	                           e);
+}
+
 /* Warm-up, then timed runs into preallocated outputs; prints the stats. */
 static int bench_time(kiln_model *m, const bench_args *a, kiln_tensor **in, kiln_tensor **out)
 {
-	int nin = kiln_model_num_inputs(m), nout = kiln_model_num_outputs(m), cap = 100000, n = 0;
+	int cap = 100000, n = 0;
 	double *t = malloc(cap * sizeof *t), start = now_ms();
 	kiln_error e = {0};
 	if (!t)
 		return tool_fail(1, "out of memory");
 	for (int i = 0; i < (int)a->warmup; i++)
-		if (kiln_model_run_into(m, in, nin, out, nout, &e) != KILN_OK)
+		if (bench_once(m, a, in, out, &e) != KILN_OK)
 			return free(t), tool_fail_err(NULL, &e, e.code);
 	start = now_ms();
 	while (n < cap && (a->runs ? n < (int)a->runs : n < 10 || now_ms() - start < a->seconds * 1e3)) {
 		double t0 = now_ms();
-		kiln_model_run_into(m, in, nin, out, nout, &e);
+		bench_once(m, a, in, out, &e);
 		t[n++] = now_ms() - t0;
 	}
 	qsort(t, n, sizeof *t, by_value);
 	double med = t[n / 2], p10 = t[n / 10], p90 = t[n * 9 / 10], spread = (p90 - p10) / med * 100;
+	/* a train step's batch is its x's rows (fixed when it was compiled) */
+	long long rows = a->train ? (long long)in[0]->shape[0] : (long long)a->batch;
 	if (a->json)
 		printf("{\"model\": \"%s\", \"batch\": %lld, \"threads\": %d, \"runs\": %d, "
 		       "\"median_ms\": %.6f, \"min_ms\": %.6f, \"p90_ms\": %.6f, \"spread_pct\": %.2f, "
-		       "\"peak_rss_mib\": %.1f, \"start_rss_mib\": %.1f}\n",
-		       kiln_model_name(m), (long long)a->batch, (int)a->threads, n, med, t[0], p90, spread,
-		       peak_rss_mib(), a->start_rss);
+		       "\"peak_rss_mib\": %.1f, \"start_rss_mib\": %.1f, \"program\": \"%s\", "
+		       "\"steps\": %lld}\n",
+		       kiln_model_name(m), rows, (int)a->threads, n, med, t[0], p90, spread,
+		       peak_rss_mib(), a->start_rss, a->train ? "train_step" : "run",
+		       (long long)kiln_model_steps(m));
 	else
-		printf("model %s: batch %lld, threads %d, %d runs after %d warm-up\n"
+		printf("model %s%s: batch %lld, threads %d, %d runs after %d warm-up\n"
 		       "  median %.4f ms   min %.4f ms   p90 %.4f ms   spread (p90-p10)/median %.1f%%\n"
 		       "  %.1f runs/s, %.1f samples/s, peak RSS %.1f MiB (%.1f before loading)\n",
-		       kiln_model_name(m), (long long)a->batch, (int)a->threads, n, (int)a->warmup, med, t[0], p90,
-		       spread, 1e3 / med, 1e3 * a->batch / med, peak_rss_mib(), a->start_rss);
+		       kiln_model_name(m), a->train ? ", train step" : "", rows, (int)a->threads, n,
+		       (int)a->warmup, med, t[0], p90, spread, 1e3 / med, 1e3 * rows / med,
+		       peak_rss_mib(), a->start_rss);
+	if (!a->json && a->train)
+		printf("  %lld optimizer steps taken (warm-up and timed)\n",
+		       (long long)kiln_model_steps(m));
 	free(t);
 	return a->profile ? bench_profile(m, a, in, out, n) : 0;
 }
@@ -956,15 +993,20 @@ static int cmd_bench(int argc, char **argv)
 		rc = load_so(a.file, &m);
 	if (!rc && kiln_model_set_threads(m, (int)a.threads, &e) != KILN_OK)
 		rc = tool_fail_err(NULL, &e, e.code);
+	a.train = !rc && kiln_model_trainable(m) && !a.eval;
+	if (a.train && a.profile)
+		rc = tool_fail(TOOLS_EXIT_USAGE, "--profile times the eval program's kernels: add --eval "
+		               "for a training library (see 'kiln bench --help')");
 	if (!rc) {
-		nin = kiln_model_num_inputs(m);
+		nin = a.train ? kiln_model_num_train_inputs(m) : kiln_model_num_inputs(m);
 		nout = kiln_model_num_outputs(m);
 		in = calloc(nin + 1, sizeof *in);
 		out = calloc(nout + 1, sizeof *out);
-		rc = in && out ? bench_inputs(m, (int64_t)a.batch, in) : tool_fail(1, "out of memory");
+		rc = in && out ? bench_inputs(m, (int64_t)a.batch, a.train, in)
+		               : tool_fail(1, "out of memory");
 	}
 	/* the first run allocates the outputs and the context's scratch */
-	if (!rc && kiln_model_run(m, in, nin, out, nout, &e) != KILN_OK)
+	if (!rc && !a.train && kiln_model_run(m, in, nin, out, nout, &e) != KILN_OK)
 		rc = tool_fail_err(NULL, &e, e.code);
 	if (!rc)
 		rc = bench_time(m, &a, in, out);
@@ -1244,10 +1286,12 @@ static const command commands[] = {
 	 "               render with dot -Tsvg OUT -o graph.svg",
 	 "summarize a graph: signature, parameters, op histogram, IR"},
 	{"run", cmd_run,
-	 "run FILE.kir|MODEL.so -i NAME=X.npy [-i ...] [-o DIR]\n"
+	 "run FILE.kir|MODEL.so -i NAME=X.npy [-i ...] [-o DIR] [--threads N]\n"
 	 "  Runs the graph through the reference interpreter, or a library made by\n"
 	 "  'kiln compile' through kiln_load (inputs checked against its signature).\n"
 	 "  -i, --input NAME=X.npy   the graph input NAME (every input is required)\n"
+	 "  -t, --threads N          a library's threads (default: every CPU this\n"
+	 "                           process may use; the interpreter uses one)\n"
 	 "  -o, --output DIR         write DIR/<output name>.npy for every output\n"
 	 "                           (created if missing; without -o only shapes print);\n"
 	 "                           '/' in a name becomes '_', and a name another\n"
@@ -1263,19 +1307,22 @@ static const command commands[] = {
 	 "run graph passes and print or save the result"},
 	{"bench", cmd_bench,
 	 "bench MODEL.so [--batch B] [--threads T] [--warmup W] [--runs R] [--time S] [--json]\n"
-	 "        [--profile]\n"
+	 "        [--profile] [--eval]\n"
 	 "  Times a compiled library on random inputs (fixed seed), every symbolic\n"
 	 "  dim set to B, after W warm-up runs (default 10); prints the median, min,\n"
 	 "  p90 and spread (p90-p10)/median of the runs, in ms and runs/s, and the\n"
 	 "  process's peak resident set (VmHWM) in MiB, at the end and before the\n"
-	 "  library was loaded.\n"
+	 "  library was loaded.  A training library (kiln compile --train, kiln\n"
+	 "  train's cache) times its train step (forward, loss, backward, update) on\n"
+	 "  random x and target 0 at lr 0, so its state stays put.\n"
 	 "  -b, --batch B     the symbolic batch (default 1)\n"
 	 "  -t, --threads T   threads of the model's pool (default 1; 0: KILN_NUM_THREADS)\n"
 	 "  -n, --runs R      timed runs (default: as many as fit in --time, at least 10)\n"
 	 "  --time S          seconds of timed runs when --runs is not given (default 1)\n"
 	 "  --json            one JSON line instead of text\n"
 	 "  --profile         then as many runs again with each kernel timed: the\n"
-	 "                    kernels by time per run (with --json, a second line)",
+	 "                    kernels by time per run (with --json, a second line)\n"
+	 "  --eval            a training library: time its eval program instead",
 	 "time a compiled model: median and spread of many runs"},
 	{"compile", cmd_compile,
 	 "compile FILE.kir|FILE.onnx -o OUT.so [--name N] [--cpu C] [--features F]\n"

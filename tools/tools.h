@@ -37,6 +37,10 @@ int tool_fail_err(const char *path, const kiln_error *e, kiln_status st);
 const char *tool_optval(int argc, char **argv, int *i, const char *lng, const char *shrt);
 bool tool_is_opt(const char *a, const char *lng, const char *shrt);
 bool tool_num(const char *s, double *v);
+/* The CPUs this process may run on (sched_getaffinity, else the online
+ * ones; at most 256): the default --threads of `kiln run` and `kiln
+ * train`, as ONNX Runtime and PyTorch use every core. */
+int tool_cpus(void);
 
 /* ---- files.c ------------------------------------------------------------ */
 

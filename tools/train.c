@@ -9,7 +9,14 @@
  * graph is derived from it by kiln_train_graph_from_inference (BatchNorm
  * on batch statistics with PyTorch's running-stat updates, Dropout on),
  * plus here the loss and a count of correct predictions, all as
- * "<name>.next" state of one step graph that kiln_trainer runs.
+ * "<name>.next" state of one step graph.  That graph is compiled (forward,
+ * loss, backward and update in one library function, kiln_compile_train,
+ * through a cache of libraries: driver_train_lib) and run with the model
+ * runtime; `--interp` runs it through kiln_trainer instead, and a model the
+ * compiler cannot take falls back to it, saying so.  The compiled step has
+ * a fixed batch (a convolution's weight gradient needs it), so a run whose
+ * last batch is short compiles a second library for that size and hands the
+ * state over before and after each such step (kiln_model_set_state).
  * Everything that orders the data is a pure function of (seed, epoch), so a
  * run's position is just (epoch, batch), which each checkpoint stores in the
  * parameter "kiln_train.position" beside the trainer's own state; resuming
@@ -41,20 +48,25 @@ const char cmd_train_summary[] = "train a model on .npy data; checkpoints, resum
 const char cmd_train_usage[] =
 	"train MODEL.kir|MODEL.onnx --x X.npy --y Y.npy [options]\n"
 	"  Trains the inference-mode MODEL (symbolic batch dim, one input; its first\n"
-	"  output is the prediction) through the interpreter.  The train-mode graph\n"
-	"  is derived: BatchNorm uses batch statistics and updates its running stats\n"
-	"  as PyTorch does, Dropout is on.  Each epoch draws a fresh order from\n"
-	"  --seed; the last partial batch is kept (DataLoader's default).  A step is\n"
-	"  one batch; with --accum K the optimizer updates every K steps.  An output\n"
-	"  that is an input, or a destination that cannot be written, is refused\n"
-	"  before anything loads, and NaN or inf in the data when it loads.\n"
+	"  output is the prediction).  The train-mode graph is derived: BatchNorm\n"
+	"  uses batch statistics and updates its running stats as PyTorch does,\n"
+	"  Dropout is on.  Forward, loss, backward and update are compiled into one\n"
+	"  library, kept in $KILN_CACHE_DIR (else $XDG_CACHE_HOME/kiln, else\n"
+	"  ~/.cache/kiln) so the next run with the same model and options compiles\n"
+	"  nothing; a model it cannot compile trains in the interpreter (said on\n"
+	"  stderr).  Each epoch draws a fresh order from --seed; the last partial\n"
+	"  batch is kept (DataLoader's default).  A step is one batch; with\n"
+	"  --accum K the optimizer updates every K steps.  An output that is an\n"
+	"  input, or a destination that cannot be written, is refused before\n"
+	"  anything loads, and NaN or inf in the data when it loads.\n"
 	"  --x X.npy, --y Y.npy    training inputs and targets (classes: integers)\n"
 	"  --val-x F --val-y F     validation set: accuracy after every epoch\n"
 	"  --loss L                cross_entropy (default), nll, mse, l1, smooth_l1,\n"
 	"                          bce_with_logits\n"
 	"  --label-smoothing S     for cross_entropy (default 0)\n"
 	"  --optimizer O           sgd (default), adam, adamw\n"
-	"  --lr LR                 learning rate (default 0.01)\n"
+	"  --lr LR                 learning rate (default: adam, adamw 0.001 as PyTorch;\n"
+	"                          sgd 0.01, where PyTorch requires one)\n"
 	"  --momentum M --dampening D --nesterov          SGD (defaults 0, 0, off)\n"
 	"  --weight-decay W        default 0; adamw: 0.01 (PyTorch's defaults)\n"
 	"  --betas B1,B2 --eps E   Adam/AdamW (defaults 0.9,0.999 and 1e-8)\n"
@@ -65,6 +77,11 @@ const char cmd_train_usage[] =
 	"                          in optimizer updates (default: constant --lr)\n"
 	"  --epochs E --batch B    defaults 1 and 32\n"
 	"  --seed S                shuffles and dropout masks (default 0)\n"
+	"  --shuffle, --no-shuffle a new order every epoch (default), or the file's\n"
+	"                          order every epoch\n"
+	"  --threads N             threads of the compiled step (default: every CPU\n"
+	"                          this process may use); the interpreter uses one\n"
+	"  --interp                run the step in the interpreter, not compiled\n"
 	"  --checkpoint DIR        DIR/ckpt-<step>.safetensors every --every N steps\n"
 	"  --every N               and at the end; the last two are kept\n"
 	"  --resume CKPT|DIR       continue a run exactly (DIR: its newest checkpoint)\n"
@@ -82,8 +99,8 @@ typedef struct opts {
 	const char *model, *x, *y, *val_x, *val_y, *loss, *optim, *sched, *ckpt_dir, *resume,
 		*log, *export_path, *betas, *val_out;
 	double lr, momentum, dampening, wd, eps, clip, smoothing;
-	int64_t accum, epochs, batch, seed, every, stop_after;
-	bool nesterov, quiet;
+	int64_t accum, epochs, batch, seed, every, stop_after, threads;
+	bool nesterov, quiet, interp, shuffle, no_shuffle;
 	bool batch_set; /* --batch given, so it may not exceed the data */
 } opts;
 
@@ -109,7 +126,9 @@ static const opt_def opt_defs[] = {
 	OPT("--checkpoint", O_STR, ckpt_dir), OPT("--every", O_I64, every),
 	OPT("--resume", O_STR, resume), OPT("--log", O_STR, log),
 	OPT("--export", O_STR, export_path), OPT("--val-out", O_STR, val_out),
-	OPT("--quiet", O_FLAG, quiet),
+	OPT("--quiet", O_FLAG, quiet), OPT("--shuffle", O_FLAG, shuffle),
+	OPT("--no-shuffle", O_FLAG, no_shuffle), OPT("--threads", O_I64, threads),
+	OPT("--interp", O_FLAG, interp),
 	/* not in the usage text: stops after step N as a kill would (no final
 	 * checkpoint, no export), for the resume tests */
 	OPT("--stop-after", O_I64, stop_after),
@@ -177,6 +196,10 @@ static int check_opts(const opts *o)
 		return usage_error("%s", "--epochs, --batch and --accum must be >= 1, --every >= 0");
 	if (!(o->lr > 0))
 		return usage_error("%s", "--lr must be > 0");
+	if (o->shuffle && o->no_shuffle)
+		return usage_error("%s", "--shuffle and --no-shuffle contradict each other");
+	if (o->threads < 1 || o->threads > 256)
+		return usage_error("%s", "--threads must be in [1, 256]");
 	if (o->val_out && !o->val_x)
 		return usage_error("%s", "--val-out needs --val-x");
 	if (o->every && !o->ckpt_dir)
@@ -186,8 +209,8 @@ static int check_opts(const opts *o)
 
 static int parse_args(int argc, char **argv, opts *o)
 {
-	*o = (opts){.loss = "cross_entropy", .optim = "sgd", .lr = 0.01, .wd = -1, .accum = 1,
-	            .epochs = 1, .batch = 32, .stop_after = -1};
+	*o = (opts){.loss = "cross_entropy", .optim = "sgd", .lr = -1, .wd = -1, .accum = 1,
+	            .epochs = 1, .batch = 32, .stop_after = -1, .threads = tool_cpus()};
 	for (int i = 0; i < argc; i++) {
 		const char *val = NULL;
 		const opt_def *d = argv[i][0] == '-' ? find_opt(argv[i], &val) : NULL;
@@ -210,7 +233,13 @@ static int parse_args(int argc, char **argv, opts *o)
 		o->batch_set |= d->off == offsetof(opts, batch);
 		if (set_opt(o, d, val ? val : argv[++i]))
 			return TOOLS_EXIT_USAGE;
+		if (d->off == offsetof(opts, lr) && !(o->lr > 0))
+			return usage_error("%s", "--lr must be > 0");
 	}
+	/* PyTorch's Adam and AdamW default to 1e-3; its SGD has none (lr is
+	 * required), and kiln keeps the 0.01 it always had there */
+	if (o->lr < 0)
+		o->lr = strcmp(o->optim, "adam") && strcmp(o->optim, "adamw") ? 0.01 : 1e-3;
 	return check_opts(o);
 }
 
@@ -552,13 +581,19 @@ static int load_pair(const char *xp, const char *yp, const kiln_graph *g, const 
 
 /* ---- the run ------------------------------------------------------------------- */
 
-enum { POS_EPOCH, POS_BATCH, POS_SEED, POS_BSIZE, POS_NTRAIN, POS_ACCUM }; /* of POS_NAME */
+/* of POS_NAME; POS_UNSHUFFLED is 1 for --no-shuffle (0 in checkpoints made
+ * before the flag, which always shuffled) */
+enum { POS_EPOCH, POS_BATCH, POS_SEED, POS_BSIZE, POS_NTRAIN, POS_ACCUM, POS_UNSHUFFLED };
 
 typedef struct run {
 	const opts *o;
 	const loss_info *L;
 	kiln_graph *eval;         /* the model as loaded, exported at the end */
-	kiln_trainer *tr;
+	kiln_trainer *tr;         /* --interp (or the fallback): the interpreter's */
+	kiln_model *lib[2];       /* else the compiled step at lib_rows[k] rows: [0] the
+	                             --batch one, which holds the state between steps;
+	                             [1] the last short batch's, when there is one */
+	int64_t lib_rows[2];
 	kiln_tensor *x, *y, *vx, *vy; /* data sets (targets as the step takes them) */
 	kiln_tensor *bx, *by;     /* one batch */
 	int64_t *perm;            /* this epoch's order */
@@ -589,13 +624,14 @@ static uint64_t mix64(uint64_t z)
 
 /* Epoch e's order: Fisher-Yates from the last element, j = next() mod
  * (i + 1), drawing from SplitMix64 whose state starts at
- * mix64(seed ^ mix64(e)), mix64 being SplitMix64's output function. */
-static void shuffle(int64_t *perm, int64_t n, uint64_t seed, int64_t epoch)
+ * mix64(seed ^ mix64(e)), mix64 being SplitMix64's output function; the
+ * file's order when on is false (--no-shuffle). */
+static void shuffle(int64_t *perm, int64_t n, uint64_t seed, int64_t epoch, bool on)
 {
 	uint64_t s = mix64(seed ^ mix64((uint64_t)epoch));
 	for (int64_t i = 0; i < n; i++)
 		perm[i] = i;
-	for (int64_t i = n - 1; i > 0; i--) {
+	for (int64_t i = n - 1; on && i > 0; i--) {
 		uint64_t z = mix64(s);
 		s += 0x9e3779b97f4a7c15ULL;
 		int64_t j = (int64_t)(z % (uint64_t)(i + 1)), t = perm[i];
@@ -616,12 +652,85 @@ static void fill_batch(run *r, int64_t b)
 	r->bx->shape[0] = r->by->shape[0] = cnt;
 }
 
-/* The trainer's i64 buffer called name (in the step graph). */
+/* ---- the step: compiled, or the interpreter's ----------------------------------
+ * Everything below the setup goes through these, so the loop, checkpoints,
+ * resume and export are one code for both. */
+
+/* The step's i64 state tensor called name, in place: the trainer's
+ * parameter, or the compiled library's own storage. */
 static int64_t *state_i64(const run *r, const char *name)
 {
-	const kiln_graph *g = kiln_trainer_graph(r->tr);
-	kiln_tensor *t = kiln_param_data(g, kiln_graph_find_param(g, name));
-	return t ? t->data : NULL;
+	if (r->tr) {
+		const kiln_graph *g = kiln_trainer_graph(r->tr);
+		kiln_tensor *t = kiln_param_data(g, kiln_graph_find_param(g, name));
+		return t ? t->data : NULL;
+	}
+	kiln_tensor v;
+	kiln_error e = {0};
+	return kiln_model_state_view(r->lib[0], name, &v, &e) == KILN_OK ? v.data : NULL;
+}
+
+static int64_t eng_steps(const run *r)
+{
+	return r->tr ? kiln_trainer_steps(r->tr) : kiln_model_steps(r->lib[0]);
+}
+
+/* Copies the whole state and counters of one library into another. */
+static kiln_status hand_over(kiln_model *from, kiln_model *to, kiln_error *e)
+{
+	kiln_tensor_set *s = kiln_model_state(from);
+	kiln_status st = s ? kiln_model_set_state(to, s, e)
+	                   : (snprintf(e->msg, sizeof e->msg, "out of memory"), KILN_ENOMEM);
+	kiln_tensor_set_free(s);
+	return st;
+}
+
+static kiln_status eng_step(run *r, double lr, double *loss, kiln_error *e)
+{
+	if (r->tr)
+		return kiln_trainer_step(r->tr, r->bx, r->by, lr, loss, e);
+	int k = r->bx->shape[0] == r->lib_rows[0] ? 0 : 1;
+	if (k && (!r->lib[1] || r->bx->shape[0] != r->lib_rows[1])) {
+		snprintf(e->msg, sizeof e->msg, "no compiled step for a batch of %lld rows",
+		         (long long)r->bx->shape[0]);
+		return KILN_EINVAL;
+	}
+	kiln_status st = k ? hand_over(r->lib[0], r->lib[1], e) : KILN_OK;
+	if (st == KILN_OK)
+		st = kiln_model_train_step(r->lib[k], r->bx, r->by, lr, loss, e);
+	return st == KILN_OK && k ? hand_over(r->lib[1], r->lib[0], e) : st;
+}
+
+/* The eval model's first output on x, with the current state. */
+static kiln_status eng_eval(run *r, const kiln_tensor *x, kiln_tensor **out, kiln_error *e)
+{
+	if (r->tr)
+		return kiln_trainer_eval(r->tr, x, out, e);
+	int n = kiln_model_num_outputs(r->lib[0]);
+	kiln_tensor *outs[n + 1];
+	kiln_status st = kiln_model_run(r->lib[0], (kiln_tensor *const[]){(kiln_tensor *)x}, 1, outs,
+	                                n, e);
+	if (st != KILN_OK)
+		return st;
+	*out = outs[0];
+	for (int i = 1; i < n; i++)
+		kiln_tensor_free(outs[i]);
+	return KILN_OK;
+}
+
+static kiln_tensor_set *eng_state(const run *r)
+{
+	return r->tr ? kiln_trainer_state(r->tr) : kiln_model_state(r->lib[0]);
+}
+
+static kiln_status eng_save(const run *r, const char *path, kiln_error *e)
+{
+	return r->tr ? kiln_trainer_save(r->tr, path, e) : kiln_model_save(r->lib[0], path, e);
+}
+
+static kiln_status eng_load(run *r, const char *path, kiln_error *e)
+{
+	return r->tr ? kiln_trainer_load(r->tr, path, e) : kiln_model_load(r->lib[0], path, e);
 }
 
 /* ---- checkpoints ----------------------------------------------------------------- */
@@ -676,10 +785,11 @@ static int save_ckpt(run *r)
 	const opts *o = r->o;
 	pos[POS_EPOCH] = r->epoch, pos[POS_BATCH] = r->batch, pos[POS_SEED] = o->seed;
 	pos[POS_BSIZE] = o->batch, pos[POS_NTRAIN] = r->n, pos[POS_ACCUM] = o->accum;
+	pos[POS_UNSHUFFLED] = o->no_shuffle;
 	char path[4096];
 	ckpt_path(path, sizeof path, o->ckpt_dir, step_no(r));
 	kiln_error e = {0};
-	kiln_status st = kiln_trainer_save(r->tr, path, &e);
+	kiln_status st = eng_save(r, path, &e);
 	if (st != KILN_OK)
 		return tool_fail_err(NULL, &e, st);
 	r->last_ckpt = step_no(r);
@@ -718,7 +828,7 @@ static int resume(run *r)
 		ck = path;
 	}
 	kiln_error e = {0};
-	kiln_status st = kiln_trainer_load(r->tr, ck, &e);
+	kiln_status st = eng_load(r, ck, &e);
 	if (st != KILN_OK && strstr(e.msg, ck))
 		return tool_fail(1, "cannot resume: %s", e.msg);
 	if (st != KILN_OK)
@@ -729,15 +839,19 @@ static int resume(run *r)
 	    same(ck, "--accum", pos[POS_ACCUM], r->o->accum) ||
 	    same(ck, "training samples", pos[POS_NTRAIN], r->n))
 		return 1;
+	if (pos[POS_UNSHUFFLED] != r->o->no_shuffle)
+		return tool_fail(1, "cannot resume from '%s': it was made with %s, this run has %s", ck,
+		                 pos[POS_UNSHUFFLED] ? "--no-shuffle" : "--shuffle",
+		                 r->o->no_shuffle ? "--no-shuffle" : "--shuffle");
 	/* the position must be where the trainer's own counters say the run
 	 * is: (epoch * batches + batch) steps, one optimizer update per --accum */
 	if (pos[POS_EPOCH] < 0 || pos[POS_BATCH] < 0 || pos[POS_BATCH] >= r->nb ||
 	    pos[POS_EPOCH] > (INT64_MAX - pos[POS_BATCH]) / r->nb ||
-	    (pos[POS_EPOCH] * r->nb + pos[POS_BATCH]) / r->o->accum != kiln_trainer_steps(r->tr))
+	    (pos[POS_EPOCH] * r->nb + pos[POS_BATCH]) / r->o->accum != eng_steps(r))
 		return tool_fail(1, "cannot resume from '%s': bad position (epoch %lld, batch %lld) for "
 		            "%lld batches per epoch and %lld optimizer steps taken", ck,
 		            (long long)pos[POS_EPOCH], (long long)pos[POS_BATCH], (long long)r->nb,
-		            (long long)kiln_trainer_steps(r->tr));
+		            (long long)eng_steps(r));
 	r->epoch = pos[POS_EPOCH], r->batch = pos[POS_BATCH];
 	r->last_ckpt = step_no(r);
 	if (!r->o->quiet)
@@ -861,7 +975,7 @@ static int accuracy(run *r, const kiln_tensor *x, const kiln_tensor *y, double *
 		view.shape[0] = n - lo < EVAL_CHUNK ? n - lo : EVAL_CHUNK;
 		view.data = (char *)x->data + lo * xrow;
 		kiln_error e = {0};
-		kiln_status st = kiln_trainer_eval(r->tr, &view, &out, &e);
+		kiln_status st = eng_eval(r, &view, &out, &e);
 		if (st != KILN_OK)
 			return tool_fail_err(NULL, &e, st);
 		hits += count_correct(out, (const int64_t *)y->data + lo * (kiln_tensor_numel(y) / n),
@@ -918,9 +1032,9 @@ static void epoch_summary(run *r, int64_t epoch, double secs)
 static int one_step(run *r)
 {
 	fill_batch(r, r->batch);
-	double lr = kiln_sched_lr(&r->sched, kiln_trainer_steps(r->tr)), loss = 0, t0 = now();
+	double lr = kiln_sched_lr(&r->sched, eng_steps(r)), loss = 0, t0 = now();
 	kiln_error e = {0};
-	kiln_status st = kiln_trainer_step(r->tr, r->bx, r->by, lr, &loss, &e);
+	kiln_status st = eng_step(r, lr, &loss, &e);
 	r->step_time += now() - t0;
 	if (st != KILN_OK)
 		return tool_fail(1, "step %lld: %s", (long long)step_no(r) + 1, e.msg);
@@ -962,7 +1076,7 @@ static int train_loop(run *r)
 	while (r->epoch < o->epochs) {
 		double t0 = now();
 		int64_t epoch = r->epoch;
-		shuffle(r->perm, r->n, (uint64_t)o->seed, epoch);
+		shuffle(r->perm, r->n, (uint64_t)o->seed, epoch, !o->no_shuffle);
 		while (r->epoch == epoch) {
 			if (step_no(r) == o->stop_after)
 				return -1;
@@ -1063,6 +1177,75 @@ static int check_files(const opts *o)
 	return rc;
 }
 
+/* The step's state from the model: each state tensor the train graph has
+ * as a parameter (weights, BatchNorm buffers) takes its data, the rest
+ * (optimizer state, counters) starts at zero, as kiln_trainer starts. */
+static kiln_status initial_state(kiln_model *m, const kiln_graph *tg, kiln_error *e)
+{
+	kiln_tensor_set *s = kiln_model_state(m);
+	if (!s) {
+		snprintf(e->msg, sizeof e->msg, "out of memory");
+		return KILN_ENOMEM;
+	}
+	for (int i = 0; i < s->count; i++) {
+		kiln_tensor *t = s->items[i].tensor;
+		const kiln_tensor *d = kiln_param_data(tg, kiln_graph_find_param(tg, s->items[i].name));
+		if (d && kiln_tensor_nbytes(d) == kiln_tensor_nbytes(t) && d->dtype == t->dtype)
+			memcpy(t->data, d->data, kiln_tensor_nbytes(t));
+		else
+			memset(t->data, 0, kiln_tensor_nbytes(t));
+	}
+	kiln_status st = kiln_model_set_state(m, s, e);
+	kiln_tensor_set_free(s);
+	return st;
+}
+
+/* One compiled step of rows rows into r->lib[k], from the cache when it
+ * is there. */
+static kiln_status compile_step(run *r, const kiln_graph *tg, const kiln_train_opts *to, int k,
+                                int64_t rows, kiln_error *e)
+{
+	driver_cache_info info;
+	double t0 = now();
+	kiln_status st = driver_train_lib(tg, r->eval, to, rows, NULL, &r->lib[k], &info, e);
+	if (st != KILN_OK)
+		return st;
+	r->lib_rows[k] = rows;
+	if (info.rebuilt)
+		fprintf(stderr, "kiln: note: cached train step '%s' was damaged; compiled it again\n",
+		        info.path);
+	if (!r->o->quiet)
+		printf("train step for batch %lld: %s%s (%.1f s)\n", (long long)rows,
+		       info.hit ? "from the cache, " : "compiled",
+		       info.hit ? info.path : info.path[0] ? ", cached" : "", now() - t0);
+	st = kiln_model_set_threads(r->lib[k], (int)r->o->threads, e);
+	return st == KILN_OK && k == 0 ? initial_state(r->lib[0], tg, e) : st;
+}
+
+/* The compiled step: one library for --batch rows and, when the data ends
+ * in a short batch, one for that; a model the compiler cannot take falls
+ * back to the interpreter (r->lib[0] stays NULL) with one line saying why. */
+static kiln_status compiled(run *r, const kiln_graph *tg, const kiln_train_opts *to,
+                            kiln_error *e)
+{
+	int64_t rows = r->o->batch < r->n ? r->o->batch : r->n, tail = r->n % rows;
+	kiln_status st = compile_step(r, tg, to, 0, rows, e);
+	if (st == KILN_OK && tail)
+		st = compile_step(r, tg, to, 1, tail, e);
+	if (st == KILN_OK || st == KILN_ENOMEM)
+		return st;
+	char why[sizeof e->msg];
+	snprintf(why, sizeof why, "%s", e->msg[0] ? e->msg : kiln_status_str(st));
+	for (char *c = why; *c; c++)
+		*c = *c == '\n' ? ' ' : *c;
+	fprintf(stderr, "kiln: note: the train step cannot be compiled (%s); training through the "
+	        "interpreter instead (as --interp)\n", why);
+	kiln_model_free(r->lib[0]), kiln_model_free(r->lib[1]);
+	r->lib[0] = r->lib[1] = NULL;
+	*e = (kiln_error){0};
+	return KILN_OK;
+}
+
 static int setup(run *r, const opts *o)
 {
 	kiln_train_opts to;
@@ -1092,7 +1275,11 @@ static int setup(run *r, const opts *o)
 		return TOOLS_EXIT_USAGE;
 	kiln_error e = {0};
 	kiln_graph *tg = train_graph(r->eval, o, r->L, &e);
-	kiln_status st = tg ? kiln_trainer_new(tg, r->eval, &to, &r->tr, &e) : e.code;
+	kiln_status st = tg ? KILN_OK : e.code;
+	if (tg && !o->interp)
+		st = compiled(r, tg, &to, &e);
+	if (st == KILN_OK && !r->lib[0])
+		st = kiln_trainer_new(tg, r->eval, &to, &r->tr, &e);
 	kiln_graph_free(tg);
 	if (st != KILN_OK)
 		return e.msg[0] && strstr(e.msg, o->model) ? tool_fail_err(NULL, &e, st)
@@ -1115,7 +1302,7 @@ static int setup(run *r, const opts *o)
 /* The inference model with the trained parameters and buffers. */
 static int export_model(run *r, const char *path)
 {
-	kiln_tensor_set *s = kiln_trainer_state(r->tr);
+	kiln_tensor_set *s = eng_state(r);
 	if (!s)
 		return tool_fail(1, "out of memory");
 	kiln_graph *g = r->eval;
@@ -1160,7 +1347,7 @@ static int finish(run *r)
 	if (!o->quiet) {
 		int64_t ran = steps - r->first;
 		printf("trained %lld steps (%lld updates)", (long long)steps,
-		       (long long)kiln_trainer_steps(r->tr));
+		       (long long)eng_steps(r));
 		if (ran > 0)
 			printf(", %.2f ms/step", 1e3 * r->step_time / (double)ran);
 		if (r->vx)
@@ -1175,6 +1362,7 @@ static int finish(run *r)
 static void run_free(run *r)
 {
 	kiln_trainer_free(r->tr);
+	kiln_model_free(r->lib[0]), kiln_model_free(r->lib[1]);
 	kiln_graph_free(r->eval);
 	kiln_tensor_free(r->x), kiln_tensor_free(r->y), kiln_tensor_free(r->vx);
 	kiln_tensor_free(r->vy), kiln_tensor_free(r->bx), kiln_tensor_free(r->by);

@@ -1042,12 +1042,22 @@ KILN_API int64_t kiln_model_steps(const kiln_model *m);
 KILN_API kiln_tensor_set *kiln_model_state(const kiln_model *m); /* caller frees */
 KILN_API kiln_status kiln_model_save(kiln_model *m, const char *path, kiln_error *err);
 KILN_API kiln_status kiln_model_load(kiln_model *m, const char *path, kiln_error *err);
-/* Replaces the state with s's tensors, as kiln_model_state returns them:
- * every state tensor under its name, "__step__" and "__micro__" (i64
- * scalars); "__checksum__" is checked when s has it.  Everything is checked
- * as kiln_model_load checks a file, and on any error nothing changes. */
+/* Replaces the whole state and the counters with s, a set as
+ * kiln_model_state returns it (every state tensor, "__step__", "__micro__";
+ * "__checksum__" optional, checked when present): refused as kiln_model_load
+ * refuses a file, and then nothing changes.  kiln train uses it to start
+ * from the model's weights and to hand the state between two libraries. */
 KILN_API kiln_status kiln_model_set_state(kiln_model *m, const kiln_tensor_set *s,
                                           kiln_error *err);
+/* *out is state tensor name over the context's own storage, no copy: valid
+ * until the model is freed; writing through it changes the state. */
+KILN_API kiln_status kiln_model_state_view(kiln_model *m, const char *name, kiln_tensor *out,
+                                           kiln_error *err);
+/* The train step's data inputs (x, then the target when it has one), as
+ * kiln_model_input describes the eval program's; 0 and NULL for a library
+ * that does not train. */
+KILN_API int kiln_model_num_train_inputs(const kiln_model *m);
+KILN_API const kiln_model_io *kiln_model_train_input(const kiln_model *m, int i);
 
 #ifdef __cplusplus
 }

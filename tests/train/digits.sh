@@ -32,6 +32,10 @@ fi
 rm -rf "$W"
 mkdir -p "$W"
 cd "$W"
+# the compiled train steps go to this run's folder: the first run of each
+# model compiles, the later ones (stop, resume) load them from there
+KILN_CACHE_DIR=$W/cache
+export KILN_CACHE_DIR
 /usr/bin/python3 "$SRC/tests/train/make_digits.py" data
 
 die() {
@@ -143,7 +147,7 @@ wait $pid 2> /dev/null || true
 "$KILN" train $MLP --checkpoint ck_kill --every 7 --log kill.csv --resume ck_kill > killed.log
 cat killed.log
 cmp mlp.csv kill.csv || die "the MLP resumed after SIGKILL differs from the uninterrupted run"
-echo "MLP killed at $(head -n 1 killed.log | sed 's/.* at step \([0-9]*\).*/step \1/'): identical curve"
+echo "MLP killed at $(sed -n 's/^resumed from .* at step \([0-9]*\).*/step \1/p' killed.log): identical curve"
 
 # ---- 4. the .kir path and errors ----
 "$KILN" train $D/mlp.onnx --x $D/train_x.npy --y $D/train_y.npy --epochs 1 --lr 0.05 \

@@ -25,6 +25,10 @@ static void setup(void)
 {
 	strcpy(dir, "/tmp/kiln_cli_XXXXXX");
 	ck_assert_ptr_nonnull(mkdtemp(dir));
+	/* kiln train's compiled steps go to this test's folder, never ~/.cache */
+	char cache[sizeof dir + 8];
+	snprintf(cache, sizeof cache, "%s/cache", dir);
+	setenv("KILN_CACHE_DIR", cache, 1);
 }
 
 /* KILN_KEEP=1 keeps the directory, to look at what a failing test saw. */
@@ -837,6 +841,22 @@ START_TEST(inspect_prints_a_library_signature)
 	ck_assert_msg(r.rc == 0, "%s", r.err);
 	contains(r.out, "kind: training library");
 	result_free(&r);
+	/* bench times the train step (compiled for batch 4, whatever --batch
+	 * says): 1 + 3 optimizer steps taken; --eval times the eval program */
+	r = kiln("bench step.so --batch 7 --warmup 1 --runs 3 --json");
+	ck_assert_msg(r.rc == 0, "%s", r.err);
+	contains(r.out, "\"batch\": 4,");
+	contains(r.out, "\"runs\": 3,");
+	contains(r.out, "\"program\": \"train_step\", \"steps\": 4}");
+	result_free(&r);
+	r = kiln("bench step.so --batch 7 --warmup 1 --runs 3 --json --eval");
+	ck_assert_msg(r.rc == 0, "%s", r.err);
+	contains(r.out, "\"batch\": 7,");
+	contains(r.out, "\"program\": \"run\", \"steps\": 0}");
+	result_free(&r);
+	r = kiln("bench step.so --profile");
+	assert_fails(r, "--profile times the eval program's kernels: add --eval");
+	result_free(&r);
 	/* by content, not name: a library called .bin, a graph called .onnx */
 	char cmd[512];
 	snprintf(cmd, sizeof cmd, "cd '%s' && cp m.so lib.bin && cp m.kir g.onnx && "
@@ -850,6 +870,14 @@ START_TEST(inspect_prints_a_library_signature)
 	r = kiln("run lib.bin -i x=x.npy");
 	ck_assert_msg(r.rc == 0, "%s", r.err);
 	contains(r.out, "y: f32[1,3]");
+	result_free(&r);
+	/* every CPU by default; --threads N for the library's pool */
+	r = kiln("run lib.bin -i x=x.npy --threads 3");
+	ck_assert_msg(r.rc == 0, "%s", r.err);
+	contains(r.out, "y: f32[1,3]");
+	result_free(&r);
+	r = kiln("run lib.bin -i x=x.npy --threads 0");
+	assert_fails(r, "option '--threads' needs a number in [1, 256]");
 	result_free(&r);
 	r = kiln("inspect --no-ir g.onnx");
 	ck_assert_msg(r.rc == 0, "%s", r.err);
