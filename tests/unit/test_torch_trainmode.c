@@ -198,15 +198,11 @@ END_TEST
 
 /* ---- the compiled training library ---------------------------------------------- */
 
-START_TEST(compiled_step_trains_the_export_as_pytorch)
+/* Trains the library so 6 steps against PyTorch and saves its checkpoint
+ * as ckpt. */
+static void compiled_parity(const char *so, const char *what, const char *ckpt)
 {
-	kiln_graph *tg = NULL, *inf = load("cnn.onnx", 2, &tg);
 	kiln_error err = {0};
-	char so[512];
-	snprintf(so, sizeof so, "%s/cnn_step.so", so_dir("torch_trainmode_test"));
-	ck_assert_msg(kiln_compile_train(tg, inf, &SGD, BATCH, so,
-	                                 &(kiln_compile_opts){.name = "cnn"}, &err) == KILN_OK,
-	              "%s", err.msg);
 	kiln_model *m = NULL;
 	ck_assert_msg(kiln_load(so, &m, &err) == KILN_OK, "%s", err.msg);
 	kiln_tensor *x = npy("x.npy"), *y = npy("y.npy"), *want = npy("loss.npy");
@@ -216,19 +212,60 @@ START_TEST(compiled_step_trains_the_export_as_pytorch)
 		double loss = NAN;
 		ck_assert_msg(kiln_model_train_step(m, &xs, &ys, 0.1, &loss, &err) == KILN_OK, "%s",
 		              err.msg);
-		assert_loss("compiled", s, loss, want, &worst);
+		assert_loss(what, s, loss, want, &worst);
 	}
-	printf("cnn.onnx, compiled: worst loss difference %.3g\n", worst);
+	printf("%s: worst loss difference %.3g\n", what, worst);
 	kiln_tensor_set *st = kiln_model_state(m);
-	assert_running_stats("compiled", st);
+	assert_running_stats(what, st);
 	kiln_tensor_set_free(st);
 	kiln_tensor *ex = npy("eval_x.npy"), *el = npy("eval_logits.npy"), *out = NULL;
 	ck_assert_msg(kiln_model_run(m, &ex, 1, &out, 1, &err) == KILN_OK, "%s", err.msg);
 	assert_close("compiled eval logits", out, el, TOL, 1);
+	ck_assert_msg(kiln_model_save(m, path(ckpt), &err) == KILN_OK, "%s", err.msg);
 	kiln_tensor_free(out), kiln_tensor_free(ex), kiln_tensor_free(el);
 	kiln_tensor_free(x), kiln_tensor_free(y), kiln_tensor_free(want);
 	kiln_model_free(m);
+}
+
+static int kiln(const char *args);
+static char *slurp(const char *p);
+
+START_TEST(compiled_step_trains_the_export_as_pytorch)
+{
+	kiln_graph *tg = NULL, *inf = load("cnn.onnx", 2, &tg);
+	kiln_error err = {0};
+	char so[512];
+	snprintf(so, sizeof so, "%s/cnn_step.so", so_dir("torch_trainmode_test"));
+	ck_assert_msg(kiln_compile_train(tg, inf, &SGD, BATCH, so,
+	                                 &(kiln_compile_opts){.name = "cnn"}, &err) == KILN_OK,
+	              "%s", err.msg);
+	compiled_parity(so, "cnn.onnx, compiled", "lib.safetensors");
 	kiln_graph_free(tg), kiln_graph_free(inf);
+}
+END_TEST
+
+/* `kiln compile --train` of the export, then `kiln export --weights`: the
+ * trained inference model gives PyTorch's eval output. */
+START_TEST(kiln_compile_train_and_export_weights)
+{
+	int rc = kiln("compile --train cnn.onnx --optimizer sgd --momentum 0.9 --batch 16 "
+	              "-o cli_step.so");
+	ck_assert_msg(rc == 0, "exit %d: %s", rc, slurp(path("err.txt")));
+	compiled_parity(path("cli_step.so"), "kiln compile --train", "cli.safetensors");
+	rc = kiln("export cnn.onnx --weights cli.safetensors -o cli_trained.onnx");
+	ck_assert_msg(rc == 0, "exit %d: %s", rc, slurp(path("err.txt")));
+	kiln_graph *g = NULL;
+	kiln_error err = {0};
+	ck_assert_msg(kiln_onnx_import(path("cli_trained.onnx"), &g, &err) == KILN_OK, "%s",
+	              err.msg);
+	char *kir = kiln_graph_to_kir(g);
+	ck_assert_msg(kir && strstr(kir, "batch_norm") && !strstr(kir, "training_mode=1"), "%s", kir);
+	free(kir);
+	kiln_tensor *ex = npy("eval_x.npy"), *el = npy("eval_logits.npy"), *out = NULL;
+	ck_assert_msg(kiln_graph_run(g, &ex, 1, &out, 1, &err) == KILN_OK, "%s", err.msg);
+	assert_close("kiln export --weights", out, el, TOL, 1);
+	kiln_tensor_free(out), kiln_tensor_free(ex), kiln_tensor_free(el);
+	kiln_graph_free(g);
 }
 END_TEST
 
@@ -397,6 +434,7 @@ static Suite *torch_trainmode_suite(void)
 	tc = tcase_create("cli");
 	tcase_set_timeout(tc, 600);
 	tcase_add_test(tc, kiln_train_on_the_export_matches_pytorch);
+	tcase_add_test(tc, kiln_compile_train_and_export_weights);
 	tcase_add_test(tc, kiln_train_says_how_to_export_for_training);
 	suite_add_tcase(s, tc);
 	return s;
