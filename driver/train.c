@@ -14,6 +14,12 @@
  * inference graph (an eval-mode ONNX export): BatchNorm on batch statistics
  * with PyTorch's running-stat updates as "<name>.next" outputs, Dropout on
  * with a per-node seed.  `kiln train` and `kiln compile --train` both use it.
+ * kiln_inference_graph_from_train goes the other way for a training-mode
+ * export (torch.onnx.export with TrainingMode.TRAINING: BatchNorm with
+ * training_mode=1, Dropout on): the inference model it stands for, which
+ * is the eval model and the one exported after training; the train-mode
+ * derivation starts from it too, so such a file trains as PyTorch trains
+ * (unbiased running_var), not as the ONNX op's own running outputs would.
  *
  * The key idea of the trainer is that state lives in the step graph's own
  * parameters: a step runs the graph through kiln_graph_run and copies each
