@@ -1003,8 +1003,8 @@ static int load_model(const char *path, kiln_graph **g, bool quiet)
 	kiln_error e = {0};
 	kiln_graph *inf = NULL;
 	kiln_status st = kiln_graph_load_any(path, g, &e);
-	if (st == KILN_OK && (st = kiln_graph_verify(*g, &e)) == KILN_OK && !quiet)
-		training_export_hint(path, *g);
+	if (st == KILN_OK)
+		st = kiln_graph_verify(*g, &e);
 	/* a training-mode export trains, evaluates and exports as the
 	 * inference model it stands for (running stats, Dropout off) */
 	if (st == KILN_OK && (st = kiln_inference_graph_from_train(*g, &inf, NULL, &e)) == KILN_OK) {
@@ -1046,6 +1046,8 @@ static int load_model(const char *path, kiln_graph **g, bool quiet)
 		return tool_fail(1, "%s: input '%s' is %s; kiln train needs a symbolic batch dim first "
 		            "(e.g. dynamic_axes in torch.onnx.export)", path, kiln_value_name(m, in),
 		            kiln_value_type_str(m, in, b, sizeof b));
+	if (!quiet)
+		training_export_hint(path, m);
 	return 0;
 }
 
