@@ -12,10 +12,14 @@ kiln_status driver_compile_train_inference(const kiln_graph *g, uint64_t seed,
                                            const char *out_path, const kiln_compile_opts *o,
                                            kiln_error *e)
 {
-	kiln_graph *tg = NULL;
-	kiln_status st = kiln_train_graph_from_inference(g, seed, &tg, e);
+	/* a training-mode export evaluates as its inference model (running
+	 * stats, Dropout off); any other model is its own */
+	kiln_graph *tg = NULL, *eval = NULL;
+	kiln_status st = kiln_inference_graph_from_train(g, &eval, NULL, e);
 	if (st == KILN_OK)
-		st = kiln_compile_train(tg, g, t, batch, out_path, o, e);
+		st = kiln_train_graph_from_inference(eval, seed, &tg, e);
+	if (st == KILN_OK)
+		st = kiln_compile_train(tg, eval, t, batch, out_path, o, e);
 	/* a conv's weight gradient is a convolution with the batch as its
 	 * reduced channel axis, which the lowering needs fixed: say what to do,
 	 * not the lowering's "symbolic channel counts" */
@@ -28,5 +32,6 @@ kiln_status driver_compile_train_inference(const kiln_graph *g, uint64_t seed,
 			               "--batch N", ir_node_desc(n, d, sizeof d));
 	}
 	kiln_graph_free(tg);
+	kiln_graph_free(eval);
 	return st;
 }

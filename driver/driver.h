@@ -22,7 +22,8 @@
 
 /* `kiln compile --train` of an inference-mode model file: the train-mode
  * form of inference (kiln_train_graph_from_inference with seed) compiled
- * by kiln_compile_train with inference as the eval program.  When that
+ * by kiln_compile_train with inference as the eval program (a training-mode
+ * export's inference model, kiln_inference_graph_from_train).  When that
  * fails because a conv's weight gradient needs the batch fixed and batch
  * is 0, err says so, naming the model's first convolution and asking for
  * --batch N, instead of the lowering's "symbolic channel counts". */

@@ -14,6 +14,12 @@
  * inference graph (an eval-mode ONNX export): BatchNorm on batch statistics
  * with PyTorch's running-stat updates as "<name>.next" outputs, Dropout on
  * with a per-node seed.  `kiln train` and `kiln compile --train` both use it.
+ * kiln_inference_graph_from_train goes the other way for a training-mode
+ * export (torch.onnx.export with TrainingMode.TRAINING: BatchNorm with
+ * training_mode=1, Dropout on): the inference model it stands for, which
+ * is the eval model and the one exported after training; the train-mode
+ * derivation starts from it too, so such a file trains as PyTorch trains
+ * (unbiased running_var), not as the ONNX op's own running outputs would.
  *
  * The key idea of the trainer is that state lives in the step graph's own
  * parameters: a step runs the graph through kiln_graph_run and copies each
@@ -172,6 +178,103 @@ KILN_API kiln_status kiln_build_train_step(const kiln_graph *model, const kiln_t
 	return st;
 }
 
+/* ---- the inference graph of a training-mode model ---------------------------------- */
+
+/* Where value v is read, for a message: a node, a graph output, or NULL. */
+static const char *reader(const kiln_graph *g, uint32_t v, char *buf, size_t size)
+{
+	const ir_value *x = g->val[v];
+	for (uint32_t i = 0; i < g->noutput; i++)
+		if (g->output[i] == v)
+			return snprintf(buf, size, "graph output '%s'", x->name ? x->name : "?"), buf;
+	return x->nuse ? ir_node_desc(x->uses[0], buf, size) : NULL;
+}
+
+/* A training-mode BatchNormalization (training_mode=1, what
+ * torch.onnx.export writes with TrainingMode.TRAINING) made an inference
+ * one: it reads its running stats, which become buffers, and loses the
+ * outputs with their ONNX-style updates, which nothing may read: in the
+ * train-mode graph kiln updates the running stats itself, PyTorch's way. */
+static bool bn_to_inference(kiln_graph *g, ir_node *n)
+{
+	if (!ir_attr_int(n, "training_mode", 0))
+		return false;
+	static const char *const what[] = {"", "running_mean", "running_var"};
+	for (uint32_t i = 1; i < n->nout; i++) {
+		char by[300];
+		const ir_value *o = g->val[n->out[i]];
+		if (reader(g, n->out[i], by, sizeof by)) {
+			ir_errorf(g, n, KILN_EUNSUPPORTED, "output %u ('%s', the ONNX-style updated %s) "
+			          "is read by %s; kiln keeps running statistics as buffers that its train "
+			          "step updates, so nothing may read that output", i,
+			          o->name ? o->name : "?", what[i < 3 ? i : 0], by);
+			return false;
+		}
+	}
+	for (uint32_t i = 1; i < n->nout; i++)
+		g->val[n->out[i]]->kind = IR_V_NONE; /* unread: ir_compact drops them */
+	n->nout = 1;
+	if (ir_attr_set_int(g, n, "training_mode", 0))
+		return false;
+	for (uint32_t i = 3; i < 5; i++)
+		if (g->val[n->in[i]]->kind == IR_V_PARAM)
+			g->val[n->in[i]]->trainable = false;
+	return true;
+}
+
+/* Dropout off: the identity, kept in the graph so that the train-mode
+ * graph derived from it turns it back on with its ratio. */
+static bool dropout_to_inference(kiln_graph *g, ir_node *n)
+{
+	if (!ir_attr_int(n, "training_mode", 0))
+		return false;
+	return ir_attr_set_int(g, n, "training_mode", 0) == KILN_OK;
+}
+
+/* Every training-mode node of g made its inference form, in place; the
+ * count of nodes changed, or -1 with the error recorded in g. */
+static int to_inference(kiln_graph *g)
+{
+	int changed = 0;
+	for (uint32_t i = 0; i < g->nnode && g->status == KILN_OK; i++) {
+		ir_node *n = g->node[i];
+		if (!n->dead && n->op == KILN_OP_BATCH_NORM)
+			changed += bn_to_inference(g, n);
+		else if (!n->dead && n->op == KILN_OP_DROPOUT)
+			changed += dropout_to_inference(g, n);
+	}
+	if (g->status == KILN_OK && changed)
+		ir_compact(g);
+	return g->status == KILN_OK ? changed : -1;
+}
+
+KILN_API kiln_status kiln_inference_graph_from_train(const kiln_graph *g, kiln_graph **inference,
+                                                     int *nchanged, kiln_error *err)
+{
+	if (nchanged)
+		*nchanged = 0;
+	if (!g || !inference)
+		return ir_seterr(err, KILN_EINVAL, "kiln_inference_graph_from_train: null argument");
+	*inference = NULL;
+	if (g->status != KILN_OK)
+		return ir_seterr(err, g->status, "kiln_inference_graph_from_train: graph '%s' has an "
+		                 "error: %s", g->name, g->errmsg);
+	kiln_graph *c = ir_graph_clone(g);
+	if (!c)
+		return ir_seterr(err, KILN_ENOMEM, "kiln_inference_graph_from_train: out of memory");
+	int n = to_inference(c);
+	kiln_status st = n >= 0 ? kiln_graph_verify(c, err)
+	                        : ir_seterr(err, c->status, "%s", c->errmsg);
+	if (st != KILN_OK) {
+		kiln_graph_free(c);
+		return st;
+	}
+	if (nchanged)
+		*nchanged = n;
+	*inference = c;
+	return KILN_OK;
+}
+
 /* ---- the train-mode graph of an inference model ------------------------------------ */
 
 static uint64_t mix64(uint64_t z)
@@ -198,16 +301,16 @@ static void update(kiln_graph *g, kiln_loc loc, const ir_value *run, kiln_value 
  * mean and biased variance instead of its running stats, which update with
  * PyTorch's momentum (ONNX's momentum attribute is 1 - PyTorch's) and the
  * unbiased variance; "<prefix>num_batches_tracked", if the model has it,
- * counts up. */
+ * counts up.  A BatchNorm that already reads computed statistics (PyTorch's
+ * track_running_stats=False exports the batch's, from ReduceMean) has no
+ * running stats to update and normalises with what it reads in both modes,
+ * so it stays as it is. */
 static void bn_to_train(kiln_graph *g, ir_node *n, uint64_t seed)
 {
 	(void)seed;
 	ir_value *rm = g->val[n->in[3]], *rv = g->val[n->in[4]];
-	if (ir_attr_int(n, "training_mode", 0)) {
-		ir_errorf(g, n, KILN_EUNSUPPORTED, "is in training mode; the train-mode graph is "
-		          "derived from the inference-mode model");
+	if (rm->kind == IR_V_NODE && rv->kind == IR_V_NODE)
 		return;
-	}
 	if (rm->kind != IR_V_PARAM || rv->kind != IR_V_PARAM || !rm->name || !rv->name) {
 		ir_errorf(g, n, KILN_EUNSUPPORTED, "the running mean and variance must be named "
 		          "parameters to be trained");
@@ -275,7 +378,9 @@ KILN_API kiln_status kiln_train_graph_from_inference(const kiln_graph *inference
 	kiln_graph *g = ir_graph_clone(inference);
 	if (!g)
 		return ir_seterr(err, KILN_ENOMEM, "kiln_train_graph_from_inference: out of memory");
-	uint32_t nnode = g->nnode; /* the conversions append nodes */
+	/* a training-mode export (BatchNorm training_mode=1, Dropout on) is
+	 * first made the inference model it stands for */
+	uint32_t nnode = to_inference(g) < 0 ? 0 : g->nnode; /* the conversions append nodes */
 	for (uint32_t i = 0; i < nnode && g->status == KILN_OK; i++)
 		if (!g->node[i]->dead && to_train[g->node[i]->op])
 			to_train[g->node[i]->op](g, g->node[i], seed);

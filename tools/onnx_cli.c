@@ -30,7 +30,9 @@ const char cmd_export_usage[] =
 	"  --weights CKPT          a training checkpoint (kiln train, kiln_trainer_save,\n"
 	"                          a compiled library's _save): FILE's parameters and\n"
 	"                          BatchNorm buffers are loaded from it by name;\n"
-	"                          optimizer state and counters are ignored";
+	"                          optimizer state and counters are ignored; a\n"
+	"                          training-mode export is written as its inference\n"
+	"                          model (running stats, Dropout off)";
 
 /* Lines in a report ("a\nb\n" has 2). */
 static int count_lines(const char *s)
@@ -129,6 +131,13 @@ int cmd_export(int argc, char **argv)
 	if (st == KILN_OK && weights && (st = kiln_graph_load_trained(g, weights, &err)) != KILN_OK) {
 		kiln_graph_free(g);
 		return tool_fail_err(weights, &err, st);
+	}
+	/* the trained model of a training-mode export is its inference model */
+	kiln_graph *inf = NULL;
+	if (st == KILN_OK && weights &&
+	    (st = kiln_inference_graph_from_train(g, &inf, NULL, &err)) == KILN_OK) {
+		kiln_graph_free(g);
+		g = inf;
 	}
 	if (st == KILN_OK)
 		st = kiln_onnx_export(g, out, &err);

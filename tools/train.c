@@ -1095,11 +1095,37 @@ static int train_loop(run *r)
 
 /* ---- setup, export and the command ------------------------------------------------- */
 
-static int load_model(const char *path, kiln_graph **g)
+/* An ONNX model with neither BatchNorm nor Dropout is often an eval-mode
+ * export that folded or dropped them: say how to keep them (one line). */
+static void training_export_hint(const char *path, const kiln_graph *g)
+{
+	kiln_op_count h[KILN_OP_KINDS];
+	int n = kiln_file_sniff(path) != KILN_FILE_ONNX ? -1
+	        : kiln_graph_op_histogram(g, h, KILN_OP_KINDS, NULL);
+	for (int i = 0; i < n; i++)
+		if (!strcmp(h[i].op, "batch_norm") || !strcmp(h[i].op, "dropout"))
+			return;
+	if (n >= 0)
+		fprintf(stderr, "kiln: note: %s has no BatchNormalization and no Dropout; an eval-mode "
+		        "torch.onnx.export folds BatchNorm into the convolutions and drops Dropout, so to "
+		        "train with them export with training=torch.onnx.TrainingMode.TRAINING, "
+		        "do_constant_folding=False\n", path);
+}
+
+static int load_model(const char *path, kiln_graph **g, bool quiet)
 {
 	kiln_error e = {0};
+	kiln_graph *inf = NULL;
 	kiln_status st = kiln_graph_load_any(path, g, &e);
-	if (st == KILN_OK && (st = kiln_graph_verify(*g, &e)) != KILN_OK) {
+	if (st == KILN_OK)
+		st = kiln_graph_verify(*g, &e);
+	/* a training-mode export trains, evaluates and exports as the
+	 * inference model it stands for (running stats, Dropout off) */
+	if (st == KILN_OK && (st = kiln_inference_graph_from_train(*g, &inf, NULL, &e)) == KILN_OK) {
+		kiln_graph_free(*g);
+		*g = inf;
+	}
+	if (st != KILN_OK) {
 		kiln_graph_free(*g);
 		*g = NULL;
 	}
@@ -1134,6 +1160,8 @@ static int load_model(const char *path, kiln_graph **g)
 		return tool_fail(1, "%s: input '%s' is %s; kiln train needs a symbolic batch dim first "
 		            "(e.g. dynamic_axes in torch.onnx.export)", path, kiln_value_name(m, in),
 		            kiln_value_type_str(m, in, b, sizeof b));
+	if (!quiet)
+		training_export_hint(path, m);
 	return 0;
 }
 
@@ -1250,7 +1278,7 @@ static int setup(run *r, const opts *o)
 {
 	kiln_train_opts to;
 	int rc = train_opts(o, &r->L, &to);
-	if (rc || load_model(o->model, &r->eval))
+	if (rc || load_model(o->model, &r->eval, o->quiet))
 		return rc ? rc : 1;
 	if (load_pair(o->x, o->y, r->eval, r->L, &r->x, &r->y) ||
 	    (o->val_x && load_pair(o->val_x, o->val_y, r->eval, r->L, &r->vx, &r->vy)))

@@ -18,7 +18,8 @@
 
 /* The opset from which each op takes these constants as inputs. */
 enum { RESHAPE_INPUTS = 5, SLICE_INPUTS = 10, CLIP_INPUTS = 11, PAD_INPUTS = 11,
-       DROPOUT_INPUTS = 12, AXES_INPUTS = 13, SOFTMAX_ANY_AXIS = 13 };
+       DROPOUT_INPUTS = 12, AXES_INPUTS = 13, SOFTMAX_ANY_AXIS = 13,
+       BN_TRAINING_MODE = 14 /* the attribute; before it, extra outputs */ };
 
 static void generic(onnx_imp *c, onnx_nd *d)
 {
@@ -130,16 +131,53 @@ static void gemm(onnx_imp *c, onnx_nd *d)
 	onnx_emit(c, d, (uint32_t)d->p->n_input, legacy);
 }
 
-/* spatial=1 (per-channel statistics, the default) is all kiln does. */
+/* Whether a node or the graph's outputs read the ONNX value name. */
+static bool is_read(const Onnx__GraphProto *gp, const char *name)
+{
+	for (size_t i = 0; i < gp->n_node; i++)
+		for (size_t k = 0; k < gp->node[i]->n_input; k++)
+			if (gp->node[i]->input[k] && !strcmp(gp->node[i]->input[k], name))
+				return true;
+	for (size_t i = 0; i < gp->n_output; i++)
+		if (gp->output[i]->name && !strcmp(gp->output[i]->name, name))
+			return true;
+	return false;
+}
+
+/* spatial=1 (per-channel statistics, the default) is all kiln does.  From
+ * opset 14 the training_mode attribute says whether the batch's statistics
+ * normalise and the running ones update (outputs 1 and 2); before it, a
+ * node with outputs besides Y is in training mode, and its outputs 3 and 4
+ * (the saved batch mean and variance, which PyTorch's exports name but
+ * never read) are not computed: reading one is reported. */
 static void batch_norm(onnx_imp *c, onnx_nd *d)
 {
 	static const char *const legacy[] = {"spatial", "is_test", "consumed_inputs", NULL};
+	static const char *const saved[] = {"mean", "variance"};
 	const Onnx__AttributeProto *sp = onnx_attr(d, "spatial");
+	const Onnx__NodeProto *p = d->p;
+	bool training = false;
 	if (sp && sp->i == 0)
-		onnx_problem(c, d, KILN_EUNSUPPORTED, "spatial=0 (per-element statistics) is not "
-		             "supported");
-	else
-		onnx_emit(c, d, (uint32_t)d->p->n_input, legacy);
+		return (void)onnx_problem(c, d, KILN_EUNSUPPORTED, "spatial=0 (per-element "
+		                          "statistics) is not supported");
+	for (size_t i = 1; c->opset < BN_TRAINING_MODE && i < p->n_output; i++) {
+		if (!p->output[i] || !*p->output[i])
+			continue;
+		training = true;
+		if (i >= 3 && is_read(c->m->graph, p->output[i]))
+			return (void)onnx_problem(c, d, KILN_EUNSUPPORTED, "output %zu ('%s', the saved "
+			                          "batch %s of opset %lld's training mode) is read; kiln "
+			                          "computes Y and the running mean and variance only", i,
+			                          p->output[i], saved[i - 3], (long long)c->opset);
+	}
+	Onnx__NodeProto q = *p; /* kiln's node has Y and the running stats */
+	if (c->opset < BN_TRAINING_MODE && q.n_output > 3)
+		q.n_output = 3;
+	d->p = &q;
+	bool ok = onnx_emit(c, d, (uint32_t)p->n_input, legacy);
+	d->p = p;
+	if (ok && training && ir_attr_set_int(c->g, d->n, "training_mode", 1))
+		onnx_problem(c, d, KILN_ENOMEM, "out of memory");
 }
 
 /* Before opset 13, Softmax flattens its input to 2-D at axis (default 1)

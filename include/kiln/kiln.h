@@ -766,11 +766,23 @@ KILN_API kiln_status kiln_trainer_load(kiln_trainer *tr, const char *path, kiln_
  * PyTorch's do ("<running>.next" outputs: momentum_torch = 1 - the ONNX
  * momentum attribute, unbiased variance; "<bn>.num_batches_tracked" counts
  * up when the model has it); every Dropout turns on with its own seed
- * derived from seed and its node.  A graph already traced in train mode
- * (an output named "*.next") or a BatchNorm whose running stats are not
- * named parameters is refused.  *train is the caller's. */
+ * derived from seed and its node.  A training-mode export (BatchNorm
+ * training_mode=1, Dropout on) is taken as the inference model
+ * kiln_inference_graph_from_train gives.  A graph already traced in train
+ * mode (an output named "*.next") or a BatchNorm whose running stats are
+ * not named parameters is refused.  *train is the caller's. */
 KILN_API kiln_status kiln_train_graph_from_inference(const kiln_graph *inference, uint64_t seed,
                                                      kiln_graph **train, kiln_error *err);
+/* The inference model of a training-mode export (torch.onnx.export with
+ * training=torch.onnx.TrainingMode.TRAINING): every BatchNormalization with
+ * training_mode=1 reads its running stats again (parameters become buffers;
+ * its running-stat outputs go, and one that is read is refused) and every
+ * Dropout is off (an identity, kept for kiln_train_graph_from_inference to
+ * turn back on).  This is the eval model, and the graph to export after
+ * training.  Any other graph comes back as a copy.  *nchanged (may be
+ * NULL) gets the number of nodes switched; *inference is the caller's. */
+KILN_API kiln_status kiln_inference_graph_from_train(const kiln_graph *g, kiln_graph **inference,
+                                                     int *nchanged, kiln_error *err);
 /* Loads every named parameter of g (weights and BatchNorm buffers) by name
  * from a training checkpoint (kiln_trainer_save, a compiled library's
  * _save): optimizer state, counters and other entries g lacks are ignored;

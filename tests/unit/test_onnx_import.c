@@ -1044,6 +1044,183 @@ static void expect_import_error(Onnx__ModelProto *m, const char *want)
 	ck_assert_ptr_null(g);
 }
 
+/* ---- training mode: PyTorch's TrainingMode.TRAINING exports ------------------- */
+
+/* x f32[2,2,1,2] -> BatchNormalization (scale, bias, mean, var initializers)
+ * with outs, then Dropout(ratio 0.25, training_mode from tm: "" for none,
+ * "t" for a graph input, "c" for a constant true) -> y. */
+static Onnx__ModelProto *bn_model(int64_t opset, const char *outs, const char *tm)
+{
+	Onnx__ModelProto *m = model(opset);
+	input(m, "x", F32, "2,2,1,2");
+	int64_t c = 2;
+	init_t(m, "s", F32, 1, &c, (double[]){1, 2});
+	init_t(m, "b", F32, 1, &c, (double[]){0, 0.5});
+	init_t(m, "bn.running_mean", F32, 1, &c, (double[]){0.5, -1});
+	init_t(m, "bn.running_var", F32, 1, &c, (double[]){4, 0.25});
+	init_t(m, "ratio", F32, 0, NULL, (double[]){0.25});
+	Onnx__NodeProto *n = node(m, "BatchNormalization", "x,s,b,bn.running_mean,bn.running_var",
+	                          outs, "bn");
+	if (opset >= 14 && strchr(outs, ','))
+		attr_i(n, "training_mode", 1);
+	if (!strcmp(tm, "t")) {
+		input(m, "t", ONNX__TENSOR_PROTO__DATA_TYPE__BOOL, "");
+	} else if (*tm) {
+		init_t(m, "t", ONNX__TENSOR_PROTO__DATA_TYPE__BOOL, 0, NULL, (double[]){1});
+	}
+	node(m, "Dropout", *tm ? "h,ratio,t" : "h,ratio", "y", "drop");
+	output(m, "y");
+	return m;
+}
+
+/* Opset 13 says training mode with outputs besides Y, opset 14 with the
+ * attribute: the same graph, and the saved batch statistics (outputs 3
+ * and 4 before 14, which kiln does not compute) may be named but not read. */
+START_TEST(batchnorm_training_mode_before_and_from_opset14_agree)
+{
+	kiln_graph *a = import_ok(bn_model(13, "h,rm,rv,sm,sv", "c"));
+	kiln_graph *b = import_ok(bn_model(14, "h,rm,rv", "c"));
+	const ir_node *n = only_node(a, KILN_OP_BATCH_NORM);
+	ck_assert_int_eq(ir_attr_int(n, "training_mode", 0), 1);
+	ck_assert_int_eq(n->nout, 3);
+	char *ka = kiln_graph_to_kir(a), *kb = kiln_graph_to_kir(b);
+	ck_assert_str_eq(ka, kb);
+	free(ka), free(kb);
+	kiln_graph_free(a), kiln_graph_free(b);
+	/* opset 13 with Y alone is inference */
+	a = import_ok(bn_model(13, "h", "c"));
+	ck_assert_int_eq(ir_attr_int(only_node(a, KILN_OP_BATCH_NORM), "training_mode", 0), 0);
+	kiln_graph_free(a);
+	Onnx__ModelProto *m = bn_model(13, "h,rm,rv,sm,sv", "c");
+	node(m, "Identity", "sm", "z", "reads_saved_mean");
+	output(m, "z");
+	expect_import_error(m, "output 3 ('sm', the saved batch mean of opset 13's training mode) "
+	                    "is read; kiln computes Y and the running mean and variance only");
+	/* Dropout's training_mode must be known at import */
+	expect_import_error(bn_model(14, "h", "t"), "input 2 ('t', the training_mode) is not a "
+	                    "constant known at import");
+	pool_free();
+}
+END_TEST
+
+/* kiln_inference_graph_from_train: BatchNorm reads its running stats,
+ * which become buffers, and Dropout is off; what kiln_train_graph_from_
+ * inference derives from it is what it derives from the import itself. */
+START_TEST(inference_graph_of_a_training_mode_export)
+{
+	kiln_graph *g = import_ok(bn_model(14, "h,rm,rv", "c")), *inf = NULL, *t1 = NULL, *t2 = NULL;
+	kiln_error err = {0};
+	int changed = -1;
+	ck_assert_int_eq(ir_attr_int(only_node(g, KILN_OP_DROPOUT), "training_mode", 0), 1);
+	ck_assert_msg(kiln_inference_graph_from_train(g, &inf, &changed, &err) == KILN_OK, "%s",
+	              err.msg);
+	ck_assert_int_eq(changed, 2);
+	const ir_node *bn = only_node(inf, KILN_OP_BATCH_NORM);
+	ck_assert_int_eq(ir_attr_int(bn, "training_mode", 0), 0);
+	ck_assert_int_eq(bn->nout, 1);
+	ck_assert(!inf->val[bn->in[3]]->trainable && !inf->val[bn->in[4]]->trainable);
+	ck_assert(inf->val[bn->in[1]]->trainable);
+	ck_assert_int_eq(ir_attr_int(only_node(inf, KILN_OP_DROPOUT), "training_mode", 1), 0);
+	/* y = s (x - mean) / sqrt(var + eps) + b, no dropout */
+	kiln_tensor *y = run_iota(inf, 4, (int64_t[]){2, 2, 1, 2});
+	static const double s[] = {1, 2}, b[] = {0, 0.5}, mu[] = {0.5, -1}, var[] = {4, 0.25};
+	for (int i = 0; i < 8; i++) {
+		int ch = (i / 2) % 2;
+		double want = s[ch] * ((i - 5) - mu[ch]) / sqrt(var[ch] + 1e-5) + b[ch];
+		ck_assert_msg(fabs(((float *)y->data)[i] - want) < 1e-5, "y[%d] = %g, want %g", i,
+		              ((float *)y->data)[i], want);
+	}
+	kiln_tensor_free(y);
+	ck_assert_msg(kiln_train_graph_from_inference(g, 3, &t1, &err) == KILN_OK, "%s", err.msg);
+	ck_assert_msg(kiln_train_graph_from_inference(inf, 3, &t2, &err) == KILN_OK, "%s", err.msg);
+	char *k1 = kiln_graph_to_kir(t1), *k2 = kiln_graph_to_kir(t2);
+	ck_assert_str_eq(k1, k2);
+	ck_assert_msg(strstr(k1, "bn.running_var.next") && strstr(k1, "training_mode=1"), "%s", k1);
+	free(k1), free(k2);
+	kiln_graph_free(t1), kiln_graph_free(t2), kiln_graph_free(inf), kiln_graph_free(g);
+	/* a graph without training-mode nodes comes back as it is */
+	g = import_ok(bn_model(14, "h", ""));
+	ck_assert_int_eq(kiln_inference_graph_from_train(g, &inf, &changed, &err), KILN_OK);
+	ck_assert_int_eq(changed, 0);
+	k1 = kiln_graph_to_kir(g), k2 = kiln_graph_to_kir(inf);
+	ck_assert_str_eq(k1, k2);
+	free(k1), free(k2);
+	kiln_graph_free(inf), kiln_graph_free(g);
+	pool_free();
+}
+END_TEST
+
+/* The ONNX-style running-stat outputs have no place in kiln's training
+ * (its step updates the buffers PyTorch's way): one that is read is
+ * refused, naming it, by both conversions. */
+START_TEST(training_mode_running_stat_output_that_is_read_is_refused)
+{
+	Onnx__ModelProto *m = bn_model(14, "h,rm,rv", "c");
+	output(m, "rv");
+	kiln_graph *g = import_ok(m), *out = NULL;
+	kiln_error err = {0};
+	ck_assert_int_eq(kiln_inference_graph_from_train(g, &out, NULL, &err), KILN_EUNSUPPORTED);
+	ck_assert_ptr_null(out);
+	const char *want = "output 2 ('rv', the ONNX-style updated running_var) is read by graph "
+	                   "output 'rv'";
+	ck_assert_msg(strstr(err.msg, want) && strstr(err.msg, "BatchNormalization"), "%s", err.msg);
+	ck_assert_int_eq(kiln_train_graph_from_inference(g, 0, &out, &err), KILN_EUNSUPPORTED);
+	ck_assert_msg(strstr(err.msg, want), "%s", err.msg);
+	ck_assert_ptr_null(out);
+	kiln_graph_free(g);
+	m = bn_model(14, "h,rm,rv", "c");
+	node(m, "Neg", "rm", "z", "reads_running_mean");
+	output(m, "z");
+	g = import_ok(m);
+	ck_assert_int_eq(kiln_inference_graph_from_train(g, &out, NULL, &err), KILN_EUNSUPPORTED);
+	ck_assert_msg(strstr(err.msg, "output 1 ('rm', the ONNX-style updated running_mean) is read "
+	                     "by Neg 'reads_running_mean'"), "%s", err.msg);
+	kiln_graph_free(g);
+	pool_free();
+}
+END_TEST
+
+/* PyTorch's track_running_stats=False exports feed BatchNormalization
+ * (training_mode=1) the batch's own statistics from ReduceMean: in both
+ * modes it normalises with them, so the train-mode graph keeps it and has
+ * no running stats to update. */
+START_TEST(batchnorm_on_computed_statistics_trains_as_it_is)
+{
+	Onnx__ModelProto *m = model(14);
+	input(m, "x", F32, "N,2,3");
+	int64_t c = 2;
+	init_t(m, "s", F32, 1, &c, (double[]){1, 2});
+	init_t(m, "b", F32, 1, &c, (double[]){0, 0.5});
+	node(m, "Transpose", "x", "xt", "t");
+	attr_ints(m->graph->node[0], "perm", 3, (int64_t[]){0, 2, 1});
+	Onnx__NodeProto *r = node(m, "ReduceMean", "xt", "mean", "mean");
+	attr_ints(r, "axes", 2, (int64_t[]){0, 1}), attr_i(r, "keepdims", 0);
+	r = node(m, "ReduceMean", "xt", "mk", "mean_keep");
+	attr_ints(r, "axes", 2, (int64_t[]){0, 1});
+	node(m, "Sub", "xt,mk", "d", "sub");
+	node(m, "Mul", "d,d", "d2", "sq");
+	r = node(m, "ReduceMean", "d2", "var", "var");
+	attr_ints(r, "axes", 2, (int64_t[]){0, 1}), attr_i(r, "keepdims", 0);
+	Onnx__NodeProto *n = node(m, "BatchNormalization", "x,s,b,mean,var", "y,o1,o2", "bn");
+	attr_i(n, "training_mode", 1);
+	output(m, "y");
+	kiln_graph *g = import_ok(m), *inf = NULL, *t = NULL;
+	kiln_error err = {0};
+	kiln_tensor *want = run_iota(g, 3, (int64_t[]){2, 2, 3});
+	ck_assert_msg(kiln_inference_graph_from_train(g, &inf, NULL, &err) == KILN_OK, "%s", err.msg);
+	kiln_tensor *got = run_iota(inf, 3, (int64_t[]){2, 2, 3});
+	for (int i = 0; i < 12; i++)
+		ck_assert_msg(fabs(((float *)got->data)[i] - ((float *)want->data)[i]) < 1e-5,
+		              "y[%d]: %g, training mode %g", i, ((float *)got->data)[i],
+		              ((float *)want->data)[i]);
+	ck_assert_msg(kiln_train_graph_from_inference(inf, 0, &t, &err) == KILN_OK, "%s", err.msg);
+	ck_assert_int_eq(kiln_graph_num_outputs(t), 1);
+	kiln_tensor_free(want), kiln_tensor_free(got);
+	kiln_graph_free(t), kiln_graph_free(inf), kiln_graph_free(g);
+	pool_free();
+}
+END_TEST
+
 /* The ops imported as compositions say what they need when a model does
  * not give it: dims known at import, constants, shapes that fit. */
 START_TEST(composites_refuse_what_they_cannot_know)
@@ -1555,6 +1732,12 @@ static Suite *onnx_import_suite(void)
 	tcase_add_test(t, constant_node_feeds_unsqueeze_axes);
 	tcase_add_test(t, symbolic_shape_chain_becomes_copy_and_infer);
 	tcase_add_test(t, symbolic_shape_kiln_cannot_express_is_rejected);
+	suite_add_tcase(s, t);
+	t = tcase_create("training mode");
+	tcase_add_test(t, batchnorm_training_mode_before_and_from_opset14_agree);
+	tcase_add_test(t, inference_graph_of_a_training_mode_export);
+	tcase_add_test(t, training_mode_running_stat_output_that_is_read_is_refused);
+	tcase_add_test(t, batchnorm_on_computed_statistics_trains_as_it_is);
 	suite_add_tcase(s, t);
 	t = tcase_create("errors");
 	tcase_add_test(t, every_unsupported_node_is_listed_at_once);
