@@ -87,6 +87,9 @@ const char cmd_train_usage[] =
 	"  --resume CKPT|DIR       continue a run exactly (DIR: its newest checkpoint)\n"
 	"  --log CURVE.csv         step,epoch,lr,loss[,val_acc] per step (on resume,\n"
 	"                          rows after the checkpoint are dropped first)\n"
+	"  --plot CURVE.svg        the loss, validation accuracy and learning rate\n"
+	"                          against step as a picture, redrawn every epoch\n"
+	"                          (on resume with --log, the logged steps too)\n"
 	"  --export OUT.onnx       the trained inference model (.kir: kiln's format)\n"
 	"  --val-out OUT.npy       the trained model's outputs on --val-x\n"
 	"  --quiet                 print nothing but errors";
@@ -97,7 +100,7 @@ const char cmd_train_usage[] =
 
 typedef struct opts {
 	const char *model, *x, *y, *val_x, *val_y, *loss, *optim, *sched, *ckpt_dir, *resume,
-		*log, *export_path, *betas, *val_out;
+		*log, *export_path, *betas, *val_out, *plot;
 	double lr, momentum, dampening, wd, eps, clip, smoothing;
 	int64_t accum, epochs, batch, seed, every, stop_after, threads;
 	bool nesterov, quiet, interp, shuffle, no_shuffle;
@@ -126,6 +129,7 @@ static const opt_def opt_defs[] = {
 	OPT("--checkpoint", O_STR, ckpt_dir), OPT("--every", O_I64, every),
 	OPT("--resume", O_STR, resume), OPT("--log", O_STR, log),
 	OPT("--export", O_STR, export_path), OPT("--val-out", O_STR, val_out),
+	OPT("--plot", O_STR, plot),
 	OPT("--quiet", O_FLAG, quiet), OPT("--shuffle", O_FLAG, shuffle),
 	OPT("--no-shuffle", O_FLAG, no_shuffle), OPT("--threads", O_I64, threads),
 	OPT("--interp", O_FLAG, interp),
@@ -606,7 +610,62 @@ typedef struct run {
 	bool tty;
 	double loss_sum, step_time, val_acc; /* this epoch's, and the run's */
 	int64_t seen, correct, counted;
+	double t_start;           /* when this process's first step began */
+	double t_drawn;           /* when the progress bar was last drawn */
+	/* --plot: every step's (step, loss, lr), every evaluation's (step, acc) */
+	double *c_step, *c_loss, *c_lr, *c_vstep, *c_vacc;
+	int64_t c_n, c_cap, c_nv, c_vcap;
+	bool c_oom;
 } run;
+
+/* Appends to --plot's curve (no-op without --plot; out of memory is
+ * reported once, at the end). */
+static void curve_add(run *r, double step, double loss, double lr, bool val, double acc)
+{
+	if (!r->o->plot || r->c_oom)
+		return;
+	if (r->c_n == r->c_cap) {
+		int64_t cap = r->c_cap ? 2 * r->c_cap : 1024;
+		double *a = realloc(r->c_step, sizeof *a * (size_t)cap);
+		double *b = a ? realloc(r->c_loss, sizeof *b * (size_t)cap) : NULL;
+		double *c = b ? realloc(r->c_lr, sizeof *c * (size_t)cap) : NULL;
+		if (a)
+			r->c_step = a;
+		if (b)
+			r->c_loss = b;
+		if (!c) {
+			r->c_oom = true;
+			return;
+		}
+		r->c_lr = c, r->c_cap = cap;
+	}
+	r->c_step[r->c_n] = step, r->c_loss[r->c_n] = loss, r->c_lr[r->c_n++] = lr;
+	if (!val)
+		return;
+	if (r->c_nv == r->c_vcap) {
+		int64_t cap = r->c_vcap ? 2 * r->c_vcap : 64;
+		double *a = realloc(r->c_vstep, sizeof *a * (size_t)cap);
+		double *b = a ? realloc(r->c_vacc, sizeof *b * (size_t)cap) : NULL;
+		if (a)
+			r->c_vstep = a;
+		if (!b) {
+			r->c_oom = true;
+			return;
+		}
+		r->c_vacc = b, r->c_vcap = cap;
+	}
+	r->c_vstep[r->c_nv] = step, r->c_vacc[r->c_nv++] = acc;
+}
+
+static int write_plot(run *r)
+{
+	if (!r->o->plot || !r->c_n)
+		return 0;
+	if (r->c_oom)
+		return tool_fail(1, "out of memory keeping the curve for --plot");
+	plot_curve c = {r->c_step, r->c_loss, r->c_lr, r->c_n, r->c_vstep, r->c_vacc, r->c_nv};
+	return plot_curve_svg(r->o->plot, &c);
+}
 
 static int64_t step_no(const run *r)
 {
@@ -872,7 +931,7 @@ static int log_error(run *r, const char *what)
 /* Keeps the header and the rows up to step `upto` of an existing log,
  * written to a temporary, fsynced and renamed over it.  Only a regular file
  * is read back: a FIFO or device given as --log is never waited on here. */
-static int trim_log(const char *path, int64_t upto)
+static int trim_log(run *r, const char *path, int64_t upto)
 {
 	struct stat sb;
 	if (stat(path, &sb) != 0 || !S_ISREG(sb.st_mode))
@@ -890,8 +949,14 @@ static int trim_log(const char *path, int64_t upto)
 	bool ok = true;
 	for (bool first = true; ok && fgets(line, sizeof line, f); first = false) {
 		long long s;
-		if (first || (sscanf(line, "%lld,", &s) == 1 && s <= upto))
+		long long ep;
+		double lr, loss, acc;
+		int k = first ? 0 : sscanf(line, "%lld,%lld,%lf,%lf,%lf", &s, &ep, &lr, &loss, &acc);
+		if (first || (k >= 1 && s <= upto)) {
 			ok = fputs(line, w) >= 0;
+			if (k >= 4) /* the steps before the checkpoint, for --plot */
+				curve_add(r, (double)s, loss, lr, k == 5, acc);
+		}
 	}
 	if (ferror(f)) { /* a read error must not cut the curve short */
 		int e = errno;
@@ -920,7 +985,7 @@ static int open_log(run *r)
 	bool regular = stat(path, &sb) == 0 && S_ISREG(sb.st_mode);
 	errno = 0;
 	if (r->o->resume && regular) {
-		if (trim_log(path, step_no(r)))
+		if (trim_log(r, path, step_no(r)))
 			return 1;
 		r->log = fopen(path, "a");
 	} else if ((r->log = fopen(path, "w"))) {
@@ -1004,12 +1069,30 @@ static double now(void)
 	return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
+/* "1:05" or "1:02:03" */
+static void hms(char *buf, size_t size, double secs)
+{
+	long long t = secs > 0 && secs < 1e9 ? (long long)(secs + 0.5) : 0;
+	if (t >= 3600)
+		snprintf(buf, size, "%lld:%02lld:%02lld", t / 3600, t / 60 % 60, t % 60);
+	else
+		snprintf(buf, size, "%lld:%02lld", t / 60, t % 60);
+}
+
+/* The bar, with this process's rate (steps and samples per second of wall
+ * time since its first step) and the time the remaining steps would take
+ * at that rate. */
 static void progress(const run *r, double loss)
 {
-	int width = 30, done = (int)((r->batch + 1) * width / r->nb);
-	fprintf(stderr, "\repoch %lld/%lld [%.*s%*s] %lld/%lld loss %.4f", (long long)r->epoch + 1,
-	        (long long)r->o->epochs, done, "##############################", width - done, "",
-	        (long long)r->batch + 1, (long long)r->nb, loss);
+	int width = 24, done = (int)((r->batch + 1) * width / r->nb);
+	int64_t ran = step_no(r) + 1 - r->first, left = r->o->epochs * r->nb - step_no(r) - 1;
+	double wall = now() - r->t_start, sps = wall > 0 ? (double)ran / wall : 0;
+	char eta[32];
+	hms(eta, sizeof eta, sps > 0 ? (double)left / sps : 0);
+	fprintf(stderr, "\r\033[Kepoch %lld/%lld [%.*s%*s] %lld/%lld loss %.4f | %.1f step/s, "
+	        "%.0f samples/s, ETA %s", (long long)r->epoch + 1, (long long)r->o->epochs, done,
+	        "########################", width - done, "", (long long)r->batch + 1,
+	        (long long)r->nb, loss, sps, sps * (double)r->bx->shape[0], eta);
 	fflush(stderr);
 }
 
@@ -1050,6 +1133,7 @@ static int one_step(run *r)
 	bool last = r->batch + 1 == r->nb;
 	if (last && r->vx && accuracy(r, r->vx, r->vy, &r->val_acc, NULL))
 		return 1;
+	curve_add(r, (double)step_no(r) + 1, loss, lr, last && r->vx, r->val_acc);
 	if (r->log) {
 		errno = 0;
 		fprintf(r->log, "%lld,%lld,%.17g,%.17g", (long long)step_no(r) + 1,
@@ -1064,8 +1148,12 @@ static int one_step(run *r)
 			return log_error(r, what);
 		}
 	}
-	if (r->tty)
+	/* the bar at most 20 times a second: a small model's steps take
+	 * microseconds, and drawing each one would cost more than the step */
+	if (r->tty && (last || now() - r->t_drawn >= 0.05)) {
 		progress(r, loss);
+		r->t_drawn = now();
+	}
 	return 0;
 }
 
@@ -1089,6 +1177,8 @@ static int train_loop(run *r)
 		}
 		if (!o->quiet)
 			epoch_summary(r, epoch, now() - t0);
+		if (write_plot(r)) /* every epoch, so a run cut short leaves its picture */
+			return 1;
 	}
 	return 0;
 }
@@ -1181,7 +1271,8 @@ static int check_files(const opts *o)
 	                  {"--x", o->x, NULL}, {"--y", o->y, NULL}, {"--val-x", o->val_x, NULL},
 	                  {"--val-y", o->val_y, NULL},
 	                  {"--resume", resume_dir ? NULL : o->resume, NULL}};
-	tool_file out[] = {{"--log", o->log, NULL}, {"--val-out", o->val_out, NULL},
+	tool_file out[] = {{"--log", o->log, NULL}, {"--plot", o->plot, NULL},
+	                   {"--val-out", o->val_out, NULL},
 	                   {"--export", o->export_path, NULL},
 	                   {"--export", eside, " (the weights written beside it)"}};
 	int nin = sizeof in / sizeof *in, nout = sizeof out / sizeof *out;
@@ -1395,6 +1486,7 @@ static void run_free(run *r)
 	kiln_tensor_free(r->x), kiln_tensor_free(r->y), kiln_tensor_free(r->vx);
 	kiln_tensor_free(r->vy), kiln_tensor_free(r->bx), kiln_tensor_free(r->by);
 	free(r->perm);
+	free(r->c_step), free(r->c_loss), free(r->c_lr), free(r->c_vstep), free(r->c_vacc);
 	if (r->log)
 		fclose(r->log); /* after a failure; success closes it with close_log */
 }
@@ -1410,6 +1502,7 @@ int cmd_train(int argc, char **argv)
 	if (!rc && o.resume)
 		rc = resume(&r);
 	r.first = step_no(&r);
+	r.t_start = now();
 	if (!rc)
 		rc = open_log(&r);
 	if (!rc && (rc = train_loop(&r)) < 0) {

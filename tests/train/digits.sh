@@ -78,9 +78,32 @@ CNN="$D/cnn.onnx --x $D/train_img.npy --y $D/train_y.npy --val-x $D/test_img.npy
 "$KILN" train $MLP --log mlp.csv --export mlp.onnx --val-out mlp_out.npy > mlp.log
 cat mlp.log
 at_least 95 mlp.log
-"$KILN" train $CNN --checkpoint ck_cnn --log cnn.csv --export cnn.onnx --val-out cnn_out.npy > cnn.log
+"$KILN" train $CNN --checkpoint ck_cnn --log cnn.csv --plot cnn.svg --export cnn.onnx \
+	--val-out cnn_out.npy > cnn.log
 cat cnn.log
 at_least 95 cnn.log
+# --plot: one panel per series; the raw loss line has a point per step (the
+# CSV's rows) at the CSV's values, the accuracy a point per epoch
+/usr/bin/python3 - cnn.svg cnn.csv << 'EOF'
+import csv, sys
+import xml.etree.ElementTree as ET
+root = ET.parse(sys.argv[1]).getroot()
+ns = "{http://www.w3.org/2000/svg}"
+titles = [t.text for t in root.iter(ns + "text") if t.get("font-weight") == "bold"]
+assert titles == ["training loss", "validation accuracy", "learning rate"], titles
+rows = list(csv.DictReader(open(sys.argv[2])))
+lines = [p.get("points").split() for p in root.iter(ns + "polyline")]
+raw = lines[0]
+assert len(raw) == len(rows), (len(raw), len(rows))
+ys = [float(p.split(",")[1]) for p in raw]
+loss = [float(r["loss"]) for r in rows]
+# screen y falls as the loss grows: the highest loss is the topmost point
+assert ys.index(min(ys)) == loss.index(max(loss)), "loss line does not follow the CSV"
+acc = [r for r in rows if r["val_acc"]]
+dots = [c for c in root.iter(ns + "circle")]
+assert len(dots) == len(acc) == 2, (len(dots), len(acc))
+print(f"cnn.svg: {len(raw)} loss points, {len(dots)} accuracy points")
+EOF
 [ "$(ls ck_cnn)" = "ckpt-000000080.safetensors
 ckpt-000000090.safetensors" ] || die "ck_cnn should keep the last two checkpoints: $(ls ck_cnn)"
 
@@ -124,11 +147,12 @@ printf '\125' | dd of=flipped.safetensors bs=1 seek=3000 conv=notrunc 2> /dev/nu
 expect 1 "checksum mismatch, the file is corrupt" "$KILN" train $CNN --checkpoint ck_x --resume flipped.safetensors
 expect 1 "made with --batch 32, this run has 64" "$KILN" train $CNN --checkpoint ck_x --batch 64 \
 	--resume ck_stop/ckpt-000000020.safetensors
-"$KILN" train $CNN --checkpoint ck_stop --log stop.csv \
+"$KILN" train $CNN --checkpoint ck_stop --log stop.csv --plot stop.svg \
 	--resume ck_stop/ckpt-000000020.safetensors > resumed.log
 cat resumed.log
 grep -q "resumed from ck_stop/ckpt-000000020.safetensors at step 20" resumed.log || die "no resume line"
 cmp cnn.csv stop.csv || die "the resumed CNN's curve differs from the uninterrupted run's"
+cmp cnn.svg stop.svg || die "the resumed CNN's --plot (steps read back from --log) differs"
 cmp ck_cnn/ckpt-000000090.safetensors ck_stop/ckpt-000000090.safetensors ||
 	die "the resumed CNN's final checkpoint differs"
 echo "CNN stopped at 50, torn checkpoint refused, resumed from 20: identical curve and state"
