@@ -1256,6 +1256,7 @@ typedef struct lowering {
 	bool fuse;      /* elementwise fusion on */
 	bool *defer;    /* value id -> computed inline by its only reader (no buffer) */
 	uint32_t bias_node; /* the Add last folded into a GEMM's bias (fuse_bias), or 0 */
+	bool mutable_params; /* cg_lower_opts.mutable_params: parameters get no data */
 } lowering;
 
 static int value_buf(lowering *L, cg_buf_kind kind, uint32_t v)
@@ -1863,7 +1864,7 @@ static kiln_status lower_io(lowering *L)
 				free(read);
 				return KILN_ENOMEM;
 			}
-			m->buf[b].data = g->val[v]->data;
+			m->buf[b].data = L->mutable_params ? NULL : g->val[v]->data;
 		}
 	free(read);
 	/* the first listing of a node's result is written in place */
@@ -1934,7 +1935,7 @@ kiln_status cg_lower_ex(const kiln_graph *g, const cg_lower_opts *o, cg_module *
 		return st;
 	lowering L = {cg_module_new(g), g, calloc(g->nval + 1, sizeof(int)),
 	              calloc(g->nval + 1, sizeof(int)), err, o && o->fuse,
-	              calloc(g->nval + 1, sizeof(bool))};
+	              calloc(g->nval + 1, sizeof(bool)), 0, o && o->mutable_params};
 	if (!L.m || !L.vbuf || !L.out_of || !L.defer)
 		st = ir_seterr(err, KILN_ENOMEM, "cg_lower: out of memory");
 	else

@@ -30,6 +30,12 @@ typedef struct cg_lower_opts {
 	/* The algorithm for f32 convolutions (cg_conv_algo): AUTO, or one
 	 * forced wherever it applies (tests run each on every conv case). */
 	cg_conv_algo conv;
+	/* The parameters are state a training library replaces between runs:
+	 * their buffers get no data, so no lowering bakes their values into
+	 * the code (Winograd's filter transform, packed int8 weights) where a
+	 * later step would read the first step's weights.  The caller turns
+	 * them into CG_BUF_STATE afterwards (driver/compile.c's mark_state). */
+	bool mutable_params;
 } cg_lower_opts;
 
 /* cg_lower with options (o may be NULL); same contract (codegen.h). */

@@ -43,8 +43,8 @@ static double seconds(void)
 }
 
 /* Graph -> optimized clone -> kernel IR with a memory plan. */
-static kiln_status to_kernels(const kiln_graph *g, const kiln_compile_opts *o, kiln_graph **gc,
-                              cg_module **m, kiln_error *err)
+static kiln_status to_kernels(const kiln_graph *g, const kiln_compile_opts *o, bool train,
+                              kiln_graph **gc, cg_module **m, kiln_error *err)
 {
 	*gc = ir_graph_clone(g);
 	if (!*gc)
@@ -60,7 +60,8 @@ static kiln_status to_kernels(const kiln_graph *g, const kiln_compile_opts *o, k
 	if (st == KILN_OK)
 		st = kiln_graph_verify(*gc, err);
 	if (st == KILN_OK)
-		st = cg_lower_ex(*gc, &(cg_lower_opts){.fuse = true, .conv = conv_algo(o->conv)}, m,
+		st = cg_lower_ex(*gc, &(cg_lower_opts){.fuse = true, .conv = conv_algo(o->conv),
+		                                        .mutable_params = train}, m,
 		                 err);
 	if (st == KILN_OK)
 		st = cg_memplan(*m, err);
@@ -113,7 +114,7 @@ KILN_API kiln_status kiln_compile(const kiln_graph *g, const char *out_path,
 	if (o.times)
 		*o.times = (kiln_compile_times){0};
 	double t0 = seconds();
-	st = to_kernels(g, &o, &gc, &m, err);
+	st = to_kernels(g, &o, false, &gc, &m, err);
 	if (o.times)
 		o.times->lower = seconds() - t0;
 	if (st == KILN_OK)
@@ -336,9 +337,9 @@ KILN_API kiln_status kiln_compile_train(const kiln_graph *model, const kiln_grap
 	                           (long long)batch)
 	               : build_step(model, t, batch, &tb, err);
 	if (st == KILN_OK)
-		st = to_kernels(tb.step, &o, &gs, &ms, err);
+		st = to_kernels(tb.step, &o, true, &gs, &ms, err);
 	if (st == KILN_OK)
-		st = to_kernels(eval_model, &o, &ge, &me, err);
+		st = to_kernels(eval_model, &o, true, &ge, &me, err);
 	if (st == KILN_OK)
 		drop_unused_syms(ms);
 	if (st == KILN_OK)
