@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# examples/app.sh: the demo's last step: compile a model to a shared library
+# examples/app.sh: compile a model to a shared library
 # with `kiln compile`, build examples/app/app.c against the generated
 # model.h and model.so with the system C compiler (no kiln headers or
 # libraries), and run it.
