@@ -141,6 +141,10 @@ ir_node *onnx_extra(onnx_imp *c, onnx_nd *d, kiln_op op, uint32_t nin, const uin
 /* ONNX input i of d, which must be a known constant integer tensor, as an
  * ints attribute name on d->n; absent inputs are fine unless required. */
 bool onnx_ints_input(onnx_imp *c, onnx_nd *d, uint32_t i, const char *name, bool required);
+/* The same for an attribute whose schema kind is ds: elements the importer
+ * knows only as symbolic dims (Slice's ends = Unsqueeze(Shape(x)[1])) are
+ * kept as those dims (ir_attr_set_dims). */
+bool onnx_dims_input(onnx_imp *c, onnx_nd *d, uint32_t i, const char *name, bool required);
 /* Turns a shape vector with symbolic elements into attribute values (e.g.
  * Reshape's 0 and -1); false when it cannot. */
 typedef bool (*onnx_sym_fn)(onnx_imp *c, onnx_nd *d, const onnx_svec *s, int64_t *out);
@@ -213,6 +217,10 @@ void onnx_import_lstm(onnx_imp *c, onnx_nd *d);
  * between DequantizeLinear and QuantizeLinear; records a problem for any
  * other. */
 void onnx_import_msft(onnx_imp *c, onnx_nd *d);
+
+/* Range (onnx_compose.c): a Constant when start, limit and delta are known,
+ * else kiln's Range of a symbolic length when only the limit is a dim. */
+void onnx_import_range(onnx_imp *c, onnx_nd *d);
 bool onnx_msft_op(const char *op_type); /* one onnx_import_msft takes */
 
 /* ---- onnx_export.c ------------------------------------------------------ */

@@ -160,6 +160,8 @@ static const opcase opcase_movement[] = {
 	{"split_sizes", KILN_OP_SPLIT, "axis=0 split=1,4"},
 	{"slice_neg_step", KILN_OP_SLICE, "starts=-1,4 ends=-1000,0 axes=0,1 steps=-2,-1"},
 	{"slice_clamp", KILN_OP_SLICE, "starts=-100,1 ends=100,1000 axes=1,2"},
+	{"range", KILN_OP_RANGE, "n=5 dtype=f32 start=2.5 delta=-0.5"},
+	{"range_i64", KILN_OP_RANGE, "n=4 dtype=i64 start=3 delta=2"},
 	{"gather", KILN_OP_GATHER, "axis=0"}, {"gather_axis1", KILN_OP_GATHER, "axis=1"},
 	{"gather_elements", KILN_OP_GATHER_ELEMENTS, "axis=1"},
 	{"gather_elements_axis0", KILN_OP_GATHER_ELEMENTS, "axis=-3"},
