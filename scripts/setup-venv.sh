@@ -46,7 +46,9 @@ quant_venv() {
 hf() {
 	if "$venv/bin/python" -c 'import transformers' 2>/dev/null; then
 		echo "setup-venv: transformers $("$venv/bin/python" -c 'import transformers; print(transformers.__version__)') already installed"
-	elif ! "$venv/bin/python" -m pip install --disable-pip-version-check -q 'transformers==4.36.2'; then
+	elif "$venv/bin/python" -m pip install --disable-pip-version-check -q 'transformers==4.36.2'; then
+		echo "setup-venv: transformers 4.36.2 installed"
+	else
 		echo "setup-venv: pip could not install transformers; the text-model checks are skipped" >&2
 	fi
 }

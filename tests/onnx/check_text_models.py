@@ -13,8 +13,9 @@ buffers ending at S, GPT-2's causal mask a slice of a [1,1,1024,1024]
 buffer and its positions Range(0, S): kiln imports those with S as a
 symbolic dim (Slice's ends, Range's length, Reshape's shape).
 
-Every model runs through kiln's interpreter (`KILN run MODEL.onnx`) and as a
-library (`KILN compile`, `KILN run M.so`) at (N, S) = (3, 11) and (2, 16),
+Every model runs through kiln's interpreter (`KILN run MODEL.onnx`), as a
+library (`KILN compile`, `KILN run M.so`), and as kiln's ONNX export of it
+(`KILN export`, run by ONNX Runtime) at (N, S) = (3, 11) and (2, 16),
 the attention mask with zeros (one row half masked), and every output
 (GPT-2's present keys and values too) must agree with ONNX Runtime's within
 1e-4 + 1e-4 * |ORT|; the line per model prints the largest absolute and
@@ -103,16 +104,20 @@ def check(np, ort, torch, kiln, out, tag):
     t0 = time.monotonic()
     run([kiln, "compile", model, "-o", so])
     secs = time.monotonic() - t0
+    # kiln's own export of the imported graph (S as Shape arithmetic)
+    exported = os.path.join(out, f"{tag}_kiln.onnx")
+    run([kiln, "export", model, "-o", exported])
+    esess = ort.InferenceSession(exported, providers=["CPUExecutionProvider"])
     lines = []
     for n, s in SIZES:
         feeds = feeds_for(np, n, s, n * 100 + s)
         want = sess.run(None, feeds)
+        res = {"export": esess.run(None, feeds)}
         args = []
         for k, v in feeds.items():
             path = os.path.join(out, f"{tag}_{n}x{s}_{k}.npy")
             np.save(path, v)
             args += ["-i", f"{k}={path}"]
-        res = {}
         for backend, target in (("interp", model), ("so", so)):
             d = os.path.join(out, f"{tag}_{n}x{s}_{backend}")
             run([kiln, "run", target] + args + ["-o", d])
