@@ -483,11 +483,12 @@ static void range_sym(onnx_imp *c, onnx_nd *d, const onnx_svec *lim)
 	const kiln_tensor *v2 = onnx_const_input(c, d, 2, "delta", true);
 	if (d->failed)
 		return;
+	if (kiln_tensor_numel(v0) != 1 || kiln_tensor_numel(v2) != 1)
+		return (void)onnx_problem(c, d, KILN_EINVAL, "start and delta must be scalars");
 	double start = ir_load(v0, 0), delta = ir_load(v2, 0);
 	char l[96];
 	ir_dim_str(c->g, lim->v[0], l, sizeof l);
-	if (kiln_tensor_numel(v0) != 1 || kiln_tensor_numel(v2) != 1 || start != 0 ||
-	    !(delta >= 1 && delta <= IR_DIM_MAX) || delta != floor(delta))
+	if (start != 0 || !(delta >= 1 && delta <= IR_DIM_MAX) || delta != floor(delta))
 		return (void)onnx_problem(c, d, KILN_EUNSUPPORTED, "limit is the symbolic dim %s: "
 		                          "kiln takes that with start 0 and a positive integer delta, "
 		                          "not start %g, delta %g", l, start, delta);
