@@ -199,6 +199,10 @@ bool onnx_import_composite(onnx_imp *c, onnx_nd *d);
 /* Whether the importer takes op_type of domain ("" or NULL: the default):
  * an op of kiln's table, a composition above, or a com.microsoft op. */
 bool onnx_op_imports(const char *domain, const char *op_type);
+/* Range (onnx_import_table's entry): a Constant when start, limit and delta
+ * are known, else kiln's Range of a symbolic length when only the limit is
+ * a dim. */
+void onnx_import_range(onnx_imp *c, onnx_nd *d);
 
 /* ---- onnx_rnn.c --------------------------------------------------------- */
 
@@ -217,10 +221,6 @@ void onnx_import_lstm(onnx_imp *c, onnx_nd *d);
  * between DequantizeLinear and QuantizeLinear; records a problem for any
  * other. */
 void onnx_import_msft(onnx_imp *c, onnx_nd *d);
-
-/* Range (onnx_compose.c): a Constant when start, limit and delta are known,
- * else kiln's Range of a symbolic length when only the limit is a dim. */
-void onnx_import_range(onnx_imp *c, onnx_nd *d);
 bool onnx_msft_op(const char *op_type); /* one onnx_import_msft takes */
 
 /* ---- onnx_export.c ------------------------------------------------------ */

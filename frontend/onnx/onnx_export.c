@@ -427,11 +427,11 @@ static const char *dim_value(ex *x, const ir_node *n, int64_t d, int depth)
 	const kiln_graph *g = x->g;
 	const ir_dimexpr *e = ir_dim_expr(g, d);
 	char ds[128], desc[160];
-	if (!e)
-		return d >= 0 ? const_i64_1(x, n, d) : NULL;
-	if (depth > 64) {
-		fail(x, KILN_EUNSUPPORTED, "onnx export: %s: dim %s nests too deeply",
-		     ir_node_desc(n, desc, sizeof desc), ir_dim_str(g, d, ds, sizeof ds));
+	if (!e && d >= 0)
+		return const_i64_1(x, n, d);
+	if (!e || depth > 64) {
+		fail(x, KILN_EUNSUPPORTED, "onnx export: %s: dim %s is no dim of the graph or nests "
+		     "too deeply", ir_node_desc(n, desc, sizeof desc), ir_dim_str(g, d, ds, sizeof ds));
 		return NULL;
 	}
 	if (e->op != IR_DSYM) {
