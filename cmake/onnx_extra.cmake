@@ -20,6 +20,12 @@
 #                         GRU / LSTM nodes over their attributes, through the
 #                         interpreter and compiled, against ONNX Runtime
 #                         (1e-4); skipped (77) without .venv
+#   onnx_text_models_ort  tests/onnx/check_text_models.py: Hugging Face BERT,
+#                         DistilBERT and GPT-2 (2 layers, random weights)
+#                         exported at opsets 13 and 17 with dynamic batch
+#                         and sequence length, through the interpreter and
+#                         compiled at two (N, S), against ONNX Runtime
+#                         (1e-4); skipped (77) without .venv or transformers
 #   test_compiled_models  (tests/unit) compiles the real models to .so
 #                         libraries and compares them with the interpreter;
 #                         it reads them from KILN_REAL_MODELS, set here
@@ -58,6 +64,10 @@ set_tests_properties(onnx_bench_models_ort PROPERTIES SKIP_RETURN_CODE 77 TIMEOU
 add_test(NAME onnx_rnn_models_ort COMMAND sh -c
 	"if [ -x '${KILN_VENV_PY}' ]; then exec '${KILN_VENV_PY}' '${CMAKE_SOURCE_DIR}/tests/onnx/check_rnn_models.py' '$<TARGET_FILE:kiln_cli>' '${CMAKE_BINARY_DIR}/onnx_rnn_models'; else echo 'skipped: no onnxruntime (no .venv: run scripts/setup-venv.sh)'; exit 77; fi")
 set_tests_properties(onnx_rnn_models_ort PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 600)
+
+add_test(NAME onnx_text_models_ort COMMAND sh -c
+	"if [ -x '${KILN_VENV_PY}' ]; then exec '${KILN_VENV_PY}' '${CMAKE_SOURCE_DIR}/tests/onnx/check_text_models.py' '$<TARGET_FILE:kiln_cli>' '${CMAKE_BINARY_DIR}/onnx_text_models'; else echo 'skipped: no onnxruntime (no .venv: run scripts/setup-venv.sh)'; exit 77; fi")
+set_tests_properties(onnx_text_models_ort PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 600)
 
 # The fuzz target must be built by clang (libFuzzer), whatever CMAKE_C_COMPILER
 # is, so run_fuzz.sh compiles it; it skips (77) when clang cannot.  It carries

@@ -820,28 +820,38 @@ static kiln_status slice(cg_module *m, const ir_node *n, const int *in, const in
                          kiln_error *err)
 {
 	const ir_type *x = cg_btype(m, in[0]), *y = cg_btype(m, out[0]);
-	const int64_t *starts, *axes, *steps;
-	uint32_t ns = ir_attr_ints(n, "starts", &starts), na = ir_attr_ints(n, "axes", &axes);
-	uint32_t nst = ir_attr_ints(n, "steps", &steps);
+	const int64_t *starts, *ends, *axes, *steps;
+	uint64_t sd, ed;
+	uint32_t ns = ir_attr_dims(n, "starts", &starts, &sd), na = ir_attr_ints(n, "axes", &axes);
+	uint32_t nst = ir_attr_ints(n, "steps", &steps), ne = ir_attr_dims(n, "ends", &ends, &ed);
 	cg_expr *first[KILN_MAX_RANK], *ext[KILN_MAX_RANK], *iv[KILN_MAX_RANK];
 	int64_t step[KILN_MAX_RANK];
+	cg_kernel *k = cg_lower_kernel(m, n);
+	if (!k)
+		return KILN_ENOMEM;
 	for (int d = 0; d < x->rank; d++)
 		first[d] = cg_int(m, 0), step[d] = 1, ext[d] = cg_dim(m, y->dim[d]);
-	for (uint32_t k = 0; k < ns; k++) {
-		int64_t a = na ? axes[k] : (int64_t)k;
+	for (uint32_t k2 = 0; k2 < ns; k2++) {
+		int64_t a = na ? axes[k2] : (int64_t)k2;
 		a = a < 0 ? a + x->rank : a;
-		if (a < 0 || a >= x->rank || (nst && steps[k] == 0))
-			return cg_lower_fail(m, n, err, KILN_EINVAL, "bad axis or zero step at %u", k);
-		cg_expr *dim = cg_dim(m, x->dim[a]), *s = cg_int(m, starts[k]);
-		step[a] = nst ? steps[k] : 1;
-		if (starts[k] < 0)
+		if (a < 0 || a >= x->rank || (nst && steps[k2] == 0) || ne != ns || (sd >> k2 & 1))
+			return cg_lower_fail(m, n, err, KILN_EINVAL, "bad axis, zero step or symbolic "
+			                     "start at %u", k2);
+		cg_expr *dim = cg_dim(m, x->dim[a]), *s = cg_int(m, starts[k2]);
+		step[a] = nst ? steps[k2] : 1;
+		if (ed >> k2 & 1) { /* [0:E:1], E a dim: the shape rule took E <= dim */
+			char what[160], e[96];
+			snprintf(what, sizeof what, "axis %lld end %s =", (long long)a,
+			         ir_dim_str(m->g, ends[k2], e, sizeof e));
+			cg_append(m, k->body, cg_lower_check(m, n, what, cg_dim(m, ends[k2]),
+			                                     cg_int(m, 0), cg_bin(m, CG_ADD, dim,
+			                                                          cg_int(m, 1))));
+		}
+		if (starts[k2] < 0)
 			s = cg_bin(m, CG_ADD, s, dim);
 		cg_expr *hi = step[a] > 0 ? dim : cg_bin(m, CG_SUB, dim, cg_int(m, 1));
 		first[a] = cg_bin(m, CG_MAX, cg_bin(m, CG_MIN, s, hi), cg_int(m, 0));
 	}
-	cg_kernel *k = cg_lower_kernel(m, n);
-	if (!k)
-		return KILN_ENOMEM;
 	uint32_t h[KILN_MAX_RANK] = {0}; /* nest_hints fills n; gcc -O3 cannot see it */
 	nest_hints(m, x->rank, m->buf[out[0]].numel, h);
 	cg_stmt *body = cg_nest(m, k, k->body, x->rank, ext, h, iv);
@@ -852,6 +862,26 @@ static kiln_status slice(cg_module *m, const ir_node *n, const int *in, const in
 		yi = cg_bin(m, CG_ADD, cg_bin(m, CG_MUL, yi, ext[d]), iv[d]);
 	}
 	cg_append(m, body, cg_store(m, out[0], yi, cg_load(m, in[0], xi)));
+	return KILN_OK;
+}
+
+/* Range: start + i * delta in double, as the interpreter computes it, then
+ * converted to the output's dtype; the length is the output's (n). */
+static kiln_status range(cg_module *m, const ir_node *n, const int *in, const int *out,
+                         kiln_error *err)
+{
+	const ir_type *y = cg_btype(m, out[0]);
+	cg_kernel *k = cg_lower_kernel(m, n);
+	(void)in, (void)err;
+	if (!k)
+		return KILN_ENOMEM;
+	cg_expr *ext = cg_dim(m, y->dim[0]), *iv;
+	uint32_t h = CG_VECTORIZE;
+	cg_stmt *body = cg_nest(m, k, k->body, 1, &ext, &h, &iv);
+	cg_expr *v = cg_bin(m, CG_ADD, cg_const(m, KILN_F64, ir_attr_float(n, "start", 0)),
+	                    cg_bin(m, CG_MUL, cg_cast(m, iv, KILN_F64),
+	                           cg_const(m, KILN_F64, ir_attr_float(n, "delta", 1))));
+	cg_append(m, body, cg_store(m, out[0], iv, cg_cast(m, v, y->dtype)));
 	return KILN_OK;
 }
 
@@ -1228,6 +1258,7 @@ const cg_lower_fn cg_lower_table[KILN_OP_COUNT] = {
 	[KILN_OP_FLATTEN] = view, [KILN_OP_SQUEEZE] = view, [KILN_OP_UNSQUEEZE] = view,
 	[KILN_OP_EXPAND] = expand, [KILN_OP_PAD] = pad, [KILN_OP_SHAPE] = shape,
 	[KILN_OP_CONSTANT] = NULL, /* a CONST buffer, made by the driver */
+	[KILN_OP_RANGE] = range,
 	[KILN_OP_DROPOUT] = cg_lower_dropout,
 	[KILN_OP_SOFTMAX_CE] = cg_lower_loss, [KILN_OP_NLL_LOSS] = cg_lower_loss,
 	[KILN_OP_QUANTIZE_LINEAR] = elementwise, [KILN_OP_DEQUANTIZE_LINEAR] = elementwise,

@@ -744,7 +744,8 @@ static kiln_status slice(ir_interp *c, const ir_node *n, kiln_tensor *const *in,
 {
 	const kiln_tensor *x = in[0];
 	const int64_t *starts, *ends, *axes, *steps;
-	uint32_t ns = ir_attr_ints(n, "starts", &starts), ne = ir_attr_ints(n, "ends", &ends);
+	uint64_t sd, ed;
+	uint32_t ns = ir_attr_dims(n, "starts", &starts, &sd), ne = ir_attr_dims(n, "ends", &ends, &ed);
 	uint32_t na = ir_attr_ints(n, "axes", &axes), nst = ir_attr_ints(n, "steps", &steps);
 	if (ne != ns || (na && na != ns) || (nst && nst != ns) || out[0]->rank != x->rank)
 		return ir_fail(c, n, KILN_EINVAL, "starts, ends, axes and steps differ in length");
@@ -757,7 +758,21 @@ static kiln_status slice(ir_interp *c, const ir_node *n, kiln_tensor *const *in,
 			return ir_fail(c, n, KILN_EINVAL, "bad axis or zero step at position %u", k);
 		dim = x->shape[a];
 		step[a] = nst ? steps[k] : 1;
-		int64_t s = starts[k] < 0 ? starts[k] + dim : starts[k];
+		int64_t s = starts[k];
+		if ((sd | ed) >> k & 1) { /* [0:E:1] with E a dim (shape_slice): E <= dim */
+			int64_t e = c->sym ? ir_dim_eval(c->g, ends[k], c->sym) : -1;
+			char es[96], xs[96];
+			if (e < 0 || (sd >> k & 1))
+				return ir_fail(c, n, KILN_EINVAL, "symbolic start or end at position %u "
+				               "with no size bound to it", k);
+			if (e > dim)
+				return ir_fail(c, n, KILN_ESHAPE, "end %s=%lld is past the %lld of axis "
+				               "%lld of %s; the graph takes %s <= %lld",
+				               ir_dim_str(c->g, ends[k], es, sizeof es), (long long)e,
+				               (long long)dim, (long long)a, ir_tstr(x, xs, sizeof xs), es,
+				               (long long)dim);
+		}
+		s = s < 0 ? s + dim : s;
 		int64_t hi = step[a] > 0 ? dim : dim - 1;
 		first[a] = s < 0 ? 0 : s > hi ? hi : s;
 	}
@@ -1043,6 +1058,19 @@ static kiln_status constant(ir_interp *c, const ir_node *n, kiln_tensor *const *
 	return rc;
 }
 
+/* Range: the output's length is n (bound by the run); each element
+ * computed in double from i, as ONNX defines it, not by accumulating. */
+static kiln_status range(ir_interp *c, const ir_node *n, kiln_tensor *const *in,
+                         kiln_tensor *const *out)
+{
+	double start = ir_attr_float(n, "start", 0), delta = ir_attr_float(n, "delta", 1);
+	int64_t cnt = kiln_tensor_numel(out[0]);
+	(void)c, (void)in;
+	for (int64_t i = 0; i < cnt; i++)
+		ir_store(out[0], i, start + (double)i * delta);
+	return KILN_OK;
+}
+
 /* ---- linear algebra ----------------------------------------------------- */
 
 /* MatMul with NumPy semantics: a 1-D a is [1,K] and a 1-D b is [K,1] with
@@ -1163,7 +1191,7 @@ const ir_interp_fn ir_interp_table[KILN_OP_COUNT] = {
 	[KILN_OP_TOPK] = topk,
 	[KILN_OP_FLATTEN] = copy, [KILN_OP_SQUEEZE] = copy, [KILN_OP_UNSQUEEZE] = copy,
 	[KILN_OP_EXPAND] = expand, [KILN_OP_PAD] = pad, [KILN_OP_SHAPE] = shape,
-	[KILN_OP_CONSTANT] = constant, [KILN_OP_DROPOUT] = ir_interp_dropout,
+	[KILN_OP_CONSTANT] = constant, [KILN_OP_RANGE] = range, [KILN_OP_DROPOUT] = ir_interp_dropout,
 	[KILN_OP_SOFTMAX_CE] = ir_interp_loss, [KILN_OP_NLL_LOSS] = ir_interp_loss,
 };
 
@@ -1287,7 +1315,7 @@ static kiln_status alloc_value(run *r, const ir_node *n, uint32_t id)
 
 static kiln_status exec(run *r, const ir_node *n, uint64_t seed)
 {
-	ir_interp c = {r->g, r->err, seed};
+	ir_interp c = {r->g, r->err, seed, r->sym};
 	kiln_tensor **in = calloc(n->nin + 1, sizeof *in), **out = calloc(n->nout + 1, sizeof *out);
 	kiln_status rc = in && out ? KILN_OK : ir_seterr(r->err, KILN_ENOMEM, "out of memory");
 	for (uint32_t k = 0; k < n->nin && !rc; k++)

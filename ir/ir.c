@@ -924,7 +924,24 @@ kiln_status ir_attr_set_ints(kiln_graph *g, ir_node *n, const char *name, uint32
 	a->kind = IR_A_INTS;
 	a->n = cnt;
 	a->u.ints = p;
+	a->dims = 0;
 	return KILN_OK;
+}
+
+kiln_status ir_attr_set_dims(kiln_graph *g, ir_node *n, const char *name, uint32_t cnt,
+                             const int64_t *v, uint64_t dims)
+{
+	uint64_t keep = 0;
+	for (uint32_t i = 0; i < cnt; i++)
+		if (i < 64 && (dims >> i & 1) && v[i] < 0)
+			keep |= (uint64_t)1 << i;
+		else if (i >= 64 && dims)
+			return ir_errorf(g, n, KILN_EINVAL, "attribute %s: symbolic dims only in the "
+			                 "first 64 of %u elements", name, cnt);
+	kiln_status st = ir_attr_set_ints(g, n, name, cnt, v);
+	if (st == KILN_OK)
+		((ir_attr *)ir_attr_get(n, name))->dims = keep;
+	return st;
 }
 
 kiln_status ir_attr_set_floats(kiln_graph *g, ir_node *n, const char *name, uint32_t cnt,
@@ -996,6 +1013,18 @@ const char *ir_attr_str(const ir_node *n, const char *name, const char *dflt)
 uint32_t ir_attr_ints(const ir_node *n, const char *name, const int64_t **v)
 {
 	const ir_attr *a = ir_attr_get(n, name);
+	if (!a || a->kind != IR_A_INTS || a->dims) {
+		*v = NULL;
+		return 0;
+	}
+	*v = a->u.ints;
+	return a->n;
+}
+
+uint32_t ir_attr_dims(const ir_node *n, const char *name, const int64_t **v, uint64_t *dims)
+{
+	const ir_attr *a = ir_attr_get(n, name);
+	*dims = a && a->kind == IR_A_INTS ? a->dims : 0;
 	if (!a || a->kind != IR_A_INTS) {
 		*v = NULL;
 		return 0;
@@ -1025,10 +1054,12 @@ int ir_op_schema(kiln_op op, ir_attr_schema *out, int max)
 		s.kind = !strcmp(kind, "i")    ? IR_A_INT
 		         : !strcmp(kind, "f")  ? IR_A_FLOAT
 		         : !strcmp(kind, "is") ? IR_A_INTS
+		         : !strcmp(kind, "ds") ? IR_A_INTS
 		         : !strcmp(kind, "fs") ? IR_A_FLOATS
 		         : !strcmp(kind, "s")  ? IR_A_STRING
 		         : !strcmp(kind, "t")  ? IR_A_TENSOR
 		                               : IR_A_DTYPE;
+		s.dims = !strcmp(kind, "ds");
 		if (*p == '!') {
 			s.required = true;
 			p++;
@@ -1282,7 +1313,7 @@ kiln_graph *ir_graph_clone(const kiln_graph *g)
 			case IR_A_INT: st = ir_attr_set_int(c, m, a->name, a->u.i); break;
 			case IR_A_DTYPE: st = ir_attr_set_dtype(c, m, a->name, (kiln_dtype)a->u.i); break;
 			case IR_A_FLOAT: st = ir_attr_set_float(c, m, a->name, a->u.f); break;
-			case IR_A_INTS: st = ir_attr_set_ints(c, m, a->name, a->n, a->u.ints); break;
+			case IR_A_INTS: st = ir_attr_set_dims(c, m, a->name, a->n, a->u.ints, a->dims); break;
 			case IR_A_FLOATS: st = ir_attr_set_floats(c, m, a->name, a->n, a->u.floats); break;
 			case IR_A_STRING: st = ir_attr_set_string(c, m, a->name, a->u.s); break;
 			default: st = ir_attr_set_tensor(c, m, a->name, a->u.t); break;

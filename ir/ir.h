@@ -144,6 +144,10 @@ typedef struct ir_attr {
 	const char *name; /* interned */
 	ir_attr_kind kind;
 	uint32_t n;       /* element count for INTS/FLOATS */
+	/* INTS whose schema kind is ds: bit i set when element i is a symbolic
+	 * dim (< 0, an ir_dim_* handle) rather than a number, so a Slice can end
+	 * at S while -1 still means "one from the end".  At most 64 elements. */
+	uint64_t dims;
 	union {
 		int64_t i;    /* INT, DTYPE */
 		double f;
@@ -230,6 +234,11 @@ kiln_status ir_attr_set_int(kiln_graph *g, ir_node *n, const char *name, int64_t
 kiln_status ir_attr_set_float(kiln_graph *g, ir_node *n, const char *name, double v);
 kiln_status ir_attr_set_ints(kiln_graph *g, ir_node *n, const char *name, uint32_t cnt,
                              const int64_t *v);
+/* Ints of which those marked in dims (bit i: element i) are symbolic dims;
+ * fixed dims (>= 0) are stored as plain numbers.  EINVAL past 64 elements
+ * with a mark. */
+kiln_status ir_attr_set_dims(kiln_graph *g, ir_node *n, const char *name, uint32_t cnt,
+                             const int64_t *v, uint64_t dims);
 kiln_status ir_attr_set_floats(kiln_graph *g, ir_node *n, const char *name, uint32_t cnt,
                                const double *v);
 kiln_status ir_attr_set_string(kiln_graph *g, ir_node *n, const char *name, const char *s);
@@ -240,13 +249,24 @@ const ir_attr *ir_attr_get(const ir_node *n, const char *name);
 int64_t ir_attr_int(const ir_node *n, const char *name, int64_t dflt);
 double ir_attr_float(const ir_node *n, const char *name, double dflt);
 const char *ir_attr_str(const ir_node *n, const char *name, const char *dflt);
-/* Ints attribute: count (0 when absent) and pointer through *v. */
+/* Ints attribute: count (0 when absent) and pointer through *v.  One that
+ * holds symbolic dims reads as absent: only code that asks ir_attr_dims
+ * can tell a dim from a number. */
 uint32_t ir_attr_ints(const ir_node *n, const char *name, const int64_t **v);
+/* The same for any ints attribute; *dims gets its mask of symbolic dims. */
+uint32_t ir_attr_dims(const ir_node *n, const char *name, const int64_t **v, uint64_t *dims);
+/* Element i of ints attribute a as a dim: symbolic when marked, else the
+ * number itself. */
+static inline bool ir_attr_is_dim(const ir_attr *a, uint32_t i)
+{
+	return i < 64 && (a->dims >> i & 1);
+}
 /* Parsed schema entry for one attribute of an op; false if not in schema. */
 typedef struct ir_attr_schema {
 	char name[48];
 	ir_attr_kind kind;
 	bool required, has_default;
+	bool dims;  /* kind ds: ints that may hold symbolic dims */
 	char dflt[48];
 } ir_attr_schema;
 int ir_op_schema(kiln_op op, ir_attr_schema *out, int max); /* count */
@@ -415,6 +435,9 @@ typedef struct ir_interp {
 	const kiln_graph *g;
 	kiln_error *err;
 	uint64_t seed;   /* mixed into Dropout's counter-based generator */
+	/* each symbol's size in this run (ir_dim_eval), for attributes that
+	 * hold symbolic dims; NULL where nothing binds them (constant folding) */
+	const int64_t *sym;
 } ir_interp;
 
 /* Computes one node: in[] and out[] are concrete; out[] is preallocated

@@ -733,14 +733,16 @@ static kiln_tensor *parse_tensor(parser *P)
 
 /* ---- attributes ---------------------------------------------------------- */
 
-/* list = '[' (real (',' real)*)? ']': ints unless an element is a float,
- * or the list is empty and the op's schema says floats. */
+/* list = '[' (elem (',' elem)*)? ']', elem = real | dim: ints unless an
+ * element is a float, or the list is empty and the op's schema says
+ * floats; an element starting with a symbol or '(' is a symbolic dim. */
 static bool parse_list(parser *P, ir_node *n, const char *name, ir_attr_kind want)
 {
 	uint32_t cnt = 0, cap = 8;
 	double *f = ir_alloc(P->scratch, cap * sizeof *f);
 	int64_t *iv = ir_alloc(P->scratch, cap * sizeof *iv);
 	bool floats = false;
+	uint64_t dims = 0;
 	next(P); /* '[' */
 	while (f && iv && !P->failed && !at(P, "]")) {
 		if (cnt && !expect(P, ","))
@@ -758,6 +760,15 @@ static bool parse_list(parser *P, ir_node *n, const char *name, ir_attr_kind wan
 			if (tok_int(P, &t, &iv[cnt]))
 				f[cnt] = (double)iv[cnt];
 			next(P);
+		} else if ((t.kind == T_IDENT && !at_kw(P, "inf") && !at_kw(P, "nan")) || at(P, "(")) {
+			/* a symbolic dim (Slice's ends=[S]); the verifier checks the
+			 * schema lets this attribute hold one */
+			if (cnt >= 64)
+				return perr(P, &t, "symbolic dims only in the first 64 elements");
+			iv[cnt] = parse_dim(P);
+			f[cnt] = 0;
+			if (iv[cnt] < 0)
+				dims |= (uint64_t)1 << cnt;
 		} else {
 			floats = true;
 			parse_real(P, &f[cnt]);
@@ -768,9 +779,11 @@ static bool parse_list(parser *P, ir_node *n, const char *name, ir_attr_kind wan
 		return perr(P, &P->tk, "out of memory");
 	if (!expect(P, "]"))
 		return false;
+	if (floats && dims)
+		return perr(P, &P->tk, "attribute '%s' mixes floats and symbolic dims", name);
 	if (floats || (cnt == 0 && want == IR_A_FLOATS))
 		return ir_attr_set_floats(P->g, n, name, cnt, f) == KILN_OK;
-	return ir_attr_set_ints(P->g, n, name, cnt, iv) == KILN_OK;
+	return ir_attr_set_dims(P->g, n, name, cnt, iv, dims) == KILN_OK;
 }
 
 /* avalue = INT | real | STRING | dtype | list | tensor */

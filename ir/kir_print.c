@@ -218,7 +218,7 @@ static void put_type(buf *b, const kiln_graph *g, const ir_type *t)
 	put(b, "]");
 }
 
-static void put_attr_value(buf *b, const ir_attr *a)
+static void put_attr_value(buf *b, const kiln_graph *g, const ir_attr *a)
 {
 	switch (a->kind) {
 	case IR_A_INT: put(b, "%lld", (long long)a->u.i); break;
@@ -228,8 +228,15 @@ static void put_attr_value(buf *b, const ir_attr *a)
 	case IR_A_TENSOR: put_tensor(b, a->u.t); break;
 	case IR_A_INTS:
 		put(b, "[");
-		for (uint32_t i = 0; i < a->n; i++)
-			put(b, "%s%lld", i ? "," : "", (long long)a->u.ints[i]);
+		for (uint32_t i = 0; i < a->n; i++) {
+			char d[256];
+			if (!ir_attr_is_dim(a, i))
+				put(b, "%s%lld", i ? "," : "", (long long)a->u.ints[i]);
+			else if (ir_dim_str(g, a->u.ints[i], d, sizeof d)[0] >= '0' && d[0] <= '9')
+				put(b, "%s(%s)", i ? "," : "", d); /* a dim read back starts with a symbol or ( */
+			else
+				put(b, "%s%s", i ? "," : "", d);
+		}
 		put(b, "]");
 		break;
 	case IR_A_FLOATS:
@@ -251,7 +258,7 @@ static int attr_cmp(const void *x, const void *y)
 
 /* {a=1, b=[1,2]} sorted by name, so the text does not depend on the order
  * in which a builder happened to set them. */
-static void put_attrs(buf *b, const ir_node *n)
+static void put_attrs(buf *b, const kiln_graph *g, const ir_node *n)
 {
 	if (!n->nattr)
 		return;
@@ -266,7 +273,7 @@ static void put_attrs(buf *b, const ir_node *n)
 	put(b, " {");
 	for (uint32_t i = 0; i < n->nattr; i++) {
 		put(b, "%s%s=", i ? ", " : "", s[i]->name);
-		put_attr_value(b, s[i]);
+		put_attr_value(b, g, s[i]);
 	}
 	put(b, "}");
 	free(s);
@@ -371,7 +378,7 @@ static void put_node(printer *p, const ir_node *n)
 		put(&p->b, i ? ", " : " ");
 		put_value(p, n->in[i]);
 	}
-	put_attrs(&p->b, n);
+	put_attrs(&p->b, g, n);
 	put(&p->b, " :");
 	for (uint32_t i = 0; i < n->nout; i++) {
 		put(&p->b, i ? ", " : " ");

@@ -45,6 +45,23 @@ const char *ir_ints_str(const int64_t *v, uint32_t cnt, char *buf, size_t size)
 	return buf;
 }
 
+/* Ints attribute name of n as "[3,N,N]": symbolic dims by their names. */
+static const char *attr_str(const kiln_graph *g, const ir_node *n, const char *name, char *buf,
+                            size_t size)
+{
+	const ir_attr *a = ir_attr_get(n, name);
+	size_t k = snprintf(buf, size, "[");
+	char d[96];
+	for (uint32_t i = 0; a && a->kind == IR_A_INTS && i < a->n && k < size; i++)
+		k += snprintf(buf + k, size - k, "%s%s", i ? "," : "",
+		              ir_attr_is_dim(a, i) ? ir_dim_str(g, a->u.ints[i], d, sizeof d)
+		                                   : (snprintf(d, sizeof d, "%lld",
+		                                               (long long)a->u.ints[i]), d));
+	if (k < size)
+		snprintf(buf + k, size - k, "]");
+	return buf;
+}
+
 /* Normalises axis against rank (ONNX: [-rank, rank-1], or [-rank, rank]
  * when extra is 1, as for Flatten and Unsqueeze). */
 kiln_status ir_axis_norm(kiln_graph *g, const ir_node *n, int64_t axis, int rank,
@@ -251,7 +268,8 @@ static kiln_status reshape_dims(kiln_graph *g, const ir_node *n, const ir_type *
                                 ir_type *t, int *infer)
 {
 	const int64_t *s;
-	uint32_t ns = ir_attr_ints(n, "shape", &s);
+	uint64_t dims;
+	uint32_t ns = ir_attr_dims(n, "shape", &s, &dims);
 	bool allowzero = ir_attr_int(n, "allowzero", 0) != 0;
 	char b[128];
 	if (!ir_attr_get(n, "shape") || ns > KILN_MAX_RANK)
@@ -259,17 +277,19 @@ static kiln_status reshape_dims(kiln_graph *g, const ir_node *n, const ir_type *
 	*t = (ir_type){x->dtype, (int)ns, {0}};
 	*infer = -1;
 	for (uint32_t i = 0; i < ns; i++) {
-		if (s[i] == 0 && !allowzero) {
+		if (dims >> i & 1) { /* a symbolic dim: [N,S,384] from [N*S,384] */
+			t->dim[i] = s[i];
+		} else if (s[i] == 0 && !allowzero) {
 			tbuf a;
 			if (i >= (uint32_t)x->rank)
 				FAIL(KILN_ESHAPE, "shape %s copies dim %u, which %s lacks",
-				     ir_ints_str(s, ns, b, sizeof b), i, TS(x, a));
+				     attr_str(g, n, "shape", b, sizeof b), i, TS(x, a));
 			t->dim[i] = x->dim[i];
 		} else if (s[i] == -1 && *infer < 0) {
 			*infer = (int)i;
 		} else if (s[i] < 0) {
 			FAIL(KILN_ESHAPE, "bad target shape %s (one -1 at most, no other negatives)",
-			     ir_ints_str(s, ns, b, sizeof b));
+			     attr_str(g, n, "shape", b, sizeof b));
 		} else
 			t->dim[i] = s[i];
 	}
@@ -292,11 +312,9 @@ static kiln_status shape_reshape(kiln_graph *g, const ir_node *n, const ir_type 
 			prod_add(g, &po, t.dim[i]);
 	tbuf a;
 	char b[128];
-	const int64_t *s;
-	uint32_t ns = ir_attr_ints(n, "shape", &s);
 	if (pi.overflow || po.overflow)
 		FAIL(KILN_ESHAPE, "element count of %s or %s overflows", TS(&in[0], a),
-		     ir_ints_str(s, ns, b, sizeof b));
+		     attr_str(g, n, "shape", b, sizeof b));
 	bool ok = true;
 	for (int i = 0; i < po.nf && ok; i++)
 		ok = prod_take(&pi, po.f[i]);
@@ -308,9 +326,9 @@ static kiln_status shape_reshape(kiln_graph *g, const ir_node *n, const ir_type 
 	} else if (infer >= 0 || !ok || pi.nf || pi.c != po.c) {
 		if (!ok && infer >= 0)
 			FAIL(KILN_EUNSUPPORTED, "cannot infer -1 in %s from %s: symbolic dims do "
-			     "not cancel", ir_ints_str(s, ns, b, sizeof b), TS(&in[0], a));
+			     "not cancel", attr_str(g, n, "shape", b, sizeof b), TS(&in[0], a));
 		FAIL(KILN_ESHAPE, "cannot reshape %s to %s: element count differs",
-		     TS(&in[0], a), ir_ints_str(s, ns, b, sizeof b));
+		     TS(&in[0], a), attr_str(g, n, "shape", b, sizeof b));
 	}
 	out[0] = t;
 	return KILN_OK;
@@ -430,12 +448,42 @@ static bool slice_whole(int64_t start, int64_t end, int64_t step)
 	       (step == -1 && (start == -1 || start >= big) && end <= -big);
 }
 
+/* An axis whose start or end is a symbolic dim (Slice's attributes may hold
+ * them: position_ids[:, :S] of a [1,512] buffer): [0:E:1] is E long, E
+ * being that dim, when E fits in the axis.  Where that is not known (a
+ * fixed axis, or another symbol) the result is still E, and the
+ * interpreter and the generated code check E <= dim at run time
+ * instead of clamping as ONNX would, so a too long E
+ * fails with a message instead of giving a shape the graph did not say. */
+static kiln_status slice_sym(kiln_graph *g, const ir_node *n, const ir_type *x, int axis,
+                             int64_t start, bool ssym, int64_t end, bool esym, int64_t step,
+                             int64_t *out)
+{
+	char a[256], b[96], e[96];
+	if (ssym || start != 0 || !esym || step != 1) {
+		if (ssym)
+			ir_dim_str(g, start, b, sizeof b);
+		else
+			snprintf(b, sizeof b, "%lld", (long long)start);
+		if (esym)
+			ir_dim_str(g, end, e, sizeof e);
+		else
+			snprintf(e, sizeof e, "%lld", (long long)end);
+		FAIL(KILN_EUNSUPPORTED, "slice [%s:%s:%lld] of axis %d of %s: with a symbolic start "
+		     "or end kiln takes only [0:end:1], the end a dim", b, e, (long long)step, axis,
+		     TS(x, a));
+	}
+	*out = end;
+	return KILN_OK;
+}
+
 static kiln_status shape_slice(kiln_graph *g, const ir_node *n, const ir_type *in,
                                ir_type *out)
 {
 	const ir_type *x = &in[0];
 	const int64_t *st, *en, *ax, *sp;
-	uint32_t ns = ir_attr_ints(n, "starts", &st), ne = ir_attr_ints(n, "ends", &en);
+	uint64_t sd, ed;
+	uint32_t ns = ir_attr_dims(n, "starts", &st, &sd), ne = ir_attr_dims(n, "ends", &en, &ed);
 	uint32_t na = ir_attr_ints(n, "axes", &ax), nsp = ir_attr_ints(n, "steps", &sp);
 	bool mask[KILN_MAX_RANK + 1];
 	tbuf a;
@@ -454,6 +502,11 @@ static kiln_status shape_slice(kiln_graph *g, const ir_node *n, const ir_type *i
 		int64_t step = nsp ? sp[i] : 1, d = x->dim[axis];
 		if (step == 0)
 			FAIL(KILN_EINVAL, "slice step on axis %d is 0", axis);
+		if ((sd | ed) >> i & 1) {
+			TRY(slice_sym(g, n, x, axis, st[i], sd >> i & 1, en[i], ed >> i & 1, step,
+			              &t.dim[axis]));
+			continue;
+		}
 		if (d >= 0)
 			t.dim[axis] = slice_len(d, st[i], en[i], step);
 		else if (!slice_whole(st[i], en[i], step)) {
@@ -731,6 +784,22 @@ static kiln_status shape_constant(kiln_graph *g, const ir_node *n, const ir_type
 	return KILN_OK;
 }
 
+/* Range: [n[0]] of dtype, n[0] a size or a symbolic dim. */
+static kiln_status shape_range(kiln_graph *g, const ir_node *n, const ir_type *in,
+                               ir_type *out)
+{
+	const int64_t *v;
+	uint64_t dims;
+	int64_t dt = ir_attr_int(n, "dtype", KILN_DT_INVALID);
+	(void)in;
+	if (ir_attr_dims(n, "n", &v, &dims) != 1 || (!dims && (v[0] < 0 || v[0] > IR_DIM_MAX)))
+		FAIL(KILN_EINVAL, "n must be one size (0 to 2^48) or symbolic dim");
+	if (dt <= KILN_DT_INVALID || dt >= KILN_DT_COUNT || dt == KILN_BOOL)
+		FAIL(KILN_EINVAL, "dtype must be a numeric dtype");
+	out[0] = (ir_type){(kiln_dtype)dt, 1, {v[0]}};
+	return KILN_OK;
+}
+
 /* ---- the table and the driver ---------------------------------------- */
 
 const ir_shape_fn ir_shape_table[KILN_OP_COUNT] = {
@@ -775,6 +844,7 @@ const ir_shape_fn ir_shape_table[KILN_OP_COUNT] = {
 	[KILN_OP_UNSQUEEZE] = shape_unsqueeze, [KILN_OP_EXPAND] = shape_expand,
 	[KILN_OP_PAD] = shape_pad, [KILN_OP_SHAPE] = shape_shape,
 	[KILN_OP_CONSTANT] = shape_constant,
+	[KILN_OP_RANGE] = shape_range,
 
 	[KILN_OP_DROPOUT] = ir_shape_dropout,
 	[KILN_OP_SOFTMAX_CE] = ir_shape_loss, [KILN_OP_NLL_LOSS] = ir_shape_loss,

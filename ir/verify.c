@@ -259,6 +259,12 @@ static kiln_status check_attrs(vctx *c, const ir_node *n)
 			BAD("%s: attribute '%s' must be %s, not %s", who(n, w, sizeof w), a->name,
 			    kind_name[sc[k].kind],
 			    (unsigned)a->kind > IR_A_DTYPE ? "?" : kind_name[a->kind]);
+		if (a->kind == IR_A_INTS && a->dims && !sc[k].dims)
+			BAD("%s: attribute '%s' cannot hold symbolic dims", who(n, w, sizeof w), a->name);
+		for (uint32_t j = 0; a->kind == IR_A_INTS && j < a->n && j < 64; j++)
+			if (ir_attr_is_dim(a, j) && !ir_dim_expr(c->g, a->u.ints[j]))
+				BAD("%s: attribute '%s' element %u is no dim of the graph",
+				    who(n, w, sizeof w), a->name, j);
 		for (uint32_t j = 0; j < i; j++)
 			if (!strcmp(n->attr[j].name, a->name))
 				BAD("%s: attribute '%s' set twice", who(n, w, sizeof w), a->name);

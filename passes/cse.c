@@ -73,7 +73,8 @@ static bool attr_eq(const ir_attr *a, const ir_attr *b)
 	case IR_A_DTYPE: return a->u.i == b->u.i;
 	case IR_A_FLOAT: return memcmp(&a->u.f, &b->u.f, sizeof a->u.f) == 0;
 	case IR_A_INTS:
-		return a->n == b->n && memcmp(a->u.ints, b->u.ints, a->n * sizeof *a->u.ints) == 0;
+		return a->n == b->n && a->dims == b->dims &&
+		       memcmp(a->u.ints, b->u.ints, a->n * sizeof *a->u.ints) == 0;
 	case IR_A_FLOATS:
 		return a->n == b->n &&
 		       memcmp(a->u.floats, b->u.floats, a->n * sizeof *a->u.floats) == 0;

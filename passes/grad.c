@@ -628,10 +628,15 @@ static uint32_t unslice_axis(kiln_graph *g, const ir_node *n, uint32_t d, int a,
 static kiln_status gslice(kiln_graph *g, const ir_node *n, const uint32_t *dy, uint32_t *dx)
 {
 	const ir_type *xt = pass_gtype(g, n->in[0]);
-	const int64_t *st, *ax, *sp;
-	uint32_t ns = ir_attr_ints(n, "starts", &st), na = ir_attr_ints(n, "axes", &ax);
+	const int64_t *st, *ax, *sp, *en;
+	uint64_t sd, ed;
+	uint32_t ns = ir_attr_dims(n, "starts", &st, &sd), na = ir_attr_ints(n, "axes", &ax);
 	uint32_t nsp = ir_attr_ints(n, "steps", &sp);
 	uint32_t d = dy[0];
+	ir_attr_dims(n, "ends", &en, &ed);
+	if (sd | ed) /* its length is a symbol: the padding back would be too */
+		return ir_errorf(g, n, KILN_EUNSUPPORTED, "gradient of Slice needs a fixed start "
+		                 "and end, not symbolic dims");
 	for (uint32_t k = 0; k < ns; k++) {
 		int a = (int)(na ? (ax[k] < 0 ? ax[k] + xt->rank : ax[k]) : k);
 		int64_t dim = xt->dim[a], step = nsp ? sp[k] : 1;

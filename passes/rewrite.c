@@ -44,7 +44,7 @@ void pass_copy_attrs(kiln_graph *g, ir_node *dst, const ir_node *src)
 		case IR_A_INT: ir_attr_set_int(g, dst, a->name, a->u.i); break;
 		case IR_A_DTYPE: ir_attr_set_dtype(g, dst, a->name, (kiln_dtype)a->u.i); break;
 		case IR_A_FLOAT: ir_attr_set_float(g, dst, a->name, a->u.f); break;
-		case IR_A_INTS: ir_attr_set_ints(g, dst, a->name, a->n, a->u.ints); break;
+		case IR_A_INTS: ir_attr_set_dims(g, dst, a->name, a->n, a->u.ints, a->dims); break;
 		case IR_A_FLOATS: ir_attr_set_floats(g, dst, a->name, a->n, a->u.floats); break;
 		case IR_A_STRING: ir_attr_set_string(g, dst, a->name, a->u.s); break;
 		case IR_A_TENSOR: ir_attr_set_tensor(g, dst, a->name, a->u.t); break;

@@ -3,8 +3,9 @@
 # exported models (tests/onnx/check_export.py), and .venv-quant for ONNX
 # Runtime's quantizer (tests/onnx/check_qdq.py).  The venv sees Debian's
 # system packages (torch, onnx, numpy: --system-site-packages), and only
-# onnxruntime, which Debian does not package, comes from PyPI.  Idempotent:
-# an existing venv is reused and a present onnxruntime is not reinstalled.
+# onnxruntime and transformers (with its tokenizers, huggingface_hub...),
+# which Debian does not package, come from PyPI.  Idempotent: an existing
+# venv is reused and present packages are not reinstalled.
 #     scripts/setup-venv.sh            # then: .venv/bin/python -c 'import onnxruntime'
 set -eu
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -38,8 +39,23 @@ quant_venv() {
 	fi
 }
 
+# Hugging Face transformers, pinned, for the text models that
+# tests/onnx/check_text_models.py builds from their configs (BERT,
+# DistilBERT, GPT-2 with random weights) and exports with Debian's torch;
+# that check is skipped without it, so failing here is not fatal.
+hf() {
+	if "$venv/bin/python" -c 'import transformers' 2>/dev/null; then
+		echo "setup-venv: transformers $("$venv/bin/python" -c 'import transformers; print(transformers.__version__)') already installed"
+	elif "$venv/bin/python" -m pip install --disable-pip-version-check -q 'transformers==4.36.2'; then
+		echo "setup-venv: transformers 4.36.2 installed"
+	else
+		echo "setup-venv: pip could not install transformers; the text-model checks are skipped" >&2
+	fi
+}
+
 if "$venv/bin/python" -c 'import onnxruntime' 2>/dev/null; then
 	echo "setup-venv: onnxruntime $("$venv/bin/python" -c 'import onnxruntime; print(onnxruntime.__version__)') already installed"
+	hf
 	quant_venv
 	exit 0
 fi
@@ -50,4 +66,5 @@ if ! "$venv/bin/python" -m pip install --disable-pip-version-check -q onnxruntim
 	exit 1
 fi
 echo "setup-venv: onnxruntime $("$venv/bin/python" -c 'import onnxruntime; print(onnxruntime.__version__)') installed"
+hf
 quant_venv

@@ -141,6 +141,10 @@ ir_node *onnx_extra(onnx_imp *c, onnx_nd *d, kiln_op op, uint32_t nin, const uin
 /* ONNX input i of d, which must be a known constant integer tensor, as an
  * ints attribute name on d->n; absent inputs are fine unless required. */
 bool onnx_ints_input(onnx_imp *c, onnx_nd *d, uint32_t i, const char *name, bool required);
+/* The same for an attribute whose schema kind is ds: elements the importer
+ * knows only as symbolic dims (Slice's ends = Unsqueeze(Shape(x)[1])) are
+ * kept as those dims (ir_attr_set_dims). */
+bool onnx_dims_input(onnx_imp *c, onnx_nd *d, uint32_t i, const char *name, bool required);
 /* Turns a shape vector with symbolic elements into attribute values (e.g.
  * Reshape's 0 and -1); false when it cannot. */
 typedef bool (*onnx_sym_fn)(onnx_imp *c, onnx_nd *d, const onnx_svec *s, int64_t *out);
@@ -195,6 +199,10 @@ bool onnx_import_composite(onnx_imp *c, onnx_nd *d);
 /* Whether the importer takes op_type of domain ("" or NULL: the default):
  * an op of kiln's table, a composition above, or a com.microsoft op. */
 bool onnx_op_imports(const char *domain, const char *op_type);
+/* Range (onnx_import_table's entry): a Constant when start, limit and delta
+ * are known, else kiln's Range of a symbolic length when only the limit is
+ * a dim. */
+void onnx_import_range(onnx_imp *c, onnx_nd *d);
 
 /* ---- onnx_rnn.c --------------------------------------------------------- */
 

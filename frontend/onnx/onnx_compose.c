@@ -474,11 +474,43 @@ static void constant_of_shape(onnx_imp *c, onnx_nd *d)
 	tconst(c, d, t, NULL);
 }
 
+/* Range whose limit is a symbolic dim L (GPT-2's arange(S)): kiln's Range
+ * of n = ceil(L / delta) elements, which the dims can say for start 0 and
+ * a positive integer delta ((L + delta - 1) / delta). */
+static void range_sym(onnx_imp *c, onnx_nd *d, const onnx_svec *lim)
+{
+	const kiln_tensor *v0 = onnx_const_input(c, d, 0, "start", true);
+	const kiln_tensor *v2 = onnx_const_input(c, d, 2, "delta", true);
+	if (d->failed)
+		return;
+	if (kiln_tensor_numel(v0) != 1 || kiln_tensor_numel(v2) != 1)
+		return (void)onnx_problem(c, d, KILN_EINVAL, "start and delta must be scalars");
+	double start = ir_load(v0, 0), delta = ir_load(v2, 0);
+	char l[96];
+	ir_dim_str(c->g, lim->v[0], l, sizeof l);
+	if (start != 0 || !(delta >= 1 && delta <= IR_DIM_MAX) || delta != floor(delta))
+		return (void)onnx_problem(c, d, KILN_EUNSUPPORTED, "limit is the symbolic dim %s: "
+		                          "kiln takes that with start 0 and a positive integer delta, "
+		                          "not start %g, delta %g", l, start, delta);
+	int64_t k = (int64_t)delta;
+	int64_t n = k == 1 ? lim->v[0] : ir_dim_div(c->g, ir_dim_add(c->g, lim->v[0], k - 1), k);
+	if (!onnx_emit_with(c, d, 0, NULL, NULL))
+		return;
+	if (ir_attr_set_dims(c->g, d->n, "n", 1, &n, 1) ||
+	    ir_attr_set_dtype(c->g, d->n, "dtype", v0->dtype) ||
+	    (k != 1 && ir_attr_set_float(c->g, d->n, "delta", delta)))
+		onnx_problem(c, d, KILN_ENOMEM, "out of memory");
+}
+
 /* Range with start, limit and delta known at import: the Constant. */
-static void range(onnx_imp *c, onnx_nd *d)
+void onnx_import_range(onnx_imp *c, onnx_nd *d)
 {
 	const kiln_tensor *v[3];
 	static const char *const what[3] = {"start", "limit", "delta"};
+	uint32_t lv = onnx_input(c, d, 1, true);
+	const onnx_svec *lim = lv && !onnx_const(c, lv) ? onnx_svec_of(c, lv) : NULL;
+	if (lim && lim->n == 1 && lim->sym[0])
+		return range_sym(c, d, lim);
 	for (uint32_t i = 0; i < 3; i++) {
 		v[i] = onnx_const_input(c, d, i, what[i], true);
 		if (!d->failed && kiln_tensor_numel(v[i]) != 1)
@@ -1226,7 +1258,6 @@ static const struct {
 	{"LSTM", onnx_import_lstm},
 	{"Trilu", trilu},
 	{"ConstantOfShape", constant_of_shape},
-	{"Range", range},
 	{"InstanceNormalization", instance_norm},
 	{"Size", size_op},
 	{"Sum", sum_op},

@@ -384,6 +384,101 @@ static Onnx__NodeProto *begin(ex *x, const ir_node *n, size_t extra)
 	return np;
 }
 
+static const char *op3(ex *x, const ir_node *n, const char *op_type, const char *a,
+                       const char *b, const char *c, const char *out);
+static const char *op2(ex *x, const ir_node *n, const char *op_type, const char *a,
+                       const char *b, const char *out);
+
+/* ---- symbolic dims as values computed at run time ------------------------- */
+
+/* Appends an int attribute to the node just made (the last in x->nodes). */
+static bool last_attr_i(ex *x, const char *name, int64_t v)
+{
+	Onnx__NodeProto *np = x->nodes.n ? x->nodes.p[x->nodes.n - 1] : NULL;
+	Onnx__AttributeProto *ap =
+		np ? attr_add(x, np, name, ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__INT) : NULL;
+	if (!ap)
+		return false;
+	ap->has_i = 1;
+	ap->i = v;
+	return true;
+}
+
+/* A 1-D int64 Constant of one element. */
+static const char *const_i64_1(ex *x, const ir_node *n, int64_t v)
+{
+	char base[600];
+	kiln_tensor *t = scratch_tensor(x, KILN_I64, 1, 1);
+	snprintf(base, sizeof base, "%.500s_dim", x->vname[n->out[0]]);
+	if (!t)
+		return NULL;
+	((int64_t *)t->data)[0] = v;
+	return constant(x, base, t);
+}
+
+/* The ONNX name of a 1-D int64 tensor of one element that holds dim d when
+ * the model runs: a Constant for a size; for a symbol, Shape(start=k,
+ * end=k+1) of a graph input whose dim k it is; a sum, product or floor
+ * quotient as Add, Mul or Div of its operands (sizes are >= 0, where ONNX's
+ * truncating Div floors).  An attribute that holds S (Slice's ends=[S])
+ * exports as this instead of a Constant. */
+static const char *dim_value(ex *x, const ir_node *n, int64_t d, int depth)
+{
+	const kiln_graph *g = x->g;
+	const ir_dimexpr *e = ir_dim_expr(g, d);
+	char ds[128], desc[160];
+	if (!e && d >= 0)
+		return const_i64_1(x, n, d);
+	if (!e || depth > 64) {
+		fail(x, KILN_EUNSUPPORTED, "onnx export: %s: dim %s is no dim of the graph or nests "
+		     "too deeply", ir_node_desc(n, desc, sizeof desc), ir_dim_str(g, d, ds, sizeof ds));
+		return NULL;
+	}
+	if (e->op != IR_DSYM) {
+		const char *a = dim_value(x, n, e->a, depth + 1), *b = dim_value(x, n, e->b, depth + 1);
+		return a && b ? op2(x, n, e->op == IR_DADD ? "Add" : e->op == IR_DMUL ? "Mul" : "Div",
+		                    a, b, NULL) : NULL;
+	}
+	for (uint32_t i = 0; i < g->ninput; i++) {
+		const ir_type *t = &g->val[g->input[i]]->type;
+		for (int k = 0; k < t->rank; k++) {
+			const char *v;
+			if (t->dim[k] != d)
+				continue;
+			v = op2(x, n, "Shape", x->vname[g->input[i]], NULL, NULL);
+			return v && last_attr_i(x, "start", k) && last_attr_i(x, "end", k + 1) ? v : NULL;
+		}
+	}
+	fail(x, KILN_EUNSUPPORTED, "onnx export: %s: the dim %s is no graph input's dim, so it "
+	     "has no value at run time", ir_node_desc(n, desc, sizeof desc),
+	     ir_dim_str(g, d, ds, sizeof ds));
+	return NULL;
+}
+
+/* An ints attribute holding symbolic dims as a 1-D int64 input: the
+ * elements' values (dim_value) concatenated. */
+static const char *dims_input(ex *x, const ir_node *n, const ir_attr *a)
+{
+	char base[600];
+	const char **v = alloc(x, (a->n + 1) * sizeof *v);
+	for (uint32_t i = 0; v && i < a->n; i++)
+		if (!(v[i] = ir_attr_is_dim(a, i) ? dim_value(x, n, a->u.ints[i], 0)
+		                                  : const_i64_1(x, n, a->u.ints[i])))
+			return NULL;
+	if (!v || a->n == 1)
+		return v ? v[0] : NULL;
+	snprintf(base, sizeof base, "%.500s_%s", x->vname[n->out[0]], a->name);
+	Onnx__NodeProto *np = node_new(x, "Concat", a->n);
+	char **o = np ? alloc(x, sizeof *o) : NULL;
+	if (!o || !(o[0] = (char *)fresh(x, base)))
+		return NULL;
+	for (uint32_t i = 0; i < a->n; i++)
+		np->input[np->n_input++] = (char *)v[i];
+	np->n_output = 1;
+	np->output = o;
+	return last_attr_i(x, "axis", 0) ? o[0] : NULL;
+}
+
 /* ---- attributes that opset 17 takes as inputs ---------------------------- */
 
 typedef enum {
@@ -428,28 +523,32 @@ static bool is_moved(kiln_op op, const char *name)
 }
 
 /* Expand's shape broadcasts both ways, so a symbolic target dim that the
- * input already has is written as 1; one the input lacks has no constant
- * form (it would need a Shape subgraph). */
-static kiln_tensor *shape_tensor(ex *x, const ir_node *n, const ir_attr *a)
+ * input already has is written as 1; one the input lacks (BERT's [1,S]
+ * expanded to [N,S]) is its value at run time (dim_value), the whole shape
+ * then a Concat (dims_input). */
+static const char *shape_input(ex *x, const ir_node *n, const ir_attr *a)
 {
-	kiln_tensor *t = scratch_tensor(x, KILN_I64, 1, a->n);
 	const ir_type *in = &x->g->val[n->in[0]]->type;
-	if (!t)
-		return NULL;
+	ir_attr b = *a;
+	int64_t *v = alloc(x, (a->n + 1) * sizeof *v);
+	char base[600];
+	if (!v || a->n > 64)
+		return v ? (fail(x, KILN_EUNSUPPORTED, "onnx export: Expand to rank %u", a->n), NULL)
+		         : NULL;
+	b.u.ints = v, b.dims = 0;
 	for (uint32_t i = 0; i < a->n; i++) {
 		int64_t d = a->u.ints[i], j = (int64_t)i - ((int64_t)a->n - in->rank);
-		if (d < 0 && j >= 0 && in->dim[j] == d)
-			d = 1;
-		else if (d < 0) {
-			char s[128], desc[160], ty[256];
-			fail(x, KILN_EUNSUPPORTED, "onnx export: %s: symbolic target dim %s for input "
-			     "%s has no opset-17 constant form", ir_node_desc(n, desc, sizeof desc),
-			     ir_dim_str(x->g, d, s, sizeof s), ir_type_str(x->g, in, ty, sizeof ty));
-			return NULL;
-		}
-		((int64_t *)t->data)[i] = d;
+		v[i] = d < 0 && j >= 0 && in->dim[j] == d ? 1 : d;
+		if (v[i] < 0)
+			b.dims |= (uint64_t)1 << i;
 	}
-	return t;
+	if (b.dims)
+		return dims_input(x, n, &b);
+	kiln_tensor *t = scratch_tensor(x, KILN_I64, 1, a->n);
+	if (t)
+		memcpy(t->data, v, a->n * sizeof *v);
+	snprintf(base, sizeof base, "%.500s_%s", x->vname[n->out[0]], a->name);
+	return t ? constant(x, base, t) : NULL;
 }
 
 static const char *moved_input(ex *x, const ir_node *n, const ir_attr *a, mv_kind kind)
@@ -465,6 +564,10 @@ static const char *moved_input(ex *x, const ir_node *n, const ir_attr *a, mv_kin
 		     ir_node_desc(n, desc, sizeof desc), a->name);
 		return NULL;
 	}
+	if (kind == MV_INTS && a->dims)
+		return dims_input(x, n, a);
+	if (kind == MV_SHAPE && a->kind == IR_A_INTS)
+		return shape_input(x, n, a);
 	for (uint32_t i = 0; kind == MV_INTS && n->op == KILN_OP_RESIZE && i < a->n; i++)
 		if (a->u.ints[i] < 0) {
 			fail(x, KILN_EUNSUPPORTED, "onnx export: %s: sizes[%u] is a symbolic dim, which "
@@ -478,8 +581,6 @@ static const char *moved_input(ex *x, const ir_node *n, const ir_attr *a, mv_kin
 			((float *)t->data)[i] = (float)a->u.floats[i];
 	if (kind == MV_INTS && (t = scratch_tensor(x, KILN_I64, 1, a->n)))
 		memcpy(t->data, a->u.ints, a->n * sizeof(int64_t));
-	else if (kind == MV_SHAPE)
-		t = shape_tensor(x, n, a);
 	else if (kind == MV_LIKE)
 		t = scalar(x, x->g->val[n->in[0]]->type.dtype, v);
 	else if (kind != MV_INTS && kind != MV_FLOATS && kind != MV_I64_1)
@@ -581,13 +682,53 @@ static bool ex_formula(ex *x, const ir_node *n)
 	return true;
 }
 
+/* Range of n elements as ONNX's Range(0, n, 1) in int64 (n a Constant, or
+ * its value at run time when it is a symbolic dim), then Cast to the dtype,
+ * times delta, plus start: the same count whatever the float rounding of
+ * a limit would be. */
+static bool ex_range(ex *x, const ir_node *n)
+{
+	const int64_t *v;
+	uint64_t dims;
+	char desc[160];
+	kiln_dtype dt = (kiln_dtype)ir_attr_int(n, "dtype", KILN_F32);
+	double start = ir_attr_float(n, "start", 0), delta = ir_attr_float(n, "delta", 1);
+	if (ir_attr_dims(n, "n", &v, &dims) != 1)
+		return fail(x, KILN_EVERIFY, "onnx export: %s: n must hold one element",
+		            ir_node_desc(n, desc, sizeof desc));
+	if (!kiln_dtype_is_float(dt) && (start != floor(start) || delta != floor(delta)))
+		return fail(x, KILN_EUNSUPPORTED, "onnx export: %s: an integer Range with start %g "
+		            "and delta %g has no exact ONNX form", ir_node_desc(n, desc, sizeof desc),
+		            start, delta);
+	kiln_tensor *k0 = scalar(x, KILN_I64, 0), *k1 = scalar(x, KILN_I64, 1), *kn;
+	char base[600];
+	snprintf(base, sizeof base, "%.500s_range", x->vname[n->out[0]]);
+	const char *c0 = k0 ? constant(x, base, k0) : NULL, *c1 = k1 ? constant(x, base, k1) : NULL;
+	const char *cnt = dims ? op2(x, n, "Squeeze", dim_value(x, n, v[0], 0), NULL, NULL)
+	                : (kn = scalar(x, KILN_I64, (double)v[0])) ? constant(x, base, kn) : NULL;
+	bool cast = dt != KILN_I64, mul = delta != 1, add = start != 0;
+	const char *y = x->vname[n->out[0]];
+	const char *r = op3(x, n, "Range", c0, cnt, c1, cast || mul || add ? NULL : y);
+	if (r && cast && (r = op2(x, n, "Cast", r, NULL, mul || add ? NULL : y)) &&
+	    !last_attr_i(x, "to", onnx_dtype_from_kiln(dt)))
+		return false;
+	kiln_tensor *kd = r && mul ? scalar(x, dt, delta) : NULL;
+	if (r && mul)
+		r = op2(x, n, "Mul", r, kd ? constant(x, base, kd) : NULL, add ? NULL : y);
+	kiln_tensor *ks = r && add ? scalar(x, dt, start) : NULL;
+	if (r && add)
+		r = op2(x, n, "Add", r, ks ? constant(x, base, ks) : NULL, y);
+	return r != NULL;
+}
+
 typedef bool (*export_fn)(ex *x, const ir_node *n);
 
 /* ex_node's one-to-one mapping, except for ops flagged IR_EXPAND (opset 17
- * lacks them): those are their formula. */
+ * lacks them): those are their formula; and Range, whose ONNX form takes
+ * its limit as an input. */
 static export_fn exporter(kiln_op op)
 {
-	return ir_op(op)->flags & IR_EXPAND ? ex_formula : ex_node;
+	return op == KILN_OP_RANGE ? ex_range : ir_op(op)->flags & IR_EXPAND ? ex_formula : ex_node;
 }
 
 bool onnx_export_maps(kiln_op op)

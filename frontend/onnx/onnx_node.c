@@ -452,6 +452,17 @@ static bool set_ints(onnx_imp *c, onnx_nd *d, const char *name, int64_t n, const
 	return true;
 }
 
+/* Whether op's schema lets attribute name hold symbolic dims (kind ds). */
+static bool attr_holds_dims(kiln_op op, const char *name)
+{
+	ir_attr_schema sc[24];
+	int ns = ir_op_schema(op, sc, 24);
+	for (int k = 0; k < ns; k++)
+		if (!strcmp(sc[k].name, name))
+			return sc[k].dims;
+	return false;
+}
+
 bool onnx_shape_input(onnx_imp *c, onnx_nd *d, uint32_t i, const char *name,
                       onnx_sym_fn resolve)
 {
@@ -463,6 +474,8 @@ bool onnx_shape_input(onnx_imp *c, onnx_nd *d, uint32_t i, const char *name,
 		return onnx_ints_input(c, d, i, name, true);
 	if (s->rank == 1 && resolve(c, d, s, out))
 		return set_ints(c, d, name, s->n, out);
+	if (s->rank == 1 && attr_holds_dims(d->n->op, name))
+		return onnx_dims_input(c, d, i, name, true); /* Reshape to [N,S,384] */
 	for (int k = 0; k < s->n; k++) {
 		if (s->sym[k])
 			ir_dim_str(c->g, s->v[k], one, sizeof one);
@@ -474,6 +487,20 @@ bool onnx_shape_input(onnx_imp *c, onnx_nd *d, uint32_t i, const char *name,
 	return onnx_problem(c, d, KILN_EUNSUPPORTED, "input %u ('%s', the %s) is [%s] at import, "
 	                    "with symbolic dims kiln cannot turn into a static %s", i,
 	                    d->p->input[i], name, dims, name), false;
+}
+
+bool onnx_dims_input(onnx_imp *c, onnx_nd *d, uint32_t i, const char *name, bool required)
+{
+	uint32_t v = onnx_input(c, d, i, required);
+	const onnx_svec *s = v && !onnx_const(c, v) ? onnx_svec_of(c, v) : NULL;
+	uint64_t dims = 0;
+	if (!s || s->rank != 1)
+		return onnx_ints_input(c, d, i, name, required);
+	for (int k = 0; k < s->n; k++)
+		dims |= (uint64_t)s->sym[k] << k;
+	if (ir_attr_set_dims(c->g, d->n, name, (uint32_t)s->n, s->v, dims))
+		return onnx_problem(c, d, KILN_ENOMEM, "out of memory"), false;
+	return true;
 }
 
 bool onnx_ints_input(onnx_imp *c, onnx_nd *d, uint32_t i, const char *name, bool required)

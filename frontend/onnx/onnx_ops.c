@@ -84,7 +84,7 @@ static void slice(onnx_imp *c, onnx_nd *d)
 {
 	if (!onnx_emit(c, d, 1, NULL) || c->opset < SLICE_INPUTS)
 		return;
-	if (onnx_ints_input(c, d, 1, "starts", true) && onnx_ints_input(c, d, 2, "ends", true) &&
+	if (onnx_dims_input(c, d, 1, "starts", true) && onnx_dims_input(c, d, 2, "ends", true) &&
 	    onnx_ints_input(c, d, 3, "axes", false))
 		onnx_ints_input(c, d, 4, "steps", false);
 }
@@ -386,7 +386,7 @@ const onnx_import_fn onnx_import_table[KILN_OP_COUNT] = {
 	[KILN_OP_SOFTMAX] = softmax, [KILN_OP_LOG_SOFTMAX] = softmax,
 	[KILN_OP_CONSTANT] = constant, [KILN_OP_POW] = pow_op,
 	[KILN_OP_MATMUL_INTEGER] = zero_points, [KILN_OP_CONV_INTEGER] = zero_points,
-	[KILN_OP_RESIZE] = resize, [KILN_OP_TOPK] = topk,
+	[KILN_OP_RESIZE] = resize, [KILN_OP_TOPK] = topk, [KILN_OP_RANGE] = onnx_import_range,
 };
 
 /* Ops without an entry map one to one. */

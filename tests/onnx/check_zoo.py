@@ -26,7 +26,8 @@ CLASSIFIERS = ("mobilenet_v3_small", "efficientnet_b0", "convnext_tiny", "regnet
                "shufflenet_v2_x1_0", "densenet121", "inception_v3", "mnasnet1_0",
                "resnext50_32x4d", "regnet_x_400mf", "efficientnet_v2_s", "mobilenet_v3_large",
                "alexnet", "vgg11_bn", "wide_resnet50_2", "maxvit_t", "swin_v2_t")
-SEGMENTATION = ("lraspp_mobilenet_v3_large", "deeplabv3_mobilenet_v3_large", "fcn_resnet50")
+SEGMENTATION = ("lraspp_mobilenet_v3_large", "deeplabv3_mobilenet_v3_large", "fcn_resnet50",
+                "deeplabv3_resnet50", "deeplabv3_resnet101", "fcn_resnet101")
 TOL = 1e-4
 
 

@@ -160,6 +160,8 @@ static const opcase opcase_movement[] = {
 	{"split_sizes", KILN_OP_SPLIT, "axis=0 split=1,4"},
 	{"slice_neg_step", KILN_OP_SLICE, "starts=-1,4 ends=-1000,0 axes=0,1 steps=-2,-1"},
 	{"slice_clamp", KILN_OP_SLICE, "starts=-100,1 ends=100,1000 axes=1,2"},
+	{"range", KILN_OP_RANGE, "n=5 dtype=f32 start=2.5 delta=-0.5"},
+	{"range_i64", KILN_OP_RANGE, "n=4 dtype=i64 start=3 delta=2"},
 	{"gather", KILN_OP_GATHER, "axis=0"}, {"gather_axis1", KILN_OP_GATHER, "axis=1"},
 	{"gather_elements", KILN_OP_GATHER_ELEMENTS, "axis=1"},
 	{"gather_elements_axis0", KILN_OP_GATHER_ELEMENTS, "axis=-3"},
@@ -450,6 +452,64 @@ static inline void expect_close(const char *name, kiln_tensor *const *got,
 		double e = max_err(name, k, got[k], want[k]);
 		ck_assert_msg(e <= tol, "%s out%d: max error %g > %g", name, k, e, tol);
 	}
+}
+
+/* ---- symbolic dims in attributes ------------------------------------------- */
+
+/* A graph whose attributes hold the symbolic dim S (schema kind ds), as an
+ * imported text model's do: position ids as a slice of an 8-long buffer
+ * ending at S, a Range of S elements, and a reshape of [N*S,2] back to
+ * [N,S,2] (two symbols, which 0 and -1 cannot say).  ids binds N and S. */
+static const char dynseq_kir[] =
+	"graph @dynseq(%ids: i64[N,S], %x: f32[N,S,2]) -> (%pos: i64[1,S], %r: f32[S], "
+	"%y: f32[N,S,2]) {\n"
+	"  buffer %table: i64[1,8]\n"
+	"  %pos = slice %table {axes=[1], ends=[S], starts=[0]} : i64[1,S]\n"
+	"  %r = range {delta=0.5, dtype=f32, n=[S], start=1.0} : f32[S]\n"
+	"  %f = reshape %x {shape=[-1,2]} : f32[N*S,2]\n"
+	"  %y = reshape %f {shape=[N,S,2]} : f32[N,S,2]\n"
+	"  ret %pos, %r, %y\n"
+	"}\n";
+
+/* dynseq_kir parsed, its buffer holding 10, 11, ..., 17. */
+static inline kiln_graph *dynseq_graph(void)
+{
+	kiln_graph *g = NULL;
+	kiln_error err = {0};
+	ck_assert_msg(ir_parse(dynseq_kir, "dynseq.kir", &g, &err) == KILN_OK, "%s", err.msg);
+	for (uint32_t id = 1; id < g->nval; id++)
+		for (int64_t i = 0; g->val[id]->kind == IR_V_PARAM && i < 8; i++)
+			ir_store_i64(g->val[id]->data, i, 10 + i);
+	return g;
+}
+
+/* Its inputs at N = 2 and S = s: ids of zeros, x[i] = 0.25 i. */
+static inline void dynseq_inputs(int64_t s, kiln_tensor **in)
+{
+	in[0] = tensor(KILN_I64, 2, (int64_t[]){2, s}, NULL);
+	in[1] = tensor(KILN_F32, 3, (int64_t[]){2, s, 2}, NULL);
+	for (int64_t i = 0; i < 4 * s; i++)
+		ir_store(in[1], i, 0.25 * (double)i);
+}
+
+/* Its outputs at S = s, exactly. */
+static inline void dynseq_expect(const char *who, int64_t s, kiln_tensor *const *out)
+{
+	ck_assert_msg(out[0]->rank == 2 && out[0]->shape[0] == 1 && out[0]->shape[1] == s,
+	              "%s: pos is not [1,%lld]", who, (long long)s);
+	ck_assert_msg(out[1]->rank == 1 && out[1]->shape[0] == s, "%s: r is not [%lld]", who,
+	              (long long)s);
+	ck_assert_msg(out[2]->rank == 3 && out[2]->shape[0] == 2 && out[2]->shape[1] == s &&
+	              out[2]->shape[2] == 2, "%s: y is not [2,%lld,2]", who, (long long)s);
+	for (int64_t i = 0; i < s; i++) {
+		ck_assert_msg(ir_load_i64(out[0], i) == 10 + i, "%s: pos[%lld] = %lld", who,
+		              (long long)i, (long long)ir_load_i64(out[0], i));
+		ck_assert_msg(ir_load(out[1], i) == 1 + 0.5 * (double)i, "%s: r[%lld] = %g", who,
+		              (long long)i, ir_load(out[1], i));
+	}
+	for (int64_t i = 0; i < 4 * s; i++)
+		ck_assert_msg(ir_load(out[2], i) == 0.25 * (double)i, "%s: y[%lld] = %g", who,
+		              (long long)i, ir_load(out[2], i));
 }
 
 #endif /* KILN_OP_CASES_H */

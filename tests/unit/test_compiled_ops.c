@@ -851,6 +851,45 @@ START_TEST(gather_index_out_of_range_is_an_error)
 }
 END_TEST
 
+/* Attributes holding S (dynseq_kir in op_cases.h): one library runs at
+ * S = 3 and S = 5, each exactly what S gives, and refuses S = 9, past the
+ * slice's 8-long axis, before any read outside it, naming the slice. */
+START_TEST(symbolic_attributes_compile_for_every_length)
+{
+	kiln_graph *g = dynseq_graph();
+	kiln_error e = {0};
+	char dir[] = "/tmp/kiln_compiled_dyn.XXXXXX", so[1200];
+	ck_assert_ptr_nonnull(mkdtemp(dir));
+	snprintf(so, sizeof so, "%s/dynseq.so", dir);
+	ck_assert_msg(kiln_compile(g, so, &(kiln_compile_opts){.name = "dynseq"}, &e) == KILN_OK,
+	              "%s", e.msg);
+	kiln_model *m = NULL;
+	ck_assert_msg(kiln_load(so, &m, &e) == KILN_OK, "%s", e.msg);
+	static const int64_t lens[] = {3, 5, 9};
+	for (int i = 0; i < 3; i++) {
+		int64_t s = lens[i];
+		kiln_tensor *in[2], *out[3] = {0};
+		dynseq_inputs(s, in);
+		kiln_status st = kiln_model_run(m, in, 2, out, 3, &e);
+		if (s > 8) {
+			ck_assert_int_eq(st, KILN_EINVAL);
+			ck_assert_msg(strstr(e.msg, "dynseq.kir:3: Slice: axis 1 end S = 9 out of "
+			                     "range [0, 9)"), "%s", e.msg);
+			ck_assert_ptr_null(out[0]);
+		} else {
+			ck_assert_msg(st == KILN_OK, "%s", e.msg);
+			dynseq_expect("library", s, out);
+		}
+		for (int k = 0; k < 3; k++)
+			kiln_tensor_free(out[k]);
+		kiln_tensor_free(in[0]), kiln_tensor_free(in[1]);
+	}
+	kiln_model_free(m);
+	remove_dir(dir);
+	kiln_graph_free(g);
+}
+END_TEST
+
 /* NegativeLogLikelihoodLoss and SoftmaxCrossEntropyLoss targets: outside
  * [0, C) is the interpreter's error unless it is the ignore_index, which
  * may lie outside (PyTorch's -100). */
@@ -1374,6 +1413,7 @@ static Suite *compiled_ops_suite(void)
 	tcase_add_test(tc, concat_and_split_copy_in_chunks);
 	tcase_add_test(tc, batch_chosen_conv_matches_the_interpreter);
 	tcase_add_test(tc, gather_index_out_of_range_is_an_error);
+	tcase_add_test(tc, symbolic_attributes_compile_for_every_length);
 	tcase_add_test(tc, loss_target_out_of_range_is_an_error);
 	tcase_add_test(tc, integer_division_by_zero_is_an_error);
 	tcase_add_test(tc, runtime_scales_are_checked_by_the_library);

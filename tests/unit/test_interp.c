@@ -309,6 +309,43 @@ START_TEST(kernel_rejects_an_output_shape_it_cannot_fill)
 }
 END_TEST
 
+/* Attributes holding S: the same graph at S = 3 and S = 5 slices, counts
+ * and reshapes to that S (dynseq_kir in op_cases.h). */
+START_TEST(symbolic_attributes_run_at_two_lengths)
+{
+	kiln_graph *g = dynseq_graph();
+	for (int64_t s = 3; s <= 5; s += 2) {
+		kiln_tensor *in[2], *out[3] = {0};
+		kiln_error err = {0};
+		dynseq_inputs(s, in);
+		ck_assert_msg(kiln_graph_run(g, in, 2, out, 3, &err) == KILN_OK, "%s", err.msg);
+		dynseq_expect("interpreter", s, out);
+		for (int k = 0; k < 3; k++)
+			kiln_tensor_free(out[k]);
+		kiln_tensor_free(in[0]), kiln_tensor_free(in[1]);
+	}
+	kiln_graph_free(g);
+}
+END_TEST
+
+/* [0:S] of an 8-long axis is S long only while S <= 8: at S = 9 the run
+ * fails naming the slice and the promise, instead of clamping to a shape
+ * the graph did not declare. */
+START_TEST(symbolic_slice_end_past_the_axis_is_an_error)
+{
+	kiln_graph *g = dynseq_graph();
+	kiln_tensor *in[2], *out[3] = {0};
+	kiln_error err = {0};
+	dynseq_inputs(9, in);
+	ck_assert_int_eq(kiln_graph_run(g, in, 2, out, 3, &err), KILN_ESHAPE);
+	ck_assert_msg(strstr(err.msg, "dynseq.kir:3: Slice: end S=9 is past the 8 of axis 1 of "
+	                     "i64[1,8]; the graph takes S <= 8"), "%s", err.msg);
+	ck_assert_ptr_null(out[0]);
+	kiln_tensor_free(in[0]), kiln_tensor_free(in[1]);
+	kiln_graph_free(g);
+}
+END_TEST
+
 /* ---- element access by dtype ------------------------------------------- */
 
 static uint16_t bits16(kiln_dtype dt, double v)
@@ -396,6 +433,8 @@ static Suite *interp_suite(void)
 	tcase_add_test(tc, run_rejects_loss_target_out_of_range);
 	tcase_add_test(tc, run_reports_the_graphs_sticky_error);
 	tcase_add_test(tc, kernel_rejects_an_output_shape_it_cannot_fill);
+	tcase_add_test(tc, symbolic_attributes_run_at_two_lengths);
+	tcase_add_test(tc, symbolic_slice_end_past_the_axis_is_an_error);
 	suite_add_tcase(s, tc);
 	tc = tcase_create("dtypes");
 	tcase_add_test(tc, f16_rounds_to_nearest_even);

@@ -210,6 +210,16 @@ static const char *const op_cases[] = {
 	"  %10 = grid_sample %y, %gr {align_corners=1, mode=\"bicubic\"} : f32[N,3,2,2]\n"
 	"  ret %3, %4, %6, %7, %8, %9, %10\n"
 	"}\n",
+	/* symbolic dims in attributes (kind ds): a slice ending at S, ranges
+	 * of S+1 and ceil(S/4) elements, a reshape to [N,S,4] */
+	"graph @dyn(%x: f32[N*S,4], %b: i64[1,512]) -> (%0: i64[1,S], %1: f32[S+1], "
+	"%2: f32[N,S,4], %3: i64[(S+3)/4]) {\n"
+	"  %0 = slice %b {axes=[1], ends=[S], starts=[0]} : i64[1,S]\n"
+	"  %1 = range {dtype=f32, n=[S+1], start=0.5} : f32[S+1]\n"
+	"  %2 = reshape %x {shape=[N,S,4]} : f32[N,S,4]\n"
+	"  %3 = range {delta=4.0, dtype=i64, n=[(S+3)/4]} : i64[(S+3)/4]\n"
+	"  ret %0, %1, %2, %3\n"
+	"}\n",
 };
 #define NCASES (int)(sizeof op_cases / sizeof op_cases[0])
 

@@ -825,8 +825,10 @@ START_TEST(symbolic_shape_chain_becomes_copy_and_infer)
 }
 END_TEST
 
-/* [3, N] cannot be said with 0 and -1 when N is not x's dim 1. */
-START_TEST(symbolic_shape_kiln_cannot_express_is_rejected)
+/* [3, N, N] cannot be said with 0 and -1, so Reshape keeps the dims
+ * themselves (shape's kind is ds); from [N, 3] that is the wrong element
+ * count, which shape inference reports with the dims by name. */
+START_TEST(symbolic_shape_of_another_count_is_rejected)
 {
 	Onnx__ModelProto *m = model(13);
 	input(m, "x", F32, "N,3");
@@ -839,10 +841,71 @@ START_TEST(symbolic_shape_kiln_cannot_express_is_rejected)
 	output(m, "y");
 	kiln_graph *g = NULL;
 	kiln_error err = {0};
+	ck_assert_int_eq(import(m, &g, &err), KILN_ESHAPE);
+	ck_assert_str_eq(err.msg, "t.onnx: Reshape 'r' (domain ai.onnx, opset 13): cannot "
+	                 "reshape f32[N,3] to [3,N,N]: element count differs");
+	pool_free();
+}
+END_TEST
+
+/* An int64 scalar initializer. */
+static void scalar_i64(Onnx__ModelProto *m, const char *name, int64_t v)
+{
+	Onnx__TensorProto *t = tensor(name, I64, 0, NULL);
+	t->n_int64_data = 1, t->int64_data = A(sizeof v);
+	t->int64_data[0] = v;
+	PUSH(m->graph->initializer, m->graph->n_initializer, t);
+}
+
+/* ids: i64[N,S]; S = Shape(ids)[1] as a scalar (Gather at a scalar). */
+static void seq_len(Onnx__ModelProto *m)
+{
+	input(m, "ids", I64, "N,S");
+	scalar_i64(m, "one", 1);
+	node(m, "Shape", "ids", "shp", NULL);
+	node(m, "Gather", "shp,one", "s", NULL);
+}
+
+/* Range(0, S, 2) of a sequence length S: kiln's Range of (S+1)/2 elements;
+ * Slice ends fed by Unsqueeze(S) keep S itself. */
+START_TEST(symbolic_limit_and_end_become_dims)
+{
+	Onnx__ModelProto *m = model(13);
+	seq_len(m);
+	init_i64(m, "zero1", 1, (int64_t[]){0});
+	init_i64(m, "table", 4, (int64_t[]){0, 0, 0, 0});
+	scalar_i64(m, "z", 0);
+	scalar_i64(m, "two", 2);
+	node(m, "Range", "z,s,two", "r", NULL);
+	node(m, "Unsqueeze", "s,zero1", "s1", NULL);
+	node(m, "Slice", "table,zero1,s1", "t", NULL);
+	output(m, "r");
+	output(m, "t");
+	kiln_graph *g = import_ok(m);
+	char buf[64];
+	ck_assert_str_eq(ir_type_str(g, &g->val[g->output[0]]->type, buf, sizeof buf),
+	                 "i64[(S+1)/2]");
+	ck_assert_str_eq(ir_type_str(g, &g->val[g->output[1]]->type, buf, sizeof buf), "i64[S]");
+	ck_assert_double_eq(ir_attr_float(only_node(g, KILN_OP_RANGE), "delta", 1), 2);
+	kiln_graph_free(g);
+	pool_free();
+}
+END_TEST
+
+/* From 1 to S the count would be S-1, which kiln's dims cannot say. */
+START_TEST(symbolic_limit_from_another_start_is_reported)
+{
+	Onnx__ModelProto *m = model(13);
+	seq_len(m);
+	scalar_i64(m, "k1", 1);
+	node(m, "Range", "k1,s,k1", "r", "pos");
+	output(m, "r");
+	kiln_graph *g = NULL;
+	kiln_error err = {0};
 	ck_assert_int_eq(import(m, &g, &err), KILN_EUNSUPPORTED);
-	ck_assert_str_eq(err.msg, "t.onnx: Reshape 'r' (domain ai.onnx, opset 13): input 1 "
-	                 "('shape', the shape) is [3,N,N] at import, with symbolic dims kiln "
-	                 "cannot turn into a static shape");
+	ck_assert_str_eq(err.msg, "t.onnx: Range 'pos' (domain ai.onnx, opset 13): limit is the "
+	                 "symbolic dim S: kiln takes that with start 0 and a positive integer "
+	                 "delta, not start 1, delta 1");
 	pool_free();
 }
 END_TEST
@@ -1731,7 +1794,9 @@ static Suite *onnx_import_suite(void)
 	tcase_add_test(t, shape_gather_concat_reshape_chain_folds);
 	tcase_add_test(t, constant_node_feeds_unsqueeze_axes);
 	tcase_add_test(t, symbolic_shape_chain_becomes_copy_and_infer);
-	tcase_add_test(t, symbolic_shape_kiln_cannot_express_is_rejected);
+	tcase_add_test(t, symbolic_limit_and_end_become_dims);
+	tcase_add_test(t, symbolic_limit_from_another_start_is_reported);
+	tcase_add_test(t, symbolic_shape_of_another_count_is_rejected);
 	suite_add_tcase(s, t);
 	t = tcase_create("training mode");
 	tcase_add_test(t, batchnorm_training_mode_before_and_from_opset14_agree);

@@ -66,7 +66,7 @@ END_TEST
  * against the text here. */
 static bool kind_known(const char *tok)
 {
-	static const char *const kinds[] = {"i", "f", "is", "fs", "s", "t", "dt"};
+	static const char *const kinds[] = {"i", "f", "is", "ds", "fs", "s", "t", "dt"};
 	const char *k = strchr(tok, ':');
 	if (!k)
 		return false;

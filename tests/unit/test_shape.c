@@ -780,6 +780,83 @@ START_TEST(slice_symbolic_axis)
 }
 END_TEST
 
+#define DIMS(n, name, mask, ...)                                                      \
+	ir_attr_set_dims(g, n, name, sizeof((int64_t[]){__VA_ARGS__}) / sizeof(int64_t),     \
+	                 (int64_t[]){__VA_ARGS__}, mask)
+
+/* Starts and ends may be symbolic dims (kind ds): [0:S:1] is S long,
+ * whatever the axis (checked at run time); -1 beside it still counts from
+ * the end; other forms with a symbol are refused by name. */
+START_TEST(slice_to_a_symbolic_end)
+{
+	int64_t S = kiln_sym(g, "S"), N = kiln_sym(g, "N");
+	ir_node *n = node(KILN_OP_SLICE, 1, "i64[1,512]", NULL);
+	DIMS(n, "starts", 0, 0);
+	DIMS(n, "ends", 1, S);
+	INTS(n, "axes", 1);
+	ck_assert_str_eq(infer(n), "i64[1,S]");
+	n = node(KILN_OP_SLICE, 1, "u8[1,1,1024,1024]", NULL);
+	DIMS(n, "starts", 0, 0, 0, 0);
+	DIMS(n, "ends", 5, ir_dim_add(g, S, 1), -1, S);
+	INTS(n, "axes", 2, 1, 3);
+	ck_assert_str_eq(infer(n), "u8[1,0,S+1,S]");
+	n = node(KILN_OP_SLICE, 1, "f32[N,T]", NULL);
+	DIMS(n, "starts", 0, 0);
+	DIMS(n, "ends", 1, N);
+	ck_assert_str_eq(infer(n), "f32[N,T]");
+	n = node(KILN_OP_SLICE, 1, "f32[N,512]", NULL);
+	DIMS(n, "starts", 0, 1);
+	DIMS(n, "ends", 1, S);
+	INTS(n, "axes", 1);
+	fails(n, KILN_EUNSUPPORTED, "slice [1:S:1] of axis 1 of f32[N,512]: with a symbolic "
+	      "start or end kiln takes only [0:end:1], the end a dim");
+}
+END_TEST
+
+START_TEST(slice_from_a_symbolic_start_is_refused)
+{
+	int64_t S = kiln_sym(g, "S");
+	ir_node *n = node(KILN_OP_SLICE, 1, "f32[N,512]", NULL);
+	DIMS(n, "starts", 1, S);
+	DIMS(n, "ends", 0, 512);
+	INTS(n, "axes", 1);
+	fails(n, KILN_EUNSUPPORTED, "slice [S:512:1] of axis 1");
+}
+END_TEST
+
+/* Range's length is n, a size or a symbolic dim; Reshape's shape may name
+ * dims, which need not cancel as one -1 would. */
+START_TEST(range_and_reshape_take_symbolic_dims)
+{
+	int64_t S = kiln_sym(g, "S"), N = kiln_sym(g, "N");
+	ir_node *n = node(KILN_OP_RANGE, 1, NULL);
+	DIMS(n, "n", 1, ir_dim_div(g, ir_dim_add(g, S, 3), 4));
+	ir_attr_set_dtype(g, n, "dtype", KILN_I64);
+	ck_assert_str_eq(infer(n), "i64[(S+3)/4]");
+	n = node(KILN_OP_RANGE, 1, NULL);
+	DIMS(n, "n", 0, 7);
+	ir_attr_set_dtype(g, n, "dtype", KILN_F32);
+	ck_assert_str_eq(infer(n), "f32[7]");
+	ir_type t = {KILN_F32, 2, {ir_dim_mul(g, N, S), 384}};
+	uint32_t x = ir_input_new(g, NULL, &t);
+	n = ir_node_new(g, KILN_OP_RESHAPE, 1, &x, 1, KILN_HERE);
+	DIMS(n, "shape", 3, N, S, 384);
+	ck_assert_str_eq(infer(n), "f32[N,S,384]");
+	n = ir_node_new(g, KILN_OP_RESHAPE, 1, &x, 1, KILN_HERE);
+	DIMS(n, "shape", 3, N, N, 384);
+	fails(n, KILN_ESHAPE, "cannot reshape f32[S*N,384] to [N,N,384]: element count differs");
+}
+END_TEST
+
+START_TEST(range_needs_one_length)
+{
+	ir_node *n = node(KILN_OP_RANGE, 1, NULL);
+	DIMS(n, "n", 0, -2); /* a negative number that is no dim */
+	ir_attr_set_dtype(g, n, "dtype", KILN_F32);
+	fails(n, KILN_EINVAL, "n must be one size (0 to 2^48) or symbolic dim");
+}
+END_TEST
+
 START_TEST(gather_shapes)
 {
 	ir_node *n = node(KILN_OP_GATHER, 1, "f32[100,16]", "i64[N,T]", NULL);
@@ -1087,6 +1164,10 @@ static Suite *shape_suite(void)
 	tcase_add_test(t, split_errors);
 	tcase_add_test(t, slice_clamps_like_onnx);
 	tcase_add_test(t, slice_symbolic_axis);
+	tcase_add_test(t, slice_to_a_symbolic_end);
+	tcase_add_test(t, slice_from_a_symbolic_start_is_refused);
+	tcase_add_test(t, range_and_reshape_take_symbolic_dims);
+	tcase_add_test(t, range_needs_one_length);
 	tcase_add_test(t, gather_shapes);
 	tcase_add_test(t, flatten_symbolic);
 	tcase_add_test(t, squeeze_unsqueeze);

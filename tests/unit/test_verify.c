@@ -102,6 +102,28 @@ START_TEST(rejects_unknown_attribute)
 }
 END_TEST
 
+/* Only attributes whose schema kind is ds may hold symbolic dims (a
+ * permutation holds axes); one that does must hold dims of this graph. */
+START_TEST(rejects_symbolic_dims_where_the_schema_has_none)
+{
+	ir_node *tr = mk(KILN_OP_TRANSPOSE, "tr", 1, &x);
+	g->val[tr->out[0]]->type = g->val[x]->type;
+	ir_attr_set_dims(g, tr, "perm", 2, (int64_t[]){1, kiln_sym(g, "N")}, 2);
+	rejects("Transpose 'tr': attribute 'perm' cannot hold symbolic dims", NULL);
+}
+END_TEST
+
+START_TEST(rejects_a_dim_the_graph_does_not_have)
+{
+	ir_node *sl = mk(KILN_OP_SLICE, "sl", 1, &x);
+	g->val[sl->out[0]]->type = g->val[x]->type;
+	int64_t zero = 0, bogus = -1000;
+	ir_attr_set_dims(g, sl, "starts", 1, &zero, 0);
+	ir_attr_set_dims(g, sl, "ends", 1, &bogus, 1);
+	rejects("Slice 'sl': attribute 'ends' element 0 is no dim of the graph", NULL);
+}
+END_TEST
+
 START_TEST(rejects_missing_required_attribute)
 {
 	cat->nattr = 0;
@@ -235,6 +257,8 @@ static Suite *verify_suite(void)
 	t = tcase_create("attributes");
 	tcase_add_checked_fixture(t, setup, teardown);
 	tcase_add_test(t, rejects_unknown_attribute);
+	tcase_add_test(t, rejects_symbolic_dims_where_the_schema_has_none);
+	tcase_add_test(t, rejects_a_dim_the_graph_does_not_have);
 	tcase_add_test(t, rejects_missing_required_attribute);
 	tcase_add_test(t, rejects_wrong_attribute_kind);
 	suite_add_tcase(s, t);
