@@ -1709,12 +1709,26 @@ static kiln_status dw_flat(cg_module *m, cg_kernel *k, cg_stmt *blk, const ir_no
 	}
 	/* the rows out: an activation folds into the flat loop's stores instead */
 	k->act_buf = T;
-	cg_append(m, blk, cg_loop(m, k, I(m, g->out[0]), 0, &r, &rb));
-	cg_append(m, rb, cg_loop(m, k, I(m, g->out[1]), CG_VECTORIZE, &c, &cb));
-	cg_append(m, cb, cg_st(m, rq ? rq->q : y, add(m, mul(m, pl[0], I(m, g->osz)),
-	                                              add(m, mul(m, r, I(m, g->out[1])), c)),
-	                       dw_value(m, rq, cg_ld(m, T, add(m, tp, add(m, mul(m, r, I(m, Wp)), c))),
-	                                pl[1])));
+	/* With rq, every row but the last in whole vectors: V >= Wo outputs,
+	 * the V - Wo past the row's end landing on the next row's first ones,
+	 * which that row's stores then overwrite, and read from T's next row
+	 * (inside L while V <= Wp + Wo).  A 14-output row was a vector of 8,
+	 * one of 4 and two scalar requantizations; now it is one vector. */
+	int64_t Ho = g->out[0], Wo = g->out[1], V = (Wo + TAIL_VEC - 1) / TAIL_VEC * TAIL_VEC;
+	bool whole = rq && Ho > 1 && V > Wo && V - Wo <= Wo && V <= Wp + Wo;
+	int64_t r0[2] = {0, whole ? Ho - 1 : 0}, rn[2] = {whole ? Ho - 1 : Ho, whole ? 1 : 0};
+	for (int part = 0; part < 2; part++) {
+		if (!rn[part])
+			continue;
+		cg_append(m, blk, cg_loop(m, k, I(m, rn[part]), 0, &r, &rb));
+		if (r0[part])
+			r = add(m, I(m, r0[part]), r);
+		cg_append(m, rb, cg_loop(m, k, I(m, whole && !part ? V : Wo), CG_VECTORIZE, &c, &cb));
+		cg_append(m, cb, cg_st(m, rq ? rq->q : y, add(m, mul(m, pl[0], I(m, g->osz)),
+		                                              add(m, mul(m, r, I(m, g->out[1])), c)),
+		                       dw_value(m, rq, cg_ld(m, T, add(m, tp, add(m, mul(m, r, I(m, Wp)), c))),
+		                                pl[1])));
+	}
 	return KILN_OK;
 }
 
@@ -1918,7 +1932,7 @@ static kiln_status conv_depthwise(cg_module *m, const ir_node *n, const int *in,
 	/* stride 2: the plane of x split into even and odd columns first */
 	split sp = {.buf = -1, .half = (g->in[1] + 1) / 2};
 	if (want_split(g) && (m->buf[in[0]].dt == KILN_F32 || x8)) {
-		sp.rows = by_rows(g);
+		sp.rows = by_rows(g) && ch == 1;
 		int64_t psz = (sp.rows ? g->k[0] : g->in[0]) * 2 * sp.half;
 		sp.buf = cg_lower_scratch(m, KILN_F32, mul(m, nslot, I(m, psz)));
 		if (sp.buf < 0)

@@ -1076,6 +1076,10 @@ START_TEST(int8_convs_match_the_interpreter)
 		{2, 32, 32, 12, 9, 3, 32, "pads=1,1,1,1", KILN_U8, KILN_I8, KILN_U8, true, true, false},
 		{2, 40, 40, 20, 22, 3, 40, "pads=1,1,1,1 strides=2,2", KILN_U8, KILN_I8, KILN_U8, true, true, false},
 		{1, 24, 24, 66, 66, 3, 24, "pads=1,1,1,1 strides=2,2", KILN_U8, KILN_I8, KILN_U8, true, false, false},
+		/* ... flat planes whose rows go out in whole vectors, the last
+		 * exact: 14 and 28 columns (MobileNetV2's), 5x5 */
+		{2, 16, 16, 14, 14, 3, 16, "pads=1,1,1,1", KILN_U8, KILN_I8, KILN_U8, true, true, false},
+		{1, 16, 16, 28, 28, 5, 16, "pads=2,2,2,2", KILN_U8, KILN_I8, KILN_I8, false, true, false},
 	};
 	const size_t ncase = sizeof cases / sizeof *cases;
 	for (size_t r = 0; r < 2 * ncase; r++) {
