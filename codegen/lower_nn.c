@@ -1952,7 +1952,7 @@ static kiln_status conv_depthwise(cg_module *m, const ir_node *n, const int *in,
 	/* stride 2: the plane of x split into even and odd columns first */
 	split sp = {.buf = -1, .half = (g->in[1] + 1) / 2};
 	if (want_split(g) && (m->buf[in[0]].dt == KILN_F32 || x8)) {
-		sp.rows = by_rows(g) && ch == 1;
+		sp.rows = by_rows(g);
 		int64_t psz = (sp.rows ? g->k[0] : g->in[0]) * 2 * sp.half;
 		sp.buf = cg_lower_scratch(m, KILN_F32, mul(m, nslot, I(m, psz)));
 		if (sp.buf < 0)
