@@ -1692,14 +1692,16 @@ static bool want_flat(const cg_module *m, const geom *g, int x, bool x8)
 }
 
 static kiln_status dw_flat(cg_module *m, cg_kernel *k, cg_stmt *blk, const ir_node *n,
-                           const int *in, int y, const geom *g, cg_expr **pl, cg_expr *nm,
+                           const int *in, int y, const geom *g, cg_expr **pl, cg_expr *nslot,
                            const dw_requant *rq, kiln_error *err)
 {
+	/* pl: conv_depthwise's plane values; the scratch planes P and T are
+	 * per slot pl[4], nslot of them */
 	int64_t H = g->in[0], W = g->in[1], pt = g->pad[0], pw = g->pad[1];
 	int64_t Hp = g->out[0] + (g->k[0] - 1) * g->dil[0], Wp = g->out[1] + (g->k[1] - 1) * g->dil[1];
 	int64_t L = (g->out[0] - 1) * Wp + g->out[1], psz = Hp * Wp;
-	int P = cg_lower_scratch(m, KILN_F32, mul(m, nm, I(m, psz)));
-	int T = cg_lower_scratch(m, KILN_F32, mul(m, nm, I(m, L)));
+	int P = cg_lower_scratch(m, KILN_F32, mul(m, nslot, I(m, psz)));
+	int T = cg_lower_scratch(m, KILN_F32, mul(m, nslot, I(m, L)));
 	if (P < 0 || T < 0)
 		return nomem(m, n, err);
 	cg_expr *pp = mul(m, pl[4], I(m, psz)), *tp = mul(m, pl[4], I(m, L));
