@@ -1387,6 +1387,24 @@ static int minus_zp_f32(cg_module *m, const ir_node *n, int src, int z, int64_t 
 	return b->n ? dst : -1;
 }
 
+/* minus_zp_f32's values at compile time, as a new constant, where src and
+ * its zero point z (-1: none) are constants (a depthwise conv's weights:
+ * a kernel per conv and run less, 17 in MobileNetV2); -2 where they are
+ * not, -1 when out of memory. */
+static int const_minus_zp_f32(cg_module *m, int src, int z, int64_t per)
+{
+	const kiln_tensor *st = const_data(m, src), *zt = z >= 0 ? const_data(m, z) : NULL;
+	if (!st || (z >= 0 && !zt))
+		return -2;
+	int64_t n = kiln_tensor_numel(st), nz = zt ? kiln_tensor_numel(zt) : 0;
+	kiln_tensor *t = arena_tensor(m, KILN_F32, n);
+	if (!t)
+		return -1;
+	for (int64_t i = 0; i < n; i++)
+		((float *)t->data)[i] = (float)(ir_load(st, i) - (zt ? ir_load(zt, nz == 1 ? 0 : i / per) : 0));
+	return const_buf(m, t, src, "f32");
+}
+
 /* int_dw_ok's conv: its exact sums, without bias, into the f32 buffer yf
  * (shaped as the result), or with rq requantized into rq->q.  x - x_zp in
  * f32 is a pass over x before the conv, or with rq and one output per
@@ -1404,9 +1422,10 @@ static kiln_status dw_integer(cg_module *m, const ir_node *n, const conv_ops *op
 	 * 56x56 conv: 0.24 ms per plane converted, 0.35 converting per tap) */
 	bool direct = rq && op->xz < 0 && (want_split(g) || want_flat(m, g, op->x, true));
 	bool per_plane = rq && !direct && cg_btype(m, yf)->dim[1] == cg_btype(m, op->x)->dim[1];
-	int xf = direct ? op->x : per_plane ? f32_like(m, op->x, op->x)
-	                                    : minus_zp_f32(m, n, op->x, op->xz, 1, op->x);
-	int wf = xf < 0 ? -1 : minus_zp_f32(m, n, op->w, op->wz, g->ksz, op->w);
+	int xf = direct || per_plane ? op->x : minus_zp_f32(m, n, op->x, op->xz, 1, op->x);
+	int wf = xf < 0 ? -1 : const_minus_zp_f32(m, op->w, op->wz, g->ksz);
+	if (wf == -2)
+		wf = minus_zp_f32(m, n, op->w, op->wz, g->ksz, op->w);
 	if (wf < 0)
 		return nomem(m, n, err);
 	const int in[3] = {xf, wf, -1};
@@ -1617,7 +1636,7 @@ static void dw_cols(cg_module *m, cg_kernel *k, cg_stmt *blk, const ir_node *n, 
 		tap_row(m, g, o, tv, &valid);
 		j[1] = tap_col(m, g, o[1], tv[1]);
 	}
-	cg_expr *xi = add(m, mul(m, pl[2], I(m, g->isz)), lin(m, 2, j, g->in));
+	cg_expr *xi = add(m, pl[3], lin(m, 2, j, g->in));
 	cg_expr *wi = add(m, mul(m, pl[1], I(m, g->ksz)), lin(m, 2, tv, g->k));
 	cg_expr *xv = cg_select(m, valid, interior && sp->buf >= 0
 	                                      ? cg_ld(m, sp->buf, split_at(m, g, sp, sp->rows ? tv[0] : j[0],
@@ -1673,18 +1692,20 @@ static bool want_flat(const cg_module *m, const geom *g, int x, bool x8)
 }
 
 static kiln_status dw_flat(cg_module *m, cg_kernel *k, cg_stmt *blk, const ir_node *n,
-                           const int *in, int y, const geom *g, cg_expr **pl, cg_expr *nm,
+                           const int *in, int y, const geom *g, cg_expr **pl, cg_expr *nslot,
                            const dw_requant *rq, kiln_error *err)
 {
+	/* pl: conv_depthwise's plane values; the scratch planes P and T are
+	 * per slot pl[4], nslot of them */
 	int64_t H = g->in[0], W = g->in[1], pt = g->pad[0], pw = g->pad[1];
 	int64_t Hp = g->out[0] + (g->k[0] - 1) * g->dil[0], Wp = g->out[1] + (g->k[1] - 1) * g->dil[1];
 	int64_t L = (g->out[0] - 1) * Wp + g->out[1], psz = Hp * Wp;
-	int P = cg_lower_scratch(m, KILN_F32, mul(m, nm, I(m, psz)));
-	int T = cg_lower_scratch(m, KILN_F32, mul(m, nm, I(m, L)));
+	int P = cg_lower_scratch(m, KILN_F32, mul(m, nslot, I(m, psz)));
+	int T = cg_lower_scratch(m, KILN_F32, mul(m, nslot, I(m, L)));
 	if (P < 0 || T < 0)
 		return nomem(m, n, err);
-	cg_expr *pp = mul(m, pl[0], I(m, psz)), *tp = mul(m, pl[0], I(m, L));
-	cg_expr *xp = mul(m, pl[2], I(m, g->isz));
+	cg_expr *pp = mul(m, pl[4], I(m, psz)), *tp = mul(m, pl[4], I(m, L));
+	cg_expr *xp = pl[3];
 	cg_expr *r, *c, *f, *tv[2];
 	cg_stmt *rb, *cb, *fb;
 	/* the padded plane; input rows and columns past Hp - pt, Wp - pw are
@@ -1710,12 +1731,26 @@ static kiln_status dw_flat(cg_module *m, cg_kernel *k, cg_stmt *blk, const ir_no
 	}
 	/* the rows out: an activation folds into the flat loop's stores instead */
 	k->act_buf = T;
-	cg_append(m, blk, cg_loop(m, k, I(m, g->out[0]), 0, &r, &rb));
-	cg_append(m, rb, cg_loop(m, k, I(m, g->out[1]), CG_VECTORIZE, &c, &cb));
-	cg_append(m, cb, cg_st(m, rq ? rq->q : y, add(m, mul(m, pl[0], I(m, g->osz)),
-	                                              add(m, mul(m, r, I(m, g->out[1])), c)),
-	                       dw_value(m, rq, cg_ld(m, T, add(m, tp, add(m, mul(m, r, I(m, Wp)), c))),
-	                                pl[1])));
+	/* With rq, every row but the last in whole vectors: V >= Wo outputs,
+	 * the V - Wo past the row's end landing on the next row's first ones,
+	 * which that row's stores then overwrite, and read from T's next row
+	 * (inside L while V <= Wp + Wo).  A 14-output row was a vector of 8,
+	 * one of 4 and two scalar requantizations; now it is one vector. */
+	int64_t Ho = g->out[0], Wo = g->out[1], V = (Wo + TAIL_VEC - 1) / TAIL_VEC * TAIL_VEC;
+	bool whole = rq && Ho > 1 && V > Wo && V - Wo <= Wo && V <= Wp + Wo;
+	int64_t r0[2] = {0, whole ? Ho - 1 : 0}, rn[2] = {whole ? Ho - 1 : Ho, whole ? 1 : 0};
+	for (int part = 0; part < 2; part++) {
+		if (!rn[part])
+			continue;
+		cg_append(m, blk, cg_loop(m, k, I(m, rn[part]), 0, &r, &rb));
+		if (r0[part])
+			r = add(m, I(m, r0[part]), r);
+		cg_append(m, rb, cg_loop(m, k, I(m, whole && !part ? V : Wo), CG_VECTORIZE, &c, &cb));
+		cg_append(m, cb, cg_st(m, rq ? rq->q : y, add(m, mul(m, pl[0], I(m, g->osz)),
+		                                              add(m, mul(m, r, I(m, g->out[1])), c)),
+		                       dw_value(m, rq, cg_ld(m, T, add(m, tp, add(m, mul(m, r, I(m, Wp)), c))),
+		                                pl[1])));
+	}
 	return KILN_OK;
 }
 
@@ -1839,6 +1874,18 @@ static kiln_status dw_blocked(cg_module *m, const ir_node *n, const int *in, int
 	return KILN_OK;
 }
 
+/* The planes of a requantizing depthwise conv per chunk (conv_depthwise):
+ * the largest divisor of its M channels up to DW_CHUNK that leaves at
+ * least DW_CHUNKS chunks per image to share among threads at batch 1. */
+enum { DW_CHUNK = 16, DW_CHUNKS = 8 };
+static int64_t dw_chunk(int64_t M)
+{
+	for (int64_t c = DW_CHUNK; c > 1; c--)
+		if (M % c == 0 && M / c >= DW_CHUNKS)
+			return c;
+	return 1;
+}
+
 /* Depthwise 2-D conv (one input channel per output channel): per (image,
  * channel) plane and output row, the left edge, the interior and the right
  * edge of the row each accumulate all taps of an output pixel in a local
@@ -1854,30 +1901,53 @@ static kiln_status conv_depthwise(cg_module *m, const ir_node *n, const int *in,
 	cg_kernel *k = cg_lower_kernel(m, n);
 	if (!k)
 		return nomem(m, n, err);
-	cg_expr *bm, *oh;
+	cg_expr *bm, *oh, *slot, *j;
 	cg_stmt *blk, *rb;
 	cg_expr *nm = mul(m, cg_dim(m, x->dim[0]), I(m, M));
-	cg_append(m, k->body, cg_loop(m, k, nm, cg_par(m, mul(m, m->buf[y].numel, I(m, g->ksz))),
+	/* with rq, the planes go in chunks of ch, one after the other on a
+	 * thread, and the scratch copies of a plane (converted, split, padded)
+	 * are per chunk: the next plane's copies overwrite them while they
+	 * are in cache.  One copy per plane made the scratch as large as x in
+	 * f32 (at batch 16, MobileNetV2's 144-channel 56x56 planes: 29 MB of
+	 * it written to memory and read back) */
+	int64_t ch = rq ? dw_chunk(M) : 1;
+	cg_expr *nslot = ch > 1 ? mul(m, cg_dim(m, x->dim[0]), I(m, M / ch)) : nm;
+	cg_append(m, k->body, cg_loop(m, k, nslot, cg_par(m, mul(m, m->buf[y].numel, I(m, g->ksz))),
 	                              &bm, &blk));
+	slot = bm;
+	if (ch > 1) {
+		cg_stmt *cb;
+		cg_append(m, blk, cg_loop(m, k, I(m, ch), 0, &j, &cb));
+		blk = cb;
+		bm = add(m, mul(m, slot, I(m, ch)), j);
+	}
 	cg_expr *mi = cg_bin(m, CG_REM, bm, I(m, M));
-	/* plane of y, channel (weight row), plane of x */
-	cg_expr *pl[3] = {bm, mi, add(m, mul(m, cg_bin(m, CG_DIV, bm, I(m, M)), I(m, C)),
-	                                 cg_bin(m, CG_DIV, mi, I(m, Mg)))};
+	/* plane of y, channel (weight row), plane of x, the element offset of
+	 * that plane in xin[0] (x, or its converted copy), the scratch slot */
+	cg_expr *pl[5] = {bm, mi, add(m, mul(m, cg_bin(m, CG_DIV, bm, I(m, M)), I(m, C)),
+	                                 cg_bin(m, CG_DIV, mi, I(m, Mg))), NULL, slot};
+	pl[3] = mul(m, pl[2], I(m, g->isz));
+	int xin[3] = {in[0], in[1], n->nin > 2 ? in[2] : -1};
 	if (cv) { /* this plane of x in f32 (one output per channel: no other reads it) */
 		cg_expr *i, *at;
 		cg_stmt *ib;
+		xin[0] = cg_lower_scratch(m, KILN_F32, mul(m, nslot, I(m, g->isz)));
+		if (xin[0] < 0)
+			return nomem(m, n, err);
 		cg_append(m, blk, cg_loop(m, k, I(m, g->isz), CG_VECTORIZE, &i, &ib));
-		at = add(m, mul(m, pl[2], I(m, g->isz)), i);
+		at = add(m, pl[3], i);
 		cg_expr *v = cg_cast(m, cg_ld(m, cv->x, at), KILN_F32);
 		if (cv->xz >= 0)
 			v = cg_bin(m, CG_SUB, v, cg_cast(m, qv(m, cv->xz, at), KILN_F32));
-		cg_append(m, ib, cg_st(m, in[0], at, v));
+		pl[3] = mul(m, slot, I(m, g->isz));
+		cg_append(m, ib, cg_st(m, xin[0], add(m, pl[3], i), v));
 	}
+	in = xin;
 	/* with rq, x may be the 8-bit tensor itself (no zero point): its
 	 * copies (split, padded planes) and loads convert it */
 	bool x8 = rq && m->buf[in[0]].dt != KILN_F32;
 	if (want_flat(m, g, in[0], x8)) {
-		kiln_status st = dw_flat(m, k, blk, n, in, y, g, pl, nm, rq, err);
+		kiln_status st = dw_flat(m, k, blk, n, in, y, g, pl, nslot, rq, err);
 		k->final_buf = rq ? -1 : y;
 		return st;
 	}
@@ -1886,12 +1956,12 @@ static kiln_status conv_depthwise(cg_module *m, const ir_node *n, const int *in,
 	if (want_split(g) && (m->buf[in[0]].dt == KILN_F32 || x8)) {
 		sp.rows = by_rows(g);
 		int64_t psz = (sp.rows ? g->k[0] : g->in[0]) * 2 * sp.half;
-		sp.buf = cg_lower_scratch(m, KILN_F32, mul(m, nm, I(m, psz)));
+		sp.buf = cg_lower_scratch(m, KILN_F32, mul(m, nslot, I(m, psz)));
 		if (sp.buf < 0)
 			return nomem(m, n, err);
-		sp.plane = mul(m, bm, I(m, psz));
+		sp.plane = mul(m, slot, I(m, psz));
 		if (!sp.rows)
-			split_plane(m, k, blk, in[0], mul(m, pl[2], I(m, g->isz)), &sp, g->in[0], g->in[1]);
+			split_plane(m, k, blk, in[0], pl[3], &sp, g->in[0], g->in[1]);
 	}
 	/* with rq, the output rows whose taps all lie inside run apart, with
 	 * no row tests: LLVM made each tap row's test a branch around the
@@ -1912,7 +1982,7 @@ static kiln_status conv_depthwise(cg_module *m, const ir_node *n, const int *in,
 		if (r0[seg])
 			oh = add(m, I(m, r0[seg]), oh);
 		if (sp.buf >= 0 && sp.rows)
-			split_rows(m, k, rb, in[0], mul(m, pl[2], I(m, g->isz)), &sp, g, oh);
+			split_rows(m, k, rb, in[0], pl[3], &sp, g, oh);
 		for (int r = 0; r < 3; r++) {
 			int64_t st[2] = {c0[r]}, len[2] = {ext[r]};
 			int ns = r == 1 ? vector_spans(c0[r], ext[r], st, len) : 1;

@@ -1064,8 +1064,8 @@ static void int_op_matches(const char *name, kiln_graph *g, kiln_tensor **in, in
  * phase planes (conv_wide: asymmetric pads, dilation, strides 2 and 3, a
  * strided 1x1), 2 groups, a map
  * big enough for the chunked im2col, and depthwise convs (one with two
- * outputs per channel, stride 2; a 5x5 ConvInteger); padding must read as
- * x's zero point. */
+ * outputs per channel, stride 2; a 5x5 ConvInteger; planes in chunks);
+ * padding must read as x's zero point. */
 START_TEST(int8_convs_match_the_interpreter)
 {
 	static const struct {
@@ -1108,6 +1108,17 @@ START_TEST(int8_convs_match_the_interpreter)
 		{1, 4, 4, 3, 40, 5, 4, "pads=2,2,2,2", KILN_U8, KILN_I8, KILN_U8, true, true, false},
 		{1, 6, 6, 14, 56, 3, 6, "pads=1,1,1,1", KILN_U8, KILN_I8, KILN_U8, true, true, false},
 		{1, 4, 4, 15, 41, 3, 4, "pads=1,1,1,1 strides=2,2", KILN_U8, KILN_I8, KILN_U8, true, true, false},
+		/* ... planes in chunks (16 or more channels: dw_chunk) sharing
+		 * their scratch copies: converted per plane (40 columns), flat
+		 * padded, split whole and split by rows (66 x 66), two images */
+		{2, 48, 48, 10, 40, 3, 48, "pads=1,1,1,1", KILN_U8, KILN_I8, KILN_U8, true, true, false},
+		{2, 32, 32, 12, 9, 3, 32, "pads=1,1,1,1", KILN_U8, KILN_I8, KILN_U8, true, true, false},
+		{2, 40, 40, 20, 22, 3, 40, "pads=1,1,1,1 strides=2,2", KILN_U8, KILN_I8, KILN_U8, true, true, false},
+		{1, 24, 24, 66, 66, 3, 24, "pads=1,1,1,1 strides=2,2", KILN_U8, KILN_I8, KILN_U8, true, false, false},
+		/* ... flat planes whose rows go out in whole vectors, the last
+		 * exact: 14 and 28 columns (MobileNetV2's), 5x5 */
+		{2, 16, 16, 14, 14, 3, 16, "pads=1,1,1,1", KILN_U8, KILN_I8, KILN_U8, true, true, false},
+		{1, 16, 16, 28, 28, 5, 16, "pads=2,2,2,2", KILN_U8, KILN_I8, KILN_I8, false, true, false},
 	};
 	const size_t ncase = sizeof cases / sizeof *cases;
 	for (size_t r = 0; r < 2 * ncase; r++) {
