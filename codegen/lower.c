@@ -934,7 +934,7 @@ static cg_stmt *element_walk(cg_module *m, cg_kernel *k, const ir_node *n, int x
 	cg_lower_check_all(m, k, n, what, idx, m->buf[idx].numel,
 	                   cg_bin(m, CG_SUB, cg_int(m, 0), dim), dim, NULL);
 	int r = it->rank;
-	cg_expr *ext[KILN_MAX_RANK], *iv[KILN_MAX_RANK];
+	cg_expr *ext[KILN_MAX_RANK] = {0}, *iv[KILN_MAX_RANK];
 	uint32_t h[KILN_MAX_RANK] = {0};
 	for (int d = 0; d < r; d++)
 		ext[d] = cg_dim(m, it->dim[d]);

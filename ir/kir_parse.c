@@ -694,7 +694,7 @@ static bool parse_elems(parser *P, kiln_tensor *x, int64_t numel)
 			return perr(P, &t, "expected an integer element of a %s tensor, found %s",
 			            kiln_dtype_name(x->dtype), show(&t, b, sizeof b));
 		} else {
-			int64_t v;
+			int64_t v = 0;
 			if (tok_int(P, &t, &v) && store_int(P, &t, x, i, v))
 				next(P);
 		}
@@ -793,7 +793,7 @@ static bool parse_avalue(parser *P, ir_node *n, const char *name, ir_attr_kind w
 	kiln_graph *g = P->g;
 	char b[96];
 	if (t.kind == T_INT) {
-		int64_t v;
+		int64_t v = 0;
 		next(P);
 		return tok_int(P, &t, &v) && ir_attr_set_int(g, n, name, v) == KILN_OK;
 	}

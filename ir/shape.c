@@ -82,7 +82,7 @@ static kiln_status axes_mask(kiln_graph *g, const ir_node *n, const int64_t *ax,
 {
 	memset(mask, 0, KILN_MAX_RANK + 1);
 	for (uint32_t i = 0; i < cnt; i++) {
-		int a;
+		int a = 0;
 		TRY(ir_axis_norm(g, n, ax[i], rank, 0, t, &a));
 		if (mask[a]) {
 			tbuf b;
@@ -237,7 +237,7 @@ static kiln_status shape_reduce(kiln_graph *g, const ir_node *n, const ir_type *
 
 static kiln_status shape_argmax(kiln_graph *g, const ir_node *n, const ir_type *in, ir_type *out)
 {
-	int axis;
+	int axis = 0;
 	TRY(ir_axis_norm(g, n, ir_attr_int(n, "axis", 0), in[0].rank, 0, &in[0], &axis));
 	ir_type t = in[0];
 	t.dtype = KILN_I64;
@@ -302,7 +302,7 @@ static kiln_status shape_reshape(kiln_graph *g, const ir_node *n, const ir_type 
                                  ir_type *out)
 {
 	ir_type t;
-	int infer;
+	int infer = -1;
 	TRY(reshape_dims(g, n, &in[0], &t, &infer));
 	prod pi = {1, 0, {0}, false}, po = {1, 0, {0}, false};
 	for (int i = 0; i < in[0].rank; i++)
@@ -363,7 +363,7 @@ static kiln_status shape_transpose(kiln_graph *g, const ir_node *n, const ir_typ
 static kiln_status shape_concat(kiln_graph *g, const ir_node *n, const ir_type *in,
                                 ir_type *out)
 {
-	int axis;
+	int axis = 0;
 	if (!ir_attr_get(n, "axis"))
 		FAIL(KILN_EINVAL, "axis is required");
 	TRY(ir_axis_norm(g, n, ir_attr_int(n, "axis", 0), in[0].rank, 0, &in[0], &axis));
@@ -389,7 +389,7 @@ static kiln_status shape_split(kiln_graph *g, const ir_node *n, const ir_type *i
                                ir_type *out)
 {
 	const ir_type *x = &in[0];
-	int axis;
+	int axis = 0;
 	TRY(ir_axis_norm(g, n, ir_attr_int(n, "axis", 0), x->rank, 0, x, &axis));
 	const int64_t *sz;
 	uint32_t cnt = ir_attr_ints(n, "split", &sz);
@@ -525,7 +525,7 @@ static kiln_status shape_gather(kiln_graph *g, const ir_node *n, const ir_type *
                                 ir_type *out)
 {
 	const ir_type *x = &in[0], *ix = &in[1];
-	int axis;
+	int axis = 0;
 	tbuf a, b;
 	TRY(ir_axis_norm(g, n, ir_attr_int(n, "axis", 0), x->rank, 0, x, &axis));
 	if (ix->dtype != KILN_I32 && ix->dtype != KILN_I64)
@@ -551,7 +551,7 @@ static kiln_status shape_gather_elements(kiln_graph *g, const ir_node *n, const 
                                          ir_type *out)
 {
 	const ir_type *x = &in[0], *ix = &in[1];
-	int axis;
+	int axis = 0;
 	tbuf a, b;
 	TRY(ir_axis_norm(g, n, ir_attr_int(n, "axis", 0), x->rank, 0, x, &axis));
 	if (ix->dtype != KILN_I32 && ix->dtype != KILN_I64)
@@ -571,7 +571,7 @@ static kiln_status shape_gather_elements(kiln_graph *g, const ir_node *n, const 
 static kiln_status shape_topk(kiln_graph *g, const ir_node *n, const ir_type *in, ir_type *out)
 {
 	const ir_type *x = &in[0];
-	int axis;
+	int axis = 0;
 	tbuf a;
 	int64_t k = ir_attr_int(n, "k", -1);
 	TRY(ir_axis_norm(g, n, ir_attr_int(n, "axis", -1), x->rank, 0, x, &axis));
@@ -599,7 +599,7 @@ static kiln_status shape_scatter_elements(kiln_graph *g, const ir_node *n, const
                                           ir_type *out)
 {
 	const ir_type *x = &in[0], *ix = &in[1], *u = &in[2];
-	int axis;
+	int axis = 0;
 	tbuf a, b;
 	TRY(ir_axis_norm(g, n, ir_attr_int(n, "axis", 0), x->rank, 0, x, &axis));
 	if (scatter_reduction(n) < 0)

@@ -181,7 +181,7 @@ kiln_status rt_read_file(const char *path, uint64_t max, void **data, size_t *si
 	*data = NULL;
 	*size = 0;
 	int fd;
-	uint64_t n;
+	uint64_t n = 0; /* set when rt_open_read succeeds; 0 quiets -Wmaybe-uninitialized at -O2 */
 	kiln_status st = rt_open_read(path, &fd, &n, err);
 	if (st != KILN_OK)
 		return st;
