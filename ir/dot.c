@@ -20,56 +20,21 @@
  * Every string is quoted and escaped, so a hostile ONNX name cannot break
  * the file.
  */
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "ir/ir.h"
 
-typedef struct dbuf {
-	char *s;
-	size_t len, cap;
-	bool oom;
-} dbuf;
-
-static void put(dbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-
-static void put(dbuf *b, const char *fmt, ...)
-{
-	for (; !b->oom;) {
-		va_list ap;
-		va_start(ap, fmt);
-		int n = vsnprintf(b->s ? b->s + b->len : NULL, b->s ? b->cap - b->len : 0, fmt, ap);
-		va_end(ap);
-		if (n < 0) {
-			b->oom = true;
-			return;
-		}
-		if (b->s && (size_t)n < b->cap - b->len) {
-			b->len += (size_t)n;
-			return;
-		}
-		size_t nc = (b->cap ? b->cap * 2 : 4096) + (size_t)n + 1;
-		char *p = realloc(b->s, nc);
-		if (!p) {
-			b->oom = true;
-			return;
-		}
-		b->s = p;
-		b->cap = nc;
-	}
-}
-
 /* s inside a quoted Graphviz string: '"' and '\' escaped, control bytes
  * dropped (a "\n" in a label is the caller's line break, not the name's) */
-static void put_esc(dbuf *b, const char *s)
+static void put_esc(FILE *b, const char *s)
 {
 	for (const unsigned char *p = (const unsigned char *)s; p && *p; p++) {
 		if (*p == '"' || *p == '\\')
-			put(b, "\\%c", *p);
+			fprintf(b, "\\%c", *p);
 		else if (*p >= 0x20 && *p != 0x7f)
-			put(b, "%c", *p);
+			fprintf(b, "%c", *p);
 	}
 }
 
@@ -110,51 +75,52 @@ static bool drawn(const ir_node *n)
 	return !n->dead && n->op != KILN_OP_CONSTANT;
 }
 
-static void node_box(dbuf *b, const kiln_graph *g, const ir_node *n, const char *indent)
+static void node_box(FILE *b, const kiln_graph *g, const ir_node *n, const char *indent)
 {
 	char tb[256];
-	put(b, "%sn%u [label=\"", indent, n->idx);
+	fprintf(b, "%sn%u [label=\"", indent, n->idx);
 	put_esc(b, ir_op(n->op)->onnx ? ir_op(n->op)->onnx : ir_op(n->op)->kir);
 	if (n->name) {
-		put(b, "\\n");
+		fprintf(b, "\\n");
 		put_esc(b, n->name);
 	}
 	for (uint32_t i = 0; i < n->nin; i++) {
 		const ir_value *v = ir_val(g, n->in[i]);
 		if (!v || (v->kind != IR_V_PARAM && !is_const(v)))
 			continue;
-		put(b, "\\n");
+		fprintf(b, "\\n");
 		if (v->kind == IR_V_PARAM)
 			put_esc(b, v->name ? v->name : "param");
 		else
-			put(b, "const");
-		put(b, " ");
+			fprintf(b, "const");
+		fprintf(b, " ");
 		put_esc(b, type_of(g, v, tb, sizeof tb));
 	}
-	put(b, "\", fillcolor=\"%s\"];\n", fill(n->op));
+	fprintf(b, "\", fillcolor=\"%s\"];\n", fill(n->op));
 }
 
 char *ir_graph_dot(const kiln_graph *g, const int *cluster, const char *const *label,
                    int ncluster)
 {
-	dbuf b = {0};
-	char tb[256];
-	if (!g)
+	char tb[256], *text = NULL;
+	size_t len = 0;
+	FILE *f = g ? open_memstream(&text, &len) : NULL;
+	if (!f)
 		return NULL;
-	put(&b, "digraph \"");
-	put_esc(&b, g->name ? g->name : "graph");
-	put(&b, "\" {\n\tgraph [rankdir=TB, fontname=\"Helvetica\", fontsize=11];\n"
+	fprintf(f, "digraph \"");
+	put_esc(f, g->name ? g->name : "graph");
+	fprintf(f, "\" {\n\tgraph [rankdir=TB, fontname=\"Helvetica\", fontsize=11];\n"
 	        "\tnode [shape=box, style=\"rounded,filled\", fontname=\"Helvetica\", "
 	        "fontsize=10];\n\tedge [fontname=\"Helvetica\", fontsize=8, color=\"#555555\"];\n");
 	for (uint32_t i = 0; i < g->ninput; i++) {
 		const ir_value *v = ir_val(g, g->input[i]);
 		if (!v)
 			continue;
-		put(&b, "\tv%u [shape=ellipse, fillcolor=\"#fff2cc\", label=\"", v->id);
-		put_esc(&b, v->name ? v->name : "input");
-		put(&b, "\\n");
-		put_esc(&b, type_of(g, v, tb, sizeof tb));
-		put(&b, "\"];\n");
+		fprintf(f, "\tv%u [shape=ellipse, fillcolor=\"#fff2cc\", label=\"", v->id);
+		put_esc(f, v->name ? v->name : "input");
+		fprintf(f, "\\n");
+		put_esc(f, type_of(g, v, tb, sizeof tb));
+		fprintf(f, "\"];\n");
 	}
 	/* clusters first (Graphviz draws a node in the first subgraph naming
 	 * it), then the nodes in none */
@@ -164,19 +130,19 @@ char *ir_graph_dot(const kiln_graph *g, const int *cluster, const char *const *l
 			any = drawn(g->node[i]) && cluster[i] == c;
 		if (!any)
 			continue;
-		put(&b, "\tsubgraph cluster_%d {\n\t\tlabel=\"", c);
-		put_esc(&b, label && label[c] ? label[c] : "");
-		put(&b, "\"; style=\"rounded,filled\"; fillcolor=\"#f8f8f8\"; color=\"#3d85c6\"; "
+		fprintf(f, "\tsubgraph cluster_%d {\n\t\tlabel=\"", c);
+		put_esc(f, label && label[c] ? label[c] : "");
+		fprintf(f, "\"; style=\"rounded,filled\"; fillcolor=\"#f8f8f8\"; color=\"#3d85c6\"; "
 		        "fontname=\"Helvetica\"; fontsize=9;\n");
 		for (uint32_t i = 0; i < g->nnode; i++)
 			if (drawn(g->node[i]) && cluster[i] == c)
-				node_box(&b, g, g->node[i], "\t\t");
-		put(&b, "\t}\n");
+				node_box(f, g, g->node[i], "\t\t");
+		fprintf(f, "\t}\n");
 	}
 	for (uint32_t i = 0; i < g->nnode; i++) {
 		const ir_node *n = g->node[i];
 		if (drawn(n) && (!cluster || cluster[i] < 0 || cluster[i] >= ncluster))
-			node_box(&b, g, n, "\t");
+			node_box(f, g, n, "\t");
 	}
 	/* edges: each node input made by a node or a graph input */
 	for (uint32_t i = 0; i < g->nnode; i++) {
@@ -190,13 +156,13 @@ char *ir_graph_dot(const kiln_graph *g, const int *cluster, const char *const *l
 			if (is_const(v))
 				continue;
 			if (v->kind == IR_V_NODE && v->def)
-				put(&b, "\tn%u -> n%u [label=\"", v->def->idx, n->idx);
+				fprintf(f, "\tn%u -> n%u [label=\"", v->def->idx, n->idx);
 			else if (v->kind == IR_V_INPUT)
-				put(&b, "\tv%u -> n%u [label=\"", v->id, n->idx);
+				fprintf(f, "\tv%u -> n%u [label=\"", v->id, n->idx);
 			else
 				continue;
-			put_esc(&b, type_of(g, v, tb, sizeof tb));
-			put(&b, "\"];\n");
+			put_esc(f, type_of(g, v, tb, sizeof tb));
+			fprintf(f, "\"];\n");
 		}
 	}
 	/* outputs: an ellipse each, fed by the node (or input) that makes it */
@@ -204,22 +170,22 @@ char *ir_graph_dot(const kiln_graph *g, const int *cluster, const char *const *l
 		const ir_value *v = ir_val(g, g->output[i]);
 		if (!v)
 			continue;
-		put(&b, "\to%u [shape=ellipse, fillcolor=\"#fce5cd\", label=\"", i);
-		put_esc(&b, v->name ? v->name : "output");
-		put(&b, "\\n");
-		put_esc(&b, type_of(g, v, tb, sizeof tb));
-		put(&b, "\"];\n");
+		fprintf(f, "\to%u [shape=ellipse, fillcolor=\"#fce5cd\", label=\"", i);
+		put_esc(f, v->name ? v->name : "output");
+		fprintf(f, "\\n");
+		put_esc(f, type_of(g, v, tb, sizeof tb));
+		fprintf(f, "\"];\n");
 		if (v->kind == IR_V_NODE && v->def && !is_const(v))
-			put(&b, "\tn%u -> o%u;\n", v->def->idx, i);
+			fprintf(f, "\tn%u -> o%u;\n", v->def->idx, i);
 		else if (v->kind == IR_V_INPUT)
-			put(&b, "\tv%u -> o%u;\n", v->id, i);
+			fprintf(f, "\tv%u -> o%u;\n", v->id, i);
 	}
-		put(&b, "}\n");
-	if (b.oom) {
-		free(b.s);
+		fprintf(f, "}\n");
+	if (ferror(f) | fclose(f)) { /* out of memory */
+		free(text);
 		return NULL;
 	}
-	return b.s;
+	return text;
 }
 
 KILN_API char *kiln_graph_to_dot(const kiln_graph *g)

@@ -9,46 +9,11 @@
  * values (a loss gone NaN) are skipped, and the file is written atomically.
  */
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "tools/tools.h"
-
-typedef struct sbuf {
-	char *s;
-	size_t len, cap;
-	bool oom;
-} sbuf;
-
-static void put(sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-
-static void put(sbuf *b, const char *fmt, ...)
-{
-	while (!b->oom) {
-		va_list ap;
-		va_start(ap, fmt);
-		int n = vsnprintf(b->s ? b->s + b->len : NULL, b->s ? b->cap - b->len : 0, fmt, ap);
-		va_end(ap);
-		if (n < 0) {
-			b->oom = true;
-			return;
-		}
-		if (b->s && (size_t)n < b->cap - b->len) {
-			b->len += (size_t)n;
-			return;
-		}
-		size_t nc = (b->cap ? 2 * b->cap : 8192) + (size_t)n + 1;
-		char *p = realloc(b->s, nc);
-		if (!p) {
-			b->oom = true;
-			return;
-		}
-		b->s = p;
-		b->cap = nc;
-	}
-}
 
 /* A tick step of 1, 2 or 5 x 10^k giving about n ticks over span. */
 static double nice_step(double span, int n)
@@ -59,12 +24,12 @@ static double nice_step(double span, int n)
 	return (f < 1.5 ? 1 : f < 3.5 ? 2 : f < 7.5 ? 5 : 10) * p;
 }
 
-static void put_num(sbuf *b, double v)
+static void put_num(FILE *b, double v)
 {
 	if (v != 0 && (fabs(v) < 1e-3 || fabs(v) >= 1e5))
-		put(b, "%.0e", v);
+		fprintf(b, "%.0e", v);
 	else
-		put(b, "%.4g", v);
+		fprintf(b, "%.4g", v);
 }
 
 typedef struct panel {
@@ -78,7 +43,7 @@ typedef struct panel {
 
 enum { W = 720, PH = 200, ML = 64, MR = 16, MT = 26, MB = 30 };
 
-static void draw_panel(sbuf *b, const panel *p, int top, double x0, double x1, bool xlabels)
+static void draw_panel(FILE *b, const panel *p, int top, double x0, double x1, bool xlabels)
 {
 	double y0 = INFINITY, y1 = -INFINITY;
 	for (int64_t i = 0; i < p->n; i++)
@@ -105,29 +70,29 @@ static void draw_panel(sbuf *b, const panel *p, int top, double x0, double x1, b
 	int pw = W - ML - MR, ph = PH - MT - MB, left = ML, base = top + MT + ph;
 #define SX(v) (left + ((v) - x0) / (x1 - x0) * pw)
 #define SY(v) (base - ((v) - y0) / (y1 - y0) * ph)
-	put(b, "<text x=\"%d\" y=\"%d\" font-size=\"13\" font-weight=\"bold\">%s</text>\n", left,
+	fprintf(b, "<text x=\"%d\" y=\"%d\" font-size=\"13\" font-weight=\"bold\">%s</text>\n", left,
 	    top + 16, p->title);
-	put(b, "<rect x=\"%d\" y=\"%d\" width=\"%d\" height=\"%d\" fill=\"none\" "
+	fprintf(b, "<rect x=\"%d\" y=\"%d\" width=\"%d\" height=\"%d\" fill=\"none\" "
 	       "stroke=\"#999\"/>\n", left, top + MT, pw, ph);
 	for (double t = y0; t <= y1 + ys * 0.5; t += ys) {
 		double yy = SY(t);
-		put(b, "<line x1=\"%d\" x2=\"%d\" y1=\"%.1f\" y2=\"%.1f\" stroke=\"#e5e5e5\"/>\n", left,
+		fprintf(b, "<line x1=\"%d\" x2=\"%d\" y1=\"%.1f\" y2=\"%.1f\" stroke=\"#e5e5e5\"/>\n", left,
 		    left + pw, yy, yy);
-		put(b, "<text x=\"%d\" y=\"%.1f\" font-size=\"10\" text-anchor=\"end\">", left - 4,
+		fprintf(b, "<text x=\"%d\" y=\"%.1f\" font-size=\"10\" text-anchor=\"end\">", left - 4,
 		    yy + 3);
 		put_num(b, fabs(t) < ys * 1e-9 ? 0 : t);
-		put(b, "</text>\n");
+		fprintf(b, "</text>\n");
 	}
 	double xs = nice_step(x1 - x0, 6);
 	for (double t = ceil(x0 / xs) * xs; t <= x1 + xs * 1e-9; t += xs) {
 		double xx = SX(t);
-		put(b, "<line x1=\"%.1f\" x2=\"%.1f\" y1=\"%d\" y2=\"%d\" stroke=\"#e5e5e5\"/>\n", xx, xx,
+		fprintf(b, "<line x1=\"%.1f\" x2=\"%.1f\" y1=\"%d\" y2=\"%d\" stroke=\"#e5e5e5\"/>\n", xx, xx,
 		    top + MT, base);
 		if (xlabels) {
-			put(b, "<text x=\"%.1f\" y=\"%d\" font-size=\"10\" text-anchor=\"middle\">", xx,
+			fprintf(b, "<text x=\"%.1f\" y=\"%d\" font-size=\"10\" text-anchor=\"middle\">", xx,
 			    base + 13);
 			put_num(b, t);
-			put(b, "</text>\n");
+			fprintf(b, "</text>\n");
 		}
 	}
 	for (int pass = 0; pass < (p->y2 ? 2 : 1); pass++) {
@@ -136,24 +101,24 @@ static void draw_panel(sbuf *b, const panel *p, int top, double x0, double x1, b
 		for (int64_t i = 0; i < p->n; i++) {
 			if (!isfinite(y[i])) { /* a gap, not a line through it */
 				if (open)
-					put(b, "\"/>\n");
+					fprintf(b, "\"/>\n");
 				open = false;
 				continue;
 			}
 			if (!open)
-				put(b, "<polyline fill=\"none\" stroke=\"%s\" stroke-width=\"%s\" "
+				fprintf(b, "<polyline fill=\"none\" stroke=\"%s\" stroke-width=\"%s\" "
 				       "stroke-opacity=\"%s\" points=\"", p->color, pass || !p->y2 ? "1.8" : "0.8",
 				    p->y2 && !pass ? "0.45" : "1");
 			open = true;
-			put(b, "%.1f,%.1f ", SX(p->x[i]), SY(y[i]));
+			fprintf(b, "%.1f,%.1f ", SX(p->x[i]), SY(y[i]));
 		}
 		if (open)
-			put(b, "\"/>\n");
+			fprintf(b, "\"/>\n");
 	}
 	if (p->n == 1 || (p->n > 0 && p->n <= 20)) /* few points: mark them */
 		for (int64_t i = 0; i < p->n; i++)
 			if (isfinite(p->y[i]))
-				put(b, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"2.5\" fill=\"%s\"/>\n",
+				fprintf(b, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"2.5\" fill=\"%s\"/>\n",
 				    SX(p->x[i]), SY(p->y[i]), p->color);
 #undef SX
 #undef SY
@@ -201,23 +166,29 @@ int plot_curve_svg(const char *path, const plot_curve *c)
 	for (int i = 0; i < 3; i++)
 		if (p[i].n > 0)
 			order[np++] = i;
-	sbuf b = {0};
+	char *text = NULL;
+	size_t len = 0;
+	FILE *f = open_memstream(&text, &len);
+	if (!f) {
+		free(avg);
+		return tool_fail(1, "out of memory");
+	}
 	int h = np * PH + 24;
-	put(&b, "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<svg xmlns=\"http://www.w3.org/2000/svg\" "
+	fprintf(f, "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<svg xmlns=\"http://www.w3.org/2000/svg\" "
 	        "width=\"%d\" height=\"%d\" viewBox=\"0 0 %d %d\" font-family=\"Helvetica,Arial,"
 	        "sans-serif\">\n<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n", W, h, W, h);
 	for (int i = 0; i < np; i++)
-		draw_panel(&b, &p[order[i]], i * PH, x0, x1, true);
-	put(&b, "<text x=\"%d\" y=\"%d\" font-size=\"11\" text-anchor=\"middle\">step</text>\n",
+		draw_panel(f, &p[order[i]], i * PH, x0, x1, true);
+	fprintf(f, "<text x=\"%d\" y=\"%d\" font-size=\"11\" text-anchor=\"middle\">step</text>\n",
 	    ML + (W - ML - MR) / 2, h - 6);
-	put(&b, "</svg>\n");
+	fprintf(f, "</svg>\n");
 	free(avg);
-	if (b.oom) {
-		free(b.s);
+	if (ferror(f) | fclose(f)) {
+		free(text);
 		return tool_fail(1, "out of memory drawing --plot '%s'", path);
 	}
 	kiln_error e = {0};
-	kiln_status st = kiln_write_file(path, b.s, b.len, &e);
-	free(b.s);
+	kiln_status st = kiln_write_file(path, text, len, &e);
+	free(text);
 	return st == KILN_OK ? 0 : tool_fail_err(NULL, &e, st);
 }
