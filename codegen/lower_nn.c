@@ -2141,8 +2141,8 @@ static cg_expr *pool_pixel(cg_module *m, cg_kernel *k, cg_stmt *blk, const ir_no
 	return cg_bin(m, CG_DIV, acc, cnt);
 }
 
-kiln_status cg_lower_pool(cg_module *m, const ir_node *n, const int *in, const int *out,
-                          kiln_error *err)
+static kiln_status pool_values(cg_module *m, const ir_node *n, const int *in, const int *out,
+                               kiln_error *err)
 {
 	const ir_type *x = cg_btype(m, in[0]);
 	const int64_t *ks;
@@ -2209,6 +2209,80 @@ kiln_status cg_lower_pool(cg_module *m, const ir_node *n, const int *in, const i
 		}
 	}
 	return KILN_OK;
+}
+
+/* MaxPool's second output, Indices (ONNX): for each output the flat index
+ * into x of the first tap holding the window's max (x's plane offset plus
+ * the tap's place in the plane, row major, or with storage_order 1 column
+ * major), taps in the padding never chosen.  Its own kernel beside the
+ * values' (which keep their vectorized edges and interior): a strictly
+ * greater value replaces the best, as ONNX Runtime's loop does; a window
+ * of -inf or NaN only gives its first tap inside x. */
+static kiln_status pool_indices(cg_module *m, const ir_node *n, const int *in, int ind,
+                                kiln_error *err)
+{
+	const ir_type *x = cg_btype(m, in[0]);
+	const int64_t *ks;
+	geom g;
+	ir_attr_ints(n, "kernel_shape", &ks);
+	kiln_status st = geometry(m, n, x, cg_btype(m, ind), ks, false, &g, err);
+	cg_kernel *k = st ? NULL : cg_lower_kernel(m, n);
+	if (!k)
+		return st ? st : nomem(m, n, err);
+	int ns = g.nsp;
+	bool colmajor = ir_attr_int(n, "storage_order", 0) == 1;
+	kiln_dtype xt = m->buf[in[0]].dt, ct = cg_ctype(xt);
+	double least = kiln_dtype_is_float(xt) ? -INFINITY : xt == KILN_U8 ? 0
+	               : xt == KILN_I8 ? -128 : -2147483648.0;
+	cg_expr *nc = mul(m, cg_dim(m, x->dim[0]), cg_dim(m, x->dim[1])), *b, *ext[3], *o[3];
+	cg_expr *t[3], *j[3], *valid;
+	uint32_t h[3];
+	cg_stmt *blk;
+	cg_append(m, k->body, cg_loop(m, k, nc, cg_par(m, mul(m, m->buf[ind].numel, I(m, 6 * g.ksz))),
+	                              &b, &blk));
+	for (int d = 0; d < ns; d++)
+		ext[d] = I(m, g.out[d]);
+	cg_stmt *ob = cg_nest(m, k, blk, ns, ext, NULL, o);
+	cg_expr *best = cg_local(m, k, ob, ct, fc(m, ct, least));
+	cg_expr *at = cg_local(m, k, ob, KILN_I64, I(m, -1));
+	cg_expr *first = cg_local(m, k, ob, KILN_I64, I(m, -1));
+	for (int d = 0; d < ns; d++) {
+		ext[d] = I(m, g.k[d]);
+		h[d] = g.ksz <= 64 ? CG_UNROLL : 0;
+	}
+	cg_stmt *tb = cg_nest(m, k, ob, ns, ext, h, t);
+	taps(m, &g, o, t, j, &valid);
+	cg_expr *base = mul(m, b, I(m, g.isz));
+	cg_expr *xv = cg_ld(m, in[0], add(m, base, lin(m, ns, j, g.in)));
+	cg_expr *pos = NULL; /* the tap's place in its plane */
+	if (!colmajor) {
+		pos = lin(m, ns, j, g.in);
+	} else {
+		int64_t stride = 1;
+		for (int d = 0; d < ns; d++) {
+			cg_expr *term = mul(m, j[d], I(m, stride));
+			pos = pos ? add(m, pos, term) : term;
+			stride *= g.in[d];
+		}
+	}
+	cg_expr *take = cg_bin(m, CG_AND, valid, cg_bin(m, CG_GT, xv, best));
+	cg_set(m, tb, first, cg_select(m, cg_bin(m, CG_AND, valid, cg_bin(m, CG_LT, first, I(m, 0))),
+	                               pos, first));
+	cg_set(m, tb, at, cg_select(m, take, pos, at));
+	cg_set(m, tb, best, cg_select(m, take, xv, best));
+	cg_expr *chosen = cg_select(m, cg_bin(m, CG_GE, at, I(m, 0)), at, first);
+	cg_append(m, ob, cg_st(m, ind, add(m, mul(m, b, I(m, g.osz)), lin(m, ns, o, g.out)),
+	                       add(m, base, chosen)));
+	return KILN_OK;
+}
+
+kiln_status cg_lower_pool(cg_module *m, const ir_node *n, const int *in, const int *out,
+                          kiln_error *err)
+{
+	kiln_status st = pool_values(m, n, in, out, err);
+	if (st == KILN_OK && n->op == KILN_OP_MAX_POOL && n->nout == 2)
+		st = pool_indices(m, n, in, out[1], err);
+	return st;
 }
 
 kiln_status cg_lower_global_avg_pool(cg_module *m, const ir_node *n, const int *in,

@@ -166,15 +166,26 @@ kiln_status ir_interp_pool(ir_interp *c, const ir_node *n, kiln_tensor *const *i
 	if (y->shape[0] != x->shape[0] || y->shape[1] != x->shape[1])
 		return ir_fail(c, n, KILN_ESHAPE, "batch or channels change");
 	bool is_max = n->op == KILN_OP_MAX_POOL, incl = ir_attr_int(n, "count_include_pad", 0);
+	bool colmajor = ir_attr_int(n, "storage_order", 0) == 1;
+	kiln_tensor *ind = is_max && n->nout == 2 ? out[1] : NULL;
 	int64_t oc[3], kc[3];
 	for (int64_t i = 0, cnt = kiln_tensor_numel(y); i < cnt; i++) {
 		int64_t o = i % g.osz, xc = i / g.osz * g.isz;
 		ir_unravel(o, g.nsp, g.out, oc);
-		double acc = is_max ? -INFINITY : 0;
-		int64_t taps = 0;
+		double acc = is_max ? -INFINITY : 0, best = -INFINITY;
+		int64_t taps = 0, at_best = -1, at_first = -1;
 		for (int64_t kk = 0; kk < g.ksz; kk++) {
 			ir_unravel(kk, g.nsp, g.k, kc);
 			int64_t at = tap(&g, oc, kc);
+			/* Indices: the first tap holding the max (strictly greater
+			 * replaces it, as ONNX Runtime's loop does; a window of -inf
+			 * or NaN only: its first tap inside x) */
+			if (ind && at >= 0) {
+				double v = ir_load(x, xc + at);
+				at_first = at_first < 0 ? at : at_first;
+				if (v > best)
+					best = v, at_best = at;
+			}
 			bool padded = true;
 			for (int d = 0; d < g.nsp; d++) {
 				int64_t j = oc[d] * g.stride[d] + kc[d] * g.dil[d];
@@ -185,6 +196,17 @@ kiln_status ir_interp_pool(ir_interp *c, const ir_node *n, kiln_tensor *const *i
 				acc = is_max ? ir_maxd(acc, ir_load(x, xc + at)) : acc + ir_load(x, xc + at);
 		}
 		ir_store(y, i, is_max ? acc : acc / taps);
+		if (ind) {
+			int64_t at = at_best >= 0 ? at_best : at_first, pos = at;
+			if (colmajor && at >= 0) { /* the plane's coordinates, first fastest */
+				int64_t jc[3], stride = 1;
+				ir_unravel(at, g.nsp, g.in, jc);
+				pos = 0;
+				for (int d = 0; d < g.nsp; d++)
+					pos += jc[d] * stride, stride *= g.in[d];
+			}
+			((int64_t *)ind->data)[i] = xc + pos;
+		}
 	}
 	return KILN_OK;
 }

@@ -336,6 +336,14 @@ kiln_status ir_shape_pool(kiln_graph *g, const ir_node *n, const ir_type *in, ir
 	for (int i = 0; i < o.nsp; i++)
 		TRY(window_out(g, n, &in[0], &o, i, &t.dim[2 + i]));
 	out[0] = t;
+	if (n->nout == 2) { /* MaxPool's Indices: where each max came from in x */
+		int64_t so = ir_attr_int(n, "storage_order", 0);
+		if (so != 0 && so != 1)
+			FAIL(KILN_EINVAL, "storage_order is %lld; it is 0 (row major) or 1 (column major)",
+			     (long long)so);
+		out[1] = t;
+		out[1].dtype = KILN_I64;
+	}
 	return KILN_OK;
 }
 

@@ -220,6 +220,12 @@ static const char *const op_cases[] = {
 	"  %3 = range {delta=4.0, dtype=i64, n=[(S+3)/4]} : i64[(S+3)/4]\n"
 	"  ret %0, %1, %2, %3\n"
 	"}\n",
+	/* MaxPool with its Indices output, column major */
+	"graph @mpi(%x: f32[N,3,5,4]) -> (%y: f32[N,3,3,2], %i: i64[N,3,3,2]) {\n"
+	"  %y, %i = max_pool %x {ceil_mode=0, kernel_shape=[3,2], pads=[1,0,1,0], storage_order=1, "
+	"strides=[2,2]} : f32[N,3,3,2], i64[N,3,3,2]\n"
+	"  ret %y, %i\n"
+	"}\n",
 };
 #define NCASES (int)(sizeof op_cases / sizeof op_cases[0])
 

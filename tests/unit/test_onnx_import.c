@@ -1372,6 +1372,87 @@ START_TEST(einsum_with_a_symbolic_batch_letter)
 }
 END_TEST
 
+/* MaxPool's Indices: flat indices into the whole x (the plane's offset
+ * n*C*H*W + c*H*W included), of the first tap holding the window's max
+ * (ties: the earlier tap), never a padded one, row major or with
+ * storage_order 1 column major within the plane; the interpreter and the
+ * compiled library against a loop written here, on N = 2, C = 3 with
+ * padding, a stride and repeated values. */
+START_TEST(maxpool_indices_interpreted_and_compiled)
+{
+	enum { N = 2, C = 3, H = 5, W = 4, OH = 3, OW = 2 };
+	float xv[N * C * H * W];
+	for (int i = 0; i < N * C * H * W; i++)
+		xv[i] = (float)((i * 7) % 5) - (i % 11 == 0 ? 9 : 0); /* many ties */
+	for (int order = 0; order < 2; order++) {
+		Onnx__ModelProto *m = model(12);
+		input(m, "x", F32, "2,3,5,4");
+		Onnx__NodeProto *n = node(m, "MaxPool", "x", "y,i", "mp");
+		attr_ints(n, "kernel_shape", 2, (int64_t[]){3, 2});
+		attr_ints(n, "pads", 4, (int64_t[]){1, 0, 1, 0});
+		attr_ints(n, "strides", 2, (int64_t[]){2, 2});
+		if (order)
+			attr_i(n, "storage_order", 1);
+		output(m, "y");
+		output(m, "i");
+		kiln_graph *g = import_ok(m);
+		/* the reference: strictly greater replaces, taps in order */
+		int64_t want[N * C * OH * OW];
+		float wantv[N * C * OH * OW];
+		for (int p = 0; p < N * C; p++)
+			for (int oh = 0; oh < OH; oh++)
+				for (int ow = 0; ow < OW; ow++) {
+					float best = -INFINITY;
+					int64_t at = -1;
+					for (int kh = 0; kh < 3; kh++)
+						for (int kw = 0; kw < 2; kw++) {
+							int h = oh * 2 - 1 + kh, w = ow * 2 + kw;
+							if (h < 0 || h >= H || w >= W)
+								continue;
+							float v = xv[p * H * W + h * W + w];
+							if (v > best) {
+								best = v;
+								at = order ? h + (int64_t)w * H : (int64_t)h * W + w;
+							}
+						}
+					want[(p * OH + oh) * OW + ow] = p * H * W + at;
+					wantv[(p * OH + oh) * OW + ow] = best;
+				}
+		char dir[] = "/tmp/kiln_mpidx_XXXXXX", so[64];
+		ck_assert_ptr_nonnull(mkdtemp(dir));
+		snprintf(so, sizeof so, "%s/mp.so", dir);
+		kiln_error e = {0};
+		ck_assert_msg(kiln_compile(g, so, NULL, &e) == KILN_OK, "%s", e.msg);
+		kiln_model *lib = NULL;
+		ck_assert_msg(kiln_load(so, &lib, &e) == KILN_OK, "%s", e.msg);
+		for (int path = 0; path < 2; path++) {
+			kiln_tensor *x = kiln_tensor_new(KILN_F32, 4, (int64_t[]){N, C, H, W});
+			kiln_tensor *y[2] = {0};
+			memcpy(x->data, xv, sizeof xv);
+			kiln_status st = path ? kiln_model_run(lib, &x, 1, y, 2, &e)
+			                      : kiln_graph_run(g, &x, 1, y, 2, &e);
+			ck_assert_msg(st == KILN_OK, "%s", e.msg);
+			ck_assert_int_eq(y[1]->dtype, KILN_I64);
+			ck_assert_int_eq(kiln_tensor_numel(y[1]), N * C * OH * OW);
+			for (int i = 0; i < N * C * OH * OW; i++) {
+				ck_assert_msg(((int64_t *)y[1]->data)[i] == want[i], "%s order %d: index "
+				              "[%d] %lld, want %lld", path ? "compiled" : "interpreted", order,
+				              i, (long long)((int64_t *)y[1]->data)[i], (long long)want[i]);
+				ck_assert_float_eq(((float *)y[0]->data)[i], wantv[i]);
+			}
+			kiln_tensor_free(x), kiln_tensor_free(y[0]), kiln_tensor_free(y[1]);
+		}
+		kiln_model_free(lib);
+		unlink(so);
+		snprintf(so, sizeof so, "%s/mp.h", dir);
+		unlink(so);
+		rmdir(dir);
+		kiln_graph_free(g);
+		pool_free();
+	}
+}
+END_TEST
+
 /* torch's expand(N, -1, -1) of a class token, as ViT exports it: the
  * target shape is Where(Equal(shape, -1), 1, shape) over
  * Concat(Shape(x)[0], -1, -1) reshaped; the symbolic shape arithmetic
@@ -1777,6 +1858,7 @@ static Suite *onnx_import_suite(void)
 	t = tcase_create("dims");
 	tcase_add_test(t, dim_param_is_a_symbol_and_missing_dim_a_fresh_one);
 	tcase_add_test(t, einsum_with_a_symbolic_batch_letter);
+	tcase_add_test(t, maxpool_indices_interpreted_and_compiled);
 	suite_add_tcase(s, t);
 	t = tcase_create("initializers");
 	tcase_add_test(t, raw_and_typed_initializers_give_the_same_param);
