@@ -1652,22 +1652,64 @@ static void dw_cols(cg_module *m, cg_kernel *k, cg_stmt *blk, const ir_node *n, 
  * elements: e = 1 for a plane, a block of channels channels-last) of the
  * hin x win source pixels at src[soff] (rows srs elements apart), placed at
  * row pt, column pw: zero rows above and below, and each source row between
- * zero columns. */
+ * zero columns.  whole: the rows are copied in whole vectors of TAIL_VEC
+ * (padded_rows). */
+static void padded_rows(cg_module *m, cg_kernel *k, cg_stmt *rb, int P, cg_expr *row, int src,
+                        cg_expr *sro, int64_t win, int64_t V);
 static void padded_plane(cg_module *m, cg_kernel *k, cg_stmt *blk, int P, cg_expr *pp, int src,
                          cg_expr *soff, int64_t srs, int64_t hin, int64_t win, int64_t Hp,
-                         int64_t Wp, int64_t pt, int64_t pw, int64_t e)
+                         int64_t Wp, int64_t pt, int64_t pw, int64_t e, bool whole)
 {
 	cg_expr *r, *c;
 	cg_stmt *rb, *cb;
 	zeros(m, k, blk, P, pp, pt * Wp * e);
-	cg_append(m, blk, cg_loop(m, k, I(m, hin), 0, &r, &rb));
-	cg_expr *row = add(m, pp, mul(m, add(m, r, I(m, pt)), I(m, Wp * e)));
-	zeros(m, k, rb, P, row, pw * e);
-	cg_append(m, rb, cg_loop(m, k, I(m, win * e), CG_VECTORIZE, &c, &cb));
-	cg_append(m, cb, cg_st(m, P, add(m, add(m, row, I(m, pw * e)), c),
-	                       cg_ld(m, src, add(m, add(m, soff, mul(m, r, I(m, srs))), c))));
-	zeros(m, k, rb, P, add(m, row, I(m, (pw + win) * e)), (Wp - pw - win) * e);
+	/* whole, rows narrower than a vector: every row but the last copies V
+	 * elements, the V - win past its end landing in its right padding and
+	 * the next row's first elements, which that row's zeros and copy then
+	 * overwrite (read from the next source row: inside the plane while
+	 * V <= srs + win) */
+	int64_t V = TAIL_VEC, n = win * e;
+	bool over = whole && e == 1 && n < V && hin > 1 && V <= srs + win && 2 * n >= V;
+	int64_t r0[2] = {0, hin - 1}, rn[2] = {over ? hin - 1 : hin, over ? 1 : 0};
+	for (int part = 0; part < 2; part++) {
+		if (!rn[part])
+			continue;
+		cg_append(m, blk, cg_loop(m, k, I(m, rn[part]), 0, &r, &rb));
+		if (part)
+			r = add(m, I(m, r0[part]), r);
+		cg_expr *row = add(m, pp, mul(m, add(m, r, I(m, pt)), I(m, Wp * e)));
+		cg_expr *sro = add(m, soff, mul(m, r, I(m, srs)));
+		zeros(m, k, rb, P, row, pw * e);
+		if (whole) {
+			padded_rows(m, k, rb, P, add(m, row, I(m, pw * e)), src, sro, n,
+			            over && !part ? V : n);
+		} else {
+			cg_append(m, rb, cg_loop(m, k, I(m, n), CG_VECTORIZE, &c, &cb));
+			cg_append(m, cb, cg_st(m, P, add(m, add(m, row, I(m, pw * e)), c),
+			                       cg_ld(m, src, add(m, sro, c))));
+		}
+		zeros(m, k, rb, P, add(m, row, I(m, (pw + win) * e)), (Wp - pw - win) * e);
+	}
 	zeros(m, k, blk, P, add(m, pp, I(m, (pt + hin) * Wp * e)), (Hp - pt - hin) * Wp * e);
+}
+
+/* P[dst + c] = src[sro + c] for c < V (V >= n, the row's n elements and
+ * what follows them) in whole vectors: with V >= TAIL_VEC, the last
+ * vector overlapping the one before (vector_spans), not a scalar
+ * remainder of up to 15 copies per row (LLVM 14 does not fold tails). */
+static void padded_rows(cg_module *m, cg_kernel *k, cg_stmt *rb, int P, cg_expr *dst, int src,
+                        cg_expr *sro, int64_t n, int64_t V)
+{
+	(void)n;
+	int64_t st[2], len[2];
+	int ns = vector_spans(0, V, st, len);
+	for (int q = 0; q < ns; q++) {
+		cg_expr *c;
+		cg_stmt *cb;
+		cg_append(m, rb, cg_loop(m, k, I(m, len[q]), CG_VECTORIZE, &c, &cb));
+		cg_expr *o = add(m, I(m, st[q]), c);
+		cg_append(m, cb, cg_st(m, P, add(m, dst, o), cg_ld(m, src, add(m, sro, o))));
+	}
 }
 
 /* ---- depthwise on small planes: padded and flat ----------------------------
@@ -1711,7 +1753,8 @@ static kiln_status dw_flat(cg_module *m, cg_kernel *k, cg_stmt *blk, const ir_no
 	/* the padded plane; input rows and columns past Hp - pt, Wp - pw are
 	 * read by no output */
 	int64_t hin = H < Hp - pt ? H : Hp - pt, win = W < Wp - pw ? W : Wp - pw;
-	padded_plane(m, k, blk, P, pp, in[0], xp, W, hin, win, Hp, Wp, pt, pw, 1);
+	padded_plane(m, k, blk, P, pp, in[0], xp, W, hin, win, Hp, Wp, pt, pw, 1,
+	             m->buf[in[0]].dt == KILN_F32);
 	/* the flat outputs, in whole vectors (the last one overlapping) */
 	int64_t st[2], len[2];
 	int ns = vector_spans(0, L, st, len);
@@ -1731,13 +1774,18 @@ static kiln_status dw_flat(cg_module *m, cg_kernel *k, cg_stmt *blk, const ir_no
 	}
 	/* the rows out: an activation folds into the flat loop's stores instead */
 	k->act_buf = T;
-	/* With rq, every row but the last in whole vectors: V >= Wo outputs,
-	 * the V - Wo past the row's end landing on the next row's first ones,
-	 * which that row's stores then overwrite, and read from T's next row
-	 * (inside L while V <= Wp + Wo).  A 14-output row was a vector of 8,
-	 * one of 4 and two scalar requantizations; now it is one vector. */
+	/* Every row but the last in whole vectors: V >= Wo outputs, the V - Wo
+	 * past the row's end landing on the next row's first ones, which that
+	 * row's stores then overwrite, and read from T's next row (inside L
+	 * while V <= Wp + Wo).  A 14-output row was a vector of 8, one of 4 and
+	 * two scalar requantizations; now it is one vector.  In f32 the last
+	 * row too, as whole vectors overlapping (vector_spans): a residual Add
+	 * folded into these stores (fuse_store_residual) reads another buffer
+	 * (memplan never places a kernel's input and output in the same
+	 * bytes), so a store done twice or early stores the same final value.
+	 * MobileNetV2's 28x28 rows were a vector and 12 scalar stores. */
 	int64_t Ho = g->out[0], Wo = g->out[1], V = (Wo + TAIL_VEC - 1) / TAIL_VEC * TAIL_VEC;
-	bool whole = rq && Ho > 1 && V > Wo && V - Wo <= Wo && V <= Wp + Wo;
+	bool whole = Ho > 1 && V > Wo && V - Wo <= Wo && V <= Wp + Wo;
 	int64_t r0[2] = {0, whole ? Ho - 1 : 0}, rn[2] = {whole ? Ho - 1 : Ho, whole ? 1 : 0};
 	for (int part = 0; part < 2; part++) {
 		if (!rn[part])
@@ -1745,11 +1793,17 @@ static kiln_status dw_flat(cg_module *m, cg_kernel *k, cg_stmt *blk, const ir_no
 		cg_append(m, blk, cg_loop(m, k, I(m, rn[part]), 0, &r, &rb));
 		if (r0[part])
 			r = add(m, I(m, r0[part]), r);
-		cg_append(m, rb, cg_loop(m, k, I(m, whole && !part ? V : Wo), CG_VECTORIZE, &c, &cb));
-		cg_append(m, cb, cg_st(m, rq ? rq->q : y, add(m, mul(m, pl[0], I(m, g->osz)),
-		                                              add(m, mul(m, r, I(m, g->out[1])), c)),
-		                       dw_value(m, rq, cg_ld(m, T, add(m, tp, add(m, mul(m, r, I(m, Wp)), c))),
-		                                pl[1])));
+		int64_t st[2] = {0, 0}, len[2] = {whole && !part ? V : Wo, 0};
+		int ns = !rq && !(whole && !part) ? vector_spans(0, Wo, st, len) : 1;
+		for (int q = 0; q < ns; q++) {
+			cg_append(m, rb, cg_loop(m, k, I(m, len[q]), CG_VECTORIZE, &c, &cb));
+			if (st[q])
+				c = add(m, I(m, st[q]), c);
+			cg_append(m, cb, cg_st(m, rq ? rq->q : y, add(m, mul(m, pl[0], I(m, g->osz)),
+			                                              add(m, mul(m, r, I(m, g->out[1])), c)),
+			                       dw_value(m, rq, cg_ld(m, T, add(m, tp, add(m, mul(m, r, I(m, Wp)), c))),
+			                                pl[1])));
+		}
 	}
 	return KILN_OK;
 }
@@ -1838,7 +1892,7 @@ static kiln_status dw_blocked(cg_module *m, const ir_node *n, const int *in, int
 		cg_append(m, qb, ts);
 	}
 	/* P: Q zero-padded */
-	padded_plane(m, k, qb, P, pp, Q, qp, W * DW_CB, hin, win, Hp, Wp, pt, pw, DW_CB);
+	padded_plane(m, k, qb, P, pp, Q, qp, W * DW_CB, hin, win, Hp, Wp, pt, pw, DW_CB, false);
 	/* T: one vector of channels per output pixel; the bias of lanes past
 	 * C is 0, not read */
 	cg_append(m, qb, cg_loop(m, k, I(m, Ho), 0, &r, &rb));
