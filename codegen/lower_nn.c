@@ -1339,7 +1339,7 @@ static kiln_status conv_depthwise(cg_module *m, const ir_node *n, const int *in,
 /* a depthwise conv of this shape runs channel-blocked (dw_blocked) */
 static bool dw_blocked_shape(const geom *g, int64_t Mg);
 /* ... or on flat padded planes (dw_flat) */
-static bool want_flat(const cg_module *m, const geom *g, int x, bool x8);
+static bool want_flat(const cg_module *m, const geom *g, int x, bool x8, bool q);
 
 /* Whether an integer conv is depthwise (2-D, one input channel per group)
  * with sums that f32 holds exactly: (x - x_zp) and (w - w_zp) are integers
@@ -1420,7 +1420,7 @@ static kiln_status dw_integer(cg_module *m, const ir_node *n, const conv_ops *op
 	 * those copies convert it; its taps' own loads of a converted plane are
 	 * cheaper than converting at each of ksz taps (MobileNetV2's stride-1
 	 * 56x56 conv: 0.24 ms per plane converted, 0.35 converting per tap) */
-	bool direct = rq && op->xz < 0 && (want_split(g) || want_flat(m, g, op->x, true));
+	bool direct = rq && op->xz < 0 && (want_split(g) || want_flat(m, g, op->x, true, true));
 	bool per_plane = rq && !direct && cg_btype(m, yf)->dim[1] == cg_btype(m, op->x)->dim[1];
 	int xf = direct || per_plane ? op->x : minus_zp_f32(m, n, op->x, op->xz, 1, op->x);
 	int wf = xf < 0 ? -1 : const_minus_zp_f32(m, op->w, op->wz, g->ksz);
@@ -1726,10 +1726,21 @@ static void padded_rows(cg_module *m, cg_kernel *k, cg_stmt *rb, int P, cg_expr 
  * 960-channel 7x7 one 0.088 -> 0.051 ms (ORT 0.034). */
 enum { FLAT_W = 32 };
 
-/* x8: an 8-bit x the kernel may copy to f32 itself (exact) */
-static bool want_flat(const cg_module *m, const geom *g, int x, bool x8)
+/* In f32 the flat form pays on rows of fewer than FLAT_W_F32 outputs only:
+ * the row form (dw_cols: scalar edges, the interior in whole vectors)
+ * measured faster from 18 columns on.  One 3x3 depthwise conv of 256
+ * channels, pads 1, batch 1, one thread (kiln bench, flat against row
+ * form, 6 alternating rounds, ms): 14x14 0.024 / 0.028, 16x16 0.032 /
+ * 0.032, 18x18 0.048 / 0.032, 24x24 0.115 / 0.074; MobileNetV2's 28x28
+ * ones 0.10 -> 0.06 (the int8 form keeps FLAT_W: not measured here). */
+enum { FLAT_W_F32 = 16 };
+
+/* x8: an 8-bit x the kernel may copy to f32 itself (exact); q: the
+ * conv requantizes (int8) */
+static bool want_flat(const cg_module *m, const geom *g, int x, bool x8, bool q)
 {
-	return g->nsp == 2 && g->stride[0] == 1 && g->stride[1] == 1 && g->out[1] < FLAT_W &&
+	return g->nsp == 2 && g->stride[0] == 1 && g->stride[1] == 1 &&
+	       g->out[1] < (q ? FLAT_W : FLAT_W_F32) &&
 	       (m->buf[x].dt == KILN_F32 || x8);
 }
 
@@ -1778,12 +1789,10 @@ static kiln_status dw_flat(cg_module *m, cg_kernel *k, cg_stmt *blk, const ir_no
 	 * past the row's end landing on the next row's first ones, which that
 	 * row's stores then overwrite, and read from T's next row (inside L
 	 * while V <= Wp + Wo).  A 14-output row was a vector of 8, one of 4 and
-	 * two scalar requantizations; now it is one vector.  In f32 the last
-	 * row too, as whole vectors overlapping (vector_spans): a residual Add
-	 * folded into these stores (fuse_store_residual) reads another buffer
-	 * (memplan never places a kernel's input and output in the same
-	 * bytes), so a store done twice or early stores the same final value.
-	 * MobileNetV2's 28x28 rows were a vector and 12 scalar stores. */
+	 * two scalar requantizations (or copies, in f32); now it is one
+	 * vector.  A residual Add folded into these stores (fuse_store_residual)
+	 * reads another buffer (memplan never gives a kernel's input and output
+	 * the same bytes), so the early stores do not change what it reads. */
 	int64_t Ho = g->out[0], Wo = g->out[1], V = (Wo + TAIL_VEC - 1) / TAIL_VEC * TAIL_VEC;
 	bool whole = Ho > 1 && V > Wo && V - Wo <= Wo && V <= Wp + Wo;
 	int64_t r0[2] = {0, whole ? Ho - 1 : 0}, rn[2] = {whole ? Ho - 1 : Ho, whole ? 1 : 0};
@@ -1793,17 +1802,11 @@ static kiln_status dw_flat(cg_module *m, cg_kernel *k, cg_stmt *blk, const ir_no
 		cg_append(m, blk, cg_loop(m, k, I(m, rn[part]), 0, &r, &rb));
 		if (r0[part])
 			r = add(m, I(m, r0[part]), r);
-		int64_t st[2] = {0, 0}, len[2] = {whole && !part ? V : Wo, 0};
-		int ns = !rq && !(whole && !part) ? vector_spans(0, Wo, st, len) : 1;
-		for (int q = 0; q < ns; q++) {
-			cg_append(m, rb, cg_loop(m, k, I(m, len[q]), CG_VECTORIZE, &c, &cb));
-			if (st[q])
-				c = add(m, I(m, st[q]), c);
-			cg_append(m, cb, cg_st(m, rq ? rq->q : y, add(m, mul(m, pl[0], I(m, g->osz)),
-			                                              add(m, mul(m, r, I(m, g->out[1])), c)),
-			                       dw_value(m, rq, cg_ld(m, T, add(m, tp, add(m, mul(m, r, I(m, Wp)), c))),
-			                                pl[1])));
-		}
+		cg_append(m, rb, cg_loop(m, k, I(m, whole && !part ? V : Wo), CG_VECTORIZE, &c, &cb));
+		cg_append(m, cb, cg_st(m, rq ? rq->q : y, add(m, mul(m, pl[0], I(m, g->osz)),
+		                                              add(m, mul(m, r, I(m, g->out[1])), c)),
+		                       dw_value(m, rq, cg_ld(m, T, add(m, tp, add(m, mul(m, r, I(m, Wp)), c))),
+		                                pl[1])));
 	}
 	return KILN_OK;
 }
@@ -2000,7 +2003,7 @@ static kiln_status conv_depthwise(cg_module *m, const ir_node *n, const int *in,
 	/* with rq, x may be the 8-bit tensor itself (no zero point): its
 	 * copies (split, padded planes) and loads convert it */
 	bool x8 = rq && m->buf[in[0]].dt != KILN_F32;
-	if (want_flat(m, g, in[0], x8)) {
+	if (want_flat(m, g, in[0], x8, rq != NULL)) {
 		kiln_status st = dw_flat(m, k, blk, n, in, y, g, pl, nslot, rq, err);
 		k->final_buf = rq ? -1 : y;
 		return st;
