@@ -1726,13 +1726,17 @@ static void padded_rows(cg_module *m, cg_kernel *k, cg_stmt *rb, int P, cg_expr 
  * 960-channel 7x7 one 0.088 -> 0.051 ms (ORT 0.034). */
 enum { FLAT_W = 32 };
 
-/* In f32 the flat form pays on rows of fewer than FLAT_W_F32 outputs only:
- * the row form (dw_cols: scalar edges, the interior in whole vectors)
- * measured faster from 18 columns on.  One 3x3 depthwise conv of 256
- * channels, pads 1, batch 1, one thread (kiln bench, flat against row
- * form, 6 alternating rounds, ms): 14x14 0.024 / 0.028, 16x16 0.032 /
- * 0.032, 18x18 0.048 / 0.032, 24x24 0.115 / 0.074; MobileNetV2's 28x28
- * ones 0.10 -> 0.06 (the int8 form keeps FLAT_W: not measured here). */
+/* In f32 with 3 columns of taps, the flat form pays on rows of fewer than
+ * FLAT_W_F32 outputs only: the row form (dw_cols: a scalar edge column on
+ * each side, the interior in whole vectors) measured faster from 18
+ * columns on.  One 3x3 depthwise conv of 256 channels, pads 1, batch 1,
+ * one thread (kiln bench, flat against row form, 6 alternating rounds,
+ * ms): 14x14 0.024 / 0.028, 16x16 0.032 / 0.032, 18x18 0.048 / 0.032,
+ * 24x24 0.115 / 0.074; MobileNetV2's 28x28 ones 0.10 -> 0.06.  Wider
+ * kernels keep FLAT_W: their row form has two scalar edge columns a side
+ * of 25 taps each (5x5, 240 channels, pads 2: 20x20 0.098 / 0.153, 28x28
+ * 0.229 / 0.351, and 1.3-1.6x at batch 16).  So does the int8 form (not
+ * measured here). */
 enum { FLAT_W_F32 = 16 };
 
 /* x8: an 8-bit x the kernel may copy to f32 itself (exact); q: the
@@ -1740,7 +1744,7 @@ enum { FLAT_W_F32 = 16 };
 static bool want_flat(const cg_module *m, const geom *g, int x, bool x8, bool q)
 {
 	return g->nsp == 2 && g->stride[0] == 1 && g->stride[1] == 1 &&
-	       g->out[1] < (q ? FLAT_W : FLAT_W_F32) &&
+	       g->out[1] < (q || g->k[1] > 3 ? FLAT_W : FLAT_W_F32) &&
 	       (m->buf[x].dt == KILN_F32 || x8);
 }
 

@@ -477,15 +477,16 @@ static void depthwise_matches(const char *name, int64_t n, int64_t c, int64_t mo
 	opcase_free(&oc);
 }
 
-/* Stride-1 depthwise convs on planes narrower than 16 outputs (f32) take
- * the padded, flat form (lower_nn.c, dw_flat): 3x3 and 5x5 kernels,
+/* Stride-1 depthwise convs on planes narrower than 16 outputs (f32 3x3;
+ * 32 for wider kernels) take the padded, flat form (lower_nn.c, dw_flat):
+ * 3x3 and 5x5 kernels,
  * symmetric, asymmetric and no padding, dilation 2, a channel multiplier
  * of 2, one output row, batch 2, a plane wider than tall; their rows
  * copied in as one vector overshooting into the next row (not with 7
  * input columns: under half a vector), as two overlapping ones (17), and
- * out in whole vectors (9, 11, 13, 14, 15 outputs), 19 channels.  Wider
- * rows (16, 17, 18, 28, 31 outputs) take the row form.  Against the
- * interpreter. */
+ * out in whole vectors (9, 11, 13, 14, 15 outputs; 31 with 5x5), 19
+ * channels.  Wider 3x3 rows (16, 17, 18, 28 outputs) take the row form.
+ * Against the interpreter. */
 START_TEST(small_plane_depthwise_matches_the_interpreter)
 {
 	static const struct {
