@@ -1339,7 +1339,7 @@ static kiln_status conv_depthwise(cg_module *m, const ir_node *n, const int *in,
 /* a depthwise conv of this shape runs channel-blocked (dw_blocked) */
 static bool dw_blocked_shape(const geom *g, int64_t Mg);
 /* ... or on flat padded planes (dw_flat) */
-static bool want_flat(const cg_module *m, const geom *g, int x, bool x8);
+static bool want_flat(const cg_module *m, const geom *g, int x, bool x8, bool q);
 
 /* Whether an integer conv is depthwise (2-D, one input channel per group)
  * with sums that f32 holds exactly: (x - x_zp) and (w - w_zp) are integers
@@ -1420,7 +1420,7 @@ static kiln_status dw_integer(cg_module *m, const ir_node *n, const conv_ops *op
 	 * those copies convert it; its taps' own loads of a converted plane are
 	 * cheaper than converting at each of ksz taps (MobileNetV2's stride-1
 	 * 56x56 conv: 0.24 ms per plane converted, 0.35 converting per tap) */
-	bool direct = rq && op->xz < 0 && (want_split(g) || want_flat(m, g, op->x, true));
+	bool direct = rq && op->xz < 0 && (want_split(g) || want_flat(m, g, op->x, true, true));
 	bool per_plane = rq && !direct && cg_btype(m, yf)->dim[1] == cg_btype(m, op->x)->dim[1];
 	int xf = direct || per_plane ? op->x : minus_zp_f32(m, n, op->x, op->xz, 1, op->x);
 	int wf = xf < 0 ? -1 : const_minus_zp_f32(m, op->w, op->wz, g->ksz);
@@ -1652,22 +1652,64 @@ static void dw_cols(cg_module *m, cg_kernel *k, cg_stmt *blk, const ir_node *n, 
  * elements: e = 1 for a plane, a block of channels channels-last) of the
  * hin x win source pixels at src[soff] (rows srs elements apart), placed at
  * row pt, column pw: zero rows above and below, and each source row between
- * zero columns. */
+ * zero columns.  whole: the rows are copied in whole vectors of TAIL_VEC
+ * (padded_rows). */
+static void padded_rows(cg_module *m, cg_kernel *k, cg_stmt *rb, int P, cg_expr *row, int src,
+                        cg_expr *sro, int64_t win, int64_t V);
 static void padded_plane(cg_module *m, cg_kernel *k, cg_stmt *blk, int P, cg_expr *pp, int src,
                          cg_expr *soff, int64_t srs, int64_t hin, int64_t win, int64_t Hp,
-                         int64_t Wp, int64_t pt, int64_t pw, int64_t e)
+                         int64_t Wp, int64_t pt, int64_t pw, int64_t e, bool whole)
 {
 	cg_expr *r, *c;
 	cg_stmt *rb, *cb;
 	zeros(m, k, blk, P, pp, pt * Wp * e);
-	cg_append(m, blk, cg_loop(m, k, I(m, hin), 0, &r, &rb));
-	cg_expr *row = add(m, pp, mul(m, add(m, r, I(m, pt)), I(m, Wp * e)));
-	zeros(m, k, rb, P, row, pw * e);
-	cg_append(m, rb, cg_loop(m, k, I(m, win * e), CG_VECTORIZE, &c, &cb));
-	cg_append(m, cb, cg_st(m, P, add(m, add(m, row, I(m, pw * e)), c),
-	                       cg_ld(m, src, add(m, add(m, soff, mul(m, r, I(m, srs))), c))));
-	zeros(m, k, rb, P, add(m, row, I(m, (pw + win) * e)), (Wp - pw - win) * e);
+	/* whole, rows narrower than a vector: every row but the last copies V
+	 * elements, the V - win past its end landing in its right padding and
+	 * the next row's first elements, which that row's zeros and copy then
+	 * overwrite (read from the next source row: inside the plane while
+	 * V <= srs + win) */
+	int64_t V = TAIL_VEC, n = win * e;
+	bool over = whole && e == 1 && n < V && hin > 1 && V <= srs + win && 2 * n >= V;
+	int64_t r0[2] = {0, hin - 1}, rn[2] = {over ? hin - 1 : hin, over ? 1 : 0};
+	for (int part = 0; part < 2; part++) {
+		if (!rn[part])
+			continue;
+		cg_append(m, blk, cg_loop(m, k, I(m, rn[part]), 0, &r, &rb));
+		if (part)
+			r = add(m, I(m, r0[part]), r);
+		cg_expr *row = add(m, pp, mul(m, add(m, r, I(m, pt)), I(m, Wp * e)));
+		cg_expr *sro = add(m, soff, mul(m, r, I(m, srs)));
+		zeros(m, k, rb, P, row, pw * e);
+		if (whole) {
+			padded_rows(m, k, rb, P, add(m, row, I(m, pw * e)), src, sro, n,
+			            over && !part ? V : n);
+		} else {
+			cg_append(m, rb, cg_loop(m, k, I(m, n), CG_VECTORIZE, &c, &cb));
+			cg_append(m, cb, cg_st(m, P, add(m, add(m, row, I(m, pw * e)), c),
+			                       cg_ld(m, src, add(m, sro, c))));
+		}
+		zeros(m, k, rb, P, add(m, row, I(m, (pw + win) * e)), (Wp - pw - win) * e);
+	}
 	zeros(m, k, blk, P, add(m, pp, I(m, (pt + hin) * Wp * e)), (Hp - pt - hin) * Wp * e);
+}
+
+/* P[dst + c] = src[sro + c] for c < V (V >= n, the row's n elements and
+ * what follows them) in whole vectors: with V >= TAIL_VEC, the last
+ * vector overlapping the one before (vector_spans), not a scalar
+ * remainder of up to 15 copies per row (LLVM 14 does not fold tails). */
+static void padded_rows(cg_module *m, cg_kernel *k, cg_stmt *rb, int P, cg_expr *dst, int src,
+                        cg_expr *sro, int64_t n, int64_t V)
+{
+	(void)n;
+	int64_t st[2], len[2];
+	int ns = vector_spans(0, V, st, len);
+	for (int q = 0; q < ns; q++) {
+		cg_expr *c;
+		cg_stmt *cb;
+		cg_append(m, rb, cg_loop(m, k, I(m, len[q]), CG_VECTORIZE, &c, &cb));
+		cg_expr *o = add(m, I(m, st[q]), c);
+		cg_append(m, cb, cg_st(m, P, add(m, dst, o), cg_ld(m, src, add(m, sro, o))));
+	}
 }
 
 /* ---- depthwise on small planes: padded and flat ----------------------------
@@ -1684,10 +1726,25 @@ static void padded_plane(cg_module *m, cg_kernel *k, cg_stmt *blk, int P, cg_exp
  * 960-channel 7x7 one 0.088 -> 0.051 ms (ORT 0.034). */
 enum { FLAT_W = 32 };
 
-/* x8: an 8-bit x the kernel may copy to f32 itself (exact) */
-static bool want_flat(const cg_module *m, const geom *g, int x, bool x8)
+/* In f32 with 3 columns of taps, the flat form pays on rows of fewer than
+ * FLAT_W_F32 outputs only: the row form (dw_cols: a scalar edge column on
+ * each side, the interior in whole vectors) measured faster from 18
+ * columns on.  One 3x3 depthwise conv of 256 channels, pads 1, batch 1,
+ * one thread (kiln bench, flat against row form, 6 alternating rounds,
+ * ms): 14x14 0.024 / 0.028, 16x16 0.032 / 0.032, 18x18 0.048 / 0.032,
+ * 24x24 0.115 / 0.074; MobileNetV2's 28x28 ones 0.10 -> 0.06.  Wider
+ * kernels keep FLAT_W: their row form has two scalar edge columns a side
+ * of 25 taps each (5x5, 240 channels, pads 2: 20x20 0.098 / 0.153, 28x28
+ * 0.229 / 0.351, and 1.3-1.6x at batch 16).  So does the int8 form (not
+ * measured here). */
+enum { FLAT_W_F32 = 16 };
+
+/* x8: an 8-bit x the kernel may copy to f32 itself (exact); q: the
+ * conv requantizes (int8) */
+static bool want_flat(const cg_module *m, const geom *g, int x, bool x8, bool q)
 {
-	return g->nsp == 2 && g->stride[0] == 1 && g->stride[1] == 1 && g->out[1] < FLAT_W &&
+	return g->nsp == 2 && g->stride[0] == 1 && g->stride[1] == 1 &&
+	       g->out[1] < (q || g->k[1] > 3 ? FLAT_W : FLAT_W_F32) &&
 	       (m->buf[x].dt == KILN_F32 || x8);
 }
 
@@ -1711,7 +1768,8 @@ static kiln_status dw_flat(cg_module *m, cg_kernel *k, cg_stmt *blk, const ir_no
 	/* the padded plane; input rows and columns past Hp - pt, Wp - pw are
 	 * read by no output */
 	int64_t hin = H < Hp - pt ? H : Hp - pt, win = W < Wp - pw ? W : Wp - pw;
-	padded_plane(m, k, blk, P, pp, in[0], xp, W, hin, win, Hp, Wp, pt, pw, 1);
+	padded_plane(m, k, blk, P, pp, in[0], xp, W, hin, win, Hp, Wp, pt, pw, 1,
+	             m->buf[in[0]].dt == KILN_F32);
 	/* the flat outputs, in whole vectors (the last one overlapping) */
 	int64_t st[2], len[2];
 	int ns = vector_spans(0, L, st, len);
@@ -1731,13 +1789,16 @@ static kiln_status dw_flat(cg_module *m, cg_kernel *k, cg_stmt *blk, const ir_no
 	}
 	/* the rows out: an activation folds into the flat loop's stores instead */
 	k->act_buf = T;
-	/* With rq, every row but the last in whole vectors: V >= Wo outputs,
-	 * the V - Wo past the row's end landing on the next row's first ones,
-	 * which that row's stores then overwrite, and read from T's next row
-	 * (inside L while V <= Wp + Wo).  A 14-output row was a vector of 8,
-	 * one of 4 and two scalar requantizations; now it is one vector. */
+	/* Every row but the last in whole vectors: V >= Wo outputs, the V - Wo
+	 * past the row's end landing on the next row's first ones, which that
+	 * row's stores then overwrite, and read from T's next row (inside L
+	 * while V <= Wp + Wo).  A 14-output row was a vector of 8, one of 4 and
+	 * two scalar requantizations (or copies, in f32); now it is one
+	 * vector.  A residual Add folded into these stores (fuse_store_residual)
+	 * reads another buffer (memplan never gives a kernel's input and output
+	 * the same bytes), so the early stores do not change what it reads. */
 	int64_t Ho = g->out[0], Wo = g->out[1], V = (Wo + TAIL_VEC - 1) / TAIL_VEC * TAIL_VEC;
-	bool whole = rq && Ho > 1 && V > Wo && V - Wo <= Wo && V <= Wp + Wo;
+	bool whole = Ho > 1 && V > Wo && V - Wo <= Wo && V <= Wp + Wo;
 	int64_t r0[2] = {0, whole ? Ho - 1 : 0}, rn[2] = {whole ? Ho - 1 : Ho, whole ? 1 : 0};
 	for (int part = 0; part < 2; part++) {
 		if (!rn[part])
@@ -1838,7 +1899,7 @@ static kiln_status dw_blocked(cg_module *m, const ir_node *n, const int *in, int
 		cg_append(m, qb, ts);
 	}
 	/* P: Q zero-padded */
-	padded_plane(m, k, qb, P, pp, Q, qp, W * DW_CB, hin, win, Hp, Wp, pt, pw, DW_CB);
+	padded_plane(m, k, qb, P, pp, Q, qp, W * DW_CB, hin, win, Hp, Wp, pt, pw, DW_CB, false);
 	/* T: one vector of channels per output pixel; the bias of lanes past
 	 * C is 0, not read */
 	cg_append(m, qb, cg_loop(m, k, I(m, Ho), 0, &r, &rb));
@@ -1946,7 +2007,7 @@ static kiln_status conv_depthwise(cg_module *m, const ir_node *n, const int *in,
 	/* with rq, x may be the 8-bit tensor itself (no zero point): its
 	 * copies (split, padded planes) and loads convert it */
 	bool x8 = rq && m->buf[in[0]].dt != KILN_F32;
-	if (want_flat(m, g, in[0], x8)) {
+	if (want_flat(m, g, in[0], x8, rq != NULL)) {
 		kiln_status st = dw_flat(m, k, blk, n, in, y, g, pl, nslot, rq, err);
 		k->final_buf = rq ? -1 : y;
 		return st;

@@ -477,10 +477,16 @@ static void depthwise_matches(const char *name, int64_t n, int64_t c, int64_t mo
 	opcase_free(&oc);
 }
 
-/* Stride-1 depthwise convs on planes narrower than 32 outputs take the
- * padded, flat form (lower_nn.c, dw_flat): 3x3 and 5x5 kernels, symmetric,
- * asymmetric and no padding, dilation 2, a channel multiplier of 2, one
- * output row, batch 2, a plane wider than tall, against the interpreter. */
+/* Stride-1 depthwise convs on planes narrower than 16 outputs (f32 3x3;
+ * 32 for wider kernels) take the padded, flat form (lower_nn.c, dw_flat):
+ * 3x3 and 5x5 kernels,
+ * symmetric, asymmetric and no padding, dilation 2, a channel multiplier
+ * of 2, one output row, batch 2, a plane wider than tall; their rows
+ * copied in as one vector overshooting into the next row (not with 7
+ * input columns: under half a vector), as two overlapping ones (17), and
+ * out in whole vectors (9, 11, 13, 14, 15 outputs; 31 with 5x5), 19
+ * channels.  Wider 3x3 rows (16, 17, 18, 28 outputs) take the row form.
+ * Against the interpreter. */
 START_TEST(small_plane_depthwise_matches_the_interpreter)
 {
 	static const struct {
@@ -494,6 +500,13 @@ START_TEST(small_plane_depthwise_matches_the_interpreter)
 		{2, 3, 6, 6, 13, 3, "group=3 pads=1,1,1,1"},
 		{1, 4, 4, 3, 20, 3, "group=4"},
 		{1, 2, 2, 5, 31, 5, "group=2 pads=2,1,2,3"},
+		{1, 19, 19, 14, 14, 3, "group=19 pads=1,1,1,1"},
+		{2, 3, 3, 7, 7, 3, "group=3 pads=2,2,2,2"},
+		{1, 4, 4, 5, 17, 3, "group=4"},
+		{1, 3, 3, 15, 15, 3, "group=3 pads=1,1,1,1"},
+		{1, 19, 19, 28, 28, 3, "group=19 pads=1,1,1,1"},
+		{1, 5, 5, 1, 17, 3, "group=5 pads=1,1,1,1"},
+		{1, 3, 3, 12, 16, 3, "group=3 pads=1,1,1,1"},
 	};
 	for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
 		char name[32];
