@@ -65,8 +65,9 @@ static void remove_dir(const char *dir)
 	DIR *d = opendir(dir);
 	for (struct dirent *e; d && (e = readdir(d));) {
 		char path[4200];
-		if (strcmp(e->d_name, ".") && strcmp(e->d_name, ".."))
-			snprintf(path, sizeof path, "%s/%s", dir, e->d_name), unlink(path);
+		if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..") &&
+		    snprintf(path, sizeof path, "%s/%s", dir, e->d_name) < (int)sizeof path)
+			unlink(path);
 	}
 	if (d)
 		closedir(d);
@@ -238,8 +239,9 @@ static void compare(const kiln_tensor *got, const kiln_tensor *want, int k, char
 		same = got->shape[i] == want->shape[i];
 	if (!same) {
 		char a[128], b[128];
-		snprintf(why, size, "output %d: shape %s, expected %s", k, shape_str(got, a, sizeof a),
-		         shape_str(want, b, sizeof b));
+		if (snprintf(why, size, "output %d: shape %s, expected %s", k,
+		             shape_str(got, a, sizeof a), shape_str(want, b, sizeof b)) >= (int)size)
+			why[size - 1] = 0; /* cut short: still one line */
 		return;
 	}
 	bool fl = kiln_dtype_is_float(want->dtype);

@@ -31,7 +31,8 @@
 static void touch(const char *path)
 {
 	char cmd[1200];
-	snprintf(cmd, sizeof cmd, "mkdir -p \"$(dirname '%s')\" && : > '%s'", path, path);
+	ck_assert_int_lt(snprintf(cmd, sizeof cmd, "mkdir -p \"$(dirname '%s')\" && : > '%s'", path,
+	                          path), (int)sizeof cmd);
 	ck_assert_int_eq(system(cmd), 0);
 }
 
