@@ -37,6 +37,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+# the digits CNN as PyTorch module: the one tests/train/time_torch.py times
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests",
+                                "train"))
+from time_torch import CNN  # noqa: E402
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 MODELS = {
@@ -57,18 +62,6 @@ class MLP(torch.nn.Module):
 
     def forward(self, x):
         return self.fc2(F.relu(self.fc1(x)))
-
-
-class CNN(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.conv1 = torch.nn.Conv2d(1, 8, 3, padding=1)
-        self.bn1 = torch.nn.BatchNorm2d(8)
-        self.fc = torch.nn.Linear(128, 10)
-
-    def forward(self, x):
-        h = F.max_pool2d(F.relu(self.bn1(self.conv1(x))), 2)
-        return self.fc(torch.flatten(h, 1))
 
 
 def run_kiln(kiln, data, cache, name, epochs, interp):
