@@ -3,6 +3,7 @@
 
     /usr/bin/python3 tests/onnx/check_zoo.py export [--opset N] OUT_DIR [NAME...]
     .venv/bin/python tests/onnx/check_zoo.py check KILN OUT_DIR [NAME...]
+    .venv/bin/python tests/onnx/check_zoo.py sweep KILN OUT_DIR [--opset N ...] [NAME...]
 
 `export` (Debian's python3: torch 1.13, torchvision 0.14) writes NAME.onnx
 and NAME_x.npy for each model: random seeded weights (nothing is
@@ -10,13 +11,17 @@ downloaded; a classifier head that torchvision initialises to zero gets
 small random weights, so the outputs compare), eval mode, opset 13 (or
 --opset N: PyTorch 1.13 writes up to 17), a
 dynamic batch "N", a batch of 2 inputs.  `check` (the venv's python, which
-has onnxruntime) compiles each with `KILN compile`, runs it with `KILN run`
+has onnxruntime and, through the system site packages, torch) compiles each with `KILN compile`, runs it with `KILN run`
 and compares with ORT on the same input: it prints the compile time and
 max |kiln - ORT| / max |ORT|, and fails (exit 1) when a model does not
 import, compile or run, or differs by more than 1e-4.  Not a ctest: the
-exports take minutes; docs/ONNX.md quotes its output.
+exports take minutes; docs/ONNX.md quotes its output.  `sweep` does
+both for one model and opset at a time (13 and 17 unless --opset is
+given), deleting each export once checked; with no NAME, every classifier
+and segmentation model torchvision has.
 """
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -94,6 +99,47 @@ def check(kiln, out, names):
     return 1 if failed else 0
 
 
+def every_model():
+    """Every classification and segmentation builder of the installed
+    torchvision (0.14: 80 classifiers, 6 segmentation models)."""
+    import torchvision
+    cls = sorted(n for n in dir(torchvision.models)
+                 if n[0].islower() and n not in ("list_models",) and not n.startswith("get_")
+                 and callable(getattr(torchvision.models, n)))
+    return cls + list(SEGMENTATION)
+
+
+def sweep(kiln, out, opsets, names):
+    """Each model at each opset: export in a child process, check, then
+    delete its files, so a sweep over every model needs the disk of the
+    largest one only.  A model PyTorch cannot export is reported as such
+    (not a kiln failure); the exit status counts kiln's failures."""
+    failed = 0
+    for name in names:
+        for opset in opsets:
+            d = os.path.join(out, f"{name}.{opset}")
+            os.makedirs(d, exist_ok=True)
+            t = time.time()
+            r = subprocess.run([sys.executable, os.path.abspath(__file__), "export", "--opset",
+                                str(opset), d, name], capture_output=True, text=True)
+            exp = time.time() - t
+            if r.returncode:
+                last = (r.stderr.strip().splitlines() or ["?"])[-1]
+                print(f"{name} opset {opset}: PyTorch cannot export it: {last[:200]}", flush=True)
+                shutil.rmtree(d, ignore_errors=True)
+                continue
+            size = os.path.getsize(os.path.join(d, name + ".onnx")) + sum(
+                os.path.getsize(os.path.join(d, f)) for f in os.listdir(d)
+                if not f.endswith((".onnx", ".npy")))
+            print(f"{name} opset {opset}: exported in {exp:.0f} s, {size / 1e6:.0f} MB; ",
+                  end="", flush=True)
+            failed += check(kiln, d, [name])
+            sys.stdout.flush()
+            shutil.rmtree(d, ignore_errors=True)
+    print(f"sweep: {len(names)} models x {len(opsets)} opsets, {failed} kiln failures", flush=True)
+    return 1 if failed else 0
+
+
 def main(argv):
     if len(argv) >= 5 and argv[1] == "export" and argv[2] == "--opset":
         return export(argv[4], argv[5:] or CLASSIFIERS + SEGMENTATION, int(argv[3]))
@@ -101,6 +147,12 @@ def main(argv):
         return export(argv[2], argv[3:] or CLASSIFIERS + SEGMENTATION)
     if len(argv) >= 4 and argv[1] == "check":
         return check(argv[2], argv[3], argv[4:] or CLASSIFIERS + SEGMENTATION)
+    if len(argv) >= 4 and argv[1] == "sweep":
+        opsets, rest = [], argv[4:]
+        while len(rest) >= 2 and rest[0] == "--opset":
+            opsets.append(int(rest[1]))
+            rest = rest[2:]
+        return sweep(argv[2], argv[3], opsets or [13, 17], rest or every_model())
     sys.stderr.write(__doc__)
     return 2
 
