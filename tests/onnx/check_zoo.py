@@ -40,6 +40,14 @@ def export(out, names, opset=13):
     import numpy as np
     import torch
     import torchvision
+    from torch.onnx import register_custom_op_symbolic
+
+    # PyTorch 1.13 has no ONNX symbolic for aten::zero (Tensor.zero_, which
+    # Swin V2 applies to a slice of its qkv bias); x * 0 has its value.
+    def zero(g, x):
+        return g.op("Mul", x, g.op("Constant", value_t=torch.tensor(0, dtype=torch.float32)))
+
+    register_custom_op_symbolic("aten::zero", zero, 9)
     os.makedirs(out, exist_ok=True)
     for name in names:
         torch.manual_seed(0)
