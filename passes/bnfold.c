@@ -230,6 +230,35 @@ static kiln_status fold_bn(kiln_graph *g, ir_node *bn, bool *changed)
 	return st;
 }
 
+/* dst[c][r] = src[r][c] for an R x C matrix of es-byte elements, in
+ * tiles that stay in L1 on both sides: VGG's 4096 x 25088 classifier
+ * weight took seconds element by element, since every write of a row
+ * walked a column 16 KB apart. */
+static void transpose(void *dst, const void *src, int64_t R, int64_t C, size_t es)
+{
+	enum { T = 32 };
+	for (int64_t r0 = 0; r0 < R; r0 += T)
+		for (int64_t c0 = 0; c0 < C; c0 += T) {
+			int64_t r1 = r0 + T < R ? r0 + T : R, c1 = c0 + T < C ? c0 + T : C;
+			for (int64_t r = r0; r < r1; r++) {
+#define TILE(type)                                                                 \
+	for (int64_t c = c0; c < c1; c++)                                              \
+		((type *)dst)[c * R + r] = ((const type *)src)[r * C + c];
+				switch (es) {
+				case 4: TILE(uint32_t) break;
+				case 2: TILE(uint16_t) break;
+				case 8: TILE(uint64_t) break;
+				case 1: TILE(uint8_t) break;
+				default:
+					for (int64_t c = c0; c < c1; c++)
+						memcpy((char *)dst + (c * R + r) * es,
+						       (const char *)src + (r * C + c) * es, es);
+				}
+#undef TILE
+			}
+		}
+}
+
 /* Gemm(transB=1) with a fixed B read by it alone: B stored as [K, N]. */
 static kiln_status untranspose_b(kiln_graph *g, ir_node *n, bool *changed)
 {
@@ -242,12 +271,7 @@ static kiln_status untranspose_b(kiln_graph *g, ir_node *n, bool *changed)
 	kiln_tensor *t = kiln_tensor_new(w->dtype, 2, (int64_t[]){K, N});
 	if (!t)
 		return ir_errorf(g, n, KILN_ENOMEM, "bnfold: out of memory");
-	size_t es = kiln_dtype_size(w->dtype);
-	const char *src = w->data;
-	char *dst = t->data;
-	for (int64_t r = 0; r < N; r++)
-		for (int64_t c = 0; c < K; c++)
-			memcpy(dst + (c * N + r) * es, src + (r * K + c) * es, es);
+	transpose(t->data, w->data, N, K, kiln_dtype_size(w->dtype));
 	uint32_t c = pass_constant(g, n->loc, t);
 	kiln_tensor_free(t);
 	if (!c)
