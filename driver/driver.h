@@ -32,6 +32,14 @@ kiln_status driver_compile_train_inference(const kiln_graph *inference, uint64_t
                                            const char *out_path, const kiln_compile_opts *o,
                                            kiln_error *err);
 
+/* kiln_build_train_step; with grad_outputs, every gradient is also an
+ * output "<p>.grad" after the model's ".next" ones, in the order backward
+ * makes them (the last layer's first): what kiln_compile_train builds so
+ * that the step can stop between the gradients and the optimizer (the
+ * split step, kiln_model_train_step_hook). */
+kiln_status driver_build_train_step(const kiln_graph *model, const kiln_train_opts *o,
+                                    bool grad_outputs, kiln_graph **step, kiln_error *err);
+
 /* What driver_train_lib found in the cache. */
 typedef struct driver_cache_info {
 	bool hit;        /* loaded from the cache, nothing compiled */

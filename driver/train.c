@@ -36,6 +36,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "driver/driver.h"
 #include "frontend/frontend.h"
 #include "passes/passes.h"
 #include "runtime/model.h"
@@ -101,10 +102,43 @@ static uint32_t add_loss(kiln_graph *g, const kiln_train_opts *o)
 	return 0;
 }
 
+/* Each gradient as an output "<p>.grad", in the order backward computes
+ * them (by defining node: the last layer's first), so a compiled step can
+ * hand them to a hook before the optimizer reads them (the split step). */
+static void add_grad_outputs(kiln_graph *g, int m, const uint32_t *param, const uint32_t *grad)
+{
+	uint32_t *order = calloc((size_t)m + 1, sizeof *order);
+	if (!order) {
+		ir_errorf(g, NULL, KILN_ENOMEM, "train step: out of memory");
+		return;
+	}
+	for (int i = 0; i < m; i++)
+		order[i] = (uint32_t)i;
+	for (int i = 1; i < m; i++) /* insertion sort by where each gradient is made */
+		for (int j = i; j > 0; j--) {
+			const ir_node *a = g->val[grad[order[j - 1]]]->def, *b = g->val[grad[order[j]]]->def;
+			if (!a || !b || a->idx <= b->idx)
+				break;
+			uint32_t k = order[j];
+			order[j] = order[j - 1], order[j - 1] = k;
+		}
+	for (int i = 0; i < m && g->status == KILN_OK; i++) {
+		char name[600];
+		snprintf(name, sizeof name, "%s.grad", g->val[param[order[i]]]->name);
+		ir_value *v = g->val[grad[order[i]]];
+		if (v->kind != IR_V_NODE || v->name)
+			ir_errorf(g, NULL, KILN_EUNSUPPORTED, "train step: the gradient of '%s' is not a "
+			          "value of its own", g->val[param[order[i]]]->name);
+		else
+			v->name = ir_intern(g, name), ir_output_add(g, grad[order[i]], NULL);
+	}
+	free(order);
+}
+
 /* Differentiates loss by every trainable parameter and appends the update;
  * parameters the loss does not reach are left alone, as PyTorch skips a
  * parameter whose .grad is None. */
-static void add_update(kiln_graph *g, const kiln_train_opts *o, uint32_t loss)
+static void add_update(kiln_graph *g, const kiln_train_opts *o, uint32_t loss, bool grads)
 {
 	int n = 0;
 	uint32_t *param = calloc(g->nval + 1, sizeof *param), *grad = calloc(g->nval + 1, sizeof *grad);
@@ -124,6 +158,8 @@ static void add_update(kiln_graph *g, const kiln_train_opts *o, uint32_t loss)
 	uint32_t lr = kiln_input_at(g, HERE, "lr", KILN_F64, 0, NULL);
 	uint32_t step = kiln_input_at(g, HERE, "step", KILN_F64, 0, NULL);
 	uint32_t apply = o->accum_steps > 1 ? kiln_input_at(g, HERE, "apply", KILN_BOOL, 0, NULL) : 0;
+	if (g->status == KILN_OK && grads)
+		add_grad_outputs(g, m, param, grad);
 	if (g->status == KILN_OK)
 		pass_optim(g, o, &(pass_optim_io){m, param, grad, lr, step, apply});
 out:
@@ -132,6 +168,12 @@ out:
 
 KILN_API kiln_status kiln_build_train_step(const kiln_graph *model, const kiln_train_opts *o,
                                            kiln_graph **step, kiln_error *err)
+{
+	return driver_build_train_step(model, o, false, step, err);
+}
+
+kiln_status driver_build_train_step(const kiln_graph *model, const kiln_train_opts *o,
+                                    bool grad_outputs, kiln_graph **step, kiln_error *err)
 {
 	if (!model || !o || !step)
 		return ir_seterr(err, KILN_EINVAL, "kiln_build_train_step: null argument");
@@ -160,7 +202,7 @@ KILN_API kiln_status kiln_build_train_step(const kiln_graph *model, const kiln_t
 		for (uint32_t i = 0; i < nold; i++)
 			if (g->val[old[i]]->name && ends_with(g->val[old[i]]->name, ".next"))
 				ir_output_add(g, old[i], NULL);
-		add_update(g, o, loss);
+		add_update(g, o, loss, grad_outputs);
 	} else if (!old) {
 		ir_errorf(g, NULL, KILN_ENOMEM, "train step: out of memory");
 	}

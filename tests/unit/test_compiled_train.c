@@ -1035,6 +1035,171 @@ START_TEST(exported_trained_model_matches_compiled_eval_in_ort)
 }
 END_TEST
 
+/* ---- the split step (kiln_model_train_step_hook) ------------------------------- */
+
+typedef struct hook_log {
+	int nready, nwait, order[256];
+	int64_t elems;
+	bool zero;       /* replace every gradient with 0 */
+	bool ready_after_wait;
+} hook_log;
+
+static kiln_status log_ready(void *ud, int bucket, void *data, int64_t n, kiln_dtype dt)
+{
+	hook_log *h = ud;
+	ck_assert_int_eq(dt, KILN_F32);
+	ck_assert_ptr_nonnull(data);
+	h->ready_after_wait |= h->nwait > 0;
+	if (h->nready < 256)
+		h->order[h->nready] = bucket;
+	h->nready++;
+	h->elems += n;
+	if (h->zero)
+		memset(data, 0, (size_t)n * sizeof(float));
+	return KILN_OK;
+}
+
+static kiln_status log_wait(void *ud)
+{
+	((hook_log *)ud)->nwait++;
+	return KILN_OK;
+}
+
+static int64_t trainable_elems(const char *name, int *count)
+{
+	kiln_graph *g = model(name, true);
+	int64_t n = 0;
+	*count = 0;
+	for (int i = 0; i < kiln_graph_num_params(g); i++) {
+		kiln_value p = kiln_graph_param(g, i);
+		if (kiln_param_trainable(g, p))
+			n += kiln_tensor_numel(kiln_param_data(g, p)), ++*count;
+	}
+	kiln_graph_free(g);
+	return n;
+}
+
+/* The split step with a hook that only looks is the whole step, bit for
+ * bit: same losses and the same bytes in every state tensor; every bucket
+ * comes once per step, before wait, and together they hold every gradient. */
+static void split_equals_whole(const char *run, int64_t bucket_bytes)
+{
+	char name[4];
+	snprintf(name, sizeof name, "%.3s", run);
+	data d = load_data(name);
+	kiln_model *a = open_run(run), *b = open_run(run);
+	kiln_error err;
+	int nparam;
+	int64_t elems = trainable_elems(name, &nparam);
+	ck_assert_int_eq(kiln_model_set_bucket_bytes(b, bucket_bytes, &err), KILN_OK);
+	int nb = kiln_model_num_buckets(b);
+	ck_assert_int_ge(nb, 1);
+	if (bucket_bytes == 1)
+		ck_assert_int_eq(nb, nparam);
+	for (int s = 0; s < 5; s++) {
+		hook_log h = {0};
+		kiln_tensor x = view(d.x, s), y = view(d.y, s);
+		double la = step(a, d, s, 0.05), lb = NAN;
+		kiln_grad_hook hk = {log_ready, log_wait, &h};
+		ck_assert_msg(kiln_model_train_step_hook(b, &x, &y, 0.05, &hk, &lb, &err) == KILN_OK,
+		              "%s", err.msg);
+		ck_assert_msg(memcmp(&la, &lb, sizeof la) == 0, "step %d: %.17g vs %.17g", s, la, lb);
+		ck_assert_int_eq(h.nready, nb);
+		ck_assert_int_eq(h.nwait, 1);
+		ck_assert(!h.ready_after_wait);
+		ck_assert_int_eq(h.elems, elems);
+		int seen[256] = {0}; /* each bucket once (BatchNorm's can finish late) */
+		for (int k = 0; k < nb && k < 256; k++)
+			ck_assert_int_eq(seen[h.order[k]]++, 0);
+	}
+	kiln_tensor_set *sa = kiln_model_state(a), *sb = kiln_model_state(b);
+	ck_assert_int_eq(sa->count, sb->count);
+	for (int i = 0; i < sa->count; i++) {
+		const kiln_tensor *u = sa->items[i].tensor, *v = kiln_tensor_set_get(sb, sa->items[i].name);
+		ck_assert_ptr_nonnull(v);
+		ck_assert_msg(memcmp(u->data, v->data, kiln_tensor_nbytes(u)) == 0, "%s differs",
+		              sa->items[i].name);
+	}
+	kiln_tensor_set_free(sa), kiln_tensor_set_free(sb);
+	kiln_model_free(a), kiln_model_free(b);
+	free_data(d);
+}
+
+START_TEST(split_step_equals_whole_step_bit_for_bit_mlp)
+{
+	split_equals_whole("mlp_sgd", 25 << 20);
+	split_equals_whole("mlp_adamw", 1);
+}
+END_TEST
+
+START_TEST(split_step_equals_whole_step_bit_for_bit_cnn)
+{
+	split_equals_whole("cnn_sgd", 1);
+	split_equals_whole("cnn_adamw", 4096);
+}
+END_TEST
+
+/* The optimizer reads what the hook left: with every gradient zeroed, SGD
+ * (momentum 0.9, weight decay 5e-4) moves a weight only by its decay,
+ * w - lr * wd * w. */
+START_TEST(split_step_optimizer_reads_the_hooks_gradients)
+{
+	data d = load_data("mlp");
+	kiln_model *m = open_run("mlp_sgd");
+	kiln_tensor_set *before = kiln_model_state(m);
+	hook_log h = {.zero = true};
+	kiln_grad_hook hk = {log_ready, NULL, &h};
+	kiln_tensor x = view(d.x, 0), y = view(d.y, 0);
+	double loss;
+	kiln_error err;
+	ck_assert_msg(kiln_model_train_step_hook(m, &x, &y, 0.5, &hk, &loss, &err) == KILN_OK, "%s",
+	              err.msg);
+	kiln_tensor_set *after = kiln_model_state(m);
+	const kiln_tensor *w0 = kiln_tensor_set_get(before, "fc1.weight");
+	const kiln_tensor *w1 = kiln_tensor_set_get(after, "fc1.weight");
+	ck_assert_ptr_nonnull(w0);
+	ck_assert_ptr_nonnull(w1);
+	int moved = 0;
+	for (int64_t i = 0; i < kiln_tensor_numel(w0); i++) {
+		float a = ((float *)w0->data)[i], b = ((float *)w1->data)[i];
+		ck_assert_msg(fabs(b - a * (1 - 0.5 * 5e-4)) <= 1e-6 * (fabs(a) + 1e-6),
+		              "fc1.weight[%lld]: %.9g -> %.9g", (long long)i, a, b);
+		moved += a != b;
+	}
+	ck_assert_int_gt(moved, 0);
+	kiln_tensor_set_free(before), kiln_tensor_set_free(after);
+	kiln_model_free(m);
+	free_data(d);
+}
+END_TEST
+
+static kiln_status fail_ready(void *ud, int bucket, void *data, int64_t n, kiln_dtype dt)
+{
+	(void)ud, (void)bucket, (void)data, (void)n, (void)dt;
+	return KILN_EIO;
+}
+
+START_TEST(split_step_hook_failure_changes_nothing)
+{
+	data d = load_data("mlp");
+	kiln_model *m = open_run("mlp_sgd");
+	kiln_tensor_set *before = kiln_model_state(m);
+	kiln_grad_hook hk = {fail_ready, NULL, NULL};
+	kiln_tensor x = view(d.x, 0), y = view(d.y, 0);
+	double loss;
+	kiln_error err;
+	ck_assert_int_eq(kiln_model_train_step_hook(m, &x, &y, 0.5, &hk, &loss, &err), KILN_EIO);
+	ck_assert_msg(strstr(err.msg, "gradient hook's ready failed") != NULL, "%s", err.msg);
+	ck_assert_int_eq(kiln_model_steps(m), 0);
+	kiln_tensor_set *after = kiln_model_state(m);
+	assert_sets_close(before, after, 0);
+	kiln_tensor_set_free(before), kiln_tensor_set_free(after);
+	ck_assert_int_eq(kiln_model_set_bucket_bytes(m, 0, &err), KILN_EINVAL);
+	kiln_model_free(m);
+	free_data(d);
+}
+END_TEST
+
 static Suite *compiled_train_suite(void)
 {
 	Suite *s = suite_create("compiled_train");
@@ -1074,6 +1239,13 @@ static Suite *compiled_train_suite(void)
 	tcase_set_timeout(tc, 600);
 	tcase_add_test(tc, inference_cnn_onnx_compiles_with_train_and_trains);
 	tcase_add_test(tc, exported_trained_model_matches_compiled_eval_in_ort);
+	suite_add_tcase(s, tc);
+	tc = tcase_create("split_step");
+	tcase_set_timeout(tc, 600);
+	tcase_add_test(tc, split_step_equals_whole_step_bit_for_bit_mlp);
+	tcase_add_test(tc, split_step_equals_whole_step_bit_for_bit_cnn);
+	tcase_add_test(tc, split_step_optimizer_reads_the_hooks_gradients);
+	tcase_add_test(tc, split_step_hook_failure_changes_nothing);
 	suite_add_tcase(s, tc);
 	tc = tcase_create("errors");
 	tcase_set_timeout(tc, 300);
