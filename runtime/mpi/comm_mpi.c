@@ -10,8 +10,11 @@
  * also exchanges a heartbeat with every peer (a tiny message per collective
  * and peer, sent once this rank has reached the wait): when the deadline
  * passes, the peers whose heartbeat has not arrived are the ones that never
- * got there, and the message names them.  The caller then calls abort (a
- * peer that never arrives would keep MPI_Finalize waiting too).
+ * got there.  A peer can also stop inside a wait (after its heartbeat went
+ * out): so every wait answers probes while it polls, and on timeout each
+ * rank probes its peers and waits a little for the answers; a peer without
+ * a heartbeat or an answer is named.  The caller then calls abort (a peer
+ * that never arrives would keep MPI_Finalize waiting too).
  */
 #include <mpi.h>
 #include <sched.h>
@@ -23,7 +26,7 @@
 
 #include "kiln/kiln.h"
 
-enum { MAXREQ = 4096, HB_TAG = 7117 };
+enum { MAXREQ = 4096, HB_TAG = 7117, PROBE_TAG = 7118, REPLY_TAG = 7119 };
 
 typedef struct pending {
 	void *buf;
@@ -82,8 +85,62 @@ static bool mpi_type(kiln_dtype dt, MPI_Datatype *t)
 	}
 }
 
+/* Answers every probe a peer has sent (a wait that polls is alive). */
+static void answer_probes(mpi_comm *m)
+{
+	int flag = 1;
+	while (flag) {
+		MPI_Status st;
+		if (MPI_Iprobe(MPI_ANY_SOURCE, PROBE_TAG, MPI_COMM_WORLD, &flag, &st) != MPI_SUCCESS)
+			return;
+		if (!flag)
+			return;
+		int64_t v;
+		MPI_Recv(&v, 1, MPI_INT64_T, st.MPI_SOURCE, PROBE_TAG, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+		MPI_Send(&v, 1, MPI_INT64_T, st.MPI_SOURCE, REPLY_TAG, MPI_COMM_WORLD);
+	}
+}
+
+/* After a timeout: which peers answer a probe within a few seconds.
+ * alive[p] is set for each that does. */
+static void probe_peers(mpi_comm *m, uint8_t *alive)
+{
+	int k = m->c.size, me = m->c.rank, n = 0;
+	int64_t out = m->seq, *in = calloc((size_t)k, sizeof *in);
+	MPI_Request *r = calloc(2 * (size_t)k, sizeof *r);
+	if (!in || !r) {
+		free(in), free(r);
+		return;
+	}
+	for (int p = 0; p < k; p++) {
+		if (p == me)
+			continue;
+		MPI_Irecv(&in[p], 1, MPI_INT64_T, p, REPLY_TAG, MPI_COMM_WORLD, &r[n++]);
+		MPI_Isend(&out, 1, MPI_INT64_T, p, PROBE_TAG, MPI_COMM_WORLD, &r[n++]);
+	}
+	double grace = m->timeout < 3 ? m->timeout : 3, end = now() + grace;
+	while (now() < end) {
+		answer_probes(m);
+		int all = 0;
+		MPI_Testall(n, r, &all, MPI_STATUSES_IGNORE);
+		if (all)
+			break;
+		sched_yield();
+	}
+	for (int p = 0, i = 0; p < k; p++) {
+		if (p == me)
+			continue;
+		int got = 0;
+		MPI_Test(&r[i], &got, MPI_STATUS_IGNORE);
+		alive[p] = (uint8_t)got;
+		i += 2;
+	}
+	free(in), free(r);
+}
+
 /* Polls reqs[0..n) and the heartbeats until all are done or the deadline;
- * on timeout, names the peers whose heartbeat never came. */
+ * on timeout, names the peers whose heartbeat never came or that do not
+ * answer a probe. */
 static kiln_status finish(mpi_comm *m, MPI_Request *reqs, int n, const char *what, int64_t step)
 {
 	int k = m->c.size, me = m->c.rank, nh = 0;
@@ -106,21 +163,26 @@ static kiln_status finish(mpi_comm *m, MPI_Request *reqs, int n, const char *wha
 			break;
 		if (now() > deadline)
 			break;
+		answer_probes(m);
 		sched_yield();
 	}
 	if (done && hb_done)
 		return KILN_OK;
 	char who[512] = "";
 	size_t len = 0;
+	uint8_t *alive = calloc((size_t)k, 1);
+	if (alive)
+		probe_peers(m, alive);
 	for (int p = 0, h = 0; p < k; p++) {
 		if (p == me)
 			continue;
 		int got = 0;
 		MPI_Test(&m->hb_req[h], &got, MPI_STATUS_IGNORE);
 		h += 2;
-		if (!got && len < sizeof who - 16)
+		if ((!got || (alive && !alive[p])) && len < sizeof who - 16)
 			len += (size_t)snprintf(who + len, sizeof who - len, "%s%d", len ? ", " : "", p);
 	}
+	free(alive);
 	if (len)
 		return fail(m, KILN_EIO, "%s of step %lld did not finish within %g s: no word from rank%s "
 		            "%s (dead or hung)", what, (long long)step, m->timeout,
