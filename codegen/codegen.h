@@ -430,5 +430,7 @@ kiln_status cg_memplan(cg_module *m, kiln_error *err);
  * the lowering keeping node order. */
 kiln_status cg_grad_split(const cg_module *m, const int *bufs, int n, int *ready, int *split,
                           kiln_error *err);
+/* The last kernel storing buffer buf (through its aliases); -1 if none. */
+int cg_last_store(const cg_module *m, int buf);
 
 #endif /* KILN_CODEGEN_H */

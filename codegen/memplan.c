@@ -294,3 +294,17 @@ out:
 	free(a.stores), free(a.touches), free(touch);
 	return st;
 }
+
+int cg_last_store(const cg_module *m, int buf)
+{
+	access a = {m, calloc((size_t)m->nbuf + 1, 1), calloc((size_t)m->nbuf + 1, 1)};
+	int last = -1;
+	for (int k = 0; a.stores && a.touches && k < m->nkern; k++) {
+		memset(a.stores, 0, (size_t)m->nbuf);
+		acc_stmt(&a, m->kern[k].body);
+		if (a.stores[root(m, buf)])
+			last = k;
+	}
+	free(a.stores), free(a.touches);
+	return last;
+}

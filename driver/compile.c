@@ -264,8 +264,11 @@ static void drop_unused_syms(cg_module *m)
 
 /* Where the step can stop between its gradients (the "<p>.grad" outputs)
  * and the optimizer: ti->ready and ti->split, or split -1 when it cannot
- * (then the library has the whole step only; the hooked step refuses). */
-static void grad_split(train_build *tb, const cg_module *m)
+ * (then the library has the whole step only; the hooked step refuses).
+ * SyncBatchNorm's sums and their gradients ("*.sync_*") are ready right
+ * after the kernel that stores them: the hook all-reduces them before any
+ * later kernel reads them. */
+static void grad_split(train_build *tb, const kiln_graph *g, const cg_module *m)
 {
 	cg_train_info *ti = &tb->ti;
 	ti->split = -1;
@@ -276,13 +279,18 @@ static void grad_split(train_build *tb, const cg_module *m)
 		free(at);
 		return;
 	}
+	bool ok = true;
 	for (int i = 0; i < m->noutputs; i++) {
 		tb->ready[i] = -1;
-		if (i > 0 && tb->next[i] < 0)
+		const char *name = g->val[g->output[i]]->name;
+		bool sync = name && strstr(name, ".sync_");
+		if (i > 0 && tb->next[i] < 0 && !sync)
 			at[n] = i, tb->gbuf[n++] = m->outputs[i];
+		else if (i > 0 && tb->next[i] < 0) /* all-reduced as soon as it is made */
+			ok &= (tb->ready[i] = cg_last_store(m, m->outputs[i])) >= 0;
 	}
 	int *r = calloc((size_t)n + 1, sizeof *r);
-	if (n && r && cg_grad_split(m, tb->gbuf, n, r, &split, NULL) == KILN_OK) {
+	if (ok && n && r && cg_grad_split(m, tb->gbuf, n, r, &split, NULL) == KILN_OK) {
 		for (int k = 0; k < n; k++)
 			tb->ready[at[k]] = r[k];
 		ti->ready = tb->ready;
@@ -311,8 +319,8 @@ static kiln_status step_contract(train_build *tb, const kiln_graph *g, const cg_
 		const char *name = g->val[g->output[i]]->name;
 		char p[600];
 		size_t n = name ? strlen(name) : 0;
-		if (n > 5 && ends_with(name, ".grad")) {
-			tb->next[i] = -1; /* a gradient: the split step's, replaces nothing */
+		if ((n > 5 && ends_with(name, ".grad")) || (name && strstr(name, ".sync_"))) {
+			tb->next[i] = -1; /* a gradient or a SyncBatchNorm sum: the split step's */
 			continue;
 		}
 		if (n > 5 && n - 5 < sizeof p && ends_with(name, ".next"))
@@ -324,7 +332,7 @@ static kiln_status step_contract(train_build *tb, const kiln_graph *g, const cg_
 		tb->next[i] = k;
 	}
 	ti->next = tb->next;
-	grad_split(tb, m);
+	grad_split(tb, g, m);
 	return ti->lr >= 0 && ti->t >= 0 && (ti->accum == 1) == (ti->apply < 0)
 	               ? KILN_OK
 	               : ir_seterr(err, KILN_EVERIFY, "kiln_compile_train: the step graph lacks "

@@ -22,7 +22,13 @@ static kiln_status hook_wait(void *ud)
 	return c->wait(c, c->step);
 }
 
+static kiln_status hook_sum(void *ud, void *data, int64_t n, kiln_dtype dt)
+{
+	kiln_comm *c = ud;
+	return c->size > 1 ? c->allreduce_sum(c, data, n, dt) : KILN_OK;
+}
+
 KILN_API kiln_grad_hook kiln_comm_grad_hook(kiln_comm *c)
 {
-	return (kiln_grad_hook){hook_ready, hook_wait, c};
+	return (kiln_grad_hook){hook_ready, hook_wait, c, hook_sum};
 }

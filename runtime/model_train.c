@@ -41,8 +41,9 @@ struct rt_train {
 	int64_t steps, micro;  /* optimizer steps and micro-batches so far */
 	/* the split step: gradient outputs, in output order (the last layer's
 	 * first), stored back to back in gstore; buckets of consecutive ones */
-	int ngrad, nbucket;
+	int ngrad, nbucket, nsync;
 	int32_t *gout;         /* per gradient: its step output */
+	int32_t *sout;         /* per SyncBatchNorm sum or its gradient: its output */
 	char *gstore;
 	int32_t *bfirst;       /* per bucket: its first gradient; [nbucket]: ngrad */
 	int32_t *bready;       /* per bucket: the kernel after which it is final */
@@ -79,12 +80,14 @@ static int32_t micro_pos(const rt_train_desc *d)
 	return d->micro1 - 1;
 }
 
-/* Step output i (> 0) is a gradient "<p>.grad" (ABI 4), not a ".next". */
-static bool is_grad(const rt_train_desc *d, uint32_t i)
+/* Step output i (> 0) is a gradient "<p>.grad" (ABI 4), not a ".next";
+ * sync: a SyncBatchNorm sum or its gradient ("*.sync_*") instead. */
+static bool is_split_output(const rt_train_desc *d, uint32_t i, bool sync)
 {
 	const rt_io_desc *o = &d->step->outputs[i];
 	size_t n = o->name ? strlen(o->name) : 0;
-	if (d->next[i] >= 0 || n < 5 || strcmp(o->name + n - 5, ".grad") != 0)
+	if (d->next[i] >= 0 || (sync ? !strstr(o->name, ".sync_")
+	                              : n < 5 || strcmp(o->name + n - 5, ".grad") != 0))
 		return false;
 	for (int k = 0; k < o->rank; k++)
 		if (o->dim_kind && o->dim_kind[k] != RT_DIM_FIXED)
@@ -106,7 +109,8 @@ static kiln_status check_desc(const rt_train_desc *d)
 		if (pos[k] >= (int32_t)s->ninputs || (k < 2 && pos[k] < 0))
 			return KILN_EINVAL;
 	for (uint32_t i = 1; i < s->noutputs; i++)
-		if ((d->next[i] < 0 && (d->abi < 4 || !is_grad(d, i))) ||
+		if ((d->next[i] < 0 && (d->abi < 4 || !(is_split_output(d, i, false) ||
+		                                        is_split_output(d, i, true)))) ||
 		    (d->next[i] >= 0 && (uint32_t)d->next[i] >= s->nstate))
 			return KILN_EINVAL;
 	return KILN_OK;
@@ -120,6 +124,8 @@ static kiln_status alloc_grads(rt_train *t)
 	const rt_model_desc *s = t->d->step;
 	if (!(t->gout = calloc(s->noutputs, sizeof *t->gout)))
 		return KILN_ENOMEM;
+	if (!(t->sout = calloc(s->noutputs, sizeof *t->sout)))
+		return KILN_ENOMEM;
 	size_t total = 0, off[s->noutputs];
 	for (uint32_t i = 1; i < s->noutputs; i++) {
 		if (t->d->next[i] >= 0)
@@ -128,6 +134,13 @@ static kiln_status alloc_grads(rt_train *t)
 		kiln_tensor v = {(kiln_dtype)o->dtype, o->rank, {0}, NULL};
 		for (int k = 0; k < o->rank; k++)
 			v.shape[k] = o->dims[k];
+		if (is_split_output(t->d, i, true)) { /* storage of its own */
+			t->next[i] = v;
+			if (!(t->next[i].data = malloc(kiln_tensor_nbytes(&v) + 1)))
+				return KILN_ENOMEM;
+			t->sout[t->nsync++] = (int32_t)i;
+			continue;
+		}
 		if (t->ngrad && t->next[t->gout[t->ngrad - 1]].dtype != v.dtype)
 			total = (total + ALIGN - 1) / ALIGN * ALIGN;
 		off[i] = total;
@@ -210,7 +223,9 @@ void rt_train_destroy(rt_train *t)
 	for (uint32_t i = 1; t->next && i < t->d->step->noutputs; i++)
 		if (t->d->next[i] >= 0)
 			free(t->next[i].data);
-	free(t->gout), free(t->gstore), free(t->bfirst), free(t->bready);
+	for (int k = 0; t->sout && k < t->nsync; k++)
+		free(t->next[t->sout[k]].data);
+	free(t->gout), free(t->sout), free(t->gstore), free(t->bfirst), free(t->bready);
 	free(t->state);
 	free(t->next);
 	free(t);
@@ -288,6 +303,9 @@ kiln_status rt_train_step(rt_train *t, const int64_t *syms, const void *const *i
 	if (!t)
 		return KILN_EINVAL;
 	const rt_model_desc *s = t->d->step;
+	if (t->nsync)
+		return fail(t, KILN_EINVAL, "model '%s' synchronises BatchNorm across ranks: step it "
+		            "with kiln_model_train_step_hook and a hook with sum", s->name);
 	if ((!in && (int)s->ninputs > nscalars(t->d)) || !loss)
 		return fail(t, KILN_EINVAL, "model '%s': train_step: %s is NULL", s->name,
 		            !loss ? "loss" : "x");
@@ -327,6 +345,10 @@ kiln_status rt_train_step_tensors(rt_train *t, const kiln_tensor *const *in, int
 static kiln_status step_tensors(rt_train *t, const kiln_tensor *const *in, int nin, double lr,
                                 double *loss, rt_kernel_hook hook)
 {
+	if (t && !hook && t->nsync)
+		return fail(t, KILN_EINVAL, "model '%s' synchronises BatchNorm across ranks: step it "
+		            "with kiln_model_train_step_hook and a hook with sum",
+		            t->d->step->name);
 	if (!t)
 		return KILN_EINVAL;
 	const rt_model_desc *s = t->d->step;
@@ -665,6 +687,18 @@ static kiln_status at_kernel(void *ud, rt_model *m, uint32_t k)
 	rt_train *t = ud;
 	const kiln_grad_hook *h = t->hook;
 	kiln_status st = KILN_OK;
+	for (int j = 0; j < t->nsync; j++) { /* SyncBatchNorm: before any reader */
+		int32_t i = t->sout[j];
+		if (t->d->ready[i] != (int32_t)k)
+			continue;
+		kiln_tensor *v = &t->next[i];
+		void *p = rt_model_buf(m, t->d->step->outputs[i].buf);
+		int64_t n = (int64_t)(kiln_tensor_nbytes(v) / kiln_dtype_size(v->dtype));
+		if (!h->sum)
+			return hook_failed(t, m, KILN_EINVAL, "sum (missing)");
+		if ((st = h->sum(h->ud, p, n, v->dtype)) != KILN_OK)
+			return hook_failed(t, m, st, "sum");
+	}
 	for (int b = 0; b < t->nbucket && st == KILN_OK; b++) {
 		if (t->bready[b] != (int32_t)k)
 			continue;

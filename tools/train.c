@@ -104,7 +104,8 @@ const char cmd_train_usage[] =
 	"  --bucket-mb M           gradient bucket size (default 25, DDP's)\n"
 	"  --comm-timeout S        a rank that dies or hangs fails the others after S\n"
 	"                          seconds, naming it (default 300)\n"
-	"  --sync-bn               synchronised BatchNorm: not supported yet (refused)";
+	"  --sync-bn               synchronised BatchNorm (SyncBatchNorm): batch statistics\n"
+	"                          over the global batch, not each rank's share";
 
 /* ---- errors ------------------------------------------------------------ */
 
@@ -230,9 +231,6 @@ static int check_opts(const opts *o)
 		return usage_error("%s", "--distributed needs the compiled step (not --interp)");
 	if (!(o->bucket_mb > 0) || !(o->comm_timeout > 0))
 		return usage_error("%s", "--bucket-mb and --comm-timeout must be > 0");
-	if (o->sync_bn)
-		return usage_error("%s", "--sync-bn is not supported yet: BatchNorm statistics stay "
-		                   "per rank (DDP's default); see docs/DISTRIBUTED.md");
 	return 0;
 }
 
@@ -486,10 +484,10 @@ static kiln_status add_loss(kiln_graph *g, const opts *o, const loss_info *L, ki
 /* The library's train-mode form of the model (BatchNorm on batch
  * statistics, Dropout on with --seed), plus the loss and the counters. */
 static kiln_graph *train_graph(const kiln_graph *eval, const opts *o, const loss_info *L,
-                               kiln_error *err)
+                               int sync_ranks, kiln_error *err)
 {
 	kiln_graph *g = NULL;
-	if (kiln_train_graph_from_inference(eval, (uint64_t)o->seed, &g, err) != KILN_OK)
+	if (driver_train_graph_sync_bn(eval, (uint64_t)o->seed, sync_ranks, &g, err) != KILN_OK)
 		return NULL;
 	kiln_status st = add_loss(g, o, L, err);
 	if (st == KILN_OK && (st = kiln_graph_status(g)) != KILN_OK)
@@ -1461,7 +1459,7 @@ static int setup(run *r, const opts *o)
 	if (parse_sched(o, r->nb * o->epochs / o->accum, &r->sched))
 		return TOOLS_EXIT_USAGE;
 	kiln_error e = {0};
-	kiln_graph *tg = train_graph(r->eval, o, r->L, &e);
+	kiln_graph *tg = train_graph(r->eval, o, r->L, o->sync_bn ? k : 1, &e);
 	kiln_status st = tg ? KILN_OK : e.code;
 	if (tg && !o->interp)
 		st = compiled(r, tg, &to, &e);

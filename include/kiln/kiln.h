@@ -1066,6 +1066,11 @@ typedef struct kiln_grad_hook {
 	kiln_status (*ready)(void *ud, int bucket, void *data, int64_t n, kiln_dtype dtype);
 	kiln_status (*wait)(void *ud);
 	void *ud;
+	/* a library with synchronised BatchNorm (driver_train_graph_sync_bn):
+	 * replace data's n elements by their sum over ranks, now (blocking);
+	 * called for each BatchNorm's batch sums in the forward and for their
+	 * gradients in backward.  Required for such a library, unused otherwise. */
+	kiln_status (*sum)(void *ud, void *data, int64_t n, kiln_dtype dtype);
 } kiln_grad_hook;
 KILN_API kiln_status kiln_model_train_step_hook(kiln_model *m, const kiln_tensor *x,
                                                 const kiln_tensor *y, double lr,
