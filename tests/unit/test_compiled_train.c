@@ -27,6 +27,7 @@
 #include "check_main.h"
 #include "tmpdir.h"
 #include "ckpt_edit.h"
+#include "driver/driver.h"
 #include "kiln/kiln.h"
 #include "so_util.h"
 
@@ -1200,6 +1201,80 @@ START_TEST(split_step_hook_failure_changes_nothing)
 }
 END_TEST
 
+/* ---- synchronised BatchNorm (driver_train_graph_sync_bn) ----------------------- */
+
+static kiln_model *sync_lib(int ranks)
+{
+	kiln_graph *inf = cnn(false), *tr = NULL;
+	kiln_error err = {0};
+	ck_assert_msg(driver_train_graph_sync_bn(inf, 0, ranks, &tr, &err) == KILN_OK, "%s",
+	              err.msg);
+	char path[1200];
+	snprintf(path, sizeof path, "%s/cnn_sync%d.so", so_dir("compiled_train_test"), ranks);
+	ck_assert_msg(kiln_compile_train(tr, inf, &SGD, 16, path,
+	                                 &(kiln_compile_opts){.name = "cnn"}, &err) == KILN_OK,
+	              "%s", err.msg);
+	kiln_graph_free(inf), kiln_graph_free(tr);
+	kiln_model *m = NULL;
+	ck_assert_msg(kiln_load(path, &m, &err) == KILN_OK, "%s", err.msg);
+	return m;
+}
+
+typedef struct twin {
+	int nsum;
+	double factor; /* what "the other ranks" add: 2 = one more rank with the same data */
+} twin;
+
+static kiln_status twin_sum(void *ud, void *data, int64_t n, kiln_dtype dt)
+{
+	twin *w = ud;
+	ck_assert_int_eq(dt, KILN_F32);
+	for (int64_t i = 0; i < n; i++)
+		((float *)data)[i] = (float)(((float *)data)[i] * w->factor);
+	w->nsum++;
+	return KILN_OK;
+}
+
+/* Two ranks holding the same batch are that batch: with a hook whose sum
+ * doubles (the other rank's identical sums and gradients), a library made
+ * for 2 ranks steps exactly as the one-rank library.  BatchNorm's mean and
+ * variance come from the summed sums over twice the count, and backward
+ * all-reduces the sums' gradients; a sum that forgot the other rank (x1)
+ * halves the statistics and differs. */
+START_TEST(sync_bn_over_twin_ranks_equals_one_rank)
+{
+	data d = load_data("cnn");
+	kiln_model *one = sync_lib(1), *two = sync_lib(2), *bad = sync_lib(2);
+	kiln_error err;
+	kiln_tensor x = view(d.x, 0), y = view(d.y, 0);
+	double loss;
+	ck_assert_int_eq(kiln_model_train_step(two, &x, &y, 0.1, &loss, &err), KILN_EINVAL);
+	ck_assert_msg(strstr(err.msg, "synchronises BatchNorm across ranks") != NULL, "%s", err.msg);
+	ck_assert_int_eq(kiln_model_steps(two), 0);
+	twin w = {0, 2}, wb = {0, 1};
+	kiln_grad_hook h = {NULL, NULL, &w, twin_sum}, hb = {NULL, NULL, &wb, twin_sum};
+	double worst_bad = 0;
+	for (int s = 0; s < 5; s++) {
+		double l1 = step(one, d, s, 0.1), l2 = NAN, lb = NAN;
+		x = view(d.x, s), y = view(d.y, s);
+		ck_assert_msg(kiln_model_train_step_hook(two, &x, &y, 0.1, &h, &l2, &err) == KILN_OK,
+		              "%s", err.msg);
+		ck_assert_msg(kiln_model_train_step_hook(bad, &x, &y, 0.1, &hb, &lb, &err) == KILN_OK,
+		              "%s", err.msg);
+		ck_assert_msg(fabs(l2 - l1) <= 1e-6 * fabs(l1), "step %d: %.9g vs %.9g", s, l2, l1);
+		worst_bad = fmax(worst_bad, fabs(lb - l1) / fabs(l1));
+	}
+	/* per step: the forward's two sums and their two gradients, one BatchNorm */
+	ck_assert_int_eq(w.nsum, 5 * 4);
+	ck_assert_msg(worst_bad > 1e-3, "a sum over one rank should differ (%.3g)", worst_bad);
+	kiln_tensor_set *a = kiln_model_state(one), *b = kiln_model_state(two);
+	assert_sets_close(a, b, 1e-5);
+	kiln_tensor_set_free(a), kiln_tensor_set_free(b);
+	kiln_model_free(one), kiln_model_free(two), kiln_model_free(bad);
+	free_data(d);
+}
+END_TEST
+
 static Suite *compiled_train_suite(void)
 {
 	Suite *s = suite_create("compiled_train");
@@ -1246,6 +1321,7 @@ static Suite *compiled_train_suite(void)
 	tcase_add_test(tc, split_step_equals_whole_step_bit_for_bit_cnn);
 	tcase_add_test(tc, split_step_optimizer_reads_the_hooks_gradients);
 	tcase_add_test(tc, split_step_hook_failure_changes_nothing);
+	tcase_add_test(tc, sync_bn_over_twin_ranks_equals_one_rank);
 	suite_add_tcase(s, tc);
 	tc = tcase_create("errors");
 	tcase_set_timeout(tc, 300);
