@@ -16,6 +16,12 @@
  * which each Dropout reseeds as kiln_trainer reseeds it.  lr is an
  * argument of every step, so schedules stay with the caller.
  *
+ * The split step (rt_train_step_hook, docs/DISTRIBUTED.md) is the same run
+ * with a hook after every kernel: the step's "<p>.grad" outputs live back
+ * to back in buckets handed to the caller's hook once final, and waited for
+ * before the optimizer's first kernel; SyncBatchNorm's "*.sync_*" sums are
+ * summed over ranks right after the kernel that makes them.
+ *
  * Checkpoints are kiln_trainer's format exactly (driver/train.c; RT_CKPT_* in model.h): every
  * state tensor under its name, i64 scalars "__step__", "__micro__" and
  * "__checksum__" (sum of per-tensor FNV-1a hashes of name, dtype, shape and
@@ -86,7 +92,7 @@ static bool is_split_output(const rt_train_desc *d, uint32_t i, bool sync)
 {
 	const rt_io_desc *o = &d->step->outputs[i];
 	size_t n = o->name ? strlen(o->name) : 0;
-	if (d->next[i] >= 0 || (sync ? !strstr(o->name, ".sync_")
+	if (d->next[i] >= 0 || !o->name || (sync ? !strstr(o->name, ".sync_")
 	                              : n < 5 || strcmp(o->name + n - 5, ".grad") != 0))
 		return false;
 	for (int k = 0; k < o->rank; k++)
