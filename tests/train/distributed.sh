@@ -13,9 +13,11 @@
 #   4. checkpoints: rank 0 writes them; a run stopped at step 60 resumes from
 #      its step-40 checkpoint on 2 ranks (the uninterrupted curve exactly)
 #      and on 1 rank (within 1e-5);
-#   5. faults: a rank killed mid-run ends the job naming it; a rank that
-#      hangs (SIGSTOP) fails the others within --comm-timeout naming it; a
-#      rank with other options is found before training.
+#   5. faults: a rank killed mid-run ends the job naming it, and that run's
+#      last checkpoint resumes on 2 ranks and on 1 (the same losses within
+#      1e-5); a rank that hangs (SIGSTOP) fails the others within
+#      --comm-timeout naming it; a rank with other options is found before
+#      training.
 #
 # usage: distributed.sh KILN WORKDIR MPIRUN
 # Exit 77 (skip) without mpirun or Debian's python3-sklearn.
@@ -167,7 +169,9 @@ rank_pid() {
 }
 LONG="$R --epochs 100000 --distributed --comm-timeout 5"
 for fault in KILL STOP; do
-	$MPI -np 2 "$KILN" train $LONG > $fault.out 2>&1 &
+	CK=""
+	[ $fault = KILL ] && CK="--checkpoint ckk --every 40"
+	$MPI -np 2 "$KILN" train $LONG $CK > $fault.out 2>&1 &
 	job=$!
 	p=""
 	for i in $(seq 100); do
@@ -196,6 +200,16 @@ for fault in KILL STOP; do
 	fi
 	echo "$fault of rank 1: the job ended (rc $rc), naming rank 1"
 done
+# the killed run's last checkpoint resumes on 2 ranks and on 1 (5 steps each)
+last=$(ls ckk | tail -n 1)
+n=$(echo "$last" | sed 's/^ckpt-0*\([0-9][0-9]*\)\.safetensors$/\1/')
+[ -n "$n" ] || die "no checkpoint from the killed run: $(ls ckk)"
+$MPI -np 2 "$KILN" train $R --epochs 100000 --distributed --resume ckk --stop-after $((n + 5)) \
+	--log kres2.csv 2> /dev/null
+"$KILN" train $R --epochs 100000 --resume ckk --stop-after $((n + 5)) --log kres1.csv 2> /dev/null
+[ "$(($(wc -l < kres2.csv) - 1))" = 5 ] || die "resumed on 2 ranks: $(cat kres2.csv)"
+same_losses 1e-5 $((n + 1)) kres2.csv kres1.csv
+echo "the killed run resumed from $last on 2 ranks and on 1"
 set +e
 $MPIRUN --oversubscribe -np 1 "$KILN" train $R --distributed : -np 1 "$KILN" train $R --lr 0.02 \
 	--distributed > mismatch.out 2>&1
