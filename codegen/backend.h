@@ -42,6 +42,10 @@ typedef struct cg_train_info {
 	int accum;                         /* micro-batches per optimizer step */
 	int micro;                         /* step input "__micro__" (i64: micro-batches
 	                                      so far, Dropout's reseeding), -1 none */
+	const int *ready;                  /* per step output: for a gradient ("<p>.grad",
+	                                      next -1), the last kernel writing it; else -1 */
+	int split;                         /* the first kernel after every gradient (the
+	                                      optimizer's); -1: the step cannot split */
 } cg_train_info;
 
 /* What one library holds: one program (inference), or a training step and

@@ -421,5 +421,16 @@ kiln_status cg_eval(const cg_module *m, kiln_tensor *const *inputs, int ninputs,
  * buffers live at the same time never share one; fills slot/first/last and
  * m->nslot. */
 kiln_status cg_memplan(cg_module *m, kiln_error *err);
+/* Where a training step can stop between backward and the optimizer:
+ * *split, the first kernel after the last store to any of bufs (the
+ * gradients, through their aliases), and ready[i], the last kernel before
+ * it that touches bufs[i] (its writer, or a later backward kernel that
+ * reads it: BatchNorm's dx reads dgamma).  It relies on the step graph
+ * placing every optimizer node after every gradient (driver/train.c) and
+ * the lowering keeping node order. */
+kiln_status cg_grad_split(const cg_module *m, const int *bufs, int n, int *ready, int *split,
+                          kiln_error *err);
+/* The last kernel storing buffer buf (through its aliases); -1 if none. */
+int cg_last_store(const cg_module *m, int buf);
 
 #endif /* KILN_CODEGEN_H */

@@ -419,25 +419,34 @@ static LLVMValueRef state_table(cg_llvm *L, const cg_train_info *ti)
 	return a;
 }
 
-/* `kiln_train_desc`: {abi, accum, step, eval, next, lr, t, apply, micro + 1} */
+/* `kiln_train_desc`: {abi, accum, step, eval, next, lr, t, apply, micro + 1,
+ * ready, split, pad} */
 static LLVMValueRef train_desc(cg_llvm *L, LLVMValueRef step, LLVMValueRef eval,
                                const cg_train_info *ti)
 {
 	int n = L->m->noutputs;
 	LLVMValueRef *next = calloc((size_t)n + 1, sizeof *next);
-	if (!next)
+	LLVMValueRef *ready = calloc((size_t)n + 1, sizeof *ready);
+	if (!next || !ready) {
+		free(next), free(ready);
 		return NULL;
-	for (int i = 0; i < n; i++)
+	}
+	for (int i = 0; i < n; i++) {
 		next[i] = i32c(L, ti->next[i]);
+		ready[i] = i32c(L, ti->ready && ti->split >= 0 ? ti->ready[i] : -1);
+	}
 	LLVMValueRef f[] = {i32c(L, RT_MODEL_ABI), i32c(L, ti->accum), as_ptr(L, step),
 	                    as_ptr(L, eval), array(L, L->i32, next, n, "kiln.next"),
-	                    i32c(L, ti->lr), i32c(L, ti->t), i32c(L, ti->apply), i32c(L, ti->micro + 1)};
-	free(next);
-	LLVMTypeRef ft[9];
-	for (int i = 0; i < 9; i++)
+	                    i32c(L, ti->lr), i32c(L, ti->t), i32c(L, ti->apply), i32c(L, ti->micro + 1),
+	                    array(L, L->i32, ready, n, "kiln.ready"),
+	                    i32c(L, ti->ready ? ti->split : -1), i32c(L, 0)};
+	free(next), free(ready);
+	enum { NF = sizeof f / sizeof f[0] };
+	LLVMTypeRef ft[NF];
+	for (int i = 0; i < NF; i++)
 		ft[i] = LLVMTypeOf(f[i]);
-	LLVMTypeRef ty = LLVMStructTypeInContext(L->ctx, ft, 9, 0);
-	return desc_global(L, ty, LLVMConstNamedStruct(ty, f, 9), "kiln_train_desc");
+	LLVMTypeRef ty = LLVMStructTypeInContext(L->ctx, ft, NF, 0);
+	return desc_global(L, ty, LLVMConstNamedStruct(ty, f, NF), "kiln_train_desc");
 }
 
 /* int <name>_train_step(ctx, int64_t sym..., const T *data..., double lr,

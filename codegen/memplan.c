@@ -17,6 +17,7 @@
  * TEMP has memory.
  */
 #include <stdlib.h>
+#include <string.h>
 
 #include "codegen/codegen.h"
 
@@ -177,4 +178,133 @@ kiln_status cg_memplan(cg_module *m, kiln_error *err)
 	m->nslot = ns;
 	free(order), free(s);
 	return KILN_OK;
+}
+
+/* ---- where a split step stops (cg_grad_split) ------------------------------
+ * Per kernel, which roots it stores to (CG_STORE, a transpose's dst, a
+ * GEMM's C) and which it touches at all. */
+
+typedef struct access {
+	const cg_module *m;
+	uint8_t *stores, *touches; /* per root buffer, for the kernel being walked */
+} access;
+
+static void mark(access *a, int b, bool store)
+{
+	if (b < 0 || b >= a->m->nbuf)
+		return;
+	b = root(a->m, b);
+	a->touches[b] = 1;
+	a->stores[b] |= store;
+}
+
+static void acc_expr(access *a, const cg_expr *e)
+{
+	for (; e; e = e->c) {
+		if (e->kind == CG_LOAD)
+			mark(a, e->buf, false);
+		acc_expr(a, e->a);
+		acc_expr(a, e->b);
+	}
+}
+
+static void acc_stmt(access *a, const cg_stmt *s)
+{
+	if (!s)
+		return;
+	switch (s->kind) {
+	case CG_BLOCK:
+		for (int i = 0; i < s->n; i++)
+			acc_stmt(a, s->items[i]);
+		break;
+	case CG_FOR: acc_stmt(a, s->body); break;
+	case CG_STORE:
+		mark(a, s->buf, true);
+		acc_expr(a, s->index);
+		acc_expr(a, s->value);
+		break;
+	case CG_ASSIGN: acc_expr(a, s->value); break;
+	case CG_IF:
+		acc_expr(a, s->cond);
+		acc_stmt(a, s->then_s);
+		acc_stmt(a, s->else_s);
+		break;
+	case CG_CHECK:
+		acc_expr(a, s->value);
+		acc_expr(a, s->lo);
+		acc_expr(a, s->hi);
+		break;
+	case CG_TRANSPOSE:
+		mark(a, s->tr->src, false);
+		mark(a, s->tr->dst, true);
+		break;
+	case CG_GEMM: {
+		const cg_gemm *g = s->gemm;
+		mark(a, g->c, true);
+		int rd[] = {g->a, g->b, g->bias_axis ? g->bias : -1, g->has_residual ? g->residual : -1,
+		            g->has_b_rows ? g->b_rows : -1, g->scale.axis ? g->scale.buf : -1,
+		            g->a_zero.axis ? g->a_zero.buf : -1, g->b_zero.axis ? g->b_zero.buf : -1,
+		            g->c_zero.axis ? g->c_zero.buf : -1};
+		for (size_t i = 0; i < sizeof rd / sizeof rd[0]; i++)
+			mark(a, rd[i], false);
+		break;
+	}
+	}
+}
+
+kiln_status cg_grad_split(const cg_module *m, const int *bufs, int n, int *ready, int *split,
+                          kiln_error *err)
+{
+	access a = {m, calloc((size_t)m->nbuf + 1, 1), calloc((size_t)m->nbuf + 1, 1)};
+	int *touch = calloc((size_t)n * (size_t)m->nkern + 1, sizeof *touch);
+	kiln_status st = KILN_OK;
+	if (!a.stores || !a.touches || !touch) {
+		st = ir_seterr(err, KILN_ENOMEM, "out of memory");
+		goto out;
+	}
+	*split = 0;
+	for (int i = 0; i < n; i++)
+		ready[i] = -1;
+	for (int k = 0; k < m->nkern; k++) {
+		memset(a.stores, 0, (size_t)m->nbuf);
+		memset(a.touches, 0, (size_t)m->nbuf);
+		acc_stmt(&a, m->kern[k].body);
+		for (int i = 0; i < n; i++) {
+			int r = root(m, bufs[i]);
+			touch[(size_t)i * (size_t)m->nkern + (size_t)k] = a.touches[r];
+			if (a.stores[r] && k + 1 > *split)
+				*split = k + 1;
+			if (a.stores[r])
+				ready[i] = k;
+		}
+	}
+	for (int i = 0; i < n; i++) {
+		if (ready[i] < 0) {
+			st = ir_seterr(err, KILN_EUNSUPPORTED, "gradient buffer %d is written by no kernel",
+			               bufs[i]);
+			goto out;
+		}
+		/* backward may read a finished gradient (BatchNorm's dx reads
+		 * dgamma): the bucket is final after its last reader, too */
+		for (int k = ready[i]; k < *split; k++)
+			if (touch[(size_t)i * (size_t)m->nkern + (size_t)k])
+				ready[i] = k;
+	}
+out:
+	free(a.stores), free(a.touches), free(touch);
+	return st;
+}
+
+int cg_last_store(const cg_module *m, int buf)
+{
+	access a = {m, calloc((size_t)m->nbuf + 1, 1), calloc((size_t)m->nbuf + 1, 1)};
+	int last = -1;
+	for (int k = 0; a.stores && a.touches && k < m->nkern; k++) {
+		memset(a.stores, 0, (size_t)m->nbuf);
+		acc_stmt(&a, m->kern[k].body);
+		if (a.stores[root(m, buf)])
+			last = k;
+	}
+	free(a.stores), free(a.touches);
+	return last;
 }

@@ -14,6 +14,7 @@
 #include <time.h>
 
 #include "codegen/backend.h"
+#include "driver/driver.h"
 #include "codegen/lower.h"
 #include "passes/passes.h"
 
@@ -140,13 +141,14 @@ typedef struct train_build {
 	const kiln_tensor **init;
 	int nstate;
 	int *next;                /* per step output */
+	int *ready, *gbuf;        /* per step output: its last kernel (gradients); buffers */
 	cg_train_info ti;
 } train_build;
 
 static void train_build_free(train_build *tb)
 {
 	kiln_graph_free(tb->step);
-	free(tb->names), free(tb->init), free(tb->next);
+	free(tb->names), free(tb->init), free(tb->next), free(tb->ready), free(tb->gbuf);
 }
 
 static int state_index(const train_build *tb, const char *name)
@@ -199,7 +201,7 @@ static kiln_status build_step(const kiln_graph *model, const kiln_train_opts *t,
 	kiln_graph *fixed = NULL;
 	kiln_status st = batch > 0 ? fix_batch(model, batch, &fixed, err) : KILN_OK;
 	if (st == KILN_OK)
-		st = kiln_build_train_step(fixed ? fixed : model, t, &tb->step, err);
+		st = driver_build_train_step(fixed ? fixed : model, t, true, &tb->step, err);
 	kiln_graph_free(fixed);
 	if (st != KILN_OK)
 		return st;
@@ -260,13 +262,50 @@ static void drop_unused_syms(cg_module *m)
 	m->nsym = 0;
 }
 
+/* Where the step can stop between its gradients (the "<p>.grad" outputs)
+ * and the optimizer: ti->ready and ti->split, or split -1 when it cannot
+ * (then the library has the whole step only; the hooked step refuses).
+ * SyncBatchNorm's sums and their gradients ("*.sync_*") are ready right
+ * after the kernel that stores them: the hook all-reduces them before any
+ * later kernel reads them. */
+static void grad_split(train_build *tb, const kiln_graph *g, const cg_module *m)
+{
+	cg_train_info *ti = &tb->ti;
+	ti->split = -1;
+	tb->ready = calloc((size_t)m->noutputs + 1, sizeof *tb->ready);
+	tb->gbuf = calloc((size_t)m->noutputs + 1, sizeof *tb->gbuf);
+	int *at = calloc((size_t)m->noutputs + 1, sizeof *at), n = 0, split = -1;
+	if (!tb->ready || !tb->gbuf || !at) {
+		free(at);
+		return;
+	}
+	bool ok = true;
+	for (int i = 0; i < m->noutputs; i++) {
+		tb->ready[i] = -1;
+		const char *name = g->val[g->output[i]]->name;
+		bool sync = name && strstr(name, ".sync_");
+		if (i > 0 && tb->next[i] < 0 && !sync)
+			at[n] = i, tb->gbuf[n++] = m->outputs[i];
+		else if (i > 0 && tb->next[i] < 0) /* all-reduced as soon as it is made */
+			ok &= (tb->ready[i] = cg_last_store(m, m->outputs[i])) >= 0;
+	}
+	int *r = calloc((size_t)n + 1, sizeof *r);
+	if (ok && n && r && cg_grad_split(m, tb->gbuf, n, r, &split, NULL) == KILN_OK) {
+		for (int k = 0; k < n; k++)
+			tb->ready[at[k]] = r[k];
+		ti->ready = tb->ready;
+		ti->split = split;
+	}
+	free(r), free(at);
+}
+
 /* Inputs "lr", "step", "apply" and each "<p>.next" output's row. */
 static kiln_status step_contract(train_build *tb, const kiln_graph *g, const cg_module *m,
                                  const kiln_train_opts *t, kiln_error *err)
 {
 	cg_train_info *ti = &tb->ti;
 	*ti = (cg_train_info){tb->nstate, tb->names, tb->init, NULL, -1, -1, -1,
-	                      t->accum_steps > 1 ? t->accum_steps : 1, -1};
+	                      t->accum_steps > 1 ? t->accum_steps : 1, -1, NULL, -1};
 	int *pos[4] = {&ti->lr, &ti->t, &ti->apply, &ti->micro};
 	const char *names[4] = {"lr", "step", "apply", CG_MICRO_INPUT};
 	for (uint32_t i = 0; i < g->ninput; i++)
@@ -280,6 +319,10 @@ static kiln_status step_contract(train_build *tb, const kiln_graph *g, const cg_
 		const char *name = g->val[g->output[i]]->name;
 		char p[600];
 		size_t n = name ? strlen(name) : 0;
+		if ((n > 5 && ends_with(name, ".grad")) || (name && strstr(name, ".sync_"))) {
+			tb->next[i] = -1; /* a gradient or a SyncBatchNorm sum: the split step's */
+			continue;
+		}
 		if (n > 5 && n - 5 < sizeof p && ends_with(name, ".next"))
 			snprintf(p, sizeof p, "%.*s", (int)(n - 5), name);
 		int k = n > 5 && n - 5 < sizeof p ? state_index(tb, p) : -1;
@@ -289,6 +332,7 @@ static kiln_status step_contract(train_build *tb, const kiln_graph *g, const cg_
 		tb->next[i] = k;
 	}
 	ti->next = tb->next;
+	grad_split(tb, g, m);
 	return ti->lr >= 0 && ti->t >= 0 && (ti->accum == 1) == (ti->apply < 0)
 	               ? KILN_OK
 	               : ir_seterr(err, KILN_EVERIFY, "kiln_compile_train: the step graph lacks "

@@ -32,6 +32,23 @@ kiln_status driver_compile_train_inference(const kiln_graph *inference, uint64_t
                                            const char *out_path, const kiln_compile_opts *o,
                                            kiln_error *err);
 
+/* kiln_build_train_step; with grad_outputs, every gradient is also an
+ * output "<p>.grad" after the model's ".next" ones, in the order backward
+ * makes them (the last layer's first): what kiln_compile_train builds so
+ * that the step can stop between the gradients and the optimizer (the
+ * split step, kiln_model_train_step_hook). */
+kiln_status driver_build_train_step(const kiln_graph *model, const kiln_train_opts *o,
+                                    bool grad_outputs, kiln_graph **step, kiln_error *err);
+
+/* kiln_train_graph_from_inference for data-parallel training over ranks
+ * processes with synchronised BatchNorm (`kiln train --sync-bn`): each
+ * BatchNorm's batch sums are outputs "<running_mean>.sync_sum" and
+ * ".sync_sqsum" over ranks times the rows (fe_bn_batch_stats_sync), which
+ * the compiled step all-reduces, with their gradients, through the hook
+ * (kiln_grad_hook.sum).  ranks 1 is kiln_train_graph_from_inference. */
+kiln_status driver_train_graph_sync_bn(const kiln_graph *inference, uint64_t seed, int ranks,
+                                       kiln_graph **train, kiln_error *err);
+
 /* What driver_train_lib found in the cache. */
 typedef struct driver_cache_info {
 	bool hit;        /* loaded from the cache, nothing compiled */

@@ -36,6 +36,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "driver/driver.h"
 #include "frontend/frontend.h"
 #include "passes/passes.h"
 #include "runtime/model.h"
@@ -101,10 +102,43 @@ static uint32_t add_loss(kiln_graph *g, const kiln_train_opts *o)
 	return 0;
 }
 
+/* Each gradient as an output "<p>.grad", in the order backward computes
+ * them (by defining node: the last layer's first), so a compiled step can
+ * hand them to a hook before the optimizer reads them (the split step). */
+static void add_grad_outputs(kiln_graph *g, int m, const uint32_t *param, const uint32_t *grad)
+{
+	uint32_t *order = calloc((size_t)m + 1, sizeof *order);
+	if (!order) {
+		ir_errorf(g, NULL, KILN_ENOMEM, "train step: out of memory");
+		return;
+	}
+	for (int i = 0; i < m; i++)
+		order[i] = (uint32_t)i;
+	for (int i = 1; i < m; i++) /* insertion sort by where each gradient is made */
+		for (int j = i; j > 0; j--) {
+			const ir_node *a = g->val[grad[order[j - 1]]]->def, *b = g->val[grad[order[j]]]->def;
+			if (!a || !b || a->idx <= b->idx)
+				break;
+			uint32_t k = order[j];
+			order[j] = order[j - 1], order[j - 1] = k;
+		}
+	for (int i = 0; i < m && g->status == KILN_OK; i++) {
+		char name[600];
+		snprintf(name, sizeof name, "%s.grad", g->val[param[order[i]]]->name);
+		ir_value *v = g->val[grad[order[i]]];
+		if (v->kind != IR_V_NODE || v->name)
+			ir_errorf(g, NULL, KILN_EUNSUPPORTED, "train step: the gradient of '%s' is not a "
+			          "value of its own", g->val[param[order[i]]]->name);
+		else
+			v->name = ir_intern(g, name), ir_output_add(g, grad[order[i]], NULL);
+	}
+	free(order);
+}
+
 /* Differentiates loss by every trainable parameter and appends the update;
  * parameters the loss does not reach are left alone, as PyTorch skips a
  * parameter whose .grad is None. */
-static void add_update(kiln_graph *g, const kiln_train_opts *o, uint32_t loss)
+static void add_update(kiln_graph *g, const kiln_train_opts *o, uint32_t loss, bool grads)
 {
 	int n = 0;
 	uint32_t *param = calloc(g->nval + 1, sizeof *param), *grad = calloc(g->nval + 1, sizeof *grad);
@@ -115,8 +149,26 @@ static void add_update(kiln_graph *g, const kiln_train_opts *o, uint32_t loss)
 	for (uint32_t i = 1; i < g->nval; i++)
 		if (g->val[i]->kind == IR_V_PARAM && g->val[i]->trainable)
 			param[n++] = i;
-	if (pass_grad(g, HERE, loss, n, param, grad) != KILN_OK)
+	/* SyncBatchNorm's sums (outputs "*.sync_*"): their adjoints too, which
+	 * the split step all-reduces before backward goes on through them */
+	int nsync = 0;
+	for (uint32_t i = 0; grads && i < g->noutput; i++) {
+		const char *name = g->val[g->output[i]]->name;
+		if (name && strstr(name, ".sync_"))
+			param[n + nsync++] = g->output[i];
+	}
+	if (pass_grad(g, HERE, loss, n + nsync, param, grad) != KILN_OK)
 		goto out;
+	for (int i = n; i < n + nsync && g->status == KILN_OK; i++) {
+		char name[600];
+		snprintf(name, sizeof name, "%s_adj", g->val[param[i]]->name);
+		ir_value *v = grad[i] ? g->val[grad[i]] : NULL;
+		if (!v || v->kind != IR_V_NODE || v->name)
+			ir_errorf(g, NULL, KILN_EUNSUPPORTED, "train step: synchronised BatchNorm: the "
+			          "gradient of '%s' is not a value of its own", g->val[param[i]]->name);
+		else
+			v->name = ir_intern(g, name), ir_output_add(g, grad[i], NULL);
+	}
 	int m = 0;
 	for (int i = 0; i < n; i++)
 		if (grad[i])
@@ -124,6 +176,8 @@ static void add_update(kiln_graph *g, const kiln_train_opts *o, uint32_t loss)
 	uint32_t lr = kiln_input_at(g, HERE, "lr", KILN_F64, 0, NULL);
 	uint32_t step = kiln_input_at(g, HERE, "step", KILN_F64, 0, NULL);
 	uint32_t apply = o->accum_steps > 1 ? kiln_input_at(g, HERE, "apply", KILN_BOOL, 0, NULL) : 0;
+	if (g->status == KILN_OK && grads)
+		add_grad_outputs(g, m, param, grad);
 	if (g->status == KILN_OK)
 		pass_optim(g, o, &(pass_optim_io){m, param, grad, lr, step, apply});
 out:
@@ -132,6 +186,12 @@ out:
 
 KILN_API kiln_status kiln_build_train_step(const kiln_graph *model, const kiln_train_opts *o,
                                            kiln_graph **step, kiln_error *err)
+{
+	return driver_build_train_step(model, o, false, step, err);
+}
+
+kiln_status driver_build_train_step(const kiln_graph *model, const kiln_train_opts *o,
+                                    bool grad_outputs, kiln_graph **step, kiln_error *err)
 {
 	if (!model || !o || !step)
 		return ir_seterr(err, KILN_EINVAL, "kiln_build_train_step: null argument");
@@ -158,9 +218,10 @@ KILN_API kiln_status kiln_build_train_step(const kiln_graph *model, const kiln_t
 		else
 			kiln_output_at(g, HERE, "loss", loss);
 		for (uint32_t i = 0; i < nold; i++)
-			if (g->val[old[i]]->name && ends_with(g->val[old[i]]->name, ".next"))
+			if (g->val[old[i]]->name && (ends_with(g->val[old[i]]->name, ".next") ||
+			                             strstr(g->val[old[i]]->name, ".sync_")))
 				ir_output_add(g, old[i], NULL);
-		add_update(g, o, loss);
+		add_update(g, o, loss, grad_outputs);
 	} else if (!old) {
 		ir_errorf(g, NULL, KILN_ENOMEM, "train step: out of memory");
 	}
@@ -305,7 +366,7 @@ static void update(kiln_graph *g, kiln_loc loc, const ir_value *run, kiln_value 
  * track_running_stats=False exports the batch's, from ReduceMean) has no
  * running stats to update and normalises with what it reads in both modes,
  * so it stays as it is. */
-static void bn_to_train(kiln_graph *g, ir_node *n, uint64_t seed)
+static void bn_to_train(kiln_graph *g, ir_node *n, uint64_t seed, int ranks)
 {
 	(void)seed;
 	ir_value *rm = g->val[n->in[3]], *rv = g->val[n->in[4]];
@@ -318,7 +379,7 @@ static void bn_to_train(kiln_graph *g, ir_node *n, uint64_t seed)
 	}
 	kiln_loc loc = n->loc;
 	double m = 1 - ir_attr_float(n, "momentum", 0.9);
-	fe_bn_stats st = fe_bn_batch_stats(g, loc, n->in[0], rm->type.dtype);
+	fe_bn_stats st = fe_bn_batch_stats_sync(g, loc, n->in[0], rm->type.dtype, ranks, rm->name);
 	if (g->status != KILN_OK)
 		return;
 	ir_set_input(g, n, 3, st.mean);
@@ -336,13 +397,14 @@ static void bn_to_train(kiln_graph *g, ir_node *n, uint64_t seed)
 
 /* Dropout on, each node with its own stream derived from the seed and its
  * node index (the trainer then varies it per micro-batch). */
-static void dropout_to_train(kiln_graph *g, ir_node *n, uint64_t seed)
+static void dropout_to_train(kiln_graph *g, ir_node *n, uint64_t seed, int ranks)
 {
+	(void)ranks;
 	ir_attr_set_int(g, n, "training_mode", 1);
 	ir_attr_set_int(g, n, "seed", (int64_t)(mix64(seed ^ mix64(n->idx)) >> 1));
 }
 
-typedef void (*to_train_fn)(kiln_graph *g, ir_node *n, uint64_t seed);
+typedef void (*to_train_fn)(kiln_graph *g, ir_node *n, uint64_t seed, int ranks);
 static const to_train_fn to_train[KILN_OP_COUNT] = {
 	[KILN_OP_BATCH_NORM] = bn_to_train,
 	[KILN_OP_DROPOUT] = dropout_to_train,
@@ -364,6 +426,12 @@ static kiln_status refuse_train_mode(const kiln_graph *g, kiln_error *err)
 KILN_API kiln_status kiln_train_graph_from_inference(const kiln_graph *inference, uint64_t seed,
                                                      kiln_graph **train, kiln_error *err)
 {
+	return driver_train_graph_sync_bn(inference, seed, 1, train, err);
+}
+
+kiln_status driver_train_graph_sync_bn(const kiln_graph *inference, uint64_t seed, int ranks,
+                                       kiln_graph **train, kiln_error *err)
+{
 	if (!inference || !train)
 		return ir_seterr(err, KILN_EINVAL, "kiln_train_graph_from_inference: null argument");
 	*train = NULL;
@@ -383,7 +451,7 @@ KILN_API kiln_status kiln_train_graph_from_inference(const kiln_graph *inference
 	uint32_t nnode = to_inference(g) < 0 ? 0 : g->nnode; /* the conversions append nodes */
 	for (uint32_t i = 0; i < nnode && g->status == KILN_OK; i++)
 		if (!g->node[i]->dead && to_train[g->node[i]->op])
-			to_train[g->node[i]->op](g, g->node[i], seed);
+			to_train[g->node[i]->op](g, g->node[i], seed, ranks);
 	if (g->status == KILN_OK) /* BatchNorm nodes now read values made after them */
 		ir_toposort(g);
 	if (g->status == KILN_OK && kiln_graph_verify(g, err) == KILN_OK) {

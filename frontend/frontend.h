@@ -21,5 +21,12 @@ typedef struct fe_bn_stats {
  * through them.  A failure is recorded in g as by any builder: check g's
  * status before using the values. */
 fe_bn_stats fe_bn_batch_stats(kiln_graph *g, kiln_loc loc, kiln_value x, kiln_dtype dt);
+/* The same over a batch split across ranks (SyncBatchNorm): the two sums,
+ * of x and of (x - mean)^2, become outputs "<name>.sync_sum" and
+ * "<name>.sync_sqsum" that the split step all-reduces in place as soon as
+ * they are made (docs/DISTRIBUTED.md), and the count is ranks times this
+ * rank's.  ranks 1 is fe_bn_batch_stats. */
+fe_bn_stats fe_bn_batch_stats_sync(kiln_graph *g, kiln_loc loc, kiln_value x, kiln_dtype dt,
+                                   int ranks, const char *name);
 
 #endif /* KILN_FRONTEND_H */

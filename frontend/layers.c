@@ -242,17 +242,43 @@ static kiln_value per_channel(kiln_graph *g, kiln_loc loc, kiln_value x, kiln_dt
  * from Shape(x) then. */
 fe_bn_stats fe_bn_batch_stats(kiln_graph *g, kiln_loc loc, kiln_value x, kiln_dtype dt)
 {
+	return fe_bn_batch_stats_sync(g, loc, x, dt, 1, NULL);
+}
+
+/* v as output "<name><suffix>" when syncing (its value is then the sum
+ * over ranks); v itself otherwise. */
+static kiln_value synced(kiln_graph *g, kiln_loc loc, kiln_value v, const char *name,
+                         const char *suffix)
+{
+	if (!name)
+		return v;
+	char out[600];
+	snprintf(out, sizeof out, "%s%s", name, suffix);
+	kiln_value w = kiln_identity_at(g, loc, v);
+	kiln_output_at(g, loc, out, w);
+	return w;
+}
+
+fe_bn_stats fe_bn_batch_stats_sync(kiln_graph *g, kiln_loc loc, kiln_value x, kiln_dtype dt,
+                                   int ranks, const char *name)
+{
 	int64_t axes[KILN_MAX_RANK];
 	int na = 0;
 	for (int i = 0; i < g->val[x]->type.rank; i++)
 		if (i != 1)
 			axes[na++] = i;
+	name = ranks > 1 ? name : NULL;
 	kiln_value n = per_channel(g, loc, x, dt);
-	kiln_value mk = kiln_div_at(g, loc, kiln_reduce_sum_at(g, loc, x, na, axes, true), n);
+	if (name)
+		n = kiln_mul_at(g, loc, n, kiln_scalar_at(g, loc, dt, (double)ranks));
+	kiln_value s0 = synced(g, loc, kiln_reduce_sum_at(g, loc, x, na, axes, true), name,
+	                       ".sync_sum");
+	kiln_value mk = kiln_div_at(g, loc, s0, n);
 	fe_bn_stats s = {.mean = kiln_squeeze_at(g, loc, mk, na, axes)};
 	kiln_value d = kiln_sub_at(g, loc, x, mk);
-	s.var = kiln_div_at(g, loc, kiln_reduce_sum_at(g, loc, kiln_mul_at(g, loc, d, d), na, axes,
-	                                              false), n);
+	kiln_value s1 = synced(g, loc, kiln_reduce_sum_at(g, loc, kiln_mul_at(g, loc, d, d), na,
+	                                                  axes, false), name, ".sync_sqsum");
+	s.var = kiln_div_at(g, loc, s1, n);
 	s.unbiased = kiln_mul_at(g, loc, s.var, kiln_div_at(g, loc, n,
 	                         kiln_sub_at(g, loc, n, kiln_scalar_at(g, loc, dt, 1))));
 	return s;

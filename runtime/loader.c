@@ -343,6 +343,33 @@ KILN_API kiln_status kiln_model_train_step(kiln_model *m, const kiln_tensor *x,
 	return st == KILN_OK ? st : rt_seterr(err, st, "%s", rt_train_errmsg(m->train));
 }
 
+KILN_API kiln_status kiln_model_train_step_hook(kiln_model *m, const kiln_tensor *x,
+                                                const kiln_tensor *y, double lr,
+                                                const kiln_grad_hook *hook, double *loss,
+                                                kiln_error *err)
+{
+	if (!kiln_model_trainable(m))
+		return not_trainable(m, "kiln_model_train_step_hook", err);
+	if (!x)
+		return rt_seterr(err, KILN_EINVAL, "kiln_model_train_step_hook: x is NULL");
+	const kiln_tensor *in[2] = {x, y};
+	kiln_status st = rt_train_step_hook(m->train, in, y ? 2 : 1, lr, hook, loss);
+	return st == KILN_OK ? st : rt_seterr(err, st, "%s", rt_train_errmsg(m->train));
+}
+
+KILN_API kiln_status kiln_model_set_bucket_bytes(kiln_model *m, int64_t bytes, kiln_error *err)
+{
+	if (!kiln_model_trainable(m))
+		return not_trainable(m, "kiln_model_set_bucket_bytes", err);
+	kiln_status st = rt_train_set_bucket_bytes(m->train, bytes);
+	return st == KILN_OK ? st : rt_seterr(err, st, "%s", rt_train_errmsg(m->train));
+}
+
+KILN_API int kiln_model_num_buckets(const kiln_model *m)
+{
+	return m && m->train ? rt_train_num_buckets(m->train) : 0;
+}
+
 KILN_API int64_t kiln_model_steps(const kiln_model *m)
 {
 	return m && m->train ? rt_train_steps(m->train) : 0;

@@ -729,7 +729,8 @@ static void copy_buf(const rt_model *m, void *to, int32_t tb, const void *from)
 		memcpy(to, from, n);
 }
 
-static kiln_status execute(rt_model *m, const void *const *in, void *const *out)
+static kiln_status execute_hooked(rt_model *m, const void *const *in, void *const *out,
+                                  rt_kernel_hook hook, void *ud)
 {
 	const rt_model_desc *d = m->d;
 	kiln_status st = plan_arena(m);
@@ -754,8 +755,11 @@ static kiln_status execute(rt_model *m, const void *const *in, void *const *out)
 			m->prof[k] += (uint64_t)((t1.tv_sec - t0.tv_sec) * 1000000000LL +
 			                         (t1.tv_nsec - t0.tv_nsec));
 		}
-		if (!atomic_load_explicit(&fault.set, memory_order_acquire))
+		if (!atomic_load_explicit(&fault.set, memory_order_acquire)) {
+			if (hook && (st = hook(ud, m, k)) != KILN_OK)
+				return st;
 			continue;
+		}
 		const char *what = fault.what ? fault.what : "index";
 		const char *kn = d->kernel_names && d->kernel_names[k] ? d->kernel_names[k] : "?";
 		if (fault.lo >= fault.hi)
@@ -768,6 +772,16 @@ static kiln_status execute(rt_model *m, const void *const *in, void *const *out)
 		copy_buf(m, own_ptr(m, m->post[k].to, in, out), m->post[k].to,
 		         m->buf[m->post[k].from]);
 	return KILN_OK;
+}
+
+void *rt_model_buf(const rt_model *m, int32_t b)
+{
+	return m && b >= 0 && (uint32_t)b < m->d->nbuf ? m->buf[b] : NULL;
+}
+
+kiln_status rt_model_set_error(rt_model *m, kiln_status code, const char *msg)
+{
+	return m ? fail(m, code, "%s", msg) : code;
 }
 
 void rt_out_of_range(rt_exec *x, const char *what, int64_t value, int64_t lo, int64_t hi)
@@ -785,6 +799,12 @@ void rt_out_of_range(rt_exec *x, const char *what, int64_t value, int64_t lo, in
 
 kiln_status rt_model_run(rt_model *m, const int64_t *syms, const void *const *in,
                          void *const *out)
+{
+	return rt_model_run_hooked(m, syms, in, out, NULL, NULL);
+}
+
+kiln_status rt_model_run_hooked(rt_model *m, const int64_t *syms, const void *const *in,
+                                void *const *out, rt_kernel_hook hook, void *ud)
 {
 	if (!m)
 		return KILN_EINVAL;
@@ -808,11 +828,18 @@ kiln_status rt_model_run(rt_model *m, const int64_t *syms, const void *const *in
 		m->sym[s] = syms[s];
 	}
 	kiln_status st = fill_dims(m);
-	return st == KILN_OK ? execute(m, in, out) : st;
+	return st == KILN_OK ? execute_hooked(m, in, out, hook, ud) : st;
 }
 
 kiln_status rt_model_run_tensors(rt_model *m, const kiln_tensor *const *in, int nin,
                                  kiln_tensor *const *out, int nout)
+{
+	return rt_model_run_tensors_hooked(m, in, nin, out, nout, NULL, NULL);
+}
+
+kiln_status rt_model_run_tensors_hooked(rt_model *m, const kiln_tensor *const *in, int nin,
+                                        kiln_tensor *const *out, int nout, rt_kernel_hook hook,
+                                        void *ud)
 {
 	if (!m)
 		return KILN_EINVAL;
@@ -827,7 +854,7 @@ kiln_status rt_model_run_tensors(rt_model *m, const kiln_tensor *const *in, int 
 		ip[i] = in[i]->data;
 	for (int i = 0; i < nout; i++)
 		op[i] = out[i]->data;
-	return execute(m, ip, op);
+	return execute_hooked(m, ip, op, hook, ud);
 }
 
 kiln_status rt_model_output_shape(rt_model *m, const kiln_tensor *const *in, int nin, int i,

@@ -20,8 +20,9 @@
 
 #include "kiln/kiln.h"
 
-#define RT_MODEL_ABI 3 /* 2: RT_BUF_STATE, the state table, rt_train_desc;
-                          3: rt_exec.fault (kernels report bad indices) */
+#define RT_MODEL_ABI 4 /* 2: RT_BUF_STATE, the state table, rt_train_desc;
+                          3: rt_exec.fault (kernels report bad indices);
+                          4: rt_train_desc.ready and .split (the split step) */
 #define RT_MODEL_ABI_MIN 3 /* the oldest ABI this runtime runs: a loaded library's
                               kernels call its own static copy of the pool
                               (rt_parallel_for) with this runtime's rt_exec and
@@ -140,6 +141,11 @@ typedef struct rt_train_desc {
 	int32_t lr, t, apply; /* step input positions ("apply": -1 when accum 1) */
 	int32_t micro1;       /* "__micro__" input position + 1; 0: none (this was
 	                         padding, 0 in libraries made before it) */
+	/* ABI 4: per step output, for a gradient "<p>.grad" (next -1) the last
+	 * kernel that writes it, else -1; split: the first kernel after every
+	 * gradient (the optimizer's), -1 when the step cannot stop there */
+	const int32_t *ready;
+	int32_t split, pad_;
 } rt_train_desc;
 
 /* ---- the driver (model.c), linked into every generated library --------- */
@@ -160,6 +166,17 @@ kiln_status rt_model_run(rt_model *m, const int64_t *syms, const void *const *in
 /* Generic entry: shapes are checked against the signature (symbols bound
  * from them) before any kernel runs; out[] must have the signature's
  * output shapes for those symbols (see rt_model_output_shape). */
+/* rt_model_run calling hook(ud, m, k) after each kernel k that succeeded;
+ * a hook's non-OK status ends the run with it (rt_model_set_error sets the
+ * message).  While a hook runs, rt_model_buf(m, b) is buffer b's memory. */
+typedef kiln_status (*rt_kernel_hook)(void *ud, rt_model *m, uint32_t k);
+kiln_status rt_model_run_hooked(rt_model *m, const int64_t *syms, const void *const *in,
+                                void *const *out, rt_kernel_hook hook, void *ud);
+kiln_status rt_model_run_tensors_hooked(rt_model *m, const kiln_tensor *const *in, int nin,
+                                        kiln_tensor *const *out, int nout, rt_kernel_hook hook,
+                                        void *ud);
+void *rt_model_buf(const rt_model *m, int32_t b);
+kiln_status rt_model_set_error(rt_model *m, kiln_status code, const char *msg);
 kiln_status rt_model_run_tensors(rt_model *m, const kiln_tensor *const *in, int nin,
                                  kiln_tensor *const *out, int nout);
 /* The shape output i has for the symbols bound by the given inputs. */
@@ -198,6 +215,14 @@ kiln_status rt_train_eval(rt_train *t, const int64_t *syms, const void *const *i
 kiln_status rt_train_step_tensors(rt_train *t, const kiln_tensor *const *in, int nin, double lr,
                                   double *loss);
 rt_model *rt_train_eval_model(rt_train *t);
+/* The split step (kiln_model_train_step_hook): gradients grouped into
+ * buckets of at most bytes (at least one tensor each, the last layer's
+ * first); rt_train_step_hook calls h->ready per bucket as soon as its last
+ * kernel has run and h->wait before the optimizer's first kernel. */
+kiln_status rt_train_set_bucket_bytes(rt_train *t, int64_t bytes);
+int rt_train_num_buckets(const rt_train *t);
+kiln_status rt_train_step_hook(rt_train *t, const kiln_tensor *const *in, int nin, double lr,
+                               const kiln_grad_hook *h, double *loss);
 /* Atomic safetensors checkpoint; load checks everything before changing. */
 kiln_status rt_train_save(rt_train *t, const char *path);
 kiln_status rt_train_load(rt_train *t, const char *path);

@@ -16,6 +16,12 @@
  * which each Dropout reseeds as kiln_trainer reseeds it.  lr is an
  * argument of every step, so schedules stay with the caller.
  *
+ * The split step (rt_train_step_hook, docs/DISTRIBUTED.md) is the same run
+ * with a hook after every kernel: the step's "<p>.grad" outputs live back
+ * to back in buckets handed to the caller's hook once final, and waited for
+ * before the optimizer's first kernel; SyncBatchNorm's "*.sync_*" sums are
+ * summed over ranks right after the kernel that makes them.
+ *
  * Checkpoints are kiln_trainer's format exactly (driver/train.c; RT_CKPT_* in model.h): every
  * state tensor under its name, i64 scalars "__step__", "__micro__" and
  * "__checksum__" (sum of per-tensor FNV-1a hashes of name, dtype, shape and
@@ -39,6 +45,15 @@ struct rt_train {
 	kiln_tensor *next;     /* per step output: its result ([0] is the loss, unused) */
 	rt_model *step, *eval;
 	int64_t steps, micro;  /* optimizer steps and micro-batches so far */
+	/* the split step: gradient outputs, in output order (the last layer's
+	 * first), stored back to back in gstore; buckets of consecutive ones */
+	int ngrad, nbucket, nsync;
+	int32_t *gout;         /* per gradient: its step output */
+	int32_t *sout;         /* per SyncBatchNorm sum or its gradient: its output */
+	char *gstore;
+	int32_t *bfirst;       /* per bucket: its first gradient; [nbucket]: ngrad */
+	int32_t *bready;       /* per bucket: the kernel after which it is final */
+	const kiln_grad_hook *hook; /* during rt_train_step_hook */
 	char err[1024];
 };
 
@@ -71,6 +86,21 @@ static int32_t micro_pos(const rt_train_desc *d)
 	return d->micro1 - 1;
 }
 
+/* Step output i (> 0) is a gradient "<p>.grad" (ABI 4), not a ".next";
+ * sync: a SyncBatchNorm sum or its gradient ("*.sync_*") instead. */
+static bool is_split_output(const rt_train_desc *d, uint32_t i, bool sync)
+{
+	const rt_io_desc *o = &d->step->outputs[i];
+	size_t n = o->name ? strlen(o->name) : 0;
+	if (d->next[i] >= 0 || !o->name || (sync ? !strstr(o->name, ".sync_")
+	                              : n < 5 || strcmp(o->name + n - 5, ".grad") != 0))
+		return false;
+	for (int k = 0; k < o->rank; k++)
+		if (o->dim_kind && o->dim_kind[k] != RT_DIM_FIXED)
+			return false;
+	return true;
+}
+
 static kiln_status check_desc(const rt_train_desc *d)
 {
 	if (!d || d->abi < RT_MODEL_ABI_MIN || d->abi > RT_MODEL_ABI || !d->step || !d->next ||
@@ -85,9 +115,52 @@ static kiln_status check_desc(const rt_train_desc *d)
 		if (pos[k] >= (int32_t)s->ninputs || (k < 2 && pos[k] < 0))
 			return KILN_EINVAL;
 	for (uint32_t i = 1; i < s->noutputs; i++)
-		if (d->next[i] < 0 || (uint32_t)d->next[i] >= s->nstate)
+		if ((d->next[i] < 0 && (d->abi < 4 || !(is_split_output(d, i, false) ||
+		                                        is_split_output(d, i, true)))) ||
+		    (d->next[i] >= 0 && (uint32_t)d->next[i] >= s->nstate))
 			return KILN_EINVAL;
 	return KILN_OK;
+}
+
+/* The gradient outputs back to back, in output order, so that any run of
+ * consecutive ones of one dtype is one array (a bucket); a dtype change
+ * starts at the next 64-byte boundary. */
+static kiln_status alloc_grads(rt_train *t)
+{
+	const rt_model_desc *s = t->d->step;
+	if (!(t->gout = calloc(s->noutputs, sizeof *t->gout)))
+		return KILN_ENOMEM;
+	if (!(t->sout = calloc(s->noutputs, sizeof *t->sout)))
+		return KILN_ENOMEM;
+	size_t total = 0, off[s->noutputs];
+	for (uint32_t i = 1; i < s->noutputs; i++) {
+		if (t->d->next[i] >= 0)
+			continue;
+		const rt_io_desc *o = &s->outputs[i];
+		kiln_tensor v = {(kiln_dtype)o->dtype, o->rank, {0}, NULL};
+		for (int k = 0; k < o->rank; k++)
+			v.shape[k] = o->dims[k];
+		if (is_split_output(t->d, i, true)) { /* storage of its own */
+			t->next[i] = v;
+			if (!(t->next[i].data = malloc(kiln_tensor_nbytes(&v) + 1)))
+				return KILN_ENOMEM;
+			t->sout[t->nsync++] = (int32_t)i;
+			continue;
+		}
+		if (t->ngrad && t->next[t->gout[t->ngrad - 1]].dtype != v.dtype)
+			total = (total + ALIGN - 1) / ALIGN * ALIGN;
+		off[i] = total;
+		total += kiln_tensor_nbytes(&v);
+		t->next[i] = v;
+		t->gout[t->ngrad++] = (int32_t)i;
+	}
+	if (t->ngrad && posix_memalign((void **)&t->gstore, ALIGN, total + 1) != 0) {
+		t->gstore = NULL;
+		return KILN_ENOMEM;
+	}
+	for (int g = 0; g < t->ngrad; g++)
+		t->next[t->gout[g]].data = t->gstore + off[t->gout[g]];
+	return rt_train_set_bucket_bytes(t, 25 << 20);
 }
 
 /* Storage for the state (from its initial values) and the .next results. */
@@ -108,6 +181,8 @@ static kiln_status alloc_state(rt_train *t)
 		memcpy(t->state[i], s->state[i].init, n);
 	}
 	for (uint32_t i = 1; i < s->noutputs; i++) {
+		if (t->d->next[i] < 0)
+			continue;
 		kiln_tensor v = state_tensor(t, (uint32_t)t->d->next[i]);
 		if (!(t->next[i].data = malloc(kiln_tensor_nbytes(&v) + 1)))
 			return KILN_ENOMEM;
@@ -115,7 +190,7 @@ static kiln_status alloc_state(rt_train *t)
 		t->next[i] = v;
 		t->next[i].data = data;
 	}
-	return KILN_OK;
+	return alloc_grads(t);
 }
 
 kiln_status rt_train_create(const rt_train_desc *d, rt_train **out)
@@ -152,7 +227,11 @@ void rt_train_destroy(rt_train *t)
 	for (uint32_t i = 0; t->state && i < t->d->step->nstate; i++)
 		free(t->state[i]);
 	for (uint32_t i = 1; t->next && i < t->d->step->noutputs; i++)
-		free(t->next[i].data);
+		if (t->d->next[i] >= 0)
+			free(t->next[i].data);
+	for (int k = 0; t->sout && k < t->nsync; k++)
+		free(t->next[t->sout[k]].data);
+	free(t->gout), free(t->sout), free(t->gstore), free(t->bfirst), free(t->bready);
 	free(t->state);
 	free(t->next);
 	free(t);
@@ -189,7 +268,8 @@ rt_model *rt_train_eval_model(rt_train *t)
 static void commit(rt_train *t, bool apply)
 {
 	for (uint32_t i = 1; i < t->d->step->noutputs; i++)
-		memcpy(t->state[t->d->next[i]], t->next[i].data, kiln_tensor_nbytes(&t->next[i]));
+		if (t->d->next[i] >= 0)
+			memcpy(t->state[t->d->next[i]], t->next[i].data, kiln_tensor_nbytes(&t->next[i]));
 	t->micro++;
 	t->steps += apply;
 }
@@ -229,6 +309,9 @@ kiln_status rt_train_step(rt_train *t, const int64_t *syms, const void *const *i
 	if (!t)
 		return KILN_EINVAL;
 	const rt_model_desc *s = t->d->step;
+	if (t->nsync)
+		return fail(t, KILN_EINVAL, "model '%s' synchronises BatchNorm across ranks: step it "
+		            "with kiln_model_train_step_hook and a hook with sum", s->name);
 	if ((!in && (int)s->ninputs > nscalars(t->d)) || !loss)
 		return fail(t, KILN_EINVAL, "model '%s': train_step: %s is NULL", s->name,
 		            !loss ? "loss" : "x");
@@ -256,9 +339,22 @@ static float f32_at(const void *p)
 	return f;
 }
 
+static kiln_status step_tensors(rt_train *t, const kiln_tensor *const *in, int nin, double lr,
+                                double *loss, rt_kernel_hook hook);
+
 kiln_status rt_train_step_tensors(rt_train *t, const kiln_tensor *const *in, int nin, double lr,
                                   double *loss)
 {
+	return step_tensors(t, in, nin, lr, loss, NULL);
+}
+
+static kiln_status step_tensors(rt_train *t, const kiln_tensor *const *in, int nin, double lr,
+                                double *loss, rt_kernel_hook hook)
+{
+	if (t && !hook && t->nsync)
+		return fail(t, KILN_EINVAL, "model '%s' synchronises BatchNorm across ranks: step it "
+		            "with kiln_model_train_step_hook and a hook with sum",
+		            t->d->step->name);
 	if (!t)
 		return KILN_EINVAL;
 	const rt_model_desc *s = t->d->step;
@@ -279,7 +375,8 @@ kiln_status rt_train_step_tensors(rt_train *t, const kiln_tensor *const *in, int
 	op[0] = &lt;
 	for (uint32_t i = 1; i < s->noutputs; i++)
 		op[i] = &t->next[i];
-	kiln_status st = rt_model_run_tensors(t->step, ip, (int)s->ninputs, op, (int)s->noutputs);
+	kiln_status st = rt_model_run_tensors_hooked(t->step, ip, (int)s->ninputs, op,
+	                                             (int)s->noutputs, hook, t);
 	if (st != KILN_OK)
 		return fail(t, st, "%s", rt_model_errmsg(t->step));
 	commit(t, sc.apply);
@@ -510,4 +607,140 @@ kiln_status rt_train_state_view(rt_train *t, const char *name, kiln_tensor *out)
 		}
 	return fail(t, KILN_EINVAL, "model '%s' has no state tensor '%s'", t->d->step->name,
 	            name ? name : "(NULL)");
+}
+
+/* ---- the split step ------------------------------------------------------------
+ * One run of the step program, stopped twice over: after the kernel that
+ * finishes each bucket's last gradient, h->ready gets the bucket (its
+ * gradients back to back in gstore, which the kernels wrote in place), so
+ * communication overlaps the rest of backward; after the last backward
+ * kernel (desc split - 1), h->wait, and then the optimizer's kernels read
+ * whatever the hook left there.  A gradient whose buffer is a view of a
+ * temporary is written there, not in gstore: it is copied into the bucket
+ * before ready and back after wait. */
+
+static bool splittable(const rt_train *t)
+{
+	return t->d->abi >= 4 && t->d->ready && t->d->split > 0 && t->ngrad > 0;
+}
+
+static size_t grad_bytes(const rt_train *t, int g)
+{
+	return kiln_tensor_nbytes(&t->next[t->gout[g]]);
+}
+
+kiln_status rt_train_set_bucket_bytes(rt_train *t, int64_t bytes)
+{
+	if (!t)
+		return KILN_EINVAL;
+	if (bytes < 1)
+		return fail(t, KILN_EINVAL, "bucket size %lld: must be at least 1 byte",
+		            (long long)bytes);
+	int32_t *first = calloc((size_t)t->ngrad + 2, sizeof *first);
+	int32_t *ready = calloc((size_t)t->ngrad + 2, sizeof *ready);
+	if (!first || !ready) {
+		free(first), free(ready);
+		return fail(t, KILN_ENOMEM, "out of memory");
+	}
+	int nb = 0;
+	size_t in_bucket = 0;
+	for (int g = 0; g < t->ngrad; g++) {
+		size_t n = grad_bytes(t, g);
+		bool dt_change = g && t->next[t->gout[g]].dtype != t->next[t->gout[g - 1]].dtype;
+		if (g == 0 || dt_change || in_bucket + n > (uint64_t)bytes) {
+			first[nb] = g;
+			ready[nb++] = -1;
+			in_bucket = 0;
+		}
+		in_bucket += n;
+		int32_t r = splittable(t) ? t->d->ready[t->gout[g]] : -1;
+		if (r > ready[nb - 1])
+			ready[nb - 1] = r;
+	}
+	first[nb] = t->ngrad;
+	free(t->bfirst), free(t->bready);
+	t->bfirst = first, t->bready = ready, t->nbucket = nb;
+	return KILN_OK;
+}
+
+int rt_train_num_buckets(const rt_train *t)
+{
+	return t ? t->nbucket : 0;
+}
+
+/* Copies each gradient of bucket b between its kernels' buffer and gstore
+ * where they differ (to_bucket: into gstore). */
+static void bucket_copy(rt_train *t, rt_model *m, int b, bool to_bucket)
+{
+	for (int g = t->bfirst[b]; g < t->bfirst[b + 1]; g++) {
+		kiln_tensor *v = &t->next[t->gout[g]];
+		void *p = rt_model_buf(m, t->d->step->outputs[t->gout[g]].buf);
+		if (p && p != v->data)
+			memcpy(to_bucket ? v->data : p, to_bucket ? p : v->data, kiln_tensor_nbytes(v));
+	}
+}
+
+static kiln_status hook_failed(rt_train *t, rt_model *m, kiln_status st, const char *what)
+{
+	char msg[600];
+	snprintf(msg, sizeof msg, "model '%s': the gradient hook's %s failed (%s)",
+	         t->d->step->name, what, kiln_status_str(st));
+	return rt_model_set_error(m, st, msg);
+}
+
+static kiln_status at_kernel(void *ud, rt_model *m, uint32_t k)
+{
+	rt_train *t = ud;
+	const kiln_grad_hook *h = t->hook;
+	kiln_status st = KILN_OK;
+	for (int j = 0; j < t->nsync; j++) { /* SyncBatchNorm: before any reader */
+		int32_t i = t->sout[j];
+		if (t->d->ready[i] != (int32_t)k)
+			continue;
+		kiln_tensor *v = &t->next[i];
+		void *p = rt_model_buf(m, t->d->step->outputs[i].buf);
+		int64_t n = (int64_t)(kiln_tensor_nbytes(v) / kiln_dtype_size(v->dtype));
+		if (!h->sum)
+			return hook_failed(t, m, KILN_EINVAL, "sum (missing)");
+		if ((st = h->sum(h->ud, p, n, v->dtype)) != KILN_OK)
+			return hook_failed(t, m, st, "sum");
+	}
+	for (int b = 0; b < t->nbucket && st == KILN_OK; b++) {
+		if (t->bready[b] != (int32_t)k)
+			continue;
+		bucket_copy(t, m, b, true);
+		kiln_tensor *v = &t->next[t->gout[t->bfirst[b]]];
+		int64_t n = 0;
+		for (int g = t->bfirst[b]; g < t->bfirst[b + 1]; g++) {
+			kiln_tensor *w = &t->next[t->gout[g]];
+			n += (int64_t)(kiln_tensor_nbytes(w) / kiln_dtype_size(w->dtype));
+		}
+		if (h->ready && (st = h->ready(h->ud, b, v->data, n, v->dtype)) != KILN_OK)
+			return hook_failed(t, m, st, "ready");
+	}
+	if ((int32_t)k + 1 != t->d->split)
+		return KILN_OK;
+	if (h->wait && (st = h->wait(h->ud)) != KILN_OK)
+		return hook_failed(t, m, st, "wait");
+	for (int b = 0; b < t->nbucket; b++)
+		bucket_copy(t, m, b, false);
+	return KILN_OK;
+}
+
+kiln_status rt_train_step_hook(rt_train *t, const kiln_tensor *const *in, int nin, double lr,
+                               const kiln_grad_hook *h, double *loss)
+{
+	if (!t)
+		return KILN_EINVAL;
+	if (!h)
+		return rt_train_step_tensors(t, in, nin, lr, loss);
+	if (!splittable(t))
+		return fail(t, KILN_EUNSUPPORTED, "model '%s': this library cannot stop between its "
+		            "gradients and the optimizer (compiled before kiln had the split step, "
+		            "or its optimizer reads a gradient before backward ends)",
+		            t->d->step->name);
+	t->hook = h;
+	kiln_status st = step_tensors(t, in, nin, lr, loss, at_kernel);
+	t->hook = NULL;
+	return st;
 }

@@ -4,7 +4,8 @@
 # KILN_DEPS=build installs only what the C build needs (no Python stack).
 set -eu
 build_pkgs="build-essential cmake pkg-config llvm-14-dev llvm-14-tools clang-14
-  libclang-rt-14-dev check libprotobuf-c-dev protobuf-c-compiler libonnx-dev valgrind"
+  libclang-rt-14-dev check libprotobuf-c-dev protobuf-c-compiler libonnx-dev valgrind
+  libopenmpi-dev openmpi-bin"
 test_pkgs="python3-numpy python3-onnx python3-torch python3-torchvision
   python3-sklearn python3-venv python3-pytest graphviz"
 pkgs=$build_pkgs

@@ -92,7 +92,20 @@ const char cmd_train_usage[] =
 	"                          (on resume with --log, the logged steps too)\n"
 	"  --export OUT.onnx       the trained inference model (.kir: kiln's format)\n"
 	"  --val-out OUT.npy       the trained model's outputs on --val-x\n"
-	"  --quiet                 print nothing but errors";
+	"  --quiet                 print nothing but errors\n"
+	"  --distributed           data-parallel under `mpirun -np K` (docs/DISTRIBUTED.md):\n"
+	"                          --batch is the global batch (K must divide it),\n"
+	"                          each rank takes its share of every epoch's order\n"
+	"                          (PyTorch's DistributedSampler), gradients are\n"
+	"                          averaged per bucket during backward; rank 0 logs,\n"
+	"                          checkpoints and exports\n"
+	"  --drop-last             the sampler drops the tail that K does not divide\n"
+	"                          (default: pads it with the order's first samples)\n"
+	"  --bucket-mb M           gradient bucket size (default 25, DDP's)\n"
+	"  --comm-timeout S        a rank that dies or hangs fails the others after S\n"
+	"                          seconds, naming it (default 300)\n"
+	"  --sync-bn               synchronised BatchNorm (SyncBatchNorm): batch statistics\n"
+	"                          over the global batch, not each rank's share";
 
 /* ---- errors ------------------------------------------------------------ */
 
@@ -104,6 +117,8 @@ typedef struct opts {
 	double lr, momentum, dampening, wd, eps, clip, smoothing;
 	int64_t accum, epochs, batch, seed, every, stop_after, threads;
 	bool nesterov, quiet, interp, shuffle, no_shuffle;
+	bool distributed, drop_last, sync_bn;
+	double bucket_mb, comm_timeout;
 	bool batch_set; /* --batch given, so it may not exceed the data */
 } opts;
 
@@ -132,7 +147,9 @@ static const opt_def opt_defs[] = {
 	OPT("--plot", O_STR, plot),
 	OPT("--quiet", O_FLAG, quiet), OPT("--shuffle", O_FLAG, shuffle),
 	OPT("--no-shuffle", O_FLAG, no_shuffle), OPT("--threads", O_I64, threads),
-	OPT("--interp", O_FLAG, interp),
+	OPT("--interp", O_FLAG, interp), OPT("--distributed", O_FLAG, distributed),
+	OPT("--drop-last", O_FLAG, drop_last), OPT("--sync-bn", O_FLAG, sync_bn),
+	OPT("--bucket-mb", O_F64, bucket_mb), OPT("--comm-timeout", O_F64, comm_timeout),
 	/* not in the usage text: stops after step N as a kill would (no final
 	 * checkpoint, no export), for the resume tests */
 	OPT("--stop-after", O_I64, stop_after),
@@ -208,13 +225,20 @@ static int check_opts(const opts *o)
 		return usage_error("%s", "--val-out needs --val-x");
 	if (o->every && !o->ckpt_dir)
 		return usage_error("%s", "--every needs --checkpoint DIR");
+	if (!o->distributed && (o->drop_last || o->sync_bn))
+		return usage_error("%s", "--drop-last and --sync-bn need --distributed");
+	if (o->distributed && o->interp)
+		return usage_error("%s", "--distributed needs the compiled step (not --interp)");
+	if (!(o->bucket_mb > 0) || !(o->comm_timeout > 0))
+		return usage_error("%s", "--bucket-mb and --comm-timeout must be > 0");
 	return 0;
 }
 
 static int parse_args(int argc, char **argv, opts *o)
 {
 	*o = (opts){.loss = "cross_entropy", .optim = "sgd", .lr = -1, .wd = -1, .accum = 1,
-	            .epochs = 1, .batch = 32, .stop_after = -1, .threads = tool_cpus()};
+	            .epochs = 1, .batch = 32, .stop_after = -1, .threads = tool_cpus(),
+	            .bucket_mb = 25, .comm_timeout = 300};
 	for (int i = 0; i < argc; i++) {
 		const char *val = NULL;
 		const opt_def *d = argv[i][0] == '-' ? find_opt(argv[i], &val) : NULL;
@@ -460,10 +484,10 @@ static kiln_status add_loss(kiln_graph *g, const opts *o, const loss_info *L, ki
 /* The library's train-mode form of the model (BatchNorm on batch
  * statistics, Dropout on with --seed), plus the loss and the counters. */
 static kiln_graph *train_graph(const kiln_graph *eval, const opts *o, const loss_info *L,
-                               kiln_error *err)
+                               int sync_ranks, kiln_error *err)
 {
 	kiln_graph *g = NULL;
-	if (kiln_train_graph_from_inference(eval, (uint64_t)o->seed, &g, err) != KILN_OK)
+	if (driver_train_graph_sync_bn(eval, (uint64_t)o->seed, sync_ranks, &g, err) != KILN_OK)
 		return NULL;
 	kiln_status st = add_loss(g, o, L, err);
 	if (st == KILN_OK && (st = kiln_graph_status(g)) != KILN_OK)
@@ -600,8 +624,12 @@ typedef struct run {
 	int64_t lib_rows[2];
 	kiln_tensor *x, *y, *vx, *vy; /* data sets (targets as the step takes them) */
 	kiln_tensor *bx, *by;     /* one batch */
-	int64_t *perm;            /* this epoch's order */
+	int64_t *perm;            /* this epoch's order: this process's share of all */
+	int64_t *all;             /* this epoch's order of the whole data set */
 	int64_t n, nb;            /* samples, batches per epoch */
+	int64_t nr, pb;           /* samples and batch of this process (n and --batch
+	                             unless --distributed) */
+	kiln_comm *comm;          /* --distributed */
 	int64_t epoch, batch;     /* the next batch to run */
 	int64_t first;            /* the step this process started from */
 	int64_t last_ckpt;        /* step of the last checkpoint written (-1: none) */
@@ -698,10 +726,22 @@ static void shuffle(int64_t *perm, int64_t n, uint64_t seed, int64_t epoch, bool
 	}
 }
 
+/* This process's share of the epoch's order, by PyTorch's
+ * DistributedSampler: the order padded with its own first samples to a
+ * multiple of the ranks K (or cut to one, drop_last), then every K-th from
+ * this rank on.  So batch b of every rank together is batch b of the
+ * padded order, and one process (K = 1) takes the order as it is. */
+static void sample(run *r)
+{
+	int k = r->comm ? r->comm->size : 1, rank = r->comm ? r->comm->rank : 0;
+	for (int64_t i = 0; i < r->nr; i++) /* padding repeats the order from its start */
+		r->perm[i] = r->all[(rank + i * k) % r->n];
+}
+
 /* Gathers batch b of the current order into bx, by (the last may be short). */
 static void fill_batch(run *r, int64_t b)
 {
-	int64_t lo = b * r->o->batch, cnt = r->n - lo < r->o->batch ? r->n - lo : r->o->batch;
+	int64_t lo = b * r->pb, cnt = r->nr - lo < r->pb ? r->nr - lo : r->pb;
 	size_t xrow = kiln_tensor_nbytes(r->x) / (size_t)r->n;
 	size_t yrow = kiln_tensor_nbytes(r->y) / (size_t)r->n;
 	for (int64_t i = 0; i < cnt; i++) {
@@ -755,8 +795,14 @@ static kiln_status eng_step(run *r, double lr, double *loss, kiln_error *e)
 		return KILN_EINVAL;
 	}
 	kiln_status st = k ? hand_over(r->lib[0], r->lib[1], e) : KILN_OK;
+	kiln_grad_hook h = r->comm ? kiln_comm_grad_hook(r->comm) : (kiln_grad_hook){0};
+	if (r->comm)
+		r->comm->step = step_no(r) + 1;
 	if (st == KILN_OK)
-		st = kiln_model_train_step(r->lib[k], r->bx, r->by, lr, loss, e);
+		st = kiln_model_train_step_hook(r->lib[k], r->bx, r->by, lr, r->comm ? &h : NULL, loss,
+		                                e);
+	if (st != KILN_OK && r->comm && strstr(e->msg, "gradient hook"))
+		snprintf(e->msg, sizeof e->msg, "%s", r->comm->errmsg(r->comm));
 	return st == KILN_OK && k ? hand_over(r->lib[1], r->lib[0], e) : st;
 }
 
@@ -1121,14 +1167,22 @@ static int one_step(run *r)
 	r->step_time += now() - t0;
 	if (st != KILN_OK)
 		return tool_fail(1, "step %lld: %s", (long long)step_no(r) + 1, e.msg);
+	int64_t rows = r->bx->shape[0], correct = r->L->classify ? *state_i64(r, CORRECT_NAME) : 0;
+	if (r->comm) { /* the global batch's loss and counts: every rank's rows */
+		double v[3] = {loss, (double)correct, (double)rows};
+		if ((st = r->comm->allreduce_sum(r->comm, v, 3, KILN_F64)) != KILN_OK)
+			return tool_fail(1, "step %lld: %s", (long long)step_no(r) + 1,
+			                 r->comm->errmsg(r->comm));
+		loss = v[0] / r->comm->size, correct = (int64_t)v[1], rows = (int64_t)v[2];
+	}
 	if (!isfinite(loss))
 		return tool_fail(1, "step %lld: the loss is %g (lower --lr, or --clip-norm?)",
 		            (long long)step_no(r) + 1, loss);
-	r->loss_sum += loss * (double)r->bx->shape[0];
-	r->seen += r->bx->shape[0];
+	r->loss_sum += loss * (double)rows;
+	r->seen += rows;
 	if (r->L->classify) {
-		r->correct += *state_i64(r, CORRECT_NAME);
-		r->counted += kiln_tensor_numel(r->by);
+		r->correct += correct;
+		r->counted += kiln_tensor_numel(r->by) / r->bx->shape[0] * rows;
 	}
 	bool last = r->batch + 1 == r->nb;
 	if (last && r->vx && accuracy(r, r->vx, r->vy, &r->val_acc, NULL))
@@ -1164,7 +1218,8 @@ static int train_loop(run *r)
 	while (r->epoch < o->epochs) {
 		double t0 = now();
 		int64_t epoch = r->epoch;
-		shuffle(r->perm, r->n, (uint64_t)o->seed, epoch, !o->no_shuffle);
+		shuffle(r->all, r->n, (uint64_t)o->seed, epoch, !o->no_shuffle);
+		sample(r);
 		while (r->epoch == epoch) {
 			if (step_no(r) == o->stop_after)
 				return -1;
@@ -1338,6 +1393,8 @@ static kiln_status compile_step(run *r, const kiln_graph *tg, const kiln_train_o
 		       info.hit ? "from the cache, " : "compiled",
 		       info.hit ? info.path : info.path[0] ? ", cached" : "", now() - t0);
 	st = kiln_model_set_threads(r->lib[k], (int)r->o->threads, e);
+	if (st == KILN_OK && r->comm)
+		st = kiln_model_set_bucket_bytes(r->lib[k], (int64_t)(r->o->bucket_mb * 1048576.0), e);
 	return st == KILN_OK && k == 0 ? initial_state(r->lib[0], tg, e) : st;
 }
 
@@ -1347,7 +1404,7 @@ static kiln_status compile_step(run *r, const kiln_graph *tg, const kiln_train_o
 static kiln_status compiled(run *r, const kiln_graph *tg, const kiln_train_opts *to,
                             kiln_error *e)
 {
-	int64_t rows = r->o->batch < r->n ? r->o->batch : r->n, tail = r->n % rows;
+	int64_t rows = r->pb < r->nr ? r->pb : r->nr, tail = r->nr % rows;
 	kiln_status st = compile_step(r, tg, to, 0, rows, e);
 	if (st == KILN_OK && tail)
 		st = compile_step(r, tg, to, 1, tail, e);
@@ -1384,7 +1441,16 @@ static int setup(run *r, const opts *o)
 		return tool_fail(TOOLS_EXIT_USAGE, "--batch %lld is more than the %lld samples in %s: pass "
 		            "--batch %lld or less", (long long)o->batch, (long long)r->n, o->x,
 		            (long long)r->n);
-	r->nb = (r->n + o->batch - 1) / o->batch;
+	int k = r->comm ? r->comm->size : 1;
+	if (o->batch % k)
+		return tool_fail(TOOLS_EXIT_USAGE, "--batch %lld is the global batch: the %d ranks must "
+		                 "divide it", (long long)o->batch, k);
+	if (r->n < k)
+		return tool_fail(1, "%s has %lld samples, fewer than the %d ranks", o->x,
+		                 (long long)r->n, k);
+	r->pb = o->batch / k;
+	r->nr = o->drop_last ? r->n / k : (r->n + k - 1) / k; /* DistributedSampler's num_samples */
+	r->nb = (r->nr + r->pb - 1) / r->pb;
 	if (o->accum > r->nb * o->epochs)
 		return tool_fail(TOOLS_EXIT_USAGE, "--accum %lld is more than the run's %lld steps (%lld "
 		            "epoch(s) of %lld batches): no optimizer update would happen",
@@ -1393,7 +1459,7 @@ static int setup(run *r, const opts *o)
 	if (parse_sched(o, r->nb * o->epochs / o->accum, &r->sched))
 		return TOOLS_EXIT_USAGE;
 	kiln_error e = {0};
-	kiln_graph *tg = train_graph(r->eval, o, r->L, &e);
+	kiln_graph *tg = train_graph(r->eval, o, r->L, o->sync_bn ? k : 1, &e);
 	kiln_status st = tg ? KILN_OK : e.code;
 	if (tg && !o->interp)
 		st = compiled(r, tg, &to, &e);
@@ -1405,13 +1471,14 @@ static int setup(run *r, const opts *o)
 		       : tool_fail(1, "%s: %s", o->model, e.msg[0] ? e.msg : kiln_status_str(st));
 	int64_t bshape[KILN_MAX_RANK];
 	memcpy(bshape, r->x->shape, sizeof bshape);
-	bshape[0] = o->batch < r->n ? o->batch : r->n;
+	bshape[0] = r->pb < r->nr ? r->pb : r->nr;
 	r->bx = kiln_tensor_new(r->x->dtype, r->x->rank, bshape);
 	memcpy(bshape, r->y->shape, sizeof bshape);
-	bshape[0] = o->batch < r->n ? o->batch : r->n;
+	bshape[0] = r->pb < r->nr ? r->pb : r->nr;
 	r->by = kiln_tensor_new(r->y->dtype, r->y->rank, bshape);
-	r->perm = malloc((size_t)r->n * sizeof *r->perm);
-	if (!r->bx || !r->by || !r->perm)
+	r->perm = malloc((size_t)r->nr * sizeof *r->perm);
+	r->all = malloc((size_t)r->n * sizeof *r->all);
+	if (!r->bx || !r->by || !r->perm || !r->all)
 		return tool_fail(1, "out of memory");
 	if (o->ckpt_dir && mkdir(o->ckpt_dir, 0777) != 0 && errno != EEXIST)
 		return tool_fail(1, "cannot create '%s': %s", o->ckpt_dir, strerror(errno));
@@ -1485,10 +1552,121 @@ static void run_free(run *r)
 	kiln_graph_free(r->eval);
 	kiln_tensor_free(r->x), kiln_tensor_free(r->y), kiln_tensor_free(r->vx);
 	kiln_tensor_free(r->vy), kiln_tensor_free(r->bx), kiln_tensor_free(r->by);
-	free(r->perm);
+	free(r->perm), free(r->all);
 	free(r->c_step), free(r->c_loss), free(r->c_lr), free(r->c_vstep), free(r->c_vacc);
 	if (r->log)
 		fclose(r->log); /* after a failure; success closes it with close_log */
+}
+
+/* ---- --distributed ------------------------------------------------------------------ */
+
+static uint64_t fnv(uint64_t h, const void *p, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		h = (h ^ ((const unsigned char *)p)[i]) * 0x100000001b3ULL;
+	return h;
+}
+
+/* Every rank must train the same model with the same options: a hash of
+ * the command line and the model file's bytes, checked against rank 0's
+ * before any work, so a mismatch fails every rank naming the ones that
+ * differ instead of diverging silently. */
+static int check_same(kiln_comm *c, int argc, char **argv, const opts *o)
+{
+	uint64_t h = 0xcbf29ce484222325ULL;
+	for (int i = 0; i < argc; i++)
+		h = fnv(h, argv[i], strlen(argv[i]) + 1);
+	FILE *f = o->model ? fopen(o->model, "rb") : NULL;
+	char buf[65536];
+	size_t n;
+	while (f && (n = fread(buf, 1, sizeof buf, f)) > 0)
+		h = fnv(h, buf, n);
+	if (f)
+		fclose(f);
+	uint64_t h0 = h;
+	int64_t *bad = calloc((size_t)c->size, sizeof *bad);
+	if (!bad)
+		return tool_fail(1, "out of memory");
+	kiln_status st = c->broadcast(c, &h0, sizeof h0, 0);
+	bad[c->rank] = h0 != h;
+	if (st == KILN_OK)
+		st = c->allreduce_sum(c, bad, c->size, KILN_I64);
+	if (st != KILN_OK) {
+		free(bad);
+		return tool_fail(1, "--distributed: %s", c->errmsg(c));
+	}
+	char who[256] = "";
+	size_t len = 0;
+	for (int i = 0; i < c->size; i++)
+		if (bad[i] && len < sizeof who - 16)
+			len += (size_t)snprintf(who + len, sizeof who - len, "%s%d", len ? ", " : "", i);
+	free(bad);
+	if (len)
+		return tool_fail(1, "--distributed: rank%s %s %s a different model or options than "
+		                 "rank 0 (hash of the command line and the model file)",
+		                 strchr(who, ',') ? "s" : "", who, strchr(who, ',') ? "have" : "has");
+	return 0;
+}
+
+/* Rank 0's state (the initial weights, or its resumed checkpoint) to every
+ * rank, as DDP broadcasts the module's parameters at construction. */
+static int broadcast_state(run *r)
+{
+	kiln_tensor_set *s = kiln_model_state(r->lib[0]);
+	kiln_error e = {0};
+	kiln_status st = s ? KILN_OK : KILN_ENOMEM;
+	for (int i = 0; st == KILN_OK && i < s->count; i++)
+		st = r->comm->broadcast(r->comm, s->items[i].tensor->data,
+		                        (int64_t)kiln_tensor_nbytes(s->items[i].tensor), 0);
+	if (st != KILN_OK)
+		snprintf(e.msg, sizeof e.msg, "%s", s ? r->comm->errmsg(r->comm) : "out of memory");
+	else
+		st = kiln_model_set_state(r->lib[0], s, &e);
+	kiln_tensor_set_free(s);
+	return st == KILN_OK ? 0 : tool_fail(1, "--distributed: broadcasting the state: %s", e.msg);
+}
+
+/* Ranks other than 0 train silently: no log, curve, checkpoint or export. */
+static void follower(opts *o)
+{
+	o->quiet = true;
+	o->log = o->plot = o->export_path = o->val_out = o->ckpt_dir = NULL;
+	o->every = 0;
+}
+
+/* A failed rank ends the job (its peers may wait in a collective for it);
+ * a finished one finalizes. */
+static int end_comm(run *r, int rc)
+{
+	if (r->comm && rc) {
+		fflush(stdout);
+		r->comm->abort(r->comm, rc);
+	}
+	if (r->comm)
+		r->comm->close(r->comm);
+	r->comm = NULL;
+	return rc;
+}
+
+static int open_comm(run *r, opts *o, int argc, char **argv)
+{
+#ifdef KILN_HAVE_MPI
+	kiln_error e = {0};
+	kiln_status st = kiln_comm_mpi_open(NULL, NULL, o->comm_timeout, &r->comm, &e);
+	if (st != KILN_OK)
+		return tool_fail(1, "--distributed: %s", e.msg[0] ? e.msg : kiln_status_str(st));
+	if (r->comm->rank != 0)
+		follower(o);
+	r->tty = !o->quiet && isatty(2);
+	if (!o->quiet)
+		printf("distributed: %d ranks, global batch %lld (%lld per rank)\n", r->comm->size,
+		       (long long)o->batch, (long long)(o->batch / r->comm->size));
+	return check_same(r->comm, argc, argv, o);
+#else
+	(void)r, (void)o, (void)argc, (void)argv;
+	return tool_fail(1, "--distributed: this kiln was built without MPI (install "
+	                 "libopenmpi-dev and openmpi-bin: scripts/install-deps.sh, then build again)");
+#endif
 }
 
 int cmd_train(int argc, char **argv)
@@ -1498,9 +1676,13 @@ int cmd_train(int argc, char **argv)
 	if (rc || (rc = check_files(&o)))
 		return rc;
 	run r = {.o = &o, .last_ckpt = -1, .tty = !o.quiet && isatty(2)};
+	if (o.distributed && (rc = open_comm(&r, &o, argc, argv)))
+		return end_comm(&r, rc);
 	rc = setup(&r, &o);
 	if (!rc && o.resume)
 		rc = resume(&r);
+	if (!rc && r.comm)
+		rc = broadcast_state(&r);
 	r.first = step_no(&r);
 	r.t_start = now();
 	if (!rc)
@@ -1517,5 +1699,5 @@ int cmd_train(int argc, char **argv)
 			rc = finish(&r);
 	}
 	run_free(&r);
-	return rc;
+	return end_comm(&r, rc);
 }

@@ -1050,6 +1050,74 @@ KILN_API bool kiln_model_trainable(const kiln_model *m);
 KILN_API kiln_status kiln_model_train_step(kiln_model *m, const kiln_tensor *x,
                                            const kiln_tensor *y, double lr, double *loss,
                                            kiln_error *err);
+/* The split step, for data-parallel training (docs/DISTRIBUTED.md): the
+ * same step as kiln_model_train_step, stopped between the gradients and the
+ * optimizer.  Gradients lie in buckets (the last layer's first, up to
+ * kiln_model_set_bucket_bytes each, 25 MB by default as DDP's; one dtype per
+ * bucket); as soon as backward has finished a bucket, ready(ud, bucket,
+ * data, n, dtype) gets its n elements, contiguous, to read and change in
+ * place (start an all-reduce and return, so communication overlaps the rest
+ * of backward); before the optimizer's first kernel, wait(ud) must leave
+ * every bucket final.  Buckets come in the same order on every call.  Either
+ * function may be NULL; a status other than KILN_OK ends the step with
+ * nothing changed.  A NULL hook is kiln_model_train_step.  EUNSUPPORTED for
+ * a library that cannot split (compiled by an older kiln). */
+typedef struct kiln_grad_hook {
+	kiln_status (*ready)(void *ud, int bucket, void *data, int64_t n, kiln_dtype dtype);
+	kiln_status (*wait)(void *ud);
+	void *ud;
+	/* a library with synchronised BatchNorm (driver_train_graph_sync_bn):
+	 * replace data's n elements by their sum over ranks, now (blocking);
+	 * called for each BatchNorm's batch sums in the forward and for their
+	 * gradients in backward.  Required for such a library, unused otherwise. */
+	kiln_status (*sum)(void *ud, void *data, int64_t n, kiln_dtype dtype);
+} kiln_grad_hook;
+KILN_API kiln_status kiln_model_train_step_hook(kiln_model *m, const kiln_tensor *x,
+                                                const kiln_tensor *y, double lr,
+                                                const kiln_grad_hook *hook, double *loss,
+                                                kiln_error *err);
+/* ---- data-parallel communication (docs/DISTRIBUTED.md) ----
+ * One small interface over a distributed engine: MPI today (kiln_comm_mpi_open,
+ * in the kiln_mpi library, built where MPI is found), NCCL later behind the
+ * same functions.  Every call is collective (all ranks, same order) except
+ * rank/size/errmsg.  Waits give up after the timeout given at open with
+ * KILN_EIO and a message naming the ranks that did not arrive; a caller that
+ * gets it should call abort (a hung peer never finishes a collective).
+ *
+ *     kiln_comm *c;  kiln_comm_mpi_open(&argc, &argv, 60, &c, &err);
+ *     kiln_grad_hook h = kiln_comm_grad_hook(c);     // all-reduce mean per bucket
+ *     kiln_model_train_step_hook(m, &x, &y, lr, &h, &loss, &err);
+ *     c->close(c); */
+typedef struct kiln_comm kiln_comm;
+struct kiln_comm {
+	int rank, size;
+	/* start an in-place all-reduce mean of n elements of dt at buf (the
+	 * buffer must stay untouched until wait) */
+	kiln_status (*allreduce_mean_start)(kiln_comm *c, void *buf, int64_t n, kiln_dtype dt);
+	/* every started all-reduce finished; step names the step in messages */
+	kiln_status (*wait)(kiln_comm *c, int64_t step);
+	/* blocking in-place all-reduce sum and mean */
+	kiln_status (*allreduce_sum)(kiln_comm *c, void *buf, int64_t n, kiln_dtype dt);
+	kiln_status (*allreduce_mean)(kiln_comm *c, void *buf, int64_t n, kiln_dtype dt);
+	kiln_status (*broadcast)(kiln_comm *c, void *buf, int64_t bytes, int root);
+	kiln_status (*barrier)(kiln_comm *c);
+	const char *(*errmsg)(const kiln_comm *c);
+	void (*abort)(kiln_comm *c, int code); /* ends every rank; does not return */
+	void (*close)(kiln_comm *c);           /* collective: finalizes */
+	int64_t step;                          /* kiln_comm_grad_hook's wait passes it */
+};
+/* A gradient hook that all-reduces (mean) each bucket as it is ready and
+ * waits before the optimizer: DDP's default hook. */
+KILN_API kiln_grad_hook kiln_comm_grad_hook(kiln_comm *c);
+/* MPI: MPI_Init_thread (argc, argv may be NULL), MPI_COMM_WORLD; waits give
+ * up after timeout_s (> 0).  Defined in libkiln_mpi only. */
+KILN_API kiln_status kiln_comm_mpi_open(int *argc, char ***argv, double timeout_s,
+                                        kiln_comm **out, kiln_error *err);
+
+/* Regroups the gradients into buckets of at most bytes (>= 1; a gradient
+ * larger than that is a bucket of its own). */
+KILN_API kiln_status kiln_model_set_bucket_bytes(kiln_model *m, int64_t bytes, kiln_error *err);
+KILN_API int kiln_model_num_buckets(const kiln_model *m);
 KILN_API int64_t kiln_model_steps(const kiln_model *m);
 KILN_API kiln_tensor_set *kiln_model_state(const kiln_model *m); /* caller frees */
 KILN_API kiln_status kiln_model_save(kiln_model *m, const char *path, kiln_error *err);

@@ -27,6 +27,7 @@
 #include "check_main.h"
 #include "tmpdir.h"
 #include "ckpt_edit.h"
+#include "driver/driver.h"
 #include "kiln/kiln.h"
 #include "so_util.h"
 
@@ -1035,6 +1036,245 @@ START_TEST(exported_trained_model_matches_compiled_eval_in_ort)
 }
 END_TEST
 
+/* ---- the split step (kiln_model_train_step_hook) ------------------------------- */
+
+typedef struct hook_log {
+	int nready, nwait, order[256];
+	int64_t elems;
+	bool zero;       /* replace every gradient with 0 */
+	bool ready_after_wait;
+} hook_log;
+
+static kiln_status log_ready(void *ud, int bucket, void *data, int64_t n, kiln_dtype dt)
+{
+	hook_log *h = ud;
+	ck_assert_int_eq(dt, KILN_F32);
+	ck_assert_ptr_nonnull(data);
+	h->ready_after_wait |= h->nwait > 0;
+	if (h->nready < 256)
+		h->order[h->nready] = bucket;
+	h->nready++;
+	h->elems += n;
+	if (h->zero)
+		memset(data, 0, (size_t)n * sizeof(float));
+	return KILN_OK;
+}
+
+static kiln_status log_wait(void *ud)
+{
+	((hook_log *)ud)->nwait++;
+	return KILN_OK;
+}
+
+static int64_t trainable_elems(const char *name, int *count)
+{
+	kiln_graph *g = model(name, true);
+	int64_t n = 0;
+	*count = 0;
+	for (int i = 0; i < kiln_graph_num_params(g); i++) {
+		kiln_value p = kiln_graph_param(g, i);
+		if (kiln_param_trainable(g, p))
+			n += kiln_tensor_numel(kiln_param_data(g, p)), ++*count;
+	}
+	kiln_graph_free(g);
+	return n;
+}
+
+/* The split step with a hook that only looks is the whole step, bit for
+ * bit: same losses and the same bytes in every state tensor; every bucket
+ * comes once per step, before wait, and together they hold every gradient. */
+static void split_equals_whole(const char *run, int64_t bucket_bytes)
+{
+	char name[4];
+	snprintf(name, sizeof name, "%.3s", run);
+	data d = load_data(name);
+	kiln_model *a = open_run(run), *b = open_run(run);
+	kiln_error err;
+	int nparam;
+	int64_t elems = trainable_elems(name, &nparam);
+	ck_assert_int_eq(kiln_model_set_bucket_bytes(b, bucket_bytes, &err), KILN_OK);
+	int nb = kiln_model_num_buckets(b);
+	ck_assert_int_ge(nb, 1);
+	if (bucket_bytes == 1)
+		ck_assert_int_eq(nb, nparam);
+	for (int s = 0; s < 5; s++) {
+		hook_log h = {0};
+		kiln_tensor x = view(d.x, s), y = view(d.y, s);
+		double la = step(a, d, s, 0.05), lb = NAN;
+		kiln_grad_hook hk = {log_ready, log_wait, &h};
+		ck_assert_msg(kiln_model_train_step_hook(b, &x, &y, 0.05, &hk, &lb, &err) == KILN_OK,
+		              "%s", err.msg);
+		ck_assert_msg(memcmp(&la, &lb, sizeof la) == 0, "step %d: %.17g vs %.17g", s, la, lb);
+		ck_assert_int_eq(h.nready, nb);
+		ck_assert_int_eq(h.nwait, 1);
+		ck_assert(!h.ready_after_wait);
+		ck_assert_int_eq(h.elems, elems);
+		int seen[256] = {0}; /* each bucket once (BatchNorm's can finish late) */
+		for (int k = 0; k < nb && k < 256; k++)
+			ck_assert_int_eq(seen[h.order[k]]++, 0);
+	}
+	kiln_tensor_set *sa = kiln_model_state(a), *sb = kiln_model_state(b);
+	ck_assert_int_eq(sa->count, sb->count);
+	for (int i = 0; i < sa->count; i++) {
+		const kiln_tensor *u = sa->items[i].tensor, *v = kiln_tensor_set_get(sb, sa->items[i].name);
+		ck_assert_ptr_nonnull(v);
+		ck_assert_msg(memcmp(u->data, v->data, kiln_tensor_nbytes(u)) == 0, "%s differs",
+		              sa->items[i].name);
+	}
+	kiln_tensor_set_free(sa), kiln_tensor_set_free(sb);
+	kiln_model_free(a), kiln_model_free(b);
+	free_data(d);
+}
+
+START_TEST(split_step_equals_whole_step_bit_for_bit_mlp)
+{
+	split_equals_whole("mlp_sgd", 25 << 20);
+	split_equals_whole("mlp_adamw", 1);
+}
+END_TEST
+
+START_TEST(split_step_equals_whole_step_bit_for_bit_cnn)
+{
+	split_equals_whole("cnn_sgd", 1);
+	split_equals_whole("cnn_adamw", 4096);
+}
+END_TEST
+
+/* The optimizer reads what the hook left: with every gradient zeroed, SGD
+ * (momentum 0.9, weight decay 5e-4) moves a weight only by its decay,
+ * w - lr * wd * w. */
+START_TEST(split_step_optimizer_reads_the_hooks_gradients)
+{
+	data d = load_data("mlp");
+	kiln_model *m = open_run("mlp_sgd");
+	kiln_tensor_set *before = kiln_model_state(m);
+	hook_log h = {.zero = true};
+	kiln_grad_hook hk = {log_ready, NULL, &h};
+	kiln_tensor x = view(d.x, 0), y = view(d.y, 0);
+	double loss;
+	kiln_error err;
+	ck_assert_msg(kiln_model_train_step_hook(m, &x, &y, 0.5, &hk, &loss, &err) == KILN_OK, "%s",
+	              err.msg);
+	kiln_tensor_set *after = kiln_model_state(m);
+	const kiln_tensor *w0 = kiln_tensor_set_get(before, "fc1.weight");
+	const kiln_tensor *w1 = kiln_tensor_set_get(after, "fc1.weight");
+	ck_assert_ptr_nonnull(w0);
+	ck_assert_ptr_nonnull(w1);
+	int moved = 0;
+	for (int64_t i = 0; i < kiln_tensor_numel(w0); i++) {
+		float a = ((float *)w0->data)[i], b = ((float *)w1->data)[i];
+		ck_assert_msg(fabs(b - a * (1 - 0.5 * 5e-4)) <= 1e-6 * (fabs(a) + 1e-6),
+		              "fc1.weight[%lld]: %.9g -> %.9g", (long long)i, a, b);
+		moved += a != b;
+	}
+	ck_assert_int_gt(moved, 0);
+	kiln_tensor_set_free(before), kiln_tensor_set_free(after);
+	kiln_model_free(m);
+	free_data(d);
+}
+END_TEST
+
+static kiln_status fail_ready(void *ud, int bucket, void *data, int64_t n, kiln_dtype dt)
+{
+	(void)ud, (void)bucket, (void)data, (void)n, (void)dt;
+	return KILN_EIO;
+}
+
+START_TEST(split_step_hook_failure_changes_nothing)
+{
+	data d = load_data("mlp");
+	kiln_model *m = open_run("mlp_sgd");
+	kiln_tensor_set *before = kiln_model_state(m);
+	kiln_grad_hook hk = {fail_ready, NULL, NULL};
+	kiln_tensor x = view(d.x, 0), y = view(d.y, 0);
+	double loss;
+	kiln_error err;
+	ck_assert_int_eq(kiln_model_train_step_hook(m, &x, &y, 0.5, &hk, &loss, &err), KILN_EIO);
+	ck_assert_msg(strstr(err.msg, "gradient hook's ready failed") != NULL, "%s", err.msg);
+	ck_assert_int_eq(kiln_model_steps(m), 0);
+	kiln_tensor_set *after = kiln_model_state(m);
+	assert_sets_close(before, after, 0);
+	kiln_tensor_set_free(before), kiln_tensor_set_free(after);
+	ck_assert_int_eq(kiln_model_set_bucket_bytes(m, 0, &err), KILN_EINVAL);
+	kiln_model_free(m);
+	free_data(d);
+}
+END_TEST
+
+/* ---- synchronised BatchNorm (driver_train_graph_sync_bn) ----------------------- */
+
+static kiln_model *sync_lib(int ranks)
+{
+	kiln_graph *inf = cnn(false), *tr = NULL;
+	kiln_error err = {0};
+	ck_assert_msg(driver_train_graph_sync_bn(inf, 0, ranks, &tr, &err) == KILN_OK, "%s",
+	              err.msg);
+	char path[1200];
+	snprintf(path, sizeof path, "%s/cnn_sync%d.so", so_dir("compiled_train_test"), ranks);
+	ck_assert_msg(kiln_compile_train(tr, inf, &SGD, 16, path,
+	                                 &(kiln_compile_opts){.name = "cnn"}, &err) == KILN_OK,
+	              "%s", err.msg);
+	kiln_graph_free(inf), kiln_graph_free(tr);
+	kiln_model *m = NULL;
+	ck_assert_msg(kiln_load(path, &m, &err) == KILN_OK, "%s", err.msg);
+	return m;
+}
+
+typedef struct twin {
+	int nsum;
+	double factor; /* what "the other ranks" add: 2 = one more rank with the same data */
+} twin;
+
+static kiln_status twin_sum(void *ud, void *data, int64_t n, kiln_dtype dt)
+{
+	twin *w = ud;
+	ck_assert_int_eq(dt, KILN_F32);
+	for (int64_t i = 0; i < n; i++)
+		((float *)data)[i] = (float)(((float *)data)[i] * w->factor);
+	w->nsum++;
+	return KILN_OK;
+}
+
+/* Two ranks holding the same batch are that batch: with a hook whose sum
+ * doubles (the other rank's identical sums and gradients), a library made
+ * for 2 ranks steps exactly as the one-rank library.  BatchNorm's mean and
+ * variance come from the summed sums over twice the count, and backward
+ * all-reduces the sums' gradients; a sum that forgot the other rank (x1)
+ * halves the statistics and differs. */
+START_TEST(sync_bn_over_twin_ranks_equals_one_rank)
+{
+	data d = load_data("cnn");
+	kiln_model *one = sync_lib(1), *two = sync_lib(2), *bad = sync_lib(2);
+	kiln_error err;
+	kiln_tensor x = view(d.x, 0), y = view(d.y, 0);
+	double loss;
+	ck_assert_int_eq(kiln_model_train_step(two, &x, &y, 0.1, &loss, &err), KILN_EINVAL);
+	ck_assert_msg(strstr(err.msg, "synchronises BatchNorm across ranks") != NULL, "%s", err.msg);
+	ck_assert_int_eq(kiln_model_steps(two), 0);
+	twin w = {0, 2}, wb = {0, 1};
+	kiln_grad_hook h = {NULL, NULL, &w, twin_sum}, hb = {NULL, NULL, &wb, twin_sum};
+	double worst_bad = 0;
+	for (int s = 0; s < 5; s++) {
+		double l1 = step(one, d, s, 0.1), l2 = NAN, lb = NAN;
+		x = view(d.x, s), y = view(d.y, s);
+		ck_assert_msg(kiln_model_train_step_hook(two, &x, &y, 0.1, &h, &l2, &err) == KILN_OK,
+		              "%s", err.msg);
+		ck_assert_msg(kiln_model_train_step_hook(bad, &x, &y, 0.1, &hb, &lb, &err) == KILN_OK,
+		              "%s", err.msg);
+		ck_assert_msg(fabs(l2 - l1) <= 1e-6 * fabs(l1), "step %d: %.9g vs %.9g", s, l2, l1);
+		worst_bad = fmax(worst_bad, fabs(lb - l1) / fabs(l1));
+	}
+	/* per step: the forward's two sums and their two gradients, one BatchNorm */
+	ck_assert_int_eq(w.nsum, 5 * 4);
+	ck_assert_msg(worst_bad > 1e-3, "a sum over one rank should differ (%.3g)", worst_bad);
+	kiln_tensor_set *a = kiln_model_state(one), *b = kiln_model_state(two);
+	assert_sets_close(a, b, 1e-5);
+	kiln_tensor_set_free(a), kiln_tensor_set_free(b);
+	kiln_model_free(one), kiln_model_free(two), kiln_model_free(bad);
+	free_data(d);
+}
+END_TEST
+
 static Suite *compiled_train_suite(void)
 {
 	Suite *s = suite_create("compiled_train");
@@ -1074,6 +1314,14 @@ static Suite *compiled_train_suite(void)
 	tcase_set_timeout(tc, 600);
 	tcase_add_test(tc, inference_cnn_onnx_compiles_with_train_and_trains);
 	tcase_add_test(tc, exported_trained_model_matches_compiled_eval_in_ort);
+	suite_add_tcase(s, tc);
+	tc = tcase_create("split_step");
+	tcase_set_timeout(tc, 600);
+	tcase_add_test(tc, split_step_equals_whole_step_bit_for_bit_mlp);
+	tcase_add_test(tc, split_step_equals_whole_step_bit_for_bit_cnn);
+	tcase_add_test(tc, split_step_optimizer_reads_the_hooks_gradients);
+	tcase_add_test(tc, split_step_hook_failure_changes_nothing);
+	tcase_add_test(tc, sync_bn_over_twin_ranks_equals_one_rank);
 	suite_add_tcase(s, tc);
 	tc = tcase_create("errors");
 	tcase_set_timeout(tc, 300);
