@@ -141,6 +141,7 @@ def node_case(np, ort, kiln, out, rng, spec):
     op, name, ndir, attrs, inputs = spec["op"], spec["name"], spec["ndir"], spec["attrs"], \
         spec["inputs"]
     layout, opset, lens = spec.get("layout", 0), spec.get("opset", 14), spec.get("lens")
+    dyn = spec.get("dyn", False)  # X's time dim the symbol "T": kiln's fused op
     S, B, I, H = 5, 3, 4, 6
     G = {"RNN": 1, "GRU": 3, "LSTM": 4}[op]
     outs = ["Y", "Y_h", "Y_c"] if op == "LSTM" else ["Y", "Y_h"]
@@ -159,7 +160,9 @@ def node_case(np, ort, kiln, out, rng, spec):
            for n in order[:8 if op == "LSTM" else 6]]
     while ins[-1] == "":
         ins.pop()
-    ginputs, inits, inits0 = [h.make_tensor_value_info("X", TP.FLOAT, x.shape)], [], []
+    xdims = lambda shape: [("T" if dyn and k == (1 if layout else 0) else d)  # noqa: E731
+                           for k, d in enumerate(shape)]
+    ginputs, inits, inits0 = [h.make_tensor_value_info("X", TP.FLOAT, xdims(x.shape))], [], []
     for n in ins[1:]:
         if n == "sequence_lens":
             v = np.array(lens[1], dtype=np.int32)
@@ -187,7 +190,8 @@ def node_case(np, ort, kiln, out, rng, spec):
     model = save(dict(attrs, **({"layout": 1} if layout else {})), ginputs, inits,
                  os.path.join(out, f"{name}.onnx"))
     if layout:  # ORT has no layout 1: its layout-0 twin, outputs transposed back
-        gin0 = [h.make_tensor_value_info("X", TP.FLOAT, tw(x).shape)] + ginputs[1:]
+        layout = 0
+        gin0 = [h.make_tensor_value_info("X", TP.FLOAT, xdims(tw(x).shape))] + ginputs[1:]
         twin = save(attrs, gin0, inits0, os.path.join(out, f"{name}_layout0.onnx"))
         want = ort.InferenceSession(twin, providers=["CPUExecutionProvider"]).run(
             None, dict(feeds, X=tw(x)))
@@ -235,7 +239,8 @@ def node_specs():
         dict(op="RNN", name="RNN_relu", ndir=1, attrs={"activations": ["Relu"]},
              inputs=full),
     ]
-    return specs
+    # each again with a symbolic sequence length: imported as the fused op
+    return specs + [dict(sp, name=sp["name"] + "_dynT", dyn=True) for sp in specs]
 
 
 def check_nodes(np, ort, kiln, out):
