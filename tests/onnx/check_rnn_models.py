@@ -10,6 +10,11 @@ Names (default: all):
       the last step; exported at that opset with a fixed sequence length
       (7) and a dynamic batch ("N"; torch then writes the zero initial state
       as ConstantOfShape of a shape holding N).  Run at batch 1 and 3.
+  lstm_dyn_op13, lstm_dyn_op17, gru_dyn_op13, gru_dyn_op17
+      the same classifiers exported with a dynamic batch AND sequence length
+      ("N", "T"): imported as kiln's fused LSTM / GRU; ONE compiled library
+      and the interpreter run at (batch, T) = (1, 7), (3, 5), (2, 12), and
+      kiln's ONNX export of the import runs in ONNX Runtime too.
   onnx_ops
       single RNN / GRU / LSTM nodes built with onnx.helper over what the
       import handles: every direction, layout 1 (ORT has none: compared
@@ -37,7 +42,9 @@ from check_bench_models import check_models, run  # noqa: E402
 TOL = 1e-4
 SEQ, FEAT, HIDDEN, CLASSES = 7, 6, 8, 4
 TORCH_MODELS = ("lstm_op13", "lstm_op17", "gru_op13", "gru_op17")
-DEFAULT = TORCH_MODELS + ("onnx_ops",)
+DYN_MODELS = ("lstm_dyn_op13", "lstm_dyn_op17", "gru_dyn_op13", "gru_dyn_op17")
+DYN_SIZES = ((1, 7), (3, 5), (2, 12))  # (batch, sequence length)
+DEFAULT = TORCH_MODELS + DYN_MODELS + ("onnx_ops",)
 
 
 def compare(np, got, want):
@@ -127,6 +134,47 @@ def check_torch(np, ort, torch, kiln, out, name):
         if batch > 1 and spread < 100 * TOL:
             return f"batch {batch}: the rows' outputs differ by only {spread:.3g}"
         lines.append(f"batch {batch}: {line}")
+    print(f"{name}: " + "; ".join(lines))
+    return None
+
+
+def check_torch_dyn(np, ort, torch, kiln, out, name):
+    """A dynamic batch and sequence length: one library for every size."""
+    cell, opset = name.split("_dyn_op")
+    model = os.path.join(out, f"{name}.onnx")
+    import warnings
+    with warnings.catch_warnings():  # torch warns about GRU with batch != 1
+        warnings.simplefilter("ignore")
+        torch.onnx.export(torch_model(torch, cell), (torch.randn(2, SEQ, FEAT),), model,
+                          opset_version=int(opset), input_names=["x"],
+                          output_names=["logits"],
+                          dynamic_axes={"x": {0: "N", 1: "T"}, "logits": {0: "N"}})
+    so, back = os.path.join(out, f"{name}.so"), os.path.join(out, f"{name}_kiln.onnx")
+    run([kiln, "compile", model, "-o", so])
+    run([kiln, "export", model, "-o", back])
+    import re
+    kir = [re.sub(r' loc\("[^"]*":\d+\)', "", run([kiln, "opt", f])) for f in (model, back)]
+    if kir[0] != kir[1] or f" = {cell} " not in kir[0]:
+        return f"import -> export -> import is not the same graph with one fused {cell}"
+    sess = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
+    sess_back = ort.InferenceSession(back, providers=["CPUExecutionProvider"])
+    lines = []
+    for batch, seq in DYN_SIZES:
+        x = np.random.default_rng(batch * 100 + seq).standard_normal((batch, seq, FEAT),
+                                                                      dtype=np.float32)
+        want = sess.run(None, {"x": x})
+        xin = os.path.join(out, f"{name}_b{batch}_t{seq}_x.npy")
+        np.save(xin, x)
+        res = {}
+        for backend, target in (("interp", model), ("so", so)):
+            d = os.path.join(out, f"{name}_b{batch}_t{seq}_{backend}")
+            run([kiln, "run", target, "-i", f"x={xin}", "-o", d])
+            res[backend] = [np.load(os.path.join(d, "logits.npy"))]
+        res["export_ort"] = sess_back.run(None, {"x": x})
+        line, why = check_against(np, res, want)
+        if why:
+            return f"batch {batch}, T {seq}: {why}"
+        lines.append(f"(N {batch}, T {seq}): {line}")
     print(f"{name}: " + "; ".join(lines))
     return None
 
@@ -260,6 +308,8 @@ def check_nodes(np, ort, kiln, out):
 def check(np, ort, torch, kiln, out, name):
     if name == "onnx_ops":
         return check_nodes(np, ort, kiln, out)
+    if name in DYN_MODELS:
+        return check_torch_dyn(np, ort, torch, kiln, out, name)
     if name not in TORCH_MODELS:
         return f"unknown model (one of {', '.join(DEFAULT)})"
     return check_torch(np, ort, torch, kiln, out, name)
