@@ -1,8 +1,11 @@
 /*
- * onnx_rnn.c: ONNX's recurrent ops RNN, GRU and LSTM (opsets 7 to 17)
- * imported as kiln's own ops by unrolling the recurrence over the time
- * steps, which needs the sequence length (X's time dim) to be a number at
- * import; a symbolic batch is fine.  Per direction (forward, reverse, or
+ * onnx_rnn.c: ONNX's recurrent ops RNN, GRU and LSTM (opsets 7 to 17).
+ * When the sequence length (X's time dim) is symbolic, the node becomes
+ * kiln's fused op of the same name (ir/rnn.c; import_fused below), which
+ * runs and compiles for any T.  When it is a number, the recurrence is
+ * unrolled over the time steps into kiln's own ops, as below (the same
+ * composition passes/rnn_unroll.c builds from a fused node for autodiff);
+ * a symbolic batch is fine either way.  Per direction (forward, reverse, or
  * both, concatenated on the num_directions axis):
  *
  *   XW = X W^T + Wb                 one MatMul for every step, [.., G H]
