@@ -69,6 +69,7 @@ typedef struct rl {
 	const int *in, *out;
 	cg_expr *T, *N, *I, *H, *GH;
 	int xw, hs, cs, g, rh;     /* scratch */
+	int rt;                    /* R^T [D, H, G*H] when R is a constant, else -1 */
 } rl;
 
 static int inb(const rl *s, int p) { return s->r->in[p] >= 0 ? s->in[s->r->in[p]] : -1; }
@@ -80,11 +81,12 @@ static void rec_gemm(const rl *s, cg_stmt *blk, int d, int a, int64_t r0, int64_
 	cg_module *m = s->m;
 	int64_t H = s->r->hidden, GH = s->r->gates * H;
 	int b = inb(s, IR_RNN_B);
-	cg_gemm gm = {.a = a, .b = s->in[2], .c = s->g, .bias = b,
+	bool t = s->rt >= 0; /* R^T's rows are contiguous: no transpose per step */
+	cg_gemm gm = {.a = a, .b = t ? s->rt : s->in[2], .c = s->g, .bias = b,
 	              .M = s->N, .N = I(m, ncol), .K = I(m, H), .batch = I(m, 1),
 	              .a_off = I(m, 0), .a_bs = I(m, 0), .a_rs = I(m, H), .a_cs = I(m, 1),
-	              .b_off = I(m, (d * GH + r0) * H), .b_bs = I(m, 0), .b_rs = I(m, 1),
-	              .b_cs = I(m, H),
+	              .b_off = I(m, t ? d * H * GH + r0 : (d * GH + r0) * H), .b_bs = I(m, 0),
+	              .b_rs = I(m, t ? GH : 1), .b_cs = I(m, t ? 1 : H),
 	              .c_off = I(m, r0), .c_bs = I(m, 0), .c_rs = I(m, GH),
 	              .bias_off = I(m, d * 2 * GH + GH + r0), .alpha = 1, .beta = 0,
 	              .bias_axis = b >= 0 ? 1 : 0};
@@ -247,7 +249,24 @@ kiln_status cg_lower_rnn(cg_module *m, const ir_node *n, const int *in, const in
 	int64_t H = r.hidden, GH = r.gates * H;
 	rl s = {m, k, &r, in, out, cg_dim(m, x->dim[r.layout ? 1 : 0]),
 	        cg_dim(m, x->dim[r.layout ? 0 : 1]), cg_dim(m, x->dim[2]), I(m, H), I(m, GH),
-	        -1, -1, -1, -1, -1};
+	        -1, -1, -1, -1, -1, -1};
+	/* a constant R is stored transposed, [D, H, G*H], so each step's GEMM
+	 * reads B's rows contiguously; a training library's R is state (no data) */
+	const cg_buf *rb = &m->buf[in[2]];
+	s.rt = -1;
+	if (rb->kind == CG_BUF_CONST && rb->alias < 0 && rb->data) {
+		int64_t D = r.ndir;
+		kiln_tensor *t = cg_lower_arena_tensor(m, KILN_F32, D * H * GH);
+		if (!t)
+			return cg_lower_fail(m, n, err, KILN_ENOMEM, "out of memory");
+		for (int64_t d = 0; d < D; d++)
+			for (int64_t k = 0; k < GH; k++)
+				for (int64_t j = 0; j < H; j++)
+					((float *)t->data)[(d * H + j) * GH + k] =
+						(float)ir_load(rb->data, (d * GH + k) * H + j);
+		if ((s.rt = cg_lower_const_buf(m, t, in[2], "T")) < 0)
+			return cg_lower_fail(m, n, err, KILN_ENOMEM, "out of memory");
+	}
 	cg_expr *nh = mul(m, s.N, s.H);
 	s.xw = cg_lower_scratch(m, KILN_F32, mul(m, mul(m, s.T, s.N), s.GH));
 	s.hs = cg_lower_scratch(m, KILN_F32, nh);
