@@ -723,24 +723,25 @@ END_TEST
  * peepholes, input_forget, clip and non-default activations, and on its
  * input a batch-first GRU (reset before the product) with initial_h; run
  * at three sizes, each against the interpreter, then with a length past T,
- * which the library refuses as the interpreter does. */
-START_TEST(fused_rnns_run_at_any_sequence_length_with_one_library)
+ * which the library refuses as the interpreter does.  konst: R of both a
+ * constant instead of an input (the lowering stores it transposed). */
+static void rnns_case(const char *text, int konst)
 {
-	static const char *text =
-		"graph @rnns(%x: f32[T,N,3], %w: f32[2,8,3], %r: f32[2,8,2], %b: f32[2,16], "
-		"%l: i64[N], %p: f32[2,6], %xg: f32[N,T,3], %wg: f32[1,9,3], %rg: f32[1,9,3], "
-		"%h: f32[N,1,3]) -> (%y: f32[T,2,N,2], %yh: f32[2,N,2], %yc: f32[2,N,2], "
-		"%g: f32[N,T,1,3], %gh: f32[N,1,3]) {\n"
-		"  %y, %yh, %yc = lstm %x, %w, %r, %b, %l, %p {activation_alpha=[0.5], "
-		"activations=\"LeakyRelu,Tanh,Softsign\", clip=1.5, direction=\"bidirectional\", "
-		"hidden_size=2, input_forget=1, inputs=[3,4,7]} : f32[T,2,N,2], f32[2,N,2], f32[2,N,2]\n"
-		"  %g, %gh = gru %xg, %wg, %rg, %h {hidden_size=3, inputs=[5], layout=1} : "
-		"f32[N,T,1,3], f32[N,1,3]\n"
-		"  ret %y, %yh, %yc, %g, %gh\n"
-		"}\n";
 	kiln_graph *g = NULL;
 	kiln_error e = {0};
 	ck_assert_msg(ir_parse(text, "rnns.kir", &g, &e) == KILN_OK, "%s", e.msg);
+	if (konst) { /* R of both nodes a constant (the same values): stored transposed */
+		for (uint32_t i = 0, nn = g->nnode; i < nn; i++) {
+			ir_node *n = g->node[i];
+			if (n->op != KILN_OP_LSTM && n->op != KILN_OP_GRU)
+				continue;
+			const ir_type *t = &g->val[n->in[2]]->type;
+			kiln_tensor *r = seeded(3, t->dim, n->op == KILN_OP_LSTM ? 2 : 7);
+			ir_set_input(g, n, 2, kiln_constant(g, r));
+			kiln_tensor_free(r);
+		}
+		ck_assert_int_eq(ir_toposort(g), KILN_OK);
+	}
 	char dir[] = "/tmp/kiln_rnns.XXXXXX", so[1200];
 	ck_assert_ptr_nonnull(mkdtemp(dir));
 	snprintf(so, sizeof so, "%s/rnns.so", dir);
@@ -771,12 +772,12 @@ START_TEST(fused_rnns_run_at_any_sequence_length_with_one_library)
 			ck_assert_msg(strstr(e.msg, "LSTM") && strstr(e.msg, "sequence_lens value 6 out "
 			              "of range [0, 6)"), "%s", e.msg);
 		} else {
-			ck_assert_msg(si == KILN_OK && sc == KILN_OK, "T %lld N %lld: %s", (long long)T,
-			              (long long)N, e.msg);
+			ck_assert_msg(si == KILN_OK && sc == KILN_OK, "T %lld N %lld konst %d: %s",
+			              (long long)T, (long long)N, konst, e.msg);
 			for (int k = 0; k < 5; k++) {
 				double err = max_err("rnns", k, got[k], want[k]);
-				ck_assert_msg(err <= 1e-5, "T %lld N %lld out%d: max error %g", (long long)T,
-				              (long long)N, k, err);
+				ck_assert_msg(err <= 1e-5, "T %lld N %lld konst %d out%d: max error %g",
+				              (long long)T, (long long)N, konst, k, err);
 			}
 		}
 		for (int k = 0; k < 10; k++)
@@ -787,6 +788,24 @@ START_TEST(fused_rnns_run_at_any_sequence_length_with_one_library)
 	kiln_model_free(m);
 	kiln_graph_free(g);
 	remove_dir(dir);
+}
+
+START_TEST(fused_rnns_run_at_any_sequence_length_with_one_library)
+{
+	static const char *text =
+		"graph @rnns(%x: f32[T,N,3], %w: f32[2,8,3], %r: f32[2,8,2], %b: f32[2,16], "
+		"%l: i64[N], %p: f32[2,6], %xg: f32[N,T,3], %wg: f32[1,9,3], %rg: f32[1,9,3], "
+		"%h: f32[N,1,3]) -> (%y: f32[T,2,N,2], %yh: f32[2,N,2], %yc: f32[2,N,2], "
+		"%g: f32[N,T,1,3], %gh: f32[N,1,3]) {\n"
+		"  %y, %yh, %yc = lstm %x, %w, %r, %b, %l, %p {activation_alpha=[0.5], "
+		"activations=\"LeakyRelu,Tanh,Softsign\", clip=1.5, direction=\"bidirectional\", "
+		"hidden_size=2, input_forget=1, inputs=[3,4,7]} : f32[T,2,N,2], f32[2,N,2], f32[2,N,2]\n"
+		"  %g, %gh = gru %xg, %wg, %rg, %h {hidden_size=3, inputs=[5], layout=1} : "
+		"f32[N,T,1,3], f32[N,1,3]\n"
+		"  ret %y, %yh, %yc, %g, %gh\n"
+		"}\n";
+	for (int konst = 0; konst < 2; konst++)
+		rnns_case(text, konst);
 }
 END_TEST
 
