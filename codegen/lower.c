@@ -1247,6 +1247,7 @@ const cg_lower_fn cg_lower_table[KILN_OP_COUNT] = {
 	[KILN_OP_CONV] = cg_lower_conv, [KILN_OP_CONV_TRANSPOSE] = cg_lower_conv_transpose,
 	[KILN_OP_MAX_POOL] = cg_lower_pool, [KILN_OP_AVERAGE_POOL] = cg_lower_pool,
 	[KILN_OP_GLOBAL_AVERAGE_POOL] = cg_lower_global_avg_pool,
+	[KILN_OP_RNN] = cg_lower_rnn, [KILN_OP_GRU] = cg_lower_rnn, [KILN_OP_LSTM] = cg_lower_rnn,
 	[KILN_OP_RESIZE] = cg_lower_resize, [KILN_OP_GRID_SAMPLE] = cg_lower_grid_sample,
 	[KILN_OP_BATCH_NORM] = cg_lower_batch_norm, [KILN_OP_LAYER_NORM] = cg_lower_layer_norm,
 	[KILN_OP_SOFTMAX] = cg_lower_softmax, [KILN_OP_LOG_SOFTMAX] = cg_lower_softmax,

@@ -153,4 +153,8 @@ kiln_status cg_lower_dropout(cg_module *m, const ir_node *n, const int *in, cons
 kiln_status cg_lower_loss(cg_module *m, const ir_node *n, const int *in, const int *out,
                           kiln_error *err);
 
+/* lower_rnn.c: RNN, GRU and LSTM, one kernel looping over the run's T */
+kiln_status cg_lower_rnn(cg_module *m, const ir_node *n, const int *in, const int *out,
+                         kiln_error *err);
+
 #endif /* KILN_CG_LOWER_H */

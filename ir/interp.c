@@ -1186,6 +1186,7 @@ const ir_interp_fn ir_interp_table[KILN_OP_COUNT] = {
 	[KILN_OP_RESHAPE] = copy, [KILN_OP_TRANSPOSE] = transpose, [KILN_OP_CONCAT] = concat,
 	[KILN_OP_SPLIT] = split, [KILN_OP_SLICE] = slice, [KILN_OP_GATHER] = gather,
 	[KILN_OP_GATHER_ELEMENTS] = gather_elements,
+	[KILN_OP_RNN] = ir_interp_rnn, [KILN_OP_GRU] = ir_interp_rnn, [KILN_OP_LSTM] = ir_interp_rnn,
 	[KILN_OP_RESIZE] = ir_interp_resize, [KILN_OP_GRID_SAMPLE] = ir_interp_grid_sample,
 	[KILN_OP_SCATTER_ELEMENTS] = scatter_elements, [KILN_OP_SCATTER_ND] = scatter_nd,
 	[KILN_OP_TOPK] = topk,

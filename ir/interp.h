@@ -66,6 +66,9 @@ kiln_status ir_interp_grid_sample(ir_interp *c, const ir_node *n, kiln_tensor *c
 kiln_status ir_interp_resize(ir_interp *c, const ir_node *n, kiln_tensor *const *in,
                              kiln_tensor *const *out);
 
+/* rnn.c: RNN, GRU and LSTM, the reference loop */
+kiln_status ir_interp_rnn(ir_interp *c, const ir_node *n, kiln_tensor *const *in,
+                          kiln_tensor *const *out);
 /* ---- quantization kernels (interp_quant.c), by op; NULL where none ----- */
 
 extern const ir_interp_fn ir_interp_quant_table[KILN_OP_COUNT];

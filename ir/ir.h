@@ -388,6 +388,40 @@ double ir_resize_scale(const ir_resize *r, int d, int64_t in, int64_t out);
 int ir_resize_taps(const ir_resize *r, int d, int rank, int64_t in, int64_t out, int64_t o,
                    int64_t *idx, double *w, bool *outside);
 
+/* ---- rnn.c: the fused recurrent ops' attributes (shape, interpreter,
+ * lowering, ONNX export) -------------------------------------------------- */
+
+enum { IR_RNN_CELL_RNN, IR_RNN_CELL_GRU, IR_RNN_CELL_LSTM };
+/* activation functions ONNX's recurrent ops name (IR_RNN_ACT_NAMES order) */
+enum { IR_ACT_RELU, IR_ACT_TANH, IR_ACT_SIGMOID, IR_ACT_SOFTSIGN, IR_ACT_SOFTPLUS,
+       IR_ACT_LEAKY_RELU, IR_ACT_THRESHOLDED_RELU, IR_ACT_ELU, IR_ACT_HARD_SIGMOID,
+       IR_ACT_AFFINE, IR_ACT_SCALED_TANH, IR_ACT_COUNT };
+extern const char *const ir_rnn_act_names[IR_ACT_COUNT];
+
+/* ONNX input positions of a fused recurrent node's optional inputs */
+enum { IR_RNN_B = 3, IR_RNN_LENS = 4, IR_RNN_H0 = 5, IR_RNN_C0 = 6, IR_RNN_P = 7 };
+
+typedef struct ir_rnn {
+	int cell;                 /* IR_RNN_CELL_* */
+	int gates, nact, ndir;    /* G: 1, 3, 4; activations per direction; 1 or 2 */
+	bool reverse;             /* direction "reverse" (one direction run backwards) */
+	int layout;               /* 0: [T,N,.], 1: batch first */
+	bool lbr, input_forget;   /* GRU linear_before_reset, LSTM input_forget */
+	double clip;              /* > 0: gates' inputs clipped to [-clip, clip]; 0: none */
+	int64_t hidden;
+	int act[6];               /* IR_ACT_*, [dir * nact + j]: f, g, h */
+	double alpha[6], beta[6]; /* each activation's parameters */
+	int in[8];                /* ONNX position -> kiln input index, -1: absent */
+} ir_rnn;
+
+/* n's attributes and inputs (n an RNN, GRU or LSTM node); EINVAL with why
+ * when they do not make sense. */
+kiln_status ir_rnn_parse(const ir_node *n, ir_rnn *r, char *why, size_t size);
+/* activation act with its parameters at x (double), as ONNX defines it */
+double ir_rnn_act(int act, double alpha, double beta, double x);
+/* Whether direction k of r runs backwards in time. */
+static inline bool ir_rnn_dir_reverse(const ir_rnn *r, int k) { return r->reverse || k == 1; }
+
 /* ---- kir_print.c / kir_parse.c ----------------------------------------- */
 
 char *ir_print(const kiln_graph *g); /* malloc'd */

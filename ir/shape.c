@@ -838,6 +838,7 @@ const ir_shape_fn ir_shape_table[KILN_OP_COUNT] = {
 	[KILN_OP_CONCAT] = shape_concat, [KILN_OP_SPLIT] = shape_split,
 	[KILN_OP_SLICE] = shape_slice, [KILN_OP_GATHER] = shape_gather,
 	[KILN_OP_GATHER_ELEMENTS] = shape_gather_elements,
+	[KILN_OP_RNN] = ir_shape_rnn, [KILN_OP_GRU] = ir_shape_rnn, [KILN_OP_LSTM] = ir_shape_rnn,
 	[KILN_OP_RESIZE] = ir_shape_resize, [KILN_OP_GRID_SAMPLE] = ir_shape_grid_sample, [KILN_OP_TOPK] = shape_topk,
 	[KILN_OP_SCATTER_ELEMENTS] = shape_scatter_elements, [KILN_OP_SCATTER_ND] = shape_scatter_nd,
 	[KILN_OP_FLATTEN] = shape_flatten, [KILN_OP_SQUEEZE] = shape_squeeze,

@@ -66,6 +66,9 @@ kiln_status ir_shape_resize(kiln_graph *g, const ir_node *n, const ir_type *in, 
 /* SoftmaxCrossEntropyLoss and NegativeLogLikelihoodLoss */
 kiln_status ir_shape_loss(kiln_graph *g, const ir_node *n, const ir_type *in, ir_type *out);
 
+/* rnn.c: RNN, GRU and LSTM */
+kiln_status ir_shape_rnn(kiln_graph *g, const ir_node *n, const ir_type *in, ir_type *out);
+
 /* ---- quantization rules (shape_quant.c), by op; NULL where none ---------- */
 
 extern const ir_shape_fn ir_shape_quant_table[KILN_OP_COUNT];

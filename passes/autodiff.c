@@ -238,6 +238,9 @@ kiln_status pass_grad(kiln_graph *g, kiln_loc loc, uint32_t loss, int nwrt,
 		return KILN_EINVAL;
 	if (g->status != KILN_OK || check_args(g, loc, loss, nwrt, wrt, grads))
 		return g->status;
+	/* fused recurrent ops are differentiated as their unrolled steps */
+	if (pass_rnn_unroll(g) != KILN_OK)
+		return g->status;
 	ad a = {.g = g, .nval = g->nval, .nnode = g->nnode};
 	kiln_status st = run(&a, loc, loss, nwrt, wrt, grads);
 	if (st == KILN_OK)

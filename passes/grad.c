@@ -700,7 +700,17 @@ pass_grad_fn pass_grad_rule(kiln_op op)
 
 /* ---- the table ---------------------------------------------------------------------- */
 
+/* RNN, GRU and LSTM: pass_grad unrolls them into ordinary ops first
+ * (rnn_unroll.c), so a node reaches this rule only if that was skipped. */
+static kiln_status grnn(kiln_graph *g, const ir_node *n, const uint32_t *dy, uint32_t *dx)
+{
+	(void)dy, (void)dx;
+	return ir_errorf(g, n, KILN_EUNSUPPORTED, "a fused %s is differentiated as its unrolled "
+	                 "time steps (pass_rnn_unroll), which did not run", ir_op(n->op)->onnx);
+}
+
 const pass_grad_fn pass_grad_table[KILN_OP_COUNT] = {
+	[KILN_OP_RNN] = grnn, [KILN_OP_GRU] = grnn, [KILN_OP_LSTM] = grnn,
 	[KILN_OP_NEG] = gneg, [KILN_OP_ABS] = gabs, [KILN_OP_EXP] = gexp, [KILN_OP_LOG] = glog,
 	[KILN_OP_SQRT] = gsqrt, [KILN_OP_RECIPROCAL] = grecip, [KILN_OP_SIN] = gsin,
 	[KILN_OP_COS] = gcos, [KILN_OP_RELU] = grelu,

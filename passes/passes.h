@@ -236,4 +236,15 @@ kiln_status pass_qplan_apply(kiln_graph *g, pass_qplan *p, bool per_tensor_weigh
  * foldable ops fold too. */
 #define PASS_INFERENCE "infer,canonicalize,qfuse,fold,nnfuse,bnfold,fold,cse,dce"
 
+/* ---- rnn_unroll.c -------------------------------------------------------- */
+
+/* Every fused RNN, GRU and LSTM node with a fixed sequence length becomes
+ * the composition of ordinary ops over its time steps (autodiff's form of
+ * it); one with a symbolic length is an EUNSUPPORTED error naming it.  The
+ * replaced nodes are left dead and value ids stay valid (no compaction:
+ * pass_grad runs it on a graph whose ids its caller holds). */
+kiln_status pass_rnn_unroll(kiln_graph *g);
+/* The same as a pipeline pass ("unroll_rnn"), compacting afterwards. */
+kiln_status pass_unroll_rnn(kiln_graph *g, const pass_opts *o);
+
 #endif /* KILN_PASSES_H */

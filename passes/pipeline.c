@@ -21,6 +21,7 @@ const pass_info pass_table[] = {
 	{"canonicalize", pass_canon, "drop identities, inference dropout, transpose and reshape chains"},
 	{"nnfuse", pass_nnfuse, "replace decomposed LayerNorm and GELU (erf and tanh forms) by single ops; Pow by 2 or 3 by Muls"},
 	{"qfuse", pass_qfuse, "turn DequantizeLinear -> Conv/MatMul/Gemm -> QuantizeLinear into integer ops (QLinearConv, QLinearMatMul)"},
+	{"unroll_rnn", pass_unroll_rnn, "unroll fused RNN, GRU and LSTM nodes with a fixed sequence length into per-step ops (what autodiff differentiates)"},
 	{"bnfold", pass_bnfold, "fold inference BatchNorm into the conv/gemm/matmul before it; store constant Linear weights K-by-N"},
 };
 const int pass_count = (int)(sizeof pass_table / sizeof pass_table[0]);

@@ -206,10 +206,11 @@ void onnx_import_range(onnx_imp *c, onnx_nd *d);
 
 /* ---- onnx_rnn.c --------------------------------------------------------- */
 
-/* RNN, GRU and LSTM (opsets 7 to 17) unrolled over a sequence length known
- * at import into kiln's own ops: one MatMul of X by W^T for every step,
- * then per step a Gemm by R^T, the gates' Slices and activations, Where
- * masks for sequence_lens; outputs set through d->out. */
+/* RNN, GRU and LSTM (opsets 7 to 17), onnx_import_table's entries: with a
+ * symbolic sequence length one fused kiln node of the same op (ir/rnn.c);
+ * with a fixed one unrolled into kiln's own ops: one MatMul of X by W^T
+ * for every step, then per step a Gemm by R^T, the gates' Slices and
+ * activations, Where masks for sequence_lens; outputs set through d->out. */
 void onnx_import_rnn(onnx_imp *c, onnx_nd *d);
 void onnx_import_gru(onnx_imp *c, onnx_nd *d);
 void onnx_import_lstm(onnx_imp *c, onnx_nd *d);

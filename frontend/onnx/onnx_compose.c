@@ -13,7 +13,7 @@
  *   ArgMin(x)           ArgMax(-x), ArgMax(-1 - x) for integers (no overflow:
  *                       a decreasing map keeps the first and last index)
  *
- * RNN, GRU and LSTM are unrolled over their time steps in onnx_rnn.c.
+ * RNN, GRU and LSTM are kiln ops imported by onnx_rnn.c (onnx_ops.c's table).
  * The reductions keep the node's axes, keepdims and noop_with_empty_axes.
  * Export writes the composition, which imports back to the same graph.
  */
@@ -1253,9 +1253,6 @@ static const struct {
 	{"DepthToSpace", depth_to_space},
 	{"SpaceToDepth", space_to_depth},
 	{"Tile", tile},
-	{"RNN", onnx_import_rnn},   /* onnx_rnn.c */
-	{"GRU", onnx_import_gru},
-	{"LSTM", onnx_import_lstm},
 	{"Trilu", trilu},
 	{"ConstantOfShape", constant_of_shape},
 	{"InstanceNormalization", instance_norm},

@@ -721,13 +721,66 @@ static bool ex_range(ex *x, const ir_node *n)
 	return r != NULL;
 }
 
+/* RNN, GRU and LSTM: ONNX's node, its optional inputs at their positions
+ * (the `inputs` attribute) with "" for those left out, and activations as
+ * ONNX's strings attribute. */
+static bool ex_rnn(ex *x, const ir_node *n)
+{
+	ir_rnn r;
+	char why[256], desc[160];
+	if (ir_rnn_parse(n, &r, why, sizeof why))
+		return fail(x, KILN_EINVAL, "onnx export: %s: %s", ir_node_desc(n, desc, sizeof desc),
+		            why);
+	Onnx__NodeProto *np = begin(x, n, 8);
+	if (!np)
+		return false;
+	np->n_input = 3;
+	for (int p = IR_RNN_B; p <= IR_RNN_P; p++)
+		if (r.in[p] >= 0) {
+			while (np->n_input < (size_t)p)
+				np->input[np->n_input++] = (char *)"";
+			np->input[np->n_input++] = (char *)x->vname[n->in[r.in[p]]];
+		}
+	for (uint32_t i = 0; i < n->nattr; i++) {
+		const ir_attr *a = &n->attr[i];
+		if (!strcmp(a->name, "inputs"))
+			continue;
+		if (strcmp(a->name, "activations")) {
+			if (!attr_copy(x, np, a))
+				return false;
+			continue;
+		}
+		Onnx__AttributeProto *ap = attr_add(x, np, a->name,
+		                                    ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__STRINGS);
+		int cnt = 1;
+		for (const char *c = a->u.s; *c; c++)
+			cnt += *c == ',';
+		if (!ap || !(ap->strings = alloc(x, (size_t)cnt * sizeof *ap->strings)))
+			return false;
+		for (const char *c = a->u.s; c;) {
+			const char *e = strchr(c, ',');
+			size_t len = e ? (size_t)(e - c) : strlen(c);
+			char *d = alloc(x, len + 1);
+			if (!d)
+				return false;
+			memcpy(d, c, len), d[len] = 0;
+			ap->strings[ap->n_strings].data = (uint8_t *)d;
+			ap->strings[ap->n_strings++].len = len;
+			c = e ? e + 1 : NULL;
+		}
+	}
+	return true;
+}
+
 typedef bool (*export_fn)(ex *x, const ir_node *n);
 
 /* ex_node's one-to-one mapping, except for ops flagged IR_EXPAND (opset 17
  * lacks them): those are their formula; and Range, whose ONNX form takes
- * its limit as an input. */
+ * its limit as an input; and the recurrent ops (ex_rnn). */
 static export_fn exporter(kiln_op op)
 {
+	if (op == KILN_OP_RNN || op == KILN_OP_GRU || op == KILN_OP_LSTM)
+		return ex_rnn;
 	return op == KILN_OP_RANGE ? ex_range : ir_op(op)->flags & IR_EXPAND ? ex_formula : ex_node;
 }
 

@@ -387,6 +387,8 @@ const onnx_import_fn onnx_import_table[KILN_OP_COUNT] = {
 	[KILN_OP_CONSTANT] = constant, [KILN_OP_POW] = pow_op,
 	[KILN_OP_MATMUL_INTEGER] = zero_points, [KILN_OP_CONV_INTEGER] = zero_points,
 	[KILN_OP_RESIZE] = resize, [KILN_OP_TOPK] = topk, [KILN_OP_RANGE] = onnx_import_range,
+	[KILN_OP_RNN] = onnx_import_rnn, [KILN_OP_GRU] = onnx_import_gru, /* onnx_rnn.c */
+	[KILN_OP_LSTM] = onnx_import_lstm,
 };
 
 /* Ops without an entry map one to one. */

@@ -1,8 +1,11 @@
 /*
- * onnx_rnn.c: ONNX's recurrent ops RNN, GRU and LSTM (opsets 7 to 17)
- * imported as kiln's own ops by unrolling the recurrence over the time
- * steps, which needs the sequence length (X's time dim) to be a number at
- * import; a symbolic batch is fine.  Per direction (forward, reverse, or
+ * onnx_rnn.c: ONNX's recurrent ops RNN, GRU and LSTM (opsets 7 to 17).
+ * When the sequence length (X's time dim) is symbolic, the node becomes
+ * kiln's fused op of the same name (ir/rnn.c; import_fused below), which
+ * runs and compiles for any T.  When it is a number, the recurrence is
+ * unrolled over the time steps into kiln's own ops, as below (the same
+ * composition passes/rnn_unroll.c builds from a fused node for autodiff);
+ * a symbolic batch is fine either way.  Per direction (forward, reverse, or
  * both, concatenated on the num_directions axis):
  *
  *   XW = X W^T + Wb                 one MatMul for every step, [.., G H]
@@ -37,6 +40,7 @@
 #include <strings.h>
 
 #include "frontend/onnx/onnx.h"
+#include "ir/ir.h"
 
 #define MAX_STEPS (1 << 16) /* per direction: each is ~25 nodes */
 
@@ -551,6 +555,57 @@ static bool fits(onnx_imp *c, onnx_nd *d, uint32_t v, const char *what, kiln_dty
 	return ok;
 }
 
+/* ---- the fused op (a symbolic sequence length) ------------------------------- */
+
+/* d as one kiln RNN, GRU or LSTM node (ir/rnn.c) reading s's inputs, an
+ * all-zero initial state left out as the unroller leaves it out; the
+ * attributes copied by the schema, activations joined by commas (unset
+ * when they are the op's defaults), hidden_size set from R when ONNX's is
+ * absent, and `inputs` naming the optional inputs' positions unless they
+ * are 3, 4, ... in order. */
+static void import_fused(onnx_imp *c, onnx_nd *d, const rnn *s)
+{
+	static const char *const skip[] = {"activations", NULL};
+	static const char *const dflt[3][2] = {{"Tanh", "Tanh,Tanh"},
+	                                       {"Sigmoid,Tanh", "Sigmoid,Tanh,Sigmoid,Tanh"},
+	                                       {"Sigmoid,Tanh,Tanh",
+	                                        "Sigmoid,Tanh,Tanh,Sigmoid,Tanh,Tanh"}};
+	uint32_t opt[5] = {s->b, s->lens, s->h0, s->c0, s->p};
+	uint32_t in[8] = {s->x, s->w, s->r}, nin = 3;
+	int64_t pos[5];
+	bool positional = true;
+	for (int k = 0; k < 5; k++)
+		if (opt[k]) {
+			pos[nin - 3] = IR_RNN_B + k;
+			positional = positional && nin == (uint32_t)(IR_RNN_B + k);
+			in[nin++] = opt[k];
+		}
+	if (!onnx_emit_with(c, d, nin, in, skip))
+		return;
+	kiln_graph *g = c->g;
+	ir_node *n = d->n;
+	if ((!positional && ir_attr_set_ints(g, n, "inputs", nin - 3, pos)) ||
+	    (!onnx_attr(d, "hidden_size") && ir_attr_set_int(g, n, "hidden_size", s->hidden)))
+		return (void)(d->failed = true);
+	char acts[256] = "";
+	const char *nm[6];
+	const Onnx__AttributeProto *a = onnx_attr(d, "activations");
+	for (size_t k = 0; a && k < a->n_strings && k < 6; k++) {
+		nm[k] = NULL;
+		for (int j = 0; j < IR_ACT_COUNT; j++)
+			if (strlen(ir_rnn_act_names[j]) == a->strings[k].len &&
+			    !strncasecmp((const char *)a->strings[k].data, ir_rnn_act_names[j],
+			                 a->strings[k].len))
+				nm[k] = ir_rnn_act_names[j];
+		if (!nm[k]) /* read_acts named it already */
+			return (void)(d->failed = true);
+		snprintf(acts + strlen(acts), sizeof acts - strlen(acts), "%s%s", k ? "," : "", nm[k]);
+	}
+	if (a && strcmp(acts, dflt[s->cell][0]) && strcmp(acts, dflt[s->cell][1]) &&
+	    ir_attr_set_string(g, n, "activations", acts))
+		d->failed = true;
+}
+
 /* The shared import: cell picks RNN, GRU or LSTM. */
 static void import_rnn(onnx_imp *c, onnx_nd *d, int cell)
 {
@@ -616,15 +671,8 @@ static void import_rnn(onnx_imp *c, onnx_nd *d, int cell)
 	if (!kiln_dtype_is_float(s.dt) || xt->rank != 3 || wt->rank != 3 || rt->rank != 3)
 		return (void)onnx_problem(c, d, KILN_EINVAL, "X, W and R must be 3-D floats");
 	int64_t seq = xt->dim[s.layout ? 1 : 0];
-	if (ir_dim_expr(c->g, seq)) {
-		char sym[128];
-		ir_dim_str(c->g, seq, sym, sizeof sym);
-		return (void)onnx_problem(c, d, KILN_EUNSUPPORTED, "the sequence length (dim %d of X) "
-		                          "is the symbol '%s': kiln unrolls %s over the time steps and "
-		                          "needs a fixed sequence length (export or import the model "
-		                          "with one)", s.layout ? 1 : 0, sym, op);
-	}
-	if (seq < 1 || seq > MAX_STEPS)
+	bool fused = ir_dim_expr(c->g, seq) != NULL; /* a symbolic T: the fused op */
+	if (!fused && (seq < 1 || seq > MAX_STEPS))
 		return (void)onnx_problem(c, d, KILN_EUNSUPPORTED, "sequence length %lld: kiln unrolls "
 		                          "%s over 1 to %d time steps", (long long)seq, op, MAX_STEPS);
 	s.seq = seq;
@@ -651,6 +699,8 @@ static void import_rnn(onnx_imp *c, onnx_nd *d, int cell)
 	    !fits(c, d, s.h0, "initial_h", s.dt, 3, state) ||
 	    !fits(c, d, s.c0, "initial_c", s.dt, 3, state))
 		return;
+	if (fused)
+		return import_fused(c, d, &s);
 	/* sequence_lens: known at import (a constant, or a specialised graph
 	 * input), else compared at run time */
 	if (s.lens) {

@@ -10,6 +10,11 @@ Names (default: all):
       the last step; exported at that opset with a fixed sequence length
       (7) and a dynamic batch ("N"; torch then writes the zero initial state
       as ConstantOfShape of a shape holding N).  Run at batch 1 and 3.
+  lstm_dyn_op13, lstm_dyn_op17, gru_dyn_op13, gru_dyn_op17
+      the same classifiers exported with a dynamic batch AND sequence length
+      ("N", "T"): imported as kiln's fused LSTM / GRU; ONE compiled library
+      and the interpreter run at (batch, T) = (1, 7), (3, 5), (2, 12), and
+      kiln's ONNX export of the import runs in ONNX Runtime too.
   onnx_ops
       single RNN / GRU / LSTM nodes built with onnx.helper over what the
       import handles: every direction, layout 1 (ORT has none: compared
@@ -37,7 +42,9 @@ from check_bench_models import check_models, run  # noqa: E402
 TOL = 1e-4
 SEQ, FEAT, HIDDEN, CLASSES = 7, 6, 8, 4
 TORCH_MODELS = ("lstm_op13", "lstm_op17", "gru_op13", "gru_op17")
-DEFAULT = TORCH_MODELS + ("onnx_ops",)
+DYN_MODELS = ("lstm_dyn_op13", "lstm_dyn_op17", "gru_dyn_op13", "gru_dyn_op17")
+DYN_SIZES = ((1, 7), (3, 5), (2, 12))  # (batch, sequence length)
+DEFAULT = TORCH_MODELS + DYN_MODELS + ("onnx_ops",)
 
 
 def compare(np, got, want):
@@ -131,6 +138,47 @@ def check_torch(np, ort, torch, kiln, out, name):
     return None
 
 
+def check_torch_dyn(np, ort, torch, kiln, out, name):
+    """A dynamic batch and sequence length: one library for every size."""
+    cell, opset = name.split("_dyn_op")
+    model = os.path.join(out, f"{name}.onnx")
+    import warnings
+    with warnings.catch_warnings():  # torch warns about GRU with batch != 1
+        warnings.simplefilter("ignore")
+        torch.onnx.export(torch_model(torch, cell), (torch.randn(2, SEQ, FEAT),), model,
+                          opset_version=int(opset), input_names=["x"],
+                          output_names=["logits"],
+                          dynamic_axes={"x": {0: "N", 1: "T"}, "logits": {0: "N"}})
+    so, back = os.path.join(out, f"{name}.so"), os.path.join(out, f"{name}_kiln.onnx")
+    run([kiln, "compile", model, "-o", so])
+    run([kiln, "export", model, "-o", back])
+    import re
+    kir = [re.sub(r' loc\("[^"]*":\d+\)', "", run([kiln, "opt", f])) for f in (model, back)]
+    if kir[0] != kir[1] or f" = {cell} " not in kir[0]:
+        return f"import -> export -> import is not the same graph with one fused {cell}"
+    sess = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
+    sess_back = ort.InferenceSession(back, providers=["CPUExecutionProvider"])
+    lines = []
+    for batch, seq in DYN_SIZES:
+        x = np.random.default_rng(batch * 100 + seq).standard_normal((batch, seq, FEAT),
+                                                                      dtype=np.float32)
+        want = sess.run(None, {"x": x})
+        xin = os.path.join(out, f"{name}_b{batch}_t{seq}_x.npy")
+        np.save(xin, x)
+        res = {}
+        for backend, target in (("interp", model), ("so", so)):
+            d = os.path.join(out, f"{name}_b{batch}_t{seq}_{backend}")
+            run([kiln, "run", target, "-i", f"x={xin}", "-o", d])
+            res[backend] = [np.load(os.path.join(d, "logits.npy"))]
+        res["export_ort"] = sess_back.run(None, {"x": x})
+        line, why = check_against(np, res, want)
+        if why:
+            return f"batch {batch}, T {seq}: {why}"
+        lines.append(f"(N {batch}, T {seq}): {line}")
+    print(f"{name}: " + "; ".join(lines))
+    return None
+
+
 # ---- single nodes built with onnx.helper ----------------------------------------
 
 def node_case(np, ort, kiln, out, rng, spec):
@@ -141,6 +189,7 @@ def node_case(np, ort, kiln, out, rng, spec):
     op, name, ndir, attrs, inputs = spec["op"], spec["name"], spec["ndir"], spec["attrs"], \
         spec["inputs"]
     layout, opset, lens = spec.get("layout", 0), spec.get("opset", 14), spec.get("lens")
+    dyn = spec.get("dyn", False)  # X's time dim the symbol "T": kiln's fused op
     S, B, I, H = 5, 3, 4, 6
     G = {"RNN": 1, "GRU": 3, "LSTM": 4}[op]
     outs = ["Y", "Y_h", "Y_c"] if op == "LSTM" else ["Y", "Y_h"]
@@ -159,7 +208,9 @@ def node_case(np, ort, kiln, out, rng, spec):
            for n in order[:8 if op == "LSTM" else 6]]
     while ins[-1] == "":
         ins.pop()
-    ginputs, inits, inits0 = [h.make_tensor_value_info("X", TP.FLOAT, x.shape)], [], []
+    xdims = lambda shape: [("T" if dyn and k == (1 if layout else 0) else d)  # noqa: E731
+                           for k, d in enumerate(shape)]
+    ginputs, inits, inits0 = [h.make_tensor_value_info("X", TP.FLOAT, xdims(x.shape))], [], []
     for n in ins[1:]:
         if n == "sequence_lens":
             v = np.array(lens[1], dtype=np.int32)
@@ -187,7 +238,8 @@ def node_case(np, ort, kiln, out, rng, spec):
     model = save(dict(attrs, **({"layout": 1} if layout else {})), ginputs, inits,
                  os.path.join(out, f"{name}.onnx"))
     if layout:  # ORT has no layout 1: its layout-0 twin, outputs transposed back
-        gin0 = [h.make_tensor_value_info("X", TP.FLOAT, tw(x).shape)] + ginputs[1:]
+        layout = 0
+        gin0 = [h.make_tensor_value_info("X", TP.FLOAT, xdims(tw(x).shape))] + ginputs[1:]
         twin = save(attrs, gin0, inits0, os.path.join(out, f"{name}_layout0.onnx"))
         want = ort.InferenceSession(twin, providers=["CPUExecutionProvider"]).run(
             None, dict(feeds, X=tw(x)))
@@ -235,7 +287,8 @@ def node_specs():
         dict(op="RNN", name="RNN_relu", ndir=1, attrs={"activations": ["Relu"]},
              inputs=full),
     ]
-    return specs
+    # each again with a symbolic sequence length: imported as the fused op
+    return specs + [dict(sp, name=sp["name"] + "_dynT", dyn=True) for sp in specs]
 
 
 def check_nodes(np, ort, kiln, out):
@@ -255,6 +308,8 @@ def check_nodes(np, ort, kiln, out):
 def check(np, ort, torch, kiln, out, name):
     if name == "onnx_ops":
         return check_nodes(np, ort, kiln, out)
+    if name in DYN_MODELS:
+        return check_torch_dyn(np, ort, torch, kiln, out, name)
     if name not in TORCH_MODELS:
         return f"unknown model (one of {', '.join(DEFAULT)})"
     return check_torch(np, ort, torch, kiln, out, name)

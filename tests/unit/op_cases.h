@@ -216,6 +216,13 @@ static const opcase opcase_quantization[] = {
 	{"round", KILN_OP_ROUND, ""},
 };
 
+/* the fused recurrent ops: fixtures from torch's modules (ONNX gate order) */
+static const opcase opcase_recurrent[] = {
+	{"lstm_bidir", KILN_OP_LSTM, "direction=bidirectional hidden_size=3 inputs=3,5,6"},
+	{"gru_layout1", KILN_OP_GRU, "hidden_size=3 inputs=3,5 layout=1 linear_before_reset=1"},
+	{"rnn_reverse_lens", KILN_OP_RNN, "direction=reverse hidden_size=3 activations=Relu"},
+};
+
 #define OPCASE_GROUP(name, t) {name, t, (int)(sizeof(t) / sizeof(t[0]))}
 
 /* The groups in numbering order; each name is its TCase's. */
@@ -235,6 +242,7 @@ static const struct opcase_group {
 	OPCASE_GROUP("dropout", opcase_regularisation),
 	OPCASE_GROUP("losses", opcase_losses),
 	OPCASE_GROUP("quantization", opcase_quantization),
+	OPCASE_GROUP("recurrent", opcase_recurrent),
 };
 
 #define OPCASE_NGROUPS ((int)(sizeof opcase_groups / sizeof opcase_groups[0]))

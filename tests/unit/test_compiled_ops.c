@@ -717,6 +717,98 @@ START_TEST(batch_chosen_conv_matches_the_interpreter)
 }
 END_TEST
 
+/* ---- fused recurrent ops over a symbolic sequence length --------------------------- */
+
+/* One library for every (T, N): a bidirectional LSTM with sequence_lens,
+ * peepholes, input_forget, clip and non-default activations, and on its
+ * input a batch-first GRU (reset before the product) with initial_h; run
+ * at three sizes, each against the interpreter, then with a length past T,
+ * which the library refuses as the interpreter does.  konst: R of both a
+ * constant instead of an input (the lowering stores it transposed). */
+static void rnns_case(const char *text, int konst)
+{
+	kiln_graph *g = NULL;
+	kiln_error e = {0};
+	ck_assert_msg(ir_parse(text, "rnns.kir", &g, &e) == KILN_OK, "%s", e.msg);
+	if (konst) { /* R of both nodes a constant (the same values): stored transposed */
+		for (uint32_t i = 0, nn = g->nnode; i < nn; i++) {
+			ir_node *n = g->node[i];
+			if (n->op != KILN_OP_LSTM && n->op != KILN_OP_GRU)
+				continue;
+			const ir_type *t = &g->val[n->in[2]]->type;
+			kiln_tensor *r = seeded(3, t->dim, n->op == KILN_OP_LSTM ? 2 : 7);
+			ir_set_input(g, n, 2, kiln_constant(g, r));
+			kiln_tensor_free(r);
+		}
+		ck_assert_int_eq(ir_toposort(g), KILN_OK);
+	}
+	char dir[] = "/tmp/kiln_rnns.XXXXXX", so[1200];
+	ck_assert_ptr_nonnull(mkdtemp(dir));
+	snprintf(so, sizeof so, "%s/rnns.so", dir);
+	kiln_compile_opts o = {.name = "rnns"};
+	ck_assert_msg(kiln_compile(g, so, &o, &e) == KILN_OK, "%s", e.msg);
+	kiln_model *m = NULL;
+	ck_assert_msg(kiln_load(so, &m, &e) == KILN_OK, "%s", e.msg);
+	static const int64_t sizes[][2] = {{3, 2}, {7, 1}, {1, 4}, {5, 3}}; /* T, N */
+	for (int c = 0; c < 4; c++) {
+		int64_t T = sizes[c][0], N = sizes[c][1];
+		kiln_tensor *in[10] = {
+			seeded(3, (int64_t[]){T, N, 3}, 0), seeded(3, (int64_t[]){2, 8, 3}, 1),
+			seeded(3, (int64_t[]){2, 8, 2}, 2), seeded(2, (int64_t[]){2, 16}, 3),
+			kiln_tensor_new(KILN_I64, 1, &N), seeded(2, (int64_t[]){2, 6}, 4),
+			seeded(3, (int64_t[]){N, T, 3}, 5), seeded(3, (int64_t[]){1, 9, 3}, 6),
+			seeded(3, (int64_t[]){1, 9, 3}, 7), seeded(3, (int64_t[]){N, 1, 3}, 8)};
+		int64_t *len = in[4]->data;
+		for (int64_t b = 0; b < N; b++) /* T, then shorter rows (0 too) */
+			len[b] = b ? (T + b) % (T + 1) : T;
+		if (c == 3)
+			len[N - 1] = T + 1;
+		kiln_tensor *want[5] = {0}, *got[5] = {0};
+		kiln_status si = kiln_graph_run(g, in, 10, want, 5, &e);
+		kiln_status sc = kiln_model_run(m, in, 10, got, 5, &e);
+		if (c == 3) { /* a length past T: both refuse */
+			ck_assert_int_eq(si, KILN_EINVAL);
+			ck_assert_int_eq(sc, KILN_EINVAL);
+			ck_assert_msg(strstr(e.msg, "LSTM") && strstr(e.msg, "sequence_lens value 6 out "
+			              "of range [0, 6)"), "%s", e.msg);
+		} else {
+			ck_assert_msg(si == KILN_OK && sc == KILN_OK, "T %lld N %lld konst %d: %s",
+			              (long long)T, (long long)N, konst, e.msg);
+			for (int k = 0; k < 5; k++) {
+				double err = max_err("rnns", k, got[k], want[k]);
+				ck_assert_msg(err <= 1e-5, "T %lld N %lld konst %d out%d: max error %g",
+				              (long long)T, (long long)N, konst, k, err);
+			}
+		}
+		for (int k = 0; k < 10; k++)
+			kiln_tensor_free(in[k]);
+		for (int k = 0; k < 5; k++)
+			kiln_tensor_free(want[k]), kiln_tensor_free(got[k]);
+	}
+	kiln_model_free(m);
+	kiln_graph_free(g);
+	remove_dir(dir);
+}
+
+START_TEST(fused_rnns_run_at_any_sequence_length_with_one_library)
+{
+	static const char *text =
+		"graph @rnns(%x: f32[T,N,3], %w: f32[2,8,3], %r: f32[2,8,2], %b: f32[2,16], "
+		"%l: i64[N], %p: f32[2,6], %xg: f32[N,T,3], %wg: f32[1,9,3], %rg: f32[1,9,3], "
+		"%h: f32[N,1,3]) -> (%y: f32[T,2,N,2], %yh: f32[2,N,2], %yc: f32[2,N,2], "
+		"%g: f32[N,T,1,3], %gh: f32[N,1,3]) {\n"
+		"  %y, %yh, %yc = lstm %x, %w, %r, %b, %l, %p {activation_alpha=[0.5], "
+		"activations=\"LeakyRelu,Tanh,Softsign\", clip=1.5, direction=\"bidirectional\", "
+		"hidden_size=2, input_forget=1, inputs=[3,4,7]} : f32[T,2,N,2], f32[2,N,2], f32[2,N,2]\n"
+		"  %g, %gh = gru %xg, %wg, %rg, %h {hidden_size=3, inputs=[5], layout=1} : "
+		"f32[N,T,1,3], f32[N,1,3]\n"
+		"  ret %y, %yh, %yc, %g, %gh\n"
+		"}\n";
+	for (int konst = 0; konst < 2; konst++)
+		rnns_case(text, konst);
+}
+END_TEST
+
 /* ---- data-dependent indices out of range ------------------------------------------ */
 
 /* g: one named node over two inputs (data f32, indices/targets) and one
@@ -1446,6 +1538,7 @@ static Suite *compiled_ops_suite(void)
 	tcase_add_test(tc, int8_gemm_paths_match_the_interpreter);
 	tcase_add_test(tc, int8_max_pools_match_the_interpreter);
 	tcase_add_test(tc, int8_rounding_conversions_are_exact);
+	tcase_add_test(tc, fused_rnns_run_at_any_sequence_length_with_one_library);
 	tcase_add_test(tc, report_compile_time);
 	suite_add_tcase(s, tc);
 	return s;

@@ -826,6 +826,68 @@ END_TEST
 
 /* ---- the driver ------------------------------------------------------------------------ */
 
+/* ---- fused recurrent ops ------------------------------------------------------------ */
+
+/* A fused node by hand: op over in[0..nin), attributes from "name=value"
+ * pairs set by the caller; nout outputs. */
+static ir_node *rnn_node(kiln_op op, uint32_t nin, const kiln_value *in, int64_t hidden)
+{
+	ir_node *n = raw(op, nin, in, op == KILN_OP_LSTM ? 3 : 2);
+	ck_assert_int_eq(ir_attr_set_int(g, n, "hidden_size", hidden), KILN_OK);
+	return n;
+}
+
+/* Unrolled before autodiff (passes/rnn_unroll.c): a bidirectional LSTM
+ * with B, sequence_lens, both initial states and peepholes, a batch-first
+ * GRU (reset before the product) with initial_h, a reverse RNN with
+ * clip; every output in the loss, every float input checked. */
+START_TEST(fused_lstm_gru_rnn_match_finite_differences)
+{
+	int64_t T = 3, N = 2, I = 2, H = 2;
+	kiln_value x = uni("x", 3, D(T, N, I), -1, 1);
+	kiln_value in[8] = {x, uni("w", 3, D(2, 4 * H, I), -0.8, 0.8),
+	                    uni("r", 3, D(2, 4 * H, H), -0.8, 0.8), uni("b", 2, D(2, 8 * H), -0.5, 0.5),
+	                    ints("l", 1, D(N), D(3, 2)), uni("h0", 3, D(2, N, H), -1, 1),
+	                    uni("c0", 3, D(2, N, H), -1, 1), uni("p", 2, D(2, 3 * H), -0.5, 0.5)};
+	ir_node *lstm = rnn_node(KILN_OP_LSTM, 8, in, H);
+	ck_assert_int_eq(ir_attr_set_string(g, lstm, "direction", "bidirectional"), KILN_OK);
+	settle(lstm);
+	kiln_value xg = uni("xg", 3, D(N, T, I), -1, 1);
+	kiln_value gin[4] = {xg, uni("wg", 3, D(1, 3 * H, I), -0.8, 0.8),
+	                     uni("rg", 3, D(1, 3 * H, H), -0.8, 0.8), uni("hg", 3, D(N, 1, H), -1, 1)};
+	ir_node *gru = rnn_node(KILN_OP_GRU, 4, gin, H);
+	ck_assert_int_eq(ir_attr_set_ints(g, gru, "inputs", 1, D(5)), KILN_OK);
+	ck_assert_int_eq(ir_attr_set_int(g, gru, "layout", 1), KILN_OK);
+	settle(gru);
+	kiln_value rin[3] = {x, uni("wr", 3, D(1, H, I), -0.8, 0.8), uni("rr", 3, D(1, H, H), -0.8, 0.8)};
+	ir_node *rnn = rnn_node(KILN_OP_RNN, 3, rin, H);
+	ck_assert_int_eq(ir_attr_set_string(g, rnn, "direction", "reverse"), KILN_OK);
+	ck_assert_int_eq(ir_attr_set_float(g, rnn, "clip", 0.9), KILN_OK);
+	settle(rnn);
+	kiln_value ys[7] = {lstm->out[0], lstm->out[1], lstm->out[2], gru->out[0], gru->out[1],
+	                    rnn->out[0], rnn->out[1]};
+	gradcheck_n(7, ys);
+}
+END_TEST
+
+/* A symbolic sequence length cannot be unrolled: refused, naming it. */
+START_TEST(fused_lstm_with_a_symbolic_length_refuses_a_gradient)
+{
+	int64_t T = kiln_sym(g, "T");
+	kiln_value in[3] = {kiln_input(g, "x", KILN_F32, 3, D(T, 1, 2)),
+	                    kiln_input(g, "w", KILN_F32, 3, D(1, 8, 2)),
+	                    kiln_input(g, "r", KILN_F32, 3, D(1, 8, 2))};
+	ir_node *n = rnn_node(KILN_OP_LSTM, 3, in, 2);
+	n->name = ir_intern(g, "enc");
+	settle(n);
+	kiln_value l = kiln_reduce_sum(g, n->out[1], 0, NULL, false), d;
+	ck_assert_int_eq(kiln_grad(g, l, 1, &in[1], &d), KILN_EUNSUPPORTED);
+	ck_assert_msg(strstr(kiln_graph_errmsg(g), "LSTM 'enc': the sequence length is the symbol "
+	                     "'T'") && strstr(kiln_graph_errmsg(g), "fixed sequence length"),
+	              "%s", kiln_graph_errmsg(g));
+}
+END_TEST
+
 START_TEST(every_differentiable_op_has_a_rule)
 {
 	char missing[1024] = "";
@@ -1030,6 +1092,8 @@ static Suite *grad_suite(void)
 		            grad_params_refuses_a_short_array_and_says_how_many,
 		            grad_rejects_a_loss_that_is_not_a_scalar, grad_rejects_integer_wrt_values,
 		            gradient_graph_round_trips_through_kir}},
+		{"recurrent", {fused_lstm_gru_rnn_match_finite_differences,
+		               fused_lstm_with_a_symbolic_length_refuses_a_gradient}},
 	};
 	for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
 		TCase *tc = tcase_create(cases[i].name);

@@ -226,6 +226,22 @@ static const char *const op_cases[] = {
 	"strides=[2,2]} : f32[N,3,3,2], i64[N,3,3,2]\n"
 	"  ret %y, %i\n"
 	"}\n",
+	/* the fused recurrent ops over a symbolic T: a bidirectional LSTM with
+	 * B, sequence_lens and peepholes (inputs at ONNX positions 3, 4, 7), a
+	 * batch-first GRU with initial_h only, a reverse RNN with clip */
+	"graph @rnn(%x: f32[T,N,3], %w: f32[2,8,3], %r: f32[2,8,2], %b: f32[2,16], %l: i32[N], "
+	"%p: f32[2,6], %xg: f32[N,T,3], %wg: f32[1,6,3], %rg: f32[1,6,2], %h: f32[N,1,2], "
+	"%wr: f32[1,2,3], %rr: f32[1,2,2]) -> (%0: f32[T,2,N,2], %1: f32[2,N,2], %2: f32[2,N,2], "
+	"%3: f32[N,T,1,2], %4: f32[N,1,2], %5: f32[T,1,N,2], %6: f32[1,N,2]) {\n"
+	"  %0, %1, %2 = lstm %x, %w, %r, %b, %l, %p {activation_alpha=[0.5], "
+	"activations=\"LeakyRelu,Tanh,Softsign\", direction=\"bidirectional\", hidden_size=2, "
+	"input_forget=1, inputs=[3,4,7]} : f32[T,2,N,2], f32[2,N,2], f32[2,N,2]\n"
+	"  %3, %4 = gru %xg, %wg, %rg, %h {hidden_size=2, inputs=[5], layout=1, "
+	"linear_before_reset=1} : f32[N,T,1,2], f32[N,1,2]\n"
+	"  %5, %6 = rnn %x, %wr, %rr {clip=0.5, direction=\"reverse\", hidden_size=2} : "
+	"f32[T,1,N,2], f32[1,N,2]\n"
+	"  ret %0, %1, %2, %3, %4, %5, %6\n"
+	"}\n",
 };
 #define NCASES (int)(sizeof op_cases / sizeof op_cases[0])
 
