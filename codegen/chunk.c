@@ -19,7 +19,8 @@
  *   touches either does not depend on the batch symbol (weights; read
  *   only, unless it is the kernel's own scratch) or is sample-major: dim 0
  *   is the symbol itself and no other dim depends on it.  A kernel's own
- *   scratch (touched by it alone) may have any layout.
+ *   scratch (touched by it alone, or by its unit of guarded kernels below)
+ *   may have any layout.
  * - the chunk: the kernel's per-sample bytes (activations and scratch
  *   touched) against the cache budget (the host's L2 per core) less its
  *   weights, rounded down to a power of two; 64 or more samples is not
@@ -27,10 +28,12 @@
  *   symbol form a run while their chunks stay within 4x of the run's
  *   smallest, which the run takes; a run needs two kernels (a kernel
  *   alone keeps no intermediate in cache).
- * - kernels guarded by a choice made on the batch (cg_kernel.guard: the
- *   two algorithms of a conv) are kept together: a maximal sequence of
- *   guarded kernels is chunked whole or not at all, since each guard is
- *   tested on the chunk's size.
+ * - runs are made of whole units: the kernels one node was lowered to
+ *   (a Winograd conv's copies, transforms and GEMMs, which share scratch
+ *   in their own layouts) and a maximal sequence of kernels guarded by a
+ *   choice made on the batch (cg_kernel.guard: the two algorithms of a
+ *   conv), chunked whole or not at all, since each guard is tested on the
+ *   chunk's size.
  * - a buffer touched only inside a run, all of whose alias class is TEMP,
  *   is internal (cg_buf.chunk); cg_memplan keeps the rest alive across the
  *   run.
@@ -65,6 +68,21 @@ static bool uses_sym(const cg_expr *e, int s)
 			return true;
 	}
 	return false;
+}
+
+/* Some symbol e uses, or -1. */
+static int any_sym(const cg_expr *e)
+{
+	for (; e; e = e->c) {
+		if (e->kind == CG_SIZE)
+			return e->var;
+		int s = any_sym(e->a);
+		if (s < 0)
+			s = any_sym(e->b);
+		if (s >= 0)
+			return s;
+	}
+	return -1;
 }
 
 /* dim 0 is symbol s and no other dim depends on it */
@@ -163,6 +181,7 @@ typedef struct plan {
 	kinfo *ki;
 	int *first, *last; /* per root: kernels touching its class */
 	bool *io;          /* per root: its class holds a non-TEMP buffer */
+	int *u0, *u1;      /* per kernel: its unit [u0, u1) (see unit()) */
 } plan;
 
 static int64_t bytes_at(const cg_module *m, const cg_buf *b, int s, int64_t n)
@@ -175,7 +194,9 @@ static int64_t bytes_at(const cg_module *m, const cg_buf *b, int s, int64_t n)
 	return v < 0 ? 0 : v * (int64_t)kiln_dtype_size(b->dt);
 }
 
-/* Fills ki->sym and ki->chunk for kernel k. */
+/* Fills ki->sym and ki->chunk for kernel k.  A buffer whose class lives
+ * within k's unit (a Winograd conv's transformed tiles) may have any layout:
+ * the unit always runs whole on one chunk. */
 static void judge(plan *p, int k)
 {
 	cg_module *m = p->m;
@@ -189,6 +210,8 @@ static void judge(plan *p, int k)
 		if (b->type.rank >= 1 && b->dim[0] && b->dim[0]->kind == CG_SIZE)
 			ki->sym = b->dim[0]->var;
 	}
+	for (int i = 0; i < ki->n && ki->sym < 0; i++) /* else any size it is scaled by */
+		ki->sym = any_sym(m->buf[ki->t[i].buf].numel);
 	int s = ki->sym;
 	if (s < 0)
 		return;
@@ -196,8 +219,8 @@ static void judge(plan *p, int k)
 	for (int i = 0; i < ki->n; i++) {
 		int id = ki->t[i].buf, r = root(m, id);
 		const cg_buf *b = &m->buf[id];
-		bool own = m->buf[r].kind == CG_BUF_TEMP && !p->io[r] && p->first[r] == k &&
-		           p->last[r] == k;
+		bool own = m->buf[r].kind == CG_BUF_TEMP && !p->io[r] && p->first[r] >= p->u0[k] &&
+		           p->last[r] < p->u1[k];
 		if (!own && !uses_sym(b->numel, s)) {
 			if (ki->t[i].write)
 				return; /* a batch-free result: written again per chunk */
@@ -225,15 +248,24 @@ static void judge(plan *p, int k)
 	ki->chunk = (int)(p->o->force > 0 ? c : pow2);
 }
 
-/* The end (exclusive) of the unit starting at kernel k: a maximal sequence
- * of guarded kernels, else k alone; its chunk (0: not chunkable). */
+/* The end (exclusive) of the unit starting at kernel k: the kernels one
+ * node was lowered to (a Winograd conv's transforms and GEMMs), and a
+ * maximal sequence of guarded kernels (both algorithms of a conv). */
+static int unit_end(const cg_module *m, int k)
+{
+	int e = k + 1;
+	while (e < m->nkern && (m->kern[e].node == m->kern[k].node ||
+	                        (m->kern[k].guard && m->kern[e].guard)))
+		e++;
+	return e;
+}
+
+/* The unit starting at kernel k: its end (exclusive), symbol and chunk
+ * (0: not chunkable). */
 static int unit(const plan *p, int k, int *sym, int *chunk)
 {
 	const cg_module *m = p->m;
-	int e = k + 1;
-	if (m->kern[k].guard)
-		while (e < m->nkern && m->kern[e].guard)
-			e++;
+	int e = p->u1[k];
 	*sym = p->ki[k].sym, *chunk = p->ki[k].chunk;
 	for (int j = k; j < e; j++) {
 		int a = m->kern[j].alt;
@@ -323,8 +355,21 @@ kiln_status cg_chunk(cg_module *m, const cg_chunk_opts *o, kiln_error *err)
 			p.last[r] = k;
 		}
 	}
-	for (int k = 0; st == KILN_OK && k < m->nkern; k++)
+	p.u0 = malloc((size_t)m->nkern * sizeof *p.u0);
+	p.u1 = malloc((size_t)m->nkern * sizeof *p.u1);
+	if (st == KILN_OK && (!p.u0 || !p.u1))
+		st = KILN_ENOMEM;
+	for (int k = 0; st == KILN_OK && k < m->nkern;) {
+		int e = unit_end(m, k);
+		for (int j = k; j < e; j++)
+			p.u0[j] = k, p.u1[j] = e;
+		k = e;
+	}
+	for (int k = 0; st == KILN_OK && k < m->nkern; k++) {
 		judge(&p, k);
+		if (getenv("KILN_CHUNK_DEBUG"))
+			fprintf(stderr, "%s: chunk %d\n", m->kern[k].name, p.ki[k].chunk);
+	}
 	for (int k = 0; st == KILN_OK && k < m->nkern;) {
 		int sym, chunk, e = unit(&p, k, &sym, &chunk);
 		if (chunk <= 0) {
@@ -332,12 +377,12 @@ kiln_status cg_chunk(cg_module *m, const cg_chunk_opts *o, kiln_error *err)
 			continue;
 		}
 		int first = k, rc = chunk;
-		for (;;) { /* take whole units while their chunks stay near the run's */
+		for (;;) { /* take every chunkable unit that follows */
 			int s2, c2, e2;
 			if (e >= m->nkern)
 				break;
 			e2 = unit(&p, e, &s2, &c2);
-			if (c2 <= 0 || s2 != sym || c2 >= 4 * rc || rc >= 4 * c2)
+			if (c2 <= 0 || s2 != sym)
 				break;
 			rc = c2 < rc ? c2 : rc;
 			e = e2;
@@ -348,7 +393,7 @@ kiln_status cg_chunk(cg_module *m, const cg_chunk_opts *o, kiln_error *err)
 	}
 	for (int k = 0; p.ki && k < m->nkern; k++)
 		free(p.ki[k].t);
-	free(p.ki), free(p.first), free(p.last), free(p.io);
+	free(p.ki), free(p.first), free(p.last), free(p.io), free(p.u0), free(p.u1);
 	if (st != KILN_OK) {
 		m->nchunk = 0;
 		return ir_seterr(err, st, "cg_chunk: out of memory");
