@@ -228,6 +228,9 @@ typedef struct cg_buf {
 	/* memory plan (memplan.c): TEMP buffers share slots by lifetime */
 	int slot;              /* -1: not planned */
 	int first, last;       /* first and last kernel touching it */
+	/* >= 0: internal to chunked run chunk (chunk.c): touched by no kernel
+	 * outside it, so it holds one chunk of the batch and is sized for it */
+	int chunk;
 } cg_buf;
 
 typedef struct cg_kernel {
@@ -270,6 +273,21 @@ typedef enum cg_conv_algo {
 	CG_CONV_WINOGRAD,  /* F(4x4, 3x3) wherever it applies (2-D 3x3, stride and dilation 1) */
 } cg_conv_algo;
 
+/* A run of consecutive kernels executed chunk by chunk over the batch
+ * (chunk.c): for each chunk of `chunk` samples, kernels first..last run in
+ * order with symbol sym bound to the chunk's size and each buffer of off[]
+ * moved to the chunk's first sample: alias-class roots, since a kernel reads
+ * its class's one pointer, whose views the run touches are sample-major
+ * (dim 0 is the symbol) with the root's numel.
+ * Buffers internal to the run (cg_buf.chunk) keep their base and hold one
+ * chunk; every other buffer it touches lives across the whole run. */
+typedef struct cg_chunk_run {
+	int first, last;       /* kernels, inclusive */
+	int sym;               /* the batch symbol */
+	int chunk;             /* samples per chunk (>= 1) */
+	int *off, noff;        /* roots offset per chunk (arena-allocated) */
+} cg_chunk_run;
+
 typedef struct cg_module {
 	ir_arena *arena;       /* all statements, expressions, names */
 	const kiln_graph *g;   /* lowering, keval and cg_print only: no backend reads it */
@@ -288,6 +306,8 @@ typedef struct cg_module {
 	/* lowering choice (cg_lower_opts.conv): the algorithm for f32
 	 * convolutions, CG_CONV_AUTO letting the cost model pick per layer */
 	int conv;
+	cg_chunk_run *chunk;   /* arena-allocated, in kernel order (chunk.c) */
+	int nchunk;
 } cg_module;
 
 cg_module *cg_module_new(const kiln_graph *g);
@@ -432,5 +452,26 @@ kiln_status cg_grad_split(const cg_module *m, const int *bufs, int n, int *ready
                           kiln_error *err);
 /* The last kernel storing buffer buf (through its aliases); -1 if none. */
 int cg_last_store(const cg_module *m, int buf);
+/* Calls fn(ctx, buf, write) for every buffer statement s reads or writes
+ * (buffer ids as written, aliases not followed; a buffer may repeat). */
+void cg_stmt_bufs(const cg_stmt *s, void (*fn)(void *ctx, int buf, bool write), void *ctx);
+
+/* ---- batch chunking (chunk.c) ------------------------------------------ */
+
+/* How cg_chunk picks chunk sizes. */
+typedef struct cg_chunk_opts {
+	int force;             /* > 0: this many samples per chunk wherever a run
+	                          may be chunked; < 0: no chunking; 0: the cost model */
+	int64_t cache_bytes;   /* the cost model's budget per chunk (the host's L2) */
+} cg_chunk_opts;
+
+/* Finds runs of consecutive per-sample kernels over a symbolic batch whose
+ * working set per sample is large against the cache, and records them in
+ * m->chunk with the buffers internal to each (cg_buf.chunk); before
+ * cg_memplan, which keeps every other buffer a run touches alive across the
+ * whole run.  KILN_ENOMEM or OK. */
+kiln_status cg_chunk(cg_module *m, const cg_chunk_opts *o, kiln_error *err);
+/* The host's L2 cache per core in bytes (1 MiB when it cannot tell). */
+int64_t cg_host_l2_bytes(void);
 
 #endif /* KILN_CODEGEN_H */

@@ -72,7 +72,7 @@ int cg_buf_new(cg_module *m, cg_buf_kind kind, kiln_dtype dt, cg_expr *numel)
 		return -1;
 	cg_buf *b = &m->buf[m->nbuf];
 	*b = (cg_buf){.id = m->nbuf, .kind = kind, .dt = dt, .numel = numel, .alias = -1,
-	              .io_index = -1, .slot = -1, .first = -1, .last = -1};
+	              .io_index = -1, .slot = -1, .first = -1, .last = -1, .chunk = -1};
 	b->type.dtype = dt;
 	return m->nbuf++;
 }

@@ -95,7 +95,7 @@ static LLVMValueRef array(cg_llvm *L, LLVMTypeRef ty, LLVMValueRef *v, int n, co
 }
 
 typedef struct desc_types {
-	LLVMTypeRef io, buf, desc, kfn, sizes_fn;
+	LLVMTypeRef io, buf, desc, kfn, sizes_fn, chunk;
 } desc_types;
 
 static void make_desc_types(cg_llvm *L, desc_types *t)
@@ -111,7 +111,10 @@ static void make_desc_types(cg_llvm *L, desc_types *t)
 	LLVMTypeRef pp = LLVMPointerType(L->ptr, 0), iop = LLVMPointerType(t->io, 0);
 	LLVMTypeRef d[] = {i32, i32, L->ptr, pp, i32, i32, iop, iop, i32, i32,
 	                   LLVMPointerType(t->buf, 0), i32, i32, LLVMPointerType(t->kfn, 0),
-	                   pp, t->sizes_fn, t->sizes_fn, L->i64, i32, i32, L->ptr};
+	                   pp, t->sizes_fn, t->sizes_fn, L->i64, i32, i32, L->ptr,
+	                   i32, i32, L->ptr, LLVMPointerType(i32, 0)};
+	LLVMTypeRef ch[] = {i32, i32, i32, i32, i32, i32, LLVMPointerType(i32, 0)};
+	t->chunk = LLVMStructTypeInContext(L->ctx, ch, 7, 0);
 	t->desc = LLVMStructTypeInContext(L->ctx, d, sizeof d / sizeof *d, 0);
 }
 
@@ -183,6 +186,32 @@ static LLVMValueRef bufs(cg_llvm *L, const desc_types *t, kiln_error *err, kiln_
 	return a;
 }
 
+/* [nchunk x rt_chunk_desc] (NULL when none) and chunk_of, per buffer */
+static LLVMValueRef chunk_tables(cg_llvm *L, const desc_types *t, LLVMValueRef *chunk_of)
+{
+	const cg_module *m = L->m;
+	LLVMValueRef *v = calloc((size_t)m->nchunk + (size_t)m->nbuf + 1, sizeof *v);
+	if (!v)
+		return NULL;
+	for (int r = 0; r < m->nchunk; r++) {
+		const cg_chunk_run *c = &m->chunk[r];
+		LLVMValueRef *off = v + m->nchunk;
+		for (int i = 0; i < c->noff; i++)
+			off[i] = i32c(L, c->off[i]);
+		LLVMValueRef offs = array(L, L->i32, off, c->noff, "kiln.chunk_off");
+		LLVMValueRef f[] = {i32c(L, c->first), i32c(L, c->last), i32c(L, c->sym),
+		                    i32c(L, c->chunk), i32c(L, c->noff), i32c(L, 0), offs};
+		v[r] = LLVMConstNamedStruct(t->chunk, f, 7);
+	}
+	LLVMValueRef a = array(L, t->chunk, v, m->nchunk, "kiln.chunks");
+	for (int b = 0; b < m->nbuf; b++)
+		v[b] = i32c(L, m->buf[b].chunk);
+	*chunk_of = m->nchunk ? array(L, L->i32, v, m->nbuf, "kiln.chunk_of")
+	                      : LLVMConstNull(LLVMPointerType(L->i32, 0));
+	free(v);
+	return a;
+}
+
 static LLVMValueRef sym_names(cg_llvm *L)
 {
 	const cg_module *m = L->m;
@@ -247,7 +276,8 @@ static LLVMValueRef model_desc(cg_llvm *L, LLVMValueRef *kfns, LLVMValueRef nume
 	LLVMValueRef knames = NULL, kerns = kernel_tables(L, &t, kfns, &knames);
 	LLVMValueRef in = ios(L, &t, m->inputs, m->ninputs), out = ios(L, &t, m->outputs, m->noutputs);
 	LLVMValueRef bd = bufs(L, &t, err, st), names = sym_names(L);
-	if (!kerns || !in || !out || !bd || !names) {
+	LLVMValueRef chunk_of = NULL, chunks = chunk_tables(L, &t, &chunk_of);
+	if (!kerns || !in || !out || !bd || !names || !chunks) {
 		*st = ir_seterr(err, KILN_ENOMEM, "out of memory building the model description");
 		return NULL;
 	}
@@ -257,7 +287,8 @@ static LLVMValueRef model_desc(cg_llvm *L, LLVMValueRef *kfns, LLVMValueRef nume
 		i32c(L, m->nbuf), i32c(L, m->nslot), bd, i32c(L, m->nkern), i32c(L, 0),
 		kerns, knames, numel, io_dims,
 		LLVMConstInt(L->i64, cg_sgemm_scratch_floats(L->t), 0), i32c(L, state.n), i32c(L, 0),
-		state.table ? state.table : LLVMConstNull(L->ptr)};
+		state.table ? state.table : LLVMConstNull(L->ptr), i32c(L, m->nchunk), i32c(L, 0),
+		chunks, chunk_of};
 	return desc_global(L, t.desc, LLVMConstNamedStruct(t.desc, f, sizeof f / sizeof *f),
 	                   gname);
 }

@@ -39,65 +39,86 @@ static void touch(cg_module *m, int b, int t)
 		r->last = t;
 }
 
-static void walk_expr(cg_module *m, const cg_expr *e, int t)
+typedef struct bufs_cb {
+	void (*fn)(void *ctx, int buf, bool write);
+	void *ctx;
+} bufs_cb;
+
+static void walk_expr(const bufs_cb *cb, const cg_expr *e)
 {
 	for (; e; e = e->c) {
 		if (e->kind == CG_LOAD)
-			touch(m, e->buf, t);
-		walk_expr(m, e->a, t);
-		walk_expr(m, e->b, t);
+			cb->fn(cb->ctx, e->buf, false);
+		walk_expr(cb, e->a);
+		walk_expr(cb, e->b);
 	}
 }
 
-static void walk(cg_module *m, const cg_stmt *s, int t)
+static void walk(const bufs_cb *cb, const cg_stmt *s)
 {
 	if (!s)
 		return;
 	switch (s->kind) {
 	case CG_BLOCK:
 		for (int i = 0; i < s->n; i++)
-			walk(m, s->items[i], t);
+			walk(cb, s->items[i]);
 		break;
-	case CG_FOR: walk(m, s->body, t); break;
+	case CG_FOR: walk(cb, s->body); break;
 	case CG_STORE:
-		touch(m, s->buf, t);
-		walk_expr(m, s->index, t);
-		walk_expr(m, s->value, t);
+		cb->fn(cb->ctx, s->buf, true);
+		walk_expr(cb, s->index);
+		walk_expr(cb, s->value);
 		break;
-	case CG_ASSIGN: walk_expr(m, s->value, t); break;
+	case CG_ASSIGN: walk_expr(cb, s->value); break;
 	case CG_IF:
-		walk_expr(m, s->cond, t);
-		walk(m, s->then_s, t);
-		walk(m, s->else_s, t);
+		walk_expr(cb, s->cond);
+		walk(cb, s->then_s);
+		walk(cb, s->else_s);
 		break;
 	case CG_CHECK:
-		walk_expr(m, s->value, t);
-		walk_expr(m, s->lo, t);
-		walk_expr(m, s->hi, t);
+		walk_expr(cb, s->value);
+		walk_expr(cb, s->lo);
+		walk_expr(cb, s->hi);
 		break;
 	case CG_TRANSPOSE:
-		touch(m, s->tr->src, t);
-		touch(m, s->tr->dst, t);
+		cb->fn(cb->ctx, s->tr->src, false);
+		cb->fn(cb->ctx, s->tr->dst, true);
 		break;
-	case CG_GEMM:
-		touch(m, s->gemm->a, t);
-		touch(m, s->gemm->b, t);
-		touch(m, s->gemm->c, t);
-		if (s->gemm->bias_axis)
-			touch(m, s->gemm->bias, t);
-		if (s->gemm->has_residual)
-			touch(m, s->gemm->residual, t);
-		if (s->gemm->has_b_rows)
-			touch(m, s->gemm->b_rows, t);
-		{
-			const cg_gemm_vec *v[] = {&s->gemm->scale, &s->gemm->a_zero, &s->gemm->b_zero,
-			                          &s->gemm->c_zero};
-			for (int i = 0; i < 4; i++)
-				if (v[i]->axis)
-					touch(m, v[i]->buf, t);
-		}
+	case CG_GEMM: {
+		const cg_gemm *g = s->gemm;
+		cb->fn(cb->ctx, g->a, false);
+		cb->fn(cb->ctx, g->b, false);
+		cb->fn(cb->ctx, g->c, true);
+		if (g->bias_axis)
+			cb->fn(cb->ctx, g->bias, false);
+		if (g->has_residual)
+			cb->fn(cb->ctx, g->residual, false);
+		if (g->has_b_rows)
+			cb->fn(cb->ctx, g->b_rows, false);
+		const cg_gemm_vec *v[] = {&g->scale, &g->a_zero, &g->b_zero, &g->c_zero};
+		for (int i = 0; i < 4; i++)
+			if (v[i]->axis)
+				cb->fn(cb->ctx, v[i]->buf, false);
 		break;
 	}
+	}
+}
+
+void cg_stmt_bufs(const cg_stmt *s, void (*fn)(void *ctx, int buf, bool write), void *ctx)
+{
+	walk(&(bufs_cb){fn, ctx}, s);
+}
+
+typedef struct touch_ctx {
+	cg_module *m;
+	int t;
+} touch_ctx;
+
+static void touch_cb(void *ctx, int b, bool write)
+{
+	(void)write;
+	touch_ctx *c = ctx;
+	touch(c->m, b, c->t);
 }
 
 typedef struct slot {
@@ -142,7 +163,24 @@ kiln_status cg_memplan(cg_module *m, kiln_error *err)
 	for (int b = 0; b < m->nbuf; b++)
 		m->buf[b].slot = m->buf[b].first = m->buf[b].last = -1;
 	for (int t = 0; t < m->nkern; t++)
-		walk(m, m->kern[t].body, t);
+		cg_stmt_bufs(m->kern[t].body, touch_cb, &(touch_ctx){m, t});
+	/* a chunked run executes its kernels once per chunk: a buffer it
+	 * touches that is not internal to it (cg_buf.chunk) holds the whole
+	 * batch, written or read chunk by chunk across the run, so it lives
+	 * from the run's first kernel to its last */
+	for (int r = 0; r < m->nchunk; r++) {
+		const cg_chunk_run *c = &m->chunk[r];
+		for (int b = 0; b < m->nbuf; b++) {
+			cg_buf *cb = &m->buf[b];
+			if (cb->alias >= 0 || cb->chunk == r || cb->first < 0 || cb->last < c->first ||
+			    cb->first > c->last)
+				continue;
+			if (cb->first > c->first)
+				cb->first = c->first;
+			if (cb->last < c->last)
+				cb->last = c->last;
+		}
+	}
 	int *order = malloc((m->nbuf + 1) * sizeof *order), n = 0;
 	slot *s = malloc((m->nbuf + 1) * sizeof *s);
 	if (!order || !s) {

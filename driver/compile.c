@@ -43,6 +43,20 @@ static double seconds(void)
 	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
+/* $KILN_CHUNK: unset or empty, the cost model (0); "0", off (-1); n > 0,
+ * n samples per chunk; anything else is ignored. */
+static int chunk_env(void)
+{
+	const char *s = getenv("KILN_CHUNK");
+	if (!s || !*s)
+		return 0;
+	char *end;
+	long v = strtol(s, &end, 10);
+	if (*end || v < 0 || v > 1 << 20)
+		return 0;
+	return v == 0 ? -1 : (int)v;
+}
+
 /* Graph -> optimized clone -> kernel IR with a memory plan. */
 static kiln_status to_kernels(const kiln_graph *g, const kiln_compile_opts *o, bool train,
                               kiln_graph **gc, cg_module **m, kiln_error *err)
@@ -64,6 +78,12 @@ static kiln_status to_kernels(const kiln_graph *g, const kiln_compile_opts *o, b
 		st = cg_lower_ex(*gc, &(cg_lower_opts){.fuse = true, .conv = conv_algo(o->conv),
 		                                        .mutable_params = train}, m,
 		                 err);
+	/* an inference library runs runs of per-sample kernels chunk by chunk
+	 * over the batch (codegen/chunk.c); KILN_CHUNK=0 turns it off, =n forces
+	 * n samples per chunk */
+	if (st == KILN_OK && !train)
+		st = cg_chunk(*m, &(cg_chunk_opts){.force = chunk_env(),
+		                                   .cache_bytes = cg_host_l2_bytes()}, err);
 	if (st == KILN_OK)
 		st = cg_memplan(*m, err);
 	return st;

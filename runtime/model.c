@@ -81,6 +81,10 @@ struct rt_model {
 	void **state;        /* per state tensor: its storage */
 	bool own_state;      /* allocated here (else the caller's) */
 	uint64_t *prof;      /* per kernel: wall ns summed over runs (rt_model_set_profile) */
+	uint32_t nchunk;     /* the description's chunked runs (0 before ABI 5) */
+	void **cbuf;         /* a chunk's pointers: buf with the run's off[] moved */
+	int64_t *csym;       /* a chunk's symbols */
+	int64_t *cnumel;     /* numel for a run's chunk (plan_arena) */
 	char err[1024];
 };
 
@@ -193,6 +197,31 @@ static kiln_status check_bufs(const rt_model_desc *d, char *msg, size_t size)
 	return KILN_OK;
 }
 
+/* Runs in order, disjoint, inside the kernels; off[] and chunk_of name
+ * buffers and runs. */
+static kiln_status check_chunks(const rt_model_desc *d, char *msg, size_t size)
+{
+	if (d->nchunk && (!d->chunks || !d->chunk_of))
+		return snprintf(msg, size, "model description has a NULL chunk table"), KILN_EINVAL;
+	int32_t next = 0;
+	for (uint32_t r = 0; r < d->nchunk; r++) {
+		const rt_chunk_desc *c = &d->chunks[r];
+		bool ok = c->first >= next && c->first <= c->last && (uint32_t)c->last < d->nkern &&
+		          c->sym >= 0 && (uint32_t)c->sym < d->nsym && c->chunk >= 1 && c->noff >= 0 &&
+		          (c->noff == 0 || c->off);
+		for (int32_t i = 0; ok && i < c->noff; i++)
+			ok = c->off[i] >= 0 && (uint32_t)c->off[i] < d->nbuf;
+		if (!ok)
+			return snprintf(msg, size, "chunked run %u: bad kernels, symbol, chunk or buffers",
+			                r), KILN_EINVAL;
+		next = c->last + 1;
+	}
+	for (uint32_t b = 0; d->nchunk && b < d->nbuf; b++)
+		if (d->chunk_of[b] < -1 || d->chunk_of[b] >= (int32_t)d->nchunk)
+			return snprintf(msg, size, "buffer %u: bad chunked run", b), KILN_EINVAL;
+	return KILN_OK;
+}
+
 kiln_status rt_model_validate(const rt_model_desc *d, char *msg, size_t size)
 {
 	if (!d)
@@ -219,6 +248,8 @@ kiln_status rt_model_validate(const rt_model_desc *d, char *msg, size_t size)
 	kiln_status st = check_state(d, msg, size);
 	if (st == KILN_OK)
 		st = check_bufs(d, msg, size);
+	if (st == KILN_OK && d->abi >= 5)
+		st = check_chunks(d, msg, size);
 	for (uint32_t i = 0; st == KILN_OK && i < nio(d); i++)
 		st = check_io(d, i, msg, size);
 	return st;
@@ -284,8 +315,12 @@ static kiln_status alloc_tables(rt_model *m)
 	m->dims = calloc(dims_total(d) + 1, sizeof *m->dims);
 	m->dim_off = calloc(nio(d) + 1, sizeof *m->dim_off);
 	m->slot_off = calloc(d->nslot + 1, sizeof *m->slot_off);
+	m->nchunk = d->abi >= 5 ? d->nchunk : 0;
+	m->cbuf = calloc(nb, sizeof *m->cbuf);
+	m->csym = calloc(ns, sizeof *m->csym);
+	m->cnumel = calloc(nb, sizeof *m->cnumel);
 	if (!m->buf || !m->home || !m->io_of || !m->numel || !m->pre || !m->post || !m->sym || !m->bound_by ||
-	    !m->dims || !m->dim_off || !m->slot_off)
+	    !m->dims || !m->dim_off || !m->slot_off || !m->cbuf || !m->csym || !m->cnumel)
 		return KILN_ENOMEM;
 	for (uint32_t i = 0, off = 0; i < nio(d); off += io_at(d, i)->rank, i++)
 		m->dim_off[i] = (int32_t)off;
@@ -416,6 +451,9 @@ void rt_model_destroy(rt_model *m)
 	free(m->dims);
 	free(m->dim_off);
 	free(m->slot_off);
+	free(m->cbuf);
+	free(m->csym);
+	free(m->cnumel);
 	free(m->arena);
 	for (uint32_t i = 0; m->state && m->own_state && i < m->d->nstate; i++)
 		free(m->state[i]);
@@ -669,6 +707,12 @@ static kiln_status check_outputs(rt_model *m, kiln_tensor *const *out, int nout)
 
 /* ---- running ------------------------------------------------------------------ */
 
+/* Whether run c executes chunk by chunk for the bound symbols. */
+static bool chunked(const rt_model *m, const rt_chunk_desc *c)
+{
+	return m->sym[c->sym] > c->chunk;
+}
+
 /* Element counts for the symbols, then slot offsets; grows the arena. */
 static kiln_status plan_arena(rt_model *m)
 {
@@ -685,8 +729,29 @@ static kiln_status plan_arena(rt_model *m)
 			return fail(m, KILN_ENOMEM, "model '%s': buffer %u is too large for %s", d->name,
 			            b, syms_str(m, syms, sizeof syms));
 		int32_t s = d->bufs[b].slot;
-		if (d->bufs[b].kind == RT_BUF_TEMP && s >= 0 && bytes > m->slot_off[s])
+		if (d->bufs[b].kind == RT_BUF_TEMP && s >= 0 && bytes > m->slot_off[s] &&
+		    !(m->nchunk && d->chunk_of[b] >= 0 && chunked(m, &d->chunks[d->chunk_of[b]])))
 			m->slot_off[s] = bytes;
+	}
+	/* a buffer internal to a run that will be chunked holds one chunk */
+	for (uint32_t r = 0; r < m->nchunk; r++) {
+		const rt_chunk_desc *c = &d->chunks[r];
+		if (!chunked(m, c))
+			continue;
+		memcpy(m->csym, m->sym, d->nsym * sizeof *m->csym);
+		m->csym[c->sym] = c->chunk;
+		d->numel(m->csym, m->cnumel);
+		for (uint32_t b = 0; b < d->nbuf; b++) {
+			int32_t s = d->bufs[b].slot;
+			size_t bytes;
+			if (d->chunk_of[b] != (int32_t)r || d->bufs[b].kind != RT_BUF_TEMP || s < 0)
+				continue;
+			if (m->cnumel[b] < 0 || m->cnumel[b] > m->numel[b])
+				m->cnumel[b] = m->numel[b]; /* never more than the whole batch's */
+			bytes = (size_t)m->cnumel[b] * dtypes[d->bufs[b].dtype].size;
+			if (bytes > m->slot_off[s])
+				m->slot_off[s] = bytes;
+		}
 	}
 	for (uint32_t s = 0; s < d->nslot; s++) {
 		size_t size = (m->slot_off[s] + ALIGN - 1) / ALIGN * ALIGN;
@@ -729,6 +794,59 @@ static void copy_buf(const rt_model *m, void *to, int32_t tb, const void *from)
 		memcpy(to, from, n);
 }
 
+/* Runs kernel k; fails the run when one of its checks failed. */
+static kiln_status run_kernel(rt_model *m, uint32_t k, rt_exec *x)
+{
+	const rt_model_desc *d = m->d;
+	struct timespec t0, t1;
+	if (m->prof)
+		clock_gettime(CLOCK_MONOTONIC, &t0);
+	d->kernels[k](x);
+	if (m->prof) {
+		clock_gettime(CLOCK_MONOTONIC, &t1);
+		m->prof[k] += (uint64_t)((t1.tv_sec - t0.tv_sec) * 1000000000LL +
+		                         (t1.tv_nsec - t0.tv_nsec));
+	}
+	rt_fault *fault = x->fault;
+	if (!atomic_load_explicit(&fault->set, memory_order_acquire))
+		return KILN_OK;
+	const char *what = fault->what ? fault->what : "index";
+	const char *kn = d->kernel_names && d->kernel_names[k] ? d->kernel_names[k] : "?";
+	if (fault->lo >= fault->hi)
+		return fail(m, KILN_EINVAL, "model '%s': %s (kernel %s)", d->name, what, kn);
+	return fail(m, KILN_EINVAL, "model '%s': %s %lld out of range [%lld, %lld) "
+	            "(kernel %s)", d->name, what, (long long)fault->value,
+	            (long long)fault->lo, (long long)fault->hi, kn);
+}
+
+/* Runs c's kernels chunk by chunk: the symbol bound to the chunk's size,
+ * each buffer of off[] moved to the chunk's first sample (its numel is the
+ * batch times a sample's), the run's internal buffers where they are. */
+static kiln_status run_chunked(rt_model *m, const rt_chunk_desc *c, const rt_exec *x)
+{
+	const rt_model_desc *d = m->d;
+	int64_t n = m->sym[c->sym];
+	memcpy(m->csym, m->sym, d->nsym * sizeof *m->csym);
+	memcpy(m->cbuf, m->buf, d->nbuf * sizeof *m->cbuf);
+	rt_exec cx = *x;
+	cx.buf = m->cbuf;
+	cx.sym = m->csym;
+	for (int64_t s0 = 0; s0 < n; s0 += c->chunk) {
+		m->csym[c->sym] = n - s0 < c->chunk ? n - s0 : c->chunk;
+		for (int32_t i = 0; i < c->noff; i++) {
+			int32_t b = c->off[i];
+			size_t sample = (size_t)(m->numel[b] / n) * dtypes[d->bufs[b].dtype].size;
+			m->cbuf[b] = m->buf[b] ? (char *)m->buf[b] + (size_t)s0 * sample : NULL;
+		}
+		for (int32_t k = c->first; k <= c->last; k++) {
+			kiln_status st = run_kernel(m, (uint32_t)k, &cx);
+			if (st != KILN_OK)
+				return st;
+		}
+	}
+	return KILN_OK;
+}
+
 static kiln_status execute_hooked(rt_model *m, const void *const *in, void *const *out,
                                   rt_kernel_hook hook, void *ud)
 {
@@ -745,28 +863,26 @@ static kiln_status execute_hooked(rt_model *m, const void *const *in, void *cons
 	rt_fault fault = {0};
 	rt_exec x = {.buf = m->buf, .sym = m->sym, .pool = m->pool, .scratch = m->scratch,
 	             .fault = &fault};
-	for (uint32_t k = 0; k < d->nkern; k++) {
-		struct timespec t0, t1;
-		if (m->prof)
-			clock_gettime(CLOCK_MONOTONIC, &t0);
-		d->kernels[k](&x);
-		if (m->prof) {
-			clock_gettime(CLOCK_MONOTONIC, &t1);
-			m->prof[k] += (uint64_t)((t1.tv_sec - t0.tv_sec) * 1000000000LL +
-			                         (t1.tv_nsec - t0.tv_nsec));
-		}
-		if (!atomic_load_explicit(&fault.set, memory_order_acquire)) {
-			if (hook && (st = hook(ud, m, k)) != KILN_OK)
+	uint32_t r = 0;
+	for (uint32_t k = 0; k < d->nkern;) {
+		while (r < m->nchunk && (uint32_t)d->chunks[r].last < k)
+			r++;
+		const rt_chunk_desc *c = r < m->nchunk ? &d->chunks[r] : NULL;
+		/* a hook sees every kernel in order: no chunking under one (only
+		 * training steps have hooks, and their programs are never chunked) */
+		if (!hook && c && (uint32_t)c->first == k && chunked(m, c)) {
+			st = run_chunked(m, c, &x);
+			if (st != KILN_OK)
 				return st;
+			k = (uint32_t)c->last + 1;
 			continue;
 		}
-		const char *what = fault.what ? fault.what : "index";
-		const char *kn = d->kernel_names && d->kernel_names[k] ? d->kernel_names[k] : "?";
-		if (fault.lo >= fault.hi)
-			return fail(m, KILN_EINVAL, "model '%s': %s (kernel %s)", d->name, what, kn);
-		return fail(m, KILN_EINVAL, "model '%s': %s %lld out of range [%lld, %lld) "
-		            "(kernel %s)", d->name, what, (long long)fault.value,
-		            (long long)fault.lo, (long long)fault.hi, kn);
+		st = run_kernel(m, k, &x);
+		if (st != KILN_OK)
+			return st;
+		if (hook && (st = hook(ud, m, k)) != KILN_OK)
+			return st;
+		k++;
 	}
 	for (int k = 0; k < m->npost; k++)
 		copy_buf(m, own_ptr(m, m->post[k].to, in, out), m->post[k].to,

@@ -20,9 +20,11 @@
 
 #include "kiln/kiln.h"
 
-#define RT_MODEL_ABI 4 /* 2: RT_BUF_STATE, the state table, rt_train_desc;
+#define RT_MODEL_ABI 5 /* 2: RT_BUF_STATE, the state table, rt_train_desc;
                           3: rt_exec.fault (kernels report bad indices);
-                          4: rt_train_desc.ready and .split (the split step) */
+                          4: rt_train_desc.ready and .split (the split step);
+                          5: chunked runs (rt_chunk_desc), appended to
+                          rt_model_desc: a 3 or 4 has none and is still run */
 #define RT_MODEL_ABI_MIN 3 /* the oldest ABI this runtime runs: a loaded library's
                               kernels call its own static copy of the pool
                               (rt_parallel_for) with this runtime's rt_exec and
@@ -103,6 +105,21 @@ typedef struct rt_state_desc {
 	const void *init;     /* 64-byte aligned, dims' product times the dtype size */
 } rt_state_desc;
 
+/* A run of kernels first..last executed chunk by chunk over the batch
+ * (codegen/chunk.c): when symbol sym is larger than chunk, the driver runs
+ * the kernels on samples [0, chunk), then [chunk, 2*chunk), ..., with the
+ * symbol bound to the chunk's size and each buffer of off[] (its dim 0 is
+ * the symbol) moved to the chunk's first sample.  Buffers internal to the
+ * run (rt_model_desc.chunk_of) keep their pointer and are sized for one
+ * chunk. */
+typedef struct rt_chunk_desc {
+	int32_t first, last;  /* kernels, inclusive; runs in order, disjoint */
+	int32_t sym, chunk;   /* the batch symbol; samples per chunk (>= 1) */
+	int32_t noff, pad_;
+	const int32_t *off;   /* buffer ids: alias roots, whose pointer the
+	                         class's kernels read (numel: batch x sample) */
+} rt_chunk_desc;
+
 typedef struct rt_model_desc {
 	uint32_t abi;         /* RT_MODEL_ABI */
 	uint32_t nsym;
@@ -124,6 +141,11 @@ typedef struct rt_model_desc {
 	 * share one table); 0 and NULL for an inference model */
 	uint32_t nstate, pad2_;
 	const rt_state_desc *state;
+	/* ABI 5: the chunked runs; chunk_of: per buffer, the run it is internal
+	 * to, else -1 (NULL when nchunk is 0) */
+	uint32_t nchunk, pad3_;
+	const rt_chunk_desc *chunks;
+	const int32_t *chunk_of;
 } rt_model_desc;
 
 /* A training library (kiln_compile_train) exports this as `kiln_train_desc`

@@ -9,17 +9,21 @@
  * points (dlsym) and through kiln_load's kiln_model_run_into /
  * kiln_model_train_step.  Every such count must be 0.  The counter is shown
  * to work on the same library: _create, and a run at a larger batch (the
- * scratch arena grows), must both be seen allocating.
+ * scratch arena grows), must both be seen allocating.  The CNN compiled with
+ * KILN_CHUNK=2 runs chunk by chunk at batch 4; its one run spans the model,
+ * so its scratch holds one chunk and does not grow with the batch.
  *
  * The program is built against the never-sanitized runtime archive that
  * `kiln compile` links, so the test means the same in an ASan build.
  */
+#include <dlfcn.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "check_main.h"
 #include "examples/models.h"
 #include "kiln/kiln.h"
+#include "runtime/model.h"
 #include "so_util.h"
 
 static char counter_exe[1200];
@@ -54,10 +58,14 @@ static long count_of(const char *out, const char *what, int threads)
 }
 
 /* Runs count_alloc on so and checks every count it prints. */
-static void expect_no_heap_calls(const char *so, const char *prefix, int batch, bool train)
+/* grows: a run at a larger batch must be seen growing the scratch (not
+ * where one chunked run spans the model: the arena then holds one chunk) */
+static void expect_no_heap_calls(const char *so, const char *prefix, int batch, bool train,
+                                 bool grows)
 {
 	char cmd[4096], out[16384];
-	snprintf(cmd, sizeof cmd, "'%s' '%s' %s %d", counter(), so, prefix, batch);
+	snprintf(cmd, sizeof cmd, "'%s' '%s' %s %d%s", counter(), so, prefix, batch,
+	         grows ? "" : " nogrow");
 	int rc = sh(cmd, out, sizeof out);
 	ck_assert_msg(count_of(out, "create", 1) > 0, "the counter saw no allocation:\n%s", out);
 	const char *steady[] = {train ? "eval_step" : "run", "kiln_model_run_into", "train_step",
@@ -66,7 +74,7 @@ static void expect_no_heap_calls(const char *so, const char *prefix, int batch, 
 		for (int i = 0; i < (train ? 4 : 2); i++)
 			ck_assert_msg(count_of(out, steady[i], threads) == 0,
 			              "%s at %d threads allocates:\n%s", steady[i], threads, out);
-	if (!train)
+	if (!train && grows)
 		ck_assert_msg(count_of(out, "grow", 2) > 0,
 		              "growing the scratch was not seen allocating:\n%s", out);
 	ck_assert_msg(rc == 0, "count_alloc exited %d:\n%s", rc, out);
@@ -99,7 +107,7 @@ START_TEST(mlp_run_makes_no_heap_calls)
 	kiln_graph *g = traced("mlp", false, 2, (int64_t[]){784}, example_mlp);
 	char so[1300];
 	compiled(g, "mlp", so, sizeof so);
-	expect_no_heap_calls(so, "mlp", 8, false);
+	expect_no_heap_calls(so, "mlp", 8, false, true);
 	kiln_graph_free(g);
 }
 END_TEST
@@ -109,7 +117,26 @@ START_TEST(cnn_run_makes_no_heap_calls)
 	kiln_graph *g = traced("cnn", false, 4, (int64_t[]){1, 28, 28}, example_cnn);
 	char so[1300];
 	compiled(g, "cnn", so, sizeof so);
-	expect_no_heap_calls(so, "cnn", 4, false);
+	expect_no_heap_calls(so, "cnn", 4, false, true);
+	kiln_graph_free(g);
+}
+END_TEST
+
+/* The CNN run chunk by chunk (KILN_CHUNK=2 at compile time, batch 4): the
+ * driver's chunk loop and chunk-sized scratch make no heap call either. */
+START_TEST(chunked_run_makes_no_heap_calls)
+{
+	kiln_graph *g = traced("ccnn", false, 4, (int64_t[]){1, 28, 28}, example_cnn);
+	char so[1300];
+	setenv("KILN_CHUNK", "2", 1);
+	compiled(g, "ccnn", so, sizeof so);
+	unsetenv("KILN_CHUNK");
+	void *h = dlopen(so, RTLD_NOW | RTLD_LOCAL);
+	ck_assert_msg(h, "dlopen: %s", dlerror());
+	const rt_model_desc *d = dlsym(h, "kiln_model_desc");
+	ck_assert_msg(d && d->nchunk >= 1, "the library has no chunked run");
+	dlclose(h);
+	expect_no_heap_calls(so, "ccnn", 4, false, false);
 	kiln_graph_free(g);
 }
 END_TEST
@@ -135,7 +162,7 @@ START_TEST(train_step_makes_no_heap_calls)
 	kiln_error err = {0};
 	ck_assert_msg(kiln_compile_train(m, e, &o, 8, so, &(kiln_compile_opts){.name = "tcnn"},
 	                                 &err) == KILN_OK, "kiln_compile_train: %s", err.msg);
-	expect_no_heap_calls(so, "tcnn", 8, true);
+	expect_no_heap_calls(so, "tcnn", 8, true, true);
 	kiln_graph_free(m), kiln_graph_free(e);
 }
 END_TEST
@@ -147,6 +174,7 @@ static Suite *noalloc_suite(void)
 	tcase_set_timeout(tc, 300);
 	tcase_add_test(tc, mlp_run_makes_no_heap_calls);
 	tcase_add_test(tc, cnn_run_makes_no_heap_calls);
+	tcase_add_test(tc, chunked_run_makes_no_heap_calls);
 	tcase_add_test(tc, train_step_makes_no_heap_calls);
 	suite_add_tcase(s, tc);
 	return s;

@@ -369,7 +369,7 @@ START_TEST(create_validates_description)
 	ck_assert_ptr_null(m);
 	ck_assert_int_eq(rt_model_validate(&d, msg, sizeof msg), KILN_EUNSUPPORTED);
 	ck_assert_str_eq(msg, "model ABI 99 was written by a newer kiln; this runtime reads ABI 3 "
-	                      "to 4");
+	                      "to 5");
 	/* an ABI 2 library's own pool code reads this runtime's rt_exec and
 	 * rt_pool with the old layout (it crashed with two threads): refused */
 	d.abi = 2;
@@ -377,10 +377,29 @@ START_TEST(create_validates_description)
 	ck_assert_ptr_null(m);
 	ck_assert_int_eq(rt_model_validate(&d, msg, sizeof msg), KILN_EUNSUPPORTED);
 	ck_assert_str_eq(msg, "model ABI 2 was written by an older kiln; this runtime reads ABI 3 "
-	                      "to 4: compile the model again with this kiln");
+	                      "to 5: compile the model again with this kiln");
 	d.abi = 3;
 	ck_assert_int_eq(rt_model_create(&d, &m), KILN_OK);
 	rt_model_destroy(m);
+
+	/* ABI 5's chunked runs: kernels in range, in order, buffers named */
+	int32_t off[] = {0}, chunk_of[64];
+	for (int i = 0; i < 64; i++)
+		chunk_of[i] = -1;
+	rt_chunk_desc runs[1] = {{.first = 0, .last = 0, .sym = 0, .chunk = 2, .noff = 1, .off = off}};
+	d = views;
+	d.nchunk = 1, d.chunks = runs, d.chunk_of = chunk_of;
+	ck_assert_int_eq(rt_model_validate(&d, msg, sizeof msg), KILN_OK);
+	runs[0].last = (int32_t)d.nkern;
+	ck_assert_int_eq(rt_model_validate(&d, msg, sizeof msg), KILN_EINVAL);
+	ck_assert_str_eq(msg, "chunked run 0: bad kernels, symbol, chunk or buffers");
+	runs[0].last = 0, off[0] = (int32_t)d.nbuf;
+	ck_assert_int_eq(rt_model_validate(&d, msg, sizeof msg), KILN_EINVAL);
+	off[0] = 0, chunk_of[0] = 1;
+	ck_assert_int_eq(rt_model_validate(&d, msg, sizeof msg), KILN_EINVAL);
+	ck_assert_str_eq(msg, "buffer 0: bad chunked run");
+	d.abi = 3; /* an ABI 3 description ends before the chunk fields: never read */
+	ck_assert_int_eq(rt_model_validate(&d, msg, sizeof msg), KILN_OK);
 
 	rt_buf_desc cyc[7];
 	memcpy(cyc, v_bufs, sizeof cyc);
