@@ -288,6 +288,9 @@ typedef struct cg_module {
 	/* lowering choice (cg_lower_opts.conv): the algorithm for f32
 	 * convolutions, CG_CONV_AUTO letting the cost model pick per layer */
 	int conv;
+	/* lowering choice (cg_lower_opts.par_work): the work from which a
+	 * nest's outer loop is CG_PARALLEL; 0: CG_PAR_WORK */
+	int64_t par_work;
 } cg_module;
 
 cg_module *cg_module_new(const kiln_graph *g);

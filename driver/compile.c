@@ -42,6 +42,12 @@ static double seconds(void)
 	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
+/* Whether o's target is a GPU's (its nests all go on the grid). */
+static bool gpu_target(const kiln_compile_opts *o)
+{
+	return o->target && !strncmp(o->target, "cuda", 4);
+}
+
 /* Graph -> optimized clone -> kernel IR with a memory plan. */
 static kiln_status to_kernels(const kiln_graph *g, const kiln_compile_opts *o, bool train,
                               kiln_graph **gc, cg_module **m, kiln_error *err)
@@ -61,7 +67,8 @@ static kiln_status to_kernels(const kiln_graph *g, const kiln_compile_opts *o, b
 		st = kiln_graph_verify(*gc, err);
 	if (st == KILN_OK)
 		st = cg_lower_ex(*gc, &(cg_lower_opts){.fuse = true, .conv = conv_algo(o->conv),
-		                                        .mutable_params = train}, m,
+		                                        .mutable_params = train,
+		                                        .par_work = gpu_target(o) ? 1 : 0}, m,
 		                 err);
 	if (st == KILN_OK)
 		st = cg_memplan(*m, err);
@@ -71,7 +78,8 @@ static kiln_status to_kernels(const kiln_graph *g, const kiln_compile_opts *o, b
 static kiln_status check_opts(const kiln_graph *g, const char *out, const kiln_compile_opts *o,
                               kiln_error *err)
 {
-	static const char *const emits[] = {"so", "kir", "dot", "ll", "asm", "obj"};
+	static const char *const emits[] = {"so", "kir", "dot", "ll", "asm", "obj", "cu", "ptx",
+	                                    "cubin"};
 	if (!g || !out || !*out)
 		return ir_seterr(err, KILN_EINVAL, "kiln_compile: %s is NULL",
 		                 !g ? "the graph" : "the output path");
@@ -85,11 +93,18 @@ static kiln_status check_opts(const kiln_graph *g, const char *out, const kiln_c
 	if (!conv_ok)
 		return ir_seterr(err, KILN_EINVAL, "kiln_compile: unknown --conv '%s' (want auto, "
 		                 "im2col or winograd)", o->conv);
+	if (o->target && !cg_backend_find(o->target))
+		return ir_seterr(err, KILN_EINVAL, "kiln_compile: unknown --target '%s' (want llvm, "
+		                 "cuda or cuda-emu)", o->target);
+	if (o->cuda_math && strcmp(o->cuda_math, "f32") && strcmp(o->cuda_math, "fast"))
+		return ir_seterr(err, KILN_EINVAL, "kiln_compile: unknown --cuda-math '%s' (want f32 "
+		                 "or fast)", o->cuda_math);
 	for (size_t i = 0; o->emit && i < sizeof emits / sizeof *emits; i++)
 		if (strcmp(o->emit, emits[i]) == 0)
 			return KILN_OK;
 	return o->emit ? ir_seterr(err, KILN_EINVAL, "kiln_compile: unknown --emit '%s' (want "
-	                           "so, kir, dot, ll, asm or obj)", o->emit) : KILN_OK;
+	                           "so, kir, dot, ll, asm, obj, cu, ptx or cubin)", o->emit)
+	               : KILN_OK;
 }
 
 KILN_API kiln_status kiln_runtime_archive(char *buf, size_t size, kiln_error *err)
@@ -118,7 +133,8 @@ KILN_API kiln_status kiln_compile(const kiln_graph *g, const char *out_path,
 	if (o.times)
 		o.times->lower = seconds() - t0;
 	if (st == KILN_OK)
-		st = cg_emit(cg_backend_find("llvm"), m, out_path, &o, name, err);
+		st = cg_emit(cg_backend_find(o.target ? o.target : "llvm"), m, out_path, &o, name,
+		             err);
 	if (o.times)
 		o.times->total = seconds() - t0;
 	cg_module_free(m);

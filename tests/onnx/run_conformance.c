@@ -97,6 +97,29 @@ static kiln_status run_so(void *ctx, const kiln_graph *g, kiln_tensor *const *in
 	return st;
 }
 
+/* The CUDA backend's kernels compiled for this CPU (target cuda-emu: the
+ * printed CUDA C with launches as loops, docs/CUDA.md), checked like "so". */
+static kiln_status run_cuda_emu(void *ctx, const kiln_graph *g, kiln_tensor *const *in, int nin,
+                                kiln_tensor **out, int nout, kiln_error *err)
+{
+	const char *tmp = getenv("TMPDIR");
+	char dir[4096], so[4200];
+	snprintf(dir, sizeof dir, "%s/kiln_conf.XXXXXX", tmp && *tmp ? tmp : "/tmp");
+	if (!mkdtemp(dir))
+		return ir_seterr(err, KILN_EIO, "cannot make a temporary folder in %s", dir);
+	snprintf(so, sizeof so, "%s/conf.so", dir);
+	kiln_compile_opts o = {.name = "conf", .target = "cuda-emu"};
+	kiln_model *m = NULL;
+	kiln_status st = kiln_compile(g, so, &o, err);
+	if (st == KILN_OK)
+		st = kiln_load(so, &m, err);
+	remove_dir(dir);
+	if (st == KILN_OK)
+		st = kiln_model_run(m, in, nin, out, nout, err);
+	kiln_model_free(m);
+	return st;
+}
+
 /* so-im2col and so-winograd force kiln_compile's convolution algorithm
  * wherever it applies (ctest onnx_conformance_conv runs them on the conv
  * cases); "so" lets the cost model choose. */
@@ -105,6 +128,7 @@ static const conf_backend backends[] = {
 	{"so", run_so, NULL, false},
 	{"so-im2col", run_so, "im2col", true},
 	{"so-winograd", run_so, "winograd", true},
+	{"cuda-emu", run_cuda_emu, NULL, true},
 };
 #define NBACKEND ((int)(sizeof backends / sizeof *backends))
 
