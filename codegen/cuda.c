@@ -43,6 +43,11 @@
 
 #include "codegen/cuda.h"
 
+/* the prelude's kiln_ld/kiln_stv know the dtypes by number */
+_Static_assert(KILN_F32 == 1 && KILN_F64 == 2 && KILN_F16 == 3 && KILN_BF16 == 4 &&
+               KILN_I8 == 5 && KILN_U8 == 6 && KILN_I32 == 7 && KILN_I64 == 8 &&
+               KILN_BOOL == 9, "kiln_dtype numbering changed: update cuda.c's prelude");
+
 /* ---- the prelude ---------------------------------------------------------- */
 
 static const char prelude[] =
@@ -92,7 +97,7 @@ static const char prelude[] =
 "#define KILN_KERNEL extern \"C\" __global__\n"
 "/* the first failed check of a run: set, check id, value, lo, hi */\n"
 "typedef struct kiln_fault { int set, id; kiln_i64 v, lo, hi; } kiln_fault;\n"
-"__device__ static void kiln_check(kiln_fault *F, int id, kiln_i64 v, kiln_i64 lo, kiln_i64 hi)\n"
+"__device__ inline void kiln_check(kiln_fault *F, int id, kiln_i64 v, kiln_i64 lo, kiln_i64 hi)\n"
 "{\n"
 "\tif (atomicCAS(&F->set, 0, 1) == 0) { F->id = id; F->v = v; F->lo = lo; F->hi = hi; }\n"
 "}\n"
@@ -100,23 +105,23 @@ static const char prelude[] =
 "#define KILN_INF __int_as_float(0x7f800000)\n"
 "#define KILN_NAN __int_as_float(0x7fc00000)\n"
 "typedef struct kiln_sizes { kiln_i64 s[KILN_MAX_SYM]; } kiln_sizes;\n"
-"template <class T> __device__ static __forceinline__ T kmin(T a, T b) { return a < b ? a : b; }\n"
-"template <class T> __device__ static __forceinline__ T kmax(T a, T b) { return a > b ? a : b; }\n"
+"template <class T> __device__ __forceinline__ T kmin(T a, T b) { return a < b ? a : b; }\n"
+"template <class T> __device__ __forceinline__ T kmax(T a, T b) { return a > b ? a : b; }\n"
 "/* float max and min propagate NaN (codegen.h) */\n"
 "template <> __device__ __forceinline__ float kmin<float>(float a, float b) { return (a < b || a != a) ? a : b; }\n"
 "template <> __device__ __forceinline__ float kmax<float>(float a, float b) { return (a > b || a != a) ? a : b; }\n"
 "template <> __device__ __forceinline__ double kmin<double>(double a, double b) { return (a < b || a != a) ? a : b; }\n"
 "template <> __device__ __forceinline__ double kmax<double>(double a, double b) { return (a > b || a != a) ? a : b; }\n"
 "/* float -> integer: toward zero, saturated, NaN -> 0 */\n"
-"__device__ static __forceinline__ kiln_i64 ksat(double x, double lo, double hi)\n"
+"__device__ __forceinline__ kiln_i64 ksat(double x, double lo, double hi)\n"
 "{ return x != x ? 0 : x <= lo ? (kiln_i64)lo : x >= hi ? (kiln_i64)hi : (kiln_i64)x; }\n"
-"__device__ static __forceinline__ kiln_i64 ksat64(double x)\n"
+"__device__ __forceinline__ kiln_i64 ksat64(double x)\n"
 "{ return x != x ? 0 : x <= -9223372036854775808.0 ? (kiln_i64)(-9223372036854775807LL - 1)\n"
 "  : x >= 9223372036854775808.0 ? 9223372036854775807LL : (kiln_i64)x; }\n"
-"__device__ static __forceinline__ kiln_i64 kpowi(kiln_i64 a, kiln_i64 b) { return (kiln_i64)pow((double)a, (double)b); }\n"
-"__device__ static __forceinline__ kiln_i64 kabs(kiln_i64 a) { return a < 0 ? (kiln_i64)(0 - (kiln_u64)a) : a; }\n"
+"__device__ __forceinline__ kiln_i64 kpowi(kiln_i64 a, kiln_i64 b) { return (kiln_i64)pow((double)a, (double)b); }\n"
+"__device__ __forceinline__ kiln_i64 kabs(kiln_i64 a) { return a < 0 ? (kiln_i64)(0 - (kiln_u64)a) : a; }\n"
 "/* f16 and bf16: bit patterns, round to nearest even */\n"
-"__device__ static __forceinline__ float kh2f(kiln_f16 h)\n"
+"__device__ __forceinline__ float kh2f(kiln_f16 h)\n"
 "{\n"
 "\tunsigned s = (unsigned)(h & 0x8000) << 16, e = (h >> 10) & 31, m = h & 1023, b;\n"
 "\tif (e == 31) b = s | 0x7f800000u | (m << 13);\n"
@@ -125,7 +130,7 @@ static const char prelude[] =
 "\telse { float f = (float)m * 5.9604644775390625e-8f; return s ? -f : f; }\n"
 "\treturn __int_as_float((int)b);\n"
 "}\n"
-"__device__ static __forceinline__ kiln_f16 kf2h(float f)\n"
+"__device__ __forceinline__ kiln_f16 kf2h(float f)\n"
 "{\n"
 "\tunsigned x = (unsigned)__float_as_int(f), s = (x >> 16) & 0x8000, a = x & 0x7fffffffu;\n"
 "\tif (a > 0x7f800000u) return (kiln_f16)(s | 0x7e00);\n"
@@ -137,8 +142,8 @@ static const char prelude[] =
 "\tunsigned r = a + 0xfffu + ((a >> 13) & 1);\n"
 "\treturn (kiln_f16)(s | ((r - 0x38000000u) >> 13));\n"
 "}\n"
-"__device__ static __forceinline__ float kbf2f(kiln_bf16 h) { return __int_as_float((int)((unsigned)h << 16)); }\n"
-"__device__ static __forceinline__ kiln_bf16 kf2bf(float f)\n"
+"__device__ __forceinline__ float kbf2f(kiln_bf16 h) { return __int_as_float((int)((unsigned)h << 16)); }\n"
+"__device__ __forceinline__ kiln_bf16 kf2bf(float f)\n"
 "{\n"
 "\tunsigned x = (unsigned)__float_as_int(f);\n"
 "\tif ((x & 0x7fffffffu) > 0x7f800000u) return (kiln_bf16)((x >> 16) | 0x40);\n"
@@ -152,7 +157,7 @@ static const char prelude[] =
 "\tfloat alpha, beta, lo, hi;\n"
 "\tint bias_axis, act, res_first;\n"
 "} kiln_gemm_args;\n"
-"__device__ static __forceinline__ void kiln_gemm_store(const kiln_gemm_args &g, kiln_i64 b, kiln_i64 i, kiln_i64 j, float acc)\n"
+"__device__ __forceinline__ void kiln_gemm_store(const kiln_gemm_args &g, kiln_i64 b, kiln_i64 i, kiln_i64 j, float acc)\n"
 "{\n"
 "\tkiln_i64 ci = g.c_off + b * g.c_bs + i * g.c_rs + j;\n"
 "\tfloat v = g.alpha * acc;\n"
@@ -165,7 +170,7 @@ static const char prelude[] =
 "\tg.C[ci] = v;\n"
 "}\n"
 "/* the whole product in the calling thread (a GEMM inside a loop) */\n"
-"__device__ static void kiln_gemm_serial(const kiln_gemm_args &g)\n"
+"__device__ inline void kiln_gemm_serial(const kiln_gemm_args &g)\n"
 "{\n"
 "\tfor (kiln_i64 b = 0; b < g.batch; b++)\n"
 "\tfor (kiln_i64 i = 0; i < g.M; i++)\n"
@@ -176,6 +181,82 @@ static const char prelude[] =
 "\t\tfor (kiln_i64 k = 0; k < g.K; k++) acc += a[k * g.a_cs] * bb[k * g.b_rs];\n"
 "\t\tkiln_gemm_store(g, b, i, j, acc);\n"
 "\t}\n"
+"}\n"
+"/* any GEMM (codegen.h's cg_gemm, all of it: 8-bit operands, zero points,\n"
+" * requantization), one C element per call, in double as keval.c does;\n"
+" * dt codes are kiln_dtype's (1 f32, 2 f64, 3 f16, 4 bf16, 5 i8, 6 u8,\n"
+" * 7 i32, 8 i64, 9 bool) */\n"
+"__device__ __forceinline__ double kiln_ld(const void *p, int dt, kiln_i64 i)\n"
+"{\n"
+"\tswitch (dt) {\n"
+"\tcase 1: return ((const float *)p)[i];\n"
+"\tcase 2: return ((const double *)p)[i];\n"
+"\tcase 3: return kh2f(((const kiln_f16 *)p)[i]);\n"
+"\tcase 4: return kbf2f(((const kiln_bf16 *)p)[i]);\n"
+"\tcase 5: return ((const kiln_i8 *)p)[i];\n"
+"\tcase 6: case 9: return ((const kiln_u8 *)p)[i];\n"
+"\tcase 7: return ((const kiln_i32 *)p)[i];\n"
+"\tdefault: return (double)((const kiln_i64 *)p)[i];\n"
+"\t}\n"
+"}\n"
+"__device__ __forceinline__ void kiln_stv(void *p, int dt, kiln_i64 i, double v)\n"
+"{\n"
+"\tswitch (dt) {\n"
+"\tcase 1: ((float *)p)[i] = (float)v; break;\n"
+"\tcase 2: ((double *)p)[i] = v; break;\n"
+"\tcase 3: ((kiln_f16 *)p)[i] = kf2h((float)v); break;\n"
+"\tcase 4: ((kiln_bf16 *)p)[i] = kf2bf((float)v); break;\n"
+"\tcase 5: ((kiln_i8 *)p)[i] = (kiln_i8)ksat(v, -128.0, 127.0); break;\n"
+"\tcase 6: ((kiln_u8 *)p)[i] = (kiln_u8)ksat(v, 0.0, 255.0); break;\n"
+"\tcase 7: ((kiln_i32 *)p)[i] = (kiln_i32)ksat(v, -2147483648.0, 2147483647.0); break;\n"
+"\tcase 9: ((kiln_u8 *)p)[i] = v != 0; break;\n"
+"\tdefault: ((kiln_i64 *)p)[i] = ksat64(v); break;\n"
+"\t}\n"
+"}\n"
+"typedef struct kiln_vec { const void *p; int dt, axis; kiln_i64 off; } kiln_vec;\n"
+"__device__ __forceinline__ double kiln_vec_at(const kiln_vec &v, kiln_i64 i, kiln_i64 j)\n"
+"{ return v.axis ? kiln_ld(v.p, v.dt, v.off + (v.axis == 1 ? j : v.axis == 2 ? i : 0)) : 0; }\n"
+"typedef struct kiln_qgemm_args {\n"
+"\tconst void *A, *B, *bias, *res; const kiln_i64 *brows; void *C;\n"
+"\tint a_dt, b_dt, c_dt, bias_dt, res_dt;\n"
+"\tkiln_i64 M, N, K, batch, a_off, a_bs, a_rs, a_cs, b_off, b_bs, b_rs, b_cs;\n"
+"\tkiln_i64 c_off, c_bs, c_rs, bias_off, res_off, res_rs;\n"
+"\tdouble alpha, beta, lo, hi;\n"
+"\tint bias_axis, act, res_first;\n"
+"\tkiln_vec az, bz, scale, cz;\n"
+"} kiln_qgemm_args;\n"
+"__device__ inline void kiln_qgemm_elem(const kiln_qgemm_args &g, kiln_i64 b, kiln_i64 i, kiln_i64 j)\n"
+"{\n"
+"\tdouble acc = 0, az = kiln_vec_at(g.az, i, j), bz = kiln_vec_at(g.bz, i, j);\n"
+"\tfor (kiln_i64 k = 0; k < g.K; k++) {\n"
+"\t\tkiln_i64 bk = g.brows ? g.brows[k] : k * g.b_rs;\n"
+"\t\tacc += (kiln_ld(g.A, g.a_dt, g.a_off + b * g.a_bs + i * g.a_rs + k * g.a_cs) - az) *\n"
+"\t\t       (kiln_ld(g.B, g.b_dt, g.b_off + b * g.b_bs + bk + j * g.b_cs) - bz);\n"
+"\t}\n"
+"\tkiln_i64 ci = g.c_off + b * g.c_bs + i * g.c_rs + j;\n"
+"\tacc *= g.alpha;\n"
+"\tif (g.beta != 0) acc += g.beta * kiln_ld(g.C, g.c_dt, ci);\n"
+"\tif (g.bias_axis) acc += kiln_ld(g.bias, g.bias_dt, g.bias_off + (g.bias_axis == 1 ? j : i));\n"
+"\tif (g.res && g.res_first) acc += kiln_ld(g.res, g.res_dt, g.res_off + b * g.c_bs + i * g.res_rs + j);\n"
+"\tif (g.scale.axis) acc *= kiln_vec_at(g.scale, i, j);\n"
+"\tif (g.act == 1 && !(acc > 0) && acc == acc) acc = 0;\n"
+"\telse if (g.act == 2 && acc == acc) acc = acc < g.lo ? g.lo : acc > g.hi ? g.hi : acc;\n"
+"\tif (g.res && !g.res_first) acc += kiln_ld(g.res, g.res_dt, g.res_off + b * g.c_bs + i * g.res_rs + j);\n"
+"\tacc += kiln_vec_at(g.cz, i, j);\n"
+"\tif (g.c_dt >= 5) acc = rint(acc); /* an integer C: half to even, then saturated */\n"
+"\tkiln_stv(g.C, g.c_dt, ci, acc);\n"
+"}\n"
+"__device__ inline void kiln_qgemm_serial(const kiln_qgemm_args &g)\n"
+"{\n"
+"\tfor (kiln_i64 b = 0; b < g.batch; b++)\n"
+"\tfor (kiln_i64 i = 0; i < g.M; i++)\n"
+"\tfor (kiln_i64 j = 0; j < g.N; j++) kiln_qgemm_elem(g, b, i, j);\n"
+"}\n"
+"/* one element a thread, on the tiled GEMM's grid */\n"
+"__device__ inline void kiln_qgemm_grid(const kiln_qgemm_args &g)\n"
+"{\n"
+"\tkiln_i64 i = (kiln_i64)blockIdx.y * 16 + threadIdx.y, j = (kiln_i64)blockIdx.x * 16 + threadIdx.x;\n"
+"\tif (i < g.M && j < g.N) kiln_qgemm_elem(g, blockIdx.z, i, j);\n"
 "}\n"
 "#define KILN_TILE 16\n"
 "#ifdef KILN_CUDA_EMULATE\n"
@@ -194,7 +275,7 @@ static const char prelude[] =
 "#else\n"
 "/* 16x16 tiles of A and B through shared memory, one C element a thread,\n"
 " * f32 sums in k order (strict f32); batch on grid z */\n"
-"__device__ static void kiln_gemm_tiled(const kiln_gemm_args &g)\n"
+"__device__ inline void kiln_gemm_tiled(const kiln_gemm_args &g)\n"
 "{\n"
 "\t__shared__ float As[KILN_TILE][KILN_TILE], Bs[KILN_TILE][KILN_TILE + 1];\n"
 "\tkiln_i64 ty = threadIdx.y, tx = threadIdx.x;\n"
@@ -542,17 +623,35 @@ static void ind(pr *p, int d)
 		fputc('\t', p->f);
 }
 
+static bool is_f32_gemm(const cg_gemm *g)
+{
+	return cg_gemm_is_f32(g) && !g->has_b_rows;
+}
+
+static void vec_arg(pr *p, const char *name, const cg_gemm_vec *v, int d)
+{
+	if (!v->axis)
+		return;
+	ind(p, d);
+	fprintf(p->f, "g.%s.p = b%d; g.%s.dt = %d; g.%s.axis = %d; g.%s.off = ", name, v->buf, name,
+	        (int)p->m->buf[v->buf].dt, name, v->axis, name);
+	ex(p, v->off);
+	fprintf(p->f, ";\n");
+}
+
 static void gemm_args(pr *p, const cg_gemm *g, int d)
 {
 	FILE *f = p->f;
+	bool q = !is_f32_gemm(g);
 	struct { const char *name; const cg_expr *e; } x[] = {
 		{"M", g->M}, {"N", g->N}, {"K", g->K}, {"batch", g->batch},
 		{"a_off", g->a_off}, {"a_bs", g->a_bs}, {"a_rs", g->a_rs}, {"a_cs", g->a_cs},
 		{"b_off", g->b_off}, {"b_bs", g->b_bs}, {"b_rs", g->b_rs}, {"b_cs", g->b_cs},
 		{"c_off", g->c_off}, {"c_bs", g->c_bs}, {"c_rs", g->c_rs},
 		{"bias_off", g->bias_off}, {"res_off", g->res_off}, {"res_rs", g->res_rs}};
+	const cg_buf *B = p->m->buf;
 	ind(p, d);
-	fprintf(f, "kiln_gemm_args g = {};\n");
+	fprintf(f, "kiln_%sgemm_args g = {};\n", q ? "q" : "");
 	ind(p, d);
 	fprintf(f, "g.A = b%d; g.B = b%d; g.C = b%d;", g->a, g->b, g->c);
 	if (g->bias_axis && g->bias >= 0)
@@ -560,6 +659,19 @@ static void gemm_args(pr *p, const cg_gemm *g, int d)
 	if (g->has_residual)
 		fprintf(f, " g.res = b%d;", g->residual);
 	fprintf(f, "\n");
+	if (q) {
+		ind(p, d);
+		fprintf(f, "g.a_dt = %d; g.b_dt = %d; g.c_dt = %d; g.bias_dt = %d; g.res_dt = %d;\n",
+		        (int)B[g->a].dt, (int)B[g->b].dt, (int)B[g->c].dt,
+		        g->bias >= 0 ? (int)B[g->bias].dt : 0,
+		        g->has_residual ? (int)B[g->residual].dt : 0);
+		if (g->has_b_rows) {
+			ind(p, d);
+			fprintf(f, "g.brows = b%d;\n", g->b_rows);
+		}
+		vec_arg(p, "az", &g->a_zero, d), vec_arg(p, "bz", &g->b_zero, d);
+		vec_arg(p, "scale", &g->scale, d), vec_arg(p, "cz", &g->c_zero, d);
+	}
 	for (size_t i = 0; i < sizeof x / sizeof *x; i++) {
 		if (!x[i].e)
 			continue;
@@ -570,17 +682,17 @@ static void gemm_args(pr *p, const cg_gemm *g, int d)
 	}
 	ind(p, d);
 	fprintf(f, "g.alpha = ");
-	fconst(p, g->alpha, KILN_F32);
+	fconst(p, g->alpha, q ? KILN_F64 : KILN_F32);
 	fprintf(f, "; g.beta = ");
-	fconst(p, g->beta, KILN_F32);
+	fconst(p, g->beta, q ? KILN_F64 : KILN_F32);
 	fprintf(f, "; g.bias_axis = %d; g.act = %d; g.res_first = %d;\n",
 	        g->bias >= 0 ? g->bias_axis : 0, (int)g->act, g->res_first ? 1 : 0);
 	if (g->act == CG_ACT_CLIP) {
 		ind(p, d);
 		fprintf(f, "g.lo = ");
-		fconst(p, g->act_lo, KILN_F32);
+		fconst(p, g->act_lo, q ? KILN_F64 : KILN_F32);
 		fprintf(f, "; g.hi = ");
-		fconst(p, g->act_hi, KILN_F32);
+		fconst(p, g->act_hi, q ? KILN_F64 : KILN_F32);
 		fprintf(f, ";\n");
 	}
 }
@@ -660,7 +772,7 @@ static void st(pr *p, const cg_stmt *s, int d)
 		fprintf(f, "{\n");
 		gemm_args(p, s->gemm, d + 1);
 		ind(p, d + 1);
-		fprintf(f, "kiln_gemm_serial(g);\n");
+		fprintf(f, "kiln_%sgemm_serial(g);\n", is_f32_gemm(s->gemm) ? "" : "q");
 		ind(p, d);
 		fprintf(f, "}\n");
 		break;
@@ -776,6 +888,14 @@ static void stmt_uses(const cg_stmt *s, bool *buf, bool *rd, bool *wr, kiln_dtyp
 			buf[g->bias] = true;
 		if (g->has_residual)
 			buf[g->residual] = true;
+		if (g->has_b_rows)
+			buf[g->b_rows] = true;
+		const cg_gemm_vec *vs[] = {&g->scale, &g->a_zero, &g->b_zero, &g->c_zero};
+		for (int i = 0; i < 4; i++)
+			if (vs[i]->axis) {
+				buf[vs[i]->buf] = true;
+				expr_uses(vs[i]->off, buf, rd);
+			}
 		const cg_expr *x[] = {g->M, g->N, g->K, g->batch, g->a_off, g->a_bs, g->a_rs, g->a_cs,
 		                      g->b_off, g->b_bs, g->b_rs, g->b_cs, g->c_off, g->c_bs, g->c_rs,
 		                      g->bias_off, g->res_off, g->res_rs};
@@ -901,7 +1021,7 @@ static void launch_body(pr *p, const cg_kernel *k, const launch *l, const cg_stm
 		fprintf(f, "\t}\n");
 	} else if (l->kind == L_GEMM) {
 		gemm_args(p, s->gemm, 1);
-		fprintf(f, "\tkiln_gemm_tiled(g);\n");
+		fprintf(f, is_f32_gemm(s->gemm) ? "\tkiln_gemm_tiled(g);\n" : "\tkiln_qgemm_grid(g);\n");
 	} else if (l->kind == L_TRANSPOSE) {
 		const cg_transpose *t = s->tr;
 		fprintf(f, "\tkiln_i64 C = ");
@@ -1055,10 +1175,8 @@ static bool find_gemm(const cg_module *m, const cg_stmt *s, char *why, size_t si
 	case CG_IF: return find_gemm(m, s->then_s, why, size) && find_gemm(m, s->else_s, why, size);
 	case CG_GEMM: {
 		const cg_gemm *g = s->gemm;
-		if (!cg_gemm_is_f32(g) || g->has_b_rows) {
-			snprintf(why, size, "GEMM with A %s, B %s, C %s (it has f32 GEMMs only)",
-			         kiln_dtype_name(g->a_dt), kiln_dtype_name(g->b_dt),
-			         kiln_dtype_name(g->c_dt));
+		if (g->act >= CG_ACT_COUNT) {
+			snprintf(why, size, "GEMM activation %d", (int)g->act);
 			return false;
 		}
 		return true;

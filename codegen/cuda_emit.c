@@ -58,7 +58,7 @@ static kiln_status open_emu(cg_session **out, const cg_library *lib, kiln_error 
 
 static kiln_status emit_kernels(cg_session *s, const cg_module *m, kiln_error *err)
 {
-	s->text = cg_cuda_print(m, &(cg_cuda_opts){.emulate = s->emu});
+	s->text = cg_cuda_print(m, &(cg_cuda_opts){.emulate = s->emu, .prefix = s->lib->name});
 	return s->text ? KILN_OK : ir_seterr(err, KILN_ENOMEM, "out of memory printing CUDA C");
 }
 
@@ -221,8 +221,8 @@ static kiln_status describe(FILE *f, const cg_module *m, const char *name, cg_bl
 	        "kiln_model_desc = {\n\tRT_MODEL_ABI, %d, ", m->nsym);
 	cstring(f, name);
 	fprintf(f, ", kiln_sym_names, %d, %d, kiln_inputs, kiln_outputs, %d, %d, kiln_bufs,\n"
-	        "\t%d, 0, kiln_kernels, kiln_kernel_names, kiln_numel, kiln_io_dims, 0, 0, 0, NULL};\n",
-	        m->ninputs, m->noutputs, m->nbuf, m->nslot, m->nkern);
+	        "\t%d, 0, %s_kernels, kiln_kernel_names, kiln_numel, kiln_io_dims, 0, 0, 0, NULL};\n",
+	        m->ninputs, m->noutputs, m->nbuf, m->nslot, m->nkern, name);
 	return KILN_OK;
 }
 
@@ -263,7 +263,7 @@ static kiln_status write_emu(cg_session *s, const char *stage, const char *path,
 	if (st == KILN_OK)
 		st = cg_temp_file(path, 0777, tmp, sizeof tmp, err);
 	if (st == KILN_OK) {
-		char *argv[] = {"c++", "-std=c++14", "-O1", "-w", "-fPIC", "-shared",
+		char *argv[] = {"c++", "-std=c++14", "-O1", "-w", "-fPIC", "-fvisibility=hidden", "-shared",
 		                "-DKILN_CUDA_EMULATE", "-I" KILN_SOURCE_DIR,
 		                "-I" KILN_SOURCE_DIR "/include", "-x", "c++", src, "-x", "none", obj,
 		                rt, "-o", tmp, "-Wl,-z,defs", "-lm", "-lpthread", "-ldl", NULL};
