@@ -3,7 +3,7 @@
  * tests/onnx/gen_node_tests.py) through kiln and compares every output.
  *
  *   onnx_conformance DIR/node [--expected FILE] [--filter SUBSTR]
- *                    [--backend NAME]... [--quiet]
+ *                    [--backend NAME]... [--every K] [--quiet]
  *
  * Each case folder holds model.onnx and test_data_set_N folders with input_K.pb
  * and output_K.pb TensorProtos.  A case is in scope when the importer takes
@@ -22,7 +22,9 @@
  * each with a column: "interp" (kiln_graph_run) and "so" (kiln_compile into
  * a .so in a fresh temporary folder, kiln_load, kiln_model_run, with the
  * same tolerances; nothing cached, about a minute for the suite on two
- * cores); --backend picks some, among them so-im2col and so-winograd, the
+ * cores), and on request "cuda-emu" (the CUDA backend's kernels compiled
+ * for this CPU, docs/CUDA.md); --every K runs every K-th case only;
+ * --backend picks some, among them so-im2col and so-winograd, the
  * compiled backend with one convolution algorithm forced.  The expected-failures file lists
  * "case [backend...]" (no backend: all), "so: case" (one backend) and
  * "roundtrip: case"; the exit status is 1 when an in-scope case fails, or a
@@ -584,6 +586,7 @@ static void read_expected(const char *path, ccase *cs, int n)
 
 typedef struct opts {
 	const char *root, *expected, *filter;
+	int every; /* --every K: every K-th case (by name) only; 0: all */
 	bool enabled[NBACKEND], quiet;
 } opts;
 
@@ -686,6 +689,8 @@ static int parse_args(int argc, char **argv, opts *o)
 			o->expected = argv[++i];
 		else if (!strcmp(argv[i], "--filter") && i + 1 < argc)
 			o->filter = argv[++i];
+		else if (!strcmp(argv[i], "--every") && i + 1 < argc)
+			o->every = atoi(argv[++i]);
 		else if (!strcmp(argv[i], "--quiet"))
 			o->quiet = true;
 		else if (!strcmp(argv[i], "--backend") && i + 1 < argc) {
@@ -699,7 +704,7 @@ static int parse_args(int argc, char **argv, opts *o)
 			o->root = argv[i];
 		else
 			return fprintf(stderr, "usage: %s DIR/node [--expected FILE] [--filter S] "
-			               "[--backend NAME]... [--quiet]\n", argv[0]), 2;
+			               "[--backend NAME]... [--every K] [--quiet]\n", argv[0]), 2;
 	}
 	for (int b = 0; b < NBACKEND && !chosen; b++)
 		o->enabled[b] = !backends[b].on_request;
@@ -720,7 +725,7 @@ int main(int argc, char **argv)
 		return 2;
 	}
 	for (int i = 0; i < n; i++)
-		if (!o.filter || strstr(names[i], o.filter)) {
+		if ((!o.filter || strstr(names[i], o.filter)) && (o.every <= 1 || i % o.every == 0)) {
 			cs[k].name = names[i];
 			run_case(o.root, &cs[k++], o.enabled);
 		}
