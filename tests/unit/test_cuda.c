@@ -144,6 +144,28 @@ START_TEST(half_casts_round_exactly_like_the_interpreter)
 }
 END_TEST
 
+/* Float max and min propagate NaN from either side (codegen.h: Relu of NaN is
+ * NaN), and float -> integer casts saturate with NaN -> 0, exactly as the
+ * interpreter does. */
+START_TEST(nan_max_min_and_saturating_casts_match_the_interpreter)
+{
+	static const double xv[] = {NAN, 1, -2, NAN, 3e9, -3e9, 0.5, -0.0};
+	static const double yv[] = {0, NAN, NAN, NAN, 1, 1, -1, 0};
+	const int64_t n = 8;
+	kiln_graph *g = kiln_graph_new("nan_ops");
+	uint32_t xy[2] = {input(g, "x", KILN_F32, 1, &n), input(g, "y", KILN_F32, 1, &n)};
+	ir_output_add(g, op1(g, KILN_OP_RELU, 1, &xy[0], ""), NULL);
+	ir_output_add(g, op1(g, KILN_OP_MAX, 2, xy, ""), NULL);
+	ir_output_add(g, op1(g, KILN_OP_MIN, 2, xy, ""), NULL);
+	ir_output_add(g, op1(g, KILN_OP_CAST, 1, &xy[0], "to=i32"), NULL);
+	kiln_tensor *in0 = tensor(KILN_F32, 1, &n, xv), *in1 = tensor(KILN_F32, 1, &n, yv);
+	opcase_graph c = {"nan_ops", g, {in0, in1}, {0}, 2, 4, 0};
+	char why[1400] = "";
+	ck_assert_msg(case_matches(&c, true, why, sizeof why), "%s", why);
+	opcase_free(&c);
+}
+END_TEST
+
 /* A Gather index out of range: the kernel's CG_CHECK reports it (kiln_check)
  * and the run fails with the interpreter's reason, naming the value. */
 START_TEST(gather_index_out_of_range_is_an_error)
@@ -299,6 +321,7 @@ static Suite *cuda_suite(void)
 	TCase *tc = tcase_create("cuda");
 	tcase_set_timeout(tc, 600);
 	tcase_add_test(tc, half_casts_round_exactly_like_the_interpreter);
+	tcase_add_test(tc, nan_max_min_and_saturating_casts_match_the_interpreter);
 	tcase_add_test(tc, gather_index_out_of_range_is_an_error);
 	tcase_add_test(tc, ptx_needs_nvrtc_or_says_why);
 	if (cg_nvrtc_available())
