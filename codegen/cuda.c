@@ -53,6 +53,14 @@ _Static_assert(KILN_F32 == 1 && KILN_F64 == 2 && KILN_F16 == 3 && KILN_BF16 == 4
 static const char prelude[] =
 "#ifndef KILN_CUDA_PRELUDE\n"
 "#define KILN_CUDA_PRELUDE\n"
+"#ifdef KILN_CUDA_HOST /* the host side of a CUDA library: grids and launches */\n"
+"typedef long long kiln_i64;\n"
+"typedef unsigned long long kiln_u64;\n"
+"typedef struct kiln_sizes { kiln_i64 s[KILN_MAX_SYM]; } kiln_sizes;\n"
+"typedef struct kiln_host kiln_host;\n"
+"static int kiln_host_launch(kiln_host *h, int fn, const unsigned g[3], unsigned threads, void **args);\n"
+"static void *kiln_host_fault(kiln_host *h);\n"
+"#else\n"
 "typedef signed char kiln_i8;\n"
 "typedef unsigned char kiln_u8;\n"
 "typedef int kiln_i32;\n"
@@ -295,6 +303,7 @@ static const char prelude[] =
 "\tif (i < g.M && j < g.N) kiln_gemm_store(g, b, i, j, acc);\n"
 "}\n"
 "#endif\n"
+"#endif /* KILN_CUDA_HOST */\n"
 "#endif /* KILN_CUDA_PRELUDE */\n";
 
 /* ---- text --------------------------------------------------------------------- */
@@ -308,7 +317,24 @@ typedef struct pr {
 	int capwhat;
 	bool oom;
 	const char *pre; /* names: <pre>_<k>_<l>, <pre>_grid_..., <pre>_what */
+	char **launch;   /* every launch's kernel name, in order */
+	int nlaunch, caplaunch;
 } pr;
+
+static void add_launch(pr *p, char *name)
+{
+	if (p->nlaunch == p->caplaunch) {
+		int cap = p->caplaunch ? 2 * p->caplaunch : 16;
+		char **l = realloc(p->launch, (size_t)cap * sizeof *l);
+		if (!l) {
+			free(name);
+			p->oom = true;
+			return;
+		}
+		p->launch = l, p->caplaunch = cap;
+	}
+	p->launch[p->nlaunch++] = name;
+}
 
 static const char *ctype(kiln_dtype dt)
 {
@@ -1117,14 +1143,15 @@ static void kernel(pr *p, int ki, const cg_cuda_opts *o)
 		bool chk = false;
 		for (int i = L[l].first; i < L[l].first + L[l].n; i++)
 			chk = chk || has_check(it[i]);
-		fprintf(f, "KILN_KERNEL void %s_%d_%d(kiln_sizes S, kiln_fault *F", p->pre, ki, l);
+		fprintf(f, "#ifndef KILN_CUDA_HOST\nKILN_KERNEL void %s_%d_%d(kiln_sizes S, kiln_fault *F",
+		        p->pre, ki, l);
 		params(p, u);
 		fprintf(f, ")\n{\n\t(void)S; (void)F;\n");
 		for (int v = 0; v < nv; v++)
 			if (wr[v])
 				fprintf(f, "\t%s v%d = 0;\n", ctype(vdt[v]), v);
 		launch_body(p, k, &L[l], it, nv);
-		fprintf(f, "}\n");
+		fprintf(f, "}\n#endif\n");
 		(void)chk;
 	}
 	fprintf(f, "#if defined(KILN_CUDA_EMULATE) || defined(KILN_CUDA_HOST)\n");
@@ -1146,6 +1173,30 @@ static void kernel(pr *p, int ki, const cg_cuda_opts *o)
 			fprintf(f, "); });\n");
 		}
 		fprintf(f, "}\n#endif\n");
+	}
+	if (!p->oom) { /* the host side: each launch with its device buffers */
+		fprintf(f, "#ifdef KILN_CUDA_HOST\nstatic int %s_launch_%d(kiln_host *h, const kiln_i64 *sym, "
+		        "kiln_u64 *buf)\n{\n\tkiln_sizes S = {{0}};\n\tunsigned g[3];\n"
+		        "\tvoid *F = kiln_host_fault(h);\n\tint rc = 0;\n\t(void)buf;\n"
+		        "\tfor (int i = 0; i < %d; i++)\n\t\tS.s[i] = sym[i];\n", p->pre, ki, m->nsym);
+		for (int l = 0; l < nl; l++) {
+			fprintf(f, "\t%s_grid_%d_%d(S.s, g);\n\t{\n\t\tvoid *a[] = {&S, F", p->pre, ki, l);
+			for (int b = 0; b < m->nbuf; b++)
+				if (lused[l][b])
+					fprintf(f, ", &buf[%d]", b);
+			fprintf(f, "};\n\t\tif ((rc = kiln_host_launch(h, %d, g, %s, a)))\n\t\t\treturn rc;\n"
+			        "\t}\n", p->nlaunch + l,
+			        L[l].kind == L_GEMM ? "16" : L[l].kind == L_SERIAL ? "1" : "256");
+		}
+		fprintf(f, "\treturn rc;\n}\n#endif\n");
+		for (int l = 0; l < nl && !p->oom; l++) {
+			char *name = NULL;
+			if (asprintf(&name, "%s_%d_%d", p->pre, ki, l) < 0) {
+				p->oom = true;
+				break;
+			}
+			add_launch(p, name);
+		}
 	}
 	for (int l = 0; l < nl; l++)
 		free(lused[l]);
@@ -1233,6 +1284,25 @@ char *cg_cuda_print(const cg_module *m, const cg_cuda_opts *o)
 			fprintf(f, "%s%s_run_%d", k ? ", " : "", p.pre, k);
 		fprintf(f, "%s};\n#endif\n", m->nkern ? "" : "NULL");
 	}
+	fprintf(f, "\n#ifdef KILN_CUDA_HOST\n#define KILN_NLAUNCH %d\n"
+	        "static const char *const %s_launch_names[] = {", p.nlaunch, p.pre);
+	for (int i = 0; i < p.nlaunch; i++)
+		fprintf(f, "%s\"%s\"", i ? ", " : "", p.launch[i]);
+	fprintf(f, "%s};\nstatic const char *const %s_what[] = {", p.nlaunch ? "" : "\"\"", p.pre);
+	for (int i = 0; i < p.nchecks; i++) {
+		fprintf(f, "%s\n\t\"", i ? "," : "");
+		for (const char *c = p.what[i]; *c; c++)
+			fprintf(f, *c == '"' || *c == '\\' ? "\\%c" : (unsigned char)*c < 32 ? "?" : "%c", *c);
+		fprintf(f, "\"");
+	}
+	fprintf(f, "%s\"\"};\nstatic int (*const %s_launches[])(kiln_host *, const kiln_i64 *, "
+	        "kiln_u64 *) = {", p.nchecks ? ",\n\t" : "", p.pre);
+	for (int k = 0; k < m->nkern; k++)
+		fprintf(f, "%s%s_launch_%d", k ? ", " : "", p.pre, k);
+	fprintf(f, "%s};\n#endif\n", m->nkern ? "" : "NULL");
+	for (int i = 0; i < p.nlaunch; i++)
+		free(p.launch[i]);
+	free(p.launch);
 	free(p.what);
 	bool bad = ferror(f) != 0;
 	if (fclose(f) != 0 || bad || p.oom) {
