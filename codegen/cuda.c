@@ -261,24 +261,33 @@ static const char prelude[] =
 "\tfor (kiln_i64 j = 0; j < g.N; j++) kiln_qgemm_elem(g, b, i, j);\n"
 "}\n"
 "/* one element a thread, on the tiled GEMM's grid */\n"
+"/* the tiles of C (and the batch) stride over the grid, whose dims the host\n"
+" * caps at 65535 */\n"
+"#define KILN_TILES(g) \\\n"
+"\tfor (kiln_i64 b = blockIdx.z; b < g.batch; b += gridDim.z) \\\n"
+"\tfor (kiln_i64 ti = blockIdx.y; ti * 16 < g.M; ti += gridDim.y) \\\n"
+"\tfor (kiln_i64 tj = blockIdx.x; tj * 16 < g.N; tj += gridDim.x)\n"
 "__device__ inline void kiln_qgemm_grid(const kiln_qgemm_args &g)\n"
 "{\n"
-"\tkiln_i64 i = (kiln_i64)blockIdx.y * 16 + threadIdx.y, j = (kiln_i64)blockIdx.x * 16 + threadIdx.x;\n"
-"\tif (i < g.M && j < g.N) kiln_qgemm_elem(g, blockIdx.z, i, j);\n"
+"\tKILN_TILES(g) {\n"
+"\t\tkiln_i64 i = ti * 16 + threadIdx.y, j = tj * 16 + threadIdx.x;\n"
+"\t\tif (i < g.M && j < g.N) kiln_qgemm_elem(g, b, i, j);\n"
+"\t}\n"
 "}\n"
 "#define KILN_TILE 16\n"
 "#ifdef KILN_CUDA_EMULATE\n"
 "/* emulated: each thread its element, the plain sum (no shared tiles) */\n"
 "static void kiln_gemm_tiled(const kiln_gemm_args &g)\n"
 "{\n"
-"\tkiln_i64 i = (kiln_i64)blockIdx.y * KILN_TILE + threadIdx.y, j = (kiln_i64)blockIdx.x * KILN_TILE + threadIdx.x;\n"
-"\tkiln_i64 b = blockIdx.z;\n"
-"\tif (i >= g.M || j >= g.N) return;\n"
-"\tconst float *a = g.A + g.a_off + b * g.a_bs + i * g.a_rs;\n"
-"\tconst float *bb = g.B + g.b_off + b * g.b_bs + j * g.b_cs;\n"
-"\tfloat acc = 0;\n"
-"\tfor (kiln_i64 k = 0; k < g.K; k++) acc += a[k * g.a_cs] * bb[k * g.b_rs];\n"
-"\tkiln_gemm_store(g, b, i, j, acc);\n"
+"\tKILN_TILES(g) {\n"
+"\t\tkiln_i64 i = ti * KILN_TILE + threadIdx.y, j = tj * KILN_TILE + threadIdx.x;\n"
+"\t\tif (i >= g.M || j >= g.N) continue;\n"
+"\t\tconst float *a = g.A + g.a_off + b * g.a_bs + i * g.a_rs;\n"
+"\t\tconst float *bb = g.B + g.b_off + b * g.b_bs + j * g.b_cs;\n"
+"\t\tfloat acc = 0;\n"
+"\t\tfor (kiln_i64 k = 0; k < g.K; k++) acc += a[k * g.a_cs] * bb[k * g.b_rs];\n"
+"\t\tkiln_gemm_store(g, b, i, j, acc);\n"
+"\t}\n"
 "}\n"
 "#else\n"
 "/* 16x16 tiles of A and B through shared memory, one C element a thread,\n"
@@ -287,20 +296,21 @@ static const char prelude[] =
 "{\n"
 "\t__shared__ float As[KILN_TILE][KILN_TILE], Bs[KILN_TILE][KILN_TILE + 1];\n"
 "\tkiln_i64 ty = threadIdx.y, tx = threadIdx.x;\n"
-"\tkiln_i64 i = (kiln_i64)blockIdx.y * KILN_TILE + ty, j = (kiln_i64)blockIdx.x * KILN_TILE + tx;\n"
-"\tkiln_i64 b = blockIdx.z;\n"
-"\tconst float *A = g.A + g.a_off + b * g.a_bs, *B = g.B + g.b_off + b * g.b_bs;\n"
-"\tfloat acc = 0;\n"
-"\tfor (kiln_i64 k0 = 0; k0 < g.K; k0 += KILN_TILE) {\n"
-"\t\tkiln_i64 ka = k0 + tx, kb = k0 + ty;\n"
-"\t\tAs[ty][tx] = i < g.M && ka < g.K ? A[i * g.a_rs + ka * g.a_cs] : 0.0f;\n"
-"\t\tBs[ty][tx] = j < g.N && kb < g.K ? B[kb * g.b_rs + j * g.b_cs] : 0.0f;\n"
-"\t\t__syncthreads();\n"
-"\t\tkiln_i64 kn = g.K - k0 < KILN_TILE ? g.K - k0 : KILN_TILE;\n"
-"\t\tfor (kiln_i64 k = 0; k < kn; k++) acc += As[ty][k] * Bs[k][tx];\n"
-"\t\t__syncthreads();\n"
+"\tKILN_TILES(g) { /* uniform over the block: __syncthreads() is safe */\n"
+"\t\tkiln_i64 i = ti * KILN_TILE + ty, j = tj * KILN_TILE + tx;\n"
+"\t\tconst float *A = g.A + g.a_off + b * g.a_bs, *B = g.B + g.b_off + b * g.b_bs;\n"
+"\t\tfloat acc = 0;\n"
+"\t\tfor (kiln_i64 k0 = 0; k0 < g.K; k0 += KILN_TILE) {\n"
+"\t\t\tkiln_i64 ka = k0 + tx, kb = k0 + ty;\n"
+"\t\t\tAs[ty][tx] = i < g.M && ka < g.K ? A[i * g.a_rs + ka * g.a_cs] : 0.0f;\n"
+"\t\t\tBs[ty][tx] = j < g.N && kb < g.K ? B[kb * g.b_rs + j * g.b_cs] : 0.0f;\n"
+"\t\t\t__syncthreads();\n"
+"\t\t\tkiln_i64 kn = g.K - k0 < KILN_TILE ? g.K - k0 : KILN_TILE;\n"
+"\t\t\tfor (kiln_i64 k = 0; k < kn; k++) acc += As[ty][k] * Bs[k][tx];\n"
+"\t\t\t__syncthreads();\n"
+"\t\t}\n"
+"\t\tif (i < g.M && j < g.N) kiln_gemm_store(g, b, i, j, acc);\n"
 "\t}\n"
-"\tif (i < g.M && j < g.N) kiln_gemm_store(g, b, i, j, acc);\n"
 "}\n"
 "#endif\n"
 "#endif /* KILN_CUDA_HOST */\n"
@@ -854,9 +864,10 @@ typedef struct launch {
 	int first, n;          /* items [first, first + n) of the body */
 } launch;
 
-static void body_items(const cg_stmt *body, const cg_stmt *const **items, int *n)
+/* The top-level statements of a body; one holds a lone statement. */
+static void body_items(const cg_stmt *body, const cg_stmt *const **items, int *n,
+                       const cg_stmt **one)
 {
-	static const cg_stmt *one[1];
 	if (body && body->kind == CG_BLOCK) {
 		*items = (const cg_stmt *const *)body->items;
 		*n = body->n;
@@ -961,9 +972,9 @@ static bool has_check(const cg_stmt *s)
 /* The launches of k's body (at most n items of it), into L; their count. */
 static int split(const cg_module *m, const cg_kernel *k, launch *L)
 {
-	const cg_stmt *const *it;
+	const cg_stmt *const *it, *one[1];
 	int n, nl = 0;
-	body_items(k->body, &it, &n);
+	body_items(k->body, &it, &n, one);
 	for (int i = 0; i < n; i++) {
 		const cg_stmt *s = it[i];
 		int kind = s->kind == CG_FOR && (s->hints & CG_PARALLEL) ? L_PARALLEL
@@ -1100,8 +1111,9 @@ static void grid_fn(pr *p, int ki, int li, const launch *l, const cg_stmt *s)
 		ex(p, gm->N);
 		fprintf(f, ", B = ");
 		ex(p, gm->batch);
-		fprintf(f, ";\n\tg[0] = (unsigned)((N + 15) / 16); g[1] = (unsigned)((M + 15) / 16);"
-		        " g[2] = (unsigned)B;\n");
+		fprintf(f, ";\n\tkiln_i64 d[3] = {(N + 15) / 16, (M + 15) / 16, B};\n"
+		        "\tfor (int i = 0; i < 3; i++)\n"
+		        "\t\tg[i] = d[i] < 1 ? 1u : d[i] > 65535 ? 65535u : (unsigned)d[i];\n");
 	} else
 		fprintf(f, "\tg[0] = g[1] = g[2] = 1;\n");
 	fprintf(f, "}\n");
@@ -1113,9 +1125,9 @@ static void kernel(pr *p, int ki, const cg_cuda_opts *o)
 	const cg_module *m = p->m;
 	const cg_kernel *k = &m->kern[ki];
 	FILE *f = p->f;
-	const cg_stmt *const *it;
+	const cg_stmt *const *it, *one[1];
 	int n;
-	body_items(k->body, &it, &n);
+	body_items(k->body, &it, &n, one);
 	launch *L = calloc((size_t)n + 1, sizeof *L);
 	int nv = k->nvar + 1;
 	bool *used = calloc((size_t)m->nbuf + 1, 1), *wr = calloc((size_t)nv, 1);
