@@ -26,6 +26,8 @@ struct cg_session {
 	const cg_library *lib;
 	bool emu;
 	char *text;
+	void *img[17];   /* NVRTC's images: the blob borrows them until it is written */
+	int nimg;
 };
 
 static bool supports(const cg_module *m, const cg_kernel *k, char *why, size_t size)
@@ -69,6 +71,8 @@ static kiln_status emit_library(cg_session *s, kiln_error *err)
 
 static void close_s(cg_session *s)
 {
+	for (int i = 0; s && i < s->nimg; i++)
+		free(s->img[i]);
 	if (s)
 		free(s->text);
 	free(s);
@@ -582,8 +586,15 @@ static kiln_status host_source(FILE *f, cg_session *s, cg_blob *bl, const char *
 			size_t len = 0;
 			st = cg_nvrtc_compile(s->text, "kiln.cu", arch, ptx, false, fast_math(s->lib->o),
 			                      &img, &len, err);
+			if (st == KILN_OK && s->nimg == (int)(sizeof s->img / sizeof *s->img)) {
+				free(img);
+				st = ir_seterr(err, KILN_EINVAL, "--cuda-arch: at most %d architectures",
+				               (int)(sizeof s->img / sizeof *s->img) - 1);
+				break;
+			}
+			if (st == KILN_OK)
+				s->img[s->nimg++] = img; /* freed with the session, after the blob */
 			int64_t at = st == KILN_OK ? cg_blob_add(bl, img, len) : 0;
-			free(img);
 			if (at < 0)
 				st = ir_seterr(err, KILN_ENOMEM, "out of memory");
 			int cc = atoi(arch + 3);
