@@ -340,6 +340,9 @@ KILN_API kiln_status kiln_compile_train(const kiln_graph *model, const kiln_grap
 	kiln_status st = check_train(model, eval_model, t, out_path, &o, err);
 	if (st != KILN_OK)
 		return st;
+	if (o.target && strcmp(o.target, "llvm") != 0)
+		return ir_seterr(err, KILN_EUNSUPPORTED, "kiln_compile_train: --target=%s does not "
+		                 "compile training steps yet (only llvm; docs/CUDA.md)", o.target);
 	o.passes = o.passes ? o.passes : PASS_DEFAULT;
 	char name[128];
 	cg_c_name(name, sizeof name, o.name ? o.name : kiln_graph_name(model));
