@@ -43,3 +43,29 @@ add_test(NAME layers COMMAND ${KILN_PYTHON} ${CMAKE_SOURCE_DIR}/tests/layers/che
 # by the checker from its own tables, so it cannot drift from what is held.
 add_test(NAME layers_dot COMMAND ${KILN_PYTHON} ${CMAKE_SOURCE_DIR}/tests/layers/check_layers.py
 	--dot ${CMAKE_SOURCE_DIR}/docs/layers.dot)
+
+# The CUDA backend without a GPU (docs/CUDA.md).  cuda_nvrtc_check prints
+# models as CUDA C and compiles them with NVRTC for sm_80 and sm_90
+# (warnings fail it): every 3rd conformance case and every .kir test graph
+# (all of them: `cuda_nvrtc_check <build>/onnx_node_tests/node`, about a
+# minute of CPU), and the real models (ResNet-18, MobileNetV2, the
+# transformer block); it reports itself skipped (77) in a build without
+# the CUDA toolkit.  onnx_conformance_cuda_emu runs
+# every 3rd conformance case through the cuda-emu target (the same CUDA C
+# compiled for this CPU) against ONNX's outputs; `onnx_conformance DIR
+# --backend cuda-emu` runs them all (about 3 minutes on two cores).
+add_executable(cuda_nvrtc_check ${CMAKE_SOURCE_DIR}/tests/onnx/cuda_nvrtc_check.c)
+target_link_libraries(cuda_nvrtc_check PRIVATE kiln)
+add_test(NAME cuda_nvrtc_conformance
+	COMMAND cuda_nvrtc_check --every 3 ${ONNX_NODE_DIR}/node ${CMAKE_SOURCE_DIR}/tests/kir)
+set_tests_properties(cuda_nvrtc_conformance PROPERTIES FIXTURES_REQUIRED onnx_node_data
+	SKIP_RETURN_CODE 77 TIMEOUT 900)
+add_test(NAME cuda_nvrtc_real_models
+	COMMAND cuda_nvrtc_check ${CMAKE_BINARY_DIR}/onnx_real)
+set_tests_properties(cuda_nvrtc_real_models PROPERTIES FIXTURES_REQUIRED onnx_real
+	SKIP_RETURN_CODE 77 TIMEOUT 900)
+add_test(NAME onnx_conformance_cuda_emu
+	COMMAND onnx_conformance ${ONNX_NODE_DIR}/node --backend cuda-emu --every 3
+		--expected ${CMAKE_SOURCE_DIR}/tests/onnx/expected_failures.txt)
+set_tests_properties(onnx_conformance_cuda_emu PROPERTIES FIXTURES_REQUIRED onnx_node_data
+	ENVIRONMENT "CK_FORK=no" TIMEOUT 600)

@@ -77,6 +77,8 @@ typedef struct cg_backend {
 } cg_backend;
 
 extern const cg_backend cg_llvm_backend; /* llvm_emit.c */
+extern const cg_backend cg_cuda_backend; /* cuda_emit.c: CUDA C, PTX, cubin */
+extern const cg_backend cg_cuda_emu_backend; /* cuda_emit.c: the same kernels for the host */
 
 /* The backend called name; NULL name: the default (llvm).  NULL if none. */
 const cg_backend *cg_backend_find(const char *name);

@@ -308,6 +308,9 @@ typedef struct cg_module {
 	int conv;
 	cg_chunk_run *chunk;   /* arena-allocated, in kernel order (chunk.c) */
 	int nchunk;
+	/* lowering choice (cg_lower_opts.par_work): the work from which a
+	 * nest's outer loop is CG_PARALLEL; 0: CG_PAR_WORK */
+	int64_t par_work;
 } cg_module;
 
 cg_module *cg_module_new(const kiln_graph *g);

@@ -319,7 +319,7 @@ static void header_run(FILE *f, const cg_module *m, const char *name, const char
 }
 
 static void write_header(FILE *f, const cg_module *m, const char *name, const char *h,
-                         const char *so)
+                         const char *so, bool cuda)
 {
 	fprintf(f, "/*\n * %s: the model '%s' compiled by kiln %s into %s.\n *\n"
 	        " * Signature (row-major, dense):\n", h, m->name ? m->name : name,
@@ -347,6 +347,15 @@ static void write_header(FILE *f, const cg_module *m, const char *name, const ch
 	fprintf(f, "int %s_set_threads(%s_ctx *ctx, int nthreads);\n"
 	        "const char *%s_errmsg(const %s_ctx *ctx);\nvoid %s_destroy(%s_ctx *ctx);\n",
 	        name, name, name, name, name, name);
+	if (cuda) {
+		fprintf(f, "\n/* CUDA (docs/CUDA.md): _create opens libcuda.so.1 and the first GPU;\n"
+		        " * _create_ex says why it could not (msg may be NULL).  _run copies its\n"
+		        " * host arrays in and out; _run_device takes device pointers and copies\n"
+		        " * nothing.  _set_threads does nothing. */\n"
+		        "#include <stddef.h>\nint %s_create_ex(%s_ctx **ctx, char *msg, size_t size);\n",
+		        name, name);
+		header_run(f, m, name, "run_device");
+	}
 	fprintf(f, "\n#ifdef __cplusplus\n}\n#endif\n#endif /* %s_H */\n", guard);
 }
 
@@ -359,7 +368,13 @@ static void inference_header(FILE *f, const cg_module *m, const cg_module *eval,
                              const cg_train_info *ti, const char *name, const char *h,
                              const char *so)
 {
-	write_header(f, m, name, h, so);
+	write_header(f, m, name, h, so, false);
+}
+
+static void cuda_header(FILE *f, const cg_module *m, const cg_module *eval,
+                        const cg_train_info *ti, const char *name, const char *h, const char *so)
+{
+	write_header(f, m, name, h, so, true);
 }
 
 static kiln_status header(const cg_module *m, const cg_module *eval, const cg_train_info *ti,
@@ -422,7 +437,8 @@ static kiln_status emit_kir(const cg_module *m, const char *path, kiln_error *er
 
 /* ---- backends ------------------------------------------------------------------ */
 
-static const cg_backend *const backends[] = {&cg_llvm_backend};
+static const cg_backend *const backends[] = {&cg_llvm_backend, &cg_cuda_backend,
+                                             &cg_cuda_emu_backend};
 
 const cg_backend *cg_backend_find(const char *name)
 {
@@ -500,8 +516,10 @@ kiln_status cg_emit(const cg_backend *b, const cg_module *m, const char *out_pat
 		return emit_dot(m, out_path, err);
 	cg_library lib = {.m = m, .name = name, .o = o};
 	kiln_status st = backend(b ? b : cg_backend_find(NULL), &lib, out_path, emit, err);
-	if (st == KILN_OK && strcmp(emit, "so") == 0)
-		st = header(m, NULL, NULL, inference_header, name, out_path, err);
+	/* the emulated CUDA library is for kiln_load (tests): no typed entry points */
+	if (st == KILN_OK && strcmp(emit, "so") == 0 && b != &cg_cuda_emu_backend)
+		st = header(m, NULL, NULL, b == &cg_cuda_backend ? cuda_header : inference_header, name,
+		            out_path, err);
 	return st;
 }
 /* int <name>_train_step(ctx, syms..., data inputs..., double lr, T *loss) */

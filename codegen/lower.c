@@ -146,7 +146,7 @@ uint32_t cg_par(cg_module *m, cg_expr *work)
 	for (int k = 0; k < 64; k++)
 		sym[k] = CG_PAR_SYM;
 	int64_t w = m->nsym <= 64 ? cg_expr_int(work, sym) : cg_expr_int(work, NULL);
-	return w >= CG_PAR_WORK ? CG_PARALLEL : 0;
+	return w >= (m->par_work > 0 ? m->par_work : CG_PAR_WORK) ? CG_PARALLEL : 0;
 }
 
 cg_stmt *cg_loop(cg_module *m, cg_kernel *k, cg_expr *extent, uint32_t hints, cg_expr **iv,
@@ -1972,6 +1972,8 @@ kiln_status cg_lower_ex(const kiln_graph *g, const cg_lower_opts *o, cg_module *
 		st = ir_seterr(err, KILN_ENOMEM, "cg_lower: out of memory");
 	else
 		L.m->conv = o ? o->conv : CG_CONV_AUTO;
+	if (!st)
+		L.m->par_work = o ? o->par_work : 0;
 	for (uint32_t v = 0; !st && v <= g->nval; v++)
 		L.vbuf[v] = L.out_of[v] = -1;
 	if (!st)

@@ -36,6 +36,10 @@ typedef struct cg_lower_opts {
 	 * later step would read the first step's weights.  The caller turns
 	 * them into CG_BUF_STATE afterwards (driver/compile.c's mark_state). */
 	bool mutable_params;
+	/* The element operations from which a nest's outer loop is
+	 * CG_PARALLEL (0: CG_PAR_WORK, threads of a CPU); a GPU target wants
+	 * every nest on its grid (1). */
+	int64_t par_work;
 } cg_lower_opts;
 
 /* cg_lower with options (o may be NULL); same contract (codegen.h). */

@@ -57,6 +57,12 @@ static int chunk_env(void)
 	return v == 0 ? -1 : (int)v;
 }
 
+/* Whether o's target is a GPU's (its nests all go on the grid). */
+static bool gpu_target(const kiln_compile_opts *o)
+{
+	return o->target && !strncmp(o->target, "cuda", 4);
+}
+
 /* Graph -> optimized clone -> kernel IR with a memory plan. */
 static kiln_status to_kernels(const kiln_graph *g, const kiln_compile_opts *o, bool train,
                               kiln_graph **gc, cg_module **m, kiln_error *err)
@@ -76,12 +82,13 @@ static kiln_status to_kernels(const kiln_graph *g, const kiln_compile_opts *o, b
 		st = kiln_graph_verify(*gc, err);
 	if (st == KILN_OK)
 		st = cg_lower_ex(*gc, &(cg_lower_opts){.fuse = true, .conv = conv_algo(o->conv),
-		                                        .mutable_params = train}, m,
+		                                        .mutable_params = train,
+		                                        .par_work = gpu_target(o) ? 1 : 0}, m,
 		                 err);
-	/* an inference library runs runs of per-sample kernels chunk by chunk
-	 * over the batch (codegen/chunk.c); KILN_CHUNK=0 turns it off, =n forces
-	 * n samples per chunk */
-	if (st == KILN_OK && !train)
+	/* an inference library for the CPU runs runs of per-sample kernels chunk
+	 * by chunk over the batch (codegen/chunk.c); KILN_CHUNK=0 turns it off,
+	 * =n forces n samples per chunk */
+	if (st == KILN_OK && !train && !gpu_target(o))
 		st = cg_chunk(*m, &(cg_chunk_opts){.force = chunk_env(),
 		                                   .cache_bytes = cg_host_l2_bytes()}, err);
 	if (st == KILN_OK)
@@ -92,7 +99,8 @@ static kiln_status to_kernels(const kiln_graph *g, const kiln_compile_opts *o, b
 static kiln_status check_opts(const kiln_graph *g, const char *out, const kiln_compile_opts *o,
                               kiln_error *err)
 {
-	static const char *const emits[] = {"so", "kir", "dot", "ll", "asm", "obj"};
+	static const char *const emits[] = {"so", "kir", "dot", "ll", "asm", "obj", "cu", "ptx",
+	                                    "cubin"};
 	if (!g || !out || !*out)
 		return ir_seterr(err, KILN_EINVAL, "kiln_compile: %s is NULL",
 		                 !g ? "the graph" : "the output path");
@@ -106,11 +114,18 @@ static kiln_status check_opts(const kiln_graph *g, const char *out, const kiln_c
 	if (!conv_ok)
 		return ir_seterr(err, KILN_EINVAL, "kiln_compile: unknown --conv '%s' (want auto, "
 		                 "im2col or winograd)", o->conv);
+	if (o->target && !cg_backend_find(o->target))
+		return ir_seterr(err, KILN_EINVAL, "kiln_compile: unknown --target '%s' (want llvm, "
+		                 "cuda or cuda-emu)", o->target);
+	if (o->cuda_math && strcmp(o->cuda_math, "f32") && strcmp(o->cuda_math, "fast"))
+		return ir_seterr(err, KILN_EINVAL, "kiln_compile: unknown --cuda-math '%s' (want f32 "
+		                 "or fast)", o->cuda_math);
 	for (size_t i = 0; o->emit && i < sizeof emits / sizeof *emits; i++)
 		if (strcmp(o->emit, emits[i]) == 0)
 			return KILN_OK;
 	return o->emit ? ir_seterr(err, KILN_EINVAL, "kiln_compile: unknown --emit '%s' (want "
-	                           "so, kir, dot, ll, asm or obj)", o->emit) : KILN_OK;
+	                           "so, kir, dot, ll, asm, obj, cu, ptx or cubin)", o->emit)
+	               : KILN_OK;
 }
 
 KILN_API kiln_status kiln_runtime_archive(char *buf, size_t size, kiln_error *err)
@@ -139,7 +154,8 @@ KILN_API kiln_status kiln_compile(const kiln_graph *g, const char *out_path,
 	if (o.times)
 		o.times->lower = seconds() - t0;
 	if (st == KILN_OK)
-		st = cg_emit(cg_backend_find("llvm"), m, out_path, &o, name, err);
+		st = cg_emit(cg_backend_find(o.target ? o.target : "llvm"), m, out_path, &o, name,
+		             err);
 	if (o.times)
 		o.times->total = seconds() - t0;
 	cg_module_free(m);
@@ -388,6 +404,9 @@ KILN_API kiln_status kiln_compile_train(const kiln_graph *model, const kiln_grap
 	kiln_status st = check_train(model, eval_model, t, out_path, &o, err);
 	if (st != KILN_OK)
 		return st;
+	if (o.target && strcmp(o.target, "llvm") != 0)
+		return ir_seterr(err, KILN_EUNSUPPORTED, "kiln_compile_train: --target=%s does not "
+		                 "compile training steps yet (only llvm; docs/CUDA.md)", o.target);
 	o.passes = o.passes ? o.passes : PASS_DEFAULT;
 	char name[128];
 	cg_c_name(name, sizeof name, o.name ? o.name : kiln_graph_name(model));

@@ -1157,7 +1157,10 @@ static int cmd_compile(int argc, char **argv)
 	            {"--features", NULL, offsetof(kiln_compile_opts, features)},
 	            {"--emit", NULL, offsetof(kiln_compile_opts, emit)},
 	            {"--passes", NULL, offsetof(kiln_compile_opts, passes)},
-	            {"--conv", NULL, offsetof(kiln_compile_opts, conv)}};
+	            {"--conv", NULL, offsetof(kiln_compile_opts, conv)},
+	            {"--target", NULL, offsetof(kiln_compile_opts, target)},
+	            {"--cuda-arch", NULL, offsetof(kiln_compile_opts, cuda_arch)},
+	            {"--cuda-math", NULL, offsetof(kiln_compile_opts, cuda_math)}};
 	kiln_compile_times times;
 	bool report = false;
 	const char *binds[MAX_BINDS];
@@ -1326,7 +1329,9 @@ static const command commands[] = {
 	 "time a compiled model: median and spread of many runs"},
 	{"compile", cmd_compile,
 	 "compile FILE.kir|FILE.onnx -o OUT.so [--name N] [--cpu C] [--features F]\n"
-	 "        [--emit=kir|dot|ll|asm|obj] [--passes=LIST] [--conv=ALGO] [-j N] [--time-report]\n"
+	 "        [--emit=kir|dot|ll|asm|obj|cu|ptx|cubin] [--passes=LIST] [--conv=ALGO] [-j N]\n"
+	 "        [--time-report] [--target=llvm|cuda|cuda-emu] [--cuda-arch=sm_80,sm_90]\n"
+	 "        [--cuda-math=f32|fast]\n"
 	 "        [--int8 --calib X.npy ...] [--bind NAME=X.npy ...]\n"
 	 "  Compiles the graph to a shared library needing only libc, libm and\n"
 	 "  libpthread, and writes its header beside it (OUT.h); prints the time.\n"
@@ -1345,6 +1350,13 @@ static const command commands[] = {
 	 "  --conv=ALGO          f32 convolutions: auto (default: a cost model picks\n"
 	 "                       per layer), im2col, or winograd (F(4x4,3x3) on every\n"
 	 "                       2-D 3x3 conv of stride and dilation 1)\n"
+	 "  --target=T           llvm (default: this CPU), cuda (NVIDIA GPUs: the kernels\n"
+	 "                       as CUDA C with --emit=cu, PTX (ptx) or a cubin (cubin)\n"
+	 "                       for the first --cuda-arch, by NVRTC; docs/CUDA.md), or\n"
+	 "                       cuda-emu (those kernels compiled for this CPU: tests)\n"
+	 "  --cuda-arch=LIST     GPU architectures (default sm_80,sm_90)\n"
+	 "  --cuda-math=M        f32 (default: strict, no fast math, no FMA contraction)\n"
+	 "                       or fast (-use_fast_math)\n"
 	 "  -j, --jobs N         threads for LLVM (default 0: one per CPU, at most 8);\n"
 	 "                       the library is the same whatever N is\n"
 	 "  --time-report        print where the compile's time went\n"

@@ -854,6 +854,13 @@ typedef struct kiln_compile_opts {
 	const char *cache_dir; /* where compiled GEMM helpers (one object per target and
 	                          kiln version, ~0.1 MB) are kept: NULL: $KILN_CACHE_DIR,
 	                          else $XDG_CACHE_HOME/kiln, else ~/.cache/kiln; "": none */
+	const char *target;   /* NULL or "llvm": this CPU's code; "cuda": kernels as CUDA
+	                         C for NVIDIA GPUs (emit "cu", "ptx", "cubin"; docs/CUDA.md);
+	                         "cuda-emu": those kernels compiled for the host, a .so
+	                         for tests */
+	const char *cuda_arch; /* "sm_80,sm_90" (NULL: that): what NVRTC compiles for */
+	const char *cuda_math; /* NULL or "f32": strict f32 (no fast math, no FMA
+	                          contraction); "fast": -use_fast_math */
 } kiln_compile_opts;
 
 /* Where a kiln_compile's time went (wall clock, seconds).  LLVM works on

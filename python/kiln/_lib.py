@@ -64,7 +64,8 @@ class CompileTimes(Structure):
 class CompileOpts(Structure):
     _fields_ = [("name", c_char_p), ("cpu", c_char_p), ("features", c_char_p),
                 ("emit", c_char_p), ("passes", c_char_p), ("conv", c_char_p), ("jobs", c_int),
-                ("times", POINTER(CompileTimes)), ("cache_dir", c_char_p)]
+                ("times", POINTER(CompileTimes)), ("cache_dir", c_char_p),
+                ("target", c_char_p), ("cuda_arch", c_char_p), ("cuda_math", c_char_p)]
 
 
 class TrainOpts(Structure):

@@ -3,7 +3,7 @@
  * tests/onnx/gen_node_tests.py) through kiln and compares every output.
  *
  *   onnx_conformance DIR/node [--expected FILE] [--filter SUBSTR]
- *                    [--backend NAME]... [--quiet]
+ *                    [--backend NAME]... [--every K] [--quiet]
  *
  * Each case folder holds model.onnx and test_data_set_N folders with input_K.pb
  * and output_K.pb TensorProtos.  A case is in scope when the importer takes
@@ -22,7 +22,9 @@
  * each with a column: "interp" (kiln_graph_run) and "so" (kiln_compile into
  * a .so in a fresh temporary folder, kiln_load, kiln_model_run, with the
  * same tolerances; nothing cached, about a minute for the suite on two
- * cores); --backend picks some, among them so-im2col and so-winograd, the
+ * cores), and on request "cuda-emu" (the CUDA backend's kernels compiled
+ * for this CPU, docs/CUDA.md); --every K runs every K-th case only;
+ * --backend picks some, among them so-im2col and so-winograd, the
  * compiled backend with one convolution algorithm forced.  The expected-failures file lists
  * "case [backend...]" (no backend: all), "so: case" (one backend) and
  * "roundtrip: case"; the exit status is 1 when an in-scope case fails, or a
@@ -97,6 +99,29 @@ static kiln_status run_so(void *ctx, const kiln_graph *g, kiln_tensor *const *in
 	return st;
 }
 
+/* The CUDA backend's kernels compiled for this CPU (target cuda-emu: the
+ * printed CUDA C with launches as loops, docs/CUDA.md), checked like "so". */
+static kiln_status run_cuda_emu(void *ctx, const kiln_graph *g, kiln_tensor *const *in, int nin,
+                                kiln_tensor **out, int nout, kiln_error *err)
+{
+	const char *tmp = getenv("TMPDIR");
+	char dir[4096], so[4200];
+	snprintf(dir, sizeof dir, "%s/kiln_conf.XXXXXX", tmp && *tmp ? tmp : "/tmp");
+	if (!mkdtemp(dir))
+		return ir_seterr(err, KILN_EIO, "cannot make a temporary folder in %s", dir);
+	snprintf(so, sizeof so, "%s/conf.so", dir);
+	kiln_compile_opts o = {.name = "conf", .target = "cuda-emu"};
+	kiln_model *m = NULL;
+	kiln_status st = kiln_compile(g, so, &o, err);
+	if (st == KILN_OK)
+		st = kiln_load(so, &m, err);
+	remove_dir(dir);
+	if (st == KILN_OK)
+		st = kiln_model_run(m, in, nin, out, nout, err);
+	kiln_model_free(m);
+	return st;
+}
+
 /* so-im2col and so-winograd force kiln_compile's convolution algorithm
  * wherever it applies (ctest onnx_conformance_conv runs them on the conv
  * cases); "so" lets the cost model choose. */
@@ -105,6 +130,7 @@ static const conf_backend backends[] = {
 	{"so", run_so, NULL, false},
 	{"so-im2col", run_so, "im2col", true},
 	{"so-winograd", run_so, "winograd", true},
+	{"cuda-emu", run_cuda_emu, NULL, true},
 };
 #define NBACKEND ((int)(sizeof backends / sizeof *backends))
 
@@ -560,6 +586,7 @@ static void read_expected(const char *path, ccase *cs, int n)
 
 typedef struct opts {
 	const char *root, *expected, *filter;
+	int every; /* --every K: every K-th case (by name) only; 0: all */
 	bool enabled[NBACKEND], quiet;
 } opts;
 
@@ -662,6 +689,8 @@ static int parse_args(int argc, char **argv, opts *o)
 			o->expected = argv[++i];
 		else if (!strcmp(argv[i], "--filter") && i + 1 < argc)
 			o->filter = argv[++i];
+		else if (!strcmp(argv[i], "--every") && i + 1 < argc)
+			o->every = atoi(argv[++i]);
 		else if (!strcmp(argv[i], "--quiet"))
 			o->quiet = true;
 		else if (!strcmp(argv[i], "--backend") && i + 1 < argc) {
@@ -675,7 +704,7 @@ static int parse_args(int argc, char **argv, opts *o)
 			o->root = argv[i];
 		else
 			return fprintf(stderr, "usage: %s DIR/node [--expected FILE] [--filter S] "
-			               "[--backend NAME]... [--quiet]\n", argv[0]), 2;
+			               "[--backend NAME]... [--every K] [--quiet]\n", argv[0]), 2;
 	}
 	for (int b = 0; b < NBACKEND && !chosen; b++)
 		o->enabled[b] = !backends[b].on_request;
@@ -696,7 +725,7 @@ int main(int argc, char **argv)
 		return 2;
 	}
 	for (int i = 0; i < n; i++)
-		if (!o.filter || strstr(names[i], o.filter)) {
+		if ((!o.filter || strstr(names[i], o.filter)) && (o.every <= 1 || i % o.every == 0)) {
 			cs[k].name = names[i];
 			run_case(o.root, &cs[k++], o.enabled);
 		}

@@ -1,0 +1,721 @@
+/*
+ * cuda_emit.c: the CUDA backends (backend.h) around the printer (cuda.c).
+ *
+ * `cuda` writes the kernels as CUDA C (stage "cu"), PTX ("ptx") or a cubin
+ * ("cubin") for the first of --cuda-arch, compiled by NVRTC
+ * (cuda_nvrtc.c).  `cuda-emu` is for tests: the same CUDA C compiled as
+ * C++ for the host (KILN_CUDA_EMULATE: launches are loops over blocks and
+ * threads) into a library that kiln_load runs like any other, its
+ * description (runtime/model.h) printed here as C++, so the printed
+ * kernels are checked against the interpreter on a machine without a GPU.
+ * It needs the kiln source tree's headers (KILN_SOURCE_DIR, this build's)
+ * and a C++ compiler (c++).
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "codegen/backend.h"
+#include "codegen/cuda.h"
+#include "runtime/model.h"
+#include "runtime/rt.h"
+
+struct cg_session {
+	const cg_library *lib;
+	bool emu;
+	char *text;
+	void *img[17];   /* NVRTC's images: the blob borrows them until it is written */
+	int nimg;
+};
+
+static bool supports(const cg_module *m, const cg_kernel *k, char *why, size_t size)
+{
+	return cg_cuda_supports(m, k, why, size);
+}
+
+static kiln_status open_s(cg_session **out, const cg_library *lib, bool emu, kiln_error *err)
+{
+	if (lib->ti || lib->eval)
+		return ir_seterr(err, KILN_EUNSUPPORTED, "the CUDA backend does not compile training "
+		                 "steps yet (kiln issue #14, part 4)");
+	cg_session *s = calloc(1, sizeof *s);
+	if (!s)
+		return ir_seterr(err, KILN_ENOMEM, "out of memory");
+	s->lib = lib, s->emu = emu;
+	*out = s;
+	return KILN_OK;
+}
+
+static kiln_status open_cuda(cg_session **out, const cg_library *lib, kiln_error *err)
+{
+	return open_s(out, lib, false, err);
+}
+
+static kiln_status open_emu(cg_session **out, const cg_library *lib, kiln_error *err)
+{
+	return open_s(out, lib, true, err);
+}
+
+static kiln_status emit_kernels(cg_session *s, const cg_module *m, kiln_error *err)
+{
+	s->text = cg_cuda_print(m, &(cg_cuda_opts){.emulate = s->emu, .prefix = s->lib->name});
+	return s->text ? KILN_OK : ir_seterr(err, KILN_ENOMEM, "out of memory printing CUDA C");
+}
+
+static kiln_status emit_library(cg_session *s, kiln_error *err)
+{
+	return KILN_OK;
+}
+
+static void close_s(cg_session *s)
+{
+	for (int i = 0; s && i < s->nimg; i++)
+		free(s->img[i]);
+	if (s)
+		free(s->text);
+	free(s);
+}
+
+/* The first of a comma-separated --cuda-arch list (default sm_80). */
+static void first_arch(const kiln_compile_opts *o, char *out, size_t size)
+{
+	const char *a = o && o->cuda_arch && *o->cuda_arch ? o->cuda_arch : "sm_80";
+	size_t n = strcspn(a, ",");
+	snprintf(out, size, "%.*s", (int)(n < size ? n : size - 1), a);
+}
+
+static bool fast_math(const kiln_compile_opts *o)
+{
+	return o && o->cuda_math && !strcmp(o->cuda_math, "fast");
+}
+
+static kiln_status write_library(cg_session *s, const char *path, kiln_error *err);
+
+static kiln_status write_cuda(cg_session *s, const char *stage, const char *path,
+                              kiln_error *err)
+{
+	if (!strcmp(stage, "cu"))
+		return rt_write_atomic(path, s->text, strlen(s->text), err);
+	if (!strcmp(stage, "ptx") || !strcmp(stage, "cubin")) {
+		char arch[16];
+		first_arch(s->lib->o, arch, sizeof arch);
+		void *img = NULL;
+		size_t n = 0;
+		bool ptx = !strcmp(stage, "ptx");
+		kiln_status st = cg_nvrtc_compile(s->text, "kiln.cu", arch, ptx, false,
+		                                  fast_math(s->lib->o), &img, &n, err);
+		if (st == KILN_OK)
+			st = rt_write_atomic(path, img, ptx && n ? n - 1 : n, err);
+		free(img);
+		return st;
+	}
+	return write_library(s, path, err);
+}
+
+/* ---- the emulated library ------------------------------------------------------ */
+
+static const int buf_kinds[] = {[CG_BUF_INPUT] = RT_BUF_INPUT, [CG_BUF_OUTPUT] = RT_BUF_OUTPUT,
+                                [CG_BUF_CONST] = RT_BUF_CONST, [CG_BUF_TEMP] = RT_BUF_TEMP,
+                                [CG_BUF_STATE] = RT_BUF_STATE};
+
+static void cstring(FILE *f, const char *s)
+{
+	fputc('"', f);
+	for (s = s ? s : ""; *s; s++)
+		fprintf(f, *s == '"' || *s == '\\' ? "\\%c" : (unsigned char)*s < 32 ? "?" : "%c", *s);
+	fputc('"', f);
+}
+
+static void dim_expr(FILE *f, const cg_module *m, const cg_buf *b, int d)
+{
+	if (b->dim[d])
+		cg_cuda_print_expr(f, m, b->dim[d]);
+	else
+		fprintf(f, "%lldLL", (long long)b->type.dim[d]);
+}
+
+static void io_table(FILE *f, const cg_module *m, const char *what, const int *bufs, int n)
+{
+	for (int i = 0; i < n; i++) {
+		const cg_buf *b = &m->buf[bufs[i]];
+		fprintf(f, "static const kiln_i64 %s_dims%d[] = {", what, i);
+		for (int d = 0; d < b->type.rank; d++) {
+			const cg_expr *e = b->dim[d];
+			int64_t v = !e ? b->type.dim[d] : e->kind == CG_CONST ? e->i : -1;
+			fprintf(f, "%s%lld", d ? ", " : "",
+			        (long long)(v >= 0 ? v : e->kind == CG_SIZE ? e->var : 0));
+		}
+		fprintf(f, "%s};\nstatic const int32_t %s_kinds%d[] = {", b->type.rank ? "" : "0",
+		        what, i);
+		for (int d = 0; d < b->type.rank; d++) {
+			const cg_expr *e = b->dim[d];
+			int64_t v = !e ? b->type.dim[d] : e->kind == CG_CONST ? e->i : -1;
+			fprintf(f, "%s%d", d ? ", " : "", v >= 0 ? RT_DIM_FIXED
+			        : e->kind == CG_SIZE ? RT_DIM_SYM : RT_DIM_EXPR);
+		}
+		fprintf(f, "%s};\n", b->type.rank ? "" : "0");
+	}
+	fprintf(f, "static const rt_io_desc kiln_%s[] = {", what);
+	for (int i = 0; i < n; i++) {
+		const cg_buf *b = &m->buf[bufs[i]];
+		fprintf(f, "%s\n\t{", i ? "," : "");
+		cstring(f, b->name);
+		fprintf(f, ", %d, %d, %s_dims%d, %s_kinds%d, %d, 0}", b->dt, b->type.rank, what, i,
+		        what, i, bufs[i]);
+	}
+	fprintf(f, "%s};\n", n ? "" : "{}");
+}
+
+static kiln_status describe(FILE *f, const cg_module *m, const char *name, cg_blob *bl,
+                            kiln_error *err)
+{
+	fprintf(f, "\n/* ---- the description (runtime/model.h) ---- */\n"
+	        "extern \"C\" const unsigned char " CG_BLOB_SYMBOL "[] "
+	        "__attribute__((visibility(\"hidden\")));\n");
+	fprintf(f, "static void kiln_numel(const kiln_i64 *sym, kiln_i64 *n)\n{\n\t(void)sym;\n");
+	for (int b = 0; b < m->nbuf; b++) {
+		fprintf(f, "\tn[%d] = ", b);
+		cg_cuda_print_expr(f, m, m->buf[b].numel);
+		fprintf(f, ";\n");
+	}
+	fprintf(f, "}\nstatic void kiln_io_dims(const kiln_i64 *sym, kiln_i64 *d)\n{\n\t(void)sym;"
+	        "\n\t(void)d;\n");
+	int k = 0;
+	for (int i = 0; i < m->ninputs + m->noutputs; i++) {
+		int b = i < m->ninputs ? m->inputs[i] : m->outputs[i - m->ninputs];
+		for (int d = 0; d < m->buf[b].type.rank; d++) {
+			fprintf(f, "\td[%d] = ", k++);
+			dim_expr(f, m, &m->buf[b], d);
+			fprintf(f, ";\n");
+		}
+	}
+	fprintf(f, "}\n");
+	io_table(f, m, "inputs", m->inputs, m->ninputs);
+	io_table(f, m, "outputs", m->outputs, m->noutputs);
+	fprintf(f, "static const rt_buf_desc kiln_bufs[] = {");
+	for (int i = 0; i < m->nbuf; i++) {
+		const cg_buf *b = &m->buf[i];
+		int slot = b->kind == CG_BUF_TEMP && b->alias < 0 ? b->slot : -1;
+		fprintf(f, "%s\n\t{%d, %d, %d, %d, ", i ? "," : "", buf_kinds[b->kind], b->dt, slot,
+		        b->alias);
+		if (b->kind == CG_BUF_CONST && b->alias < 0) {
+			if (!b->data || b->data->dtype != b->dt)
+				return ir_seterr(err, KILN_EINVAL, "CUDA backend: constant buffer %d has no "
+				                 "data of its dtype", i);
+			int64_t at = cg_blob_add(bl, b->data->data, kiln_tensor_nbytes(b->data));
+			if (at < 0)
+				return ir_seterr(err, KILN_ENOMEM, "out of memory laying out weights");
+			fprintf(f, CG_BLOB_SYMBOL " + %lld}", (long long)at);
+		} else
+			fprintf(f, "NULL}");
+	}
+	fprintf(f, "%s};\nstatic const char *const kiln_kernel_names[] = {", m->nbuf ? "" : "{}");
+	for (int i = 0; i < m->nkern; i++) {
+		fprintf(f, "%s", i ? ", " : "");
+		cstring(f, m->kern[i].name);
+	}
+	fprintf(f, "%s};\nstatic const char *const kiln_sym_names[] = {", m->nkern ? "" : "NULL");
+	for (int i = 0; i < m->nsym; i++) {
+		fprintf(f, "%s", i ? ", " : "");
+		cstring(f, m->symname ? m->symname[i] : "");
+	}
+	fprintf(f, "%s};\n", m->nsym ? "" : "NULL");
+	fprintf(f, "extern \"C\" __attribute__((visibility(\"default\"))) const rt_model_desc "
+	        "kiln_model_desc = {\n\tRT_MODEL_ABI, %d, ", m->nsym);
+	cstring(f, name);
+	fprintf(f, ", kiln_sym_names, %d, %d, kiln_inputs, kiln_outputs, %d, %d, kiln_bufs,\n"
+	        "\t%d, 0, %s_kernels, kiln_kernel_names, kiln_numel, kiln_io_dims, 0, 0, 0, NULL};\n",
+	        m->ninputs, m->noutputs, m->nbuf, m->nslot, m->nkern, name);
+	return KILN_OK;
+}
+
+#ifndef KILN_SOURCE_DIR
+#define KILN_SOURCE_DIR "."
+#endif
+
+static kiln_status write_emu(cg_session *s, const char *stage, const char *path,
+                             kiln_error *err)
+{
+	if (strcmp(stage, "so") != 0)
+		return write_cuda(s, stage, path, err);
+	const cg_module *m = s->lib->m;
+	char src[4300], obj[4300], tmp[4300], rt[4096];
+	kiln_status st = cg_runtime_archive(rt, sizeof rt, err);
+	if (st != KILN_OK)
+		return st;
+	if (snprintf(src, sizeof src, "%s.emu.cu", path) >= (int)sizeof src ||
+	    snprintf(obj, sizeof obj, "%s.blob.o", path) >= (int)sizeof obj)
+		return ir_seterr(err, KILN_EINVAL, "%s: path too long", path);
+	cg_blob bl = {0};
+	char *text = NULL;
+	size_t len = 0;
+	FILE *f = open_memstream(&text, &len);
+	if (!f)
+		return ir_seterr(err, KILN_ENOMEM, "out of memory");
+	fputs(s->text, f);
+	st = describe(f, m, s->lib->name, &bl, err);
+	bool bad = ferror(f) != 0;
+	if (fclose(f) != 0 || bad)
+		st = st ? st : ir_seterr(err, KILN_ENOMEM, "out of memory");
+	if (st == KILN_OK)
+		st = rt_write_atomic(src, text, strlen(text), err);
+	free(text);
+	if (st == KILN_OK)
+		st = cg_blob_write_object(&bl, obj, err);
+	cg_blob_free(&bl);
+	if (st == KILN_OK)
+		st = cg_temp_file(path, 0777, tmp, sizeof tmp, err);
+	if (st == KILN_OK) {
+		char *argv[] = {"c++", "-std=c++14", "-O1", "-w", "-fPIC", "-fvisibility=hidden", "-shared",
+		                "-DKILN_CUDA_EMULATE", "-I" KILN_SOURCE_DIR,
+		                "-I" KILN_SOURCE_DIR "/include", "-x", "c++", src, "-x", "none", obj,
+		                rt, "-o", tmp, "-Wl,-z,defs", "-lm", "-lpthread", "-ldl", NULL};
+		st = cg_run_tool(path, argv, err);
+		if (st == KILN_OK)
+			st = cg_commit_file(tmp, path, err);
+		else
+			unlink(tmp);
+	}
+	unlink(src);
+	unlink(obj);
+	return st;
+}
+
+static const char *const cuda_stages[] = {"cu", "ptx", "cubin", NULL};
+
+const cg_backend cg_cuda_backend = {
+	.name = "cuda", .stages = cuda_stages, .supports = supports, .open = open_cuda,
+	.emit_kernels = emit_kernels, .emit_library = emit_library, .write = write_cuda,
+	.close = close_s};
+
+const cg_backend cg_cuda_emu_backend = {
+	.name = "cuda-emu", .stages = cuda_stages, .supports = supports, .open = open_emu,
+	.emit_kernels = emit_kernels, .emit_library = emit_library, .write = write_emu,
+	.close = close_s};
+
+/* ---- the CUDA library ------------------------------------------------------------
+ * Host code is generated C compiled with cc (no LLVM needed: it is glue, and
+ * the printer already writes the grids and launches as C); the cubins, the
+ * PTX and the weights go into the blob object (blob.c) beside it.  libcuda
+ * is opened with dlopen at _create, so the library loads anywhere and
+ * _create fails with a message where there is no driver. */
+
+static const char host_runtime[] =
+"#include <dlfcn.h>\n"
+"#include <stdarg.h>\n"
+"#include <stdint.h>\n"
+"#include <stdio.h>\n"
+"#include <stdlib.h>\n"
+"#include <string.h>\n"
+"typedef int CUresult;\n"
+"typedef int CUdevice;\n"
+"typedef void *CUcontext, *CUmodule, *CUfunction, *CUstream;\n"
+"typedef unsigned long long CUdeviceptr;\n"
+"typedef struct kiln_img { int major, minor, ptx; uint64_t at, n; } kiln_img;\n"
+"struct kiln_host {\n"
+"\tvoid *lib;\n"
+"\tCUdevice dev;\n"
+"\tCUcontext cu;\n"
+"\tCUmodule mod;\n"
+"\tCUstream st;\n"
+"\tCUfunction fn[KILN_NLAUNCH + 1];\n"
+"\tCUdeviceptr fault, weights, slot[KILN_NSLOT + 1], io[KILN_NBUF + 1];\n"
+"\tsize_t slot_bytes[KILN_NSLOT + 1], io_bytes[KILN_NBUF + 1];\n"
+"\tCUresult (*cuInit)(unsigned);\n"
+"\tCUresult (*cuDeviceGet)(CUdevice *, int);\n"
+"\tCUresult (*cuDeviceGetAttribute)(int *, int, CUdevice);\n"
+"\tCUresult (*cuDevicePrimaryCtxRetain)(CUcontext *, CUdevice);\n"
+"\tCUresult (*cuDevicePrimaryCtxRelease)(CUdevice);\n"
+"\tCUresult (*cuCtxSetCurrent)(CUcontext);\n"
+"\tCUresult (*cuModuleLoadData)(CUmodule *, const void *);\n"
+"\tCUresult (*cuModuleUnload)(CUmodule);\n"
+"\tCUresult (*cuModuleGetFunction)(CUfunction *, CUmodule, const char *);\n"
+"\tCUresult (*cuMemAlloc)(CUdeviceptr *, size_t);\n"
+"\tCUresult (*cuMemFree)(CUdeviceptr);\n"
+"\tCUresult (*cuMemcpyHtoD)(CUdeviceptr, const void *, size_t);\n"
+"\tCUresult (*cuMemcpyHtoDAsync)(CUdeviceptr, const void *, size_t, CUstream);\n"
+"\tCUresult (*cuMemcpyDtoHAsync)(void *, CUdeviceptr, size_t, CUstream);\n"
+"\tCUresult (*cuMemsetD8Async)(CUdeviceptr, unsigned char, size_t, CUstream);\n"
+"\tCUresult (*cuStreamCreate)(CUstream *, unsigned);\n"
+"\tCUresult (*cuStreamDestroy)(CUstream);\n"
+"\tCUresult (*cuStreamSynchronize)(CUstream);\n"
+"\tCUresult (*cuLaunchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned,\n"
+"\t                           unsigned, unsigned, CUstream, void **, void **);\n"
+"\tCUresult (*cuGetErrorString)(CUresult, const char **);\n"
+"\tchar err[600];\n"
+"};\n"
+"static int kiln_fail(kiln_host *h, int code, const char *fmt, ...)\n"
+"{\n"
+"\tva_list ap;\n"
+"\tva_start(ap, fmt);\n"
+"\tvsnprintf(h->err, sizeof h->err, fmt, ap);\n"
+"\tva_end(ap);\n"
+"\treturn code;\n"
+"}\n"
+"/* a driver call that failed: KILN_EIO (6), naming the call and the error */\n"
+"static int kiln_cu(kiln_host *h, CUresult r, const char *what)\n"
+"{\n"
+"\tconst char *s = NULL;\n"
+"\tif (r == 0) return 0;\n"
+"\tif (h->cuGetErrorString) h->cuGetErrorString(r, &s);\n"
+"\treturn kiln_fail(h, 6, \"CUDA: %s failed: error %d (%s)\", what, r, s ? s : \"?\");\n"
+"}\n"
+"static void *kiln_host_fault(kiln_host *h) { return &h->fault; }\n"
+"static int kiln_host_launch(kiln_host *h, int fn, const unsigned g[3], unsigned threads, void **args)\n"
+"{\n"
+"\treturn kiln_cu(h, h->cuLaunchKernel(h->fn[fn], g[0], g[1], g[2], threads,\n"
+"\t                                    threads == 256 ? 1 : threads, 1, 0, h->st, args, NULL),\n"
+"\t               \"cuLaunchKernel\");\n"
+"}\n"
+"static int kiln_sym(kiln_host *h, void **p, const char *name)\n"
+"{\n"
+"\t*p = dlsym(h->lib, name);\n"
+"\treturn *p ? 0 : kiln_fail(h, 3, \"libcuda.so.1 has no %s: the NVIDIA driver is too old\", name);\n"
+"}\n"
+"#define KILN_SYM(f, name) kiln_sym(h, (void **)&h->f, name)\n"
+"static int kiln_open(kiln_host *h)\n"
+"{\n"
+"\th->lib = dlopen(\"libcuda.so.1\", RTLD_NOW | RTLD_LOCAL);\n"
+"\tif (!h->lib) {\n"
+"\t\tconst char *e = dlerror();\n"
+"\t\treturn kiln_fail(h, 3, \"libcuda.so.1 not found: %s (this library needs an NVIDIA GPU \"\n"
+"\t\t                 \"and its driver)\", e ? e : \"dlopen failed\");\n"
+"\t}\n"
+"\tint rc = KILN_SYM(cuInit, \"cuInit\") || KILN_SYM(cuDeviceGet, \"cuDeviceGet\") ||\n"
+"\t         KILN_SYM(cuDeviceGetAttribute, \"cuDeviceGetAttribute\") ||\n"
+"\t         KILN_SYM(cuDevicePrimaryCtxRetain, \"cuDevicePrimaryCtxRetain\") ||\n"
+"\t         KILN_SYM(cuDevicePrimaryCtxRelease, \"cuDevicePrimaryCtxRelease_v2\") ||\n"
+"\t         KILN_SYM(cuCtxSetCurrent, \"cuCtxSetCurrent\") ||\n"
+"\t         KILN_SYM(cuModuleLoadData, \"cuModuleLoadData\") ||\n"
+"\t         KILN_SYM(cuModuleUnload, \"cuModuleUnload\") ||\n"
+"\t         KILN_SYM(cuModuleGetFunction, \"cuModuleGetFunction\") ||\n"
+"\t         KILN_SYM(cuMemAlloc, \"cuMemAlloc_v2\") || KILN_SYM(cuMemFree, \"cuMemFree_v2\") ||\n"
+"\t         KILN_SYM(cuMemcpyHtoD, \"cuMemcpyHtoD_v2\") ||\n"
+"\t         KILN_SYM(cuMemcpyHtoDAsync, \"cuMemcpyHtoDAsync_v2\") ||\n"
+"\t         KILN_SYM(cuMemcpyDtoHAsync, \"cuMemcpyDtoHAsync_v2\") ||\n"
+"\t         KILN_SYM(cuMemsetD8Async, \"cuMemsetD8Async\") ||\n"
+"\t         KILN_SYM(cuStreamCreate, \"cuStreamCreate\") ||\n"
+"\t         KILN_SYM(cuStreamDestroy, \"cuStreamDestroy_v2\") ||\n"
+"\t         KILN_SYM(cuStreamSynchronize, \"cuStreamSynchronize\") ||\n"
+"\t         KILN_SYM(cuLaunchKernel, \"cuLaunchKernel\") ||\n"
+"\t         KILN_SYM(cuGetErrorString, \"cuGetErrorString\");\n"
+"\tif (rc) return rc;\n"
+"\tint major = 0, minor = 0;\n"
+"\tif ((rc = kiln_cu(h, h->cuInit(0), \"cuInit\")) ||\n"
+"\t    (rc = kiln_cu(h, h->cuDeviceGet(&h->dev, 0), \"cuDeviceGet(0)\")) ||\n"
+"\t    (rc = kiln_cu(h, h->cuDeviceGetAttribute(&major, 75, h->dev), \"cuDeviceGetAttribute\")) ||\n"
+"\t    (rc = kiln_cu(h, h->cuDeviceGetAttribute(&minor, 76, h->dev), \"cuDeviceGetAttribute\")) ||\n"
+"\t    (rc = kiln_cu(h, h->cuDevicePrimaryCtxRetain(&h->cu, h->dev), \"cuDevicePrimaryCtxRetain\")))\n"
+"\t\treturn rc;\n"
+"\tif ((rc = kiln_cu(h, h->cuCtxSetCurrent(h->cu), \"cuCtxSetCurrent\"))) return rc;\n"
+"\t/* a cubin of the device's major version and a minor at most its own, else PTX */\n"
+"\tconst kiln_img *best = NULL;\n"
+"\tfor (int i = 0; i < KILN_NIMG; i++) {\n"
+"\t\tconst kiln_img *m = &kiln_imgs[i];\n"
+"\t\tbool fits = m->ptx ? m->major * 10 + m->minor <= major * 10 + minor\n"
+"\t\t                   : m->major == major && m->minor <= minor;\n"
+"\t\tif (fits && (!best || (best->ptx && !m->ptx) || (best->ptx == m->ptx && m->minor > best->minor)))\n"
+"\t\t\tbest = m;\n"
+"\t}\n"
+"\tif (!best)\n"
+"\t\treturn kiln_fail(h, 3, \"this library has no code for the GPU's sm_%d%d (compiled for %s)\",\n"
+"\t\t                 major, minor, KILN_ARCHS);\n"
+"\tif ((rc = kiln_cu(h, h->cuModuleLoadData(&h->mod, kiln_blob + best->at), \"cuModuleLoadData\")))\n"
+"\t\treturn rc;\n"
+"\tfor (int i = 0; i < KILN_NLAUNCH; i++)\n"
+"\t\tif ((rc = kiln_cu(h, h->cuModuleGetFunction(&h->fn[i], h->mod, KILN_LAUNCH_NAMES[i]),\n"
+"\t\t                  \"cuModuleGetFunction\")))\n"
+"\t\t\treturn rc;\n"
+"\tif ((rc = kiln_cu(h, h->cuStreamCreate(&h->st, 1), \"cuStreamCreate\")) ||\n"
+"\t    (rc = kiln_cu(h, h->cuMemAlloc(&h->fault, 64), \"cuMemAlloc\")))\n"
+"\t\treturn rc;\n"
+"\tif (KILN_WEIGHT_BYTES &&\n"
+"\t    ((rc = kiln_cu(h, h->cuMemAlloc(&h->weights, KILN_WEIGHT_BYTES), \"cuMemAlloc (weights)\")) ||\n"
+"\t     (rc = kiln_cu(h, h->cuMemcpyHtoD(h->weights, kiln_blob + KILN_WEIGHT_AT, KILN_WEIGHT_BYTES),\n"
+"\t                   \"cuMemcpyHtoD (weights)\"))))\n"
+"\t\treturn rc;\n"
+"\treturn 0;\n"
+"}\n"
+"static void kiln_close(kiln_host *h)\n"
+"{\n"
+"\tif (h->cu && h->cuCtxSetCurrent) h->cuCtxSetCurrent(h->cu);\n"
+"\tfor (int i = 0; i < KILN_NSLOT; i++) if (h->slot[i]) h->cuMemFree(h->slot[i]);\n"
+"\tfor (int i = 0; i < KILN_NBUF; i++) if (h->io[i]) h->cuMemFree(h->io[i]);\n"
+"\tif (h->weights) h->cuMemFree(h->weights);\n"
+"\tif (h->fault) h->cuMemFree(h->fault);\n"
+"\tif (h->st) h->cuStreamDestroy(h->st);\n"
+"\tif (h->mod) h->cuModuleUnload(h->mod);\n"
+"\tif (h->cu) h->cuDevicePrimaryCtxRelease(h->dev);\n"
+"\tif (h->lib) dlclose(h->lib);\n"
+"}\n"
+"/* device memory of n bytes at *p, grown (never shrunk) to fit */\n"
+"static int kiln_fit(kiln_host *h, CUdeviceptr *p, size_t *have, size_t n)\n"
+"{\n"
+"\tif (n <= *have && *p) return 0;\n"
+"\tif (*p) h->cuMemFree(*p), *p = 0, *have = 0;\n"
+"\tint rc = kiln_cu(h, h->cuMemAlloc(p, n ? n : 1), \"cuMemAlloc\");\n"
+"\tif (!rc) *have = n;\n"
+"\treturn rc;\n"
+"}\n";
+
+static const char *host_ctype(kiln_dtype dt)
+{
+	switch (dt) {
+	case KILN_F32: return "float";
+	case KILN_F64: return "double";
+	case KILN_I8: return "int8_t";
+	case KILN_U8: case KILN_BOOL: return "uint8_t";
+	case KILN_I32: return "int32_t";
+	case KILN_I64: return "int64_t";
+	default: return "uint16_t";
+	}
+}
+
+static void host_params(FILE *f, const cg_module *m, const char *name, const char *suffix)
+{
+	fprintf(f, "__attribute__((visibility(\"default\"))) int %s_%s(struct %s_ctx *ctx", name,
+	        suffix, name);
+	for (int k = 0; k < m->nsym; k++)
+		fprintf(f, ", int64_t s%d", k);
+	for (int i = 0; i < m->ninputs + m->noutputs; i++) {
+		int b = i < m->ninputs ? m->inputs[i] : m->outputs[i - m->ninputs];
+		fprintf(f, ", %s%s *p%d", i < m->ninputs ? "const " : "", host_ctype(m->buf[b].dt), i);
+	}
+	fprintf(f, ")");
+}
+
+/* The library's own entry points: _create_ex/_create, _run (host pointers:
+ * async copies in and out), _run_device (device pointers), _errmsg,
+ * _set_threads (nothing to set), _destroy. */
+static void host_entries(FILE *f, const cg_module *m, const char *name)
+{
+	fprintf(f, "struct %s_ctx { kiln_host h; };\n", name);
+	fprintf(f, "__attribute__((visibility(\"default\"))) int %s_create_ex(struct %s_ctx **out, "
+	        "char *msg, size_t size)\n{\n\t*out = NULL;\n"
+	        "\tstruct %s_ctx *c = calloc(1, sizeof *c);\n"
+	        "\tif (!c) {\n\t\tif (msg && size) snprintf(msg, size, \"out of memory\");\n"
+	        "\t\treturn 5;\n\t}\n\tint rc = kiln_open(&c->h);\n\tif (rc) {\n"
+	        "\t\tif (msg && size) snprintf(msg, size, \"%%s\", c->h.err);\n"
+	        "\t\tkiln_close(&c->h);\n\t\tfree(c);\n\t\treturn rc;\n\t}\n"
+	        "\t*out = c;\n\treturn 0;\n}\n", name, name, name);
+	fprintf(f, "__attribute__((visibility(\"default\"))) struct %s_ctx *%s_create(void)\n{\n"
+	        "\tstruct %s_ctx *c = NULL;\n\t%s_create_ex(&c, NULL, 0);\n\treturn c;\n}\n",
+	        name, name, name, name);
+	fprintf(f, "__attribute__((visibility(\"default\"))) void %s_destroy(struct %s_ctx *c)\n{\n"
+	        "\tif (!c) return;\n\tkiln_close(&c->h);\n\tfree(c);\n}\n", name, name);
+	fprintf(f, "__attribute__((visibility(\"default\"))) const char *%s_errmsg(const struct "
+	        "%s_ctx *c)\n{\n\treturn c ? c->h.err : \"null context\";\n}\n", name, name);
+	fprintf(f, "__attribute__((visibility(\"default\"))) int %s_set_threads(struct %s_ctx *c, "
+	        "int n)\n{\n\t(void)n;\n\treturn c ? 0 : 1;\n}\n", name, name);
+	/* the common body: buffers bound, kernels launched, the fault read */
+	fprintf(f, "static int kiln_exec(kiln_host *h, const kiln_i64 *sym, void *const *io, int dev)\n"
+	        "{\n\tkiln_i64 n[KILN_NBUF + 1];\n\tkiln_u64 buf[KILN_NBUF + 1];\n"
+	        "\tsize_t need[KILN_NSLOT + 1] = {0};\n\tint rc;\n\tkiln_numel(sym, n);\n"
+	        "\tif ((rc = kiln_cu(h, h->cuCtxSetCurrent(h->cu), \"cuCtxSetCurrent\"))) return rc;\n"
+	        "\tfor (int b = 0; b < KILN_NBUF; b++)\n"
+	        "\t\tif (kiln_bufs[b].slot >= 0 && need[kiln_bufs[b].slot] < (size_t)n[b] * kiln_bufs[b].size)\n"
+	        "\t\t\tneed[kiln_bufs[b].slot] = (size_t)n[b] * kiln_bufs[b].size;\n"
+	        "\tfor (int s = 0; s < KILN_NSLOT; s++)\n"
+	        "\t\tif ((rc = kiln_fit(h, &h->slot[s], &h->slot_bytes[s], need[s]))) return rc;\n"
+	        "\tfor (int b = 0; b < KILN_NBUF; b++) {\n"
+	        "\t\tconst struct kiln_bufd *d = &kiln_bufs[b];\n"
+	        "\t\tsize_t bytes = (size_t)n[b] * d->size;\n"
+	        "\t\tif (d->io >= 0 && dev) buf[b] = (kiln_u64)(uintptr_t)io[d->io];\n"
+	        "\t\telse if (d->io >= 0) {\n"
+	        "\t\t\tif ((rc = kiln_fit(h, &h->io[b], &h->io_bytes[b], bytes))) return rc;\n"
+	        "\t\t\tbuf[b] = h->io[b];\n"
+	        "\t\t\tif (d->io < %d && bytes && (rc = kiln_cu(h, h->cuMemcpyHtoDAsync(buf[b], io[d->io], bytes, h->st), \"cuMemcpyHtoDAsync\"))) return rc;\n"
+	        "\t\t} else if (d->weight >= 0) buf[b] = h->weights + (kiln_u64)d->weight;\n"
+	        "\t\telse if (d->slot >= 0) buf[b] = h->slot[d->slot];\n"
+	        "\t\telse buf[b] = 0;\n\t}\n"
+	        "\tfor (int b = 0; b < KILN_NBUF; b++)\n"
+	        "\t\tif (kiln_bufs[b].alias >= 0) buf[b] = buf[kiln_bufs[b].alias];\n"
+	        "\tif ((rc = kiln_cu(h, h->cuMemsetD8Async(h->fault, 0, 64, h->st), \"cuMemsetD8Async\"))) return rc;\n"
+	        "\tfor (int k = 0; k < %d; k++)\n"
+	        "\t\tif ((rc = %s_launches[k](h, sym, buf))) return rc;\n"
+	        "\tstruct { int set, id; kiln_i64 v, lo, hi; } fault;\n"
+	        "\tif ((rc = kiln_cu(h, h->cuMemcpyDtoHAsync(&fault, h->fault, sizeof fault, h->st), \"cuMemcpyDtoHAsync\"))) return rc;\n"
+	        "\tfor (int b = 0; b < KILN_NBUF && !dev; b++)\n"
+	        "\t\tif (kiln_bufs[b].io >= %d && n[b] && (rc = kiln_cu(h, h->cuMemcpyDtoHAsync(io[kiln_bufs[b].io], buf[b], (size_t)n[b] * kiln_bufs[b].size, h->st), \"cuMemcpyDtoHAsync\"))) return rc;\n"
+	        "\tif ((rc = kiln_cu(h, h->cuStreamSynchronize(h->st), \"cuStreamSynchronize\"))) return rc;\n"
+	        "\tif (fault.set && fault.lo < fault.hi)\n"
+	        "\t\treturn kiln_fail(h, 1, \"%%s %%lld out of range [%%lld, %%lld)\", %s_what[fault.id], "
+	        "(long long)fault.v, (long long)fault.lo, (long long)fault.hi);\n"
+	        "\tif (fault.set) return kiln_fail(h, 1, \"%%s\", %s_what[fault.id]);\n"
+	        "\th->err[0] = 0;\n\treturn 0;\n}\n", m->ninputs, m->nkern, name, m->ninputs, name, name);
+	for (int dev = 0; dev < 2; dev++) {
+		host_params(f, m, name, dev ? "run_device" : "run");
+		fprintf(f, "\n{\n\tif (!c_ok(ctx)) return 1;\n\tkiln_i64 sym[%d] = {0", m->nsym + 1);
+		for (int k = 0; k < m->nsym; k++)
+			fprintf(f, ", s%d", k);
+		fprintf(f, "};\n\tvoid *io[%d] = {0", m->ninputs + m->noutputs + 1);
+		for (int i = 0; i < m->ninputs + m->noutputs; i++)
+			fprintf(f, ", (void *)p%d", i);
+		fprintf(f, "};\n");
+		for (int k = 0; k < m->nsym; k++)
+			fprintf(f, "\tif (s%d < 0) return kiln_fail(&ctx->h, 1, \"size %d is negative\");\n", k, k);
+		for (int i = 0; i < m->ninputs + m->noutputs; i++)
+			fprintf(f, "\tif (!p%d) return kiln_fail(&ctx->h, 1, \"argument %d is NULL\");\n", i, i);
+		fprintf(f, "\treturn kiln_exec(&ctx->h, sym + 1, io + 1, %d);\n}\n", dev);
+	}
+}
+
+static kiln_status host_source(FILE *f, cg_session *s, cg_blob *bl, const char *archs,
+                               kiln_error *err)
+{
+	const cg_module *m = s->lib->m;
+	const char *name = s->lib->name;
+	/* the images first: cubin per architecture, PTX for the last */
+	int nimg = 0;
+	char imgs[2048] = "";
+	size_t used = 0;
+	const char *a = archs;
+	kiln_status st = KILN_OK;
+	char last[16] = "";
+	while (*a && st == KILN_OK) {
+		size_t n = strcspn(a, ",");
+		char arch[16];
+		snprintf(arch, sizeof arch, "%.*s", (int)(n < 15 ? n : 15), a);
+		a += n + (a[n] == ',');
+		for (int ptx = 0; ptx < 2 && st == KILN_OK; ptx++) {
+			if (ptx && *a)
+				continue; /* PTX only for the last architecture */
+			void *img = NULL;
+			size_t len = 0;
+			st = cg_nvrtc_compile(s->text, "kiln.cu", arch, ptx, false, fast_math(s->lib->o),
+			                      &img, &len, err);
+			if (st == KILN_OK && s->nimg == (int)(sizeof s->img / sizeof *s->img)) {
+				free(img);
+				st = ir_seterr(err, KILN_EINVAL, "--cuda-arch: at most %d architectures",
+				               (int)(sizeof s->img / sizeof *s->img) - 1);
+				break;
+			}
+			if (st == KILN_OK)
+				s->img[s->nimg++] = img; /* freed with the session, after the blob */
+			int64_t at = st == KILN_OK ? cg_blob_add(bl, img, len) : 0;
+			if (at < 0)
+				st = ir_seterr(err, KILN_ENOMEM, "out of memory");
+			int cc = atoi(arch + 3);
+			if (st == KILN_OK && used < sizeof imgs)
+				used += (size_t)snprintf(imgs + used, sizeof imgs - used, "%s{%d, %d, %d, %lld, %zu}",
+				                         nimg ? ", " : "", cc / 10, cc % 10, ptx,
+				                         (long long)at, len);
+			nimg++;
+		}
+		snprintf(last, sizeof last, "%s", arch);
+	}
+	if (st != KILN_OK)
+		return st;
+	/* weights: one contiguous run of the blob, uploaded once at _create */
+	int64_t wfirst = -1;
+	uint64_t wend = 0;
+	int64_t *woff = calloc((size_t)m->nbuf + 1, sizeof *woff);
+	if (!woff)
+		return ir_seterr(err, KILN_ENOMEM, "out of memory");
+	for (int b = 0; b < m->nbuf && st == KILN_OK; b++) {
+		const cg_buf *cb = &m->buf[b];
+		woff[b] = -1;
+		if (cb->kind != CG_BUF_CONST || cb->alias >= 0)
+			continue;
+		if (!cb->data || cb->data->dtype != cb->dt) {
+			st = ir_seterr(err, KILN_EINVAL, "CUDA backend: constant buffer %d has no data of its "
+			               "dtype", b);
+			break;
+		}
+		/* appended, never shared with an image: 64-byte aligned after them */
+		int64_t at = cg_blob_add(bl, cb->data->data, kiln_tensor_nbytes(cb->data));
+		if (at < 0) {
+			st = ir_seterr(err, KILN_ENOMEM, "out of memory");
+			break;
+		}
+		if (wfirst < 0)
+			wfirst = at;
+		woff[b] = at;
+		if ((uint64_t)at + kiln_tensor_nbytes(cb->data) > wend)
+			wend = (uint64_t)at + kiln_tensor_nbytes(cb->data);
+	}
+	if (st == KILN_OK) {
+		fprintf(f, "#define KILN_CUDA_HOST 1\n#define KILN_NBUF %d\n#define KILN_NSLOT %d\n"
+		        "#define KILN_NIMG %d\n#define KILN_ARCHS \"%s\"\n#define KILN_WEIGHT_AT %lldULL\n"
+		        "#define KILN_WEIGHT_BYTES %lluULL\n", m->nbuf, m->nslot, nimg, archs,
+		        (long long)(wfirst < 0 ? 0 : wfirst),
+		        (unsigned long long)(wfirst < 0 ? 0 : wend - (uint64_t)wfirst));
+		fprintf(f, "#include <stdbool.h>\n#include <stddef.h>\n#include <stdint.h>\n"
+		        "extern const unsigned char " CG_BLOB_SYMBOL "[] __attribute__((visibility(\"hidden\")));\n");
+		fprintf(f, "%.*s", (int)(strstr(host_runtime, "typedef struct kiln_img") - host_runtime),
+		        host_runtime);
+		fputs(s->text, f); /* the grids, launches and tables, under KILN_CUDA_HOST */
+		fprintf(f, "#define KILN_LAUNCH_NAMES %s_launch_names\n", name);
+		fprintf(f, "typedef struct kiln_img { int major, minor, ptx; uint64_t at, n; } kiln_img;\n"
+		        "static const kiln_img kiln_imgs[] = {%s};\n", imgs);
+		fputs(strstr(host_runtime, "struct kiln_host {"), f);
+		fprintf(f, "struct kiln_bufd { int io, slot, alias; long long weight; size_t size; };\n"
+		        "static const struct kiln_bufd kiln_bufs[] = {");
+		for (int b = 0; b < m->nbuf; b++) {
+			const cg_buf *cb = &m->buf[b];
+			int io = cb->kind == CG_BUF_INPUT ? cb->io_index
+			         : cb->kind == CG_BUF_OUTPUT ? m->ninputs + cb->io_index : -1;
+			int slot = cb->kind == CG_BUF_TEMP && cb->alias < 0 ? cb->slot : -1;
+			fprintf(f, "%s\n\t{%d, %d, %d, %lld, %zu}", b ? "," : "", cb->alias >= 0 ? -1 : io,
+			        slot, cb->alias, (long long)(woff[b] < 0 ? -1 : woff[b] - wfirst),
+			        kiln_dtype_size(cb->dt));
+		}
+		fprintf(f, "%s};\n", m->nbuf ? "" : "{-1, -1, -1, -1, 0}");
+		fprintf(f, "static void kiln_numel(const kiln_i64 *sym, kiln_i64 *n)\n{\n\t(void)sym;\n");
+		for (int b = 0; b < m->nbuf; b++) {
+			fprintf(f, "\tn[%d] = ", b);
+			cg_cuda_print_expr(f, m, m->buf[b].numel);
+			fprintf(f, ";\n");
+		}
+		fprintf(f, "}\n");
+		fprintf(f, "static bool c_ok(const void *c) { return c != NULL; }\n");
+		host_entries(f, m, name);
+	}
+	free(woff);
+	(void)last;
+	return st;
+}
+
+static kiln_status write_library(cg_session *s, const char *path, kiln_error *err)
+{
+	const kiln_compile_opts *o = s->lib->o;
+	const char *archs = o && o->cuda_arch && *o->cuda_arch ? o->cuda_arch : "sm_80,sm_90";
+	char src[4300], obj[4300], tmp[4300];
+	if (snprintf(src, sizeof src, "%s.host.c", path) >= (int)sizeof src ||
+	    snprintf(obj, sizeof obj, "%s.blob.o", path) >= (int)sizeof obj)
+		return ir_seterr(err, KILN_EINVAL, "%s: path too long", path);
+	cg_blob bl = {0};
+	char *text = NULL;
+	size_t len = 0;
+	FILE *f = open_memstream(&text, &len);
+	if (!f)
+		return ir_seterr(err, KILN_ENOMEM, "out of memory");
+	kiln_status st = host_source(f, s, &bl, archs, err);
+	bool bad = ferror(f) != 0;
+	if (fclose(f) != 0 || bad)
+		st = st ? st : ir_seterr(err, KILN_ENOMEM, "out of memory");
+	if (st == KILN_OK)
+		st = rt_write_atomic(src, text, strlen(text), err);
+	free(text);
+	if (st == KILN_OK)
+		st = cg_blob_write_object(&bl, obj, err);
+	cg_blob_free(&bl);
+	if (st == KILN_OK)
+		st = cg_temp_file(path, 0777, tmp, sizeof tmp, err);
+	if (st == KILN_OK) {
+		char *argv[] = {"cc", "-std=gnu11", "-O2", "-w", "-fPIC", "-fvisibility=hidden", "-shared",
+		                "-x", "c", src, "-x", "none", obj, "-o", tmp, "-Wl,-z,defs",
+		                "-Wl,--build-id=none", "-ldl", NULL};
+		st = cg_run_tool(path, argv, err);
+		if (st == KILN_OK)
+			st = cg_commit_file(tmp, path, err);
+		else
+			unlink(tmp);
+	}
+	if (!getenv("KILN_KEEP_CUDA_HOST"))
+		unlink(src);
+	unlink(obj);
+	return st;
+}
