@@ -1148,10 +1148,15 @@ static void kernel(pr *p, int ki, const cg_cuda_opts *o)
 			break;
 		}
 		memset(wr, 0, (size_t)nv);
+		bool *rd = calloc((size_t)nv + 1, 1);
+		if (!rd) {
+			p->oom = true;
+			break;
+		}
 		for (int i = L[l].first; i < L[l].first + L[l].n; i++)
-			stmt_uses(it[i], u, NULL, wr, vdt);
+			stmt_uses(it[i], u, rd, wr, vdt);
 		if (k->guard)
-			expr_uses(k->guard, u, NULL);
+			expr_uses(k->guard, u, rd);
 		bool chk = false;
 		for (int i = L[l].first; i < L[l].first + L[l].n; i++)
 			chk = chk || has_check(it[i]);
@@ -1159,9 +1164,13 @@ static void kernel(pr *p, int ki, const cg_cuda_opts *o)
 		        p->pre, ki, l);
 		params(p, u);
 		fprintf(f, ")\n{\n\t(void)S; (void)F;\n");
+		/* a local the kernel sets but never reads (a recurrence's previous
+		 * state that no gate reads) would be NVRTC's warning #550 */
 		for (int v = 0; v < nv; v++)
 			if (wr[v])
-				fprintf(f, "\t%s v%d = 0;\n", ctype(vdt[v]), v);
+				fprintf(f, rd[v] ? "\t%s v%d = 0;\n" : "\t%s v%d __attribute__((unused)) = 0;\n",
+				        ctype(vdt[v]), v);
+		free(rd);
 		launch_body(p, k, &L[l], it, nv);
 		fprintf(f, "}\n#endif\n");
 		(void)chk;
