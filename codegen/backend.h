@@ -128,7 +128,7 @@ typedef struct cg_blob {
  * else appended at the next multiple of 64.  -1: out of memory. */
 int64_t cg_blob_add(cg_blob *bl, const void *data, size_t n);
 /* An x86-64 ELF relocatable object at path (an intermediate file) defining
- * CG_BLOB_SYMBOL (hidden, 64-byte aligned, in .rodata.kiln_blob) as bl's
+ * CG_BLOB_SYMBOL (hidden, 64-byte aligned, in .lrodata.kiln_blob) as bl's
  * bytes. */
 kiln_status cg_blob_write_object(const cg_blob *bl, const char *path, kiln_error *err);
 void cg_blob_free(cg_blob *bl);

@@ -7,6 +7,14 @@
  * PC-relative and it is not exported), and the string tables.  No
  * assembler or code generator sees the bytes; the system linker copies
  * them into the library.
+ *
+ * The section is a large-data one (.lrodata, SHF_X86_64_LARGE), which the
+ * linker places after .data and .bss, at the end of the library: in
+ * .rodata the weights sat between the code and the GOT, .data and the
+ * other read-only data, and past 2 GiB of weights (ViT-H/14: 2.5 GB) the
+ * code's 32-bit PC-relative references to those no longer reached.  The
+ * library reaches the weights only through pointer tables (64-bit
+ * relocations), whatever their size.
  */
 #include <elf.h>
 #include <stdio.h>
@@ -15,6 +23,10 @@
 #include <unistd.h>
 
 #include "codegen/backend.h"
+
+#ifndef SHF_X86_64_LARGE
+#define SHF_X86_64_LARGE 0x10000000 /* the x86-64 psABI's large section flag */
+#endif
 
 int64_t cg_blob_add(cg_blob *bl, const void *data, size_t n)
 {
@@ -46,8 +58,9 @@ void cg_blob_free(cg_blob *bl)
 /* section indices */
 enum { S_NULL, S_DATA, S_NOTE, S_SYMTAB, S_STRTAB, S_SHSTRTAB, S_COUNT };
 
-static const char shstr[] = "\0.rodata.kiln_blob\0.note.GNU-stack\0.symtab\0.strtab\0.shstrtab";
-enum { N_DATA = 1, N_NOTE = 19, N_SYMTAB = 35, N_STRTAB = 43, N_SHSTRTAB = 51 };
+static const char shstr[] = "\0.lrodata.kiln_blob\0.note.GNU-stack\0.symtab\0.strtab\0.shstrtab";
+enum { N_DATA = 1, N_NOTE = 20, N_SYMTAB = 36, N_STRTAB = 44, N_SHSTRTAB = 52 };
+_Static_assert(sizeof shstr == N_SHSTRTAB + sizeof ".shstrtab", "section name offsets");
 static const char str[] = "\0" CG_BLOB_SYMBOL;
 
 static bool put(FILE *f, const void *p, size_t n)
@@ -87,7 +100,8 @@ kiln_status cg_blob_write_object(const cg_blob *bl, const char *path, kiln_error
 		.st_name = 1, .st_info = ELF64_ST_INFO(STB_GLOBAL, STT_OBJECT),
 		.st_other = STV_HIDDEN, .st_shndx = S_DATA, .st_value = 0, .st_size = bl->size}};
 	Elf64_Shdr sh[S_COUNT] = {
-		[S_DATA] = {.sh_name = N_DATA, .sh_type = SHT_PROGBITS, .sh_flags = SHF_ALLOC,
+		[S_DATA] = {.sh_name = N_DATA, .sh_type = SHT_PROGBITS,
+		            .sh_flags = SHF_ALLOC | SHF_X86_64_LARGE,
 		            .sh_offset = data_off, .sh_size = bl->size, .sh_addralign = 64},
 		[S_NOTE] = {.sh_name = N_NOTE, .sh_type = SHT_PROGBITS, .sh_offset = data_end,
 		            .sh_addralign = 1},

@@ -8,6 +8,7 @@
  * never crashes.
  */
 #include <dirent.h>
+#include <elf.h>
 #include <dlfcn.h>
 #include <math.h>
 #include <stdio.h>
@@ -735,6 +736,36 @@ static char *slurp_n(const char *path, size_t *n)
 	return s;
 }
 
+#ifndef SHF_X86_64_LARGE
+#define SHF_X86_64_LARGE 0x10000000
+#endif
+
+/* The weights' section of a library image: a large-data one (.lrodata,
+ * SHF_X86_64_LARGE) laid out after every other allocated section, so that
+ * past 2 GiB of weights the code's 32-bit PC-relative references to the
+ * GOT, .data and .rodata still reach (a 2.36 GB Gather table did not link
+ * while the weights sat in .rodata).  Returns its size. */
+static uint64_t check_weights_last(const char *img, size_t n)
+{
+	const Elf64_Ehdr *eh = (const Elf64_Ehdr *)img;
+	ck_assert(n >= sizeof *eh && eh->e_shoff + (uint64_t)eh->e_shnum * sizeof(Elf64_Shdr) <= n);
+	const Elf64_Shdr *sh = (const Elf64_Shdr *)(img + eh->e_shoff);
+	const char *names = img + sh[eh->e_shstrndx].sh_offset;
+	int w = -1;
+	for (int i = 0; i < eh->e_shnum; i++)
+		if (!strcmp(names + sh[i].sh_name, ".lrodata"))
+			w = i;
+	ck_assert_msg(w >= 0, "no .lrodata section");
+	ck_assert(sh[w].sh_flags & SHF_ALLOC);
+	ck_assert(sh[w].sh_flags & SHF_X86_64_LARGE);
+	for (int i = 0; i < eh->e_shnum; i++)
+		if (i != w && (sh[i].sh_flags & SHF_ALLOC))
+			ck_assert_msg(sh[i].sh_addr + sh[i].sh_size <= sh[w].sh_addr,
+			              "section %s ends past the weights' start",
+			              names + sh[i].sh_name);
+	return sh[w].sh_size;
+}
+
 START_TEST(library_is_the_same_whatever_the_threads)
 {
 	kiln_graph *g = kiln_graph_new("three");
@@ -767,6 +798,7 @@ START_TEST(library_is_the_same_whatever_the_threads)
 	ck_assert_int_eq(t1.jobs, 1);
 	ck_assert_int_eq(t3.jobs, t1.parts < 3 ? t1.parts : 3);
 	ck_assert_uint_eq(t1.weights_bytes, 2 * 64 * 64 * sizeof(float)); /* w1 == w2: once */
+	ck_assert_uint_ge(check_weights_last(b1, n1), t1.weights_bytes);
 	ck_assert(t1.lower > 0 && t1.emit > 0 && t1.optimize > 0 && t1.codegen > 0 && t1.link > 0);
 	ck_assert(t1.llvm >= 0.9 * (t1.optimize + t1.codegen)); /* one thread: the sum */
 	ck_assert(t1.total >= t1.lower + t1.emit + t1.llvm + t1.link);
