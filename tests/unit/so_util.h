@@ -26,7 +26,8 @@
 static inline int sh(const char *cmd, char *out, size_t size)
 {
 	char full[8192];
-	snprintf(full, sizeof full, "(%s) 2>&1", cmd);
+	if (snprintf(full, sizeof full, "(%s) 2>&1", cmd) >= (int)sizeof full)
+		return -1; /* too long to run as given */
 	FILE *p = popen(full, "r");
 	if (!p)
 		return -1;

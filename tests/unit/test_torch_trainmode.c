@@ -234,8 +234,9 @@ START_TEST(compiled_step_trains_the_export_as_pytorch)
 {
 	kiln_graph *tg = NULL, *inf = load("cnn.onnx", 2, &tg);
 	kiln_error err = {0};
-	char so[512];
-	snprintf(so, sizeof so, "%s/cnn_step.so", so_dir("torch_trainmode_test"));
+	char so[1100];
+	ck_assert_int_lt(snprintf(so, sizeof so, "%s/cnn_step.so", so_dir("torch_trainmode_test")),
+	                 (int)sizeof so);
 	ck_assert_msg(kiln_compile_train(tg, inf, &SGD, BATCH, so,
 	                                 &(kiln_compile_opts){.name = "cnn"}, &err) == KILN_OK,
 	              "%s", err.msg);
@@ -319,8 +320,9 @@ START_TEST(dropout_drops_in_training_only_interpreted_and_compiled)
 	              "the same mask twice");
 
 	/* the compiled step draws the interpreter trainer's masks */
-	char so[512];
-	snprintf(so, sizeof so, "%s/drop_step.so", so_dir("torch_trainmode_test"));
+	char so[1100];
+	ck_assert_int_lt(snprintf(so, sizeof so, "%s/drop_step.so", so_dir("torch_trainmode_test")),
+	                 (int)sizeof so);
 	ck_assert_msg(kiln_compile_train(tg, inf, &SGD, 0, so, &(kiln_compile_opts){.name = "drop"},
 	                                 &err) == KILN_OK, "%s", err.msg);
 	kiln_model *m = NULL;
