@@ -734,6 +734,18 @@ static bool ex_rnn(ex *x, const ir_node *n)
 	Onnx__NodeProto *np = begin(x, n, 8);
 	if (!np)
 		return false;
+	/* kiln's op always has Y, Y_h (and Y_c); an unnamed one nothing reads
+	 * is an omitted ONNX output, as the node it was imported from had it */
+	for (uint32_t i = 0; i < n->nout; i++) {
+		const ir_value *ov = x->g->val[n->out[i]];
+		bool used = ov->nuse > 0 || (ov->name && *ov->name);
+		for (uint32_t k = 0; k < x->g->noutput && !used; k++)
+			used = x->g->output[k] == n->out[i];
+		if (!used)
+			np->output[i] = (char *)"";
+	}
+	while (np->n_output > 1 && !*np->output[np->n_output - 1])
+		np->n_output--;
 	np->n_input = 3;
 	for (int p = IR_RNN_B; p <= IR_RNN_P; p++)
 		if (r.in[p] >= 0) {
