@@ -85,6 +85,13 @@ struct rt_model {
 	void **cbuf;         /* a chunk's pointers: buf with the run's off[] moved */
 	int64_t *csym;       /* a chunk's symbols */
 	int64_t *cnumel;     /* numel for a run's chunk (plan_arena) */
+	/* chunks on threads (run_chunked_par): thread t > 0 keeps the internal
+	 * buffers of a run at arena + treg + (t - 1) * treg_bytes + toff[b] */
+	void **tbuf;         /* per thread: its chunk's pointers (nthreads x nbuf) */
+	int64_t *tsym;       /* per thread: its chunk's symbols (nthreads x nsym) */
+	size_t *toff;        /* per buffer internal to a run: offset in a thread's region */
+	size_t *tslot;       /* per slot: scratch for plan_arena */
+	size_t treg, treg_bytes;
 	char err[1024];
 };
 
@@ -319,6 +326,10 @@ static kiln_status alloc_tables(rt_model *m)
 	m->cbuf = calloc(nb, sizeof *m->cbuf);
 	m->csym = calloc(ns, sizeof *m->csym);
 	m->cnumel = calloc(nb, sizeof *m->cnumel);
+	m->toff = calloc(nb, sizeof *m->toff);
+	m->tslot = calloc(d->nslot + 1, sizeof *m->tslot);
+	if (!m->toff || !m->tslot)
+		return KILN_ENOMEM;
 	if (!m->buf || !m->home || !m->io_of || !m->numel || !m->pre || !m->post || !m->sym || !m->bound_by ||
 	    !m->dims || !m->dim_off || !m->slot_off || !m->cbuf || !m->csym || !m->cnumel)
 		return KILN_ENOMEM;
@@ -454,6 +465,10 @@ void rt_model_destroy(rt_model *m)
 	free(m->cbuf);
 	free(m->csym);
 	free(m->cnumel);
+	free(m->tbuf);
+	free(m->tsym);
+	free(m->toff);
+	free(m->tslot);
 	free(m->arena);
 	for (uint32_t i = 0; m->state && m->own_state && i < m->d->nstate; i++)
 		free(m->state[i]);
@@ -490,10 +505,24 @@ kiln_status rt_model_set_threads(rt_model *m, int n)
 	rt_pool_free(m->pool);
 	m->pool = NULL;
 	m->nthreads = 1;
+	free(m->tbuf);
+	free(m->tsym);
+	m->tbuf = NULL;
+	m->tsym = NULL;
 	if (n > 1) {
 		kiln_status st = rt_pool_new(n, m->d->scratch_floats, &m->pool);
 		if (st != KILN_OK)
 			return fail(m, st, "model '%s': cannot start %d threads", m->d->name, n);
+		if (m->nchunk) {
+			m->tbuf = calloc((size_t)n * (m->d->nbuf + 1), sizeof *m->tbuf);
+			m->tsym = calloc((size_t)n * (m->d->nsym + 1), sizeof *m->tsym);
+			if (!m->tbuf || !m->tsym) {
+				rt_pool_free(m->pool);
+				m->pool = NULL;
+				return fail(m, KILN_ENOMEM, "model '%s': out of memory for %d threads",
+				            m->d->name, n);
+			}
+		}
 		m->nthreads = n;
 	}
 	return KILN_OK;
@@ -760,6 +789,46 @@ static kiln_status plan_arena(rt_model *m)
 			return fail(m, KILN_ENOMEM, "model '%s': scratch too large for %s", d->name,
 			            syms_str(m, syms, sizeof syms));
 	}
+	/* threads 1.. get their own copy of each chunked run's internal buffers */
+	m->treg = total;
+	m->treg_bytes = 0;
+	for (uint32_t r = 0; m->tbuf && r < m->nchunk; r++) {
+		const rt_chunk_desc *c = &d->chunks[r];
+		size_t off = 0;
+		if (!chunked(m, c))
+			continue;
+		memset(m->tslot, 0, d->nslot * sizeof *m->tslot);
+		memcpy(m->csym, m->sym, d->nsym * sizeof *m->csym);
+		m->csym[c->sym] = c->chunk;
+		d->numel(m->csym, m->cnumel);
+		for (uint32_t b = 0; b < d->nbuf; b++) {
+			int32_t s = d->bufs[b].slot;
+			if (d->chunk_of[b] != (int32_t)r || d->bufs[b].kind != RT_BUF_TEMP || s < 0)
+				continue;
+			int64_t ne = m->cnumel[b] < 0 || m->cnumel[b] > m->numel[b] ? m->numel[b]
+			                                                          : m->cnumel[b];
+			size_t bytes = (size_t)ne * dtypes[d->bufs[b].dtype].size;
+			if (bytes + 1 > m->tslot[s])
+				m->tslot[s] = bytes + 1; /* + 1: used, even when empty */
+		}
+		for (uint32_t s = 0; s < d->nslot; s++)
+			if (m->tslot[s]) {
+				size_t size = (m->tslot[s] - 1 + ALIGN - 1) / ALIGN * ALIGN;
+				m->tslot[s] = off;
+				off += size;
+			}
+		for (uint32_t b = 0; b < d->nbuf; b++)
+			if (d->chunk_of[b] == (int32_t)r && d->bufs[b].kind == RT_BUF_TEMP &&
+			    d->bufs[b].slot >= 0)
+				m->toff[b] = m->tslot[d->bufs[b].slot];
+		if (off > m->treg_bytes)
+			m->treg_bytes = off;
+	}
+	size_t tall;
+	if (__builtin_mul_overflow(m->treg_bytes, (size_t)(m->nthreads - 1), &tall) ||
+	    __builtin_add_overflow(total, tall, &total) || total > PTRDIFF_MAX)
+		return fail(m, KILN_ENOMEM, "model '%s': scratch too large for %s", d->name,
+		            syms_str(m, syms, sizeof syms));
 	if (total <= m->arena_bytes)
 		return KILN_OK;
 	free(m->arena);
@@ -794,22 +863,21 @@ static void copy_buf(const rt_model *m, void *to, int32_t tb, const void *from)
 		memcpy(to, from, n);
 }
 
-/* Runs kernel k; fails the run when one of its checks failed. */
-static kiln_status run_kernel(rt_model *m, uint32_t k, rt_exec *x)
+/* Kernel k's wall time into the profile, when one is kept (threads running
+ * chunks add to it concurrently). */
+static void prof_add(rt_model *m, uint32_t k, const struct timespec *t0)
+{
+	struct timespec t1;
+	clock_gettime(CLOCK_MONOTONIC, &t1);
+	__atomic_fetch_add(&m->prof[k], (uint64_t)((t1.tv_sec - t0->tv_sec) * 1000000000LL +
+	                                           (t1.tv_nsec - t0->tv_nsec)),
+	                   __ATOMIC_RELAXED);
+}
+
+/* The run's error for a fault kernel k reported. */
+static kiln_status fault_fail(rt_model *m, uint32_t k, const rt_fault *fault)
 {
 	const rt_model_desc *d = m->d;
-	struct timespec t0, t1;
-	if (m->prof)
-		clock_gettime(CLOCK_MONOTONIC, &t0);
-	d->kernels[k](x);
-	if (m->prof) {
-		clock_gettime(CLOCK_MONOTONIC, &t1);
-		m->prof[k] += (uint64_t)((t1.tv_sec - t0.tv_sec) * 1000000000LL +
-		                         (t1.tv_nsec - t0.tv_nsec));
-	}
-	rt_fault *fault = x->fault;
-	if (!atomic_load_explicit(&fault->set, memory_order_acquire))
-		return KILN_OK;
 	const char *what = fault->what ? fault->what : "index";
 	const char *kn = d->kernel_names && d->kernel_names[k] ? d->kernel_names[k] : "?";
 	if (fault->lo >= fault->hi)
@@ -817,6 +885,20 @@ static kiln_status run_kernel(rt_model *m, uint32_t k, rt_exec *x)
 	return fail(m, KILN_EINVAL, "model '%s': %s %lld out of range [%lld, %lld) "
 	            "(kernel %s)", d->name, what, (long long)fault->value,
 	            (long long)fault->lo, (long long)fault->hi, kn);
+}
+
+/* Runs kernel k; fails the run when one of its checks failed. */
+static kiln_status run_kernel(rt_model *m, uint32_t k, rt_exec *x)
+{
+	struct timespec t0;
+	if (m->prof)
+		clock_gettime(CLOCK_MONOTONIC, &t0);
+	m->d->kernels[k](x);
+	if (m->prof)
+		prof_add(m, k, &t0);
+	if (!atomic_load_explicit(&x->fault->set, memory_order_acquire))
+		return KILN_OK;
+	return fault_fail(m, k, x->fault);
 }
 
 /* Runs c's kernels chunk by chunk: the symbol bound to the chunk's size,
@@ -847,6 +929,104 @@ static kiln_status run_chunked(rt_model *m, const rt_chunk_desc *c, const rt_exe
 	return KILN_OK;
 }
 
+/* A chunked run spread over the pool: chunk i is samples
+ * [n * i / nch, n * (i + 1) / nch), at most c->chunk of them; each thread
+ * runs whole chunks, every kernel of the run in turn, with its own copy of
+ * the run's internal buffers and no barrier between kernels. */
+typedef struct par_job {
+	rt_model *m;
+	const rt_chunk_desc *c;
+	int64_t n, nch;
+	_Atomic int stop;         /* a thread faulted: the others stop early */
+	rt_fault *fault;          /* per thread */
+	int64_t *fchunk;          /* per thread: the faulting chunk, or -1 */
+	int32_t *fkern;           /* per thread: its kernel */
+} par_job;
+
+static void chunk_range(rt_exec *x, int64_t i0, int64_t i1)
+{
+	/* the pool hands each thread a copy of the exec it was given, whose buf
+	 * carries the job: the kernels get an exec of their own below */
+	par_job *j = (par_job *)(void *)x->buf;
+	rt_model *m = j->m;
+	const rt_model_desc *d = m->d;
+	const rt_chunk_desc *c = j->c;
+	int t = (int)x->thread;
+	void **tb = m->tbuf + (size_t)t * (d->nbuf + 1);
+	int64_t *ts = m->tsym + (size_t)t * (d->nsym + 1);
+	memcpy(tb, m->buf, d->nbuf * sizeof *tb);
+	memcpy(ts, m->sym, d->nsym * sizeof *ts);
+	if (t > 0) {
+		char *reg = (char *)m->arena + m->treg + (size_t)(t - 1) * m->treg_bytes;
+		for (uint32_t b = 0; b < d->nbuf; b++) {
+			int32_t h = m->home[b];
+			if (d->chunk_of[b] == (int32_t)(c - d->chunks) && h >= 0 &&
+			    d->bufs[h].kind == RT_BUF_TEMP)
+				tb[b] = d->bufs[h].slot >= 0 ? reg + m->toff[h] : NULL;
+		}
+	}
+	rt_fault *f = &j->fault[t];
+	rt_exec cx = *x;
+	cx.buf = tb;
+	cx.sym = ts;
+	cx.pool = NULL;
+	cx.fault = f;
+	for (int64_t i = i0; i < i1; i++) {
+		int64_t s0 = j->n * i / j->nch, s1 = j->n * (i + 1) / j->nch;
+		if (atomic_load_explicit(&j->stop, memory_order_relaxed))
+			return;
+		ts[c->sym] = s1 - s0;
+		for (int32_t o = 0; o < c->noff; o++) {
+			int32_t b = c->off[o];
+			size_t sample = (size_t)(m->numel[b] / j->n) * dtypes[d->bufs[b].dtype].size;
+			tb[b] = m->buf[b] ? (char *)m->buf[b] + (size_t)s0 * sample : NULL;
+		}
+		for (int32_t k = c->first; k <= c->last; k++) {
+			struct timespec t0;
+			if (m->prof)
+				clock_gettime(CLOCK_MONOTONIC, &t0);
+			d->kernels[k](&cx);
+			if (m->prof)
+				prof_add(m, (uint32_t)k, &t0);
+			if (atomic_load_explicit(&f->set, memory_order_acquire)) {
+				j->fchunk[t] = i;
+				j->fkern[t] = k;
+				atomic_store_explicit(&j->stop, 1, memory_order_relaxed);
+				return;
+			}
+		}
+	}
+}
+
+static kiln_status run_chunked_par(rt_model *m, const rt_chunk_desc *c, const rt_exec *x)
+{
+	int nt = m->nthreads;
+	int64_t n = m->sym[c->sym];
+	rt_fault fault[MAX_THREADS];
+	int64_t fchunk[MAX_THREADS];
+	int32_t fkern[MAX_THREADS];
+	/* as many chunks as c->chunk allows, rounded up to a multiple of the
+	 * threads so each gets the same number of samples, give or take one */
+	int64_t nch = (n + c->chunk - 1) / c->chunk;
+	nch = (nch + nt - 1) / nt * nt;
+	if (nch > n)
+		nch = n;
+	par_job j = {.m = m, .c = c, .n = n, .nch = nch, .fault = fault, .fchunk = fchunk,
+	             .fkern = fkern};
+	for (int t = 0; t < nt; t++) {
+		fault[t] = (rt_fault){0};
+		fchunk[t] = -1;
+	}
+	rt_exec px = *x;
+	px.buf = (void **)(void *)&j;
+	rt_parallel_for(&px, nch, chunk_range);
+	int first = -1;
+	for (int t = 0; t < nt; t++)
+		if (fchunk[t] >= 0 && (first < 0 || fchunk[t] < fchunk[first]))
+			first = t;
+	return first < 0 ? KILN_OK : fault_fail(m, (uint32_t)fkern[first], &fault[first]);
+}
+
 static kiln_status execute_hooked(rt_model *m, const void *const *in, void *const *out,
                                   rt_kernel_hook hook, void *ud)
 {
@@ -871,7 +1051,7 @@ static kiln_status execute_hooked(rt_model *m, const void *const *in, void *cons
 		/* a hook sees every kernel in order: no chunking under one (only
 		 * training steps have hooks, and their programs are never chunked) */
 		if (!hook && c && (uint32_t)c->first == k && chunked(m, c)) {
-			st = run_chunked(m, c, &x);
+			st = m->tbuf && m->pool ? run_chunked_par(m, c, &x) : run_chunked(m, c, &x);
 			if (st != KILN_OK)
 				return st;
 			k = (uint32_t)c->last + 1;

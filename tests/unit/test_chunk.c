@@ -6,8 +6,8 @@
  * chunking forced (KILN_CHUNK=2 and 3) and off (KILN_CHUNK=0); the chunked
  * library must carry chunked runs (its kiln_model_desc, read with dlsym) and
  * give the unchunked one's outputs within 1e-6 at batches that are not a
- * multiple of the chunk (5, 16), that fit in one chunk (1, 2), at 1 and 2
- * threads.  At kernel-IR level, cg_chunk's cost model: a small cache
+ * multiple of the chunk (5, 7, 16), that fit in one chunk (1, 2), at 1, 2
+ * and 3 threads (chunks spread over the threads).  At kernel-IR level, cg_chunk's cost model: a small cache
  * chunks, a large one does not; a per-sample-breaking node (Softmax over
  * the batch axis) ends a run; a fixed batch is never chunked; a buffer
  * internal to a run is marked and one crossing its edge is offset.
@@ -164,8 +164,11 @@ START_TEST(chunked_equals_unchunked)
 	ck_assert_uint_ge(nchunk(on2, &len), 1);
 	ck_assert_int_ge(len, 2);
 	ck_assert_uint_ge(nchunk(on3, &len), 1);
-	const int64_t batches[] = {1, 2, 5, 16};
-	for (int t = 1; t <= 2; t++)
+	/* at 2 and 3 threads a chunked run is spread over the threads, each
+	 * with its own copy of the run's internal buffers (batch 2 at 3
+	 * threads: fewer chunks than threads; 7: uneven chunks) */
+	const int64_t batches[] = {1, 2, 5, 7, 16};
+	for (int t = 1; t <= 3; t++)
 		for (size_t i = 0; i < sizeof batches / sizeof *batches; i++) {
 			kiln_tensor *ref = run(off, batches[i], t);
 			const char *ons[] = {on2, on3};
