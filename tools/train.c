@@ -1634,16 +1634,18 @@ static void follower(opts *o)
 	o->every = 0;
 }
 
-/* A failed rank ends the job (its peers may wait in a collective for it);
- * a finished one finalizes. */
+/* A finished rank finalizes.  A failed one abandons the communicator (its
+ * peers may be stuck in a collective, and finalizing would wait for them)
+ * and exits with rc: mpirun then ends the other ranks. */
 static int end_comm(run *r, int rc)
 {
 	if (r->comm && rc) {
 		fflush(stdout);
-		r->comm->abort(r->comm, rc);
-	}
-	if (r->comm)
+		fflush(stderr);
+		r->comm->abandon(r->comm);
+	} else if (r->comm) {
 		r->comm->close(r->comm);
+	}
 	r->comm = NULL;
 	return rc;
 }

@@ -1088,8 +1088,10 @@ KILN_API kiln_status kiln_model_train_step_hook(kiln_model *m, const kiln_tensor
  * in the kiln_mpi library, built where MPI is found), NCCL later behind the
  * same functions.  Every call is collective (all ranks, same order) except
  * rank/size/errmsg.  Waits give up after the timeout given at open with
- * KILN_EIO and a message naming the ranks that did not arrive; a caller that
- * gets it should call abort (a hung peer never finishes a collective).
+ * KILN_EIO and a message naming the ranks that did not arrive; a rank that
+ * gets it (or fails otherwise) should call abandon instead of close and then
+ * exit with an error: close finalizes, which a hung peer never lets finish,
+ * while the launcher (mpirun) ends the other ranks once one exits so.
  *
  *     kiln_comm *c;  kiln_comm_mpi_open(&argc, &argv, 60, &c, &err);
  *     kiln_grad_hook h = kiln_comm_grad_hook(c);     // all-reduce mean per bucket
@@ -1109,8 +1111,9 @@ struct kiln_comm {
 	kiln_status (*broadcast)(kiln_comm *c, void *buf, int64_t bytes, int root);
 	kiln_status (*barrier)(kiln_comm *c);
 	const char *(*errmsg)(const kiln_comm *c);
-	void (*abort)(kiln_comm *c, int code); /* ends every rank; does not return */
-	void (*close)(kiln_comm *c);           /* collective: finalizes */
+	void (*close)(kiln_comm *c);           /* collective: finalizes, frees */
+	void (*abandon)(kiln_comm *c);         /* after a failure: frees c, leaves
+	                                          MPI unfinalized; not collective */
 	int64_t step;                          /* kiln_comm_grad_hook's wait passes it */
 };
 /* A gradient hook that all-reduces (mean) each bucket as it is ready and

@@ -13,8 +13,11 @@
  * got there.  A peer can also stop inside a wait (after its heartbeat went
  * out): so every wait answers probes while it polls, and on timeout each
  * rank probes its peers and waits a little for the answers; a peer without
- * a heartbeat or an answer is named.  The caller then calls abort (a peer
- * that never arrives would keep MPI_Finalize waiting too).
+ * a heartbeat or an answer is named.  The caller then calls abandon, not
+ * close: a peer that never arrives would keep MPI_Finalize waiting too, so
+ * the rank frees what is its own and leaves MPI as it is; its process exits
+ * with an error, and the launcher (mpirun) ends the other ranks.  Nothing
+ * here ends the process.
  */
 #include <mpi.h>
 #include <sched.h>
@@ -276,11 +279,16 @@ static const char *errmsg(const kiln_comm *c)
 	return ((const mpi_comm *)c)->err;
 }
 
-static void mpi_abort(kiln_comm *c, int code)
+/* close, less MPI_Finalize (collective: a hung peer never lets it end).
+ * Requests still in flight are left to MPI, whose buffers they name; the
+ * process is expected to exit soon after. */
+static void mpi_abandon(kiln_comm *c)
 {
-	fflush(stdout);
-	fflush(stderr);
-	MPI_Abort(MPI_COMM_WORLD, code);
+	mpi_comm *m = (mpi_comm *)c;
+	if (!m)
+		return;
+	free(m->hb_in), free(m->hb_req);
+	free(m);
 }
 
 static void mpi_close(kiln_comm *c)
@@ -331,7 +339,7 @@ KILN_API kiln_status kiln_comm_mpi_open(int *argc, char ***argv, double timeout_
 	m->c.broadcast = bcast;
 	m->c.barrier = barrier;
 	m->c.errmsg = errmsg;
-	m->c.abort = mpi_abort;
+	m->c.abandon = mpi_abandon;
 	m->c.close = mpi_close;
 	if (!m->hb_in || !m->hb_req) {
 		mpi_close(&m->c);
