@@ -1117,7 +1117,14 @@ static void s_gemm(fn_ctx *c, const cg_stmt *s)
 			return;
 		}
 	LLVMBasicBlockRef here = LLVMGetInsertBlock(L->b);
-	LLVMValueRef f = cg_llvm_sgemm(L); /* may build it, moving the builder */
+	/* B packed in column panels at compile time (cg_prepack):
+	 * kiln_sgemm_pb, whose panels are this target's */
+	bool pb = g->b_panel > 0;
+	if (pb && g->b_panel != cg_sgemm_panel(L->t)) {
+		fail(c, KILN_EINVAL, "GEMM B packed in panels of the wrong width for this target");
+		return;
+	}
+	LLVMValueRef f = pb ? cg_llvm_sgemm_pb(L) : cg_llvm_sgemm(L); /* may build it, moving the builder */
 	LLVMPositionBuilderAtEnd(L->b, here);
 	loop l;
 	LLVMValueRef b = loop_begin(c, &l, i64c(L, 0), g->batch ? iexpr(c, g->batch) : i64c(L, 1));
@@ -1570,6 +1577,26 @@ static bool uses_gemm(const cg_stmt *s)
 	return uses_gemm(s->body) || uses_gemm(s->then_s) || uses_gemm(s->else_s);
 }
 
+static bool uses_pb(const cg_stmt *s)
+{
+	if (!s)
+		return false;
+	if (s->kind == CG_GEMM)
+		return s->gemm && s->gemm->b_panel > 0;
+	for (int i = 0; s->kind == CG_BLOCK && i < s->n; i++)
+		if (uses_pb(s->items[i]))
+			return true;
+	return uses_pb(s->body) || uses_pb(s->then_s) || uses_pb(s->else_s);
+}
+
+bool cg_llvm_uses_sgemm_pb(const cg_module *m)
+{
+	for (int k = 0; m && k < m->nkern; k++)
+		if (uses_pb(m->kern[k].body))
+			return true;
+	return false;
+}
+
 bool cg_llvm_uses_helpers(const cg_module *m)
 {
 	for (int k = 0; m && k < m->nkern; k++)
@@ -1788,6 +1815,10 @@ static bool gemm_ok(const cg_module *m, const cg_gemm *g, char *why, size_t size
 		         g->a_zero.axis || g->b_zero.axis || g->c_zero.axis ? ", zero points" : "",
 		         g->has_residual ? ", residual" : "",
 		         g->act >= CG_ACT_COUNT ? ", an unknown activation" : "");
+		return false;
+	}
+	if (g->b_panel < 0 || (g->b_panel > 0 && (g->b_panel & (g->b_panel - 1)))) {
+		snprintf(why, size, "GEMM B in panels of %d columns", g->b_panel);
 		return false;
 	}
 	return true;

@@ -52,6 +52,7 @@ typedef struct cg_llvm {
 	LLVMValueRef par_for;     /* declared rt_parallel_for */
 	LLVMValueRef sgemm;       /* kiln_sgemm, from llvm_gemm.c */
 	LLVMValueRef transpose;   /* kiln_transpose, from llvm_gemm.c */
+	LLVMValueRef sgemm_pb;    /* kiln_sgemm_pb, from llvm_gemm.c */
 	LLVMValueRef qgemm[16];   /* kiln_qgemm_*, from llvm_qgemm.c, by cg_qgemm_spec */
 	const int *canon;         /* the kernel being emitted: root buffer -> its index in
 	                             the kernel's table (cg_kernel_key's order) */
@@ -100,6 +101,8 @@ kiln_status cg_llvm_emit_kernels(cg_llvm *const *parts, int nparts, const cg_mod
 int cg_llvm_parts_for(const cg_module *m, int max);
 /* Whether m's kernels call kiln_sgemm or kiln_transpose. */
 bool cg_llvm_uses_helpers(const cg_module *m);
+/* Whether m's kernels call kiln_sgemm_pb (a GEMM with cg_gemm.b_pack). */
+bool cg_llvm_uses_sgemm_pb(const cg_module *m);
 
 /* L->m's numel(sym, out) and io_dims(sym, out) functions: each buffer's
  * element count, each I/O dim, from their kernel-IR expressions. */
@@ -139,6 +142,12 @@ bool cg_llvm_supports(const cg_module *m, const cg_kernel *k, char *why, size_t 
  * micro-kernel in vector IR of the target's width; may split work over
  * x->pool with rt_parallel_for. */
 LLVMValueRef cg_llvm_sgemm(cg_llvm *L);
+/* kiln_sgemm_pb, kiln_sgemm's arguments with B packed by cg_prepack
+ * (cg_gemm.b_panel): column panels of cg_sgemm_panel(L->t) columns, each K
+ * rows of that many floats; b_rs, b_cs unused. */
+LLVMValueRef cg_llvm_sgemm_pb(cg_llvm *L);
+/* The panel width kiln_sgemm_pb wants on t: its micro-kernel's NR. */
+int cg_sgemm_panel(const cg_target *t);
 
 /* Structured control flow for the helpers' builders (b builds into fn):
  * an alloca in fn's entry block (mem2reg makes it a register), stored

@@ -485,6 +485,8 @@ static kiln_status s_library(cg_session *s, kiln_error *err)
 		cg_llvm *LH = &s->parts[s->nkparts].L;
 		cg_llvm_sgemm(LH);
 		cg_llvm_transpose(LH);
+		if (cg_llvm_uses_sgemm_pb(s->lib->m) || cg_llvm_uses_sgemm_pb(s->lib->eval))
+			cg_llvm_sgemm_pb(LH);
 		cg_llvm_export_helpers(LH);
 	}
 	return cg_llvm_library(&s->parts[0].L, s->lib, s->fns, err);
@@ -560,6 +562,17 @@ static void s_close(cg_session *s)
 
 static const char *const stages[] = {"ll", "asm", "obj", NULL};
 
+static kiln_status gemm_panel(const kiln_compile_opts *o, int *panel, kiln_error *err)
+{
+	cg_target t;
+	kiln_status st = cg_target_init(&t, o ? o->cpu : NULL, o ? o->features : NULL, err);
+	if (st != KILN_OK)
+		return st;
+	*panel = cg_sgemm_panel(&t);
+	cg_target_free(&t);
+	return KILN_OK;
+}
+
 const cg_backend cg_llvm_backend = {
 	.name = "llvm",
 	.stages = stages,
@@ -569,6 +582,7 @@ const cg_backend cg_llvm_backend = {
 	.emit_library = s_library,
 	.write = s_write,
 	.close = s_close,
+	.gemm_panel = gemm_panel,
 };
 
 /* Everything besides the graph that decides a library's bytes: the target

@@ -98,6 +98,9 @@ typedef struct gen {
 	const char *sfx;                 /* name suffix of the tile set being built ("" default) */
 	int pf;                          /* its direct micro-kernel prefetches B pf rows ahead */
 	int pfa;                         /* ... and A pfa columns ahead */
+	bool pb;                         /* the family of kiln_sgemm_pb: B in column panels */
+	int P;                           /* ... P wide (CG_SGEMM_PANEL) */
+	const char *fam;                 /* its functions' name prefix */
 } gen;
 
 /* ---- small IR helpers ---------------------------------------------------- */
@@ -230,6 +233,23 @@ static LLVMValueRef hsum(gen *g, LLVMValueRef v)
 		                  LLVMBuildShuffleVector(g->b, v, u, LLVMConstVector(hi, w), ""), "");
 	}
 	return LLVMBuildExtractElement(g->b, v, LLVMConstInt(g->L->i32, 0, 0), "");
+}
+
+/* kiln_sgemm_pb: the offset of column n's row 0 in B's panels of P
+ * columns, each K rows of P floats (n a multiple of W, which divides P or
+ * is a multiple of it). */
+static LLVMValueRef bcol(gen *g, LLVMValueRef n)
+{
+	LLVMValueRef q = LLVMBuildAShr(g->b, n, i64c(g, __builtin_ctz((unsigned)g->P)), "");
+	return add(g, mul(g, mul(g, q, i64c(g, g->P)), g->p[P_K]),
+	           LLVMBuildAnd(g->b, n, i64c(g, g->P - 1), ""));
+}
+
+/* Columns per unit of the direct forms' column split: a vector, or in
+ * kiln_sgemm_pb a whole panel (so each range starts on one). */
+static int vec_unit(const gen *g)
+{
+	return g->pb ? g->P : g->g.W;
 }
 
 /* ---- structured control flow (llvm.h; llvm_qgemm.c uses it too) ----------- */
@@ -432,7 +452,9 @@ static void scalar_epilogue(gen *g, LLVMValueRef v, LLVMValueRef m, LLVMValueRef
 
 enum { U_AP, U_BP, U_KC, U_C, U_CRS, U_MR, U_NR, U_BETA, U_BIAS, U_BMODE, U_LO, U_HI, U_RES, U_RRS, U_COUNT,
        /* the direct micro-kernel's extra parameters */
-       U_ARS = U_COUNT, U_ACS, U_BRS, U_ALPHA, U_DCOUNT };
+       U_ARS = U_COUNT, U_ACS, U_BRS, U_ALPHA,
+       U_BPS, /* kiln_sgemm_pb: floats from one panel of B to the next (K * P) */
+       U_DCOUNT };
 
 /* kiln_sgemm_ukr(Ap, Bp, kc, C, c_rs, mr, nr, beta, bias, bmode, lo, hi):
  * the MR x NR tile at C from packed panels; only its mr x nr corner is
@@ -507,10 +529,10 @@ static LLVMValueRef emit_ukr(gen *g, bool direct, int nv)
 		[U_AP] = g->fp, [U_BP] = g->fp, [U_KC] = L->i64, [U_C] = g->fp, [U_CRS] = L->i64,
 		[U_MR] = L->i64, [U_NR] = L->i64, [U_BETA] = L->f32, [U_BIAS] = g->fp,
 		[U_BMODE] = L->i32, [U_LO] = L->f32, [U_HI] = L->f32, [U_RES] = g->fp, [U_RRS] = L->i64, [U_ARS] = L->i64, [U_ACS] = L->i64,
-		[U_BRS] = L->i64, [U_ALPHA] = L->f32,
+		[U_BRS] = L->i64, [U_ALPHA] = L->f32, [U_BPS] = L->i64,
 	};
 	char name[48];
-	snprintf(name, sizeof name, "kiln_sgemm_ukr%s%s%s", direct ? "_direct" : "",
+	snprintf(name, sizeof name, "%s_ukr%s%s%s", g->fam, direct ? "_direct" : "",
 	         nv < g->g.NV ? "1" : "", g->sfx);
 	LLVMValueRef fn = function(g, name, t, direct ? U_DCOUNT : U_COUNT), *p = g->p;
 	g->nv = nv;
@@ -520,17 +542,25 @@ static LLVMValueRef emit_ukr(gen *g, bool direct, int nv)
 		acc[i] = local(g, g->vf, LLVMConstNull(g->vf));
 	if (direct)
 		direct_setup(g, arow, bmask);
+	/* vector j of B's row: j*W on, or in kiln_sgemm_pb's panels of P
+	 * columns (a tile starts on a panel's first column), j*W / P panels of
+	 * K rows and j*W % P columns on */
+	LLVMValueRef vofs[8];
+	for (int j = 0; j < NV; j++)
+		vofs[j] = g->pb && direct ? add(g, mul(g, i64c(g, j * W / g->P), p[U_BPS]),
+		                                i64c(g, j * W % g->P))
+		                          : i64c(g, j * W);
 	loop lk;
 	LLVMValueRef k = loop_begin(g, &lk, i64c(g, 0), p[U_KC], 1);
 	LLVMValueRef bk = at(g, p[U_BP], mul(g, k, direct ? p[U_BRS] : i64c(g, g->g.NR)));
 	LLVMValueRef ak = at(g, p[U_AP], mul(g, k, i64c(g, MR)));
 	LLVMValueRef kofs = direct ? mul(g, k, p[U_ACS]) : NULL;
 	for (int j = 0; j < NV; j++)
-		b[j] = direct ? mload(g, at(g, bk, i64c(g, j * W)), bmask[j])
-		              : vload(g, at(g, bk, i64c(g, j * W)));
+		b[j] = direct ? mload(g, at(g, bk, vofs[j]), bmask[j])
+		              : vload(g, at(g, bk, vofs[j]));
 	if (direct && g->pf)
 		for (int j = 0; j < NV; j++)
-			prefetch(g, at(g, bk, add(g, mul(g, i64c(g, g->pf), p[U_BRS]), i64c(g, j * W))));
+			prefetch(g, at(g, bk, add(g, mul(g, i64c(g, g->pf), p[U_BRS]), vofs[j])));
 	if (direct && g->pfa) { /* A's rows TILE_PFA columns ahead, once per line */
 		LLVMValueRef kofs = mul(g, k, p[U_ACS]);
 		LLVMValueRef line = icmp(g, LLVMIntEQ, LLVMBuildAnd(g->b, kofs, i64c(g, 15), ""), i64c(g, 0));
@@ -572,7 +602,9 @@ static LLVMValueRef emit_packa(gen *g)
 {
 	cg_llvm *L = g->L;
 	LLVMTypeRef t[] = {g->fp, g->fp, L->i64, L->i64, L->i64, L->i64, L->f32};
-	LLVMValueRef fn = function(g, "kiln_sgemm_packa", t, 7), *p = g->p;
+	char name[48];
+	snprintf(name, sizeof name, "%s_packa", g->fam);
+	LLVMValueRef fn = function(g, name, t, 7), *p = g->p;
 	LLVMValueRef MR = i64c(g, g->g.MR);
 	LLVMValueRef np = LLVMBuildSDiv(g->b, add(g, p[4], i64c(g, g->g.MR - 1)), MR, "");
 	loop lp, lk;
@@ -620,8 +652,12 @@ static void packb_row(gen *g, LLVMValueRef dst, LLVMValueRef src, LLVMValueRef c
 /* kiln_sgemm_packb(Bp, B, b_rs, b_cs, kc, nc): the kc x nc panel at B as
  * NR-column panels, panel q at Bp + q*NR*kc, element (k, j) at k*NR + j;
  * columns past nc are zeros.  Rows with b_cs == 1 move as vectors. */
+static LLVMValueRef emit_packb_pb(gen *g);
+
 static LLVMValueRef emit_packb(gen *g)
 {
+	if (g->pb)
+		return emit_packb_pb(g);
 	cg_llvm *L = g->L;
 	LLVMTypeRef t[] = {g->fp, g->fp, L->i64, L->i64, L->i64, L->i64};
 	LLVMValueRef fn = function(g, "kiln_sgemm_packb", t, 6), *p = g->p;
@@ -641,6 +677,46 @@ static LLVMValueRef emit_packb(gen *g)
 		loop_end(g, &lq);
 		if_end(g, join);
 	}
+	LLVMBuildRetVoid(g->b);
+	return fn;
+}
+
+/* kiln_sgemm_pb_packb(Bp, B, K, -, kc, nc): kiln_sgemm_packb's panels
+ * from B packed in panels of P columns (B at row 0 of a panel's first
+ * column, K its rows): row k of the NR columns from n0 on is NR / P rows
+ * of panels (one vector, or W / P of them, whole vectors of W lanes),
+ * masked past nc.  A contiguous copy, where packb's columns of a strided
+ * B are K rows apart. */
+static LLVMValueRef emit_packb_pb(gen *g)
+{
+	cg_llvm *L = g->L;
+	int W = g->g.W;
+	LLVMTypeRef t[] = {g->fp, g->fp, L->i64, L->i64, L->i64, L->i64};
+	LLVMValueRef fn = function(g, "kiln_sgemm_pb_packb", t, 6), *p = g->p;
+	LLVMValueRef NR = i64c(g, g->g.NR);
+	LLVMValueRef nq = LLVMBuildSDiv(g->b, add(g, p[5], i64c(g, g->g.NR - 1)), NR, "");
+	loop lq, lk;
+	LLVMValueRef q = loop_begin(g, &lq, i64c(g, 0), nq, 1);
+	LLVMValueRef n0 = mul(g, q, NR), left = LLVMBuildSub(g->b, p[5], n0, "");
+	LLVMValueRef dst0 = at(g, p[0], mul(g, n0, p[4]));
+	LLVMValueRef src[8], mask[8];
+	for (int j = 0; j < g->g.NV; j++) { /* vector j's column n0 + j*W, in its panel */
+		LLVMValueRef c = add(g, n0, i64c(g, j * W));
+		LLVMValueRef off = add(g, mul(g, mul(g, LLVMBuildSDiv(g->b, c, i64c(g, g->P), ""),
+		                                    i64c(g, g->P)), p[2]),
+		                       LLVMBuildSRem(g->b, c, i64c(g, g->P), ""));
+		LLVMValueRef lj = LLVMBuildSub(g->b, left, i64c(g, j * W), "");
+		mask[j] = lanes(g, lj);
+		/* a vector wholly past nc reads nothing: keep its address in B */
+		src[j] = at(g, p[1], LLVMBuildSelect(g->b, icmp(g, LLVMIntSGT, lj, i64c(g, 0)), off,
+		                                     i64c(g, 0), ""));
+	}
+	LLVMValueRef k = loop_begin(g, &lk, i64c(g, 0), p[4], 1);
+	LLVMValueRef dst = at(g, dst0, mul(g, k, NR)), ko = mul(g, k, i64c(g, g->P));
+	for (int j = 0; j < g->g.NV; j++)
+		vstore(g, mload(g, at(g, src[j], ko), mask[j]), at(g, dst, i64c(g, j * W)));
+	loop_end(g, &lk);
+	loop_end(g, &lq);
 	LLVMBuildRetVoid(g->b);
 	return fn;
 }
@@ -700,11 +776,15 @@ static void macro_kernel(gen *g, const packed_fns *f, LLVMValueRef Ap, LLVMValue
 }
 
 /* kiln_sgemm_blocked(args..., n0, n1): columns [n0, n1) of C with the
- * BLIS loops jc / pc (pack B) / ic (pack A), scratch from x. */
+ * BLIS loops jc / pc (pack B) / ic (pack A), scratch from x.  In
+ * kiln_sgemm_pb's family B is packed already: its panels of NR from row pc
+ * on are the KC x NC panel, panel q K*NR floats after panel q-1. */
 static LLVMValueRef emit_blocked(gen *g, const packed_fns *f)
 {
 	LLVMTypeRef t[P_COUNT + 2];
-	LLVMValueRef fn = function(g, "kiln_sgemm_blocked", t, gemm_params(g, t, 2)), *p = g->p;
+	char name[48];
+	snprintf(name, sizeof name, "%s_blocked", g->fam);
+	LLVMValueRef fn = function(g, name, t, gemm_params(g, t, 2)), *p = g->p;
 	const geom *G = &g->g;
 	LLVMValueRef sp = LLVMBuildStructGEP2(g->b, g->xty, p[P_X], 3, "");
 	LLVMValueRef Ap = LLVMBuildLoad2(g->b, g->fp, sp, "scratch");
@@ -714,8 +794,11 @@ static LLVMValueRef emit_blocked(gen *g, const packed_fns *f)
 	LLVMValueRef nc = smin(g, i64c(g, G->NC), LLVMBuildSub(g->b, p[P_COUNT + 1], jc, ""));
 	LLVMValueRef pc = loop_begin(g, &lp, i64c(g, 0), p[P_K], G->KC);
 	LLVMValueRef kc = smin(g, i64c(g, G->KC), LLVMBuildSub(g->b, p[P_K], pc, ""));
-	LLVMValueRef pb[] = {Bp, at(g, p[P_B], add(g, mul(g, pc, p[P_BRS]), mul(g, jc, p[P_BCS]))),
-	                     p[P_BRS], p[P_BCS], kc, nc};
+	/* kiln_sgemm_pb's packb reads B's panels: from column jc's, row pc on
+	 * (jc is a multiple of NC, so of P), with K */
+	LLVMValueRef pb[] = {Bp, g->pb ? at(g, p[P_B], add(g, bcol(g, jc), mul(g, pc, i64c(g, g->P))))
+	                             : at(g, p[P_B], add(g, mul(g, pc, p[P_BRS]), mul(g, jc, p[P_BCS]))),
+	                     g->pb ? p[P_K] : p[P_BRS], p[P_BCS], kc, nc};
 	call(g, f->packb, pb, 6);
 	LLVMValueRef first = icmp(g, LLVMIntEQ, pc, i64c(g, 0));
 	LLVMValueRef last = icmp(g, LLVMIntEQ, add(g, pc, kc), p[P_K]);
@@ -745,7 +828,7 @@ static LLVMValueRef emit_tiles(gen *g, LLVMValueRef ukr, LLVMValueRef narrow, in
 {
 	LLVMTypeRef t[P_COUNT + 2];
 	char name[48];
-	snprintf(name, sizeof name, "kiln_sgemm_tiles%s", g->sfx);
+	snprintf(name, sizeof name, "%s_tiles%s", g->fam, g->sfx);
 	LLVMValueRef fn = function(g, name, t, gemm_params(g, t, 2)), *p = g->p;
 	LLVMValueRef row = icmp(g, LLVMIntEQ, p[P_AXIS], LLVMConstInt(g->L->i32, 2, 0));
 	loop lj, li;
@@ -754,13 +837,15 @@ static LLVMValueRef emit_tiles(gen *g, LLVMValueRef ukr, LLVMValueRef narrow, in
 	LLVMValueRef ir = loop_begin(g, &li, i64c(g, 0), p[P_M], g->g.MR);
 	LLVMValueRef mr = smin(g, i64c(g, g->g.MR), LLVMBuildSub(g->b, p[P_M], ir, ""));
 	LLVMValueRef a[U_DCOUNT] = {
-		[U_AP] = at(g, p[P_A], mul(g, ir, p[P_ARS])), [U_BP] = at(g, p[P_B], jr),
+		[U_AP] = at(g, p[P_A], mul(g, ir, p[P_ARS])),
+		[U_BP] = at(g, p[P_B], g->pb ? bcol(g, jr) : jr),
 		[U_KC] = p[P_K], [U_C] = at(g, p[P_C], add(g, mul(g, ir, p[P_CRS]), jr)),
 		[U_CRS] = p[P_CRS], [U_MR] = mr, [U_NR] = nr, [U_BETA] = p[P_BETA],
 		[U_BIAS] = at(g, p[P_BIAS], LLVMBuildSelect(g->b, row, ir, jr, "")),
 		[U_BMODE] = p[P_AXIS], [U_LO] = p[P_LO], [U_HI] = p[P_HI], [U_RRS] = p[P_RRS],
 		[U_RES] = nat(g, p[P_RES], add(g, mul(g, ir, p[P_RRS]), jr)), [U_ARS] = p[P_ARS], [U_ACS] = p[P_ACS],
 		[U_BRS] = p[P_BRS], [U_ALPHA] = p[P_ALPHA],
+		[U_BPS] = g->pb ? mul(g, p[P_K], i64c(g, g->P)) : i64c(g, 0),
 	};
 	if (narrow) { /* a last panel of at most nnv vectors: the narrower kernel */
 		LLVMBasicBlockRef nb = block(g, "narrow"), wb = block(g, "wide"), jb = block(g, "join");
@@ -810,16 +895,21 @@ static void axpy_block(gen *g, LLVMValueRef m, LLVMValueRef n, int nv, LLVMValue
 	for (int j = 0; j < nv; j++)
 		LLVMBuildStore(g->b, LLVMConstNull(g->vf), acc[j]);
 	LLVMValueRef arow = at(g, p[P_A], mul(g, m, p[P_ARS]));
+	LLVMValueRef bcolp[AXPY_WIDE]; /* row 0 of each vector's columns */
+	for (int j = 0; j < nv; j++) {
+		LLVMValueRef nj = add(g, n, i64c(g, j * W));
+		bcolp[j] = at(g, p[P_B], g->pb ? bcol(g, nj) : nj);
+	}
 	loop lk;
 	LLVMValueRef k = loop_begin(g, &lk, i64c(g, 0), p[P_K], 1);
 	LLVMValueRef a = LLVMBuildLoad2(g->b, g->L->f32, at(g, arow, mul(g, k, p[P_ACS])), "");
 	LLVMValueRef av = splat(g, g->vf, a);
-	LLVMValueRef brow = at(g, p[P_B], add(g, mul(g, k, p[P_BRS]), n));
+	LLVMValueRef krow = mul(g, k, p[P_BRS]);
 	if (!mask) /* the strip of row k + AXPY_PF, a line per vector (never faults) */
 		for (int j = 0; j < nv; j++)
-			prefetch(g, at(g, brow, add(g, mul(g, i64c(g, AXPY_PF), p[P_BRS]), i64c(g, j * W))));
+			prefetch(g, at(g, bcolp[j], add(g, krow, mul(g, i64c(g, AXPY_PF), p[P_BRS]))));
 	for (int j = 0; j < nv; j++) {
-		LLVMValueRef bp = at(g, brow, i64c(g, j * W));
+		LLVMValueRef bp = at(g, bcolp[j], krow);
 		LLVMValueRef bv = mask ? mload(g, bp, mask[j]) : vload(g, bp);
 		LLVMBuildStore(g->b, fma3(g, av, bv, LLVMBuildLoad2(g->b, g->vf, acc[j], "")), acc[j]);
 	}
@@ -845,7 +935,9 @@ static void axpy_block(gen *g, LLVMValueRef m, LLVMValueRef n, int nv, LLVMValue
 static LLVMValueRef emit_axpy(gen *g)
 {
 	LLVMTypeRef t[P_COUNT];
-	LLVMValueRef fn = function(g, "kiln_sgemm_axpy", t, gemm_params(g, t, 0)), *p = g->p;
+	char name[48];
+	snprintf(name, sizeof name, "%s_axpy", g->fam);
+	LLVMValueRef fn = function(g, name, t, gemm_params(g, t, 0)), *p = g->p;
 	LLVMValueRef acc[AXPY_WIDE];
 	int W = g->g.W;
 	for (int j = 0; j < AXPY_WIDE; j++)
@@ -1028,11 +1120,12 @@ static LLVMValueRef emit_vec_range(gen *g, LLVMValueRef callee, const char *name
 		LLVMValueRef fp = LLVMBuildStructGEP2(g->b, g->argty, args, i, "");
 		a[i] = LLVMBuildLoad2(g->b, LLVMStructGetTypeAtIndex(g->argty, i), fp, "");
 	}
-	LLVMValueRef W = i64c(g, g->g.W);
+	LLVMValueRef W = i64c(g, vec_unit(g));
 	LLVMValueRef n0 = mul(g, begin, W), n1 = smin(g, mul(g, end, W), a[P_N]);
 	LLVMValueRef colb = icmp(g, LLVMIntEQ, a[P_AXIS], LLVMConstInt(g->L->i32, 1, 0));
 	a[P_N] = LLVMBuildSub(g->b, n1, n0, "");
-	a[P_B] = at(g, a[P_B], mul(g, n0, a[P_BCS]));
+	/* kiln_sgemm_pb's (n0 on a panel's first column): K rows of P per panel */
+	a[P_B] = at(g, a[P_B], g->pb ? mul(g, n0, a[P_K]) : mul(g, n0, a[P_BCS]));
 	a[P_C] = at(g, a[P_C], n0);
 	a[P_BIAS] = LLVMBuildSelect(g->b, colb, at(g, a[P_BIAS], n0), a[P_BIAS], "");
 	a[P_RES] = nat(g, a[P_RES], n0);
@@ -1291,6 +1384,69 @@ static LLVMValueRef emit_entry(gen *g, const entry_fns *f)
 	return fn;
 }
 
+/* kiln_sgemm_pb: kiln_sgemm with B packed at compile time (cg_prepack,
+ * cg_gemm.b_panel): column panels of P = CG_SGEMM_PANEL, each K rows of P
+ * floats, zero past N; b_rs and b_cs unused.  The paths are kiln_sgemm's:
+ * a few rows of A take the axpy form and a few more the direct tiles, which
+ * read the panels in place, each vector of a tile row from its own panel:
+ * a contiguous stream per vector, where a strided B's rows are a page apart
+ * or more (no hardware prefetcher follows those, and the TLB misses every
+ * row).  Many rows take the blocked path, whose packb copies the panels
+ * (contiguously) into the micro-kernel's wider ones: measured, its packed
+ * micro-kernel reading P-wide panels in place was 8% slower (the
+ * transformer block at batch 16, M = 1024). */
+static LLVMValueRef emit_entry_pb(gen *g, const entry_fns *f)
+{
+	LLVMTypeRef t[P_COUNT];
+	LLVMValueRef fn = function(g, "kiln_sgemm_pb", t, gemm_params(g, t, 0)), *p = g->p;
+	LLVMValueRef zero = i64c(g, 0);
+	LLVMAddAttributeAtIndex(fn, LLVMAttributeFunctionIndex,
+	    LLVMCreateEnumAttribute(g->L->ctx, LLVMGetEnumAttributeKindForName("noinline", 8), 0));
+	tail_if(g, LLVMBuildOr(g->b, icmp(g, LLVMIntSLE, p[P_M], zero),
+	                       icmp(g, LLVMIntSLE, p[P_N], zero), ""), NULL, NULL, 0);
+	LLVMValueRef work = mul(g, mul(g, p[P_M], p[P_N]), p[P_K]);
+	LLVMValueRef pool = LLVMBuildLoad2(g->b, LLVMStructGetTypeAtIndex(g->xty, 2),
+	                                   LLVMBuildStructGEP2(g->b, g->xty, p[P_X], 2, ""), "");
+	LLVMValueRef vpar = LLVMBuildAnd(g->b, LLVMBuildIsNotNull(g->b, pool, ""),
+	                                 icmp(g, LLVMIntSGE, work, i64c(g, VEC_PAR_WORK)), "");
+	vpar = LLVMBuildAnd(g->b, vpar, icmp(g, LLVMIntSGE, p[P_N], i64c(g, 2 * vec_unit(g))), "");
+	/* K == 0 too: the axpy form's sums are then 0 and B is not read */
+	LLVMValueRef thin = LLVMBuildOr(g->b, icmp(g, LLVMIntSLE, p[P_M], i64c(g, THIN_M)),
+	                                icmp(g, LLVMIntSLE, p[P_K], zero), "");
+	direct_if(g, thin, vpar, f->axpy, f->axpy_range, vec_unit(g), P_N);
+	LLVMValueRef par = LLVMBuildAnd(g->b, LLVMBuildIsNotNull(g->b, pool, ""),
+	                                icmp(g, LLVMIntSGE, work, i64c(g, PAR_WORK)), "");
+	LLVMValueRef few = LLVMBuildOr(g->b, icmp(g, LLVMIntSLE, p[P_M], i64c(g, TILE_M)),
+	                               icmp(g, LLVMIntSLE, p[P_N], i64c(g, 2 * g->g.NR)), "");
+	LLVMValueRef mid = LLVMBuildAnd(g->b, icmp(g, LLVMIntSLE, p[P_M], i64c(g, 2 * TILE_M)),
+	                                icmp(g, LLVMIntSLE, p[P_N], i64c(g, TILE_N)), "");
+	LLVMBasicBlockRef then = block(g, "tiles"), next = block(g, "packed");
+	LLVMBuildCondBr(g->b, LLVMBuildOr(g->b, few, mid, ""), then, next);
+	LLVMPositionBuilderAtEnd(g->b, then);
+	LLVMBasicBlockRef vec1 = block(g, "one"), multi = block(g, "multi");
+	LLVMBuildCondBr(g->b, icmp(g, LLVMIntSLE, p[P_N], i64c(g, g->g.W)), vec1, multi);
+	LLVMPositionBuilderAtEnd(g->b, vec1);
+	split(g, par, &f->t1);
+	LLVMPositionBuilderAtEnd(g->b, multi);
+	if (f->ts.tiles) { /* as in emit_entry */
+		LLVMValueRef s = mul(g, pad(g, p[P_M], f->ts.mr), pad(g, p[P_N], f->ts.nr));
+		LLVMValueRef d = mul(g, pad(g, p[P_M], g->g.MR), pad(g, p[P_N], g->g.NR));
+		LLVMBasicBlockRef small = block(g, "small"), mr = block(g, "mr");
+		LLVMValueRef use = LLVMBuildAnd(g->b, icmp(g, LLVMIntSLT, s, d),
+		                                icmp(g, LLVMIntSLE, p[P_M], i64c(g, TILE_M)), "");
+		LLVMBuildCondBr(g->b, use, small, mr);
+		LLVMPositionBuilderAtEnd(g->b, small);
+		split(g, par, &f->ts);
+		LLVMPositionBuilderAtEnd(g->b, mr);
+	}
+	split(g, par, &f->t6);
+	LLVMPositionBuilderAtEnd(g->b, next);
+	tile_fns packed = {.tiles = f->blocked, .range = f->range, .rows = f->rows,
+	                   .mr = g->g.MR, .nr = g->g.NR};
+	split(g, par, &packed);
+	return fn;
+}
+
 /* ---- setup ---------------------------------------------------------------- */
 
 static LLVMValueRef intrinsic(gen *g, const char *name, LLVMTypeRef *tys, size_t n)
@@ -1308,6 +1464,7 @@ static void setup(gen *g, cg_llvm *L)
 	g->b = LLVMCreateBuilderInContext(L->ctx);
 	g->g = geometry(L->t);
 	g->sfx = "";
+	g->fam = "kiln_sgemm";
 	g->fp = LLVMPointerType(L->f32, 0);
 	g->vf = LLVMVectorType(L->f32, g->g.W);
 	g->vfp = LLVMPointerType(g->vf, 0);
@@ -1436,8 +1593,8 @@ LLVMValueRef cg_llvm_transpose(cg_llvm *L)
 
 void cg_llvm_export_helpers(cg_llvm *L)
 {
-	LLVMValueRef f[2] = {L->sgemm, L->transpose};
-	for (int i = 0; i < 2; i++)
+	LLVMValueRef f[3] = {L->sgemm, L->transpose, L->sgemm_pb};
+	for (int i = 0; i < 3; i++)
 		if (f[i] && !LLVMIsDeclaration(f[i])) {
 			LLVMSetLinkage(f[i], LLVMExternalLinkage);
 			LLVMSetVisibility(f[i], LLVMHiddenVisibility);
@@ -1460,15 +1617,24 @@ static tile_fns emit_tile_set(gen *g, int mr, int nv, const char *sfx, int pf, b
 	tile_fns t = {.mr = mr, .nr = g->g.NR};
 	LLVMValueRef narrow = narrow_last ? emit_ukr(g, true, nv - 1) : NULL;
 	t.tiles = emit_tiles(g, emit_ukr(g, true, nv), narrow, nv - 1);
-	snprintf(name, sizeof name, "kiln_sgemm_tiles%s_range", sfx);
+	snprintf(name, sizeof name, "%s_tiles%s_range", g->fam, sfx);
 	t.range = emit_range(g, t.tiles, name, false);
-	snprintf(name, sizeof name, "kiln_sgemm_tiles%s_rows", sfx);
+	snprintf(name, sizeof name, "%s_tiles%s_rows", g->fam, sfx);
 	t.rows = emit_range(g, t.tiles, name, true);
 	g->g = saved;
 	g->sfx = "";
 	g->pf = 0;
 	g->pfa = 0;
 	return t;
+}
+
+/* The small-M tiles' shape for g's target: 8 x 3 vectors with 32
+ * registers, 4 x NV with fewer (see cg_llvm_sgemm); 0 rows: none. */
+static int small_tiles(const gen *g, int *nv)
+{
+	int smr = g->g.W >= 16 ? 8 : 4, snv = g->g.W >= 16 ? 3 : g->g.NV;
+	*nv = snv;
+	return smr != g->g.MR || snv != g->g.NV ? smr : 0;
 }
 
 LLVMValueRef cg_llvm_sgemm(cg_llvm *L)
@@ -1499,11 +1665,51 @@ LLVMValueRef cg_llvm_sgemm(cg_llvm *L)
 	 * panel of two vectors or less (512 = 10 x 48 + 32) takes an 8 x 2
 	 * kernel: the MLP at batch 16 ~0.099 -> ~0.097 ms.  (The MR x NR tiles
 	 * keep one kernel: see emit_ukr.) */
-	int smr = g.g.W >= 16 ? 8 : 4, snv = g.g.W >= 16 ? 3 : g.g.NV;
-	if (smr != g.g.MR || snv != g.g.NV)
+	int snv, smr = small_tiles(&g, &snv);
+	if (smr)
 		ef.ts = emit_tile_set(&g, smr, snv, "_s", SMALL_PF, snv > 2);
 	ef.t1 = emit_tile_set(&g, TILE1_MR, 1, "_1", 0, false);
 	L->sgemm = emit_entry(&g, &ef);
 	LLVMDisposeBuilder(g.b);
 	return L->sgemm;
 }
+
+int cg_sgemm_panel(const cg_target *t)
+{
+	geom g = geometry(t);
+	return CG_SGEMM_PANEL % g.W == 0 ? CG_SGEMM_PANEL : 0;
+}
+
+LLVMValueRef cg_llvm_sgemm_pb(cg_llvm *L)
+{
+	if (L->sgemm_pb)
+		return L->sgemm_pb;
+	gen g;
+	setup(&g, L);
+	g.pb = true;
+	g.P = CG_SGEMM_PANEL;
+	g.fam = "kiln_sgemm_pb";
+	if (L->helpers_extern) {
+		LLVMTypeRef t[P_COUNT];
+		unsigned n = gemm_params(&g, t, 0);
+		L->sgemm_pb = declare_helper(&g, "kiln_sgemm_pb", t, n);
+		LLVMDisposeBuilder(g.b);
+		return L->sgemm_pb;
+	}
+	packed_fns pf = {.ukr = emit_ukr(&g, false, g.g.NV), .ukr1 = emit_ukr(&g, false, 1),
+	                 .packa = emit_packa(&g), .packb = emit_packb(&g)};
+	entry_fns ef = {.axpy = emit_axpy(&g)};
+	ef.axpy_range = emit_vec_range(&g, ef.axpy, "kiln_sgemm_pb_axpy_range");
+	ef.blocked = emit_blocked(&g, &pf);
+	ef.range = emit_range(&g, ef.blocked, "kiln_sgemm_pb_range", false);
+	ef.rows = emit_range(&g, ef.blocked, "kiln_sgemm_pb_rows", true);
+	ef.t6 = emit_tile_set(&g, g.g.MR, g.g.NV, "", SMALL_PF, false);
+	int snv, smr = small_tiles(&g, &snv);
+	if (smr)
+		ef.ts = emit_tile_set(&g, smr, snv, "_s", SMALL_PF, snv > 2);
+	ef.t1 = emit_tile_set(&g, TILE1_MR, 1, "_1", 0, false);
+	L->sgemm_pb = emit_entry_pb(&g, &ef);
+	LLVMDisposeBuilder(g.b);
+	return L->sgemm_pb;
+}
+

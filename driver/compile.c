@@ -91,6 +91,16 @@ static kiln_status to_kernels(const kiln_graph *g, const kiln_compile_opts *o, b
 	if (st == KILN_OK && !train && !gpu_target(o))
 		st = cg_chunk(*m, &(cg_chunk_opts){.force = chunk_env(),
 		                                   .cache_bytes = cg_host_l2_bytes()}, err);
+	/* and packs the constant B of its GEMMs once, here, in the panels the
+	 * target's GEMM reads (codegen/prepack.c); KILN_PREPACK=0 turns it off */
+	const char *pp = getenv("KILN_PREPACK");
+	const cg_backend *be = cg_backend_find(o->target);
+	if (st == KILN_OK && !train && be && be->gemm_panel && !(pp && !strcmp(pp, "0"))) {
+		int panel = 0;
+		st = be->gemm_panel(o, &panel, err);
+		if (st == KILN_OK && panel > 0)
+			st = cg_prepack(*m, panel, err);
+	}
 	if (st == KILN_OK)
 		st = cg_memplan(*m, err);
 	return st;

@@ -1,0 +1,196 @@
+/*
+ * prepack.c: cg_prepack, constant B operands of f32 GEMMs packed at
+ * compile time.
+ *
+ * A Linear layer's weight is the B of its GEMM (bnfold stores it [K, N]),
+ * constant in an inference library.  kiln_sgemm packs a B in column panels
+ * on every call (the packed path) or reads it in place (the direct forms,
+ * for few rows of A), where a strip of columns is K rows N floats apart: a
+ * new page every row or two, which no hardware prefetcher follows and the
+ * TLB misses.  ONNX Runtime packs such weights once, at load.  Here they
+ * are packed once, at compile time, in the panels the LLVM backend's
+ * micro-kernel reads (cg_sgemm_panel: NR columns, each K rows of NR
+ * floats, zero past N), and the GEMM reads them instead of the weight
+ * (cg_gemm.b_panel; kiln_sgemm_pb).  The weight, if no kernel reads it any
+ * more, keeps no bytes in the library: it becomes an empty scratch buffer.
+ *
+ * A GEMM qualifies when it is a plain f32 GEMM whose B is a constant
+ * buffer read row-major as one matrix (b_cs 1, b_rs N, the same for every
+ * batch) with N and K fixed and N at least a vector (MIN_N).  Two GEMMs
+ * on the same weight at the same offset share one packed copy.
+ * KILN_PREPACK=0 (read by the driver) turns it off.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "codegen/codegen.h"
+
+enum { MIN_N = 16, MAX_SEEN = 4096 };
+
+static bool const_int(const cg_expr *e, int64_t *v)
+{
+	if (!e || e->kind != CG_CONST)
+		return false;
+	*v = e->i;
+	return true;
+}
+
+typedef struct seen {
+	int b;
+	int64_t off;
+	int packed;
+} seen;
+
+typedef struct ctx {
+	cg_module *m;
+	int P;                 /* panel width */
+	seen s[MAX_SEEN];
+	int n;
+	kiln_status st;
+	bool *read;            /* per buffer: still read by a kernel (after packing) */
+} ctx;
+
+/* The packed copy of g's B (a new constant buffer, or one made for an
+ * earlier GEMM), or -1 when g does not qualify; ENOMEM in c->st. */
+static int packed_b(ctx *c, const cg_gemm *g, int64_t *koff)
+{
+	cg_module *m = c->m;
+	int64_t N, K, off = 0, rs, cs, bs = 0, batch = 1, P = c->P;
+	if (!cg_gemm_is_f32(g) || g->has_b_rows || g->b_panel || g->b < 0 || g->b >= m->nbuf)
+		return -1;
+	const cg_buf *b = &m->buf[g->b];
+	if (b->kind != CG_BUF_CONST || b->alias >= 0 || !b->data || b->data->dtype != KILN_F32 ||
+	    b->dt != KILN_F32)
+		return -1;
+	if (!const_int(g->N, &N) || !const_int(g->K, &K) || !const_int(g->b_rs, &rs) ||
+	    !const_int(g->b_cs, &cs) || (g->b_off && !const_int(g->b_off, &off)) ||
+	    (g->b_bs && !const_int(g->b_bs, &bs)) || (g->batch && !const_int(g->batch, &batch)))
+		return -1;
+	if (N < MIN_N || K < 1 || cs != 1 || rs != N || off < 0 || (bs != 0 && batch != 1))
+		return -1;
+	int64_t numel = kiln_tensor_numel(b->data);
+	if (K > (numel - off) / N) /* rows [0, K) of N from off must lie inside the tensor */
+		return -1;
+	*koff = off;
+	for (int i = 0; i < c->n; i++)
+		if (c->s[i].b == g->b && c->s[i].off == off)
+			return c->s[i].packed;
+	if (c->n == MAX_SEEN)
+		return -1;
+	int64_t np = (N + P - 1) / P;
+	const float *src = (const float *)b->data->data + off;
+	kiln_tensor *t = ir_alloc(m->arena, sizeof *t);
+	float *d = ir_alloc(m->arena, (size_t)(np * K * P) * sizeof *d);
+	if (!t || !d) {
+		c->st = KILN_ENOMEM;
+		return -1;
+	}
+	for (int64_t p = 0; p < np; p++) {
+		int64_t n0 = p * P, w = N - n0 < P ? N - n0 : P;
+		float *dp = d + p * K * P;
+		for (int64_t k = 0; k < K; k++) {
+			memcpy(dp + k * P, src + k * N + n0, (size_t)w * sizeof *d);
+			memset(dp + k * P + w, 0, (size_t)(P - w) * sizeof *d);
+		}
+	}
+	*t = (kiln_tensor){.dtype = KILN_F32, .rank = 3, .shape = {np, K, P}, .data = d};
+	int pb = cg_buf_new(m, CG_BUF_CONST, KILN_F32, cg_const(m, KILN_I64, (double)(np * K * P)));
+	if (pb < 0) {
+		c->st = KILN_ENOMEM;
+		return -1;
+	}
+	cg_buf *cb = &m->buf[pb]; /* cg_buf_new may have moved m->buf */
+	cb->data = t;
+	cb->type.rank = 3;
+	cb->type.dim[0] = np, cb->type.dim[1] = K, cb->type.dim[2] = P;
+	const char *wn = m->buf[g->b].name;
+	size_t len = (wn ? strlen(wn) : 1) + 8;
+	char *name = ir_alloc(m->arena, len);
+	if (name)
+		snprintf(name, len, "%s.packed", wn ? wn : "w");
+	cb->name = name;
+	c->s[c->n++] = (seen){g->b, off, pb};
+	return pb;
+}
+
+static void walk(ctx *c, cg_stmt *s)
+{
+	if (!s || c->st != KILN_OK)
+		return;
+	switch (s->kind) {
+	case CG_BLOCK:
+		for (int i = 0; i < s->n; i++)
+			walk(c, s->items[i]);
+		break;
+	case CG_FOR:
+		walk(c, s->body);
+		break;
+	case CG_IF:
+		walk(c, s->then_s);
+		walk(c, s->else_s);
+		break;
+	case CG_GEMM: {
+		cg_gemm *g = s->gemm;
+		int64_t off;
+		int pb = packed_b(c, g, &off);
+		if (pb < 0)
+			break;
+		g->b = pb;
+		g->b_off = cg_const(c->m, KILN_I64, 0);
+		g->b_bs = cg_const(c->m, KILN_I64, 0);
+		g->b_rs = cg_const(c->m, KILN_I64, c->P);
+		g->b_panel = c->P;
+		if (!g->b_off || !g->b_bs || !g->b_rs)
+			c->st = KILN_ENOMEM;
+		break;
+	}
+	default:
+		break;
+	}
+}
+
+static void mark_read(void *ctx, int buf, bool write)
+{
+	(void)write;
+	bool *read = ctx;
+	read[buf] = true;
+}
+
+kiln_status cg_prepack(cg_module *m, int panel, kiln_error *err)
+{
+	if (!m || panel < 1 || (panel & (panel - 1)))
+		return ir_seterr(err, KILN_EINVAL, "cg_prepack: null module or bad panel width %d",
+		                 panel);
+	ctx *c = calloc(1, sizeof *c);
+	if (!c)
+		return ir_seterr(err, KILN_ENOMEM, "cg_prepack: out of memory");
+	c->m = m;
+	c->P = panel;
+	for (int k = 0; k < m->nkern && c->st == KILN_OK; k++)
+		walk(c, m->kern[k].body);
+	/* a packed weight that nothing reads any more (and nothing views)
+	 * keeps no bytes: an empty scratch buffer no kernel touches */
+	bool *read = c->st == KILN_OK && c->n ? calloc((size_t)m->nbuf + 1, sizeof *read) : NULL;
+	if (c->st == KILN_OK && c->n && !read)
+		c->st = KILN_ENOMEM;
+	for (int k = 0; read && k < m->nkern; k++)
+		cg_stmt_bufs(m->kern[k].body, mark_read, read);
+	for (int b = 0; read && b < m->nbuf; b++)
+		if (m->buf[b].alias >= 0)
+			read[m->buf[b].alias] = true;
+	for (int i = 0; read && i < c->n; i++) {
+		cg_buf *w = &m->buf[c->s[i].b];
+		if (read[w->id] || w->kind != CG_BUF_CONST)
+			continue;
+		w->kind = CG_BUF_TEMP;
+		w->data = NULL;
+		w->numel = cg_const(m, KILN_I64, 0);
+		if (!w->numel)
+			c->st = KILN_ENOMEM;
+	}
+	free(read);
+	kiln_status st = c->st;
+	free(c);
+	return st == KILN_OK ? KILN_OK : ir_seterr(err, st, "cg_prepack: out of memory");
+}

@@ -1,0 +1,195 @@
+/*
+ * test_prepack.c: constant B operands packed at compile time
+ * (codegen/prepack.c, kiln_sgemm_pb in codegen/llvm_gemm.c).
+ *
+ * A graph of Linear layers over a symbolic batch N (GEMMs 32, 48, 100, 200
+ * and 513 columns wide, so whole and partial panels, a transposed weight,
+ * a residual Add, K of 32, 37 and 513: more than one K block) is compiled
+ * with packing (the default) and without (KILN_PREPACK=0).  The packed
+ * library's kernel IR must read packed B (b_panel=) in all six GEMMs and
+ * the other in none; at batches 1 to 100 (kiln_sgemm_pb's axpy form, its
+ * direct tiles and its blocked path), on one thread and two, both must
+ * give the same bits (each element is summed over k in the same order
+ * either way), and x W_c must match a double-precision product within
+ * 1e-4.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check_main.h"
+#include "codegen/codegen.h"
+#include "kiln/kiln.h"
+#include "tmpdir.h"
+
+enum { K0 = 37, NOUT = 6 };
+
+static kiln_tensor *weights(const char *name, int64_t r, int64_t c, double s)
+{
+	kiln_tensor *t = kiln_tensor_new(KILN_F32, 2, (int64_t[]){r, c});
+	ck_assert_ptr_nonnull(t);
+	float *p = t->data;
+	uint64_t x = 0x9e3779b97f4a7c15ull ^ (uint64_t)strlen(name) * 977;
+	for (const char *ch = name; *ch; ch++)
+		x = x * 31 + (uint64_t)*ch;
+	for (int64_t i = 0; i < r * c; i++) {
+		x = x * 6364136223846793005ull + 1442695040888963407ull;
+		p[i] = (float)(((double)(x >> 11) / 9007199254740992.0 * 2 - 1) * s);
+	}
+	return t;
+}
+
+static kiln_value param(kiln_graph *g, const char *name, int64_t r, int64_t c, double s)
+{
+	kiln_tensor *t = weights(name, r, c, s);
+	kiln_value v = kiln_param(g, name, t);
+	kiln_tensor_free(t);
+	return v;
+}
+
+static kiln_value bias(kiln_graph *g, const char *name, int64_t n)
+{
+	kiln_tensor *t = weights(name, 1, n, 0.1);
+	kiln_tensor *b = kiln_tensor_new(KILN_F32, 1, (int64_t[]){n});
+	memcpy(b->data, t->data, (size_t)n * sizeof(float));
+	kiln_value v = kiln_param(g, name, b);
+	kiln_tensor_free(t);
+	kiln_tensor_free(b);
+	return v;
+}
+
+/* x: f32[N, 37] -> a [N, 32], b [N, 100], c [N, 513], d [N, 48], e [N, 32],
+ * f [N, 200] */
+static kiln_graph *net(void)
+{
+	kiln_graph *g = kiln_graph_new("prepack");
+	int64_t N = kiln_sym(g, "N");
+	kiln_value x = kiln_input(g, "x", KILN_F32, 2, (int64_t[]){N, K0});
+	kiln_value a = kiln_gemm(g, x, param(g, "wa", K0, 32, 0.3), bias(g, "ba", 32), 1, 1, false,
+	                         false);
+	kiln_value b = kiln_relu(g, kiln_gemm(g, x, param(g, "wb", 100, K0, 0.3), bias(g, "bb", 100),
+	                                      1, 1, false, true));
+	kiln_value c = kiln_matmul(g, x, param(g, "wc", K0, 513, 0.3));
+	kiln_value d = kiln_gemm(g, c, param(g, "wd", 513, 48, 0.05), KILN_NONE, 1, 0, false, false);
+	kiln_value e = kiln_add(g, kiln_matmul(g, a, param(g, "we", 32, 32, 0.2)), a);
+	/* K = 513 > KC: the blocked path's second K block starts mid-panel */
+	kiln_value f = kiln_matmul(g, c, param(g, "wf", 513, 200, 0.05));
+	kiln_output(g, "a", a);
+	kiln_output(g, "b", b);
+	kiln_output(g, "c", c);
+	kiln_output(g, "d", d);
+	kiln_output(g, "e", e);
+	kiln_output(g, "f", f);
+	ck_assert_msg(kiln_graph_status(g) == KILN_OK, "%s", kiln_graph_errmsg(g));
+	return g;
+}
+
+/* Compiles g (emit: NULL for the library, "kir") with $KILN_PREPACK =
+ * pack ("" : unset) to tpath(file), returned in path. */
+static void compile(const kiln_graph *g, const char *pack, const char *emit, const char *file,
+                    char *path)
+{
+	if (*pack)
+		setenv("KILN_PREPACK", pack, 1);
+	else
+		unsetenv("KILN_PREPACK");
+	kiln_error err = {0};
+	snprintf(path, 256, "%s", tpath(file));
+	kiln_status st = kiln_compile(g, path, &(kiln_compile_opts){.name = "prepack", .emit = emit},
+	                              &err);
+	unsetenv("KILN_PREPACK");
+	ck_assert_msg(st == KILN_OK, "compile: %s", err.msg);
+}
+
+static int count(const char *path, const char *what)
+{
+	FILE *f = fopen(path, "r");
+	ck_assert_ptr_nonnull(f);
+	char line[4096];
+	int n = 0;
+	while (fgets(line, sizeof line, f))
+		for (const char *p = line; (p = strstr(p, what)); p++)
+			n++;
+	fclose(f);
+	return n;
+}
+
+static void run(const char *so, int64_t batch, int threads, kiln_tensor **y)
+{
+	kiln_model *m = NULL;
+	kiln_error err = {0};
+	ck_assert_msg(kiln_load(so, &m, &err) == KILN_OK, "load: %s", err.msg);
+	ck_assert_int_eq(kiln_model_set_threads(m, threads, &err), KILN_OK);
+	kiln_tensor *x = kiln_tensor_new(KILN_F32, 2, (int64_t[]){batch, K0});
+	float *p = x->data;
+	for (int64_t i = 0; i < kiln_tensor_numel(x); i++)
+		p[i] = (float)sin((double)i * 0.37 + (double)batch);
+	kiln_status st = kiln_model_run(m, &x, 1, y, NOUT, &err);
+	ck_assert_msg(st == KILN_OK, "run: %s", err.msg);
+	kiln_tensor_free(x);
+	kiln_model_free(m);
+}
+
+START_TEST(packed_equals_unpacked)
+{
+	tmp_make("kiln_prepack");
+	kiln_graph *g = net();
+	char kir0[256], kir1[256], so0[256], so1[256];
+	compile(g, "0", "kir", "off.kir", kir0);
+	compile(g, "", "kir", "on.kir", kir1);
+	ck_assert_int_eq(count(kir0, "b_panel="), 0);
+	/* a, b (its transposed weight stored [K, N] by bnfold), c, d, e, f */
+	ck_assert_int_eq(count(kir1, "b_panel="), NOUT);
+	compile(g, "0", NULL, "off.so", so0);
+	compile(g, "", NULL, "on.so", so1);
+	kiln_tensor *wc = weights("wc", K0, 513, 0.3);
+	const int64_t batches[] = {1, 2, 3, 5, 16, 31, 32, 33, 100};
+	for (int t = 1; t <= 2; t++)
+		for (size_t i = 0; i < sizeof batches / sizeof *batches; i++) {
+			kiln_tensor *y0[NOUT] = {0}, *y1[NOUT] = {0};
+			run(so0, batches[i], t, y0);
+			run(so1, batches[i], t, y1);
+			for (int o = 0; o < NOUT; o++) {
+				ck_assert_int_eq(kiln_tensor_nbytes(y0[o]), kiln_tensor_nbytes(y1[o]));
+				ck_assert_msg(!memcmp(y0[o]->data, y1[o]->data, kiln_tensor_nbytes(y0[o])),
+				              "output %d, batch %lld, %d threads: packed and unpacked differ",
+				              o, (long long)batches[i], t);
+			}
+			/* c = x wc in double */
+			const float *c = y1[2]->data;
+			double worst = 0, scale = 0;
+			for (int64_t r = 0; r < batches[i]; r++)
+				for (int64_t n = 0; n < 513; n++) {
+					double s = 0;
+					for (int64_t k = 0; k < K0; k++)
+						s += sin((double)(r * K0 + k) * 0.37 + (double)batches[i]) *
+						     ((const float *)wc->data)[k * 513 + n];
+					worst = fmax(worst, fabs(s - c[r * 513 + n]));
+					scale = fmax(scale, fabs(s));
+				}
+			ck_assert_msg(scale > 0.1, "x wc all near 0: the test would prove nothing");
+			ck_assert_msg(worst <= 1e-4, "batch %lld: x wc off by %g", (long long)batches[i],
+			              worst);
+			for (int o = 0; o < NOUT; o++) {
+				kiln_tensor_free(y0[o]);
+				kiln_tensor_free(y1[o]);
+			}
+		}
+	kiln_tensor_free(wc);
+	kiln_graph_free(g);
+	tmp_remove();
+}
+END_TEST
+
+static Suite *suite(void)
+{
+	Suite *s = suite_create("prepack");
+	TCase *tc = tcase_create("prepack");
+	tcase_set_timeout(tc, 300);
+	tcase_add_test(tc, packed_equals_unpacked);
+	suite_add_tcase(s, tc);
+	return s;
+}
+
+KILN_CHECK_MAIN(suite)
