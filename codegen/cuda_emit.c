@@ -235,17 +235,22 @@ static kiln_status describe(FILE *f, const cg_module *m, const char *name, cg_bl
 #define KILN_SOURCE_DIR "."
 #endif
 
-static kiln_status write_emu(cg_session *s, const char *stage, const char *path,
-                             kiln_error *err)
+/* Placeholders in a build_library command for the source, the blob
+ * object and the temporary output. */
+static char SRC_ARG[] = "<src>", OBJ_ARG[] = "<obj>", TMP_ARG[] = "<tmp>";
+
+typedef kiln_status (*source_fn)(FILE *f, cg_session *s, cg_blob *bl, kiln_error *err);
+
+/* Writes source(...) to "<path><suffix>" and its blob to "<path>.blob.o",
+ * runs argv (SRC_ARG, OBJ_ARG, TMP_ARG replaced by those files and a
+ * temporary beside path) and renames the result onto path.  The source is
+ * removed afterwards unless keep_src. */
+static kiln_status build_library(cg_session *s, const char *path, const char *suffix,
+                                 source_fn source, char **argv, bool keep_src,
+                                 kiln_error *err)
 {
-	if (strcmp(stage, "so") != 0)
-		return write_cuda(s, stage, path, err);
-	const cg_module *m = s->lib->m;
-	char src[4300], obj[4300], tmp[4300], rt[4096];
-	kiln_status st = cg_runtime_archive(rt, sizeof rt, err);
-	if (st != KILN_OK)
-		return st;
-	if (snprintf(src, sizeof src, "%s.emu.cu", path) >= (int)sizeof src ||
+	char src[4300], obj[4300], tmp[4300];
+	if (snprintf(src, sizeof src, "%s%s", path, suffix) >= (int)sizeof src ||
 	    snprintf(obj, sizeof obj, "%s.blob.o", path) >= (int)sizeof obj)
 		return ir_seterr(err, KILN_EINVAL, "%s: path too long", path);
 	cg_blob bl = {0};
@@ -254,8 +259,7 @@ static kiln_status write_emu(cg_session *s, const char *stage, const char *path,
 	FILE *f = open_memstream(&text, &len);
 	if (!f)
 		return ir_seterr(err, KILN_ENOMEM, "out of memory");
-	fputs(s->text, f);
-	st = describe(f, m, s->lib->name, &bl, err);
+	kiln_status st = source(f, s, &bl, err);
 	bool bad = ferror(f) != 0;
 	if (fclose(f) != 0 || bad)
 		st = st ? st : ir_seterr(err, KILN_ENOMEM, "out of memory");
@@ -268,19 +272,44 @@ static kiln_status write_emu(cg_session *s, const char *stage, const char *path,
 	if (st == KILN_OK)
 		st = cg_temp_file(path, 0777, tmp, sizeof tmp, err);
 	if (st == KILN_OK) {
-		char *argv[] = {"c++", "-std=c++14", "-O1", "-w", "-fPIC", "-fvisibility=hidden", "-shared",
-		                "-DKILN_CUDA_EMULATE", "-I" KILN_SOURCE_DIR,
-		                "-I" KILN_SOURCE_DIR "/include", "-x", "c++", src, "-x", "none", obj,
-		                rt, "-o", tmp, "-Wl,-z,defs", "-lm", "-lpthread", "-ldl", NULL};
+		for (int i = 0; argv[i]; i++)
+			argv[i] = argv[i] == SRC_ARG ? src : argv[i] == OBJ_ARG ? obj
+			          : argv[i] == TMP_ARG ? tmp : argv[i];
 		st = cg_run_tool(path, argv, err);
 		if (st == KILN_OK)
 			st = cg_commit_file(tmp, path, err);
 		else
 			unlink(tmp);
 	}
-	unlink(src);
+	if (!keep_src)
+		unlink(src);
 	unlink(obj);
 	return st;
+}
+
+/* The emulated library's source: the printed kernels (as C++) and their
+ * description. */
+static kiln_status emu_source(FILE *f, cg_session *s, cg_blob *bl, kiln_error *err)
+{
+	fputs(s->text, f);
+	return describe(f, s->lib->m, s->lib->name, bl, err);
+}
+
+static kiln_status write_emu(cg_session *s, const char *stage, const char *path,
+                             kiln_error *err)
+{
+	if (strcmp(stage, "so") != 0)
+		return write_cuda(s, stage, path, err);
+	char rt[4096];
+	kiln_status st = cg_runtime_archive(rt, sizeof rt, err);
+	if (st != KILN_OK)
+		return st;
+	char *argv[] = {"c++", "-std=c++14", "-O1", "-w", "-fPIC", "-fvisibility=hidden", "-shared",
+	                "-DKILN_CUDA_EMULATE", "-I" KILN_SOURCE_DIR,
+	                "-I" KILN_SOURCE_DIR "/include", "-x", "c++", SRC_ARG, "-x", "none",
+	                OBJ_ARG, rt, "-o", TMP_ARG, "-Wl,-z,defs", "-lm", "-lpthread", "-ldl",
+	                NULL};
+	return build_library(s, path, ".emu.cu", emu_source, argv, false, err);
 }
 
 static const char *const cuda_stages[] = {"cu", "ptx", "cubin", NULL};
@@ -678,44 +707,19 @@ static kiln_status host_source(FILE *f, cg_session *s, cg_blob *bl, const char *
 	return st;
 }
 
-static kiln_status write_library(cg_session *s, const char *path, kiln_error *err)
+/* The CUDA library's host source, for build_library. */
+static kiln_status cuda_source(FILE *f, cg_session *s, cg_blob *bl, kiln_error *err)
 {
 	const kiln_compile_opts *o = s->lib->o;
 	const char *archs = o && o->cuda_arch && *o->cuda_arch ? o->cuda_arch : "sm_80,sm_90";
-	char src[4300], obj[4300], tmp[4300];
-	if (snprintf(src, sizeof src, "%s.host.c", path) >= (int)sizeof src ||
-	    snprintf(obj, sizeof obj, "%s.blob.o", path) >= (int)sizeof obj)
-		return ir_seterr(err, KILN_EINVAL, "%s: path too long", path);
-	cg_blob bl = {0};
-	char *text = NULL;
-	size_t len = 0;
-	FILE *f = open_memstream(&text, &len);
-	if (!f)
-		return ir_seterr(err, KILN_ENOMEM, "out of memory");
-	kiln_status st = host_source(f, s, &bl, archs, err);
-	bool bad = ferror(f) != 0;
-	if (fclose(f) != 0 || bad)
-		st = st ? st : ir_seterr(err, KILN_ENOMEM, "out of memory");
-	if (st == KILN_OK)
-		st = rt_write_atomic(src, text, strlen(text), err);
-	free(text);
-	if (st == KILN_OK)
-		st = cg_blob_write_object(&bl, obj, err);
-	cg_blob_free(&bl);
-	if (st == KILN_OK)
-		st = cg_temp_file(path, 0777, tmp, sizeof tmp, err);
-	if (st == KILN_OK) {
-		char *argv[] = {"cc", "-std=gnu11", "-O2", "-w", "-fPIC", "-fvisibility=hidden", "-shared",
-		                "-x", "c", src, "-x", "none", obj, "-o", tmp, "-Wl,-z,defs",
-		                "-Wl,--build-id=none", "-ldl", NULL};
-		st = cg_run_tool(path, argv, err);
-		if (st == KILN_OK)
-			st = cg_commit_file(tmp, path, err);
-		else
-			unlink(tmp);
-	}
-	if (!getenv("KILN_KEEP_CUDA_HOST"))
-		unlink(src);
-	unlink(obj);
-	return st;
+	return host_source(f, s, bl, archs, err);
+}
+
+static kiln_status write_library(cg_session *s, const char *path, kiln_error *err)
+{
+	char *argv[] = {"cc", "-std=gnu11", "-O2", "-w", "-fPIC", "-fvisibility=hidden", "-shared",
+	                "-x", "c", SRC_ARG, "-x", "none", OBJ_ARG, "-o", TMP_ARG, "-Wl,-z,defs",
+	                "-Wl,--build-id=none", "-ldl", NULL};
+	return build_library(s, path, ".host.c", cuda_source, argv,
+	                     getenv("KILN_KEEP_CUDA_HOST") != NULL, err);
 }

@@ -25,6 +25,7 @@
 
 #include "codegen/cuda.h"
 #include "kiln/kiln.h"
+#include "../unit/testutil.h"
 
 typedef struct list {
 	char **p;
@@ -73,25 +74,6 @@ static void walk(list *l, const char *path)
 static int cmp(const void *a, const void *b)
 {
 	return strcmp(*(char *const *)a, *(char *const *)b);
-}
-
-static char *slurp(const char *path)
-{
-	FILE *f = fopen(path, "rb");
-	if (!f)
-		return NULL;
-	fseek(f, 0, SEEK_END);
-	long n = ftell(f);
-	fseek(f, 0, SEEK_SET);
-	char *t = n >= 0 ? malloc((size_t)n + 1) : NULL;
-	if (t && fread(t, 1, (size_t)n, f) != (size_t)n) {
-		free(t);
-		t = NULL;
-	}
-	if (t)
-		t[n] = 0;
-	fclose(f);
-	return t;
 }
 
 static char archs[8][16];
@@ -163,7 +145,7 @@ int main(int argc, char **argv)
 			} else {
 				kiln_compile_opts o = {.name = name, .target = "cuda", .emit = "cu"};
 				kiln_status st = kiln_compile(g, cu, &o, &err);
-				char *t = st == KILN_OK ? slurp(cu) : NULL;
+				char *t = st == KILN_OK ? tu_slurp(cu, NULL) : NULL;
 				unlink(cu);
 				if (st != KILN_OK && strstr(err.msg, "backend 'cuda' cannot take")) {
 					printf("REFUSED %s: %s\n", paths.p[i], err.msg);
