@@ -37,9 +37,6 @@ static bool supports(const cg_module *m, const cg_kernel *k, char *why, size_t s
 
 static kiln_status open_s(cg_session **out, const cg_library *lib, bool emu, kiln_error *err)
 {
-	if (lib->ti || lib->eval)
-		return ir_seterr(err, KILN_EUNSUPPORTED, "the CUDA backend does not compile training "
-		                 "steps yet (kiln issue #14, part 4)");
 	cg_session *s = calloc(1, sizeof *s);
 	if (!s)
 		return ir_seterr(err, KILN_ENOMEM, "out of memory");
@@ -58,10 +55,31 @@ static kiln_status open_emu(cg_session **out, const cg_library *lib, kiln_error 
 	return open_s(out, lib, true, err);
 }
 
+/* m's kernels, prefixed with the library's name; a training library's
+ * eval program (lib->eval) with "<name>_eval" and appended to the step's
+ * text, one translation unit (the prelude is printed once). */
 static kiln_status emit_kernels(cg_session *s, const cg_module *m, kiln_error *err)
 {
-	s->text = cg_cuda_print(m, &(cg_cuda_opts){.emulate = s->emu, .prefix = s->lib->name});
-	return s->text ? KILN_OK : ir_seterr(err, KILN_ENOMEM, "out of memory printing CUDA C");
+	char pre[160];
+	bool eval = m == s->lib->eval && s->text;
+	snprintf(pre, sizeof pre, "%s%s", s->lib->name, eval ? "_eval" : "");
+	char *t = cg_cuda_print(m, &(cg_cuda_opts){.emulate = s->emu, .prefix = pre});
+	if (!t)
+		return ir_seterr(err, KILN_ENOMEM, "out of memory printing CUDA C");
+	if (!eval) {
+		s->text = t;
+		return KILN_OK;
+	}
+	size_t a = strlen(s->text), b = strlen(t);
+	char *both = realloc(s->text, a + b + 1);
+	if (!both) {
+		free(t);
+		return ir_seterr(err, KILN_ENOMEM, "out of memory printing CUDA C");
+	}
+	memcpy(both + a, t, b + 1);
+	free(t);
+	s->text = both;
+	return KILN_OK;
 }
 
 static kiln_status emit_library(cg_session *s, kiln_error *err)
@@ -111,6 +129,11 @@ static kiln_status write_cuda(cg_session *s, const char *stage, const char *path
 		free(img);
 		return st;
 	}
+	if (s->lib->ti)
+		return ir_seterr(err, KILN_EUNSUPPORTED, "the CUDA library of a training step is not "
+		                 "written yet (kiln issue #14, part 4): --target=cuda-emu builds the same "
+		                 "step for this CPU, --emit=cu|ptx|cubin prints or compiles its kernels "
+		                 "(docs/CUDA.md)");
 	return write_library(s, path, err);
 }
 
@@ -168,20 +191,26 @@ static void io_table(FILE *f, const cg_module *m, const char *what, const int *b
 	fprintf(f, "%s};\n", n ? "" : "{}");
 }
 
-static kiln_status describe(FILE *f, const cg_module *m, const char *name, cg_blob *bl,
+/* m's rt_model_desc as C++: "kiln_model_desc" (exported, what kiln_load
+ * reads) when exported, else static "kiln_<tag>_desc"; every table's name
+ * has the tag, so a training library describes its two programs in one
+ * file.  kernels: the printer's table (<prefix>_kernels); nstate > 0: the
+ * STATE buffers index kiln_state. */
+static kiln_status describe(FILE *f, const cg_module *m, const char *name, const char *prefix,
+                            const char *tag, bool exported, int nstate, cg_blob *bl,
                             kiln_error *err)
 {
-	fprintf(f, "\n/* ---- the description (runtime/model.h) ---- */\n"
-	        "extern \"C\" const unsigned char " CG_BLOB_SYMBOL "[] "
-	        "__attribute__((visibility(\"hidden\")));\n");
-	fprintf(f, "static void kiln_numel(const kiln_i64 *sym, kiln_i64 *n)\n{\n\t(void)sym;\n");
+	char what[64];
+	fprintf(f, "\n/* ---- the description of '%s' (runtime/model.h) ---- */\n", tag);
+	fprintf(f, "static void kiln_%s_numel(const kiln_i64 *sym, kiln_i64 *n)\n{\n\t(void)sym;\n",
+	        tag);
 	for (int b = 0; b < m->nbuf; b++) {
 		fprintf(f, "\tn[%d] = ", b);
 		cg_cuda_print_expr(f, m, m->buf[b].numel);
 		fprintf(f, ";\n");
 	}
-	fprintf(f, "}\nstatic void kiln_io_dims(const kiln_i64 *sym, kiln_i64 *d)\n{\n\t(void)sym;"
-	        "\n\t(void)d;\n");
+	fprintf(f, "}\nstatic void kiln_%s_io_dims(const kiln_i64 *sym, kiln_i64 *d)\n{\n"
+	        "\t(void)sym;\n\t(void)d;\n", tag);
 	int k = 0;
 	for (int i = 0; i < m->ninputs + m->noutputs; i++) {
 		int b = i < m->ninputs ? m->inputs[i] : m->outputs[i - m->ninputs];
@@ -192,12 +221,15 @@ static kiln_status describe(FILE *f, const cg_module *m, const char *name, cg_bl
 		}
 	}
 	fprintf(f, "}\n");
-	io_table(f, m, "inputs", m->inputs, m->ninputs);
-	io_table(f, m, "outputs", m->outputs, m->noutputs);
-	fprintf(f, "static const rt_buf_desc kiln_bufs[] = {");
+	snprintf(what, sizeof what, "%s_inputs", tag);
+	io_table(f, m, what, m->inputs, m->ninputs);
+	snprintf(what, sizeof what, "%s_outputs", tag);
+	io_table(f, m, what, m->outputs, m->noutputs);
+	fprintf(f, "static const rt_buf_desc kiln_%s_bufs[] = {", tag);
 	for (int i = 0; i < m->nbuf; i++) {
 		const cg_buf *b = &m->buf[i];
-		int slot = b->kind == CG_BUF_TEMP && b->alias < 0 ? b->slot : -1;
+		int slot = b->kind == CG_BUF_STATE ? b->io_index
+		           : b->kind == CG_BUF_TEMP && b->alias < 0 ? b->slot : -1;
 		fprintf(f, "%s\n\t{%d, %d, %d, %d, ", i ? "," : "", buf_kinds[b->kind], b->dt, slot,
 		        b->alias);
 		if (b->kind == CG_BUF_CONST && b->alias < 0) {
@@ -211,24 +243,74 @@ static kiln_status describe(FILE *f, const cg_module *m, const char *name, cg_bl
 		} else
 			fprintf(f, "NULL}");
 	}
-	fprintf(f, "%s};\nstatic const char *const kiln_kernel_names[] = {", m->nbuf ? "" : "{}");
+	fprintf(f, "%s};\nstatic const char *const kiln_%s_kernel_names[] = {",
+	        m->nbuf ? "" : "{}", tag);
 	for (int i = 0; i < m->nkern; i++) {
 		fprintf(f, "%s", i ? ", " : "");
 		cstring(f, m->kern[i].name);
 	}
-	fprintf(f, "%s};\nstatic const char *const kiln_sym_names[] = {", m->nkern ? "" : "NULL");
+	fprintf(f, "%s};\nstatic const char *const kiln_%s_sym_names[] = {", m->nkern ? "" : "NULL",
+	        tag);
 	for (int i = 0; i < m->nsym; i++) {
 		fprintf(f, "%s", i ? ", " : "");
 		cstring(f, m->symname ? m->symname[i] : "");
 	}
 	fprintf(f, "%s};\n", m->nsym ? "" : "NULL");
-	fprintf(f, "extern \"C\" __attribute__((visibility(\"default\"))) const rt_model_desc "
-	        "kiln_model_desc = {\n\tRT_MODEL_ABI, %d, ", m->nsym);
+	if (exported)
+		fprintf(f, "extern \"C\" __attribute__((visibility(\"default\"))) const rt_model_desc "
+		        "kiln_model_desc = {\n");
+	else
+		fprintf(f, "static const rt_model_desc kiln_%s_desc = {\n", tag);
+	fprintf(f, "\tRT_MODEL_ABI, %d, ", m->nsym);
 	cstring(f, name);
-	fprintf(f, ", kiln_sym_names, %d, %d, kiln_inputs, kiln_outputs, %d, %d, kiln_bufs,\n"
-	        "\t%d, 0, %s_kernels, kiln_kernel_names, kiln_numel, kiln_io_dims, 0, 0, 0, NULL};\n",
-	        m->ninputs, m->noutputs, m->nbuf, m->nslot, m->nkern, name);
+	fprintf(f, ", kiln_%s_sym_names, %d, %d, kiln_%s_inputs, kiln_%s_outputs, %d, %d,\n"
+	        "\tkiln_%s_bufs, %d, 0, %s_kernels, kiln_%s_kernel_names, kiln_%s_numel,\n"
+	        "\tkiln_%s_io_dims, 0, %d, 0, %s};\n", tag, m->ninputs, m->noutputs, tag, tag,
+	        m->nbuf, m->nslot, tag, m->nkern, prefix, tag, tag, tag, nstate,
+	        nstate ? "kiln_state" : "NULL");
 	return KILN_OK;
+}
+
+/* A training library's state table, kiln_state: names, shapes, initial
+ * bytes in the blob (codegen/llvm_lib.c's layout for the CPU). */
+static kiln_status state_table(FILE *f, const cg_train_info *ti, cg_blob *bl, kiln_error *err)
+{
+	fprintf(f, "\n/* ---- the state table ---- */\n");
+	for (int i = 0; i < ti->nstate; i++) {
+		const kiln_tensor *t = ti->state_init[i];
+		fprintf(f, "static const kiln_i64 kiln_state_dims%d[] = {", i);
+		for (int d = 0; d < t->rank; d++)
+			fprintf(f, "%s%lld", d ? ", " : "", (long long)t->shape[d]);
+		fprintf(f, "%s};\n", t->rank ? "" : "0");
+	}
+	fprintf(f, "static const rt_state_desc kiln_state[] = {");
+	for (int i = 0; i < ti->nstate; i++) {
+		const kiln_tensor *t = ti->state_init[i];
+		int64_t at = cg_blob_add(bl, t->data, kiln_tensor_nbytes(t));
+		if (at < 0)
+			return ir_seterr(err, KILN_ENOMEM, "out of memory laying out the state");
+		fprintf(f, "%s\n\t{", i ? "," : "");
+		cstring(f, ti->state_name[i]);
+		fprintf(f, ", %d, %d, kiln_state_dims%d, " CG_BLOB_SYMBOL " + %lld}", t->dtype, t->rank,
+		        i, (long long)at);
+	}
+	fprintf(f, "%s};\n", ti->nstate ? "" : "{}");
+	return KILN_OK;
+}
+
+/* kiln_train_desc over the step's and the eval program's descriptions. */
+static void train_desc(FILE *f, const cg_module *m, const cg_train_info *ti)
+{
+	fprintf(f, "static const int32_t kiln_next[] = {");
+	for (int i = 0; i < m->noutputs; i++)
+		fprintf(f, "%s%d", i ? ", " : "", ti->next[i]);
+	fprintf(f, "};\nstatic const int32_t kiln_ready[] = {");
+	for (int i = 0; i < m->noutputs; i++)
+		fprintf(f, "%s%d", i ? ", " : "", ti->ready && ti->split >= 0 ? ti->ready[i] : -1);
+	fprintf(f, "};\nextern \"C\" __attribute__((visibility(\"default\"))) const rt_train_desc "
+	        "kiln_train_desc = {\n\tRT_MODEL_ABI, %d, &kiln_step_desc, &kiln_model_desc, "
+	        "kiln_next, %d, %d, %d, %d,\n\tkiln_ready, %d, 0};\n", ti->accum, ti->lr, ti->t,
+	        ti->apply, ti->micro + 1, ti->ready ? ti->split : -1);
 }
 
 #ifndef KILN_SOURCE_DIR
@@ -291,8 +373,24 @@ static kiln_status build_library(cg_session *s, const char *path, const char *su
  * description. */
 static kiln_status emu_source(FILE *f, cg_session *s, cg_blob *bl, kiln_error *err)
 {
+	const cg_library *lib = s->lib;
+	char pre[160];
 	fputs(s->text, f);
-	return describe(f, s->lib->m, s->lib->name, bl, err);
+	fprintf(f, "\nextern \"C\" const unsigned char " CG_BLOB_SYMBOL "[] "
+	        "__attribute__((visibility(\"hidden\")));\n");
+	if (!lib->ti)
+		return describe(f, lib->m, lib->name, lib->name, "m", true, 0, bl, err);
+	/* a training library: the step, the eval program (kiln_model_desc, what
+	 * kiln_load runs), the state both index and kiln_train_desc */
+	snprintf(pre, sizeof pre, "%s_eval", lib->name);
+	kiln_status st = state_table(f, lib->ti, bl, err);
+	if (st == KILN_OK)
+		st = describe(f, lib->m, lib->name, lib->name, "step", false, lib->ti->nstate, bl, err);
+	if (st == KILN_OK)
+		st = describe(f, lib->eval, lib->name, pre, "eval", true, lib->ti->nstate, bl, err);
+	if (st == KILN_OK)
+		train_desc(f, lib->m, lib->ti);
+	return st;
 }
 
 static kiln_status write_emu(cg_session *s, const char *stage, const char *path,

@@ -588,8 +588,13 @@ kiln_status cg_emit_train(const cg_backend *b, const cg_module *m, const cg_modu
                           const kiln_compile_opts *o, const char *name, kiln_error *err)
 {
 	cg_library lib = {.m = m, .eval = eval, .ti = ti, .name = name, .o = o};
-	kiln_status st = backend(b ? b : cg_backend_find(NULL), &lib, out_path, "so", err);
-	if (st == KILN_OK)
+	const char *stage = o->emit ? o->emit : "so";
+	b = b ? b : cg_backend_find(NULL);
+	kiln_status st = backend(b, &lib, out_path, stage, err);
+	/* the typed entry points are the LLVM library's; an emulated CUDA
+	 * library is for kiln_load, and a CUDA stage (cu, ptx, cubin) is no
+	 * library */
+	if (st == KILN_OK && b == &cg_llvm_backend && !strcmp(stage, "so"))
 		st = header(m, eval, ti, train_header, name, out_path, err);
 	return st;
 }
