@@ -64,6 +64,12 @@ add_test(NAME cuda_nvrtc_real_models
 	COMMAND cuda_nvrtc_check ${CMAKE_BINARY_DIR}/onnx_real)
 set_tests_properties(cuda_nvrtc_real_models PROPERTIES FIXTURES_REQUIRED onnx_real
 	SKIP_RETURN_CODE 77 TIMEOUT 900)
+# ResNet-18's training step (batch 2, SGD momentum) and eval program
+# through NVRTC: 451 launches, the largest training program checked.
+add_test(NAME cuda_nvrtc_train_resnet18
+	COMMAND cuda_nvrtc_check --train 2 ${CMAKE_BINARY_DIR}/onnx_real/resnet18.onnx)
+set_tests_properties(cuda_nvrtc_train_resnet18 PROPERTIES FIXTURES_REQUIRED onnx_real
+	SKIP_RETURN_CODE 77 TIMEOUT 900)
 add_test(NAME onnx_conformance_cuda_emu
 	COMMAND onnx_conformance ${ONNX_NODE_DIR}/node --backend cuda-emu --every 3
 		--expected ${CMAKE_SOURCE_DIR}/tests/onnx/expected_failures.txt)
