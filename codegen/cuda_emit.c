@@ -694,26 +694,34 @@ static void host_common(FILE *f, const char *name)
 	      "\th->err[0] = 0;\n\treturn 0;\n}\n", f);
 }
 
+/* int <name>_<suffix>(ctx, syms..., inputs..., outputs...): program p of
+ * kiln_progs on host arrays (dev 0: copied in and out) or device pointers
+ * (dev 1), after checking the sizes and pointers. */
+static void host_run(FILE *f, const cg_module *m, const char *name, const char *suffix, int p,
+                     int dev)
+{
+	host_params(f, m, name, suffix);
+	fprintf(f, "\n{\n\tif (!c_ok(ctx)) return 1;\n\tkiln_i64 sym[%d] = {0", m->nsym + 1);
+	for (int k = 0; k < m->nsym; k++)
+		fprintf(f, ", s%d", k);
+	fprintf(f, "};\n\tvoid *io[%d] = {0", m->ninputs + m->noutputs + 1);
+	for (int i = 0; i < m->ninputs + m->noutputs; i++)
+		fprintf(f, ", (void *)p%d", i);
+	fprintf(f, "};\n");
+	for (int k = 0; k < m->nsym; k++)
+		fprintf(f, "\tif (s%d < 0) return kiln_fail(&ctx->h, 1, \"size %d is negative\");\n", k, k);
+	for (int i = 0; i < m->ninputs + m->noutputs; i++)
+		fprintf(f, "\tif (!p%d) return kiln_fail(&ctx->h, 1, \"argument %d is NULL\");\n", i, i);
+	fprintf(f, "\treturn kiln_exec(&ctx->h, &kiln_progs[%d], sym + 1, io + 1, %d, %d);\n}\n", p,
+	        dev, m->noutputs);
+}
+
 /* An inference library's _run (host pointers: async copies in and out) and
  * _run_device (device pointers, nothing copied). */
 static void host_run_entries(FILE *f, const cg_module *m, const char *name)
 {
-	for (int dev = 0; dev < 2; dev++) {
-		host_params(f, m, name, dev ? "run_device" : "run");
-		fprintf(f, "\n{\n\tif (!c_ok(ctx)) return 1;\n\tkiln_i64 sym[%d] = {0", m->nsym + 1);
-		for (int k = 0; k < m->nsym; k++)
-			fprintf(f, ", s%d", k);
-		fprintf(f, "};\n\tvoid *io[%d] = {0", m->ninputs + m->noutputs + 1);
-		for (int i = 0; i < m->ninputs + m->noutputs; i++)
-			fprintf(f, ", (void *)p%d", i);
-		fprintf(f, "};\n");
-		for (int k = 0; k < m->nsym; k++)
-			fprintf(f, "\tif (s%d < 0) return kiln_fail(&ctx->h, 1, \"size %d is negative\");\n", k, k);
-		for (int i = 0; i < m->ninputs + m->noutputs; i++)
-			fprintf(f, "\tif (!p%d) return kiln_fail(&ctx->h, 1, \"argument %d is NULL\");\n", i, i);
-		fprintf(f, "\treturn kiln_exec(&ctx->h, &kiln_progs[0], sym + 1, io + 1, %d, %d);\n}\n",
-		        dev, m->noutputs);
-	}
+	for (int dev = 0; dev < 2; dev++)
+		host_run(f, m, name, dev ? "run_device" : "run", 0, dev);
 }
 
 /* A training library's entry points, the CPU library's shape (model.h of
@@ -774,20 +782,7 @@ static void train_entries(FILE *f, const cg_library *lib)
 	}
 	fprintf(f, "\tif ((rc = kiln_cu(h, h->cuStreamSynchronize(h->st), \"cuStreamSynchronize\"))) "
 	        "return rc;\n\th->steps += apply_in;\n\th->micro++;\n\treturn 0;\n}\n");
-	host_params(f, e, name, "eval_step");
-	fprintf(f, "\n{\n\tif (!c_ok(ctx)) return 1;\n\tkiln_i64 sym[%d] = {0", e->nsym + 1);
-	for (int k = 0; k < e->nsym; k++)
-		fprintf(f, ", s%d", k);
-	fprintf(f, "};\n\tvoid *io[%d] = {0", e->ninputs + e->noutputs + 1);
-	for (int i = 0; i < e->ninputs + e->noutputs; i++)
-		fprintf(f, ", (void *)p%d", i);
-	fprintf(f, "};\n");
-	for (int k = 0; k < e->nsym; k++)
-		fprintf(f, "\tif (s%d < 0) return kiln_fail(&ctx->h, 1, \"size %d is negative\");\n", k, k);
-	for (int i = 0; i < e->ninputs + e->noutputs; i++)
-		fprintf(f, "\tif (!p%d) return kiln_fail(&ctx->h, 1, \"argument %d is NULL\");\n", i, i);
-	fprintf(f, "\treturn kiln_exec(&ctx->h, &kiln_progs[1], sym + 1, io + 1, 0, %d);\n}\n",
-	        e->noutputs);
+	host_run(f, e, name, "eval_step", 1, 0);
 	fprintf(f, "%s int64_t %s_steps(const struct %s_ctx *c) { return c ? c->h.steps : -1; }\n"
 	        "%s int64_t %s_micro(const struct %s_ctx *c) { return c ? c->h.micro : -1; }\n"
 	        "%s int %s_set_counters(struct %s_ctx *c, int64_t steps, int64_t micro)\n{\n"

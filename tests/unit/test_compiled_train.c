@@ -86,16 +86,6 @@ static kiln_model *open_run(const char *run)
 	return m;
 }
 
-static double step(kiln_model *m, data d, int s, double lr)
-{
-	kiln_tensor x = view(d.x, s), y = view(d.y, s);
-	double loss = NAN;
-	kiln_error err;
-	ck_assert_msg(kiln_model_train_step(m, &x, &y, lr, &loss, &err) == KILN_OK, "step %d: %s",
-	              s, err.msg);
-	return loss;
-}
-
 /* ---- parity with PyTorch --------------------------------------------------------- */
 
 /* 20 compiled steps of run; every loss within tol relative of PyTorch's

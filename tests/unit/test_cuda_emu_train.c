@@ -79,16 +79,6 @@ static kiln_model *open_lib(const char *path)
 	return m;
 }
 
-static double step(kiln_model *m, data d, int s, double lr)
-{
-	kiln_tensor x = view(d.x, s), y = view(d.y, s);
-	double loss = NAN;
-	kiln_error err;
-	ck_assert_msg(kiln_model_train_step(m, &x, &y, lr, &loss, &err) == KILN_OK, "step %d: %s",
-	              s, err.msg);
-	return loss;
-}
-
 /* Whether state tensor name (a parameter or one of its AdamW moments) has
  * a gradient of rounding noise only: its exp_avg_sq below 1e-12 in both
  * states.  That is a conv bias feeding a train-mode BatchNorm, whose

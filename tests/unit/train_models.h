@@ -10,6 +10,7 @@
 #define KILN_TRAIN_MODELS_H
 
 #include <check.h>
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -113,6 +114,17 @@ static inline data load_data(const char *name)
 static inline void free_data(data d)
 {
 	kiln_tensor_free(d.x), kiln_tensor_free(d.y);
+}
+
+/* One kiln_model_train_step on batch s of d; its loss. */
+static inline double step(kiln_model *m, data d, int s, double lr)
+{
+	kiln_tensor x = view(d.x, s), y = view(d.y, s);
+	double loss = NAN;
+	kiln_error err;
+	ck_assert_msg(kiln_model_train_step(m, &x, &y, lr, &loss, &err) == KILN_OK, "step %d: %s",
+	              s, err.msg);
+	return loss;
 }
 
 #endif /* KILN_TRAIN_MODELS_H */
