@@ -13,7 +13,7 @@ set(ONNX_NODE_DIR ${CMAKE_BINARY_DIR}/onnx_node_tests)
 set(ONNX_NODE_STAMP ${ONNX_NODE_DIR}/generated.stamp)
 
 add_executable(onnx_conformance ${CMAKE_SOURCE_DIR}/tests/onnx/run_conformance.c)
-target_link_libraries(onnx_conformance PRIVATE kiln)
+target_link_libraries(onnx_conformance PRIVATE kiln kiln_testutil)
 
 add_test(NAME onnx_node_tests_generate
 	COMMAND sh -c "test -f '${ONNX_NODE_STAMP}' || '${KILN_PYTHON}' \
@@ -55,7 +55,7 @@ add_test(NAME layers_dot COMMAND ${KILN_PYTHON} ${CMAKE_SOURCE_DIR}/tests/layers
 # compiled for this CPU) against ONNX's outputs; `onnx_conformance DIR
 # --backend cuda-emu` runs them all (about 3 minutes on two cores).
 add_executable(cuda_nvrtc_check ${CMAKE_SOURCE_DIR}/tests/onnx/cuda_nvrtc_check.c)
-target_link_libraries(cuda_nvrtc_check PRIVATE kiln)
+target_link_libraries(cuda_nvrtc_check PRIVATE kiln kiln_testutil)
 add_test(NAME cuda_nvrtc_conformance
 	COMMAND cuda_nvrtc_check --every 3 ${ONNX_NODE_DIR}/node ${CMAKE_SOURCE_DIR}/tests/kir)
 set_tests_properties(cuda_nvrtc_conformance PROPERTIES FIXTURES_REQUIRED onnx_node_data
@@ -63,6 +63,12 @@ set_tests_properties(cuda_nvrtc_conformance PROPERTIES FIXTURES_REQUIRED onnx_no
 add_test(NAME cuda_nvrtc_real_models
 	COMMAND cuda_nvrtc_check ${CMAKE_BINARY_DIR}/onnx_real)
 set_tests_properties(cuda_nvrtc_real_models PROPERTIES FIXTURES_REQUIRED onnx_real
+	SKIP_RETURN_CODE 77 TIMEOUT 900)
+# ResNet-18's training step (batch 2, SGD momentum) and eval program
+# through NVRTC: 451 launches, the largest training program checked.
+add_test(NAME cuda_nvrtc_train_resnet18
+	COMMAND cuda_nvrtc_check --train 2 ${CMAKE_BINARY_DIR}/onnx_real/resnet18.onnx)
+set_tests_properties(cuda_nvrtc_train_resnet18 PROPERTIES FIXTURES_REQUIRED onnx_real
 	SKIP_RETURN_CODE 77 TIMEOUT 900)
 add_test(NAME onnx_conformance_cuda_emu
 	COMMAND onnx_conformance ${ONNX_NODE_DIR}/node --backend cuda-emu --every 3

@@ -733,6 +733,22 @@ static void gemm_args(pr *p, const cg_gemm *g, int d)
 	}
 }
 
+/* Element (i, j) of a transposition: "b<dst>[dst_off + j * dst_rs + i] =
+ * b<src>[src_off + i * src_rs + j]", the statement's and the launch's. */
+static void transpose_move(pr *p, const cg_transpose *t)
+{
+	FILE *f = p->f;
+	fprintf(f, "b%d[", t->dst);
+	ex(p, t->dst_off);
+	fprintf(f, " + j * ");
+	ex(p, t->dst_rs);
+	fprintf(f, " + i] = b%d[", t->src);
+	ex(p, t->src_off);
+	fprintf(f, " + i * ");
+	ex(p, t->src_rs);
+	fprintf(f, " + j]");
+}
+
 static int add_what(pr *p, const char *what)
 {
 	if (p->nchecks == p->capwhat) {
@@ -823,15 +839,8 @@ static void st(pr *p, const cg_stmt *s, int d)
 		ex(p, t->cols);
 		fprintf(f, "; j < C; j++)\n");
 		ind(p, d + 2);
-		fprintf(f, "b%d[", t->dst);
-		ex(p, t->dst_off);
-		fprintf(f, " + j * ");
-		ex(p, t->dst_rs);
-		fprintf(f, " + i] = b%d[", t->src);
-		ex(p, t->src_off);
-		fprintf(f, " + i * ");
-		ex(p, t->src_rs);
-		fprintf(f, " + j];\n");
+		transpose_move(p, t);
+		fprintf(f, ";\n");
 		break;
 	}
 	case CG_CHECK: {
@@ -1067,15 +1076,9 @@ static void launch_body(pr *p, const cg_kernel *k, const launch *l, const cg_stm
 		ex(p, t->rows);
 		fprintf(f, " * C;\n\tfor (kiln_i64 e = (kiln_i64)blockIdx.x * blockDim.x + "
 		        "threadIdx.x; e < n; e += (kiln_i64)gridDim.x * blockDim.x) {\n"
-		        "\t\tkiln_i64 i = e / C, j = e %% C;\n\t\tb%d[", t->dst);
-		ex(p, t->dst_off);
-		fprintf(f, " + j * ");
-		ex(p, t->dst_rs);
-		fprintf(f, " + i] = b%d[", t->src);
-		ex(p, t->src_off);
-		fprintf(f, " + i * ");
-		ex(p, t->src_rs);
-		fprintf(f, " + j];\n\t}\n");
+		        "\t\tkiln_i64 i = e / C, j = e %% C;\n\t\t");
+		transpose_move(p, t);
+		fprintf(f, ";\n\t}\n");
 	} else {
 		fprintf(f, "\tif (blockIdx.x || threadIdx.x)\n\t\treturn;\n");
 		for (int i = l->first; i < l->first + l->n; i++)

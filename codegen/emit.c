@@ -541,9 +541,11 @@ static void header_train_step(FILE *f, const cg_module *m, const cg_train_info *
 	fprintf(f, ", double lr, %s *loss);\n", c_type(m->buf[m->outputs[0]].dt));
 }
 
-static void train_header(FILE *f, const cg_module *m, const cg_module *eval,
-                         const cg_train_info *ti, const char *name, const char *h,
-                         const char *so)
+/* A training library's header; cuda: the CUDA library's (state on the
+ * device, read and written tensor by tensor instead of _save/_load). */
+static void write_train_header(FILE *f, const cg_module *m, const cg_module *eval,
+                               const cg_train_info *ti, const char *name, const char *h,
+                               const char *so, bool cuda)
 {
 	size_t bytes = 0;
 	for (int i = 0; i < ti->nstate; i++)
@@ -555,12 +557,14 @@ static void train_header(FILE *f, const cg_module *m, const cg_module *eval,
 	fprintf(f, " * Eval:\n");
 	header_signature(f, eval);
 	fprintf(f, " *\n * The context owns %d state tensors (%zu bytes: parameters, buffers,\n"
-	        " * optimizer state), initialised from the model's weights.  _train_step takes\n"
-	        " * lr (schedules are the caller's) and counts steps itself (_steps);\n"
-	        " * _save/_load write and read a safetensors checkpoint in kiln_trainer's\n"
-	        " * format (atomic; a corrupt file is refused and nothing changes).  ints\n"
-	        " * are kiln_status (0 OK); %s_errmsg(ctx) says why.  One context per thread.\n"
-	        " */\n", ti->nstate, bytes, name);
+	        " * optimizer state), initialised from the model's weights%s.  _train_step takes\n"
+	        " * lr (schedules are the caller's) and counts steps itself (_steps);\n%s"
+	        " * ints are kiln_status (0 OK); %s_errmsg(ctx) says why.  One context per\n"
+	        " * thread.\n */\n", ti->nstate, bytes, cuda ? " in GPU memory" : "",
+	        cuda ? " * _get_state/_set_state copy them to and from the host.\n"
+	             : " * _save/_load write and read a safetensors checkpoint in kiln_trainer's\n"
+	               " * format (atomic; a corrupt file is refused and nothing changes).\n",
+	        name);
 	char guard[128];
 	snprintf(guard, sizeof guard, "%s_TRAIN", name);
 	for (char *p = guard; *p; p++)
@@ -571,13 +575,43 @@ static void train_header(FILE *f, const cg_module *m, const cg_module *eval,
 	        name);
 	header_train_step(f, m, ti, name);
 	header_run(f, eval, name, "eval_step");
-	fprintf(f, "int64_t %s_steps(const %s_ctx *ctx);\n"
-	        "int %s_save(%s_ctx *ctx, const char *path);\n"
-	        "int %s_load(%s_ctx *ctx, const char *path);\n", name, name, name, name, name, name);
+	fprintf(f, "int64_t %s_steps(const %s_ctx *ctx);\n", name, name);
+	if (!cuda)
+		fprintf(f, "int %s_save(%s_ctx *ctx, const char *path);\n"
+		        "int %s_load(%s_ctx *ctx, const char *path);\n", name, name, name, name);
+	else
+		fprintf(f, "\n/* CUDA (docs/CUDA.md): the state lives on the GPU.  _create_ex says why\n"
+		        " * _create could not (no driver, no GPU); _get_state/_set_state copy\n"
+		        " * state tensor i (of _num_state, named _state_name(i), _state_bytes(i)\n"
+		        " * bytes, in the order of a kiln_trainer checkpoint) to or from the host;\n"
+		        " * with _micro and _set_counters that is what a checkpoint holds. */\n"
+		        "#include <stddef.h>\n"
+		        "int %s_create_ex(%s_ctx **ctx, char *msg, size_t size);\n"
+		        "int64_t %s_micro(const %s_ctx *ctx);\n"
+		        "int %s_set_counters(%s_ctx *ctx, int64_t steps, int64_t micro);\n"
+		        "int %s_num_state(void);\nconst char *%s_state_name(int i);\n"
+		        "int64_t %s_state_bytes(int i);\n"
+		        "int %s_get_state(%s_ctx *ctx, int i, void *host);\n"
+		        "int %s_set_state(%s_ctx *ctx, int i, const void *host);\n", name, name, name,
+		        name, name, name, name, name, name, name, name, name, name);
 	fprintf(f, "int %s_set_threads(%s_ctx *ctx, int nthreads);\n"
 	        "const char *%s_errmsg(const %s_ctx *ctx);\nvoid %s_destroy(%s_ctx *ctx);\n",
 	        name, name, name, name, name, name);
 	fprintf(f, "\n#ifdef __cplusplus\n}\n#endif\n#endif /* %s_H */\n", guard);
+}
+
+static void train_header(FILE *f, const cg_module *m, const cg_module *eval,
+                         const cg_train_info *ti, const char *name, const char *h,
+                         const char *so)
+{
+	write_train_header(f, m, eval, ti, name, h, so, false);
+}
+
+static void cuda_train_header(FILE *f, const cg_module *m, const cg_module *eval,
+                              const cg_train_info *ti, const char *name, const char *h,
+                              const char *so)
+{
+	write_train_header(f, m, eval, ti, name, h, so, true);
 }
 
 /* The back half of kiln_compile_train: the step program m (STATE buffers
@@ -588,8 +622,13 @@ kiln_status cg_emit_train(const cg_backend *b, const cg_module *m, const cg_modu
                           const kiln_compile_opts *o, const char *name, kiln_error *err)
 {
 	cg_library lib = {.m = m, .eval = eval, .ti = ti, .name = name, .o = o};
-	kiln_status st = backend(b ? b : cg_backend_find(NULL), &lib, out_path, "so", err);
-	if (st == KILN_OK)
-		st = header(m, eval, ti, train_header, name, out_path, err);
+	const char *stage = o->emit ? o->emit : "so";
+	b = b ? b : cg_backend_find(NULL);
+	kiln_status st = backend(b, &lib, out_path, stage, err);
+	/* an emulated CUDA library is for kiln_load (no typed entry points), a
+	 * CUDA stage (cu, ptx, cubin) is no library */
+	if (st == KILN_OK && b != &cg_cuda_emu_backend && !strcmp(stage, "so"))
+		st = header(m, eval, ti, b == &cg_cuda_backend ? cuda_train_header : train_header, name,
+		            out_path, err);
 	return st;
 }

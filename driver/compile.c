@@ -398,9 +398,15 @@ static kiln_status check_train(const kiln_graph *model, const kiln_graph *eval,
 	if (o->passes && strstr(o->passes, "bnfold"))
 		return ir_seterr(err, KILN_EINVAL, "kiln_compile_train: pass 'bnfold' folds parameters "
 		                 "into constants, which a training library updates");
-	if (o->emit && strcmp(o->emit, "so") != 0)
+	/* a CUDA target also prints (cu) or NVRTC-compiles (ptx, cubin) the
+	 * step's and the eval program's kernels */
+	bool cuda_stage = gpu_target(o) && o->emit &&
+	                  (!strcmp(o->emit, "cu") || !strcmp(o->emit, "ptx") ||
+	                   !strcmp(o->emit, "cubin"));
+	if (o->emit && strcmp(o->emit, "so") != 0 && !cuda_stage)
 		return ir_seterr(err, KILN_EINVAL, "kiln_compile_train: --emit=%s is not supported "
-		                 "for a training library (only the .so)", o->emit);
+		                 "for a training library (the .so; with --target=cuda also cu, ptx "
+		                 "and cubin)", o->emit);
 	kiln_status st = check_opts(model, out, o, err);
 	return st == KILN_OK ? check_opts(eval, out, o, err) : st;
 }
@@ -414,9 +420,6 @@ KILN_API kiln_status kiln_compile_train(const kiln_graph *model, const kiln_grap
 	kiln_status st = check_train(model, eval_model, t, out_path, &o, err);
 	if (st != KILN_OK)
 		return st;
-	if (o.target && strcmp(o.target, "llvm") != 0)
-		return ir_seterr(err, KILN_EUNSUPPORTED, "kiln_compile_train: --target=%s does not "
-		                 "compile training steps yet (only llvm; docs/CUDA.md)", o.target);
 	o.passes = o.passes ? o.passes : PASS_DEFAULT;
 	char name[128];
 	cg_c_name(name, sizeof name, o.name ? o.name : kiln_graph_name(model));
@@ -444,7 +447,8 @@ KILN_API kiln_status kiln_compile_train(const kiln_graph *model, const kiln_grap
 	if (o.times)
 		o.times->lower = seconds() - t0;
 	if (st == KILN_OK)
-		st = cg_emit_train(cg_backend_find("llvm"), ms, me, &tb.ti, out_path, &o, name, err);
+		st = cg_emit_train(cg_backend_find(o.target ? o.target : "llvm"), ms, me, &tb.ti,
+		                   out_path, &o, name, err);
 	if (o.times)
 		o.times->total = seconds() - t0;
 	cg_module_free(ms), cg_module_free(me);

@@ -89,6 +89,13 @@ static kiln_status attach(kiln_model *m, const char *path, kiln_error *err)
 {
 	char why[512];
 	m->d = dlsym(m->dl, "kiln_model_desc");
+	/* a --target=cuda library is driven through its own entry points (its
+	 * state and scratch are device memory, which this runtime's driver
+	 * does not run) */
+	if (!m->d && dlsym(m->dl, "kiln_cuda_library"))
+		return rt_seterr(err, KILN_EUNSUPPORTED, "%s: a CUDA library (--target=cuda): kiln_load "
+		                 "runs CPU and cuda-emu libraries; call its own entry points "
+		                 "(<name>_create_ex, _run or _train_step; docs/CUDA.md)", path);
 	if (!m->d)
 		return rt_seterr(err, KILN_EINVAL, "%s: not a kiln model (no kiln_model_desc symbol)",
 		                 path);

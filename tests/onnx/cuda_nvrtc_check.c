@@ -4,8 +4,11 @@
  * warnings counted as failures (issue #14's acceptance: the kernels of the
  * ONNX conformance cases and the real models compile for sm_80 and sm_90).
  *
- *   cuda_nvrtc_check [--arch sm_80,sm_90] [--every K] PATH...
+ *   cuda_nvrtc_check [--arch sm_80,sm_90] [--every K] [--train B] PATH...
  *
+ * --train B compiles each model's training step at batch B instead (SGD
+ * with momentum, cross-entropy: kiln compile --train --target=cuda), the
+ * step and the eval program in one text.
  * PATH is a .onnx or .kir file or a folder searched for them.  A model
  * that does not load, or that the lowering refuses (the CPU library would
  * fail too), is counted and left out; a kernel the backend's supports()
@@ -25,6 +28,7 @@
 
 #include "codegen/cuda.h"
 #include "kiln/kiln.h"
+#include "../unit/testutil.h"
 
 typedef struct list {
 	char **p;
@@ -75,23 +79,23 @@ static int cmp(const void *a, const void *b)
 	return strcmp(*(char *const *)a, *(char *const *)b);
 }
 
-static char *slurp(const char *path)
+/* --train B: g's training step instead (kiln_train_graph_from_inference:
+ * BatchNorm on batch statistics, SGD with momentum, cross-entropy), at
+ * batch B, printed with its eval program as kiln compile --train
+ * --target=cuda --emit=cu prints them. */
+static int64_t train_batch;
+
+static kiln_status compile_train(const kiln_graph *g, int64_t batch, const char *cu,
+                                 const kiln_compile_opts *o, kiln_error *err)
 {
-	FILE *f = fopen(path, "rb");
-	if (!f)
-		return NULL;
-	fseek(f, 0, SEEK_END);
-	long n = ftell(f);
-	fseek(f, 0, SEEK_SET);
-	char *t = n >= 0 ? malloc((size_t)n + 1) : NULL;
-	if (t && fread(t, 1, (size_t)n, f) != (size_t)n) {
-		free(t);
-		t = NULL;
-	}
-	if (t)
-		t[n] = 0;
-	fclose(f);
-	return t;
+	kiln_graph *tg = NULL;
+	kiln_train_opts t = {.optim = KILN_OPT_SGD, .momentum = 0.9, .weight_decay = 5e-4,
+	                     .loss = KILN_LOSS_CROSS_ENTROPY};
+	kiln_status st = kiln_train_graph_from_inference(g, 1, &tg, err);
+	if (st == KILN_OK)
+		st = kiln_compile_train(tg, g, &t, batch, cu, o, err);
+	kiln_graph_free(tg);
+	return st;
 }
 
 static char archs[8][16];
@@ -125,6 +129,8 @@ int main(int argc, char **argv)
 	for (int i = 1; i < argc; i++) {
 		if (!strcmp(argv[i], "--arch") && i + 1 < argc)
 			arch = argv[++i];
+		else if (!strcmp(argv[i], "--train") && i + 1 < argc)
+			train_batch = atoll(argv[++i]) > 0 ? atoll(argv[i]) : 1;
 		else if (!strcmp(argv[i], "--every") && i + 1 < argc)
 			every = atoi(argv[++i]) > 0 ? atoi(argv[i]) : 1;
 		else
@@ -162,12 +168,17 @@ int main(int argc, char **argv)
 				unloaded++;
 			} else {
 				kiln_compile_opts o = {.name = name, .target = "cuda", .emit = "cu"};
-				kiln_status st = kiln_compile(g, cu, &o, &err);
-				char *t = st == KILN_OK ? slurp(cu) : NULL;
+				kiln_status st = train_batch > 0 ? compile_train(g, train_batch, cu, &o, &err)
+				                                 : kiln_compile(g, cu, &o, &err);
+				char *t = st == KILN_OK ? tu_slurp(cu, NULL) : NULL;
 				unlink(cu);
 				if (st != KILN_OK && strstr(err.msg, "backend 'cuda' cannot take")) {
 					printf("REFUSED %s: %s\n", paths.p[i], err.msg);
 					refused++;
+				} else if (st != KILN_OK && train_batch) {
+					/* a training step that does not build is a failure */
+					printf("FAIL %s (train step): %.600s\n", paths.p[i], err.msg);
+					failed++;
 				} else if (st != KILN_OK) {
 					unlowered++;
 				} else if (t) {
@@ -202,9 +213,10 @@ int main(int argc, char **argv)
 		}
 	}
 	rmdir(dir);
-	printf("cuda_nvrtc_check: %d models (%ld launches) printed as CUDA C and compiled in %d "
+	printf("cuda_nvrtc_check: %d %s (%ld launches) printed as CUDA C and compiled in %d "
 	       "NVRTC programs for %s (cubin) and PTX; %d failed; %d refused by the backend; "
-	       "%d not lowered, %d not loaded (left out)\n", models, kernels, programs, arch,
+	       "%d not lowered, %d not loaded (left out)\n", models,
+	       train_batch ? "training steps" : "models", kernels, programs, arch,
 	       failed, refused, unlowered, unloaded);
 	for (int i = 0; i < paths.n; i++)
 		free(paths.p[i]);

@@ -41,6 +41,7 @@
 #include <unistd.h>
 
 #include "frontend/onnx/onnx.h"
+#include "../unit/testutil.h"
 
 #define MAXIO 64
 
@@ -61,42 +62,13 @@ static kiln_status run_interp(void *ctx, const kiln_graph *g, kiln_tensor *const
 	return kiln_graph_run(g, in, nin, out, nout, err);
 }
 
-/* Removes every file in dir, then dir. */
-static void remove_dir(const char *dir)
-{
-	DIR *d = opendir(dir);
-	for (struct dirent *e; d && (e = readdir(d));) {
-		char path[4200];
-		if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..") &&
-		    snprintf(path, sizeof path, "%s/%s", dir, e->d_name) < (int)sizeof path)
-			unlink(path);
-	}
-	if (d)
-		closedir(d);
-	rmdir(dir);
-}
-
 /* The compiled backend: kiln_compile to a .so in a fresh temporary folder,
  * kiln_load, kiln_model_run; nothing is cached between data sets. */
 static kiln_status run_so(void *ctx, const kiln_graph *g, kiln_tensor *const *in, int nin,
                           kiln_tensor **out, int nout, kiln_error *err)
 {
-	const char *tmp = getenv("TMPDIR");
-	char dir[4096], so[4200];
-	snprintf(dir, sizeof dir, "%s/kiln_conf.XXXXXX", tmp && *tmp ? tmp : "/tmp");
-	if (!mkdtemp(dir))
-		return ir_seterr(err, KILN_EIO, "cannot make a temporary folder in %s", dir);
-	snprintf(so, sizeof so, "%s/conf.so", dir);
-	kiln_compile_opts o = {.name = "conf", .conv = ctx};
-	kiln_model *m = NULL;
-	kiln_status st = kiln_compile(g, so, &o, err);
-	if (st == KILN_OK)
-		st = kiln_load(so, &m, err);
-	remove_dir(dir);
-	if (st == KILN_OK)
-		st = kiln_model_run(m, in, nin, out, nout, err);
-	kiln_model_free(m);
-	return st;
+	return tu_compile_run(g, &(kiln_compile_opts){.name = "conf", .conv = ctx}, "kiln_conf",
+	                      in, nin, out, nout, err);
 }
 
 /* The CUDA backend's kernels compiled for this CPU (target cuda-emu: the
@@ -104,22 +76,9 @@ static kiln_status run_so(void *ctx, const kiln_graph *g, kiln_tensor *const *in
 static kiln_status run_cuda_emu(void *ctx, const kiln_graph *g, kiln_tensor *const *in, int nin,
                                 kiln_tensor **out, int nout, kiln_error *err)
 {
-	const char *tmp = getenv("TMPDIR");
-	char dir[4096], so[4200];
-	snprintf(dir, sizeof dir, "%s/kiln_conf.XXXXXX", tmp && *tmp ? tmp : "/tmp");
-	if (!mkdtemp(dir))
-		return ir_seterr(err, KILN_EIO, "cannot make a temporary folder in %s", dir);
-	snprintf(so, sizeof so, "%s/conf.so", dir);
-	kiln_compile_opts o = {.name = "conf", .target = "cuda-emu"};
-	kiln_model *m = NULL;
-	kiln_status st = kiln_compile(g, so, &o, err);
-	if (st == KILN_OK)
-		st = kiln_load(so, &m, err);
-	remove_dir(dir);
-	if (st == KILN_OK)
-		st = kiln_model_run(m, in, nin, out, nout, err);
-	kiln_model_free(m);
-	return st;
+	(void)ctx;
+	return tu_compile_run(g, &(kiln_compile_opts){.name = "conf", .target = "cuda-emu"},
+	                      "kiln_conf", in, nin, out, nout, err);
 }
 
 /* so-im2col and so-winograd force kiln_compile's convolution algorithm
@@ -154,28 +113,10 @@ typedef struct ccase {
 
 /* ---- files --------------------------------------------------------------- */
 
-static void *slurp(const char *path, size_t *size)
-{
-	FILE *f = fopen(path, "rb");
-	if (!f)
-		return NULL;
-	fseek(f, 0, SEEK_END);
-	long n = ftell(f);
-	fseek(f, 0, SEEK_SET);
-	char *p = n >= 0 ? malloc((size_t)n + 1) : NULL;
-	if (p && fread(p, 1, (size_t)n, f) != (size_t)n) {
-		free(p);
-		p = NULL;
-	}
-	fclose(f);
-	*size = (size_t)n;
-	return p;
-}
-
 static kiln_status read_pb(const char *path, kiln_tensor **t, kiln_error *err)
 {
 	size_t n;
-	void *data = slurp(path, &n);
+	void *data = tu_slurp(path, &n);
 	*t = NULL;
 	if (!data)
 		return ir_seterr(err, KILN_EIO, "cannot read %s", path);
@@ -304,7 +245,7 @@ static bool in_scope(const char *model, ccase *cs, char ***names, int *nnames, c
                      size_t size)
 {
 	size_t n, k = 0;
-	void *data = slurp(model, &n);
+	void *data = tu_slurp(model, &n);
 	Onnx__ModelProto *m = data ? onnx__model_proto__unpack(NULL, n, data) : NULL;
 	bool ok = m && m->graph;
 	free(data);

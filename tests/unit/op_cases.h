@@ -39,6 +39,7 @@
 #include <check.h>
 
 #include "ir/ir.h"
+#include "testutil.h"
 
 #ifndef KILN_FIXTURES
 #error "KILN_FIXTURES must name tests/fixtures"
@@ -460,6 +461,33 @@ static inline void expect_close(const char *name, kiln_tensor *const *got,
 		double e = max_err(name, k, got[k], want[k]);
 		ck_assert_msg(e <= tol, "%s out%d: max error %g > %g", name, k, e, tol);
 	}
+}
+
+/* Whether case c compiled with o (into a fresh $TMPDIR/<prefix>.XXXXXX,
+ * tu_compile_run) matches the interpreter: bit for bit when exact (NaN
+ * matching NaN), else within tu_tolerance; why not into why.  The compiled
+ * backends' tests (test_compiled_ops.c, test_cuda.c) share it. */
+static inline bool opcase_matches(const opcase_graph *c, const kiln_compile_opts *o,
+                                  const char *prefix, bool exact, char *why, size_t size)
+{
+	kiln_tensor *want[4] = {0}, *got[4] = {0};
+	kiln_error err = {0};
+	ck_assert_msg(kiln_graph_run(c->g, (kiln_tensor **)c->in, c->nin, want, c->nout, &err) ==
+	                  KILN_OK, "%s: interpreter: %s", c->name, err.msg);
+	kiln_status st = tu_compile_run(c->g, o, prefix, (kiln_tensor **)c->in, c->nin, got,
+	                                c->nout, &err);
+	bool ok = st == KILN_OK;
+	if (!ok)
+		snprintf(why, size, "%s: %s", kiln_status_str(st), err.msg);
+	for (int k = 0; ok && k < c->nout; k++) {
+		double e = max_err(c->name, k, got[k], want[k]);
+		double tol = exact ? 0 : tu_tolerance(want[k], c->tol);
+		if (e > tol)
+			snprintf(why, size, "out%d: max error %g > %g", k, e, tol), ok = false;
+	}
+	for (int k = 0; k < c->nout; k++)
+		kiln_tensor_free(want[k]), kiln_tensor_free(got[k]);
+	return ok;
 }
 
 /* ---- symbolic dims in attributes ------------------------------------------- */

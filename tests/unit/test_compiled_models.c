@@ -26,6 +26,7 @@
 #include "check_main.h"
 #include "kiln/kiln.h"
 #include "lower_util.h"
+#include "testutil.h"
 
 #define TOL 1e-4
 
@@ -34,20 +35,6 @@ static double now(void)
 	struct timespec t;
 	clock_gettime(CLOCK_MONOTONIC, &t);
 	return t.tv_sec + t.tv_nsec * 1e-9;
-}
-
-/* Removes every file in dir, then dir. */
-static void remove_dir(const char *dir)
-{
-	DIR *d = opendir(dir);
-	for (struct dirent *e; d && (e = readdir(d));) {
-		char path[1200];
-		if (strcmp(e->d_name, ".") && strcmp(e->d_name, ".."))
-			snprintf(path, sizeof path, "%s/%s", dir, e->d_name), unlink(path);
-	}
-	if (d)
-		closedir(d);
-	rmdir(dir);
 }
 
 /* The first n entries of x along dim 0, as a new tensor. */
@@ -96,7 +83,7 @@ static void compiled_matches(const char *name, const kiln_graph *g, const kiln_t
 	kiln_model *m = NULL;
 	if (st == KILN_OK)
 		st = kiln_load(so, &m, &err);
-	remove_dir(dir);
+	tu_remove_dir(dir);
 	ck_assert_msg(st == KILN_OK, "%s: %s: %s", name, kiln_status_str(st), err.msg);
 	int64_t fixed = kiln_value_dim(g, kiln_graph_input(g, 0), 0);
 	for (int64_t n = 1; n <= 2; n++) {

@@ -39,47 +39,13 @@
 #include "codegen/lower.h"
 #include "lower_util.h"
 #include "op_cases.h"
+#include "testutil.h"
 
 /* Cases the backend does not compile yet, each with why (none today; the
  * f16/bf16 casts were until codegen/llvm.c learnt the half types). */
-static const struct {
-	const char *name, *reason;
-} known_gaps[] = {
+static const tu_reason known_gaps[] = {
 	{NULL, NULL},
 };
-
-static const char *known_gap(const char *name)
-{
-	for (int i = 0; known_gaps[i].name; i++)
-		if (!strcmp(known_gaps[i].name, name))
-			return known_gaps[i].reason;
-	return NULL;
-}
-
-/* The case's tolerance for one output, by the policy above. */
-static double tolerance(const kiln_tensor *want, double case_tol)
-{
-	switch (want->dtype) {
-	case KILN_F32: case KILN_F16: case KILN_BF16:
-		return case_tol > 1e-4 ? case_tol : 1e-4;
-	default:
-		return case_tol;
-	}
-}
-
-/* Removes every file in dir, then dir. */
-static void remove_dir(const char *dir)
-{
-	DIR *d = opendir(dir);
-	for (struct dirent *e; d && (e = readdir(d));) {
-		char path[1200];
-		if (strcmp(e->d_name, ".") && strcmp(e->d_name, ".."))
-			snprintf(path, sizeof path, "%s/%s", dir, e->d_name), unlink(path);
-	}
-	if (d)
-		closedir(d);
-	rmdir(dir);
-}
 
 /* Compiles g into dir/<name>.so and runs it on in; the status of the first
  * step that fails, its message in err. */
@@ -107,33 +73,16 @@ static kiln_status compile_and_run(const kiln_graph *g, const char *dir, const c
 
 static double compile_seconds; /* summed over the cases, printed at the end */
 
-/* Whether case c's library matches the interpreter (bit for bit when exact,
- * NaN matching NaN); why not into why. */
+/* Whether case c's library matches the interpreter (opcase_matches),
+ * its compile, load and run time added to compile_seconds. */
 static bool case_matches(const opcase_graph *c, bool exact, char *why, size_t size)
 {
-	kiln_tensor *want[4] = {0}, *got[4] = {0};
-	kiln_error err = {0};
-	ck_assert_msg(kiln_graph_run(c->g, (kiln_tensor **)c->in, c->nin, want, c->nout, &err) ==
-	                  KILN_OK, "%s: interpreter: %s", c->name, err.msg);
-	char dir[] = "/tmp/kiln_compiled_ops.XXXXXX";
-	ck_assert_ptr_nonnull(mkdtemp(dir));
 	struct timespec t0, t1;
 	clock_gettime(CLOCK_MONOTONIC, &t0);
-	kiln_status st = compile_and_run(c->g, dir, c->name, (kiln_tensor **)c->in, c->nin, got,
-	                                 c->nout, &err);
+	bool ok = opcase_matches(c, &(kiln_compile_opts){.name = c->name, .conv = conv_algo},
+	                         "kiln_compiled_ops", exact, why, size);
 	clock_gettime(CLOCK_MONOTONIC, &t1);
 	compile_seconds += (t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) * 1e-9;
-	remove_dir(dir);
-	bool ok = st == KILN_OK;
-	if (!ok)
-		snprintf(why, size, "%s: %s", kiln_status_str(st), err.msg);
-	for (int k = 0; ok && k < c->nout; k++) {
-		double e = max_err(c->name, k, got[k], want[k]), tol = exact ? 0 : tolerance(want[k], c->tol);
-		if (e > tol)
-			snprintf(why, size, "out%d: max error %g > %g", k, e, tol), ok = false;
-	}
-	for (int k = 0; k < c->nout; k++)
-		kiln_tensor_free(want[k]), kiln_tensor_free(got[k]);
 	return ok;
 }
 
@@ -142,7 +91,7 @@ START_TEST(compiled_op_matches_interpreter)
 	opcase_graph c = opcase_build(opcase_get(_i));
 	char why[1400] = "";
 	bool ok = case_matches(&c, false, why, sizeof why);
-	const char *gap = known_gap(c.name);
+	const char *gap = tu_reason_of(known_gaps, c.name);
 	if (gap && !ok)
 		printf("%s: known gap (%s): %s\n", c.name, gap, why);
 	if (gap)
@@ -787,7 +736,7 @@ static void rnns_case(const char *text, int konst)
 	}
 	kiln_model_free(m);
 	kiln_graph_free(g);
-	remove_dir(dir);
+	tu_remove_dir(dir);
 }
 
 START_TEST(fused_rnns_run_at_any_sequence_length_with_one_library)
@@ -990,7 +939,7 @@ START_TEST(symbolic_attributes_compile_for_every_length)
 		kiln_tensor_free(in[0]), kiln_tensor_free(in[1]);
 	}
 	kiln_model_free(m);
-	remove_dir(dir);
+	tu_remove_dir(dir);
 	kiln_graph_free(g);
 }
 END_TEST
@@ -1139,7 +1088,7 @@ static void int_op_matches(const char *name, kiln_graph *g, kiln_tensor **in, in
 	char dir[] = "/tmp/kiln_int8_gemm.XXXXXX";
 	ck_assert_ptr_nonnull(mkdtemp(dir));
 	kiln_status st = compile_and_run(g, dir, name, in, nin, &got, 1, &err);
-	remove_dir(dir);
+	tu_remove_dir(dir);
 	ck_assert_msg(st == KILN_OK, "%s: %s", name, err.msg);
 	ck_assert_int_eq(got->dtype, want->dtype);
 	int64_t n = kiln_tensor_numel(want), off = 0;
@@ -1477,7 +1426,7 @@ START_TEST(int8_rounding_conversions_are_exact)
 		char dir[] = "/tmp/kiln_qround.XXXXXX";
 		ck_assert_ptr_nonnull(mkdtemp(dir));
 		kiln_status st = compile_and_run(g, dir, name, in, 1, &got, 1, &err);
-		remove_dir(dir);
+		tu_remove_dir(dir);
 		ck_assert_msg(st == KILN_OK, "%s: %s", name, err.msg);
 		ck_assert_int_eq(got->dtype, want->dtype);
 		for (int64_t k = 0; k < N; k++)

@@ -28,92 +28,26 @@
 #include "codegen/cuda.h"
 #include "kiln/kiln.h"
 #include "op_cases.h"
-
-static void remove_dir(const char *dir)
-{
-	DIR *d = opendir(dir);
-	for (struct dirent *e; d && (e = readdir(d));) {
-		char path[1200];
-		if (strcmp(e->d_name, ".") && strcmp(e->d_name, ".."))
-			snprintf(path, sizeof path, "%s/%s", dir, e->d_name), unlink(path);
-	}
-	if (d)
-		closedir(d);
-	rmdir(dir);
-}
-
-static double tolerance(const kiln_tensor *want, double case_tol)
-{
-	switch (want->dtype) {
-	case KILN_F32: case KILN_F16: case KILN_BF16:
-		return case_tol > 1e-4 ? case_tol : 1e-4;
-	default:
-		return case_tol;
-	}
-}
-
-/* g through --target=cuda-emu into a fresh folder, run on in. */
-static kiln_status emu_run(const kiln_graph *g, const char *name, kiln_tensor **in, int nin,
-                           kiln_tensor **got, int nout, kiln_error *err)
-{
-	char dir[] = "/tmp/kiln_cuda_emu.XXXXXX", so[1200];
-	ck_assert_ptr_nonnull(mkdtemp(dir));
-	snprintf(so, sizeof so, "%s/%s.so", dir, name);
-	kiln_compile_opts o = {.name = name, .target = "cuda-emu"};
-	kiln_model *m = NULL;
-	kiln_status st = kiln_compile(g, so, &o, err);
-	if (st == KILN_OK)
-		st = kiln_load(so, &m, err);
-	remove_dir(dir);
-	if (st == KILN_OK)
-		st = kiln_model_run(m, in, nin, got, nout, err);
-	kiln_model_free(m);
-	return st;
-}
+#include "testutil.h"
 
 static bool case_matches(const opcase_graph *c, bool exact, char *why, size_t size)
 {
-	kiln_tensor *want[4] = {0}, *got[4] = {0};
-	kiln_error err = {0};
-	ck_assert_msg(kiln_graph_run(c->g, (kiln_tensor **)c->in, c->nin, want, c->nout, &err) ==
-	                  KILN_OK, "%s: interpreter: %s", c->name, err.msg);
-	kiln_status st = emu_run(c->g, c->name, (kiln_tensor **)c->in, c->nin, got, c->nout, &err);
-	bool ok = st == KILN_OK;
-	if (!ok)
-		snprintf(why, size, "%s: %s", kiln_status_str(st), err.msg);
-	for (int k = 0; ok && k < c->nout; k++) {
-		double e = max_err(c->name, k, got[k], want[k]);
-		double tol = exact ? 0 : tolerance(want[k], c->tol);
-		if (e > tol)
-			snprintf(why, size, "out%d: max error %g > %g", k, e, tol), ok = false;
-	}
-	for (int k = 0; k < c->nout; k++)
-		kiln_tensor_free(want[k]), kiln_tensor_free(got[k]);
-	return ok;
+	return opcase_matches(c, &(kiln_compile_opts){.name = c->name, .target = "cuda-emu"},
+	                      "kiln_cuda_emu", exact, why, size);
 }
 
 /* Cases the CUDA backend refuses, each with why: its supports() says so
  * at compile time, and a refused case that starts compiling fails here. */
-static const struct {
-	const char *name, *reason;
-} refused[] = {
+static const tu_reason refused[] = {
 	{NULL, NULL},
 };
-
-static const char *refused_why(const char *name)
-{
-	for (int i = 0; refused[i].name; i++)
-		if (!strcmp(refused[i].name, name))
-			return refused[i].reason;
-	return NULL;
-}
 
 START_TEST(op_case_matches_interpreter_emulated)
 {
 	opcase_graph c = opcase_build(opcase_get(_i));
 	char why[1400] = "";
 	bool ok = case_matches(&c, false, why, sizeof why);
-	const char *r = refused_why(c.name);
+	const char *r = tu_reason_of(refused, c.name);
 	if (r)
 		ck_assert_msg(!ok, "%s compiles and matches now: remove it from refused", c.name);
 	else
@@ -180,7 +114,8 @@ START_TEST(gather_index_out_of_range_is_an_error)
 	kiln_tensor *in[2] = {tensor(KILN_F32, 2, ds, dv), tensor(KILN_I64, 1, &is, iv)};
 	kiln_tensor *got[1] = {0};
 	kiln_error err = {0};
-	kiln_status st = emu_run(g, "gather_oob", in, 2, got, 1, &err);
+	kiln_status st = tu_compile_run(g, &(kiln_compile_opts){.name = "gather_oob",
+	                                .target = "cuda-emu"}, "kiln_cuda_emu", in, 2, got, 1, &err);
 	ck_assert_int_eq(st, KILN_EINVAL);
 	ck_assert_msg(strstr(err.msg, "7 out of range [-4, 4)") || strstr(err.msg, "7 out of range"),
 	              "%s", err.msg);
@@ -213,7 +148,7 @@ static char *cuda_text(const kiln_graph *g, const char *name, kiln_error *err)
 		text[n] = 0;
 		fclose(f);
 	}
-	remove_dir(dir);
+	tu_remove_dir(dir);
 	return text;
 }
 
@@ -311,7 +246,7 @@ START_TEST(ptx_needs_nvrtc_or_says_why)
 	o.cuda_math = "tf64";
 	ck_assert_int_eq(kiln_compile(g, path, &o, &err), KILN_EINVAL);
 	ck_assert_msg(strstr(err.msg, "--cuda-math"), "%s", err.msg);
-	remove_dir(dir);
+	tu_remove_dir(dir);
 	kiln_graph_free(g);
 }
 END_TEST
@@ -372,7 +307,7 @@ START_TEST(library_loads_and_create_says_why_without_a_driver)
 		destroy(ctx);
 	}
 	dlclose(h);
-	remove_dir(dir);
+	tu_remove_dir(dir);
 	kiln_graph_free(g);
 }
 END_TEST
