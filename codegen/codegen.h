@@ -145,6 +145,11 @@ typedef struct cg_gemm {
 	bool has_b_rows;              /* B's row k starts at b_rows[k] (a constant i64 buffer of K
 	                                 offsets) instead of k*b_rs: an implicit im2col (int8) */
 	int b_rows;
+	int a_panel;                  /* > 0: A is packed in row panels this tall, each K
+	                                 columns of a_panel floats, zero past M: element
+	                                 (m, k) at a_off + (m / a_panel) * K * a_panel +
+	                                 k * a_panel + m % a_panel (a_rs, a_cs, a_bs unused);
+	                                 cg_prepack, for kiln_sgemm_pa */
 	int b_panel;                  /* > 0: B is packed in column panels this wide, each K
 	                                 rows of b_panel floats, zero past N: element (k, n)
 	                                 at b_off + (n / b_panel) * K * b_panel + k * b_panel
@@ -488,10 +493,13 @@ typedef struct cg_chunk_opts {
 kiln_status cg_chunk(cg_module *m, const cg_chunk_opts *o, kiln_error *err);
 /* prepack.c: packs the B of each plain f32 GEMM whose B is a constant
  * matrix (fixed N and K, rows contiguous and N apart) in column panels
- * panel wide (a power of two; cg_gemm.b_panel; one packed copy per weight
- * and offset); a weight no kernel reads any more keeps no data.  For a CPU
- * library, before cg_memplan.  KILN_ENOMEM or OK. */
-kiln_status cg_prepack(cg_module *m, int panel, kiln_error *err);
+ * b_panel wide (a power of two; cg_gemm.b_panel), else its A, when that is
+ * a constant matrix (fixed M and K, rows contiguous and K apart), in row
+ * panels a_panel tall, alpha folded in (cg_gemm.a_panel); 0: not that
+ * operand.  One packed copy per weight, offset (and alpha); a weight no
+ * kernel reads any more keeps no data.  For a CPU library, before
+ * cg_memplan.  KILN_ENOMEM or OK. */
+kiln_status cg_prepack(cg_module *m, int a_panel, int b_panel, kiln_error *err);
 /* The host's L2 cache per core in bytes (1 MiB when it cannot tell). */
 int64_t cg_host_l2_bytes(void);
 

@@ -661,7 +661,7 @@ static void ind(pr *p, int d)
 
 static bool is_f32_gemm(const cg_gemm *g)
 {
-	return cg_gemm_is_f32(g) && !g->has_b_rows && !g->b_panel;
+	return cg_gemm_is_f32(g) && !g->has_b_rows && !g->a_panel && !g->b_panel;
 }
 
 static void vec_arg(pr *p, const char *name, const cg_gemm_vec *v, int d)

@@ -668,6 +668,8 @@ static void pgemm(const printer *p, const cg_gemm *g)
 		fputs(" b_rows=", p->out);
 		pref(p, g->b_rows);
 	}
+	if (g->a_panel)
+		fprintf(p->out, " a_panel=%d", g->a_panel);
 	if (g->b_panel)
 		fprintf(p->out, " b_panel=%d", g->b_panel);
 	fprintf(p->out, " alpha=%g beta=%g", g->alpha, g->beta);

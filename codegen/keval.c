@@ -303,6 +303,9 @@ static void gemm(ev *e, const cg_gemm *g)
 				double bz = vec_at(e, &g->b_zero, i, j, "gemm b_zero");
 				for (int64_t k = 0; k < K && !e->st; k++) {
 					int64_t ai = ao + b * abs + i * ars + k * acs;
+					if (g->a_panel > 0) /* row panels (cg_gemm.a_panel) */
+						ai = ao + i / g->a_panel * K * g->a_panel + k * g->a_panel +
+						     i % g->a_panel;
 					int64_t bk = k * brs;
 					if (g->has_b_rows && in_range(e, g->b_rows, k, "gemm b_rows"))
 						bk = (int64_t)ir_load(&e->view[g->b_rows], k);

@@ -1117,14 +1117,15 @@ static void s_gemm(fn_ctx *c, const cg_stmt *s)
 			return;
 		}
 	LLVMBasicBlockRef here = LLVMGetInsertBlock(L->b);
-	/* B packed in column panels at compile time (cg_prepack):
-	 * kiln_sgemm_pb, whose panels are this target's */
-	bool pb = g->b_panel > 0;
-	if (pb && g->b_panel != cg_sgemm_panel(L->t)) {
-		fail(c, KILN_EINVAL, "GEMM B packed in panels of the wrong width for this target");
+	/* B or A packed in panels at compile time (cg_prepack): kiln_sgemm_pb
+	 * or kiln_sgemm_pa, whose panels are this target's */
+	bool pb = g->b_panel > 0, pa = g->a_panel > 0;
+	if ((pb && g->b_panel != cg_sgemm_panel(L->t)) || (pa && g->a_panel != cg_sgemm_a_panel(L->t)) ||
+	    (pa && pb)) {
+		fail(c, KILN_EINVAL, "GEMM operand packed in panels this target's GEMM does not read");
 		return;
 	}
-	LLVMValueRef f = pb ? cg_llvm_sgemm_pb(L) : cg_llvm_sgemm(L); /* may build it, moving the builder */
+	LLVMValueRef f = pb ? cg_llvm_sgemm_pb(L) : pa ? cg_llvm_sgemm_pa(L) : cg_llvm_sgemm(L); /* may build it, moving the builder */
 	LLVMPositionBuilderAtEnd(L->b, here);
 	loop l;
 	LLVMValueRef b = loop_begin(c, &l, i64c(L, 0), g->batch ? iexpr(c, g->batch) : i64c(L, 1));
@@ -1577,22 +1578,31 @@ static bool uses_gemm(const cg_stmt *s)
 	return uses_gemm(s->body) || uses_gemm(s->then_s) || uses_gemm(s->else_s);
 }
 
-static bool uses_pb(const cg_stmt *s)
+/* Whether s holds a GEMM with an operand in panels: A (a) or B. */
+static bool uses_panels(const cg_stmt *s, bool a)
 {
 	if (!s)
 		return false;
 	if (s->kind == CG_GEMM)
-		return s->gemm && s->gemm->b_panel > 0;
+		return s->gemm && (a ? s->gemm->a_panel : s->gemm->b_panel) > 0;
 	for (int i = 0; s->kind == CG_BLOCK && i < s->n; i++)
-		if (uses_pb(s->items[i]))
+		if (uses_panels(s->items[i], a))
 			return true;
-	return uses_pb(s->body) || uses_pb(s->then_s) || uses_pb(s->else_s);
+	return uses_panels(s->body, a) || uses_panels(s->then_s, a) || uses_panels(s->else_s, a);
 }
 
 bool cg_llvm_uses_sgemm_pb(const cg_module *m)
 {
 	for (int k = 0; m && k < m->nkern; k++)
-		if (uses_pb(m->kern[k].body))
+		if (uses_panels(m->kern[k].body, false))
+			return true;
+	return false;
+}
+
+bool cg_llvm_uses_sgemm_pa(const cg_module *m)
+{
+	for (int k = 0; m && k < m->nkern; k++)
+		if (uses_panels(m->kern[k].body, true))
 			return true;
 	return false;
 }
@@ -1817,8 +1827,9 @@ static bool gemm_ok(const cg_module *m, const cg_gemm *g, char *why, size_t size
 		         g->act >= CG_ACT_COUNT ? ", an unknown activation" : "");
 		return false;
 	}
-	if (g->b_panel < 0 || (g->b_panel > 0 && (g->b_panel & (g->b_panel - 1)))) {
-		snprintf(why, size, "GEMM B in panels of %d columns", g->b_panel);
+	if (g->b_panel < 0 || (g->b_panel > 0 && (g->b_panel & (g->b_panel - 1))) || g->a_panel < 0) {
+		snprintf(why, size, "GEMM A or B in panels of %d rows or %d columns", g->a_panel,
+		         g->b_panel);
 		return false;
 	}
 	return true;

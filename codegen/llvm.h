@@ -53,6 +53,7 @@ typedef struct cg_llvm {
 	LLVMValueRef sgemm;       /* kiln_sgemm, from llvm_gemm.c */
 	LLVMValueRef transpose;   /* kiln_transpose, from llvm_gemm.c */
 	LLVMValueRef sgemm_pb;    /* kiln_sgemm_pb, from llvm_gemm.c */
+	LLVMValueRef sgemm_pa;    /* kiln_sgemm_pa, from llvm_gemm.c */
 	LLVMValueRef qgemm[16];   /* kiln_qgemm_*, from llvm_qgemm.c, by cg_qgemm_spec */
 	const int *canon;         /* the kernel being emitted: root buffer -> its index in
 	                             the kernel's table (cg_kernel_key's order) */
@@ -101,8 +102,10 @@ kiln_status cg_llvm_emit_kernels(cg_llvm *const *parts, int nparts, const cg_mod
 int cg_llvm_parts_for(const cg_module *m, int max);
 /* Whether m's kernels call kiln_sgemm or kiln_transpose. */
 bool cg_llvm_uses_helpers(const cg_module *m);
-/* Whether m's kernels call kiln_sgemm_pb (a GEMM with cg_gemm.b_pack). */
+/* Whether m's kernels call kiln_sgemm_pb (a GEMM with cg_gemm.b_panel),
+ * kiln_sgemm_pa (a_panel). */
 bool cg_llvm_uses_sgemm_pb(const cg_module *m);
+bool cg_llvm_uses_sgemm_pa(const cg_module *m);
 
 /* L->m's numel(sym, out) and io_dims(sym, out) functions: each buffer's
  * element count, each I/O dim, from their kernel-IR expressions. */
@@ -146,8 +149,15 @@ LLVMValueRef cg_llvm_sgemm(cg_llvm *L);
  * (cg_gemm.b_panel): column panels of cg_sgemm_panel(L->t) columns, each K
  * rows of that many floats; b_rs, b_cs unused. */
 LLVMValueRef cg_llvm_sgemm_pb(cg_llvm *L);
-/* The panel width kiln_sgemm_pb wants on t: its micro-kernel's NR. */
+/* The panel width kiln_sgemm_pb wants on t (CG_SGEMM_PANEL, or 0 when
+ * the target's vectors do not divide it). */
 int cg_sgemm_panel(const cg_target *t);
+/* kiln_sgemm_pa, kiln_sgemm's arguments with A packed by cg_prepack
+ * (cg_gemm.a_panel): panels of cg_sgemm_a_panel(L->t) rows, each K columns
+ * of that many floats; a_rs, a_cs unused. */
+LLVMValueRef cg_llvm_sgemm_pa(cg_llvm *L);
+/* The row-panel height kiln_sgemm_pa wants on t: its micro-kernel's MR. */
+int cg_sgemm_a_panel(const cg_target *t);
 
 /* Structured control flow for the helpers' builders (b builds into fn):
  * an alloca in fn's entry block (mem2reg makes it a register), stored

@@ -99,6 +99,7 @@ typedef struct gen {
 	int pf;                          /* its direct micro-kernel prefetches B pf rows ahead */
 	int pfa;                         /* ... and A pfa columns ahead */
 	bool pb;                         /* the family of kiln_sgemm_pb: B in column panels */
+	bool pa;                         /* the family of kiln_sgemm_pa: A in MR-row panels */
 	int P;                           /* ... P wide (CG_SGEMM_PANEL) */
 	const char *fam;                 /* its functions' name prefix */
 } gen;
@@ -745,6 +746,8 @@ static void call_ukr(gen *g, LLVMValueRef full, LLVMValueRef narrow, LLVMValueRe
 static void macro_kernel(gen *g, const packed_fns *f, LLVMValueRef Ap, LLVMValueRef Bp,
                          LLVMValueRef *blk)
 {
+	/* A's panels: kc floats apart as packa writes them, K in kiln_sgemm_pa's */
+	LLVMValueRef astride = g->pa ? g->p[P_K] : blk[4];
 	LLVMValueRef *p = g->p;
 	LLVMValueRef ic = blk[0], jc = blk[1], mc = blk[2], nc = blk[3], kc = blk[4];
 	LLVMValueRef last = blk[6];
@@ -761,7 +764,7 @@ static void macro_kernel(gen *g, const packed_fns *f, LLVMValueRef Ap, LLVMValue
 	LLVMValueRef mr = smin(g, i64c(g, g->g.MR), LLVMBuildSub(g->b, mc, ir, ""));
 	LLVMValueRef m = add(g, ic, ir);
 	LLVMValueRef a[U_COUNT] = {
-		[U_AP] = at(g, Ap, mul(g, ir, kc)), [U_BP] = at(g, Bp, mul(g, jr, kc)),
+		[U_AP] = at(g, Ap, mul(g, ir, astride)), [U_BP] = at(g, Bp, mul(g, jr, kc)),
 		[U_KC] = kc, [U_C] = at(g, p[P_C], add(g, mul(g, m, p[P_CRS]), n)),
 		[U_CRS] = p[P_CRS], [U_MR] = mr, [U_NR] = nr, [U_BETA] = blk[5],
 		[U_BIAS] = at(g, p[P_BIAS], LLVMBuildSelect(g->b, row, m, n, "")),
@@ -805,11 +808,16 @@ static LLVMValueRef emit_blocked(gen *g, const packed_fns *f)
 	LLVMValueRef beta = LLVMBuildSelect(g->b, first, p[P_BETA], f32c(g, 1), "");
 	LLVMValueRef ic = loop_begin(g, &li, i64c(g, 0), p[P_M], G->MC);
 	LLVMValueRef mc = smin(g, i64c(g, G->MC), LLVMBuildSub(g->b, p[P_M], ic, ""));
-	LLVMValueRef pa[] = {Ap, at(g, p[P_A], add(g, mul(g, ic, p[P_ARS]), mul(g, pc, p[P_ACS]))),
-	                     p[P_ARS], p[P_ACS], mc, kc, p[P_ALPHA]};
-	call(g, f->packa, pa, 7);
 	LLVMValueRef blk[] = {ic, jc, mc, nc, kc, beta, last};
-	macro_kernel(g, f, Ap, Bp, blk);
+	if (g->pa) { /* kiln_sgemm_pa: A's panels from row ic's (a multiple of MR), row pc on */
+		macro_kernel(g, f, at(g, p[P_A], add(g, mul(g, ic, p[P_K]), mul(g, pc, i64c(g, G->MR)))),
+		             Bp, blk);
+	} else {
+		LLVMValueRef pa[] = {Ap, at(g, p[P_A], add(g, mul(g, ic, p[P_ARS]), mul(g, pc, p[P_ACS]))),
+		                     p[P_ARS], p[P_ACS], mc, kc, p[P_ALPHA]};
+		call(g, f->packa, pa, 7);
+		macro_kernel(g, f, Ap, Bp, blk);
+	}
 	loop_end(g, &li);
 	loop_end(g, &lp);
 	loop_end(g, &lj);
@@ -837,13 +845,16 @@ static LLVMValueRef emit_tiles(gen *g, LLVMValueRef ukr, LLVMValueRef narrow, in
 	LLVMValueRef ir = loop_begin(g, &li, i64c(g, 0), p[P_M], g->g.MR);
 	LLVMValueRef mr = smin(g, i64c(g, g->g.MR), LLVMBuildSub(g->b, p[P_M], ir, ""));
 	LLVMValueRef a[U_DCOUNT] = {
-		[U_AP] = at(g, p[P_A], mul(g, ir, p[P_ARS])),
+		/* kiln_sgemm_pa: A's panel at row ir (tiles are MR rows), rows 1 and
+		 * columns MR apart in it */
+		[U_AP] = at(g, p[P_A], mul(g, ir, g->pa ? p[P_K] : p[P_ARS])),
 		[U_BP] = at(g, p[P_B], g->pb ? bcol(g, jr) : jr),
 		[U_KC] = p[P_K], [U_C] = at(g, p[P_C], add(g, mul(g, ir, p[P_CRS]), jr)),
 		[U_CRS] = p[P_CRS], [U_MR] = mr, [U_NR] = nr, [U_BETA] = p[P_BETA],
 		[U_BIAS] = at(g, p[P_BIAS], LLVMBuildSelect(g->b, row, ir, jr, "")),
 		[U_BMODE] = p[P_AXIS], [U_LO] = p[P_LO], [U_HI] = p[P_HI], [U_RRS] = p[P_RRS],
-		[U_RES] = nat(g, p[P_RES], add(g, mul(g, ir, p[P_RRS]), jr)), [U_ARS] = p[P_ARS], [U_ACS] = p[P_ACS],
+		[U_RES] = nat(g, p[P_RES], add(g, mul(g, ir, p[P_RRS]), jr)),
+		[U_ARS] = g->pa ? i64c(g, 1) : p[P_ARS], [U_ACS] = g->pa ? i64c(g, g->g.MR) : p[P_ACS],
 		[U_BRS] = p[P_BRS], [U_ALPHA] = p[P_ALPHA],
 		[U_BPS] = g->pb ? mul(g, p[P_K], i64c(g, g->P)) : i64c(g, 0),
 	};
@@ -1086,7 +1097,7 @@ static LLVMValueRef emit_range(gen *g, LLVMValueRef blocked, const char *name, b
 		LLVMValueRef r0 = mul(g, begin, RB), r1 = smin(g, mul(g, end, RB), a[P_M]);
 		LLVMValueRef rowb = icmp(g, LLVMIntEQ, a[P_AXIS], LLVMConstInt(g->L->i32, 2, 0));
 		a[P_M] = LLVMBuildSub(g->b, r1, r0, "");
-		a[P_A] = at(g, a[P_A], mul(g, r0, a[P_ARS]));
+		a[P_A] = at(g, a[P_A], mul(g, r0, g->pa ? a[P_K] : a[P_ARS])); /* pa: whole panels */
 		a[P_C] = at(g, a[P_C], mul(g, r0, a[P_CRS]));
 		a[P_BIAS] = LLVMBuildSelect(g->b, rowb, at(g, a[P_BIAS], r0), a[P_BIAS], "");
 		a[P_RES] = nat(g, a[P_RES], mul(g, r0, a[P_RRS]));
@@ -1447,6 +1458,66 @@ static LLVMValueRef emit_entry_pb(gen *g, const entry_fns *f)
 	return fn;
 }
 
+/* kiln_sgemm_pa: kiln_sgemm with A packed at compile time (cg_prepack,
+ * cg_gemm.a_panel: a constant A, a conv's weights): panels of MR rows, each
+ * K columns of MR floats (packa's layout over all of K), alpha folded in,
+ * zero rows past M; a_rs and a_cs unused.  kiln_sgemm packs A once per
+ * call (and per image of a batch): 4-10% of a mid-sized conv's GEMM
+ * (gemm_bench, M = 256, K = 2304: 174 us of 1654 at N = 196).  The paths:
+ * a few rows take the axpy form (they lie in the first panel: rows 1 and
+ * columns MR apart), more the direct tiles of MR rows (one panel each),
+ * many the blocked path without packa. */
+static LLVMValueRef emit_entry_pa(gen *g, const entry_fns *f)
+{
+	LLVMTypeRef t[P_COUNT];
+	LLVMValueRef fn = function(g, "kiln_sgemm_pa", t, gemm_params(g, t, 0)), *p = g->p;
+	LLVMValueRef zero = i64c(g, 0);
+	LLVMAddAttributeAtIndex(fn, LLVMAttributeFunctionIndex,
+	    LLVMCreateEnumAttribute(g->L->ctx, LLVMGetEnumAttributeKindForName("noinline", 8), 0));
+	tail_if(g, LLVMBuildOr(g->b, icmp(g, LLVMIntSLE, p[P_M], zero),
+	                       icmp(g, LLVMIntSLE, p[P_N], zero), ""), NULL, NULL, 0);
+	LLVMValueRef work = mul(g, mul(g, p[P_M], p[P_N]), p[P_K]);
+	LLVMValueRef pool = LLVMBuildLoad2(g->b, LLVMStructGetTypeAtIndex(g->xty, 2),
+	                                   LLVMBuildStructGEP2(g->b, g->xty, p[P_X], 2, ""), "");
+	LLVMValueRef vpar = LLVMBuildAnd(g->b, LLVMBuildIsNotNull(g->b, pool, ""),
+	                                 icmp(g, LLVMIntSGE, work, i64c(g, VEC_PAR_WORK)), "");
+	vpar = LLVMBuildAnd(g->b, vpar, icmp(g, LLVMIntSGE, p[P_N], i64c(g, 2 * g->g.W)), "");
+	LLVMValueRef bcontig = icmp(g, LLVMIntEQ, p[P_BCS], i64c(g, 1));
+	/* few rows, B's rows contiguous, or K == 0: the axpy form, A's rows
+	 * 1 and its columns MR apart */
+	LLVMValueRef thin = LLVMBuildOr(g->b, icmp(g, LLVMIntSLE, p[P_M], i64c(g, THIN_M)),
+	                                icmp(g, LLVMIntSLE, p[P_K], zero), "");
+	LLVMValueRef ars = p[P_ARS], acs = p[P_ACS];
+	p[P_ARS] = i64c(g, 1);
+	p[P_ACS] = i64c(g, g->g.MR);
+	direct_if(g, LLVMBuildAnd(g->b, thin, bcontig, ""), vpar, f->axpy, f->axpy_range, g->g.W,
+	          P_N);
+	tail_if(g, thin, f->naive, p, P_COUNT);
+	p[P_ARS] = ars;
+	p[P_ACS] = acs;
+	LLVMValueRef par = LLVMBuildAnd(g->b, LLVMBuildIsNotNull(g->b, pool, ""),
+	                                icmp(g, LLVMIntSGE, work, i64c(g, PAR_WORK)), "");
+	LLVMValueRef few = LLVMBuildOr(g->b, icmp(g, LLVMIntSLE, p[P_M], i64c(g, TILE_M)),
+	                               icmp(g, LLVMIntSLE, p[P_N], i64c(g, 2 * g->g.NR)), "");
+	LLVMValueRef mid = LLVMBuildAnd(g->b, icmp(g, LLVMIntSLE, p[P_M], i64c(g, 2 * TILE_M)),
+	                                icmp(g, LLVMIntSLE, p[P_N], i64c(g, TILE_N)), "");
+	few = LLVMBuildAnd(g->b, LLVMBuildOr(g->b, few, mid, ""), bcontig, "");
+	LLVMBasicBlockRef then = block(g, "tiles"), next = block(g, "packed");
+	LLVMBuildCondBr(g->b, few, then, next);
+	LLVMPositionBuilderAtEnd(g->b, then);
+	LLVMBasicBlockRef vec1 = block(g, "one"), multi = block(g, "multi");
+	LLVMBuildCondBr(g->b, icmp(g, LLVMIntSLE, p[P_N], i64c(g, g->g.W)), vec1, multi);
+	LLVMPositionBuilderAtEnd(g->b, vec1);
+	split(g, par, &f->t1);
+	LLVMPositionBuilderAtEnd(g->b, multi);
+	split(g, par, &f->t6);
+	LLVMPositionBuilderAtEnd(g->b, next);
+	tile_fns packed = {.tiles = f->blocked, .range = f->range, .rows = f->rows,
+	                   .mr = g->g.MR, .nr = g->g.NR};
+	split(g, par, &packed);
+	return fn;
+}
+
 /* ---- setup ---------------------------------------------------------------- */
 
 static LLVMValueRef intrinsic(gen *g, const char *name, LLVMTypeRef *tys, size_t n)
@@ -1593,8 +1664,8 @@ LLVMValueRef cg_llvm_transpose(cg_llvm *L)
 
 void cg_llvm_export_helpers(cg_llvm *L)
 {
-	LLVMValueRef f[3] = {L->sgemm, L->transpose, L->sgemm_pb};
-	for (int i = 0; i < 3; i++)
+	LLVMValueRef f[4] = {L->sgemm, L->transpose, L->sgemm_pb, L->sgemm_pa};
+	for (int i = 0; i < 4; i++)
 		if (f[i] && !LLVMIsDeclaration(f[i])) {
 			LLVMSetLinkage(f[i], LLVMExternalLinkage);
 			LLVMSetVisibility(f[i], LLVMHiddenVisibility);
@@ -1672,6 +1743,41 @@ LLVMValueRef cg_llvm_sgemm(cg_llvm *L)
 	L->sgemm = emit_entry(&g, &ef);
 	LLVMDisposeBuilder(g.b);
 	return L->sgemm;
+}
+
+int cg_sgemm_a_panel(const cg_target *t)
+{
+	return geometry(t).MR;
+}
+
+LLVMValueRef cg_llvm_sgemm_pa(cg_llvm *L)
+{
+	if (L->sgemm_pa)
+		return L->sgemm_pa;
+	gen g;
+	setup(&g, L);
+	g.pa = true;
+	g.fam = "kiln_sgemm_pa";
+	if (L->helpers_extern) {
+		LLVMTypeRef t[P_COUNT];
+		unsigned n = gemm_params(&g, t, 0);
+		L->sgemm_pa = declare_helper(&g, "kiln_sgemm_pa", t, n);
+		LLVMDisposeBuilder(g.b);
+		return L->sgemm_pa;
+	}
+	packed_fns pf = {.ukr = emit_ukr(&g, false, g.g.NV), .ukr1 = emit_ukr(&g, false, 1),
+	                 .packb = emit_packb(&g)};
+	entry_fns ef = {.naive = emit_naive(&g), .axpy = emit_axpy(&g)};
+	ef.axpy_range = emit_vec_range(&g, ef.axpy, "kiln_sgemm_pa_axpy_range");
+	ef.blocked = emit_blocked(&g, &pf);
+	ef.range = emit_range(&g, ef.blocked, "kiln_sgemm_pa_range", false);
+	ef.rows = emit_range(&g, ef.blocked, "kiln_sgemm_pa_rows", true);
+	/* tiles of MR rows only: each reads one panel of A */
+	ef.t6 = emit_tile_set(&g, g.g.MR, g.g.NV, "", SMALL_PF, false);
+	ef.t1 = emit_tile_set(&g, g.g.MR, 1, "_1", 0, false);
+	L->sgemm_pa = emit_entry_pa(&g, &ef);
+	LLVMDisposeBuilder(g.b);
+	return L->sgemm_pa;
 }
 
 int cg_sgemm_panel(const cg_target *t)

@@ -18,6 +18,15 @@
  * buffer read row-major as one matrix (b_cs 1, b_rs N, the same for every
  * batch) with N and K fixed and N at least a vector (MIN_N).  Two GEMMs
  * on the same weight at the same offset share one packed copy.
+ *
+ * A conv's weights are its GEMM's constant A instead (M output channels, K
+ * their taps): kiln_sgemm packs them on every call, and at a batch on
+ * every image (packa: 174 us of a 1654 us GEMM, M = 256, K = 2304,
+ * N = 196).  Such an A (rows contiguous and K apart, M and K fixed, at
+ * least MIN_M_A rows) is packed here in the micro-kernel's MR-row panels,
+ * alpha folded in (cg_gemm.a_panel; kiln_sgemm_pa).  A GEMM packs one
+ * operand, B first.
+ *
  * KILN_PREPACK=0 (read by the driver) turns it off.
  */
 #include <stdio.h>
@@ -26,7 +35,10 @@
 
 #include "codegen/codegen.h"
 
-enum { MIN_N = 16, MAX_SEEN = 4096 };
+/* MIN_M_A: an A of fewer rows is not packed: kiln_sgemm takes such GEMMs
+ * with its 8-row tiles, which do not fit MR-row panels (the bench CNN's
+ * 8- and 16-channel convs at batch 16 took 12% more time packed). */
+enum { MIN_N = 16, MIN_M_A = 33, MAX_SEEN = 4096 };
 
 static bool const_int(const cg_expr *e, int64_t *v)
 {
@@ -39,12 +51,15 @@ static bool const_int(const cg_expr *e, int64_t *v)
 typedef struct seen {
 	int b;
 	int64_t off;
+	double alpha;          /* A: folded in */
+	bool a;                /* packed as an A (row panels) */
 	int packed;
 } seen;
 
 typedef struct ctx {
 	cg_module *m;
-	int P;                 /* panel width */
+	int P;                 /* B's panel width (0: B is not packed) */
+	int PA;                /* A's panel height (0: A is not packed) */
 	seen s[MAX_SEEN];
 	int n;
 	kiln_status st;
@@ -57,7 +72,8 @@ static int packed_b(ctx *c, const cg_gemm *g, int64_t *koff)
 {
 	cg_module *m = c->m;
 	int64_t N, K, off = 0, rs, cs, bs = 0, batch = 1, P = c->P;
-	if (!cg_gemm_is_f32(g) || g->has_b_rows || g->b_panel || g->b < 0 || g->b >= m->nbuf)
+	if (!P || !cg_gemm_is_f32(g) || g->has_b_rows || g->a_panel || g->b_panel || g->b < 0 ||
+	    g->b >= m->nbuf)
 		return -1;
 	const cg_buf *b = &m->buf[g->b];
 	if (b->kind != CG_BUF_CONST || b->alias >= 0 || !b->data || b->data->dtype != KILN_F32 ||
@@ -74,7 +90,7 @@ static int packed_b(ctx *c, const cg_gemm *g, int64_t *koff)
 		return -1;
 	*koff = off;
 	for (int i = 0; i < c->n; i++)
-		if (c->s[i].b == g->b && c->s[i].off == off)
+		if (!c->s[i].a && c->s[i].b == g->b && c->s[i].off == off)
 			return c->s[i].packed;
 	if (c->n == MAX_SEEN)
 		return -1;
@@ -110,8 +126,69 @@ static int packed_b(ctx *c, const cg_gemm *g, int64_t *koff)
 	if (name)
 		snprintf(name, len, "%s.packed", wn ? wn : "w");
 	cb->name = name;
-	c->s[c->n++] = (seen){g->b, off, pb};
+	c->s[c->n++] = (seen){.b = g->b, .off = off, .packed = pb};
 	return pb;
+}
+
+/* The packed copy of g's A (row panels of c->PA, alpha folded in), or -1
+ * when g does not qualify; ENOMEM in c->st. */
+static int packed_a(ctx *c, const cg_gemm *g)
+{
+	cg_module *m = c->m;
+	int64_t M, K, off = 0, rs, cs, bs = 0, batch = 1, P = c->PA;
+	if (!P || !cg_gemm_is_f32(g) || g->has_b_rows || g->a_panel || g->b_panel || g->a < 0 ||
+	    g->a >= m->nbuf)
+		return -1;
+	const cg_buf *a = &m->buf[g->a];
+	if (a->kind != CG_BUF_CONST || a->alias >= 0 || !a->data || a->data->dtype != KILN_F32 ||
+	    a->dt != KILN_F32)
+		return -1;
+	if (!const_int(g->M, &M) || !const_int(g->K, &K) || !const_int(g->a_rs, &rs) ||
+	    !const_int(g->a_cs, &cs) || (g->a_off && !const_int(g->a_off, &off)) ||
+	    (g->a_bs && !const_int(g->a_bs, &bs)) || (g->batch && !const_int(g->batch, &batch)))
+		return -1;
+	if (M < MIN_M_A || K < 1 || cs != 1 || rs != K || off < 0 || (bs != 0 && batch != 1))
+		return -1;
+	if (M > (kiln_tensor_numel(a->data) - off) / K)
+		return -1;
+	for (int i = 0; i < c->n; i++)
+		if (c->s[i].a && c->s[i].b == g->a && c->s[i].off == off && c->s[i].alpha == g->alpha)
+			return c->s[i].packed;
+	if (c->n == MAX_SEEN)
+		return -1;
+	int64_t np = (M + P - 1) / P;
+	const float *src = (const float *)a->data->data + off;
+	kiln_tensor *t = ir_alloc(m->arena, sizeof *t);
+	float *d = ir_alloc(m->arena, (size_t)(np * K * P) * sizeof *d);
+	if (!t || !d) {
+		c->st = KILN_ENOMEM;
+		return -1;
+	}
+	float alpha = (float)g->alpha; /* as packa multiplies: alpha * A in f32 */
+	for (int64_t p = 0; p < np; p++)
+		for (int64_t k = 0; k < K; k++)
+			for (int64_t i = 0; i < P; i++) {
+				int64_t r = p * P + i;
+				d[(p * K + k) * P + i] = r < M ? src[r * K + k] * alpha : 0.0f;
+			}
+	*t = (kiln_tensor){.dtype = KILN_F32, .rank = 3, .shape = {np, K, P}, .data = d};
+	int pa = cg_buf_new(m, CG_BUF_CONST, KILN_F32, cg_const(m, KILN_I64, (double)(np * K * P)));
+	if (pa < 0) {
+		c->st = KILN_ENOMEM;
+		return -1;
+	}
+	cg_buf *cb = &m->buf[pa]; /* cg_buf_new may have moved m->buf */
+	cb->data = t;
+	cb->type.rank = 3;
+	cb->type.dim[0] = np, cb->type.dim[1] = K, cb->type.dim[2] = P;
+	const char *wn = m->buf[g->a].name;
+	size_t len = (wn ? strlen(wn) : 1) + 8;
+	char *name = ir_alloc(m->arena, len);
+	if (name)
+		snprintf(name, len, "%s.packed", wn ? wn : "w");
+	cb->name = name;
+	c->s[c->n++] = (seen){.b = g->a, .off = off, .alpha = g->alpha, .a = true, .packed = pa};
+	return pa;
 }
 
 static void walk(ctx *c, cg_stmt *s)
@@ -134,15 +211,27 @@ static void walk(ctx *c, cg_stmt *s)
 		cg_gemm *g = s->gemm;
 		int64_t off;
 		int pb = packed_b(c, g, &off);
-		if (pb < 0)
+		if (pb >= 0) {
+			g->b = pb;
+			g->b_off = cg_const(c->m, KILN_I64, 0);
+			g->b_bs = cg_const(c->m, KILN_I64, 0);
+			g->b_rs = cg_const(c->m, KILN_I64, c->P);
+			g->b_panel = c->P;
+			if (!g->b_off || !g->b_bs || !g->b_rs)
+				c->st = KILN_ENOMEM;
 			break;
-		g->b = pb;
-		g->b_off = cg_const(c->m, KILN_I64, 0);
-		g->b_bs = cg_const(c->m, KILN_I64, 0);
-		g->b_rs = cg_const(c->m, KILN_I64, c->P);
-		g->b_panel = c->P;
-		if (!g->b_off || !g->b_bs || !g->b_rs)
-			c->st = KILN_ENOMEM;
+		}
+		int pa = c->st == KILN_OK ? packed_a(c, g) : -1;
+		if (pa >= 0) {
+			g->a = pa;
+			g->a_off = cg_const(c->m, KILN_I64, 0);
+			g->a_bs = cg_const(c->m, KILN_I64, 0);
+			g->a_rs = cg_const(c->m, KILN_I64, c->PA);
+			g->alpha = 1; /* folded in */
+			g->a_panel = c->PA;
+			if (!g->a_off || !g->a_bs || !g->a_rs)
+				c->st = KILN_ENOMEM;
+		}
 		break;
 	}
 	default:
@@ -157,31 +246,33 @@ static void mark_read(void *ctx, int buf, bool write)
 	read[buf] = true;
 }
 
-kiln_status cg_prepack(cg_module *m, int panel, kiln_error *err)
+kiln_status cg_prepack(cg_module *m, int a_panel, int b_panel, kiln_error *err)
 {
-	if (!m || panel < 1 || (panel & (panel - 1)))
-		return ir_seterr(err, KILN_EINVAL, "cg_prepack: null module or bad panel width %d",
-		                 panel);
+	if (!m || a_panel < 0 || b_panel < 0 || (b_panel & (b_panel - 1)))
+		return ir_seterr(err, KILN_EINVAL, "cg_prepack: null module or bad panels %d, %d",
+		                 a_panel, b_panel);
 	ctx *c = calloc(1, sizeof *c);
 	if (!c)
 		return ir_seterr(err, KILN_ENOMEM, "cg_prepack: out of memory");
 	c->m = m;
-	c->P = panel;
+	c->P = b_panel;
+	c->PA = a_panel;
 	for (int k = 0; k < m->nkern && c->st == KILN_OK; k++)
 		walk(c, m->kern[k].body);
-	/* a packed weight that nothing reads any more (and nothing views)
-	 * keeps no bytes: an empty scratch buffer no kernel touches */
-	bool *read = c->st == KILN_OK && c->n ? calloc((size_t)m->nbuf + 1, sizeof *read) : NULL;
-	if (c->st == KILN_OK && c->n && !read)
+	/* a weight that nothing reads (any more: packed; or never: a Winograd
+	 * conv's, transformed at compile time) and nothing views keeps no
+	 * bytes: an empty scratch buffer no kernel touches */
+	bool *read = c->st == KILN_OK ? calloc((size_t)m->nbuf + 1, sizeof *read) : NULL;
+	if (c->st == KILN_OK && !read)
 		c->st = KILN_ENOMEM;
 	for (int k = 0; read && k < m->nkern; k++)
 		cg_stmt_bufs(m->kern[k].body, mark_read, read);
 	for (int b = 0; read && b < m->nbuf; b++)
 		if (m->buf[b].alias >= 0)
 			read[m->buf[b].alias] = true;
-	for (int i = 0; read && i < c->n; i++) {
-		cg_buf *w = &m->buf[c->s[i].b];
-		if (read[w->id] || w->kind != CG_BUF_CONST)
+	for (int b = 0; read && b < m->nbuf; b++) {
+		cg_buf *w = &m->buf[b];
+		if (read[b] || w->kind != CG_BUF_CONST || w->alias >= 0)
 			continue;
 		w->kind = CG_BUF_TEMP;
 		w->data = NULL;

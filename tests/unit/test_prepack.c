@@ -182,12 +182,110 @@ START_TEST(packed_equals_unpacked)
 }
 END_TEST
 
+/* A conv's weights are its GEMM's constant A: x f32[N, 8, 15, 15] ->
+ * c1 (3 channels: not packed), c2 (1x1, 40: the direct tiles), c4 (a
+ * 5x5 conv of 70 channels on c3's 80, which Winograd does not take: the
+ * blocked path, K = 2000 in four blocks, a last panel of 4 rows). */
+static kiln_graph *convnet(void)
+{
+	kiln_graph *g = kiln_graph_new("prepack");
+	int64_t N = kiln_sym(g, "N");
+	kiln_value x = kiln_input(g, "x", KILN_F32, 4, (int64_t[]){N, 8, 15, 15});
+	struct { const char *w, *b; int64_t ci, co, k; } l[] = {
+		{"w1", "b1", 8, 3, 3}, {"w2", "b2", 8, 40, 1}, {"w3", "b3", 8, 80, 3}, {"w4", "b4", 80, 70, 5}};
+	kiln_value y[4];
+	for (int i = 0; i < 4; i++) {
+		kiln_tensor *w = weights(l[i].w, l[i].co, l[i].ci * l[i].k * l[i].k,
+		                         1.0 / sqrt((double)(l[i].ci * l[i].k * l[i].k)));
+		kiln_tensor *w4 = kiln_tensor_new(KILN_F32, 4, (int64_t[]){l[i].co, l[i].ci, l[i].k, l[i].k});
+		memcpy(w4->data, w->data, kiln_tensor_nbytes(w));
+		kiln_value wv = kiln_param(g, l[i].w, w4);
+		kiln_tensor_free(w);
+		kiln_tensor_free(w4);
+		int64_t p = l[i].k / 2;
+		kiln_conv_opts o = {.kernel = {l[i].k, l[i].k}, .stride = {1, 1}, .pad = {p, p, p, p},
+		                    .group = 1};
+		y[i] = kiln_relu(g, kiln_conv(g, i == 3 ? y[2] : x, wv, bias(g, l[i].b, l[i].co), &o));
+	}
+	kiln_output(g, "c1", y[0]);
+	kiln_output(g, "c2", y[1]);
+	kiln_output(g, "c4", y[3]);
+	ck_assert_msg(kiln_graph_status(g) == KILN_OK, "%s", kiln_graph_errmsg(g));
+	return g;
+}
+
+static void run_conv(const char *so, int64_t batch, int threads, kiln_tensor **y, kiln_tensor **xo)
+{
+	kiln_model *m = NULL;
+	kiln_error err = {0};
+	ck_assert_msg(kiln_load(so, &m, &err) == KILN_OK, "load: %s", err.msg);
+	ck_assert_int_eq(kiln_model_set_threads(m, threads, &err), KILN_OK);
+	kiln_tensor *x = kiln_tensor_new(KILN_F32, 4, (int64_t[]){batch, 8, 15, 15});
+	float *p = x->data;
+	for (int64_t i = 0; i < kiln_tensor_numel(x); i++)
+		p[i] = (float)cos((double)i * 0.23 + (double)batch);
+	ck_assert_msg(kiln_model_run(m, &x, 1, y, 3, &err) == KILN_OK, "run: %s", err.msg);
+	if (xo)
+		*xo = x;
+	else
+		kiln_tensor_free(x);
+	kiln_model_free(m);
+}
+
+START_TEST(packed_conv_weights)
+{
+	tmp_make("kiln_prepack_conv");
+	kiln_graph *g = convnet();
+	char kir0[256], kir1[256], so0[256], so1[256];
+	compile(g, "0", "kir", "off.kir", kir0);
+	compile(g, "", "kir", "on.kir", kir1);
+	ck_assert_int_eq(count(kir0, "a_panel="), 0);
+	ck_assert_int_ge(count(kir1, "a_panel="), 3);
+	compile(g, "0", NULL, "off.so", so0);
+	compile(g, "", NULL, "on.so", so1);
+	for (int t = 1; t <= 2; t++)
+		for (int64_t b = 1; b <= 3; b++) {
+			kiln_tensor *y0[3] = {0}, *y1[3] = {0}, *x = NULL;
+			run_conv(so0, b, t, y0, NULL);
+			run_conv(so1, b, t, y1, &x);
+			for (int o = 0; o < 3; o++)
+				ck_assert_msg(!memcmp(y0[o]->data, y1[o]->data, kiln_tensor_nbytes(y0[o])),
+				              "output %d, batch %lld, %d threads: packed and unpacked differ",
+				              o, (long long)b, t);
+			if (t == 1 && b == 2) { /* and both are right: the interpreter */
+				kiln_tensor *ref[3] = {0};
+				kiln_error err = {0};
+				ck_assert_msg(kiln_graph_run(g, &x, 1, ref, 3, &err) == KILN_OK, "%s", err.msg);
+				for (int o = 0; o < 3; o++) {
+					const float *r = ref[o]->data, *v = y1[o]->data;
+					double worst = 0, scale = 0;
+					for (int64_t i = 0; i < kiln_tensor_numel(ref[o]); i++) {
+						worst = fmax(worst, fabs((double)r[i] - v[i]));
+						scale = fmax(scale, fabs((double)r[i]));
+					}
+					ck_assert_msg(scale > 0.1 && worst <= 1e-4 * (1 + scale),
+					              "output %d: max |diff| %g (scale %g)", o, worst, scale);
+					kiln_tensor_free(ref[o]);
+				}
+			}
+			kiln_tensor_free(x);
+			for (int o = 0; o < 3; o++) {
+				kiln_tensor_free(y0[o]);
+				kiln_tensor_free(y1[o]);
+			}
+		}
+	kiln_graph_free(g);
+	tmp_remove();
+}
+END_TEST
+
 static Suite *suite(void)
 {
 	Suite *s = suite_create("prepack");
 	TCase *tc = tcase_create("prepack");
 	tcase_set_timeout(tc, 300);
 	tcase_add_test(tc, packed_equals_unpacked);
+	tcase_add_test(tc, packed_conv_weights);
 	suite_add_tcase(s, tc);
 	return s;
 }
