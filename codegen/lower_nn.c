@@ -2057,6 +2057,189 @@ static kiln_status conv_depthwise(cg_module *m, const ir_node *n, const int *in,
 	return KILN_OK;
 }
 
+/* ---- grouped convs: direct, register-blocked -------------------------------
+ * A grouped 2-D conv with several input channels per group (ResNeXt: 4-32,
+ * RegNet: 8 and up) as im2col and one GEMM per group runs GEMMs of M = Cg
+ * rows, too few to fill the GEMM's 6-row tiles and to amortise its packing,
+ * and moves ksz copies of the input through memory.  Instead, per (image,
+ * group, chunk of R output rows), over the threads:
+ *  - the group's input rows the chunk reads are copied, zero-padded, into
+ *    Q as s0 x s1 phase planes (stride s: plane (p0, p1) holds the padded
+ *    input's rows s*i + p0, columns s*j + p1), so that tap (kh, kw) of
+ *    output (r, c) is element (r + a, c + b) of plane ((kh*d0) % s0,
+ *    (kw*d1) % s1), a = kh*d0 / s0, b = kw*d1 / s1: every tap, stride 1 or
+ *    2, is a contiguous row with no bounds test (the padding is zeros);
+ *  - per block of MB output channels, the outputs run flat over the
+ *    chunk's rows of Wq columns (f = r*Wq + c, the Wq - Wo columns past the
+ *    row's end computed and dropped), one vector of f per iteration with
+ *    MB x NP accumulators (NP partial sums each, so that no chain of
+ *    dependent multiply-adds is longer than CU*ksz/NP), over CU input
+ *    channels and every tap unrolled here: each loaded vector of Q feeds
+ *    MB multiply-adds with broadcast weights.  With more than CU channels
+ *    per group the sums go through T between chunks of CU channels.
+ *  - T's rows are copied into y: the only stores to y, so an activation
+ *    and a residual Add fold into them (final_buf).
+ * conv_grouped_wins (below) chooses this or the GEMMs per layer. */
+enum { GC_FLAT = 512, GC_MB = 8, GC_TAPS = 72 };
+
+/* The largest divisor of v that is at most cap (1 at least). */
+static int64_t divisor_upto(int64_t v, int64_t cap)
+{
+	for (int64_t d = cap < v ? cap : v; d > 1; d--)
+		if (v % d == 0)
+			return d;
+	return 1;
+}
+
+/* Whether the direct form computes this conv: f32, 2-D, grouped with more
+ * than one input channel per group. */
+static bool grouped_shape(const cg_module *m, const ir_node *n, int x, const geom *g)
+{
+	const ir_type *xt = cg_btype((cg_module *)m, x);
+	int64_t grp = ir_attr_int(n, "group", 1);
+	return g->nsp == 2 && grp > 1 && xt->dim[1] / grp > 1 && m->buf[x].dt == KILN_F32 &&
+	       g->stride[0] <= 4 && g->stride[1] <= 4;
+}
+
+static kiln_status conv_grouped(cg_module *m, const ir_node *n, const int *in, int y,
+                                const geom *g, kiln_error *err)
+{
+	const ir_type *x = cg_btype(m, in[0]), *yt = cg_btype(m, y);
+	int64_t grp = ir_attr_int(n, "group", 1), C = x->dim[1], M = yt->dim[1], batch = x->dim[0];
+	int64_t Cg = C / grp, Mg = M / grp, H = g->in[0], W = g->in[1];
+	int64_t Ho = g->out[0], Wo = g->out[1], s0 = g->stride[0], s1 = g->stride[1];
+	int64_t d0 = g->dil[0], d1 = g->dil[1], k0 = g->k[0], k1 = g->k[1], ksz = g->ksz;
+	int64_t Wq = Wo + (k1 - 1) * d1 / s1;
+	/* rows per chunk: a divisor of Ho, the chunk's flat outputs at most
+	 * GC_FLAT (all of Ho when it fits twice that) */
+	int64_t R = Ho * Wq <= 2 * GC_FLAT ? Ho : divisor_upto(Ho, GC_FLAT / Wq > 1 ? GC_FLAT / Wq : 1);
+	/* F flat outputs, rounded up to whole vectors: the ones past F read
+	 * the zeros past each plane's rows and are never copied out (sums that
+	 * go on through T cannot use vector_spans' overlapping last vector) */
+	int64_t nch = Ho / R, Rq = R + (k0 - 1) * d0 / s0;
+	int64_t F = ((R - 1) * Wq + Wo + TAIL_VEC - 1) / TAIL_VEC * TAIL_VEC;
+	int64_t qpl = Rq * Wq + F - ((R - 1) * Wq + Wo), qsz = Cg * s0 * s1 * qpl;
+	int64_t MB = divisor_upto(Mg, GC_MB), CU = divisor_upto(Cg, GC_TAPS / ksz > 1 ? GC_TAPS / ksz : 1);
+	int64_t NP = MB <= 4 && CU * ksz >= 8 ? 2 : 1, nchunk = Cg / CU, tsz = MB * F;
+	cg_kernel *k = cg_lower_kernel(m, n);
+	if (!k)
+		return nomem(m, n, err);
+	cg_expr *ns = mul(m, cg_dim(m, batch), I(m, grp * nch));
+	int Q = cg_lower_scratch(m, KILN_F32, mul(m, ns, I(m, qsz)));
+	int T = cg_lower_scratch(m, KILN_F32, mul(m, ns, I(m, tsz)));
+	if (Q < 0 || T < 0)
+		return nomem(m, n, err);
+	cg_expr *sl, *ci, *i, *j, *mb, *cc, *f, *r, *c;
+	cg_stmt *blk, *cb, *ib, *jb, *mbb, *ccb, *fb, *rb, *lb;
+	cg_append(m, k->body, cg_loop(m, k, ns, cg_par(m, mul(m, m->buf[y].numel, I(m, Cg * ksz))),
+	                              &sl, &blk));
+	cg_expr *b = cg_bin(m, CG_DIV, sl, I(m, grp * nch));
+	cg_expr *gi = cg_bin(m, CG_REM, cg_bin(m, CG_DIV, sl, I(m, nch)), I(m, grp));
+	cg_expr *r0 = mul(m, cg_bin(m, CG_REM, sl, I(m, nch)), I(m, R));
+	cg_expr *qp = mul(m, sl, I(m, qsz)), *tp = mul(m, sl, I(m, tsz));
+	/* Q: per channel of the group and phase, Rq rows of Wq: zeros where
+	 * the padded input is padding, x's row (every s1-th column) inside */
+	cg_append(m, blk, cg_loop(m, k, I(m, Cg), 0, &ci, &cb));
+	cg_expr *xpl = mul(m, add(m, mul(m, b, I(m, C)), add(m, mul(m, gi, I(m, Cg)), ci)), I(m, H * W));
+	for (int64_t p0 = 0; p0 < s0; p0++)
+		for (int64_t p1 = 0; p1 < s1; p1++) {
+			cg_expr *qrow0 = add(m, qp, mul(m, add(m, mul(m, ci, I(m, s0 * s1)), I(m, p0 * s1 + p1)),
+			                                I(m, qpl)));
+			cg_append(m, cb, cg_loop(m, k, I(m, Rq), 0, &i, &ib));
+			cg_expr *qrow = add(m, qrow0, mul(m, i, I(m, Wq)));
+			cg_expr *xr = add(m, mul(m, add(m, r0, i), I(m, s0)), I(m, p0 - g->pad[0]));
+			cg_expr *valid = cg_bin(m, CG_AND, cg_bin(m, CG_GE, xr, I(m, 0)),
+			                        cg_bin(m, CG_LT, xr, I(m, H)));
+			/* columns j of x column j*s1 + p1 - pad inside [0, W): [jlo, jhi) */
+			int64_t o = p1 - g->pad[1];
+			int64_t jlo = o >= 0 ? 0 : (-o + s1 - 1) / s1;
+			int64_t jhi = W - o <= 0 ? 0 : (W - o + s1 - 1) / s1;
+			jlo = jlo > Wq ? Wq : jlo;
+			jhi = jhi > Wq ? Wq : jhi < jlo ? jlo : jhi;
+			cg_stmt *inb = cg_block(m), *outb = cg_block(m);
+			zeros(m, k, inb, Q, qrow, jlo);
+			if (jhi > jlo) {
+				cg_append(m, inb, cg_loop(m, k, I(m, jhi - jlo), CG_VECTORIZE, &j, &jb));
+				cg_expr *jj = add(m, I(m, jlo), j);
+				cg_append(m, jb, cg_st(m, Q, add(m, qrow, jj),
+				                       cg_ld(m, in[0], add(m, add(m, xpl, mul(m, xr, I(m, W))),
+				                                           add(m, mul(m, jj, I(m, s1)), I(m, o))))));
+			}
+			zeros(m, k, inb, Q, add(m, qrow, I(m, jhi)), Wq - jhi);
+			zeros(m, k, outb, Q, qrow, Wq);
+			cg_append(m, ib, cg_if(m, valid, inb, outb));
+			zeros(m, k, cb, Q, add(m, qrow0, I(m, Rq * Wq)), qpl - Rq * Wq);
+		}
+	/* per block of MB output channels: the flat sums into T, then y */
+	cg_append(m, blk, cg_loop(m, k, I(m, Mg / MB), 0, &mb, &mbb));
+	cg_expr *m0 = add(m, mul(m, gi, I(m, Mg)), mul(m, mb, I(m, MB)));
+	bool bias = n->nin > 2 && in[2] >= 0;
+	if (nchunk > 1) { /* T starts at the bias */
+		cg_append(m, mbb, cg_loop(m, k, I(m, MB), 0, &j, &jb));
+		fill(m, k, jb, T, add(m, tp, mul(m, j, I(m, F))), F,
+		     bias ? cg_ld(m, in[2], add(m, m0, j)) : fc(m, KILN_F32, 0));
+	}
+	cg_stmt *cbody = mbb;
+	cc = I(m, 0);
+	if (nchunk > 1)
+		cg_append(m, mbb, cg_loop(m, k, I(m, nchunk), 0, &cc, &ccb)), cbody = ccb;
+	{
+		cg_append(m, cbody, cg_loop(m, k, I(m, F), CG_VECTORIZE, &f, &fb));
+		cg_expr *fi = f, *acc[GC_MB][2];
+		for (int64_t a = 0; a < MB; a++)
+			for (int64_t p = 0; p < NP; p++) {
+				cg_expr *init = fc(m, KILN_F32, 0);
+				if (p == 0 && nchunk > 1)
+					init = cg_ld(m, T, add(m, add(m, tp, I(m, a * F)), fi));
+				else if (p == 0 && bias)
+					init = cg_ld(m, in[2], add(m, m0, I(m, a)));
+				acc[a][p] = cg_local(m, k, fb, KILN_F32, init);
+			}
+		int64_t t = 0;
+		for (int64_t u = 0; u < CU; u++) {
+			cg_expr *cu = add(m, mul(m, cc, I(m, CU)), I(m, u));
+			for (int64_t kh = 0; kh < k0; kh++)
+				for (int64_t kw = 0; kw < k1; kw++, t++) {
+					int64_t ph = (kh * d0) % s0 * s1 + (kw * d1) % s1;
+					int64_t off = (kh * d0 / s0) * Wq + kw * d1 / s1;
+					cg_expr *qi = add(m, add(m, qp, mul(m, add(m, mul(m, cu, I(m, s0 * s1)), I(m, ph)),
+					                                    I(m, qpl))), add(m, I(m, off), fi));
+					cg_expr *xv = cg_ld(m, Q, qi);
+					for (int64_t a = 0; a < MB; a++) {
+						cg_expr *wi = add(m, mul(m, add(m, mul(m, add(m, m0, I(m, a)), I(m, Cg)), cu),
+						                         I(m, ksz)), I(m, kh * k1 + kw));
+						cg_expr *ac = acc[a][t % NP];
+						cg_set(m, fb, ac, add(m, ac, mul(m, xv, cg_ld(m, in[1], wi))));
+					}
+				}
+		}
+		for (int64_t a = 0; a < MB; a++) {
+			cg_expr *sum = acc[a][0];
+			for (int64_t p = 1; p < NP; p++)
+				sum = add(m, sum, acc[a][p]);
+			cg_append(m, fb, cg_st(m, T, add(m, add(m, tp, I(m, a * F)), fi), sum));
+		}
+	}
+	/* T's rows into y */
+	cg_append(m, mbb, cg_loop(m, k, I(m, MB), 0, &j, &jb));
+	cg_append(m, jb, cg_loop(m, k, I(m, R), 0, &r, &rb));
+	cg_append(m, rb, cg_loop(m, k, I(m, Wo), CG_VECTORIZE, &c, &lb));
+	cg_expr *yi = add(m, mul(m, add(m, mul(m, b, I(m, M)), add(m, m0, j)), I(m, g->osz)),
+	                  add(m, mul(m, add(m, r0, r), I(m, Wo)), c));
+	cg_append(m, lb, cg_st(m, y, yi, cg_ld(m, T, add(m, add(m, tp, mul(m, j, I(m, F))),
+	                                                    add(m, mul(m, r, I(m, Wq)), c)))));
+	k->final_buf = y;
+	return KILN_OK;
+}
+
+/* Whether conv_grouped should compute this grouped conv rather than
+ * im2col and a GEMM per group (CG_CONV_AUTO). */
+static bool conv_grouped_wins(const geom *g, int64_t Cg, int64_t Mg)
+{
+	(void)g, (void)Cg;
+	return Mg <= 64;
+}
+
 kiln_status cg_lower_conv(cg_module *m, const ir_node *n, const int *in, const int *out,
                           kiln_error *err)
 {
@@ -2074,6 +2257,9 @@ kiln_status cg_lower_conv(cg_module *m, const ir_node *n, const int *in, const i
 		conv_ops op = {in[0], in[1], -1, -1, n->nin > 2 ? in[2] : -1, NULL};
 		return conv_direct(m, n, &op, false, out[0], &g, err);
 	}
+	if (grp != 1 && grouped_shape(m, n, in[0], &g) && m->conv != CG_CONV_IM2COL &&
+	    (m->conv == CG_CONV_DIRECT || conv_grouped_wins(&g, x->dim[1] / grp, y->dim[1] / grp)))
+		return conv_grouped(m, n, in, out[0], &g, err);
 	if (grp != 1) /* grouped: a GEMM per group over one im2col */
 		return conv_im2col(m, n, in, out[0], &g, NULL, err);
 	int64_t wb = m->conv != CG_CONV_IM2COL && cg_conv_winograd_ok(m, n, in, &g)
