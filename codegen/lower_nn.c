@@ -7,7 +7,9 @@
  * row-major matrices times one shared matrix folds into a single taller
  * GEMM).  Conv in f32 is im2col into a kernel-private buffer then a GEMM
  * per image (W[M, C*k] x col[C*k, OH*OW], bias per row), a grouped conv
- * one GEMM per group over the same columns; a 1x1, stride-1, unpadded conv
+ * with wide groups one GEMM per group over the same columns, one with
+ * narrow groups (ResNeXt, RegNet) a direct register-blocked kernel over
+ * zero-padded phase planes (conv_grouped); a 1x1, stride-1, unpadded conv
  * is a GEMM straight on the input, and a 3x3 stride-1 conv may be Winograd
  * (lower_wino.c; cg_lower_conv asks its cost model).  Depthwise convs
  * have their own vector kernel.  ConvTranspose and non-f32 convs are direct loop nests
@@ -2059,28 +2061,36 @@ static kiln_status conv_depthwise(cg_module *m, const ir_node *n, const int *in,
 
 /* ---- grouped convs: direct, register-blocked -------------------------------
  * A grouped 2-D conv with several input channels per group (ResNeXt: 4-32,
- * RegNet: 8 and up) as im2col and one GEMM per group runs GEMMs of M = Cg
- * rows, too few to fill the GEMM's 6-row tiles and to amortise its packing,
- * and moves ksz copies of the input through memory.  Instead, per (image,
+ * RegNet: 8 and up) as im2col and one GEMM per group runs GEMMs of M = Mg
+ * rows, too few to fill the GEMM's tiles and amortise its packing, and
+ * moves ksz copies of the input through memory.  Instead, per (image,
  * group, chunk of R output rows), over the threads:
  *  - the group's input rows the chunk reads are copied, zero-padded, into
  *    Q as s0 x s1 phase planes (stride s: plane (p0, p1) holds the padded
  *    input's rows s*i + p0, columns s*j + p1), so that tap (kh, kw) of
  *    output (r, c) is element (r + a, c + b) of plane ((kh*d0) % s0,
  *    (kw*d1) % s1), a = kh*d0 / s0, b = kw*d1 / s1: every tap, stride 1 or
- *    2, is a contiguous row with no bounds test (the padding is zeros);
+ *    2, is a contiguous run with no bounds test (the padding is zeros);
  *  - per block of MB output channels, the outputs run flat over the
- *    chunk's rows of Wq columns (f = r*Wq + c, the Wq - Wo columns past the
+ *    chunk's rows of Wq columns (f = r*Wq + c, the Wq - Wo columns past a
  *    row's end computed and dropped), one vector of f per iteration with
- *    MB x NP accumulators (NP partial sums each, so that no chain of
- *    dependent multiply-adds is longer than CU*ksz/NP), over CU input
- *    channels and every tap unrolled here: each loaded vector of Q feeds
- *    MB multiply-adds with broadcast weights.  With more than CU channels
- *    per group the sums go through T between chunks of CU channels.
+ *    MB accumulators, over CU input channels and every tap unrolled here:
+ *    each loaded vector of Q feeds MB multiply-adds.  Between chunks of CU
+ *    channels the sums go through T (in L1: MB x at most 2*GC_FLAT).
  *  - T's rows are copied into y: the only stores to y, so an activation
  *    and a residual Add fold into them (final_buf).
- * conv_grouped_wins (below) chooses this or the GEMMs per layer. */
-enum { GC_FLAT = 512, GC_MB = 8, GC_TAPS = 72 };
+ * The MB x CU*ksz weights of a flat loop are invariant in it, and LLVM
+ * hoists them all as broadcast vectors: they must fit the registers beside
+ * the accumulators.  MB = 8 over 8 channels of 3x3 (576 weights) spilled
+ * them to 36 KB of stack; 4 x one channel of 3x3 (36) does not.  Per
+ * layer, against im2col + GEMM (min of 3 alternating rounds of kiln bench,
+ * batch 1, one thread; one 3x3 conv + Relu; ms): ResNeXt-50's 128 channels
+ * 56x56, 32 groups 1.77 -> 0.63, 1024 channels 7x7 0.39 -> 0.25; RegNetX-
+ * 800MF's 64 channels 56x56, 4 groups 0.87 -> 0.68, 672 channels 7x7
+ * 0.138 -> 0.092; MB = 8 and 8 channels lost to the GEMMs on 7x7 planes
+ * (0.39 -> 0.51).  Groups of 128 channels lost (1.97 -> 2.31 ms, 512
+ * channels 14x14, 4 groups): conv_grouped_wins keeps the GEMMs there. */
+enum { GC_FLAT = 512, GC_MB = 4, GC_TAPS = 9 };
 
 /* The largest divisor of v that is at most cap (1 at least). */
 static int64_t divisor_upto(int64_t v, int64_t cap)
@@ -2120,7 +2130,7 @@ static kiln_status conv_grouped(cg_module *m, const ir_node *n, const int *in, i
 	int64_t F = ((R - 1) * Wq + Wo + TAIL_VEC - 1) / TAIL_VEC * TAIL_VEC;
 	int64_t qpl = Rq * Wq + F - ((R - 1) * Wq + Wo), qsz = Cg * s0 * s1 * qpl;
 	int64_t MB = divisor_upto(Mg, GC_MB), CU = divisor_upto(Cg, GC_TAPS / ksz > 1 ? GC_TAPS / ksz : 1);
-	int64_t NP = MB <= 4 && CU * ksz >= 8 ? 2 : 1, nchunk = Cg / CU, tsz = MB * F;
+	int64_t nchunk = Cg / CU, tsz = MB * F;
 	cg_kernel *k = cg_lower_kernel(m, n);
 	if (!k)
 		return nomem(m, n, err);
@@ -2185,21 +2195,19 @@ static kiln_status conv_grouped(cg_module *m, const ir_node *n, const int *in, i
 		cg_append(m, mbb, cg_loop(m, k, I(m, nchunk), 0, &cc, &ccb)), cbody = ccb;
 	{
 		cg_append(m, cbody, cg_loop(m, k, I(m, F), CG_VECTORIZE, &f, &fb));
-		cg_expr *fi = f, *acc[GC_MB][2];
-		for (int64_t a = 0; a < MB; a++)
-			for (int64_t p = 0; p < NP; p++) {
-				cg_expr *init = fc(m, KILN_F32, 0);
-				if (p == 0 && nchunk > 1)
-					init = cg_ld(m, T, add(m, add(m, tp, I(m, a * F)), fi));
-				else if (p == 0 && bias)
-					init = cg_ld(m, in[2], add(m, m0, I(m, a)));
-				acc[a][p] = cg_local(m, k, fb, KILN_F32, init);
-			}
-		int64_t t = 0;
+		cg_expr *fi = f, *acc[GC_MB];
+		for (int64_t a = 0; a < MB; a++) {
+			cg_expr *init = fc(m, KILN_F32, 0);
+			if (nchunk > 1)
+				init = cg_ld(m, T, add(m, add(m, tp, I(m, a * F)), fi));
+			else if (bias)
+				init = cg_ld(m, in[2], add(m, m0, I(m, a)));
+			acc[a] = cg_local(m, k, fb, KILN_F32, init);
+		}
 		for (int64_t u = 0; u < CU; u++) {
 			cg_expr *cu = add(m, mul(m, cc, I(m, CU)), I(m, u));
 			for (int64_t kh = 0; kh < k0; kh++)
-				for (int64_t kw = 0; kw < k1; kw++, t++) {
+				for (int64_t kw = 0; kw < k1; kw++) {
 					int64_t ph = (kh * d0) % s0 * s1 + (kw * d1) % s1;
 					int64_t off = (kh * d0 / s0) * Wq + kw * d1 / s1;
 					cg_expr *qi = add(m, add(m, qp, mul(m, add(m, mul(m, cu, I(m, s0 * s1)), I(m, ph)),
@@ -2208,17 +2216,12 @@ static kiln_status conv_grouped(cg_module *m, const ir_node *n, const int *in, i
 					for (int64_t a = 0; a < MB; a++) {
 						cg_expr *wi = add(m, mul(m, add(m, mul(m, add(m, m0, I(m, a)), I(m, Cg)), cu),
 						                         I(m, ksz)), I(m, kh * k1 + kw));
-						cg_expr *ac = acc[a][t % NP];
-						cg_set(m, fb, ac, add(m, ac, mul(m, xv, cg_ld(m, in[1], wi))));
+						cg_set(m, fb, acc[a], add(m, acc[a], mul(m, xv, cg_ld(m, in[1], wi))));
 					}
 				}
 		}
-		for (int64_t a = 0; a < MB; a++) {
-			cg_expr *sum = acc[a][0];
-			for (int64_t p = 1; p < NP; p++)
-				sum = add(m, sum, acc[a][p]);
-			cg_append(m, fb, cg_st(m, T, add(m, add(m, tp, I(m, a * F)), fi), sum));
-		}
+		for (int64_t a = 0; a < MB; a++)
+			cg_append(m, fb, cg_st(m, T, add(m, add(m, tp, I(m, a * F)), fi), acc[a]));
 	}
 	/* T's rows into y */
 	cg_append(m, mbb, cg_loop(m, k, I(m, MB), 0, &j, &jb));
@@ -2234,10 +2237,13 @@ static kiln_status conv_grouped(cg_module *m, const ir_node *n, const int *in, i
 
 /* Whether conv_grouped should compute this grouped conv rather than
  * im2col and a GEMM per group (CG_CONV_AUTO). */
-static bool conv_grouped_wins(const geom *g, int64_t Cg, int64_t Mg)
+/* im2col + GEMM per group pays for its copies once the GEMM has rows
+ * enough (Mg): 64-channel groups ran direct 0.62 -> 0.52 ms, 128-channel
+ * ones 1.97 -> 2.31 (see above). */
+enum { GC_MAX_MG = 64 };
+static bool conv_grouped_wins(int64_t Mg)
 {
-	(void)g, (void)Cg;
-	return Mg <= 64;
+	return Mg <= GC_MAX_MG;
 }
 
 kiln_status cg_lower_conv(cg_module *m, const ir_node *n, const int *in, const int *out,
@@ -2258,7 +2264,7 @@ kiln_status cg_lower_conv(cg_module *m, const ir_node *n, const int *in, const i
 		return conv_direct(m, n, &op, false, out[0], &g, err);
 	}
 	if (grp != 1 && grouped_shape(m, n, in[0], &g) && m->conv != CG_CONV_IM2COL &&
-	    (m->conv == CG_CONV_DIRECT || conv_grouped_wins(&g, x->dim[1] / grp, y->dim[1] / grp)))
+	    (m->conv == CG_CONV_DIRECT || conv_grouped_wins(y->dim[1] / grp)))
 		return conv_grouped(m, n, in, out[0], &g, err);
 	if (grp != 1) /* grouped: a GEMM per group over one im2col */
 		return conv_im2col(m, n, in, out[0], &g, NULL, err);
