@@ -2085,10 +2085,10 @@ static kiln_status conv_depthwise(cg_module *m, const ir_node *n, const int *in,
  * them to 36 KB of stack; 4 x one channel of 3x3 (36) does not.  Per
  * layer, against im2col + GEMM (min of 3 alternating rounds of kiln bench,
  * batch 1, one thread; one 3x3 conv + Relu; ms): ResNeXt-50's 128 channels
- * 56x56, 32 groups 1.77 -> 0.63, 1024 channels 7x7 0.39 -> 0.25; RegNetX-
- * 800MF's 64 channels 56x56, 4 groups 0.87 -> 0.68, 672 channels 7x7
- * 0.138 -> 0.092; MB = 8 and 8 channels lost to the GEMMs on 7x7 planes
- * (0.39 -> 0.51).  Groups of 128 channels lost (1.97 -> 2.31 ms, 512
+ * 56x56, 32 groups 1.78 -> 0.52, 1024 channels 7x7 0.39 -> 0.26; RegNetX-
+ * 800MF's 64 channels 56x56, 4 groups 0.86 -> 0.58, 672 channels 7x7
+ * 0.137 -> 0.098; MB = 8 and 8 channels lost to the GEMMs on 7x7 planes
+ * (0.39 -> 0.51).  docs/PERFORMANCE.md has the rest.  Groups of 128 channels lost (1.97 -> 2.31 ms, 512
  * channels 14x14, 4 groups): conv_grouped_wins keeps the GEMMs there. */
 enum { GC_FLAT = 512, GC_MB = 4, GC_TAPS = 9, GC_PARTS = 16 };
 
@@ -2160,9 +2160,9 @@ static kiln_status conv_grouped(cg_module *m, const ir_node *n, const int *in, i
 	/* Q: per channel of the group and phase, Rq rows of Wq: zeros where
 	 * the padded input is padding, x's row (every s1-th column) inside.
 	 * The s1 column phases of a row are copied in one loop, so its loads
-	 * are one interleaved group (wide loads and shuffles), not gathers:
-	 * RegNetX-800MF's stride-2 conv of 64 channels, 112x112 ran 1.21 ->
-	 * 0.74 ms (kiln bench --profile, batch 1, one thread). */
+	 * are one interleaved group (wide loads and shuffles), not the gathers
+	 * a loop per phase compiled to (within the noise per layer: RegNetX-
+	 * 800MF's 64-channel 112x112 stride-2 conv 0.88 and 0.90 ms). */
 	cg_append(m, blk, cg_loop(m, k, I(m, Cg), 0, &ci, &cb));
 	cg_expr *xpl = mul(m, add(m, mul(m, b, I(m, C)), add(m, mul(m, gi, I(m, Cg)), ci)), I(m, H * W));
 	int64_t jlo[4], jhi[4], Jlo = 0, Jhi = Wq;
