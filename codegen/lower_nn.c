@@ -2092,6 +2092,14 @@ static kiln_status conv_depthwise(cg_module *m, const ir_node *n, const int *in,
  * channels 14x14, 4 groups): conv_grouped_wins keeps the GEMMs there. */
 enum { GC_FLAT = 512, GC_MB = 4, GC_TAPS = 9, GC_PARTS = 16 };
 
+/* A target that wants every nest on its grid (a GPU: cg_lower_opts.par_work
+ * 1) would run conv_grouped's slots one thread each, their loops serial:
+ * there the GEMMs stay, unless forced. */
+static bool grid_target(const cg_module *m)
+{
+	return m->par_work == 1;
+}
+
 /* The largest divisor of v that is at most cap (1 at least). */
 static int64_t divisor_upto(int64_t v, int64_t cap)
 {
@@ -2140,7 +2148,7 @@ static kiln_status conv_grouped(cg_module *m, const ir_node *n, const int *in, i
 	 * and T per slot were 3.6 MB of scratch per run of ResNeXt's 56x56
 	 * grouped conv (0.64 -> 0.49-0.53 ms with parts, kiln bench min) */
 	cg_expr *ns = mul(m, cg_dim(m, batch), I(m, grp * nch));
-	cg_expr *np = cg_bin(m, CG_MIN, ns, I(m, GC_PARTS));
+	cg_expr *np = grid_target(m) ? ns : cg_bin(m, CG_MIN, ns, I(m, GC_PARTS));
 	int Q = cg_lower_scratch(m, KILN_F32, mul(m, np, I(m, qsz)));
 	int T = cg_lower_scratch(m, KILN_F32, mul(m, np, I(m, tsz)));
 	if (Q < 0 || T < 0)
@@ -2279,9 +2287,9 @@ static kiln_status conv_grouped(cg_module *m, const ir_node *n, const int *in, i
  * enough (Mg): 64-channel groups ran direct 0.62 -> 0.52 ms, 128-channel
  * ones 1.97 -> 2.31 (see above). */
 enum { GC_MAX_MG = 64 };
-static bool conv_grouped_wins(int64_t Mg)
+static bool conv_grouped_wins(const cg_module *m, int64_t Mg)
 {
-	return Mg <= GC_MAX_MG;
+	return Mg <= GC_MAX_MG && !grid_target(m);
 }
 
 kiln_status cg_lower_conv(cg_module *m, const ir_node *n, const int *in, const int *out,
@@ -2302,7 +2310,7 @@ kiln_status cg_lower_conv(cg_module *m, const ir_node *n, const int *in, const i
 		return conv_direct(m, n, &op, false, out[0], &g, err);
 	}
 	if (grp != 1 && grouped_shape(m, n, in[0], &g) && m->conv != CG_CONV_IM2COL &&
-	    (m->conv == CG_CONV_DIRECT || conv_grouped_wins(y->dim[1] / grp)))
+	    (m->conv == CG_CONV_DIRECT || conv_grouped_wins(m, y->dim[1] / grp)))
 		return conv_grouped(m, n, in, out[0], &g, err);
 	if (grp != 1) /* grouped: a GEMM per group over one im2col */
 		return conv_im2col(m, n, in, out[0], &g, NULL, err);
