@@ -2088,8 +2088,9 @@ static kiln_status conv_depthwise(cg_module *m, const ir_node *n, const int *in,
  * 56x56, 32 groups 1.78 -> 0.52, 1024 channels 7x7 0.39 -> 0.26; RegNetX-
  * 800MF's 64 channels 56x56, 4 groups 0.86 -> 0.58, 672 channels 7x7
  * 0.137 -> 0.098; MB = 8 and 8 channels lost to the GEMMs on 7x7 planes
- * (0.39 -> 0.51).  docs/PERFORMANCE.md has the rest.  Groups of 128 channels lost (1.97 -> 2.31 ms, 512
- * channels 14x14, 4 groups): conv_grouped_wins keeps the GEMMs there. */
+ * (0.39 -> 0.51).  Groups of 128 channels lost (1.97 -> 2.31 ms, 512
+ * channels 14x14, 4 groups): conv_grouped_wins keeps the GEMMs there.
+ * docs/PERFORMANCE.md has the rest. */
 enum { GC_FLAT = 512, GC_MB = 4, GC_TAPS = 9, GC_PARTS = 16 };
 
 /* A target that wants every nest on its grid (a GPU: cg_lower_opts.par_work

@@ -322,12 +322,13 @@ END_TEST
  * direct register-blocked kernel (lower_nn.c, conv_grouped), each forced
  * on every case and the cost model's pick, against the interpreter:
  * groups of 2 to 32, 2 to 24 channels per group (one CU chunk of channels
- * or several), output blocks that are and are not 8 channels, 1x1, 3x3
- * and 5x5 kernels, strides 1 and 2, symmetric, asymmetric and no padding,
- * dilation, odd sizes, planes cut into row chunks (a prime 37 rows: one
- * row per chunk), batch 1, 2 and 3, a symbolic batch, and Relu, Clip or a
- * residual Add then Relu folded into the last stores.  The weights are
- * scaled by 1/sqrt(fan-in) so outputs are O(1). */
+ * or several), blocks of 4 output channels and of 2 or 3 (groups of 2, 3
+ * or 9), 1x1, 3x3 and 5x5 kernels, strides 1 and 2, symmetric, asymmetric
+ * and no padding, dilation (with stride 2 too), odd sizes, planes cut into
+ * row chunks (a prime 37 rows: one row per chunk), batch 1, 2 and 3, a
+ * symbolic batch, and Relu, Clip or a residual Add then Relu folded into
+ * the last stores.  The weights are scaled by 1/sqrt(fan-in) so outputs
+ * are O(1). */
 START_TEST(grouped_convs_match_the_interpreter)
 {
 	static const struct {
@@ -353,6 +354,7 @@ START_TEST(grouped_convs_match_the_interpreter)
 		{1, 12, 12, 17, 17, 5, 4, "strides=2,2 pads=2,2,2,2", true, 2, false},
 		{1, 512, 512, 7, 7, 3, 32, "pads=1,1,1,1", true, 3, false},
 		{2, 64, 64, 28, 28, 3, 4, "strides=2,2 pads=1,1,1,1", true, 1, true},
+		{1, 16, 16, 15, 14, 3, 4, "strides=2,2 pads=2,1,2,1 dilations=2,2", true, 1, false},
 	};
 	static const char *const algos[] = {NULL, "im2col", "direct"};
 	for (size_t i = 0; i < sizeof cases / sizeof *cases; i++)
