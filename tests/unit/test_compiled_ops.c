@@ -322,8 +322,8 @@ END_TEST
  * direct register-blocked kernel (lower_nn.c, conv_grouped), each forced
  * on every case and the cost model's pick, against the interpreter:
  * groups of 2 to 32, 2 to 24 channels per group (one CU chunk of channels
- * or several), blocks of 4 output channels and of 2 or 3 (groups of 2, 3
- * or 9), 1x1, 3x3 and 5x5 kernels, strides 1 and 2, symmetric, asymmetric
+ * or several), blocks of 4 output channels and of 2 or 3 (groups of 2 or
+ * 3 output channels), 1x1, 3x3 and 5x5 kernels, strides 1 and 2, symmetric, asymmetric
  * and no padding, dilation (with stride 2 too), odd sizes, planes cut into
  * row chunks (a prime 37 rows: one row per chunk), batch 1, 2 and 3, a
  * symbolic batch, and Relu, Clip or a residual Add then Relu folded into
