@@ -29,7 +29,7 @@ set_tests_properties(onnx_conformance PROPERTIES FIXTURES_REQUIRED onnx_node_dat
 # conv option): each must match ONNX's expected outputs on its own.
 add_test(NAME onnx_conformance_conv
 	COMMAND onnx_conformance ${ONNX_NODE_DIR}/node --filter conv
-		--backend so-im2col --backend so-winograd
+		--backend so-im2col --backend so-winograd --backend so-direct
 		--expected ${CMAKE_SOURCE_DIR}/tests/onnx/expected_failures.txt)
 set_tests_properties(onnx_conformance_conv PROPERTIES FIXTURES_REQUIRED onnx_node_data
 	ENVIRONMENT "CK_FORK=no" TIMEOUT 600)

@@ -283,11 +283,13 @@ typedef struct cg_kernel {
 	cg_expr *guard;
 } cg_kernel;
 
-/* Algorithms an f32 group-1 convolution may be lowered with. */
+/* Algorithms an f32 convolution may be lowered with. */
 typedef enum cg_conv_algo {
 	CG_CONV_AUTO = 0,  /* per layer, by lower_nn.c's cost model */
 	CG_CONV_IM2COL,    /* im2col + GEMM (a 1x1 conv: the GEMM alone) */
 	CG_CONV_WINOGRAD,  /* F(4x4, 3x3) wherever it applies (2-D 3x3, stride and dilation 1) */
+	CG_CONV_DIRECT,    /* grouped 2-D convs (not depthwise): lower_nn.c's direct
+	                      kernel wherever it applies; the rest as CG_CONV_AUTO */
 } cg_conv_algo;
 
 /* A run of consecutive kernels executed chunk by chunk over the batch

@@ -7,7 +7,9 @@
  * row-major matrices times one shared matrix folds into a single taller
  * GEMM).  Conv in f32 is im2col into a kernel-private buffer then a GEMM
  * per image (W[M, C*k] x col[C*k, OH*OW], bias per row), a grouped conv
- * one GEMM per group over the same columns; a 1x1, stride-1, unpadded conv
+ * with wide groups one GEMM per group over the same columns, one with
+ * narrow groups (ResNeXt, RegNet) a direct register-blocked kernel over
+ * zero-padded phase planes (conv_grouped); a 1x1, stride-1, unpadded conv
  * is a GEMM straight on the input, and a 3x3 stride-1 conv may be Winograd
  * (lower_wino.c; cg_lower_conv asks its cost model).  Depthwise convs
  * have their own vector kernel.  ConvTranspose and non-f32 convs are direct loop nests
@@ -2057,6 +2059,240 @@ static kiln_status conv_depthwise(cg_module *m, const ir_node *n, const int *in,
 	return KILN_OK;
 }
 
+/* ---- grouped convs: direct, register-blocked -------------------------------
+ * A grouped 2-D conv with several input channels per group (ResNeXt: 4-32,
+ * RegNet: 8 and up) as im2col and one GEMM per group runs GEMMs of M = Mg
+ * rows, too few to fill the GEMM's tiles and amortise its packing, and
+ * moves ksz copies of the input through memory.  Instead, per (image,
+ * group, chunk of R output rows), over the threads:
+ *  - the group's input rows the chunk reads are copied, zero-padded, into
+ *    Q as s0 x s1 phase planes (stride s: plane (p0, p1) holds the padded
+ *    input's rows s*i + p0, columns s*j + p1), so that tap (kh, kw) of
+ *    output (r, c) is element (r + a, c + b) of plane ((kh*d0) % s0,
+ *    (kw*d1) % s1), a = kh*d0 / s0, b = kw*d1 / s1: every tap, stride 1 or
+ *    2, is a contiguous run with no bounds test (the padding is zeros);
+ *  - per block of MB output channels, the outputs run flat over the
+ *    chunk's rows of Wq columns (f = r*Wq + c, the Wq - Wo columns past a
+ *    row's end computed and dropped), one vector of f per iteration with
+ *    MB accumulators, over CU input channels and every tap unrolled here:
+ *    each loaded vector of Q feeds MB multiply-adds.  Between chunks of CU
+ *    channels the sums go through T (in L1: MB x at most 2*GC_FLAT).
+ *  - T's rows are copied into y: the only stores to y, so an activation
+ *    and a residual Add fold into them (final_buf).
+ * The MB x CU*ksz weights of a flat loop are invariant in it, and LLVM
+ * hoists them all as broadcast vectors: they must fit the registers beside
+ * the accumulators.  MB = 8 over 8 channels of 3x3 (576 weights) spilled
+ * them to 36 KB of stack; 4 x one channel of 3x3 (36) does not.  Per
+ * layer, against im2col + GEMM (min of 3 alternating rounds of kiln bench,
+ * batch 1, one thread; one 3x3 conv + Relu; ms): ResNeXt-50's 128 channels
+ * 56x56, 32 groups 1.78 -> 0.52, 1024 channels 7x7 0.39 -> 0.26; RegNetX-
+ * 800MF's 64 channels 56x56, 4 groups 0.86 -> 0.58, 672 channels 7x7
+ * 0.137 -> 0.098; MB = 8 and 8 channels lost to the GEMMs on 7x7 planes
+ * (0.39 -> 0.51).  Groups of 128 channels lost (1.97 -> 2.31 ms, 512
+ * channels 14x14, 4 groups): conv_grouped_wins keeps the GEMMs there.
+ * docs/PERFORMANCE.md has the rest. */
+enum { GC_FLAT = 512, GC_MB = 4, GC_TAPS = 9, GC_PARTS = 16 };
+
+/* A target that wants every nest on its grid (a GPU: cg_lower_opts.par_work
+ * 1) would run conv_grouped's slots one thread each, their loops serial:
+ * there the GEMMs stay, unless forced. */
+static bool grid_target(const cg_module *m)
+{
+	return m->par_work == 1;
+}
+
+/* The largest divisor of v that is at most cap (1 at least). */
+static int64_t divisor_upto(int64_t v, int64_t cap)
+{
+	for (int64_t d = cap < v ? cap : v; d > 1; d--)
+		if (v % d == 0)
+			return d;
+	return 1;
+}
+
+/* Whether the direct form computes this conv: f32, 2-D, grouped with more
+ * than one input channel per group. */
+static bool grouped_shape(const cg_module *m, const ir_node *n, int x, const geom *g)
+{
+	const ir_type *xt = cg_btype((cg_module *)m, x);
+	int64_t grp = ir_attr_int(n, "group", 1);
+	return g->nsp == 2 && grp > 1 && xt->dim[1] / grp > 1 && m->buf[x].dt == KILN_F32 &&
+	       g->stride[0] <= 4 && g->stride[1] <= 4;
+}
+
+static kiln_status conv_grouped(cg_module *m, const ir_node *n, const int *in, int y,
+                                const geom *g, kiln_error *err)
+{
+	const ir_type *x = cg_btype(m, in[0]), *yt = cg_btype(m, y);
+	int64_t grp = ir_attr_int(n, "group", 1), C = x->dim[1], M = yt->dim[1], batch = x->dim[0];
+	int64_t Cg = C / grp, Mg = M / grp, H = g->in[0], W = g->in[1];
+	int64_t Ho = g->out[0], Wo = g->out[1], s0 = g->stride[0], s1 = g->stride[1];
+	int64_t d0 = g->dil[0], d1 = g->dil[1], k0 = g->k[0], k1 = g->k[1], ksz = g->ksz;
+	int64_t Wq = Wo + (k1 - 1) * d1 / s1;
+	/* rows per chunk: a divisor of Ho, the chunk's flat outputs at most
+	 * GC_FLAT (all of Ho when it fits twice that) */
+	int64_t R = Ho * Wq <= 2 * GC_FLAT ? Ho : divisor_upto(Ho, GC_FLAT / Wq > 1 ? GC_FLAT / Wq : 1);
+	/* F flat outputs, rounded up to whole vectors: the ones past F read
+	 * the zeros past each plane's rows and are never copied out (sums that
+	 * go on through T cannot use vector_spans' overlapping last vector) */
+	int64_t nch = Ho / R, Rq = R + (k0 - 1) * d0 / s0;
+	int64_t F = ((R - 1) * Wq + Wo + TAIL_VEC - 1) / TAIL_VEC * TAIL_VEC;
+	int64_t qpl = Rq * Wq + F - ((R - 1) * Wq + Wo), qsz = Cg * s0 * s1 * qpl;
+	int64_t MB = divisor_upto(Mg, GC_MB), CU = divisor_upto(Cg, GC_TAPS / ksz > 1 ? GC_TAPS / ksz : 1);
+	int64_t nchunk = Cg / CU, tsz = MB * F;
+	cg_kernel *k = cg_lower_kernel(m, n);
+	if (!k)
+		return nomem(m, n, err);
+	/* the slots (image, group, chunk) in at most GC_PARTS contiguous parts
+	 * over the threads (so at most that many threads), each part's slots
+	 * one after another through its own Q and T, which stay in cache: a Q
+	 * and T per slot were 3.6 MB of scratch per run of ResNeXt's 56x56
+	 * grouped conv (0.64 -> 0.49-0.53 ms with parts, kiln bench min) */
+	cg_expr *ns = mul(m, cg_dim(m, batch), I(m, grp * nch));
+	cg_expr *np = grid_target(m) ? ns : cg_bin(m, CG_MIN, ns, I(m, GC_PARTS));
+	int Q = cg_lower_scratch(m, KILN_F32, mul(m, np, I(m, qsz)));
+	int T = cg_lower_scratch(m, KILN_F32, mul(m, np, I(m, tsz)));
+	if (Q < 0 || T < 0)
+		return nomem(m, n, err);
+	cg_expr *pi, *sl, *ci, *i, *j, *mb, *cc, *f, *r, *c;
+	cg_stmt *pb, *blk, *cb, *ib, *jb, *mbb, *ccb, *fb, *rb, *lb;
+	cg_append(m, k->body, cg_loop(m, k, np, cg_par(m, mul(m, m->buf[y].numel, I(m, Cg * ksz))),
+	                              &pi, &pb));
+	cg_expr *s_lo = cg_local(m, k, pb, KILN_I64, cg_bin(m, CG_DIV, mul(m, pi, ns), np));
+	cg_expr *s_hi = cg_bin(m, CG_DIV, mul(m, add(m, pi, I(m, 1)), ns), np);
+	cg_append(m, pb, cg_loop(m, k, cg_bin(m, CG_SUB, s_hi, s_lo), 0, &sl, &blk));
+	sl = add(m, s_lo, sl);
+	cg_expr *b = cg_bin(m, CG_DIV, sl, I(m, grp * nch));
+	cg_expr *gi = cg_bin(m, CG_REM, cg_bin(m, CG_DIV, sl, I(m, nch)), I(m, grp));
+	cg_expr *r0 = mul(m, cg_bin(m, CG_REM, sl, I(m, nch)), I(m, R));
+	cg_expr *qp = mul(m, pi, I(m, qsz)), *tp = mul(m, pi, I(m, tsz));
+	/* Q: per channel of the group and phase, Rq rows of Wq: zeros where
+	 * the padded input is padding, x's row (every s1-th column) inside.
+	 * The s1 column phases of a row are copied in one loop, so its loads
+	 * are one interleaved group (wide loads and shuffles), not the gathers
+	 * a loop per phase compiled to (within the noise per layer: RegNetX-
+	 * 800MF's 64-channel 112x112 stride-2 conv 0.88 and 0.90 ms). */
+	cg_append(m, blk, cg_loop(m, k, I(m, Cg), 0, &ci, &cb));
+	cg_expr *xpl = mul(m, add(m, mul(m, b, I(m, C)), add(m, mul(m, gi, I(m, Cg)), ci)), I(m, H * W));
+	int64_t jlo[4], jhi[4], Jlo = 0, Jhi = Wq;
+	for (int64_t p1 = 0; p1 < s1; p1++) {
+		/* columns j of x column j*s1 + p1 - pad inside [0, W): [jlo, jhi) */
+		int64_t o = p1 - g->pad[1];
+		jlo[p1] = o >= 0 ? 0 : (-o + s1 - 1) / s1;
+		jhi[p1] = W - o <= 0 ? 0 : (W - o + s1 - 1) / s1;
+		jlo[p1] = jlo[p1] > Wq ? Wq : jlo[p1];
+		jhi[p1] = jhi[p1] > Wq ? Wq : jhi[p1] < jlo[p1] ? jlo[p1] : jhi[p1];
+		Jlo = jlo[p1] > Jlo ? jlo[p1] : Jlo;
+		Jhi = jhi[p1] < Jhi ? jhi[p1] : Jhi;
+	}
+	Jhi = Jhi < Jlo ? Jlo : Jhi;
+	for (int64_t p0 = 0; p0 < s0; p0++) {
+		cg_append(m, cb, cg_loop(m, k, I(m, Rq), 0, &i, &ib));
+		cg_expr *xr = add(m, mul(m, add(m, r0, i), I(m, s0)), I(m, p0 - g->pad[0]));
+		cg_expr *valid = cg_bin(m, CG_AND, cg_bin(m, CG_GE, xr, I(m, 0)),
+		                        cg_bin(m, CG_LT, xr, I(m, H)));
+		cg_expr *xrow = add(m, xpl, mul(m, xr, I(m, W)));
+		cg_expr *qrow[4];
+		cg_stmt *inb = cg_block(m), *outb = cg_block(m);
+		for (int64_t p1 = 0; p1 < s1; p1++) {
+			cg_expr *q0 = add(m, qp, mul(m, add(m, mul(m, ci, I(m, s0 * s1)), I(m, p0 * s1 + p1)),
+			                             I(m, qpl)));
+			qrow[p1] = add(m, q0, mul(m, i, I(m, Wq)));
+			zeros(m, k, outb, Q, qrow[p1], Wq);
+			zeros(m, k, inb, Q, qrow[p1], jlo[p1]);
+			/* the columns of this phase only, outside [Jlo, Jhi) */
+			int64_t e0[2] = {jlo[p1], Jhi}, e1[2] = {Jlo < jhi[p1] ? Jlo : jhi[p1], jhi[p1]};
+			for (int e = 0; e < 2; e++) {
+				if (e1[e] <= e0[e])
+					continue;
+				cg_append(m, inb, cg_loop(m, k, I(m, e1[e] - e0[e]), 0, &j, &jb));
+				cg_expr *jj = add(m, I(m, e0[e]), j);
+				cg_append(m, jb, cg_st(m, Q, add(m, qrow[p1], jj),
+				                       cg_ld(m, in[0], add(m, xrow, add(m, mul(m, jj, I(m, s1)),
+				                                                        I(m, p1 - g->pad[1]))))));
+			}
+			zeros(m, k, inb, Q, add(m, qrow[p1], I(m, jhi[p1])), Wq - jhi[p1]);
+		}
+		if (Jhi > Jlo) { /* every phase inside: one loop */
+			cg_append(m, inb, cg_loop(m, k, I(m, Jhi - Jlo), CG_VECTORIZE, &j, &jb));
+			cg_expr *jj = add(m, I(m, Jlo), j);
+			for (int64_t p1 = 0; p1 < s1; p1++)
+				cg_append(m, jb, cg_st(m, Q, add(m, qrow[p1], jj),
+				                       cg_ld(m, in[0], add(m, xrow, add(m, mul(m, jj, I(m, s1)),
+				                                                        I(m, p1 - g->pad[1]))))));
+		}
+		cg_append(m, ib, cg_if(m, valid, inb, outb));
+	}
+	/* the zeros past each plane's last row (the flat loop's last vector reads them) */
+	for (int64_t p = 0; p < s0 * s1 && qpl > Rq * Wq; p++)
+		zeros(m, k, cb, Q, add(m, add(m, qp, mul(m, add(m, mul(m, ci, I(m, s0 * s1)), I(m, p)),
+		                                         I(m, qpl))), I(m, Rq * Wq)), qpl - Rq * Wq);
+	/* per block of MB output channels: the flat sums into T, then y */
+	cg_append(m, blk, cg_loop(m, k, I(m, Mg / MB), 0, &mb, &mbb));
+	cg_expr *m0 = add(m, mul(m, gi, I(m, Mg)), mul(m, mb, I(m, MB)));
+	bool bias = n->nin > 2 && in[2] >= 0;
+	/* the first chunk of CU channels starts from the bias, the others from
+	 * T (the same flat loop twice: no pass that fills T with the bias) */
+	for (int pass = 0; pass < 2 && (pass == 0 || nchunk > 1); pass++) {
+		cg_stmt *cbody = mbb;
+		cc = I(m, 0);
+		if (pass) {
+			cg_append(m, mbb, cg_loop(m, k, I(m, nchunk - 1), 0, &cc, &ccb));
+			cbody = ccb;
+			cc = add(m, cc, I(m, 1));
+		}
+		cg_append(m, cbody, cg_loop(m, k, I(m, F), CG_VECTORIZE, &f, &fb));
+		cg_expr *fi = f, *acc[GC_MB];
+		for (int64_t a = 0; a < MB; a++) {
+			cg_expr *init = fc(m, KILN_F32, 0);
+			if (pass)
+				init = cg_ld(m, T, add(m, add(m, tp, I(m, a * F)), fi));
+			else if (bias)
+				init = cg_ld(m, in[2], add(m, m0, I(m, a)));
+			acc[a] = cg_local(m, k, fb, KILN_F32, init);
+		}
+		for (int64_t u = 0; u < CU; u++) {
+			cg_expr *cu = add(m, mul(m, cc, I(m, CU)), I(m, u));
+			for (int64_t kh = 0; kh < k0; kh++)
+				for (int64_t kw = 0; kw < k1; kw++) {
+					int64_t ph = (kh * d0) % s0 * s1 + (kw * d1) % s1;
+					int64_t off = (kh * d0 / s0) * Wq + kw * d1 / s1;
+					cg_expr *qi = add(m, add(m, qp, mul(m, add(m, mul(m, cu, I(m, s0 * s1)), I(m, ph)),
+					                                    I(m, qpl))), add(m, I(m, off), fi));
+					cg_expr *xv = cg_ld(m, Q, qi);
+					for (int64_t a = 0; a < MB; a++) {
+						cg_expr *wi = add(m, mul(m, add(m, mul(m, add(m, m0, I(m, a)), I(m, Cg)), cu),
+						                         I(m, ksz)), I(m, kh * k1 + kw));
+						cg_set(m, fb, acc[a], add(m, acc[a], mul(m, xv, cg_ld(m, in[1], wi))));
+					}
+				}
+		}
+		for (int64_t a = 0; a < MB; a++)
+			cg_append(m, fb, cg_st(m, T, add(m, add(m, tp, I(m, a * F)), fi), acc[a]));
+	}
+	/* T's rows into y */
+	cg_append(m, mbb, cg_loop(m, k, I(m, MB), 0, &j, &jb));
+	cg_append(m, jb, cg_loop(m, k, I(m, R), 0, &r, &rb));
+	cg_append(m, rb, cg_loop(m, k, I(m, Wo), CG_VECTORIZE, &c, &lb));
+	cg_expr *yi = add(m, mul(m, add(m, mul(m, b, I(m, M)), add(m, m0, j)), I(m, g->osz)),
+	                  add(m, mul(m, add(m, r0, r), I(m, Wo)), c));
+	cg_append(m, lb, cg_st(m, y, yi, cg_ld(m, T, add(m, add(m, tp, mul(m, j, I(m, F))),
+	                                                    add(m, mul(m, r, I(m, Wq)), c)))));
+	k->final_buf = y;
+	return KILN_OK;
+}
+
+/* Whether conv_grouped should compute this grouped conv rather than
+ * im2col and a GEMM per group (CG_CONV_AUTO). */
+/* im2col + GEMM per group pays for its copies once the GEMM has rows
+ * enough (Mg): 64-channel groups ran direct 0.62 -> 0.52 ms, 128-channel
+ * ones 1.97 -> 2.31 (see above). */
+enum { GC_MAX_MG = 64 };
+static bool conv_grouped_wins(const cg_module *m, int64_t Mg)
+{
+	return Mg <= GC_MAX_MG && !grid_target(m);
+}
+
 kiln_status cg_lower_conv(cg_module *m, const ir_node *n, const int *in, const int *out,
                           kiln_error *err)
 {
@@ -2074,6 +2310,9 @@ kiln_status cg_lower_conv(cg_module *m, const ir_node *n, const int *in, const i
 		conv_ops op = {in[0], in[1], -1, -1, n->nin > 2 ? in[2] : -1, NULL};
 		return conv_direct(m, n, &op, false, out[0], &g, err);
 	}
+	if (grp != 1 && grouped_shape(m, n, in[0], &g) && m->conv != CG_CONV_IM2COL &&
+	    (m->conv == CG_CONV_DIRECT || conv_grouped_wins(m, y->dim[1] / grp)))
+		return conv_grouped(m, n, in, out[0], &g, err);
 	if (grp != 1) /* grouped: a GEMM per group over one im2col */
 		return conv_im2col(m, n, in, out[0], &g, NULL, err);
 	int64_t wb = m->conv != CG_CONV_IM2COL && cg_conv_winograd_ok(m, n, in, &g)

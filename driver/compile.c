@@ -25,7 +25,7 @@ static bool ends_with(const char *s, const char *suf)
 }
 
 /* ---- kiln_compile ------------------------------------------------------------ */
-static const char *const conv_algos[] = {"auto", "im2col", "winograd"};
+static const char *const conv_algos[] = {"auto", "im2col", "winograd", "direct"};
 
 /* o->conv as a cg_conv_algo (check_opts has refused an unknown name). */
 static cg_conv_algo conv_algo(const char *name)
@@ -123,7 +123,7 @@ static kiln_status check_opts(const kiln_graph *g, const char *out, const kiln_c
 		conv_ok = conv_ok || strcmp(o->conv, conv_algos[i]) == 0;
 	if (!conv_ok)
 		return ir_seterr(err, KILN_EINVAL, "kiln_compile: unknown --conv '%s' (want auto, "
-		                 "im2col or winograd)", o->conv);
+		                 "im2col, winograd or direct)", o->conv);
 	if (o->target && !cg_backend_find(o->target))
 		return ir_seterr(err, KILN_EINVAL, "kiln_compile: unknown --target '%s' (want llvm, "
 		                 "cuda or cuda-emu)", o->target);

@@ -846,8 +846,10 @@ typedef struct kiln_compile_opts {
 	const char *passes;   /* graph passes as for kiln_graph_optimize; NULL: default */
 	const char *conv;     /* f32 convolution algorithm: NULL or "auto" (a cost
 	                         model picks per layer), "im2col" (im2col + GEMM
-	                         everywhere) or "winograd" (Winograd F(4x4,3x3) on
-	                         every 2-D 3x3 conv of stride and dilation 1) */
+	                         everywhere), "winograd" (Winograd F(4x4,3x3) on
+	                         every 2-D 3x3 conv of stride and dilation 1) or
+	                         "direct" (the direct kernel on every grouped 2-D
+	                         conv that is not depthwise) */
 	int jobs;             /* threads LLVM may use; 0: the online CPUs (at most 8).
 	                         The library is the same whatever the number */
 	struct kiln_compile_times *times; /* NULL, or filled with where the time went */

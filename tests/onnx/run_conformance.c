@@ -24,8 +24,8 @@
  * same tolerances; nothing cached, about a minute for the suite on two
  * cores), and on request "cuda-emu" (the CUDA backend's kernels compiled
  * for this CPU, docs/CUDA.md); --every K runs every K-th case only;
- * --backend picks some, among them so-im2col and so-winograd, the
- * compiled backend with one convolution algorithm forced.  The expected-failures file lists
+ * --backend picks some, among them so-im2col, so-winograd and so-direct,
+ * the compiled backend with one convolution algorithm forced.  The expected-failures file lists
  * "case [backend...]" (no backend: all), "so: case" (one backend) and
  * "roundtrip: case"; the exit status is 1 when an in-scope case fails, or a
  * passing case's round trip differs, that is not listed (a regression), and
@@ -81,7 +81,7 @@ static kiln_status run_cuda_emu(void *ctx, const kiln_graph *g, kiln_tensor *con
 	                      "kiln_conf", in, nin, out, nout, err);
 }
 
-/* so-im2col and so-winograd force kiln_compile's convolution algorithm
+/* so-im2col, so-winograd and so-direct force kiln_compile's convolution algorithm
  * wherever it applies (ctest onnx_conformance_conv runs them on the conv
  * cases); "so" lets the cost model choose. */
 static const conf_backend backends[] = {
@@ -89,6 +89,7 @@ static const conf_backend backends[] = {
 	{"so", run_so, NULL, false},
 	{"so-im2col", run_so, "im2col", true},
 	{"so-winograd", run_so, "winograd", true},
+	{"so-direct", run_so, "direct", true},
 	{"cuda-emu", run_cuda_emu, NULL, true},
 };
 #define NBACKEND ((int)(sizeof backends / sizeof *backends))
