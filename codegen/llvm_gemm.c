@@ -1324,36 +1324,39 @@ static void split(gen *g, LLVMValueRef par, const tile_fns *t)
 	columns(g, pcol, prows, t->tiles, t->range, t->rows, t->mr, t->nr);
 }
 
-/* kiln_sgemm: picks a path.  Nothing to do without rows or columns; K == 0
- * or tiny products go scalar; a few rows (M <= THIN_M) take the axpy or dot
- * forms; B rows contiguous take the direct tiles when packing would not pay
- * (see TILE_M); anything else is packed. */
-static LLVMValueRef emit_entry(gen *g, const entry_fns *f)
+/* The start of an entry point: void name(kiln_sgemm's arguments),
+ * returning at once when C is empty; work = M*N*K, pool = x->pool. */
+static LLVMValueRef entry_begin(gen *g, const char *name, LLVMValueRef *work, LLVMValueRef *pool)
 {
 	LLVMTypeRef t[P_COUNT];
-	LLVMValueRef fn = function(g, "kiln_sgemm", t, gemm_params(g, t, 0)), *p = g->p;
-	LLVMValueRef zero = i64c(g, 0), one = i64c(g, 1);
+	LLVMValueRef fn = function(g, name, t, gemm_params(g, t, 0)), *p = g->p;
+	LLVMValueRef zero = i64c(g, 0);
 	LLVMAddAttributeAtIndex(fn, LLVMAttributeFunctionIndex,
 	    LLVMCreateEnumAttribute(g->L->ctx, LLVMGetEnumAttributeKindForName("noinline", 8), 0));
 	tail_if(g, LLVMBuildOr(g->b, icmp(g, LLVMIntSLE, p[P_M], zero),
 	                       icmp(g, LLVMIntSLE, p[P_N], zero), ""), NULL, NULL, 0);
-	tail_if(g, icmp(g, LLVMIntSLE, p[P_K], zero), f->naive, p, P_COUNT);
-	LLVMValueRef work = mul(g, mul(g, p[P_M], p[P_N]), p[P_K]);
-	LLVMValueRef direct = LLVMBuildOr(g->b, icmp(g, LLVMIntSLE, p[P_M], i64c(g, THIN_M)),
-	                                  icmp(g, LLVMIntSLE, work, i64c(g, SMALL_WORK)), "");
-	LLVMValueRef pool = LLVMBuildLoad2(g->b, LLVMStructGetTypeAtIndex(g->xty, 2),
-	                                   LLVMBuildStructGEP2(g->b, g->xty, p[P_X], 2, ""), "");
+	*work = mul(g, mul(g, p[P_M], p[P_N]), p[P_K]);
+	*pool = LLVMBuildLoad2(g->b, LLVMStructGetTypeAtIndex(g->xty, 2),
+	                       LLVMBuildStructGEP2(g->b, g->xty, p[P_X], 2, ""), "");
+	return fn;
+}
+
+/* The direct forms' column split: a pool, work enough and two units of
+ * columns. */
+static LLVMValueRef vec_par(gen *g, LLVMValueRef work, LLVMValueRef pool)
+{
 	LLVMValueRef vpar = LLVMBuildAnd(g->b, LLVMBuildIsNotNull(g->b, pool, ""),
 	                                 icmp(g, LLVMIntSGE, work, i64c(g, VEC_PAR_WORK)), "");
-	vpar = LLVMBuildAnd(g->b, vpar, icmp(g, LLVMIntSGE, p[P_N], i64c(g, 2 * g->g.W)), "");
-	LLVMValueRef bcontig = icmp(g, LLVMIntEQ, p[P_BCS], one);
-	LLVMValueRef dotok = LLVMBuildAnd(g->b, icmp(g, LLVMIntEQ, p[P_BRS], one),
-	                                  icmp(g, LLVMIntEQ, p[P_ACS], one), "");
-	gemv_if(g, LLVMBuildAnd(g->b, icmp(g, LLVMIntEQ, p[P_N], one), dotok, ""), pool, work, f);
-	direct_if(g, LLVMBuildAnd(g->b, direct, bcontig, ""), vpar, f->axpy, f->axpy_range, g->g.W,
-	          P_N);
-	direct_if(g, LLVMBuildAnd(g->b, direct, dotok, ""), vpar, f->dot, f->dot_range, g->g.W, P_N);
-	tail_if(g, icmp(g, LLVMIntSLE, work, i64c(g, SMALL_WORK)), f->naive, p, P_COUNT);
+	return LLVMBuildAnd(g->b, vpar, icmp(g, LLVMIntSGE, g->p[P_N], i64c(g, 2 * vec_unit(g))), "");
+}
+
+/* The rest of every entry: the direct tiles when packing would not pay (see
+ * TILE_M) and tiles_ok, else the blocked path; over the pool from PAR_WORK
+ * on; then returns. */
+static void tiles_or_blocked(gen *g, const entry_fns *f, LLVMValueRef work, LLVMValueRef pool,
+                             LLVMValueRef tiles_ok)
+{
+	LLVMValueRef *p = g->p;
 	LLVMValueRef par = LLVMBuildAnd(g->b, LLVMBuildIsNotNull(g->b, pool, ""),
 	                                icmp(g, LLVMIntSGE, work, i64c(g, PAR_WORK)), "");
 	LLVMValueRef few = LLVMBuildOr(g->b, icmp(g, LLVMIntSLE, p[P_M], i64c(g, TILE_M)),
@@ -1361,7 +1364,7 @@ static LLVMValueRef emit_entry(gen *g, const entry_fns *f)
 	LLVMValueRef mid = LLVMBuildAnd(g->b, icmp(g, LLVMIntSLE, p[P_M], i64c(g, 2 * TILE_M)),
 	                                icmp(g, LLVMIntSLE, p[P_N], i64c(g, TILE_N)), "");
 	few = LLVMBuildOr(g->b, few, mid, "");
-	LLVMValueRef tiles = LLVMBuildAnd(g->b, bcontig, few, "");
+	LLVMValueRef tiles = LLVMBuildAnd(g->b, tiles_ok, few, "");
 	LLVMBasicBlockRef then = block(g, "tiles"), next = block(g, "packed");
 	LLVMBuildCondBr(g->b, tiles, then, next);
 	LLVMPositionBuilderAtEnd(g->b, then);
@@ -1392,6 +1395,29 @@ static LLVMValueRef emit_entry(gen *g, const entry_fns *f)
 	tile_fns packed = {.tiles = f->blocked, .range = f->range, .rows = f->rows,
 	                   .mr = g->g.MR, .nr = g->g.NR};
 	split(g, par, &packed);
+}
+
+/* kiln_sgemm: picks a path.  Nothing to do without rows or columns; K == 0
+ * or tiny products go scalar; a few rows (M <= THIN_M) take the axpy or dot
+ * forms; B rows contiguous take the direct tiles when packing would not pay
+ * (see TILE_M); anything else is packed. */
+static LLVMValueRef emit_entry(gen *g, const entry_fns *f)
+{
+	LLVMValueRef work, pool, fn = entry_begin(g, "kiln_sgemm", &work, &pool), *p = g->p;
+	LLVMValueRef zero = i64c(g, 0), one = i64c(g, 1);
+	tail_if(g, icmp(g, LLVMIntSLE, p[P_K], zero), f->naive, p, P_COUNT);
+	LLVMValueRef direct = LLVMBuildOr(g->b, icmp(g, LLVMIntSLE, p[P_M], i64c(g, THIN_M)),
+	                                  icmp(g, LLVMIntSLE, work, i64c(g, SMALL_WORK)), "");
+	LLVMValueRef vpar = vec_par(g, work, pool);
+	LLVMValueRef bcontig = icmp(g, LLVMIntEQ, p[P_BCS], one);
+	LLVMValueRef dotok = LLVMBuildAnd(g->b, icmp(g, LLVMIntEQ, p[P_BRS], one),
+	                                  icmp(g, LLVMIntEQ, p[P_ACS], one), "");
+	gemv_if(g, LLVMBuildAnd(g->b, icmp(g, LLVMIntEQ, p[P_N], one), dotok, ""), pool, work, f);
+	direct_if(g, LLVMBuildAnd(g->b, direct, bcontig, ""), vpar, f->axpy, f->axpy_range, g->g.W,
+	          P_N);
+	direct_if(g, LLVMBuildAnd(g->b, direct, dotok, ""), vpar, f->dot, f->dot_range, g->g.W, P_N);
+	tail_if(g, icmp(g, LLVMIntSLE, work, i64c(g, SMALL_WORK)), f->naive, p, P_COUNT);
+	tiles_or_blocked(g, f, work, pool, bcontig);
 	return fn;
 }
 
@@ -1408,53 +1434,13 @@ static LLVMValueRef emit_entry(gen *g, const entry_fns *f)
  * transformer block at batch 16, M = 1024). */
 static LLVMValueRef emit_entry_pb(gen *g, const entry_fns *f)
 {
-	LLVMTypeRef t[P_COUNT];
-	LLVMValueRef fn = function(g, "kiln_sgemm_pb", t, gemm_params(g, t, 0)), *p = g->p;
+	LLVMValueRef work, pool, fn = entry_begin(g, "kiln_sgemm_pb", &work, &pool), *p = g->p;
 	LLVMValueRef zero = i64c(g, 0);
-	LLVMAddAttributeAtIndex(fn, LLVMAttributeFunctionIndex,
-	    LLVMCreateEnumAttribute(g->L->ctx, LLVMGetEnumAttributeKindForName("noinline", 8), 0));
-	tail_if(g, LLVMBuildOr(g->b, icmp(g, LLVMIntSLE, p[P_M], zero),
-	                       icmp(g, LLVMIntSLE, p[P_N], zero), ""), NULL, NULL, 0);
-	LLVMValueRef work = mul(g, mul(g, p[P_M], p[P_N]), p[P_K]);
-	LLVMValueRef pool = LLVMBuildLoad2(g->b, LLVMStructGetTypeAtIndex(g->xty, 2),
-	                                   LLVMBuildStructGEP2(g->b, g->xty, p[P_X], 2, ""), "");
-	LLVMValueRef vpar = LLVMBuildAnd(g->b, LLVMBuildIsNotNull(g->b, pool, ""),
-	                                 icmp(g, LLVMIntSGE, work, i64c(g, VEC_PAR_WORK)), "");
-	vpar = LLVMBuildAnd(g->b, vpar, icmp(g, LLVMIntSGE, p[P_N], i64c(g, 2 * vec_unit(g))), "");
 	/* K == 0 too: the axpy form's sums are then 0 and B is not read */
 	LLVMValueRef thin = LLVMBuildOr(g->b, icmp(g, LLVMIntSLE, p[P_M], i64c(g, THIN_M)),
 	                                icmp(g, LLVMIntSLE, p[P_K], zero), "");
-	direct_if(g, thin, vpar, f->axpy, f->axpy_range, vec_unit(g), P_N);
-	LLVMValueRef par = LLVMBuildAnd(g->b, LLVMBuildIsNotNull(g->b, pool, ""),
-	                                icmp(g, LLVMIntSGE, work, i64c(g, PAR_WORK)), "");
-	LLVMValueRef few = LLVMBuildOr(g->b, icmp(g, LLVMIntSLE, p[P_M], i64c(g, TILE_M)),
-	                               icmp(g, LLVMIntSLE, p[P_N], i64c(g, 2 * g->g.NR)), "");
-	LLVMValueRef mid = LLVMBuildAnd(g->b, icmp(g, LLVMIntSLE, p[P_M], i64c(g, 2 * TILE_M)),
-	                                icmp(g, LLVMIntSLE, p[P_N], i64c(g, TILE_N)), "");
-	LLVMBasicBlockRef then = block(g, "tiles"), next = block(g, "packed");
-	LLVMBuildCondBr(g->b, LLVMBuildOr(g->b, few, mid, ""), then, next);
-	LLVMPositionBuilderAtEnd(g->b, then);
-	LLVMBasicBlockRef vec1 = block(g, "one"), multi = block(g, "multi");
-	LLVMBuildCondBr(g->b, icmp(g, LLVMIntSLE, p[P_N], i64c(g, g->g.W)), vec1, multi);
-	LLVMPositionBuilderAtEnd(g->b, vec1);
-	split(g, par, &f->t1);
-	LLVMPositionBuilderAtEnd(g->b, multi);
-	if (f->ts.tiles) { /* as in emit_entry */
-		LLVMValueRef s = mul(g, pad(g, p[P_M], f->ts.mr), pad(g, p[P_N], f->ts.nr));
-		LLVMValueRef d = mul(g, pad(g, p[P_M], g->g.MR), pad(g, p[P_N], g->g.NR));
-		LLVMBasicBlockRef small = block(g, "small"), mr = block(g, "mr");
-		LLVMValueRef use = LLVMBuildAnd(g->b, icmp(g, LLVMIntSLT, s, d),
-		                                icmp(g, LLVMIntSLE, p[P_M], i64c(g, TILE_M)), "");
-		LLVMBuildCondBr(g->b, use, small, mr);
-		LLVMPositionBuilderAtEnd(g->b, small);
-		split(g, par, &f->ts);
-		LLVMPositionBuilderAtEnd(g->b, mr);
-	}
-	split(g, par, &f->t6);
-	LLVMPositionBuilderAtEnd(g->b, next);
-	tile_fns packed = {.tiles = f->blocked, .range = f->range, .rows = f->rows,
-	                   .mr = g->g.MR, .nr = g->g.NR};
-	split(g, par, &packed);
+	direct_if(g, thin, vec_par(g, work, pool), f->axpy, f->axpy_range, vec_unit(g), P_N);
+	tiles_or_blocked(g, f, work, pool, LLVMConstInt(g->L->i1, 1, 0));
 	return fn;
 }
 
@@ -1469,25 +1455,14 @@ static LLVMValueRef emit_entry_pb(gen *g, const entry_fns *f)
  * many the blocked path without packa. */
 static LLVMValueRef emit_entry_pa(gen *g, const entry_fns *f)
 {
-	LLVMTypeRef t[P_COUNT];
-	LLVMValueRef fn = function(g, "kiln_sgemm_pa", t, gemm_params(g, t, 0)), *p = g->p;
+	LLVMValueRef work, pool, fn = entry_begin(g, "kiln_sgemm_pa", &work, &pool), *p = g->p;
 	LLVMValueRef zero = i64c(g, 0);
-	LLVMAddAttributeAtIndex(fn, LLVMAttributeFunctionIndex,
-	    LLVMCreateEnumAttribute(g->L->ctx, LLVMGetEnumAttributeKindForName("noinline", 8), 0));
-	tail_if(g, LLVMBuildOr(g->b, icmp(g, LLVMIntSLE, p[P_M], zero),
-	                       icmp(g, LLVMIntSLE, p[P_N], zero), ""), NULL, NULL, 0);
-	LLVMValueRef work = mul(g, mul(g, p[P_M], p[P_N]), p[P_K]);
-	LLVMValueRef pool = LLVMBuildLoad2(g->b, LLVMStructGetTypeAtIndex(g->xty, 2),
-	                                   LLVMBuildStructGEP2(g->b, g->xty, p[P_X], 2, ""), "");
-	LLVMValueRef vpar = LLVMBuildAnd(g->b, LLVMBuildIsNotNull(g->b, pool, ""),
-	                                 icmp(g, LLVMIntSGE, work, i64c(g, VEC_PAR_WORK)), "");
-	vpar = LLVMBuildAnd(g->b, vpar, icmp(g, LLVMIntSGE, p[P_N], i64c(g, 2 * g->g.W)), "");
 	LLVMValueRef bcontig = icmp(g, LLVMIntEQ, p[P_BCS], i64c(g, 1));
-	/* few rows, B's rows contiguous, or K == 0: the axpy form, A's rows
-	 * 1 and its columns MR apart */
+	/* few rows or K == 0: the axpy form (B's rows contiguous) or the
+	 * scalar one, A's rows 1 and its columns MR apart */
 	LLVMValueRef thin = LLVMBuildOr(g->b, icmp(g, LLVMIntSLE, p[P_M], i64c(g, THIN_M)),
 	                                icmp(g, LLVMIntSLE, p[P_K], zero), "");
-	LLVMValueRef ars = p[P_ARS], acs = p[P_ACS];
+	LLVMValueRef vpar = vec_par(g, work, pool), ars = p[P_ARS], acs = p[P_ACS];
 	p[P_ARS] = i64c(g, 1);
 	p[P_ACS] = i64c(g, g->g.MR);
 	direct_if(g, LLVMBuildAnd(g->b, thin, bcontig, ""), vpar, f->axpy, f->axpy_range, g->g.W,
@@ -1495,26 +1470,7 @@ static LLVMValueRef emit_entry_pa(gen *g, const entry_fns *f)
 	tail_if(g, thin, f->naive, p, P_COUNT);
 	p[P_ARS] = ars;
 	p[P_ACS] = acs;
-	LLVMValueRef par = LLVMBuildAnd(g->b, LLVMBuildIsNotNull(g->b, pool, ""),
-	                                icmp(g, LLVMIntSGE, work, i64c(g, PAR_WORK)), "");
-	LLVMValueRef few = LLVMBuildOr(g->b, icmp(g, LLVMIntSLE, p[P_M], i64c(g, TILE_M)),
-	                               icmp(g, LLVMIntSLE, p[P_N], i64c(g, 2 * g->g.NR)), "");
-	LLVMValueRef mid = LLVMBuildAnd(g->b, icmp(g, LLVMIntSLE, p[P_M], i64c(g, 2 * TILE_M)),
-	                                icmp(g, LLVMIntSLE, p[P_N], i64c(g, TILE_N)), "");
-	few = LLVMBuildAnd(g->b, LLVMBuildOr(g->b, few, mid, ""), bcontig, "");
-	LLVMBasicBlockRef then = block(g, "tiles"), next = block(g, "packed");
-	LLVMBuildCondBr(g->b, few, then, next);
-	LLVMPositionBuilderAtEnd(g->b, then);
-	LLVMBasicBlockRef vec1 = block(g, "one"), multi = block(g, "multi");
-	LLVMBuildCondBr(g->b, icmp(g, LLVMIntSLE, p[P_N], i64c(g, g->g.W)), vec1, multi);
-	LLVMPositionBuilderAtEnd(g->b, vec1);
-	split(g, par, &f->t1);
-	LLVMPositionBuilderAtEnd(g->b, multi);
-	split(g, par, &f->t6);
-	LLVMPositionBuilderAtEnd(g->b, next);
-	tile_fns packed = {.tiles = f->blocked, .range = f->range, .rows = f->rows,
-	                   .mr = g->g.MR, .nr = g->g.NR};
-	split(g, par, &packed);
+	tiles_or_blocked(g, f, work, pool, bcontig);
 	return fn;
 }
 
