@@ -113,7 +113,16 @@ static bool is_vector(cg_module *m, int b)
 	return t && t->rank > 0 && t->dim[0] != 1;
 }
 
-/* One GEMM, inside loops over all but the innermost batch group: f32, or
+static bool grid_target(const cg_module *m);
+
+/* Work per matrix below which a batch of f32 GEMMs goes over the threads
+ * by matrices: the LLVM GEMM splits one only from 2^21 multiply-adds
+ * (llvm_gemm.c's PAR_WORK), so attention's per-head products (64 x 64 x
+ * 64, batch x heads of them) ran on one thread. */
+enum { MM_SMALL_WORK = 1 << 21 };
+
+/* One GEMM, inside loops over all but the innermost batch group (over all
+ * of them, the outermost parallel, when each product is small): f32, or
  * with z an 8-bit one (zero points, and for QLinearMatMul the multiplier
  * buffer mult per row or column of C and y's zero point). */
 static kiln_status matmul_gemm(cg_module *m, const ir_node *n, const int *in, int out,
@@ -132,15 +141,25 @@ static kiln_status matmul_gemm(cg_module *m, const ir_node *n, const int *in, in
 		M = mul(m, M, g->ext[0]);
 		g->n = 0;
 	}
-	int loops = g->n ? g->n - 1 : 0;
-	cg_stmt *body = cg_nest(m, k, k->body, loops, g->ext, NULL, iv);
+	bool each = !z && g->n > 0 && !grid_target(m) && M->kind == CG_CONST &&
+	            N->kind == CG_CONST && K->kind == CG_CONST &&
+	            M->i * N->i * K->i < MM_SMALL_WORK;
+	int loops = g->n ? (each ? g->n : g->n - 1) : 0;
+	uint32_t hints[KILN_MAX_RANK] = {0};
+	if (each) {
+		cg_expr *w = I(m, M->i * N->i * K->i);
+		for (int d = 0; d < g->n; d++)
+			w = mul(m, w, g->ext[d]);
+		hints[0] = cg_par(m, w);
+	}
+	cg_stmt *body = cg_nest(m, k, k->body, loops, g->ext, each ? hints : NULL, iv);
 	cg_expr *oa = I(m, 0), *ob = I(m, 0), *oy = I(m, 0);
 	for (int d = 0; d < loops; d++) {
 		oa = add(m, oa, mul(m, iv[d], mul(m, g->sa[d], mk)));
 		ob = add(m, ob, mul(m, iv[d], mul(m, g->sb[d], kn)));
 		oy = add(m, oy, mul(m, iv[d], mul(m, g->sy[d], mn)));
 	}
-	bool bat = g->n > 0;
+	bool bat = g->n > 0 && !each;
 	cg_gemm gm = {.a = in[0], .b = in[1], .c = out, .bias = -1, .M = M, .N = N, .K = K,
 	              .batch = bat ? g->ext[g->n - 1] : I(m, 1),
 	              .a_off = oa, .a_bs = bat ? mul(m, g->sa[g->n - 1], mk) : I(m, 0),
