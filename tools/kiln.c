@@ -1367,6 +1367,8 @@ static const command commands[] = {
 	 "  Runs of per-sample layers over a symbolic batch execute chunk by chunk\n"
 	 "  (intermediates sized for a chunk, kept in cache): $KILN_CHUNK=0 turns that\n"
 	 "  off, =N forces N samples per chunk (default: a cost model on the L2 size)\n"
+	 "  Constant GEMM operands (Linear and conv weights) are packed at compile\n"
+	 "  time in the panels the target's GEMM reads: $KILN_PREPACK=0 turns that off\n"
 	 "  The library is linked with cc against kiln's runtime archive: $KILN_RT_LIB,\n"
 	 "  else the one installed beside kiln (kiln --version says which)\n"	 "  --train              a training library instead (docs/TRAINING.md): the\n"
 	 "                       model's train step (loss, gradients, optimizer) and\n"
