@@ -1450,27 +1450,13 @@ static LLVMValueRef emit_entry_pb(gen *g, const entry_fns *f)
  * zero rows past M; a_rs and a_cs unused.  kiln_sgemm packs A once per
  * call (and per image of a batch): 4-10% of a mid-sized conv's GEMM
  * (gemm_bench, M = 256, K = 2304: 174 us of 1654 at N = 196).  The paths:
- * a few rows take the axpy form (they lie in the first panel: rows 1 and
- * columns MR apart), more the direct tiles of MR rows (one panel each),
- * many the blocked path without packa. */
+ * the direct tiles of MR rows (one panel each; fewer rows or K == 0 too),
+ * else the blocked path without packa.  (cg_prepack packs no A of fewer
+ * than 33 rows, so there is no axpy form here.) */
 static LLVMValueRef emit_entry_pa(gen *g, const entry_fns *f)
 {
-	LLVMValueRef work, pool, fn = entry_begin(g, "kiln_sgemm_pa", &work, &pool), *p = g->p;
-	LLVMValueRef zero = i64c(g, 0);
-	LLVMValueRef bcontig = icmp(g, LLVMIntEQ, p[P_BCS], i64c(g, 1));
-	/* few rows or K == 0: the axpy form (B's rows contiguous) or the
-	 * scalar one, A's rows 1 and its columns MR apart */
-	LLVMValueRef thin = LLVMBuildOr(g->b, icmp(g, LLVMIntSLE, p[P_M], i64c(g, THIN_M)),
-	                                icmp(g, LLVMIntSLE, p[P_K], zero), "");
-	LLVMValueRef vpar = vec_par(g, work, pool), ars = p[P_ARS], acs = p[P_ACS];
-	p[P_ARS] = i64c(g, 1);
-	p[P_ACS] = i64c(g, g->g.MR);
-	direct_if(g, LLVMBuildAnd(g->b, thin, bcontig, ""), vpar, f->axpy, f->axpy_range, g->g.W,
-	          P_N);
-	tail_if(g, thin, f->naive, p, P_COUNT);
-	p[P_ARS] = ars;
-	p[P_ACS] = acs;
-	tiles_or_blocked(g, f, work, pool, bcontig);
+	LLVMValueRef work, pool, fn = entry_begin(g, "kiln_sgemm_pa", &work, &pool);
+	tiles_or_blocked(g, f, work, pool, icmp(g, LLVMIntEQ, g->p[P_BCS], i64c(g, 1)));
 	return fn;
 }
 
@@ -1706,25 +1692,31 @@ int cg_sgemm_a_panel(const cg_target *t)
 	return geometry(t).MR;
 }
 
+/* The start of a packed-operand family named fam (kiln_sgemm_pa, _pb):
+ * true when another part of the library defines it (L->helpers_extern),
+ * *decl then its declaration and g done with. */
+static bool family_begin(gen *g, cg_llvm *L, const char *fam, LLVMValueRef *decl)
+{
+	setup(g, L);
+	g->fam = fam;
+	if (!L->helpers_extern)
+		return false;
+	LLVMTypeRef t[P_COUNT];
+	unsigned n = gemm_params(g, t, 0);
+	*decl = declare_helper(g, fam, t, n);
+	LLVMDisposeBuilder(g->b);
+	return true;
+}
+
 LLVMValueRef cg_llvm_sgemm_pa(cg_llvm *L)
 {
-	if (L->sgemm_pa)
-		return L->sgemm_pa;
 	gen g;
-	setup(&g, L);
-	g.pa = true;
-	g.fam = "kiln_sgemm_pa";
-	if (L->helpers_extern) {
-		LLVMTypeRef t[P_COUNT];
-		unsigned n = gemm_params(&g, t, 0);
-		L->sgemm_pa = declare_helper(&g, "kiln_sgemm_pa", t, n);
-		LLVMDisposeBuilder(g.b);
+	if (L->sgemm_pa || family_begin(&g, L, "kiln_sgemm_pa", &L->sgemm_pa))
 		return L->sgemm_pa;
-	}
+	g.pa = true;
 	packed_fns pf = {.ukr = emit_ukr(&g, false, g.g.NV), .ukr1 = emit_ukr(&g, false, 1),
 	                 .packb = emit_packb(&g)};
-	entry_fns ef = {.naive = emit_naive(&g), .axpy = emit_axpy(&g)};
-	ef.axpy_range = emit_vec_range(&g, ef.axpy, "kiln_sgemm_pa_axpy_range");
+	entry_fns ef = {0};
 	ef.blocked = emit_blocked(&g, &pf);
 	ef.range = emit_range(&g, ef.blocked, "kiln_sgemm_pa_range", false);
 	ef.rows = emit_range(&g, ef.blocked, "kiln_sgemm_pa_rows", true);
@@ -1744,20 +1736,11 @@ int cg_sgemm_panel(const cg_target *t)
 
 LLVMValueRef cg_llvm_sgemm_pb(cg_llvm *L)
 {
-	if (L->sgemm_pb)
-		return L->sgemm_pb;
 	gen g;
-	setup(&g, L);
+	if (L->sgemm_pb || family_begin(&g, L, "kiln_sgemm_pb", &L->sgemm_pb))
+		return L->sgemm_pb;
 	g.pb = true;
 	g.P = CG_SGEMM_PANEL;
-	g.fam = "kiln_sgemm_pb";
-	if (L->helpers_extern) {
-		LLVMTypeRef t[P_COUNT];
-		unsigned n = gemm_params(&g, t, 0);
-		L->sgemm_pb = declare_helper(&g, "kiln_sgemm_pb", t, n);
-		LLVMDisposeBuilder(g.b);
-		return L->sgemm_pb;
-	}
 	packed_fns pf = {.ukr = emit_ukr(&g, false, g.g.NV), .ukr1 = emit_ukr(&g, false, 1),
 	                 .packa = emit_packa(&g), .packb = emit_packb(&g)};
 	entry_fns ef = {.axpy = emit_axpy(&g)};

@@ -115,19 +115,24 @@ static int count(const char *path, const char *what)
 	return n;
 }
 
-static void run(const char *so, int64_t batch, int threads, kiln_tensor **y)
+/* so on x of dims (dims[0] the batch), x[i] = sin(i * f + batch), at
+ * threads; nout outputs into y, x into *xo (or freed when xo is NULL). */
+static void run(const char *so, int rank, const int64_t *dims, double f, int threads,
+                kiln_tensor **y, int nout, kiln_tensor **xo)
 {
 	kiln_model *m = NULL;
 	kiln_error err = {0};
 	ck_assert_msg(kiln_load(so, &m, &err) == KILN_OK, "load: %s", err.msg);
 	ck_assert_int_eq(kiln_model_set_threads(m, threads, &err), KILN_OK);
-	kiln_tensor *x = kiln_tensor_new(KILN_F32, 2, (int64_t[]){batch, K0});
+	kiln_tensor *x = kiln_tensor_new(KILN_F32, rank, dims);
 	float *p = x->data;
 	for (int64_t i = 0; i < kiln_tensor_numel(x); i++)
-		p[i] = (float)sin((double)i * 0.37 + (double)batch);
-	kiln_status st = kiln_model_run(m, &x, 1, y, NOUT, &err);
-	ck_assert_msg(st == KILN_OK, "run: %s", err.msg);
-	kiln_tensor_free(x);
+		p[i] = (float)sin((double)i * f + (double)dims[0]);
+	ck_assert_msg(kiln_model_run(m, &x, 1, y, nout, &err) == KILN_OK, "run: %s", err.msg);
+	if (xo)
+		*xo = x;
+	else
+		kiln_tensor_free(x);
 	kiln_model_free(m);
 }
 
@@ -148,8 +153,9 @@ START_TEST(packed_equals_unpacked)
 	for (int t = 1; t <= 2; t++)
 		for (size_t i = 0; i < sizeof batches / sizeof *batches; i++) {
 			kiln_tensor *y0[NOUT] = {0}, *y1[NOUT] = {0};
-			run(so0, batches[i], t, y0);
-			run(so1, batches[i], t, y1);
+			const int64_t dims[] = {batches[i], K0};
+			run(so0, 2, dims, 0.37, t, y0, NOUT, NULL);
+			run(so1, 2, dims, 0.37, t, y1, NOUT, NULL);
 			for (int o = 0; o < NOUT; o++) {
 				ck_assert_int_eq(kiln_tensor_nbytes(y0[o]), kiln_tensor_nbytes(y1[o]));
 				ck_assert_msg(!memcmp(y0[o]->data, y1[o]->data, kiln_tensor_nbytes(y0[o])),
@@ -214,24 +220,6 @@ static kiln_graph *convnet(void)
 	return g;
 }
 
-static void run_conv(const char *so, int64_t batch, int threads, kiln_tensor **y, kiln_tensor **xo)
-{
-	kiln_model *m = NULL;
-	kiln_error err = {0};
-	ck_assert_msg(kiln_load(so, &m, &err) == KILN_OK, "load: %s", err.msg);
-	ck_assert_int_eq(kiln_model_set_threads(m, threads, &err), KILN_OK);
-	kiln_tensor *x = kiln_tensor_new(KILN_F32, 4, (int64_t[]){batch, 8, 15, 15});
-	float *p = x->data;
-	for (int64_t i = 0; i < kiln_tensor_numel(x); i++)
-		p[i] = (float)cos((double)i * 0.23 + (double)batch);
-	ck_assert_msg(kiln_model_run(m, &x, 1, y, 3, &err) == KILN_OK, "run: %s", err.msg);
-	if (xo)
-		*xo = x;
-	else
-		kiln_tensor_free(x);
-	kiln_model_free(m);
-}
-
 START_TEST(packed_conv_weights)
 {
 	tmp_make("kiln_prepack_conv");
@@ -246,8 +234,9 @@ START_TEST(packed_conv_weights)
 	for (int t = 1; t <= 2; t++)
 		for (int64_t b = 1; b <= 3; b++) {
 			kiln_tensor *y0[3] = {0}, *y1[3] = {0}, *x = NULL;
-			run_conv(so0, b, t, y0, NULL);
-			run_conv(so1, b, t, y1, &x);
+			const int64_t dims[] = {b, 8, 15, 15};
+			run(so0, 4, dims, 0.23, t, y0, 3, NULL);
+			run(so1, 4, dims, 0.23, t, y1, 3, &x);
 			for (int o = 0; o < 3; o++)
 				ck_assert_msg(!memcmp(y0[o]->data, y1[o]->data, kiln_tensor_nbytes(y0[o])),
 				              "output %d, batch %lld, %d threads: packed and unpacked differ",
