@@ -19,14 +19,19 @@
  * per channel, every load and store contiguous) on channel-last copies:
  *   k1  x[N,C,H,W]        -> xp[N,PH,PW,C]   zero padding added, tiles rounded up
  *   k2  xp                -> V[T][36][C]     B^T d B per tile (T = N * tiles)
- *   k3  V[:, xi] x U[xi]  -> Mt[T][36][M]    36 GEMMs over the threads
- *   k4  Mt                -> yb[N,TH*4,TW*4,M]  A^T m A per tile
- *   k5  yb + bias         -> y[N,M,OH,OW]    the only stores of y: the final
- *                                            kernel an activation or residual
- *                                            fuses into (cg_kernel.final_buf)
- * k1 and k5 transpose (CG_TRANSPOSE: in registers, block by block); k2 to
- * k4 are contiguous.  Rounding the output up to whole tiles (TH = ceil(OH/4))
- * computes a few pixels k5 never reads, and k1's rows and columns past the
+ *   k3  V[:, xi] x U[xi]  -> Mt[T][36][M]    36 GEMMs per part of the tile
+ *                                            rows, over the threads
+ *   k4  Mt                -> yb[N,TH*4,TW*4,M]  A^T m A per tile, then per
+ *       yb + bias         -> y[N,M,OH,OW]    tile row its output rows into
+ *                                            y and the bias: the only stores
+ *                                            of y, final, where an activation
+ *                                            or residual fuses
+ *                                            (cg_kernel.final_buf)
+ * Every kernel cuts the rows of tiles over the threads in the same
+ * proportion, so a thread's tiles stay in its core's cache from k2 to k4.
+ * k1 and k4 transpose (CG_TRANSPOSE: in registers, block by block); k2
+ * and k3 are contiguous.  Rounding the output up to whole tiles (TH = ceil(OH/4))
+ * computes a few pixels k4 never copies out, and k1's rows and columns past the
  * input are zeros, so no kernel tests a bound in its inner loop.
  *
  * Error: the transforms' largest coefficients are 5 (B) and 8 (A), so the
@@ -287,25 +292,51 @@ static kiln_status input_transform(cg_module *m, const ir_node *n, int xp, int v
 	return KILN_OK;
 }
 
-/* k3: Mt[:, xi] = V[:, xi] x U[xi], one GEMM per xi (rows 36 * C apart),
- * the 36 over the threads. */
-static kiln_status products(cg_module *m, const ir_node *n, int v, int u, int mt, cg_expr *T,
-                            int64_t C, int64_t M)
+/* Parts the tiles' rows are cut into for the products (k3): each part's
+ * 36 GEMMs run on the thread that transformed its tiles (k2) and will
+ * transform their products back (k4), since every kernel of a conv splits
+ * the same rows of tiles over the threads in proportion.  With the 36
+ * GEMMs alone over the threads, each thread read the other's half of V and
+ * wrote half of its Mt for the other: on two threads those lines moved
+ * between the cores (SqueezeNet, batch 1: the transforms ran slower on two
+ * threads than on one).  Each part's GEMMs keep at least PART_ROWS rows
+ * of an image's tiles; up to MAX_PARTS parts (two or four threads). */
+enum { PART_ROWS = 24, MAX_PARTS = 4 };
+
+static int64_t tile_parts(int64_t TH, int64_t TW)
+{
+	int64_t p = 1;
+	while (p < MAX_PARTS && TH * TW / (2 * p) >= PART_ROWS && TH >= 2 * p)
+		p *= 2;
+	return p;
+}
+
+/* k3: Mt[:, xi] = V[:, xi] x U[xi], one GEMM per part of the tile rows and
+ * xi (rows 36 * C apart), over the threads part-major. */
+static kiln_status products(cg_module *m, const ir_node *n, int v, int u, int mt, cg_expr *nb,
+                            int64_t C, int64_t M, int64_t TH, int64_t TW)
 {
 	cg_kernel *k = cg_lower_kernel(m, n);
 	if (!k)
 		return KILN_ENOMEM;
-	cg_expr *xi;
+	int64_t P = tile_parts(TH, TW);
+	cg_expr *pi, *rows = mul(m, nb, I(m, TH));
 	cg_stmt *body;
-	cg_append(m, k->body, cg_loop(m, k, I(m, NXI), CG_PARALLEL, &xi, &body));
+	cg_append(m, k->body, cg_loop(m, k, I(m, P * NXI), CG_PARALLEL, &pi, &body));
+	cg_expr *part = cg_bin(m, CG_DIV, pi, I(m, NXI)), *xi = cg_bin(m, CG_REM, pi, I(m, NXI));
+	/* tile rows [r0, r1) of the part: the proportional cut the other kernels' loops make */
+	cg_expr *r0 = cg_local(m, k, body, KILN_I64, cg_bin(m, CG_DIV, mul(m, part, rows), I(m, P)));
+	cg_expr *r1 = cg_bin(m, CG_DIV, mul(m, add(m, part, I(m, 1)), rows), I(m, P));
+	cg_expr *t0 = mul(m, r0, I(m, TW));
 	cg_gemm gm = {.a = v, .b = u, .c = mt, .bias = -1,
-	              .M = T, .N = I(m, M), .K = I(m, C), .batch = I(m, 1),
-	              .a_off = mul(m, xi, I(m, C)), .a_bs = I(m, 0), .a_rs = I(m, NXI * C),
-	              .a_cs = I(m, 1),
+	              .M = mul(m, cg_bin(m, CG_SUB, r1, r0), I(m, TW)), .N = I(m, M), .K = I(m, C),
+	              .batch = I(m, 1),
+	              .a_off = add(m, mul(m, t0, I(m, NXI * C)), mul(m, xi, I(m, C))), .a_bs = I(m, 0),
+	              .a_rs = I(m, NXI * C), .a_cs = I(m, 1),
 	              .b_off = mul(m, xi, I(m, C * M)), .b_bs = I(m, 0), .b_rs = I(m, M),
 	              .b_cs = I(m, 1),
-	              .c_off = mul(m, xi, I(m, M)), .c_bs = I(m, 0), .c_rs = I(m, NXI * M),
-	              .bias_off = I(m, 0), .alpha = 1, .beta = 0};
+	              .c_off = add(m, mul(m, t0, I(m, NXI * M)), mul(m, xi, I(m, M))), .c_bs = I(m, 0),
+	              .c_rs = I(m, NXI * M), .bias_off = I(m, 0), .alpha = 1, .beta = 0};
 	cg_stmt *s = cg_gemm_stmt(m, &gm);
 	if (!s)
 		return KILN_ENOMEM;
@@ -313,18 +344,30 @@ static kiln_status products(cg_module *m, const ir_node *n, int v, int u, int mt
 	return KILN_OK;
 }
 
-/* k4: yb[b, th*4 + i, tw*4 + j, mo] = (A^T m A)[i][j], m the 36 products
- * of tile t and output channel mo. */
-static kiln_status output_transform(cg_module *m, const ir_node *n, int mt, int yb, cg_expr *nb,
-                                    cg_expr *T, int64_t M, int64_t TH, int64_t TW)
+/* k4, per (image b, tile row th) over the threads, three steps on rows
+ * that stay in this core's cache:
+ *  - yb[b, th*4 + i, tw*4 + j, mo] = (A^T m A)[i][j], m the 36 products of
+ *    tile (th, tw) and output channel mo (channels innermost: vectors);
+ *  - each of the tile row's output rows (fewer in the last one when OH is
+ *    not a multiple of 4) transposed from [OW, M] (rows M apart) into y's
+ *    planes (CG_TRANSPOSE);
+ *  - a pass over those rows of every plane adds the bias.  Its stores are
+ *    the kernel's only CG_STOREs of y and final (cg_kernel.final_buf): an
+ *    activation or a residual after the conv folds into them.
+ * As three kernels (the transform, the transpose by output rows, the bias
+ * by planes) the last two split their loops differently from the first,
+ * and on two threads y's lines moved between the cores twice. */
+static kiln_status output_rows(cg_module *m, const ir_node *n, const int *in, int mt, int yb,
+                               int y, cg_expr *nb, cg_expr *T, int64_t M, int64_t OH, int64_t OW,
+                               int64_t TH, int64_t TW)
 {
 	cg_kernel *k = cg_lower_kernel(m, n);
 	if (!k)
 		return KILN_ENOMEM;
-	cg_expr *bt, *tw, *mo;
-	cg_stmt *bb, *tb, *mb;
+	cg_expr *bt, *tw, *mo, *i, *f;
+	cg_stmt *bb, *tb, *mb, *ib, *fb;
 	cg_append(m, k->body, cg_loop(m, k, mul(m, nb, I(m, TH)),
-	                              cg_par(m, mul(m, T, I(m, NXI * M * 4))), &bt, &bb));
+	                              cg_par(m, mul(m, T, I(m, NXI * M * 6))), &bt, &bb));
 	cg_append(m, bb, cg_loop(m, k, I(m, TW), 0, &tw, &tb));
 	cg_append(m, tb, cg_loop(m, k, I(m, M), CG_VECTORIZE, &mo, &mb));
 	cg_expr *tile = add(m, mul(m, bt, I(m, TW)), tw);
@@ -339,53 +382,45 @@ static kiln_status output_transform(cg_module *m, const ir_node *n, int mt, int 
 			s[a][j] = cg_local(m, k, mb, KILN_F32, combo(m, AT[j], p[a], PATCH));
 	int64_t OWp = TW * TILE;
 	/* row th*4 + i of image b: (bt*4 + i), as bt = b*TH + th */
-	for (int i = 0; i < TILE; i++)
+	for (int r = 0; r < TILE; r++)
 		for (int j = 0; j < TILE; j++) {
 			cg_expr *col[PATCH];
 			for (int a = 0; a < PATCH; a++)
 				col[a] = s[a][j];
-			cg_expr *px = add(m, mul(m, add(m, mul(m, bt, I(m, TILE)), I(m, i)), I(m, OWp)),
+			cg_expr *px = add(m, mul(m, add(m, mul(m, bt, I(m, TILE)), I(m, r)), I(m, OWp)),
 			                  add(m, mul(m, tw, I(m, TILE)), I(m, j)));
 			cg_append(m, mb, cg_store(m, yb, add(m, mul(m, px, I(m, M)), mo),
-			                          combo(m, AT[i], col, PATCH)));
+			                          combo(m, AT[r], col, PATCH)));
 		}
-	return KILN_OK;
-}
-
-/* k5: y[b, mo, oh, ow] = yb[b, oh, ow, mo] + bias[mo]: each output row
- * transposed from [OW, M] (rows M apart) into y's planes (CG_TRANSPOSE),
- * then a pass over y adds the bias.  That pass's stores are the kernel's
- * only CG_STOREs of y and final (cg_kernel.final_buf): an activation or a
- * residual after the conv folds into them. */
-static kiln_status unpack_output(cg_module *m, const ir_node *n, const int *in, int yb, int y,
-                                 cg_expr *nb, int64_t M, int64_t OH, int64_t OW, int64_t TH,
-                                 int64_t TW)
-{
-	cg_kernel *k = cg_lower_kernel(m, n);
-	if (!k)
-		return KILN_ENOMEM;
-	cg_expr *bh, *bm, *i;
-	cg_stmt *hb, *pb, *ib;
-	cg_append(m, k->body, cg_loop(m, k, mul(m, nb, I(m, OH)),
-	                              cg_par(m, mul(m, nb, I(m, M * OH * OW))), &bh, &hb));
-	cg_expr *b = cg_bin(m, CG_DIV, bh, I(m, OH)), *oh = cg_bin(m, CG_REM, bh, I(m, OH));
+	cg_expr *b = cg_local(m, k, bb, KILN_I64, cg_bin(m, CG_DIV, bt, I(m, TH)));
+	cg_expr *oh0 = cg_local(m, k, bb, KILN_I64, mul(m, cg_bin(m, CG_REM, bt, I(m, TH)), I(m, TILE)));
+	cg_expr *nrow = cg_local(m, k, bb, KILN_I64,
+	                         cg_bin(m, CG_MIN, I(m, TILE), cg_bin(m, CG_SUB, I(m, OH), oh0)));
+	cg_append(m, bb, cg_loop(m, k, nrow, 0, &i, &ib));
 	cg_transpose t = {
 		.src = yb, .dst = y, .rows = I(m, OW), .cols = I(m, M),
-		.src_off = mul(m, add(m, mul(m, b, I(m, TH * TILE)), oh), I(m, TW * TILE * M)),
-		.src_rs = I(m, M),
-		.dst_off = add(m, mul(m, b, I(m, M * OH * OW)), mul(m, oh, I(m, OW))),
+		.src_off = mul(m, add(m, mul(m, bt, I(m, TILE)), i), I(m, OWp * M)), .src_rs = I(m, M),
+		.dst_off = add(m, mul(m, b, I(m, M * OH * OW)), mul(m, add(m, oh0, i), I(m, OW))),
 		.dst_rs = I(m, OH * OW)};
 	cg_stmt *ts = cg_transpose_stmt(m, &t);
 	if (!ts)
 		return KILN_ENOMEM;
-	cg_append(m, hb, ts);
-	cg_append(m, k->body, cg_loop(m, k, mul(m, nb, I(m, M)),
-	                              cg_par(m, mul(m, nb, I(m, M * OH * OW))), &bm, &pb));
-	cg_append(m, pb, cg_loop(m, k, I(m, OH * OW), CG_VECTORIZE, &i, &ib));
-	cg_expr *at = add(m, mul(m, bm, I(m, OH * OW)), i), *v = cg_load(m, y, at);
-	if (n->nin > 2 && in[2] >= 0)
-		v = add(m, v, cg_load(m, in[2], cg_bin(m, CG_REM, bm, I(m, M))));
-	cg_append(m, ib, cg_store(m, y, at, v));
+	cg_append(m, ib, ts);
+	/* the bias pass: whole tile rows (all but a last partial one) with a
+	 * constant extent, which LLVM vectorizes with no runtime remainder test */
+	cg_stmt *whole = cg_block(m), *last = OH % TILE ? cg_block(m) : NULL;
+	for (int w = 0; w < (last ? 2 : 1); w++) {
+		cg_append(m, w ? last : whole, cg_loop(m, k, I(m, M), 0, &mo, &mb));
+		cg_expr *ext = w ? mul(m, I(m, OH % TILE), I(m, OW)) : I(m, TILE * OW);
+		cg_append(m, mb, cg_loop(m, k, ext, CG_VECTORIZE, &f, &fb));
+		cg_expr *at = add(m, add(m, mul(m, add(m, mul(m, b, I(m, M)), mo), I(m, OH * OW)),
+		                         mul(m, oh0, I(m, OW))), f);
+		cg_expr *v = cg_load(m, y, at);
+		if (n->nin > 2 && in[2] >= 0)
+			v = add(m, v, cg_load(m, in[2], mo));
+		cg_append(m, fb, cg_store(m, y, at, v));
+	}
+	cg_append(m, bb, last ? cg_if(m, cg_bin(m, CG_EQ, nrow, I(m, TILE)), whole, last) : whole);
 	k->final_buf = y;
 	return KILN_OK;
 }
@@ -408,9 +443,8 @@ kiln_status cg_lower_conv_winograd(cg_module *m, const ir_node *n, const int *in
 	if (u < 0 || xp < 0 || v < 0 || mt < 0 || yb < 0 ||
 	    pack_input(m, n, in[0], xp, g, nb, C, PH, PW) ||
 	    input_transform(m, n, xp, v, nb, T, C, TH, TW, PH, PW) ||
-	    products(m, n, v, u, mt, T, C, M) ||
-	    output_transform(m, n, mt, yb, nb, T, M, TH, TW) ||
-	    unpack_output(m, n, in, yb, y, nb, M, OH, OW, TH, TW))
+	    products(m, n, v, u, mt, nb, C, M, TH, TW) ||
+	    output_rows(m, n, in, mt, yb, y, nb, T, M, OH, OW, TH, TW))
 		return nomem(m, n, err);
 	return KILN_OK;
 }

@@ -204,8 +204,8 @@ static kiln_tensor *seeded_scaled(int rank, const int64_t *shape, int k, double 
  * interpreter: sizes that are not whole tiles (7x9, 13x6, 10x11), channel
  * counts that fill no vector (3, 17, 5), asymmetric and zero padding, with
  * and without bias, a batch of 1 to 3, the filter a graph input (transformed
- * by a kernel at run time) or a constant (transformed at compile time), and
- * the folds into the last kernel's stores: Relu, Clip, and a residual Add
+ * by a kernel at run time) or a constant (transformed at compile time), the
+ * products in one part or cut into 2 and 4, and the folds into the last kernel's stores: Relu, Clip, and a residual Add
  * then Relu as in a ResNet block.  Values are scaled so outputs are O(1),
  * where the 1e-4 policy is a relative bound. */
 START_TEST(winograd_convs_match_the_interpreter)
@@ -222,6 +222,11 @@ START_TEST(winograd_convs_match_the_interpreter)
 		{2, 16, 16, 8, 8, "pads=1,1,1,1", true, true, 3},
 		{1, 5, 5, 4, 4, "pads=1,1,1,1", false, true, 3},
 		{1, 33, 20, 18, 21, "pads=1,1,1,1", true, true, 1}, /* whole and partial 16-blocks */
+		/* products cut into parts of the tile rows (lower_wino.c,
+		 * tile_parts): 4 parts of 13 tile rows, the last one partial,
+		 * and 2 parts over 3 images' 21 rows, one image across a cut */
+		{1, 16, 16, 50, 45, "pads=1,1,1,1", true, true, 3},
+		{3, 8, 8, 26, 27, "pads=1,1,1,1", false, false, 1},
 	};
 	for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
 		char name[32];
