@@ -523,7 +523,98 @@ static void direct_setup(gen *g, LLVMValueRef *arow, LLVMValueRef *bmask)
  * would compute 64 lanes wide (a 3x3 256-channel conv at 14x14 goes from
  * 82 to 100 GFLOP/s).  The direct tiles keep one call site, which LLVM
  * inlines: with a narrow variant beside it they measured 15% slower. */
-static LLVMValueRef emit_ukr(gen *g, bool direct, int nv)
+/* Columns a direct tile's last vector may hold for it to run them along
+ * the rows instead (emit_ukr's tail form). */
+enum { TAIL_COLS = 2 };
+
+/* The k loop of a micro-kernel: acc[i*NV + j] += A[i, k] * B[k, j*W..]
+ * for the nf first vectors of each row (nf == NV: all).  With tail
+ * columns (direct tiles only; nf = NV - 1), the tail columns nf*W + c,
+ * c < tail, that are inside nr go along the rows: t[c] += A[0..MR, k] *
+ * B[k, nf*W + c], one multiply-add of an MR-lane vector per column (A's
+ * column is one load from a packed panel, else the row values already
+ * loaded). */
+static void ukr_loop(gen *g, bool direct, int nf, int tail, LLVMValueRef *acc, LLVMValueRef *t,
+                     LLVMValueRef *arow, LLVMValueRef *bmask)
+{
+	cg_llvm *L = g->L;
+	LLVMValueRef *p = g->p;
+	int MR = g->g.MR, NV = g->nv, W = g->g.W;
+	LLVMValueRef b[8], bt[TAIL_COLS], vofs[8];
+	/* vector j of B's row: j*W on, or in kiln_sgemm_pb's panels of P
+	 * columns (a tile starts on a panel's first column), j*W / P panels of
+	 * K rows and j*W % P columns on (a tail column likewise) */
+	for (int j = 0; j < nf + (tail ? 1 : 0); j++)
+		vofs[j] = g->pb && direct ? add(g, mul(g, i64c(g, j * W / g->P), p[U_BPS]),
+		                                i64c(g, j * W % g->P))
+		                          : i64c(g, j * W);
+	loop lk;
+	LLVMValueRef k = loop_begin(g, &lk, i64c(g, 0), p[U_KC], 1);
+	LLVMValueRef bk = at(g, p[U_BP], mul(g, k, direct ? p[U_BRS] : i64c(g, g->g.NR)));
+	LLVMValueRef ak = at(g, p[U_AP], mul(g, k, i64c(g, MR)));
+	LLVMValueRef kofs = direct ? mul(g, k, p[U_ACS]) : NULL;
+	for (int j = 0; j < nf; j++)
+		b[j] = direct ? mload(g, at(g, bk, vofs[j]), bmask[j])
+		              : vload(g, at(g, bk, vofs[j]));
+	for (int c = 0; c < tail; c++) { /* only the columns inside nr are read */
+		LLVMValueRef in = icmp(g, LLVMIntSLT, i64c(g, nf * W + c), p[U_NR]);
+		bt[c] = splat(g, g->vf, load_if(g, in, at(g, bk, add(g, vofs[nf], i64c(g, c)))));
+	}
+	if (direct && g->pf)
+		for (int j = 0; j < nf + (tail ? 1 : 0); j++)
+			prefetch(g, at(g, bk, add(g, mul(g, i64c(g, g->pf), p[U_BRS]), vofs[j])));
+	if (direct && g->pfa) { /* A's rows TILE_PFA columns ahead, once per line */
+		LLVMValueRef line = icmp(g, LLVMIntEQ, LLVMBuildAnd(g->b, kofs, i64c(g, 15), ""), i64c(g, 0));
+		LLVMBasicBlockRef join = if_begin(g, line);
+		LLVMValueRef ko = add(g, kofs, mul(g, i64c(g, g->pfa), p[U_ACS]));
+		for (int i = 0; i < MR; i++)
+			prefetch(g, at(g, arow[i], ko));
+		if_end(g, join);
+	}
+	LLVMValueRef acol = tail && g->pa ? mload(g, at(g, p[U_AP], kofs), lanes(g, i64c(g, MR)))
+	                                  : LLVMConstNull(g->vf);
+	for (int i = 0; i < MR; i++) {
+		LLVMValueRef ap = direct ? at(g, arow[i], kofs) : at(g, ak, i64c(g, i));
+		LLVMValueRef as = LLVMBuildLoad2(g->b, L->f32, ap, "");
+		LLVMValueRef av = splat(g, g->vf, as);
+		for (int j = 0; j < nf; j++) {
+			LLVMValueRef s = acc[i * NV + j];
+			LLVMBuildStore(g->b, fma3(g, av, b[j], LLVMBuildLoad2(g->b, g->vf, s, "")), s);
+		}
+		if (tail && !g->pa)
+			acol = LLVMBuildInsertElement(g->b, acol, as, LLVMConstInt(L->i32, i, 0), "");
+	}
+	for (int c = 0; c < tail; c++)
+		LLVMBuildStore(g->b, fma3(g, acol, bt[c], LLVMBuildLoad2(g->b, g->vf, t[c], "")), t[c]);
+	loop_end(g, &lk);
+	/* row i's last vector: lane c is tail column c's row i */
+	for (int i = 0; tail && i < MR; i++) {
+		LLVMValueRef v = LLVMConstNull(g->vf);
+		for (int c = 0; c < tail; c++) {
+			LLVMValueRef e = LLVMBuildExtractElement(g->b, LLVMBuildLoad2(g->b, g->vf, t[c], ""),
+			                                         LLVMConstInt(L->i32, i, 0), "");
+			v = LLVMBuildInsertElement(g->b, v, e, LLVMConstInt(L->i32, c, 0), "");
+		}
+		LLVMBuildStore(g->b, v, acc[i * NV + nf]);
+	}
+}
+
+/* kiln_sgemm_ukr (packed) or kiln_sgemm_ukr_direct.  Packed: A and B are
+ * the panels packa/packb wrote (alpha already in A).  Direct: A is any
+ * strided matrix (a_rs, a_cs) and B row-contiguous with row stride b_rs,
+ * read in place with masked loads past column nr, and alpha is applied
+ * before the epilogue; no packing at all, for products too small in M to
+ * pay for it.  nv < NV makes a narrow variant ("...1" for one vector) that
+ * the packed path calls for a last panel of at most nv*W columns: a
+ * 196-column C is three full panels and 4 columns, which the full tile
+ * would compute 64 lanes wide (a 3x3 256-channel conv at 14x14 goes from
+ * 82 to 100 GFLOP/s).  The direct tiles keep one call site, which LLVM
+ * inlines: with a narrow variant beside it they measured 15% slower.
+ * tail (direct, nv > 1): a tile whose last vector would hold at most tail
+ * columns (a 7x7 map: N = 49, three vectors and one column) runs a second
+ * k loop in the same function that computes those columns along the rows
+ * (ukr_loop): MR * (nv - 1) + tail multiply-adds per k instead of MR * nv. */
+static LLVMValueRef emit_ukr(gen *g, bool direct, int nv, int tail)
 {
 	cg_llvm *L = g->L;
 	LLVMTypeRef t[U_DCOUNT] = {
@@ -538,49 +629,30 @@ static LLVMValueRef emit_ukr(gen *g, bool direct, int nv)
 	LLVMValueRef fn = function(g, name, t, direct ? U_DCOUNT : U_COUNT), *p = g->p;
 	g->nv = nv;
 	int MR = g->g.MR, NV = nv, W = g->g.W;
-	LLVMValueRef acc[64], b[8], arow[16], bmask[8];
+	LLVMValueRef acc[64], tacc[TAIL_COLS], arow[16], bmask[8];
 	for (int i = 0; i < MR * NV; i++)
 		acc[i] = local(g, g->vf, LLVMConstNull(g->vf));
 	if (direct)
 		direct_setup(g, arow, bmask);
-	/* vector j of B's row: j*W on, or in kiln_sgemm_pb's panels of P
-	 * columns (a tile starts on a panel's first column), j*W / P panels of
-	 * K rows and j*W % P columns on */
-	LLVMValueRef vofs[8];
-	for (int j = 0; j < NV; j++)
-		vofs[j] = g->pb && direct ? add(g, mul(g, i64c(g, j * W / g->P), p[U_BPS]),
-		                                i64c(g, j * W % g->P))
-		                          : i64c(g, j * W);
-	loop lk;
-	LLVMValueRef k = loop_begin(g, &lk, i64c(g, 0), p[U_KC], 1);
-	LLVMValueRef bk = at(g, p[U_BP], mul(g, k, direct ? p[U_BRS] : i64c(g, g->g.NR)));
-	LLVMValueRef ak = at(g, p[U_AP], mul(g, k, i64c(g, MR)));
-	LLVMValueRef kofs = direct ? mul(g, k, p[U_ACS]) : NULL;
-	for (int j = 0; j < NV; j++)
-		b[j] = direct ? mload(g, at(g, bk, vofs[j]), bmask[j])
-		              : vload(g, at(g, bk, vofs[j]));
-	if (direct && g->pf)
-		for (int j = 0; j < NV; j++)
-			prefetch(g, at(g, bk, add(g, mul(g, i64c(g, g->pf), p[U_BRS]), vofs[j])));
-	if (direct && g->pfa) { /* A's rows TILE_PFA columns ahead, once per line */
-		LLVMValueRef kofs = mul(g, k, p[U_ACS]);
-		LLVMValueRef line = icmp(g, LLVMIntEQ, LLVMBuildAnd(g->b, kofs, i64c(g, 15), ""), i64c(g, 0));
-		LLVMBasicBlockRef join = if_begin(g, line);
-		LLVMValueRef ko = add(g, kofs, mul(g, i64c(g, g->pfa), p[U_ACS]));
-		for (int i = 0; i < MR; i++)
-			prefetch(g, at(g, arow[i], ko));
-		if_end(g, join);
+	tail = direct && NV > 1 ? tail : 0;
+	if (tail) {
+		for (int c = 0; c < tail; c++)
+			tacc[c] = local(g, g->vf, LLVMConstNull(g->vf));
+		LLVMValueRef over = LLVMBuildSub(g->b, p[U_NR], i64c(g, (NV - 1) * W), "");
+		LLVMValueRef use = LLVMBuildAnd(g->b, icmp(g, LLVMIntSGT, over, i64c(g, 0)),
+		                                icmp(g, LLVMIntSLE, over, i64c(g, tail)), "");
+		LLVMBasicBlockRef tb = block(g, "tail"), fb = block(g, "full"), jb = block(g, "kdone");
+		LLVMBuildCondBr(g->b, use, tb, fb);
+		LLVMPositionBuilderAtEnd(g->b, tb);
+		ukr_loop(g, direct, NV - 1, tail, acc, tacc, arow, bmask);
+		LLVMBuildBr(g->b, jb);
+		LLVMPositionBuilderAtEnd(g->b, fb);
+		ukr_loop(g, direct, NV, 0, acc, NULL, arow, bmask);
+		LLVMBuildBr(g->b, jb);
+		LLVMPositionBuilderAtEnd(g->b, jb);
+	} else {
+		ukr_loop(g, direct, NV, 0, acc, NULL, arow, bmask);
 	}
-
-	for (int i = 0; i < MR; i++) {
-		LLVMValueRef ap = direct ? at(g, arow[i], kofs) : at(g, ak, i64c(g, i));
-		LLVMValueRef av = splat(g, g->vf, LLVMBuildLoad2(g->b, L->f32, ap, ""));
-		for (int j = 0; j < NV; j++) {
-			LLVMValueRef s = acc[i * NV + j];
-			LLVMBuildStore(g->b, fma3(g, av, b[j], LLVMBuildLoad2(g->b, g->vf, s, "")), s);
-		}
-	}
-	loop_end(g, &lk);
 	if (direct) { /* alpha is almost always 1: its MR*NV products cost ~5% at small K */
 		LLVMBasicBlockRef join = if_begin(g, LLVMBuildFCmp(g->b, LLVMRealUNE, p[U_ALPHA],
 		                                                   f32c(g, 1), ""));
@@ -1617,7 +1689,8 @@ void cg_llvm_export_helpers(cg_llvm *L)
 /* The direct tiles for mr x nv vectors: micro-kernel (prefetching B pf
  * rows ahead, 0: not), with narrow_last a second one of nv - 1 vectors for
  * a last panel that fits it, tiles, column and row splits, named with sfx. */
-static tile_fns emit_tile_set(gen *g, int mr, int nv, const char *sfx, int pf, bool narrow_last)
+static tile_fns emit_tile_set(gen *g, int mr, int nv, const char *sfx, int pf, bool narrow_last,
+                              int tail)
 {
 	geom saved = g->g;
 	char name[48];
@@ -1628,8 +1701,8 @@ static tile_fns emit_tile_set(gen *g, int mr, int nv, const char *sfx, int pf, b
 	g->pf = pf;
 	g->pfa = TILE_PFA;
 	tile_fns t = {.mr = mr, .nr = g->g.NR};
-	LLVMValueRef narrow = narrow_last ? emit_ukr(g, true, nv - 1) : NULL;
-	t.tiles = emit_tiles(g, emit_ukr(g, true, nv), narrow, nv - 1);
+	LLVMValueRef narrow = narrow_last ? emit_ukr(g, true, nv - 1, 0) : NULL;
+	t.tiles = emit_tiles(g, emit_ukr(g, true, nv, tail), narrow, nv - 1);
 	snprintf(name, sizeof name, "%s_tiles%s_range", g->fam, sfx);
 	t.range = emit_range(g, t.tiles, name, false);
 	snprintf(name, sizeof name, "%s_tiles%s_rows", g->fam, sfx);
@@ -1663,7 +1736,7 @@ LLVMValueRef cg_llvm_sgemm(cg_llvm *L)
 		LLVMDisposeBuilder(g.b);
 		return L->sgemm;
 	}
-	packed_fns pf = {.ukr = emit_ukr(&g, false, g.g.NV), .ukr1 = emit_ukr(&g, false, 1),
+	packed_fns pf = {.ukr = emit_ukr(&g, false, g.g.NV, 0), .ukr1 = emit_ukr(&g, false, 1, 0),
 	                 .packa = emit_packa(&g), .packb = emit_packb(&g)};
 	entry_fns ef = {.naive = emit_naive(&g), .axpy = emit_axpy(&g), .dot = emit_dot(&g)};
 	ef.axpy_range = emit_vec_range(&g, ef.axpy, "kiln_sgemm_axpy_range");
@@ -1672,7 +1745,7 @@ LLVMValueRef cg_llvm_sgemm(cg_llvm *L)
 	ef.blocked = emit_blocked(&g, &pf);
 	ef.range = emit_range(&g, ef.blocked, "kiln_sgemm_range", false);
 	ef.rows = emit_range(&g, ef.blocked, "kiln_sgemm_rows", true);
-	ef.t6 = emit_tile_set(&g, g.g.MR, g.g.NV, "", SMALL_PF, false);
+	ef.t6 = emit_tile_set(&g, g.g.MR, g.g.NV, "", SMALL_PF, false, TAIL_COLS);
 	/* small M: 8 x 3 vectors with 32 registers (24 accumulators; B is read
 	 * by half as many row tiles as with 4 x 4), 4 x NV with fewer.  A last
 	 * panel of two vectors or less (512 = 10 x 48 + 32) takes an 8 x 2
@@ -1680,8 +1753,8 @@ LLVMValueRef cg_llvm_sgemm(cg_llvm *L)
 	 * keep one kernel: see emit_ukr.) */
 	int snv, smr = small_tiles(&g, &snv);
 	if (smr)
-		ef.ts = emit_tile_set(&g, smr, snv, "_s", SMALL_PF, snv > 2);
-	ef.t1 = emit_tile_set(&g, TILE1_MR, 1, "_1", 0, false);
+		ef.ts = emit_tile_set(&g, smr, snv, "_s", SMALL_PF, snv > 2, 0);
+	ef.t1 = emit_tile_set(&g, TILE1_MR, 1, "_1", 0, false, 0);
 	L->sgemm = emit_entry(&g, &ef);
 	LLVMDisposeBuilder(g.b);
 	return L->sgemm;
@@ -1714,15 +1787,15 @@ LLVMValueRef cg_llvm_sgemm_pa(cg_llvm *L)
 	if (L->sgemm_pa || family_begin(&g, L, "kiln_sgemm_pa", &L->sgemm_pa))
 		return L->sgemm_pa;
 	g.pa = true;
-	packed_fns pf = {.ukr = emit_ukr(&g, false, g.g.NV), .ukr1 = emit_ukr(&g, false, 1),
+	packed_fns pf = {.ukr = emit_ukr(&g, false, g.g.NV, 0), .ukr1 = emit_ukr(&g, false, 1, 0),
 	                 .packb = emit_packb(&g)};
 	entry_fns ef = {0};
 	ef.blocked = emit_blocked(&g, &pf);
 	ef.range = emit_range(&g, ef.blocked, "kiln_sgemm_pa_range", false);
 	ef.rows = emit_range(&g, ef.blocked, "kiln_sgemm_pa_rows", true);
 	/* tiles of MR rows only: each reads one panel of A */
-	ef.t6 = emit_tile_set(&g, g.g.MR, g.g.NV, "", SMALL_PF, false);
-	ef.t1 = emit_tile_set(&g, g.g.MR, 1, "_1", 0, false);
+	ef.t6 = emit_tile_set(&g, g.g.MR, g.g.NV, "", SMALL_PF, false, TAIL_COLS);
+	ef.t1 = emit_tile_set(&g, g.g.MR, 1, "_1", 0, false, 0);
 	L->sgemm_pa = emit_entry_pa(&g, &ef);
 	LLVMDisposeBuilder(g.b);
 	return L->sgemm_pa;
@@ -1741,18 +1814,18 @@ LLVMValueRef cg_llvm_sgemm_pb(cg_llvm *L)
 		return L->sgemm_pb;
 	g.pb = true;
 	g.P = CG_SGEMM_PANEL;
-	packed_fns pf = {.ukr = emit_ukr(&g, false, g.g.NV), .ukr1 = emit_ukr(&g, false, 1),
+	packed_fns pf = {.ukr = emit_ukr(&g, false, g.g.NV, 0), .ukr1 = emit_ukr(&g, false, 1, 0),
 	                 .packa = emit_packa(&g), .packb = emit_packb(&g)};
 	entry_fns ef = {.axpy = emit_axpy(&g)};
 	ef.axpy_range = emit_vec_range(&g, ef.axpy, "kiln_sgemm_pb_axpy_range");
 	ef.blocked = emit_blocked(&g, &pf);
 	ef.range = emit_range(&g, ef.blocked, "kiln_sgemm_pb_range", false);
 	ef.rows = emit_range(&g, ef.blocked, "kiln_sgemm_pb_rows", true);
-	ef.t6 = emit_tile_set(&g, g.g.MR, g.g.NV, "", SMALL_PF, false);
+	ef.t6 = emit_tile_set(&g, g.g.MR, g.g.NV, "", SMALL_PF, false, TAIL_COLS);
 	int snv, smr = small_tiles(&g, &snv);
 	if (smr)
-		ef.ts = emit_tile_set(&g, smr, snv, "_s", SMALL_PF, snv > 2);
-	ef.t1 = emit_tile_set(&g, TILE1_MR, 1, "_1", 0, false);
+		ef.ts = emit_tile_set(&g, smr, snv, "_s", SMALL_PF, snv > 2, 0);
+	ef.t1 = emit_tile_set(&g, TILE1_MR, 1, "_1", 0, false, 0);
 	L->sgemm_pb = emit_entry_pb(&g, &ef);
 	LLVMDisposeBuilder(g.b);
 	return L->sgemm_pb;

@@ -371,6 +371,28 @@ START_TEST(gemm_tiles_for_few_columns)
 }
 END_TEST
 
+/* A direct tile whose last vector would hold one or two columns runs
+ * them along the rows (llvm_gemm.c, emit_ukr's tail): with 16 lanes 49 and
+ * 50 columns (a 7x7 map) and 113 (a full panel, then 49), with 8 lanes 25
+ * (16 + 9); rows not a multiple of the tile's, every epilogue, a residual,
+ * and alpha and beta not 1 and 0. */
+START_TEST(gemm_tiles_tail_columns)
+{
+	static const int64_t n[] = {49, 50, 113, 25, 9, 10};
+	for (size_t i = 0; i < sizeof n / sizeof *n; i++) {
+		check_layouts(PROB(37, n[i], 300));
+		check_epilogues(41, n[i], 70);
+		prob p = PROB(43, n[i], 90);
+		p.res = 1;
+		p.axis = 2;
+		p.act = 2;
+		p.alpha = 0.5f;
+		p.beta = 0.25f;
+		check_layouts(p);
+	}
+}
+END_TEST
+
 /* Many rows and many columns: B contiguous is still packed. */
 START_TEST(gemm_packed_for_many_rows_and_columns)
 {
@@ -639,6 +661,7 @@ static Suite *gemm_suite(void)
 	tc = jit_case(s, "tiles", setup_host);
 	tcase_add_test(tc, gemm_tiles_edges_and_strides);
 	tcase_add_test(tc, gemm_tiles_for_few_columns);
+	tcase_add_test(tc, gemm_tiles_tail_columns);
 	tcase_add_test(tc, gemm_tiles_one_vector_wide);
 	tcase_add_test(tc, gemm_tiles_small_m);
 	tc = jit_case(s, "epilogue", setup_host);
