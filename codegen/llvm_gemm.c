@@ -525,7 +525,7 @@ static void direct_setup(gen *g, LLVMValueRef *arow, LLVMValueRef *bmask)
  * inlines: with a narrow variant beside it they measured 15% slower. */
 /* Columns a direct tile's last vector may hold for it to run them along
  * the rows instead (emit_ukr's tail form). */
-enum { TAIL_COLS = 2 };
+enum { TAIL_COLS = 2 }; /* at most 2: the shuffle in ukr_loop */
 
 /* The k loop of a micro-kernel: acc[i*NV + j] += A[i, k] * B[k, j*W..]
  * for the nf first vectors of each row (nf == NV: all).  With tail
@@ -587,15 +587,18 @@ static void ukr_loop(gen *g, bool direct, int nf, int tail, LLVMValueRef *acc, L
 	for (int c = 0; c < tail; c++)
 		LLVMBuildStore(g->b, fma3(g, acol, bt[c], LLVMBuildLoad2(g->b, g->vf, t[c], "")), t[c]);
 	loop_end(g, &lk);
-	/* row i's last vector: lane c is tail column c's row i */
+	/* row i's last vector: lane c is tail column c's row i (one shuffle of
+	 * the tail sums; the lanes past the tail are never stored, since the
+	 * epilogue's mask holds nr - nf*W <= tail lanes.  Built by inserts into
+	 * zeros it compiled, for 8 lanes, to a register form of vmovq that
+	 * valgrind cannot decode) */
 	for (int i = 0; tail && i < MR; i++) {
-		LLVMValueRef v = LLVMConstNull(g->vf);
-		for (int c = 0; c < tail; c++) {
-			LLVMValueRef e = LLVMBuildExtractElement(g->b, LLVMBuildLoad2(g->b, g->vf, t[c], ""),
-			                                         LLVMConstInt(L->i32, i, 0), "");
-			v = LLVMBuildInsertElement(g->b, v, e, LLVMConstInt(L->i32, c, 0), "");
-		}
-		LLVMBuildStore(g->b, v, acc[i * NV + nf]);
+		LLVMValueRef sel[64], t0 = LLVMBuildLoad2(g->b, g->vf, t[0], "");
+		LLVMValueRef t1 = tail > 1 ? LLVMBuildLoad2(g->b, g->vf, t[1], "") : t0;
+		for (int l = 0; l < W; l++)
+			sel[l] = LLVMConstInt(L->i32, l == 1 && tail > 1 ? W + i : i, 0);
+		LLVMBuildStore(g->b, LLVMBuildShuffleVector(g->b, t0, t1, LLVMConstVector(sel, W), ""),
+		               acc[i * NV + nf]);
 	}
 }
 

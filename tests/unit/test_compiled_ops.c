@@ -353,9 +353,11 @@ START_TEST(grouped_convs_match_the_interpreter)
 END_TEST
 
 /* Large 2-D output maps run im2col and GEMM per chunk of output rows
- * (lower_nn.c, CHUNK_COLS): a stem-like 7x7 stride-2 conv whose last chunk
- * is one row, and a grouped 3x3 conv at batch 2 whose last chunk is short,
- * then Relu folded into the chunks' GEMMs, against the interpreter. */
+ * (lower_nn.c, CHUNK_COLS), the chunks in CHUNK_PARTS parts that each reuse
+ * one column buffer: a stem-like 7x7 stride-2 conv whose last chunk is one
+ * row (9 chunks: parts of 2 and 3), and a grouped 3x3 conv at batch 2 whose
+ * last chunk is short (20 chunks, a part spanning both images), then Relu
+ * folded into the chunks' GEMMs, against the interpreter. */
 START_TEST(chunked_im2col_convs_match_the_interpreter)
 {
 	static const struct {
