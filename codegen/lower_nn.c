@@ -707,11 +707,16 @@ static void split_plane(cg_module *m, cg_kernel *k, cg_stmt *blk, int x, cg_expr
  * enough that a copy of all of it would leave the cache before it is read
  * (the max pool after SqueezeNet's first conv, 64 planes of 111 x 111: the
  * whole-plane copies moved 3x the input through L3, 0.43 ms against ORT's
- * 0.16).  Each input row is then split about k/stride times, in L1. */
-enum { SPLIT_ROWS_MIN = 64 * 64 };
+ * 0.16), and with 3 taps a column from 16 x 16 on, where each input row is
+ * split 1.5 times, in L1, instead of written and read back as a plane
+ * (MobileNetV2's 144-channel 56 -> 28 depthwise conv 0.22 -> 0.19 ms, the
+ * model -3%; with 5 taps MNASNet's 5x5 ones lost, 2.5 splits a row).
+ * Each input row is then split about k/stride times, in L1. */
+enum { SPLIT_ROWS_MIN = 64 * 64, SPLIT_ROWS_3 = 16 * 16 };
 static bool by_rows(const geom *g)
 {
-	return g->in[0] * g->in[1] >= SPLIT_ROWS_MIN;
+	int64_t plane = g->in[0] * g->in[1];
+	return plane >= SPLIT_ROWS_MIN || (g->k[0] <= 3 && plane >= SPLIT_ROWS_3);
 }
 
 /* Per output row oh: the split copies of the input rows its taps read,

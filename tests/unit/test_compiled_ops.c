@@ -413,7 +413,13 @@ START_TEST(stride2_windows_match_the_interpreter)
 		{KILN_OP_CONV, 2, 4, 4, 15, 41, 3, 1, "group=4 strides=2,2 pads=1,1,1,1"},
 		{KILN_OP_CONV, 2, 3, 3, 16, 44, 5, 1, "group=3 strides=2,2 pads=2,2,2,2"},
 		{KILN_OP_CONV, 2, 2, 4, 14, 45, 3, 1, "group=2 strides=2,2 pads=2,2,2,2 dilations=2,2"},
-		/* planes of 64 x 64 or more: split row by row (by_rows) */
+		/* planes under 16 x 16 with 3 taps, or 5 taps under 64 x 64: the
+		 * whole plane split first */
+		{KILN_OP_MAX_POOL, 2, 3, 3, 9, 25, 3, 0, "kernel_shape=3,3 strides=2,2 pads=1,1,1,1"},
+		{KILN_OP_CONV, 2, 4, 4, 11, 20, 3, 1, "group=4 strides=2,2 pads=1,1,1,1"},
+		/* planes of 64 x 64 or more, or of 16 x 16 or more with at most 3
+		 * taps a column (the conv and pools above 16 x 16): split row by
+		 * row (by_rows) */
 		{KILN_OP_MAX_POOL, 2, 3, 3, 71, 65, 3, 0, "kernel_shape=3,3 strides=2,2 ceil_mode=1"},
 		{KILN_OP_AVERAGE_POOL, 1, 2, 2, 64, 67, 3, 0,
 		 "kernel_shape=3,3 strides=2,2 pads=1,1,1,1"},
