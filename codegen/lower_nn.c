@@ -789,7 +789,10 @@ static void im2col(cg_module *m, cg_kernel *k, cg_stmt *blk, int x, int col, cg_
  * columns (K = C*ksz) then stays in L2 between its im2col and its GEMM.
  * At most, not about: past TILE_N columns (llvm_gemm.c) the GEMM packs
  * its B, a second copy of the slice (ResNet's 7x7 stem: 10 rows of 112
- * columns packed, 9 rows read in place: 2.97 -> 2.83 ms at batch 1). */
+ * columns packed, 9 rows read in place: 2.97 -> 2.83 ms at batch 1).
+ * The chunks go in CHUNK_PARTS parts, each reusing one slice: 512
+ * columns (4 rows of 112) in 4 parts took the stem inside ResNet-18 from
+ * 3.0 to 2.0 ms; 1024 columns in 8 parts 2.6, 256 in 4 parts 2.2. */
 enum { CHUNK_COLS = 512, CHUNK_MIN = 4, CHUNK_PARTS = 4 };
 
 /* Appends to blk: P[at + c] = v for c < n (nothing when n <= 0). */

@@ -430,7 +430,7 @@ START_TEST(stride2_windows_match_the_interpreter)
 		{KILN_OP_CONV, 2, 4, 6, 13, 40, 3, 4, "strides=2,2 pads=1,0,1,2"},
 		{KILN_OP_CONV, 1, 3, 4, 17, 45, 7, 3, "strides=2,2 pads=3,3,3,3"},
 		/* im2col in chunks of output rows (at least 4 chunks of at most
-		 * 1024 columns): a 7x7 stride-2 stem, batch 2, and stride 1 with
+		 * CHUNK_COLS columns): a 7x7 stride-2 stem, batch 2, and stride 1 with
 		 * asymmetric padding (spans of whole vectors and a last one that
 		 * overlaps, rows of padding) */
 		{KILN_OP_CONV, 2, 3, 5, 64, 203, 7, 3, "strides=2,2 pads=3,3,3,3"},
