@@ -1292,6 +1292,15 @@ enum { SMALL_PF = 8 };
  * once per line: the same gain, 6 more loads per 24 FMAs. */
 enum { TILE_PFA = 64 };
 
+/* ... but only there: where C is wider than PFA_MAX_N tile widths, A is
+ * read by many column tiles and stays in cache, and the prefetches (8 more
+ * address computations beside 24 accumulators and the rows of A, under a
+ * branch in the k loop) cost instead.  On a Zen 4 (gemm_bench, one thread)
+ * they had taken the MLP 784 -> 512 at batch 16 from 110 to 66 GFLOP/s, at
+ * batch 48 from 111 to 67, while the 1x1 convs on 7x7 maps keep their gain
+ * (160 -> 960: 76 -> 88; the 3x3 512-channel conv at 7x7: 74 -> 92). */
+enum { PFA_MAX_N = 2 };
+
 /* if (cond) { callee(args...); return; } */
 static void tail_if(gen *g, LLVMValueRef cond, LLVMValueRef callee, LLVMValueRef *a, int n)
 {
@@ -1313,7 +1322,8 @@ typedef struct tile_fns {
 typedef struct entry_fns {
 	LLVMValueRef naive, axpy, dot, blocked, range, rows;
 	LLVMValueRef axpy_range, dot_range, dot_rows;
-	tile_fns t6, ts, t1; /* the target's MR x NV tiles, small-M tiles, one-vector tiles */
+	tile_fns t6, t6p, ts, t1; /* the target's MR x NV tiles (t6p prefetching A), small-M
+	                             tiles, one-vector tiles */
 } entry_fns;
 
 /* if (cond) { par ? split dim (P_N or P_M) in units through range :
@@ -1464,6 +1474,15 @@ static void tiles_or_blocked(gen *g, const entry_fns *f, LLVMValueRef work, LLVM
 		LLVMPositionBuilderAtEnd(g->b, small);
 		split(g, par, &f->ts);
 		LLVMPositionBuilderAtEnd(g->b, mr);
+	}
+	/* C a panel or two wide: A streamed once, the tiles that prefetch it */
+	if (f->t6p.tiles) {
+		LLVMBasicBlockRef narrow = block(g, "narrow"), wide = block(g, "wide");
+		LLVMBuildCondBr(g->b, icmp(g, LLVMIntSLE, p[P_N], i64c(g, PFA_MAX_N * g->g.NR)), narrow,
+		                wide);
+		LLVMPositionBuilderAtEnd(g->b, narrow);
+		split(g, par, &f->t6p);
+		LLVMPositionBuilderAtEnd(g->b, wide);
 	}
 	split(g, par, &f->t6);
 	LLVMPositionBuilderAtEnd(g->b, next);
@@ -1692,8 +1711,8 @@ void cg_llvm_export_helpers(cg_llvm *L)
 /* The direct tiles for mr x nv vectors: micro-kernel (prefetching B pf
  * rows ahead, 0: not), with narrow_last a second one of nv - 1 vectors for
  * a last panel that fits it, tiles, column and row splits, named with sfx. */
-static tile_fns emit_tile_set(gen *g, int mr, int nv, const char *sfx, int pf, bool narrow_last,
-                              int tail)
+static tile_fns emit_tile_set(gen *g, int mr, int nv, const char *sfx, int pf, int pfa,
+                              bool narrow_last, int tail)
 {
 	geom saved = g->g;
 	char name[48];
@@ -1702,7 +1721,7 @@ static tile_fns emit_tile_set(gen *g, int mr, int nv, const char *sfx, int pf, b
 	g->g.NR = nv * g->g.W;
 	g->sfx = sfx;
 	g->pf = pf;
-	g->pfa = TILE_PFA;
+	g->pfa = pfa;
 	tile_fns t = {.mr = mr, .nr = g->g.NR};
 	LLVMValueRef narrow = narrow_last ? emit_ukr(g, true, nv - 1, 0) : NULL;
 	t.tiles = emit_tiles(g, emit_ukr(g, true, nv, tail), narrow, nv - 1);
@@ -1748,7 +1767,8 @@ LLVMValueRef cg_llvm_sgemm(cg_llvm *L)
 	ef.blocked = emit_blocked(&g, &pf);
 	ef.range = emit_range(&g, ef.blocked, "kiln_sgemm_range", false);
 	ef.rows = emit_range(&g, ef.blocked, "kiln_sgemm_rows", true);
-	ef.t6 = emit_tile_set(&g, g.g.MR, g.g.NV, "", SMALL_PF, false, TAIL_COLS);
+	ef.t6 = emit_tile_set(&g, g.g.MR, g.g.NV, "", SMALL_PF, 0, false, TAIL_COLS);
+	ef.t6p = emit_tile_set(&g, g.g.MR, g.g.NV, "_p", SMALL_PF, TILE_PFA, false, TAIL_COLS);
 	/* small M: 8 x 3 vectors with 32 registers (24 accumulators; B is read
 	 * by half as many row tiles as with 4 x 4), 4 x NV with fewer.  A last
 	 * panel of two vectors or less (512 = 10 x 48 + 32) takes an 8 x 2
@@ -1756,8 +1776,8 @@ LLVMValueRef cg_llvm_sgemm(cg_llvm *L)
 	 * keep one kernel: see emit_ukr.) */
 	int snv, smr = small_tiles(&g, &snv);
 	if (smr)
-		ef.ts = emit_tile_set(&g, smr, snv, "_s", SMALL_PF, snv > 2, 0);
-	ef.t1 = emit_tile_set(&g, TILE1_MR, 1, "_1", 0, false, 0);
+		ef.ts = emit_tile_set(&g, smr, snv, "_s", SMALL_PF, 0, snv > 2, 0);
+	ef.t1 = emit_tile_set(&g, TILE1_MR, 1, "_1", 0, TILE_PFA, false, 0);
 	L->sgemm = emit_entry(&g, &ef);
 	LLVMDisposeBuilder(g.b);
 	return L->sgemm;
@@ -1797,8 +1817,9 @@ LLVMValueRef cg_llvm_sgemm_pa(cg_llvm *L)
 	ef.range = emit_range(&g, ef.blocked, "kiln_sgemm_pa_range", false);
 	ef.rows = emit_range(&g, ef.blocked, "kiln_sgemm_pa_rows", true);
 	/* tiles of MR rows only: each reads one panel of A */
-	ef.t6 = emit_tile_set(&g, g.g.MR, g.g.NV, "", SMALL_PF, false, TAIL_COLS);
-	ef.t1 = emit_tile_set(&g, g.g.MR, 1, "_1", 0, false, 0);
+	ef.t6 = emit_tile_set(&g, g.g.MR, g.g.NV, "", SMALL_PF, 0, false, TAIL_COLS);
+	ef.t6p = emit_tile_set(&g, g.g.MR, g.g.NV, "_p", SMALL_PF, TILE_PFA, false, TAIL_COLS);
+	ef.t1 = emit_tile_set(&g, g.g.MR, 1, "_1", 0, TILE_PFA, false, 0);
 	L->sgemm_pa = emit_entry_pa(&g, &ef);
 	LLVMDisposeBuilder(g.b);
 	return L->sgemm_pa;
@@ -1824,11 +1845,12 @@ LLVMValueRef cg_llvm_sgemm_pb(cg_llvm *L)
 	ef.blocked = emit_blocked(&g, &pf);
 	ef.range = emit_range(&g, ef.blocked, "kiln_sgemm_pb_range", false);
 	ef.rows = emit_range(&g, ef.blocked, "kiln_sgemm_pb_rows", true);
-	ef.t6 = emit_tile_set(&g, g.g.MR, g.g.NV, "", SMALL_PF, false, TAIL_COLS);
+	ef.t6 = emit_tile_set(&g, g.g.MR, g.g.NV, "", SMALL_PF, 0, false, TAIL_COLS);
+	ef.t6p = emit_tile_set(&g, g.g.MR, g.g.NV, "_p", SMALL_PF, TILE_PFA, false, TAIL_COLS);
 	int snv, smr = small_tiles(&g, &snv);
 	if (smr)
-		ef.ts = emit_tile_set(&g, smr, snv, "_s", SMALL_PF, snv > 2, 0);
-	ef.t1 = emit_tile_set(&g, TILE1_MR, 1, "_1", 0, false, 0);
+		ef.ts = emit_tile_set(&g, smr, snv, "_s", SMALL_PF, 0, snv > 2, 0);
+	ef.t1 = emit_tile_set(&g, TILE1_MR, 1, "_1", 0, TILE_PFA, false, 0);
 	L->sgemm_pb = emit_entry_pb(&g, &ef);
 	LLVMDisposeBuilder(g.b);
 	return L->sgemm_pb;

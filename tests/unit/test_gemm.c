@@ -364,10 +364,16 @@ START_TEST(gemm_tiles_small_m)
 }
 END_TEST
 
-/* Many rows but at most two column panels (a 7x7 conv): tiles too. */
+/* Many rows but at most two column panels (a 7x7 conv): tiles too, the
+ * set that prefetches A; up to 64 rows with C wider than that (an MLP at
+ * batch 48) the MR x NR tiles that do not, and 128 columns is the last
+ * width with the prefetch (two 64-column tiles with AVX-512). */
 START_TEST(gemm_tiles_for_few_columns)
 {
 	check_layouts(PROB(200, 49, 700));
+	check_layouts(PROB(48, 512, 97));
+	check_layouts(PROB(57, 128, 40));
+	check_layouts(PROB(57, 129, 40));
 }
 END_TEST
 
