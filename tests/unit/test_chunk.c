@@ -257,6 +257,46 @@ START_TEST(cost_model)
 }
 END_TEST
 
+/* Linears of 96 -> 256 -> 256 -> 96 (96 KiB, 256 KiB, 96 KiB of weights,
+ * 1.4-2 KiB of activations a sample) over a symbolic batch. */
+static kiln_graph *mlp(void)
+{
+	kiln_graph *g = kiln_graph_new("chunkmlp");
+	int64_t N = kiln_sym(g, "N"), d[] = {96, 256, 256, 96};
+	kiln_value h = kiln_input(g, "x", KILN_F32, 2, (int64_t[]){N, d[0]});
+	for (int i = 0; i < 3; i++) {
+		char wn[16], bn[16];
+		snprintf(wn, sizeof wn, "l%d.w", i);
+		snprintf(bn, sizeof bn, "l%d.b", i);
+		kiln_value w = param(g, wn, 2, (int64_t[]){d[i + 1], d[i]}, 0.1);
+		kiln_value b = param(g, bn, 1, (int64_t[]){d[i + 1]}, 0.1);
+		h = kiln_relu(g, kiln_gemm(g, h, w, b, 1.0, 1.0, false, true));
+	}
+	kiln_output(g, "y", h);
+	ck_assert_msg(kiln_graph_status(g) == KILN_OK, "%s", kiln_graph_errmsg(g));
+	return g;
+}
+
+/* Every chunk reads a kernel's weights again: with a 64 KiB cache every
+ * Linear's weights (96-256 KiB) leave no room, so each would take chunks of
+ * one sample (1.4-2 KiB), reading its weights once per sample instead of
+ * once per batch: not chunked.  Forced, the same Linears do chunk: the rule
+ * is what keeps them whole. */
+START_TEST(weights_larger_than_chunk_not_chunked)
+{
+	kiln_graph *g = mlp(), *gc;
+	cg_module *m = chunked(g, &gc, (cg_chunk_opts){.cache_bytes = 64 << 10});
+	ck_assert_int_eq(m->nchunk, 0);
+	cg_module_free(m);
+	kiln_graph_free(gc);
+	m = chunked(g, &gc, (cg_chunk_opts){.force = 2, .cache_bytes = 64 << 10});
+	ck_assert_int_ge(m->nchunk, 1);
+	cg_module_free(m);
+	kiln_graph_free(gc);
+	kiln_graph_free(g);
+}
+END_TEST
+
 /* A Softmax over the batch axis mixes samples: no run may hold it. */
 START_TEST(batch_axis_ends_run)
 {
@@ -297,6 +337,7 @@ static Suite *suite(void)
 	tcase_set_timeout(tc, 300);
 	tcase_add_test(tc, chunked_equals_unchunked);
 	tcase_add_test(tc, cost_model);
+	tcase_add_test(tc, weights_larger_than_chunk_not_chunked);
 	tcase_add_test(tc, batch_axis_ends_run);
 	tcase_add_test(tc, fixed_batch_not_chunked);
 	suite_add_tcase(s, tc);
