@@ -459,6 +459,45 @@ START_TEST(stride2_windows_match_the_interpreter)
 }
 END_TEST
 
+/* Pools whose windows tile the plane (kernel == stride, no padding) on
+ * rows of at most 16 outputs run as two flat loops per plane (lower_nn.c,
+ * pool_flat): max and average, 2x2/2 (7 and 14 outputs a row), 3x3/3, a
+ * 2x3 window, 4x4/4 (16 taps), batch 2; and beside them the shapes that do
+ * not qualify (an odd plane, padding, 17 outputs a row), against the
+ * interpreter. */
+START_TEST(disjoint_window_pools_match_the_interpreter)
+{
+	static const struct {
+		kiln_op op;
+		int64_t n, c, h, w;
+		const char *attrs;
+	} cases[] = {
+		{KILN_OP_MAX_POOL, 2, 3, 14, 14, "kernel_shape=2,2 strides=2,2"},
+		{KILN_OP_AVERAGE_POOL, 2, 3, 28, 28, "kernel_shape=2,2 strides=2,2"},
+		{KILN_OP_MAX_POOL, 1, 5, 9, 12, "kernel_shape=3,3 strides=3,3"},
+		{KILN_OP_AVERAGE_POOL, 2, 2, 8, 15, "kernel_shape=2,3 strides=2,3"},
+		{KILN_OP_MAX_POOL, 1, 4, 16, 16, "kernel_shape=4,4 strides=4,4"},
+		{KILN_OP_AVERAGE_POOL, 1, 3, 12, 64, "kernel_shape=4,4 strides=4,4"},
+		{KILN_OP_MAX_POOL, 2, 3, 15, 15, "kernel_shape=2,2 strides=2,2"},
+		{KILN_OP_AVERAGE_POOL, 1, 3, 14, 14, "kernel_shape=2,2 strides=2,2 pads=1,1,1,1"},
+		{KILN_OP_MAX_POOL, 1, 2, 6, 34, "kernel_shape=2,2 strides=2,2"},
+	};
+	for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+		char name[32];
+		snprintf(name, sizeof name, "dpool_%zu", i);
+		kiln_graph *g = kiln_graph_new(name);
+		int64_t sx[] = {cases[i].n, cases[i].c, cases[i].h, cases[i].w};
+		opcase_graph c = {name, g, {seeded(4, sx, 0)}, {0}, 1, 1, 0};
+		uint32_t in[1] = {input(g, "x", KILN_F32, 4, sx)};
+		ir_output_add(g, op1(g, cases[i].op, 1, in, cases[i].attrs), NULL);
+		char why[1400] = "";
+		ck_assert_msg(case_matches(&c, false, why, sizeof why), "%s (%s): %s", name,
+		              cases[i].attrs, why);
+		opcase_free(&c);
+	}
+}
+END_TEST
+
 /* A depthwise conv (x [n, c, h, w], weights [mo, 1, k, k], the bias when
  * bias) with attrs, its inputs seeded, compiled against the interpreter. */
 static void depthwise_matches(const char *name, int64_t n, int64_t c, int64_t mo, int64_t h,
@@ -1523,6 +1562,7 @@ static Suite *compiled_ops_suite(void)
 	tcase_add_test(tc, grouped_convs_match_the_interpreter);
 	tcase_add_test(tc, chunked_im2col_convs_match_the_interpreter);
 	tcase_add_test(tc, stride2_windows_match_the_interpreter);
+	tcase_add_test(tc, disjoint_window_pools_match_the_interpreter);
 	tcase_add_test(tc, small_plane_depthwise_matches_the_interpreter);
 	tcase_add_test(tc, small_plane_depthwise_epilogues_keep_their_order);
 	tcase_add_test(tc, tiny_plane_depthwise_is_channel_blocked);
