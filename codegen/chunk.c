@@ -25,10 +25,10 @@
  *   touched) against the cache budget (the host's L2 per core) less its
  *   weights, rounded down to a power of two; 64 or more samples is not
  *   chunked (the batch already fits), nor is a kernel whose chunk would
- *   hold fewer bytes than its weights, which every chunk reads again.  Consecutive chunkable kernels on one
- *   symbol form a run while their chunks stay within 4x of the run's
- *   smallest, which the run takes; a run needs two kernels (a kernel
- *   alone keeps no intermediate in cache).
+ *   hold fewer bytes than its weights, which every chunk reads again.
+ *   Consecutive chunkable kernels on one symbol form a run while their
+ *   chunks stay within 4x of the run's smallest, which the run takes; a
+ *   run needs two kernels (a kernel alone keeps no intermediate in cache).
  * - runs are made of whole units: the kernels one node was lowered to
  *   (a Winograd conv's copies, transforms and GEMMs, which share scratch
  *   in their own layouts) and a maximal sequence of kernels guarded by a

@@ -1736,6 +1736,14 @@ static tile_fns emit_tile_set(gen *g, int mr, int nv, const char *sfx, int pf, i
 	return t;
 }
 
+/* The target's MR x NV direct tiles, twice: without the A prefetch (t6)
+ * and with it (t6p, for C at most PFA_MAX_N tiles wide). */
+static void mr_tile_sets(gen *g, entry_fns *f)
+{
+	f->t6 = emit_tile_set(g, g->g.MR, g->g.NV, "", SMALL_PF, 0, false, TAIL_COLS);
+	f->t6p = emit_tile_set(g, g->g.MR, g->g.NV, "_p", SMALL_PF, TILE_PFA, false, TAIL_COLS);
+}
+
 /* The small-M tiles' shape for g's target: 8 x 3 vectors with 32
  * registers, 4 x NV with fewer (see cg_llvm_sgemm); 0 rows: none. */
 static int small_tiles(const gen *g, int *nv)
@@ -1767,8 +1775,7 @@ LLVMValueRef cg_llvm_sgemm(cg_llvm *L)
 	ef.blocked = emit_blocked(&g, &pf);
 	ef.range = emit_range(&g, ef.blocked, "kiln_sgemm_range", false);
 	ef.rows = emit_range(&g, ef.blocked, "kiln_sgemm_rows", true);
-	ef.t6 = emit_tile_set(&g, g.g.MR, g.g.NV, "", SMALL_PF, 0, false, TAIL_COLS);
-	ef.t6p = emit_tile_set(&g, g.g.MR, g.g.NV, "_p", SMALL_PF, TILE_PFA, false, TAIL_COLS);
+	mr_tile_sets(&g, &ef);
 	/* small M: 8 x 3 vectors with 32 registers (24 accumulators; B is read
 	 * by half as many row tiles as with 4 x 4), 4 x NV with fewer.  A last
 	 * panel of two vectors or less (512 = 10 x 48 + 32) takes an 8 x 2
@@ -1817,8 +1824,7 @@ LLVMValueRef cg_llvm_sgemm_pa(cg_llvm *L)
 	ef.range = emit_range(&g, ef.blocked, "kiln_sgemm_pa_range", false);
 	ef.rows = emit_range(&g, ef.blocked, "kiln_sgemm_pa_rows", true);
 	/* tiles of MR rows only: each reads one panel of A */
-	ef.t6 = emit_tile_set(&g, g.g.MR, g.g.NV, "", SMALL_PF, 0, false, TAIL_COLS);
-	ef.t6p = emit_tile_set(&g, g.g.MR, g.g.NV, "_p", SMALL_PF, TILE_PFA, false, TAIL_COLS);
+	mr_tile_sets(&g, &ef);
 	ef.t1 = emit_tile_set(&g, g.g.MR, 1, "_1", 0, TILE_PFA, false, 0);
 	L->sgemm_pa = emit_entry_pa(&g, &ef);
 	LLVMDisposeBuilder(g.b);
@@ -1845,8 +1851,7 @@ LLVMValueRef cg_llvm_sgemm_pb(cg_llvm *L)
 	ef.blocked = emit_blocked(&g, &pf);
 	ef.range = emit_range(&g, ef.blocked, "kiln_sgemm_pb_range", false);
 	ef.rows = emit_range(&g, ef.blocked, "kiln_sgemm_pb_rows", true);
-	ef.t6 = emit_tile_set(&g, g.g.MR, g.g.NV, "", SMALL_PF, 0, false, TAIL_COLS);
-	ef.t6p = emit_tile_set(&g, g.g.MR, g.g.NV, "_p", SMALL_PF, TILE_PFA, false, TAIL_COLS);
+	mr_tile_sets(&g, &ef);
 	int snv, smr = small_tiles(&g, &snv);
 	if (smr)
 		ef.ts = emit_tile_set(&g, smr, snv, "_s", SMALL_PF, 0, snv > 2, 0);

@@ -2507,6 +2507,13 @@ static bool pool_flat_ok(const cg_module *m, const geom *g, int x)
 	return true;
 }
 
+/* acc combined with t by a max pool's max or an average pool's sum (t
+ * alone when acc is NULL: the first tap) */
+static cg_expr *pool_combine(cg_module *m, bool is_max, cg_expr *acc, cg_expr *t)
+{
+	return !acc ? t : is_max ? cg_bin(m, CG_MAX, acc, t) : add(m, acc, t);
+}
+
 static kiln_status pool_flat(cg_module *m, cg_kernel *k, cg_stmt *blk, const ir_node *n,
                              const int *in, int y, const geom *g, cg_expr *nc, cg_expr *b,
                              kiln_error *err)
@@ -2522,20 +2529,16 @@ static kiln_status pool_flat(cg_module *m, cg_kernel *k, cg_stmt *blk, const ir_
 	cg_append(m, blk, cg_loop(m, k, I(m, Ho), 0, &oh, &rb));
 	cg_append(m, rb, cg_loop(m, k, I(m, W), CG_VECTORIZE, &w, &wb));
 	cg_expr *xr = add(m, xp, add(m, mul(m, oh, I(m, k0 * W)), w)), *v = NULL;
-	for (int64_t kh = 0; kh < k0; kh++) {
-		cg_expr *t = cg_ld(m, in[0], add(m, xr, I(m, kh * W)));
-		v = !v ? t : is_max ? cg_bin(m, CG_MAX, v, t) : add(m, v, t);
-	}
+	for (int64_t kh = 0; kh < k0; kh++)
+		v = pool_combine(m, is_max, v, cg_ld(m, in[0], add(m, xr, I(m, kh * W))));
 	cg_append(m, wb, cg_st(m, V, add(m, vp, add(m, mul(m, oh, I(m, W)), w)), v));
 	cg_append(m, blk, cg_loop(m, k, I(m, Ho * Wo), CG_VECTORIZE, &j, &jb));
 	cg_expr *vj = add(m, vp, mul(m, j, I(m, k1)));
 	v = NULL;
-	for (int64_t kw = 0; kw < k1; kw++) {
-		cg_expr *t = cg_ld(m, V, add(m, vj, I(m, kw)));
-		v = !v ? t : is_max ? cg_bin(m, CG_MAX, v, t) : add(m, v, t);
-	}
-	if (!is_max)
-		v = mul(m, v, fc(m, KILN_F32, 1.0 / (double)g->ksz));
+	for (int64_t kw = 0; kw < k1; kw++)
+		v = pool_combine(m, is_max, v, cg_ld(m, V, add(m, vj, I(m, kw))));
+	if (!is_max) /* divided by the count, as pool_pixel's average */
+		v = cg_bin(m, CG_DIV, v, fc(m, KILN_F32, (double)g->ksz));
 	cg_append(m, jb, cg_st(m, y, add(m, mul(m, b, I(m, g->osz)), j), v));
 	return KILN_OK;
 }
