@@ -2112,10 +2112,11 @@ static kiln_status conv_depthwise(cg_module *m, const ir_node *n, const int *in,
  *    2, is a contiguous run with no bounds test (the padding is zeros);
  *  - per block of MB output channels, the outputs run flat over the
  *    chunk's rows of Wq columns (f = r*Wq + c, the Wq - Wo columns past a
- *    row's end computed and dropped), one vector of f per iteration with
- *    MB accumulators, over CU input channels and every tap unrolled here:
- *    each loaded vector of Q feeds MB multiply-adds.  Between chunks of CU
- *    channels the sums go through T (in L1: MB x at most 2*GC_FLAT).
+ *    row's end computed and dropped), GC_NP vectors of f per iteration (f
+ *    and f + F/GC_NP) with MB accumulators each, over CU input channels
+ *    and every tap unrolled here: each loaded vector of Q feeds MB
+ *    multiply-adds and each weight GC_NP.  Between chunks of CU channels
+ *    the sums go through T (in L1: MB x at most 2*GC_FLAT).
  *  - T's rows are copied into y: the only stores to y, so an activation
  *    and a residual Add fold into them (final_buf).
  * The MB x CU*ksz weights of a flat loop are invariant in it, and LLVM
@@ -2127,10 +2128,17 @@ static kiln_status conv_depthwise(cg_module *m, const ir_node *n, const int *in,
  * 56x56, 32 groups 1.78 -> 0.52, 1024 channels 7x7 0.39 -> 0.26; RegNetX-
  * 800MF's 64 channels 56x56, 4 groups 0.86 -> 0.58, 672 channels 7x7
  * 0.137 -> 0.098; MB = 8 and 8 channels lost to the GEMMs on 7x7 planes
- * (0.39 -> 0.51).  Groups of 128 channels lost (1.97 -> 2.31 ms, 512
+ * (0.39 -> 0.51).  The weights, spilled (36 with 4 accumulators), are
+ * reloaded once per GC_NP vectors: with 2, RegNetX-800MF's grouped convs
+ * (Zen 4, kernel min over 5 x 100 runs, ms) 64 channels 112x112 stride
+ * 2 0.94 -> 0.82, 128 channels 28x28 0.396 -> 0.328, 288 at 14x14 0.214
+ * -> 0.187, 672 at 7x7 0.131 -> 0.125 (ORT: 0.835, 0.374, 0.222, 0.182);
+ * 4 vectors rounded 14x14's F up to 64 lanes (0.237), and MB = 2 with 4
+ * vectors was 1-11% slower than 4 with 2.  Groups of 128 channels lost (1.97 -> 2.31 ms, 512
  * channels 14x14, 4 groups): conv_grouped_wins keeps the GEMMs there.
  * docs/PERFORMANCE.md has the rest. */
-enum { GC_FLAT = 512, GC_MB = 4, GC_TAPS = 9, GC_PARTS = 16 };
+enum { GC_FLAT = 512, GC_MB = 4, GC_TAPS = 9, GC_PARTS = 16, GC_NP = 2 };
+
 
 /* A target that wants every nest on its grid (a GPU: cg_lower_opts.par_work
  * 1) would run conv_grouped's slots one thread each, their loops serial:
@@ -2175,7 +2183,7 @@ static kiln_status conv_grouped(cg_module *m, const ir_node *n, const int *in, i
 	 * the zeros past each plane's rows and are never copied out (sums that
 	 * go on through T cannot use vector_spans' overlapping last vector) */
 	int64_t nch = Ho / R, Rq = R + (k0 - 1) * d0 / s0;
-	int64_t F = ((R - 1) * Wq + Wo + TAIL_VEC - 1) / TAIL_VEC * TAIL_VEC;
+	int64_t F = ((R - 1) * Wq + Wo + GC_NP * TAIL_VEC - 1) / (GC_NP * TAIL_VEC) * (GC_NP * TAIL_VEC);
 	int64_t qpl = Rq * Wq + F - ((R - 1) * Wq + Wo), qsz = Cg * s0 * s1 * qpl;
 	int64_t MB = divisor_upto(Mg, GC_MB), CU = divisor_upto(Cg, GC_TAPS / ksz > 1 ? GC_TAPS / ksz : 1);
 	int64_t nchunk = Cg / CU, tsz = MB * F;
@@ -2280,15 +2288,18 @@ static kiln_status conv_grouped(cg_module *m, const ir_node *n, const int *in, i
 			cbody = ccb;
 			cc = add(m, cc, I(m, 1));
 		}
-		cg_append(m, cbody, cg_loop(m, k, I(m, F), CG_VECTORIZE, &f, &fb));
-		cg_expr *fi = f, *acc[GC_MB];
-		for (int64_t a = 0; a < MB; a++) {
-			cg_expr *init = fc(m, KILN_F32, 0);
-			if (pass)
-				init = cg_ld(m, T, add(m, add(m, tp, I(m, a * F)), fi));
-			else if (bias)
-				init = cg_ld(m, in[2], add(m, m0, I(m, a)));
-			acc[a] = cg_local(m, k, fb, KILN_F32, init);
+		cg_append(m, cbody, cg_loop(m, k, I(m, F / GC_NP), CG_VECTORIZE, &f, &fb));
+		cg_expr *fi[GC_NP], *acc[GC_NP][GC_MB];
+		for (int np = 0; np < GC_NP; np++) {
+			fi[np] = add(m, f, I(m, np * (F / GC_NP)));
+			for (int64_t a = 0; a < MB; a++) {
+				cg_expr *init = fc(m, KILN_F32, 0);
+				if (pass)
+					init = cg_ld(m, T, add(m, add(m, tp, I(m, a * F)), fi[np]));
+				else if (bias)
+					init = cg_ld(m, in[2], add(m, m0, I(m, a)));
+				acc[np][a] = cg_local(m, k, fb, KILN_F32, init);
+			}
 		}
 		for (int64_t u = 0; u < CU; u++) {
 			cg_expr *cu = add(m, mul(m, cc, I(m, CU)), I(m, u));
@@ -2296,18 +2307,22 @@ static kiln_status conv_grouped(cg_module *m, const ir_node *n, const int *in, i
 				for (int64_t kw = 0; kw < k1; kw++) {
 					int64_t ph = (kh * d0) % s0 * s1 + (kw * d1) % s1;
 					int64_t off = (kh * d0 / s0) * Wq + kw * d1 / s1;
-					cg_expr *qi = add(m, add(m, qp, mul(m, add(m, mul(m, cu, I(m, s0 * s1)), I(m, ph)),
-					                                    I(m, qpl))), add(m, I(m, off), fi));
-					cg_expr *xv = cg_ld(m, Q, qi);
-					for (int64_t a = 0; a < MB; a++) {
-						cg_expr *wi = add(m, mul(m, add(m, mul(m, add(m, m0, I(m, a)), I(m, Cg)), cu),
-						                         I(m, ksz)), I(m, kh * k1 + kw));
-						cg_set(m, fb, acc[a], add(m, acc[a], mul(m, xv, cg_ld(m, in[1], wi))));
+					cg_expr *wv[GC_MB];
+					for (int64_t a = 0; a < MB; a++)
+						wv[a] = cg_ld(m, in[1], add(m, mul(m, add(m, mul(m, add(m, m0, I(m, a)), I(m, Cg)), cu),
+						                                   I(m, ksz)), I(m, kh * k1 + kw)));
+					for (int np = 0; np < GC_NP; np++) {
+						cg_expr *qi = add(m, add(m, qp, mul(m, add(m, mul(m, cu, I(m, s0 * s1)), I(m, ph)),
+						                                    I(m, qpl))), add(m, I(m, off), fi[np]));
+						cg_expr *xv = cg_ld(m, Q, qi);
+						for (int64_t a = 0; a < MB; a++)
+							cg_set(m, fb, acc[np][a], add(m, acc[np][a], mul(m, xv, wv[a])));
 					}
 				}
 		}
-		for (int64_t a = 0; a < MB; a++)
-			cg_append(m, fb, cg_st(m, T, add(m, add(m, tp, I(m, a * F)), fi), acc[a]));
+		for (int np = 0; np < GC_NP; np++)
+			for (int64_t a = 0; a < MB; a++)
+				cg_append(m, fb, cg_st(m, T, add(m, add(m, tp, I(m, a * F)), fi[np]), acc[np][a]));
 	}
 	/* T's rows into y */
 	cg_append(m, mbb, cg_loop(m, k, I(m, MB), 0, &j, &jb));
