@@ -498,6 +498,50 @@ START_TEST(disjoint_window_pools_match_the_interpreter)
 }
 END_TEST
 
+/* f32 2-D max pools on planes under 64 x 64 run separably (lower_nn.c,
+ * pool_sep: the max over the window's rows into a row padded with -inf,
+ * then over its columns, both in whole vectors with an overlapping last
+ * one): SqueezeNet's 3x3/2 ceil-mode pools (55 and 27 wide), ResNet's 3x3/2
+ * pad 1, stride 1 with padding (GoogleNet), asymmetric padding (a first
+ * row and column of padding, the last window over the end), dilation 2,
+ * stride 3, a 2x3 window of strides (1, 2), 5x5/2 pad 2, rows under a
+ * vector, a single row, and a plane of 64 x 64 that keeps the split rows,
+ * batch 1 and 2, against the interpreter. */
+START_TEST(separable_max_pools_match_the_interpreter)
+{
+	static const struct {
+		int64_t n, c, h, w;
+		const char *attrs;
+	} cases[] = {
+		{1, 3, 55, 55, "kernel_shape=3,3 strides=2,2 ceil_mode=1"},
+		{2, 2, 27, 27, "kernel_shape=3,3 strides=2,2 ceil_mode=1"},
+		{1, 2, 40, 36, "kernel_shape=3,3 strides=2,2 pads=1,1,1,1"},
+		{2, 3, 14, 14, "kernel_shape=3,3 strides=1,1 pads=1,1,1,1"},
+		{1, 2, 17, 23, "kernel_shape=3,3 strides=2,2 pads=1,1,0,2"},
+		{1, 2, 20, 33, "kernel_shape=3,3 strides=2,2 dilations=2,2 pads=2,2,2,2"},
+		{1, 3, 31, 29, "kernel_shape=3,3 strides=3,3 ceil_mode=1"},
+		{1, 2, 12, 41, "kernel_shape=2,3 strides=1,2 pads=0,1,1,1"},
+		{1, 2, 24, 24, "kernel_shape=5,5 strides=2,2 pads=2,2,2,2"},
+		{2, 2, 7, 9, "kernel_shape=3,3 strides=2,2 pads=1,1,1,1"},
+		{1, 3, 1, 50, "kernel_shape=1,3 strides=1,2"},
+		{1, 2, 64, 64, "kernel_shape=3,3 strides=2,2 pads=1,1,1,1"},
+	};
+	for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+		char name[32];
+		snprintf(name, sizeof name, "spool_%zu", i);
+		kiln_graph *g = kiln_graph_new(name);
+		int64_t sx[] = {cases[i].n, cases[i].c, cases[i].h, cases[i].w};
+		opcase_graph c = {name, g, {seeded(4, sx, 0)}, {0}, 1, 1, 0};
+		uint32_t in[1] = {input(g, "x", KILN_F32, 4, sx)};
+		ir_output_add(g, op1(g, KILN_OP_MAX_POOL, 1, in, cases[i].attrs), NULL);
+		char why[1400] = "";
+		ck_assert_msg(case_matches(&c, false, why, sizeof why), "%s (%s): %s", name,
+		              cases[i].attrs, why);
+		opcase_free(&c);
+	}
+}
+END_TEST
+
 /* A depthwise conv (x [n, c, h, w], weights [mo, 1, k, k], the bias when
  * bias) with attrs, its inputs seeded, compiled against the interpreter. */
 static void depthwise_matches(const char *name, int64_t n, int64_t c, int64_t mo, int64_t h,
@@ -1563,6 +1607,7 @@ static Suite *compiled_ops_suite(void)
 	tcase_add_test(tc, chunked_im2col_convs_match_the_interpreter);
 	tcase_add_test(tc, stride2_windows_match_the_interpreter);
 	tcase_add_test(tc, disjoint_window_pools_match_the_interpreter);
+	tcase_add_test(tc, separable_max_pools_match_the_interpreter);
 	tcase_add_test(tc, small_plane_depthwise_matches_the_interpreter);
 	tcase_add_test(tc, small_plane_depthwise_epilogues_keep_their_order);
 	tcase_add_test(tc, tiny_plane_depthwise_is_channel_blocked);
