@@ -3,7 +3,7 @@
 # ResNet-18, MobileNetV2, a transformer encoder block, SqueezeNet 1.1 and
 # ShuffleNetV2 x1.0, batch 1 and 16,
 # 1 and 2 threads, side by side in one run; writes docs/PERFORMANCE.md.
-#     bench/run.sh [--quick | --only NAME[,NAME...]] [--time S]
+#     bench/run.sh [--quick | --only NAME[,NAME...]] [--time S] [--rounds R]
 #                                             (BUILD=build-bench by default)
 # Builds kiln (Release) if needed, creates .venv for onnxruntime
 # (scripts/setup-venv.sh), exports the models with PyTorch (bench/models.py)
