@@ -601,12 +601,14 @@ START_TEST(small_plane_depthwise_matches_the_interpreter)
 END_TEST
 
 /* Depthwise convs whose output rows have at most 8 columns run channel-
- * blocked (lower_nn.c, dw_blocked): blocks of 16 channels transposed in
- * and out.  Channel counts that leave a partial block (20, 37) or are
- * below one (5), stride 1 and 2, 3x3 and 5x5, asymmetric padding,
- * dilation 2, batch 2, without a bias, against the interpreter; then a
- * Relu6 that folds into it and a residual Add that must not (it is
- * applied after), and the kernel IR shows the transposes. */
+ * blocked (lower_nn.c, dw_blocked), but for stride 1 with 3x3 taps (the
+ * flat form): blocks of 16 channels transposed in and out.  Channel
+ * counts that leave a partial block (20, 37) or are below one (5), stride
+ * 1 (5x5) and 2 (3x3, 5x5), asymmetric padding, dilation 2, batch 2,
+ * without a bias, against the interpreter; then a Relu6 that folds into
+ * it and a residual Add that must not (it is applied after), and the
+ * kernel IR shows the transposes, which a 3x3 stride-1 conv on the same
+ * plane does without. */
 START_TEST(tiny_plane_depthwise_is_channel_blocked)
 {
 	static const struct {
@@ -614,10 +616,10 @@ START_TEST(tiny_plane_depthwise_is_channel_blocked)
 		bool bias;
 		const char *attrs;
 	} cases[] = {
-		{1, 20, 7, 7, 3, true, "group=20 pads=1,1,1,1"},
+		{1, 20, 7, 7, 5, true, "group=20 pads=2,2,2,2"},
 		{2, 37, 14, 14, 5, true, "group=37 strides=2,2 pads=2,2,2,2"},
 		{1, 16, 13, 15, 3, false, "group=16 strides=2,2 pads=0,1,2,1"},
-		{1, 5, 8, 8, 3, true, "group=5 pads=2,2,2,2 dilations=2,2"},
+		{1, 5, 6, 6, 5, true, "group=5 pads=4,4,4,4 dilations=2,2"},
 		{2, 33, 6, 5, 5, true, "group=33 pads=2,1,2,3"},
 	};
 	for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
@@ -639,14 +641,14 @@ START_TEST(tiny_plane_depthwise_is_channel_blocked)
 	};
 	for (size_t i = 0; i < sizeof eps / sizeof *eps; i++) {
 		char text[1200] =
-			"graph @ep(%x: f32[2,20,7,7], %w: f32[20,1,3,3], %b: f32[20]) -> (%z: f32[2,20,7,7]) {\n"
-			"  %d = conv %x, %w, %b {group=20, pads=[1,1,1,1]} : f32[2,20,7,7]\n";
+			"graph @ep(%x: f32[2,20,7,7], %w: f32[20,1,5,5], %b: f32[20]) -> (%z: f32[2,20,7,7]) {\n"
+			"  %d = conv %x, %w, %b {group=20, pads=[2,2,2,2]} : f32[2,20,7,7]\n";
 		strcat(text, eps[i].tail);
 		strcat(text, "  %z = relu %r : f32[2,20,7,7]\n  ret %z\n}\n");
 		kiln_graph *g = NULL;
 		kiln_error e = {0};
 		ck_assert_msg(ir_parse(text, "ep.kir", &g, &e) == KILN_OK, "%s", e.msg);
-		int64_t sx[] = {2, 20, 7, 7}, sw[] = {20, 1, 3, 3}, sb[] = {20};
+		int64_t sx[] = {2, 20, 7, 7}, sw[] = {20, 1, 5, 5}, sb[] = {20};
 		opcase_graph c = {"ep", g, {seeded(4, sx, 0), seeded(4, sw, 1), seeded(1, sb, 2)}, {0},
 		                  3, 1, 0};
 		char why[1400] = "";
@@ -661,6 +663,19 @@ START_TEST(tiny_plane_depthwise_is_channel_blocked)
 		cg_module_free(m);
 		opcase_free(&c);
 	}
+	/* 3x3 at stride 1 on the same plane: the flat form, no transposes */
+	kiln_graph *g = NULL;
+	kiln_error e = {0};
+	ck_assert_msg(ir_parse("graph @f3(%x: f32[2,20,7,7], %w: f32[20,1,3,3]) -> (%d: f32[2,20,7,7]) {\n"
+	                       "  %d = conv %x, %w {group=20, pads=[1,1,1,1]} : f32[2,20,7,7]\n"
+	                       "  ret %d\n}\n", "f3.kir", &g, &e) == KILN_OK, "%s", e.msg);
+	cg_module *m = NULL;
+	ck_assert_msg(cg_lower_ex(g, &(cg_lower_opts){.fuse = true}, &m, &e) == KILN_OK, "%s", e.msg);
+	char *kir = dump(m);
+	ck_assert_msg(!strstr(kir, "transpose rows="), "3x3 stride 1 blocked:\n%s", kir);
+	free(kir);
+	cg_module_free(m);
+	kiln_graph_free(g);
 }
 END_TEST
 
