@@ -620,6 +620,8 @@ START_TEST(tiny_plane_depthwise_is_channel_blocked)
 		{2, 37, 14, 14, 5, true, "group=37 strides=2,2 pads=2,2,2,2"},
 		{1, 16, 13, 15, 3, false, "group=16 strides=2,2 pads=0,1,2,1"},
 		{1, 5, 6, 6, 5, true, "group=5 pads=4,4,4,4 dilations=2,2"},
+		{1, 20, 28, 28, 5, true, "group=20 strides=2,2 pads=2,2,2,2"},
+		{2, 18, 23, 31, 3, true, "group=18 strides=2,2 pads=1,1,1,1"},
 		{2, 33, 6, 5, 5, true, "group=33 pads=2,1,2,3"},
 	};
 	for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
@@ -663,19 +665,35 @@ START_TEST(tiny_plane_depthwise_is_channel_blocked)
 		cg_module_free(m);
 		opcase_free(&c);
 	}
-	/* 3x3 at stride 1 on the same plane: the flat form, no transposes */
-	kiln_graph *g = NULL;
-	kiln_error e = {0};
-	ck_assert_msg(ir_parse("graph @f3(%x: f32[2,20,7,7], %w: f32[20,1,3,3]) -> (%d: f32[2,20,7,7]) {\n"
-	                       "  %d = conv %x, %w {group=20, pads=[1,1,1,1]} : f32[2,20,7,7]\n"
-	                       "  ret %d\n}\n", "f3.kir", &g, &e) == KILN_OK, "%s", e.msg);
-	cg_module *m = NULL;
-	ck_assert_msg(cg_lower_ex(g, &(cg_lower_opts){.fuse = true}, &m, &e) == KILN_OK, "%s", e.msg);
-	char *kir = dump(m);
-	ck_assert_msg(!strstr(kir, "transpose rows="), "3x3 stride 1 blocked:\n%s", kir);
-	free(kir);
-	cg_module_free(m);
-	kiln_graph_free(g);
+	/* 3x3 at stride 1 on the same plane: the flat form, no transposes;
+	 * stride 2 to rows of 14: blocked; to rows of 28: not */
+	static const struct {
+		const char *text;
+		bool blocked;
+	} forms[] = {
+		{"graph @f3(%x: f32[2,20,7,7], %w: f32[20,1,3,3]) -> (%d: f32[2,20,7,7]) {\n"
+		 "  %d = conv %x, %w {group=20, pads=[1,1,1,1]} : f32[2,20,7,7]\n  ret %d\n}\n", false},
+		{"graph @s14(%x: f32[1,20,28,28], %w: f32[20,1,5,5]) -> (%d: f32[1,20,14,14]) {\n"
+		 "  %d = conv %x, %w {group=20, pads=[2,2,2,2], strides=[2,2]} : f32[1,20,14,14]\n"
+		 "  ret %d\n}\n", true},
+		{"graph @s28(%x: f32[1,20,56,56], %w: f32[20,1,3,3]) -> (%d: f32[1,20,28,28]) {\n"
+		 "  %d = conv %x, %w {group=20, pads=[1,1,1,1], strides=[2,2]} : f32[1,20,28,28]\n"
+		 "  ret %d\n}\n", false},
+	};
+	for (size_t i = 0; i < sizeof forms / sizeof *forms; i++) {
+		kiln_graph *g = NULL;
+		kiln_error e = {0};
+		ck_assert_msg(ir_parse(forms[i].text, "f.kir", &g, &e) == KILN_OK, "%s", e.msg);
+		cg_module *m = NULL;
+		ck_assert_msg(cg_lower_ex(g, &(cg_lower_opts){.fuse = true}, &m, &e) == KILN_OK, "%s",
+		              e.msg);
+		char *kir = dump(m);
+		ck_assert_msg(!strstr(kir, "transpose rows=") == !forms[i].blocked,
+		              "form %zu: blocked should be %d:\n%s", i, forms[i].blocked, kir);
+		free(kir);
+		cg_module_free(m);
+		kiln_graph_free(g);
+	}
 }
 END_TEST
 
