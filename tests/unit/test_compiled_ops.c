@@ -459,6 +459,21 @@ START_TEST(stride2_windows_match_the_interpreter)
 }
 END_TEST
 
+/* A pool op of x [n, c, h, w] with attrs, x seeded, compiled against the
+ * interpreter. */
+static void pool_matches(const char *name, kiln_op op, int64_t n, int64_t c, int64_t h,
+                         int64_t w, const char *attrs)
+{
+	kiln_graph *g = kiln_graph_new(name);
+	int64_t sx[] = {n, c, h, w};
+	opcase_graph oc = {name, g, {seeded(4, sx, 0)}, {0}, 1, 1, 0};
+	uint32_t in[1] = {input(g, "x", KILN_F32, 4, sx)};
+	ir_output_add(g, op1(g, op, 1, in, attrs), NULL);
+	char why[1400] = "";
+	ck_assert_msg(case_matches(&oc, false, why, sizeof why), "%s (%s): %s", name, attrs, why);
+	opcase_free(&oc);
+}
+
 /* Pools whose windows tile the plane (kernel == stride, no padding) on
  * rows of at most 16 outputs run as two flat loops per plane (lower_nn.c,
  * pool_flat): max and average, 2x2/2 (7 and 14 outputs a row), 3x3/3, a
@@ -485,15 +500,8 @@ START_TEST(disjoint_window_pools_match_the_interpreter)
 	for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
 		char name[32];
 		snprintf(name, sizeof name, "dpool_%zu", i);
-		kiln_graph *g = kiln_graph_new(name);
-		int64_t sx[] = {cases[i].n, cases[i].c, cases[i].h, cases[i].w};
-		opcase_graph c = {name, g, {seeded(4, sx, 0)}, {0}, 1, 1, 0};
-		uint32_t in[1] = {input(g, "x", KILN_F32, 4, sx)};
-		ir_output_add(g, op1(g, cases[i].op, 1, in, cases[i].attrs), NULL);
-		char why[1400] = "";
-		ck_assert_msg(case_matches(&c, false, why, sizeof why), "%s (%s): %s", name,
-		              cases[i].attrs, why);
-		opcase_free(&c);
+		pool_matches(name, cases[i].op, cases[i].n, cases[i].c, cases[i].h, cases[i].w,
+		             cases[i].attrs);
 	}
 }
 END_TEST
@@ -529,15 +537,8 @@ START_TEST(separable_max_pools_match_the_interpreter)
 	for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
 		char name[32];
 		snprintf(name, sizeof name, "spool_%zu", i);
-		kiln_graph *g = kiln_graph_new(name);
-		int64_t sx[] = {cases[i].n, cases[i].c, cases[i].h, cases[i].w};
-		opcase_graph c = {name, g, {seeded(4, sx, 0)}, {0}, 1, 1, 0};
-		uint32_t in[1] = {input(g, "x", KILN_F32, 4, sx)};
-		ir_output_add(g, op1(g, KILN_OP_MAX_POOL, 1, in, cases[i].attrs), NULL);
-		char why[1400] = "";
-		ck_assert_msg(case_matches(&c, false, why, sizeof why), "%s (%s): %s", name,
-		              cases[i].attrs, why);
-		opcase_free(&c);
+		pool_matches(name, KILN_OP_MAX_POOL, cases[i].n, cases[i].c, cases[i].h, cases[i].w,
+		             cases[i].attrs);
 	}
 }
 END_TEST
