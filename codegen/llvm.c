@@ -870,7 +870,6 @@ static LLVMMetadataRef md_flag(cg_llvm *L, const char *name, bool value)
  * rows, cost 1093) ran 1.5x slower rolled, 0.036 -> 0.055-0.086 ms at
  * batch 16. */
 enum { CG_OUTER = 1 << 30 };
-/* llvm.loop metadata: a distinct node whose first operand is itself. */
 static void loop_hints(cg_llvm *L, LLVMValueRef br, uint32_t hints)
 {
 	LLVMMetadataRef ops[3];
@@ -881,11 +880,18 @@ static void loop_hints(cg_llvm *L, LLVMValueRef br, uint32_t hints)
 		ops[n++] = md_flag(L, "llvm.loop.unroll.enable", false);
 	else if (hints & CG_OUTER)
 		ops[n++] = md_flag(L, "llvm.loop.unroll.disable", false);
-	if (n == 1)
-		return;
-	LLVMMetadataRef tmp = LLVMTemporaryMDNode(L->ctx, NULL, 0);
+	if (n > 1)
+		cg_llvm_loop_md(L, br, ops + 1, n - 1);
+}
+
+void cg_llvm_loop_md(cg_llvm *L, LLVMValueRef br, LLVMMetadataRef *props, int n)
+{
+	LLVMMetadataRef ops[8], tmp = LLVMTemporaryMDNode(L->ctx, NULL, 0);
 	ops[0] = tmp;
-	LLVMMetadataRef node = LLVMMDNodeInContext2(L->ctx, ops, (size_t)n);
+	for (int i = 0; i < n && i < 7; i++)
+		ops[i + 1] = props[i];
+	n = n < 7 ? n : 7;
+	LLVMMetadataRef node = LLVMMDNodeInContext2(L->ctx, ops, (size_t)n + 1);
 	LLVMMetadataReplaceAllUsesWith(tmp, node);
 	unsigned kind = LLVMGetMDKindIDInContext(L->ctx, "llvm.loop", 9);
 	LLVMSetMetadata(br, kind, LLVMMetadataAsValue(L->ctx, node));

@@ -172,6 +172,9 @@ LLVMValueRef cg_llvm_local(cg_llvm *L, LLVMBuilderRef b, LLVMValueRef fn, LLVMTy
 LLVMValueRef cg_llvm_loop_begin(cg_llvm *L, LLVMBuilderRef b, LLVMValueRef fn, cg_llvm_loop *l,
                                 LLVMValueRef lo, LLVMValueRef hi, int64_t step);
 void cg_llvm_loop_end(LLVMBuilderRef b, cg_llvm_loop *l);
+/* llvm.loop metadata on a loop's back branch: a distinct node whose first
+ * operand is itself, then the n (<= 7) properties */
+void cg_llvm_loop_md(cg_llvm *L, LLVMValueRef br, LLVMMetadataRef *props, int n);
 LLVMBasicBlockRef cg_llvm_if_begin(cg_llvm *L, LLVMBuilderRef b, LLVMValueRef fn,
                                    LLVMValueRef cond);
 void cg_llvm_if_end(LLVMBuilderRef b, LLVMBasicBlockRef join);

@@ -363,13 +363,8 @@ static void loop_end_unroll(gen *g, loop *l, int n)
 	const char *key = "llvm.loop.unroll.count";
 	LLVMMetadataRef cnt[2] = {LLVMMDStringInContext2(g->L->ctx, key, strlen(key)),
 	                          LLVMValueAsMetadata(LLVMConstInt(g->L->i32, (unsigned)n, 0))};
-	LLVMMetadataRef ops[2] = {NULL, LLVMMDNodeInContext2(g->L->ctx, cnt, 2)};
-	LLVMMetadataRef tmp = LLVMTemporaryMDNode(g->L->ctx, NULL, 0);
-	ops[0] = tmp;
-	LLVMMetadataRef node = LLVMMDNodeInContext2(g->L->ctx, ops, 2);
-	LLVMMetadataReplaceAllUsesWith(tmp, node);
-	unsigned kind = LLVMGetMDKindIDInContext(g->L->ctx, "llvm.loop", 9);
-	LLVMSetMetadata(br, kind, LLVMMetadataAsValue(g->L->ctx, node));
+	LLVMMetadataRef prop = LLVMMDNodeInContext2(g->L->ctx, cnt, 2);
+	cg_llvm_loop_md(g->L, br, &prop, 1);
 }
 
 static LLVMBasicBlockRef if_begin(gen *g, LLVMValueRef cond)

@@ -2635,7 +2635,7 @@ static kiln_status pool_sep(cg_module *m, cg_kernel *k, cg_stmt *blk, const ir_n
 			cg_expr *r = add(m, mul(m, oh, I(m, s0)), I(m, kh * d0 - g->pad[0]));
 			cg_expr *in_x = cg_bin(m, CG_AND, cg_bin(m, CG_GE, r, I(m, 0)),
 			                       cg_bin(m, CG_LT, r, I(m, H)));
-			cg_expr *rc = cg_bin(m, CG_MAX, cg_bin(m, CG_MIN, r, I(m, H - 1)), I(m, 0));
+			cg_expr *rc = cg_clamp(m, r, I(m, H));
 			cg_expr *xv = cg_ld(m, in[0], add(m, xp, add(m, mul(m, rc, I(m, W)), w)));
 			v = pool_combine(m, true, v, cg_select(m, in_x, xv, least));
 		}
