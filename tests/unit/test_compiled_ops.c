@@ -545,20 +545,37 @@ END_TEST
 
 /* A depthwise conv (x [n, c, h, w], weights [mo, 1, k, k], the bias when
  * bias) with attrs, its inputs seeded, compiled against the interpreter. */
-static void depthwise_matches(const char *name, int64_t n, int64_t c, int64_t mo, int64_t h,
-                              int64_t w, int64_t k, bool bias, const char *attrs)
+/* konst: the filter and bias are constants (packed at compile time by the
+ * channel-blocked form), not inputs */
+static void depthwise_matches_k(const char *name, int64_t n, int64_t c, int64_t mo, int64_t h,
+                                int64_t w, int64_t k, bool bias, const char *attrs, bool konst)
 {
 	kiln_graph *g = kiln_graph_new(name);
 	int64_t sx[] = {n, c, h, w}, sw[] = {mo, 1, k, k}, sb[] = {mo};
 	int nin = bias ? 3 : 2;
-	opcase_graph oc = {name, g, {seeded(4, sx, 0), seeded(4, sw, 1), seeded(1, sb, 2)}, {0}, nin,
-	                   1, 0};
-	uint32_t in[3] = {input(g, "x", KILN_F32, 4, sx), input(g, "w", KILN_F32, 4, sw),
-	                  bias ? input(g, "b", KILN_F32, 1, sb) : 0};
+	opcase_graph oc = {name, g, {seeded(4, sx, 0), seeded(4, sw, 1), seeded(1, sb, 2)}, {0},
+	                   konst ? 1 : nin, 1, 0};
+	uint32_t in[3] = {input(g, "x", KILN_F32, 4, sx), 0, 0};
+	if (konst) {
+		in[1] = kiln_constant(g, oc.in[1]);
+		in[2] = bias ? kiln_constant(g, oc.in[2]) : 0;
+		kiln_tensor_free(oc.in[1]), kiln_tensor_free(oc.in[2]);
+		oc.in[1] = oc.in[2] = NULL;
+	} else {
+		in[1] = input(g, "w", KILN_F32, 4, sw);
+		in[2] = bias ? input(g, "b", KILN_F32, 1, sb) : 0;
+	}
 	ir_output_add(g, op1(g, KILN_OP_CONV, (unsigned)nin, in, attrs), NULL);
 	char why[1400] = "";
-	ck_assert_msg(case_matches(&oc, false, why, sizeof why), "%s (%s): %s", name, attrs, why);
+	ck_assert_msg(case_matches(&oc, false, why, sizeof why), "%s (%s%s): %s", name, attrs,
+	              konst ? ", constant filter" : "", why);
 	opcase_free(&oc);
+}
+
+static void depthwise_matches(const char *name, int64_t n, int64_t c, int64_t mo, int64_t h,
+                              int64_t w, int64_t k, bool bias, const char *attrs)
+{
+	depthwise_matches_k(name, n, c, mo, h, w, k, bias, attrs, false);
 }
 
 /* Stride-1 depthwise convs on planes narrower than 16 outputs (f32 3x3;
@@ -628,8 +645,9 @@ START_TEST(tiny_plane_depthwise_is_channel_blocked)
 	for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
 		char name[32];
 		snprintf(name, sizeof name, "dwblock_%zu", i);
-		depthwise_matches(name, cases[i].n, cases[i].c, cases[i].c, cases[i].h, cases[i].w,
-		                  cases[i].k, cases[i].bias, cases[i].attrs);
+		for (int konst = 0; konst < 2; konst++)
+			depthwise_matches_k(name, cases[i].n, cases[i].c, cases[i].c, cases[i].h, cases[i].w,
+			                    cases[i].k, cases[i].bias, cases[i].attrs, konst);
 	}
 	/* a Clip folds into the conv's stores into T and the Add and Relu after
 	 * it are a kernel of their own; an Add straight after the conv is one
