@@ -41,6 +41,7 @@ typedef enum cg_unop {
 	CG_NEG, CG_ABS, CG_EXP, CG_LOG, CG_SQRT, CG_TANH, CG_ERF, CG_SIN, CG_COS,
 	CG_FLOOR, CG_CEIL, CG_ROUND, CG_NOT, /* ROUND: to nearest, ties to even; NOT: bool */
 	CG_ATAN, CG_ASIN, CG_ACOS, /* libm calls */
+	CG_SIGMOID,                /* 1 / (1 + exp(-a)) */
 	CG_UNOP_COUNT
 } cg_unop;
 

@@ -120,6 +120,8 @@ static const char prelude[] =
 "template <> __device__ __forceinline__ float kmax<float>(float a, float b) { return (a > b || a != a) ? a : b; }\n"
 "template <> __device__ __forceinline__ double kmin<double>(double a, double b) { return (a < b || a != a) ? a : b; }\n"
 "template <> __device__ __forceinline__ double kmax<double>(double a, double b) { return (a > b || a != a) ? a : b; }\n"
+"__device__ __forceinline__ float ksigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }\n"
+"__device__ __forceinline__ double ksigmoid(double x) { return 1.0 / (1.0 + exp(-x)); }\n"
 "/* float -> integer: toward zero, saturated, NaN -> 0 */\n"
 "__device__ __forceinline__ kiln_i64 ksat(double x, double lo, double hi)\n"
 "{ return x != x ? 0 : x <= lo ? (kiln_i64)lo : x >= hi ? (kiln_i64)hi : (kiln_i64)x; }\n"
@@ -471,12 +473,12 @@ static const char *unf32[CG_UNOP_COUNT] = {
 	[CG_ABS] = "fabsf", [CG_EXP] = "expf", [CG_LOG] = "logf", [CG_SQRT] = "sqrtf",
 	[CG_TANH] = "tanhf", [CG_ERF] = "erff", [CG_SIN] = "sinf", [CG_COS] = "cosf",
 	[CG_FLOOR] = "floorf", [CG_CEIL] = "ceilf", [CG_ROUND] = "rintf", [CG_ATAN] = "atanf",
-	[CG_ASIN] = "asinf", [CG_ACOS] = "acosf"};
+	[CG_ASIN] = "asinf", [CG_ACOS] = "acosf", [CG_SIGMOID] = "ksigmoid"};
 static const char *unf64[CG_UNOP_COUNT] = {
 	[CG_ABS] = "fabs", [CG_EXP] = "exp", [CG_LOG] = "log", [CG_SQRT] = "sqrt",
 	[CG_TANH] = "tanh", [CG_ERF] = "erf", [CG_SIN] = "sin", [CG_COS] = "cos",
 	[CG_FLOOR] = "floor", [CG_CEIL] = "ceil", [CG_ROUND] = "rint", [CG_ATAN] = "atan",
-	[CG_ASIN] = "asin", [CG_ACOS] = "acos"};
+	[CG_ASIN] = "asin", [CG_ACOS] = "acos", [CG_SIGMOID] = "ksigmoid"};
 
 static void un(pr *p, const cg_expr *e)
 {

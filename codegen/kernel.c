@@ -476,7 +476,7 @@ static const char *const unop_name[CG_UNOP_COUNT] = {
 	[CG_NEG] = "neg", [CG_ABS] = "abs", [CG_EXP] = "exp", [CG_LOG] = "log",
 	[CG_SQRT] = "sqrt", [CG_TANH] = "tanh", [CG_ERF] = "erf", [CG_SIN] = "sin",
 	[CG_COS] = "cos", [CG_FLOOR] = "floor", [CG_CEIL] = "ceil", [CG_ROUND] = "round", [CG_NOT] = "not",
-	[CG_ATAN] = "atan", [CG_ASIN] = "asin", [CG_ACOS] = "acos",
+	[CG_ATAN] = "atan", [CG_ASIN] = "asin", [CG_ACOS] = "acos", [CG_SIGMOID] = "sigmoid",
 };
 
 /* Infix operators with their precedence; the rest print as calls. */

@@ -116,6 +116,7 @@ static double unf(cg_unop op, double a)
 	case CG_FLOOR: return floor(a);
 	case CG_CEIL: return ceil(a);
 	case CG_ROUND: return nearbyint(a);
+	case CG_SIGMOID: return a >= 0 ? 1 / (1 + exp(-a)) : exp(a) / (1 + exp(a));
 	default: return NAN;
 	}
 }

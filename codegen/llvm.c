@@ -375,6 +375,32 @@ static LLVMValueRef exp_f32(fn_ctx *c, LLVMValueRef x)
 	return fsel(c, LLVMRealUNO, x, x, x, y);
 }
 
+/* 1 / (1 + exp(-x)) in f32: exp_f32's polynomial on -x clamped to
+ * [-87, 88], where one 2^n scale stays a normal number and exp stays
+ * below FLT_MAX, so none of exp_f32's range selects are needed: past the
+ * clamp the result is 1 (x >= 87) or within 6e-39 of 0.  NaN stays NaN.
+ * Relative error within 1e-6 of libm's on [-12, 12] (test_codegen).  In
+ * EfficientNet-B0's SiLU kernels (x * sigmoid(x), as exp and a division
+ * before): about 35 -> 24 instructions per vector, their sum 2.10 -> 1.59
+ * ms at batch 1, one thread (kiln bench --profile, 60 runs; Zen 4). */
+static LLVMValueRef sigmoid_f32(fn_ctx *c, LLVMValueRef x)
+{
+	static const double p[] = {1.9875691500E-4, 1.3981999507E-3, 8.3334519073E-3,
+	                           4.1665795894E-2, 1.6666665459E-1, 5.0000001201E-1};
+	LLVMBuilderRef B = c->L->b;
+	LLVMValueRef lo = fc(c, -87.0), hi = fc(c, 88.0);
+	LLVMValueRef t = LLVMBuildFNeg(B, x, "");
+	t = fsel(c, LLVMRealOLT, t, lo, lo, t);
+	t = fsel(c, LLVMRealOGT, t, hi, hi, t);
+	LLVMValueRef n = intr1(c, "llvm.floor", fmuladd(c, t, fc(c, 1.44269504088896341), fc(c, 0.5)));
+	LLVMValueRef r = fmuladd(c, n, fc(c, -0.693359375), t);
+	r = fmuladd(c, n, fc(c, 2.12194440e-4), r);
+	LLVMValueRef y = fmuladd(c, poly(c, r, p, 6), fmul(c, r, r), fadd(c, r, fc(c, 1.0)));
+	y = fmul(c, y, pow2i(c, LLVMBuildFPToSI(B, n, c->L->i32, "")));
+	LLVMValueRef s = LLVMBuildFDiv(B, fc(c, 1.0), fadd(c, y, fc(c, 1.0)), "");
+	return fsel(c, LLVMRealUNO, x, x, x, s);
+}
+
 /* Cephes tanhf below 0.625 (odd polynomial), else 1 - 2/(exp(2|x|)+1). */
 static LLVMValueRef tanh_f32(fn_ctx *c, LLVMValueRef x)
 {
@@ -601,6 +627,15 @@ static LLVMValueRef u_erf(fn_ctx *c, LLVMValueRef a, kiln_dtype dt)
 	return dt != KILN_F64 ? erf_f32(c, a) : libm1(c, "erf", a);
 }
 
+static LLVMValueRef u_sigmoid(fn_ctx *c, LLVMValueRef a, kiln_dtype dt)
+{
+	if (dt != KILN_F64)
+		return sigmoid_f32(c, a);
+	LLVMValueRef one = LLVMConstReal(LLVMTypeOf(a), 1.0);
+	LLVMValueRef e = intr1(c, "llvm.exp", LLVMBuildFNeg(c->L->b, a, ""));
+	return LLVMBuildFDiv(c->L->b, one, LLVMBuildFAdd(c->L->b, one, e, ""), "");
+}
+
 static LLVMValueRef u_not(fn_ctx *c, LLVMValueRef a, kiln_dtype dt)
 {
 	return LLVMBuildNot(c->L->b, a, "");
@@ -622,7 +657,7 @@ typedef LLVMValueRef (*unop_fn)(fn_ctx *c, LLVMValueRef a, kiln_dtype dt);
 static const unop_fn unop_table[CG_UNOP_COUNT] = {
 	[CG_NEG] = u_neg, [CG_ABS] = u_abs, [CG_EXP] = u_exp, [CG_TANH] = u_tanh,
 	[CG_ERF] = u_erf, [CG_NOT] = u_not, [CG_ATAN] = u_atan, [CG_ASIN] = u_asin,
-	[CG_ACOS] = u_acos,
+	[CG_ACOS] = u_acos, [CG_SIGMOID] = u_sigmoid,
 };
 /* The rest are LLVM intrinsics on floats (identity on integers). */
 static const char *const unop_intrinsic[CG_UNOP_COUNT] = {

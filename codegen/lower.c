@@ -347,11 +347,11 @@ static cg_expr *s_relu(cg_module *m, const ir_node *n, cg_expr **a, kiln_dtype c
 	return cg_bin(m, CG_MAX, a[0], fc(m, ct, 0));
 }
 
-/* 1/(1+exp(-x)): exp overflows to inf for very negative x, giving 0. */
+/* 1/(1+exp(-x)), one kernel-IR op: the backends compute it with fewer
+ * instructions than a general exp and a division (codegen/llvm.c). */
 static cg_expr *s_sigmoid(cg_module *m, const ir_node *n, cg_expr **a, kiln_dtype ct)
 {
-	cg_expr *e = cg_un(m, CG_EXP, cg_un(m, CG_NEG, a[0]));
-	return cg_bin(m, CG_DIV, fc(m, ct, 1), cg_bin(m, CG_ADD, fc(m, ct, 1), e));
+	return cg_un(m, CG_SIGMOID, a[0]);
 }
 
 /* An op with a formula in ir_scalar_table (Gelu, Softplus, ...): the

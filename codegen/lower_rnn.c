@@ -40,8 +40,7 @@ static cg_expr *act(cg_module *m, const ir_rnn *r, int k, cg_expr *x, bool clip)
 	switch (r->act[k]) {
 	case IR_ACT_RELU: return cg_bin(m, CG_MAX, x, z);
 	case IR_ACT_TANH: return cg_un(m, CG_TANH, x);
-	case IR_ACT_SIGMOID:
-		return cg_bin(m, CG_DIV, one, add(m, one, cg_un(m, CG_EXP, cg_un(m, CG_NEG, x))));
+	case IR_ACT_SIGMOID: return cg_un(m, CG_SIGMOID, x);
 	case IR_ACT_SOFTSIGN: return cg_bin(m, CG_DIV, x, add(m, one, cg_un(m, CG_ABS, x)));
 	case IR_ACT_SOFTPLUS: /* max(x, 0) + log(1 + exp(-|x|)) */
 		return add(m, cg_bin(m, CG_MAX, x, z),

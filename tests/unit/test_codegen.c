@@ -278,6 +278,23 @@ END_TEST
 START_TEST(erf_within_1e6_of_libm) { check_close(CG_ERF, erf, "erf_t"); }
 END_TEST
 
+static double sigmoid_ref(double x) { return 1 / (1 + exp(-x)); }
+
+/* sigmoid: 1e-6 relative on [-12, 12] and the specials (+-inf, NaN,
+ * 88.72), and past its clamp: 1 from 87 up, within 1e-37 of the true
+ * value below -87 */
+START_TEST(sigmoid_within_1e6_of_libm)
+{
+	check_close(CG_SIGMOID, sigmoid_ref, "sigm_t");
+	float xs[6] = {87.0f, 100.0f, 3e38f, -87.5f, -100.0f, -3e38f};
+	float *ys = run_unary(CG_SIGMOID, xs, 6, "sigm_far");
+	for (int i = 0; i < 6; i++)
+		ck_assert_msg(fabs(ys[i] - sigmoid_ref(xs[i])) <= (xs[i] > 0 ? 0 : 1e-37),
+		              "sigmoid(%g) = %g, want %g", xs[i], ys[i], sigmoid_ref(xs[i]));
+	free(ys);
+}
+END_TEST
+
 START_TEST(exp_kernel_vectorizes_to_zmm_on_avx512_host)
 {
 	cg_target t;
@@ -992,6 +1009,7 @@ static Suite *codegen_suite(void)
 	tcase_add_test(tc, exp_within_2_ulp_of_libm);
 	tcase_add_test(tc, tanh_within_1e6_of_libm);
 	tcase_add_test(tc, erf_within_1e6_of_libm);
+	tcase_add_test(tc, sigmoid_within_1e6_of_libm);
 	tcase_add_test(tc, exp_kernel_vectorizes_to_zmm_on_avx512_host);
 	tcase_add_test(tc, target_is_the_host_unless_overridden);
 	suite_add_tcase(s, tc);
