@@ -41,11 +41,15 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
 
 #include "rt.h"
 #include "runtime/model.h"
 
 enum { MAX_THREADS = 256, ALIGN = 64 };
+#define HUGE_PAGE ((size_t)2 << 20)
 
 static const struct {
 	const char *name;
@@ -834,11 +838,23 @@ static kiln_status plan_arena(rt_model *m)
 	free(m->arena);
 	m->arena = NULL;
 	m->arena_bytes = 0;
-	if (posix_memalign(&m->arena, ALIGN, total) != 0) {
+	/* an arena of HUGE_PAGE bytes or more in whole 2 MB pages where the kernel
+	 * has them (transparent huge pages: "madvise" mode gives none unless
+	 * asked) */
+	size_t align = ALIGN;
+	if (total >= HUGE_PAGE && total <= PTRDIFF_MAX - HUGE_PAGE) {
+		align = HUGE_PAGE;
+		total = (total + HUGE_PAGE - 1) / HUGE_PAGE * HUGE_PAGE;
+	}
+	if (posix_memalign(&m->arena, align, total) != 0) {
 		m->arena = NULL;
 		return fail(m, KILN_ENOMEM, "model '%s': cannot allocate %zu bytes of scratch for %s",
 		            d->name, total, syms_str(m, syms, sizeof syms));
 	}
+#ifdef MADV_HUGEPAGE
+	if (align == HUGE_PAGE)
+		madvise(m->arena, total, MADV_HUGEPAGE); /* a hint: failure changes nothing */
+#endif
 	m->arena_bytes = total;
 	return KILN_OK;
 }
