@@ -2647,67 +2647,197 @@ static kiln_status pool_flat(cg_module *m, cg_kernel *k, cg_stmt *blk, const ir_
  * 0.071 (ORT 0.114, 0.064); planes of 64 x 64 and more stay with the
  * split rows, which measured 8-12% faster there (64 x 111x111 0.204
  * against 0.228, ResNet's 64 x 112x112 pad 1 0.207 against 0.225). */
+/* pool_sep's limits: column stride (phase rows), window rows.  Planes of
+ * SPLIT_ROWS_MIN and more take it for windows of 9 taps or more: one
+ * max pool, batch 1, one thread, kiln bench min over 5 x 100 runs, split
+ * rows -> separable (ms, Zen 4): 64 x 111x111 3x3/2 ceil 0.196 -> 0.110,
+ * 64 x 112x112 3x3/2 pad 1 0.202 -> 0.127, 3x3/1 pad 1 0.544 -> 0.211
+ * (ORT 0.171, 0.169, 0.420 with its reorders); 64 x 224x224 2x2/2 lost
+ * (0.311 -> 0.742) and keeps the split rows. */
+enum { SEP_MAX_S = 4, SEP_MAX_K = 8, SEP_BIG_TAPS = 9 };
 static bool pool_sep_ok(const cg_module *m, const ir_node *n, const geom *g, int x)
 {
 	return n->op == KILN_OP_MAX_POOL && g->nsp == 2 && m->buf[x].dt == KILN_F32 &&
-	       g->in[0] * g->in[1] < SPLIT_ROWS_MIN;
+	       (g->in[0] * g->in[1] < SPLIT_ROWS_MIN || g->k[0] * g->k[1] >= SEP_BIG_TAPS) &&
+	       g->stride[1] <= SEP_MAX_S && g->k[0] <= SEP_MAX_K;
 }
 
-static kiln_status pool_sep(cg_module *m, cg_kernel *k, cg_stmt *blk, const ir_node *n,
-                            const int *in, int y, const geom *g, cg_expr *nc, cg_expr *b,
-                            kiln_error *err)
+/* One output row oh of pool_sep: the vertical max of the rows kh of
+ * rows[0..nr) (all in x) into V's phase rows, then the horizontal max into
+ * y.  oh is the loop's variable for the interior rows, a constant for each
+ * edge row (whose rows outside x are left out at compile time). */
+typedef struct sep_geom {
+	int64_t W, Wo, s1, d1, pl;
+	int64_t P, Q;                 /* V's phase rows and their length */
+	int64_t ilo[SEP_MAX_S], ihi[SEP_MAX_S]; /* per phase, the i whose column is in x */
+	int64_t I0, I1;               /* the i inside x in every phase */
+} sep_geom;
+
+static void sep_row(cg_module *m, cg_kernel *k, cg_stmt *rb, const int *in, int y,
+                    const geom *g, const sep_geom *sg, int V, cg_expr *vp, cg_expr *xp,
+                    cg_expr *yp, cg_expr *oh, const int64_t *rows, int nr, bool over)
 {
-	int64_t H = g->in[0], W = g->in[1], Ho = g->out[0], Wo = g->out[1];
-	int64_t s0 = g->stride[0], s1 = g->stride[1], d0 = g->dil[0], d1 = g->dil[1];
-	int64_t pl = g->pad[1];
-	int64_t Wp = pl + W, last = (Wo - 1) * s1 + (g->k[1] - 1) * d1 + 1;
-	Wp = last > Wp ? last : Wp;
-	int V = cg_lower_scratch(m, KILN_F32, mul(m, nc, I(m, Wp)));
-	if (V < 0)
-		return nomem(m, n, err);
-	cg_expr *vp = mul(m, b, I(m, Wp)), *xp = mul(m, b, I(m, g->isz)), *least = fc(m, KILN_F32, -INFINITY);
-	cg_expr *oh, *w, *j;
-	cg_stmt *rb, *wb, *jb;
-	/* V's -inf borders, once per plane: the rows below write [pl, pl + W) */
-	if (pl > 0) {
-		cg_append(m, blk, cg_loop(m, k, I(m, pl), 0, &w, &wb));
-		cg_append(m, wb, cg_st(m, V, add(m, vp, w), least));
-	}
-	if (Wp > pl + W) {
-		cg_append(m, blk, cg_loop(m, k, I(m, Wp - pl - W), 0, &w, &wb));
-		cg_append(m, wb, cg_st(m, V, add(m, vp, add(m, I(m, pl + W), w)), least));
-	}
-	cg_append(m, blk, cg_loop(m, k, I(m, Ho), 0, &oh, &rb));
-	/* both loops in whole vectors (vector_spans: the last one overlapping
-	 * the others): rows of 55 or 27 ran a third of their columns scalar */
-	int64_t st[2], len[2];
-	int ns = vector_spans(0, W, st, len);
-	for (int q = 0; q < ns; q++) {
-		cg_append(m, rb, cg_loop(m, k, I(m, len[q]), CG_VECTORIZE, &w, &wb));
-		w = add(m, I(m, st[q]), w);
-		cg_expr *v = NULL;
-		for (int64_t kh = 0; kh < g->k[0]; kh++) {
-			/* tap row r = oh*s0 - pad0 + kh*d0; outside x: -inf (the
-			 * load itself from a clamped row, always in bounds) */
-			cg_expr *r = add(m, mul(m, oh, I(m, s0)), I(m, kh * d0 - g->pad[0]));
-			cg_expr *in_x = cg_bin(m, CG_AND, cg_bin(m, CG_GE, r, I(m, 0)),
-			                       cg_bin(m, CG_LT, r, I(m, H)));
-			cg_expr *rc = cg_clamp(m, r, I(m, H));
-			cg_expr *xv = cg_ld(m, in[0], add(m, xp, add(m, mul(m, rc, I(m, W)), w)));
-			v = pool_combine(m, true, v, cg_select(m, in_x, xv, least));
+	int64_t P = sg->P, st[2], len[2];
+	cg_expr *least = fc(m, KILN_F32, -INFINITY), *i, *j;
+	cg_stmt *ib, *jb;
+	/* the vertical max of padded column c = i*P + p (x's column c - pl)
+	 * into phase row p at i: the phases of one i in one loop, so their
+	 * loads form one interleaved group (wide loads and shuffles); the
+	 * interior in whole vectors (vector_spans: the last overlapping) */
+	cg_expr *rowp[SEP_MAX_K];
+	for (int q = 0; q < nr; q++)
+		rowp[q] = add(m, xp, mul(m, add(m, mul(m, oh, I(m, g->stride[0])),
+		                                  I(m, rows[q] * g->dil[0] - g->pad[0])),
+		                         I(m, sg->W)));
+	for (int pass = 0; pass < 3; pass++) {
+		/* pass 0: the common interior, all phases; 1, 2: each phase's own
+		 * columns left and right of it (a few elements) */
+		for (int64_t p = 0; p < (pass ? P : 1); p++) {
+			int64_t lo = pass == 0 ? sg->I0 : pass == 1 ? sg->ilo[p] : sg->I1;
+			int64_t hi = pass == 0 ? sg->I1 : pass == 1 ? sg->I0 : sg->ihi[p];
+			if (hi > sg->ihi[p] && pass)
+				hi = sg->ihi[p];
+			if (lo < sg->ilo[p] && pass)
+				lo = sg->ilo[p];
+			if (hi <= lo)
+				continue;
+			int64_t ist[2] = {lo}, ilen[2] = {hi - lo};
+			int ni = pass ? 1 : vector_spans(lo, hi - lo, ist, ilen);
+			for (int u = 0; u < ni; u++) {
+				cg_append(m, rb, cg_loop(m, k, I(m, ilen[u]), pass ? 0 : CG_VECTORIZE, &i, &ib));
+				i = add(m, I(m, ist[u]), i);
+				for (int64_t ph = pass ? p : 0; ph < (pass ? p + 1 : P); ph++) {
+					cg_expr *col = add(m, mul(m, i, I(m, P)), I(m, ph - sg->pl)), *v = NULL;
+					for (int q = 0; q < nr; q++)
+						v = pool_combine(m, true, v, cg_ld(m, in[0], add(m, rowp[q], col)));
+					cg_append(m, ib, cg_st(m, V, add(m, vp, add(m, I(m, ph * sg->Q), i)),
+					                       v ? v : least));
+				}
+			}
 		}
-		cg_append(m, wb, cg_st(m, V, add(m, vp, add(m, I(m, pl), w)), v));
 	}
-	ns = vector_spans(0, Wo, st, len);
+	/* the horizontal max: tap kw of output j, padded column j*s1 + kw*d1,
+	 * is phase (kw*d1) % P at j + (kw*d1) / P when P is s1 (contiguous in
+	 * j), element j*s1 + kw*d1 of the one row when P is 1 */
+	/* over: a row narrower than a vector as one whole vector, whose lanes
+	 * past Wo write the start of the next row (computed after this one) */
+	int ns = over ? (st[0] = 0, len[0] = TAIL_VEC, 1) : vector_spans(0, sg->Wo, st, len);
 	for (int q = 0; q < ns; q++) {
 		cg_append(m, rb, cg_loop(m, k, I(m, len[q]), CG_VECTORIZE, &j, &jb));
 		j = add(m, I(m, st[q]), j);
 		cg_expr *v = NULL;
-		for (int64_t kw = 0; kw < g->k[1]; kw++)
-			v = pool_combine(m, true, v, cg_ld(m, V, add(m, vp, add(m, mul(m, j, I(m, s1)),
-			                                                       I(m, kw * d1)))));
-		cg_append(m, jb, cg_st(m, y, add(m, mul(m, b, I(m, g->osz)),
-		                                 add(m, mul(m, oh, I(m, Wo)), j)), v));
+		for (int64_t kw = 0; kw < g->k[1]; kw++) {
+			int64_t t = kw * sg->d1;
+			cg_expr *e = P > 1 ? add(m, I(m, t % P * sg->Q), add(m, j, I(m, t / P)))
+			                   : add(m, mul(m, j, I(m, sg->s1)), I(m, t));
+			v = pool_combine(m, true, v, cg_ld(m, V, add(m, vp, e)));
+		}
+		cg_append(m, jb, cg_st(m, y, add(m, yp, add(m, mul(m, oh, I(m, sg->Wo)), j)), v));
+	}
+}
+
+/* sg's P phase rows of a padded row of Wp columns (padded column c at
+ * phase c % P, element c / P), which elements of each hold x's columns,
+ * and which do in every phase. */
+static void sep_phases(sep_geom *sg, int64_t Wp, int64_t P)
+{
+	sg->P = P;
+	sg->Q = (Wp + P - 1) / P;
+	sg->I0 = 0, sg->I1 = sg->Q;
+	for (int64_t p = 0; p < P; p++) {
+		/* i*P + p - pl in [0, W) */
+		int64_t lo = sg->pl - p <= 0 ? 0 : (sg->pl - p + P - 1) / P;
+		int64_t hi = sg->pl + sg->W - p <= 0 ? 0 : (sg->pl + sg->W - p + P - 1) / P;
+		sg->ilo[p] = lo < sg->Q ? lo : sg->Q;
+		sg->ihi[p] = hi < sg->Q ? (hi > sg->ilo[p] ? hi : sg->ilo[p]) : sg->Q;
+		sg->I0 = sg->ilo[p] > sg->I0 ? sg->ilo[p] : sg->I0;
+		sg->I1 = sg->ihi[p] < sg->I1 ? sg->ihi[p] : sg->I1;
+	}
+	if (sg->I1 < sg->I0)
+		sg->I1 = sg->I0;
+}
+
+/* A separable 2-D max pool (f32; pool_sep_ok says which): per output
+ * row, the max over the window's rows into V, then over its columns, both
+ * in whole vectors.  V holds the row padded with -inf as s1 phase rows
+ * (phase p, element i: padded column i*s1 + p) when each phase keeps a
+ * whole vector of columns inside x, so the horizontal taps are contiguous
+ * at any stride (read at stride 2 from one row, LLVM loaded a tap with
+ * gathers), else as the one row.  Rows narrower than a vector run as one
+ * whole vector each, overshooting into the next row, which is computed
+ * after it (13 outputs ran scalar).  The output rows whose window rows all
+ * lie in x run in one loop with no row tests; each other row is emitted
+ * on its own, its rows outside x left out at compile time.  SqueezeNet's
+ * 3x3/2 ceil-mode pools, batch 1, one thread, kiln bench min over 5 x 200
+ * runs (ms, Zen 4): 128 x 55x55 0.101 -> 0.072, 256 x 27x27 0.070 ->
+ * 0.054 (ORT 0.110, 0.063 with its reorders). */
+static kiln_status pool_sep(cg_module *m, cg_kernel *k, cg_stmt *blk, const ir_node *n,
+                            const int *in, int y, const geom *g, cg_expr *nc, cg_expr *b,
+                            kiln_error *err)
+{
+	int64_t H = g->in[0], Ho = g->out[0], s0 = g->stride[0], d0 = g->dil[0], k0 = g->k[0];
+	sep_geom sg = {.W = g->in[1], .Wo = g->out[1], .s1 = g->stride[1], .d1 = g->dil[1],
+	               .pl = g->pad[1]};
+	int64_t last = (sg.Wo - 1) * sg.s1 + (g->k[1] - 1) * sg.d1 + 1;
+	int64_t Wp = sg.pl + sg.W > last ? sg.pl + sg.W : last;
+	/* phase rows where each still has a whole vector of columns inside x
+	 * (a 27-column row at stride 2 ran its 13 scalar), else the one row */
+	sep_phases(&sg, Wp, sg.s1);
+	if (sg.s1 > 1 && sg.I1 - sg.I0 < TAIL_VEC)
+		sep_phases(&sg, Wp, 1);
+	/* rows narrower than a vector: one whole vector each (sep_row's over),
+	 * V long enough for its taps, -inf past the row */
+	int64_t ovr = Ho * sg.Wo >= TAIL_VEC ? (Ho * sg.Wo - TAIL_VEC) / sg.Wo + 1 : 0;
+	bool over = sg.Wo < TAIL_VEC && sg.P == 1 && ovr > 0; /* rows [0, ovr) may */
+	if (over) {
+		int64_t need = (TAIL_VEC - 1) * sg.s1 + (g->k[1] - 1) * sg.d1 + 1;
+		sg.Q = sg.Q > need ? sg.Q : need;
+		sg.ihi[0] = sg.ihi[0] < sg.Q ? sg.ihi[0] : sg.Q;
+	}
+	int64_t P = sg.P, vsz = P * sg.Q;
+	int V = cg_lower_scratch(m, KILN_F32, mul(m, nc, I(m, vsz)));
+	if (V < 0)
+		return nomem(m, n, err);
+	cg_expr *vp = mul(m, b, I(m, vsz)), *xp = mul(m, b, I(m, g->isz));
+	cg_expr *yp = mul(m, b, I(m, g->osz)), *least = fc(m, KILN_F32, -INFINITY), *w, *oh;
+	cg_stmt *wb, *rb;
+	/* each phase row's -inf outside x, once per plane */
+	for (int64_t p = 0; p < P; p++) {
+		int64_t r[2][2] = {{0, sg.ilo[p]}, {sg.ihi[p], sg.Q}};
+		for (int e = 0; e < 2; e++) {
+			if (r[e][1] <= r[e][0])
+				continue;
+			cg_append(m, blk, cg_loop(m, k, I(m, r[e][1] - r[e][0]), 0, &w, &wb));
+			cg_append(m, wb, cg_st(m, V, add(m, vp, add(m, I(m, p * sg.Q + r[e][0]), w)), least));
+		}
+	}
+	/* output rows whose window rows oh*s0 - pad0 + kh*d0 are all in x:
+	 * one loop; the others each on its own, in row order (an overshooting
+	 * row must come before the ones it writes into); rows from ovr on, whose
+	 * vector would pass the plane's end, do not overshoot */
+	int64_t R0 = (g->pad[0] + s0 - 1) / s0;
+	int64_t R1 = H - 1 + g->pad[0] - (k0 - 1) * d0 < 0 ? 0
+	           : (H - 1 + g->pad[0] - (k0 - 1) * d0) / s0 + 1;
+	R0 = R0 < Ho ? R0 : Ho;
+	R1 = R1 < R0 ? R0 : R1 < Ho ? R1 : Ho;
+	if (over && R1 > ovr)
+		R1 = ovr > R0 ? ovr : R0;
+	for (int64_t r = 0; r < Ho; r++) {
+		int64_t rows[SEP_MAX_K];
+		int nr = 0;
+		for (int64_t kh = 0; kh < k0; kh++) {
+			int64_t xr = r * s0 - g->pad[0] + kh * d0;
+			if ((r >= R0 && r < R1) || (xr >= 0 && xr < H))
+				rows[nr++] = kh;
+		}
+		if (r == R0 && R1 > R0) {
+			cg_append(m, blk, cg_loop(m, k, I(m, R1 - R0), 0, &oh, &rb));
+			sep_row(m, k, rb, in, y, g, &sg, V, vp, xp, yp, add(m, I(m, R0), oh), rows, nr,
+			        over);
+			r = R1 - 1;
+			continue;
+		}
+		sep_row(m, k, blk, in, y, g, &sg, V, vp, xp, yp, I(m, r), rows, nr, over && r < ovr);
 	}
 	return KILN_OK;
 }

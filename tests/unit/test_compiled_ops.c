@@ -508,13 +508,17 @@ END_TEST
 
 /* f32 2-D max pools on planes under 64 x 64 run separably (lower_nn.c,
  * pool_sep: the max over the window's rows into a row padded with -inf,
- * then over its columns, both in whole vectors with an overlapping last
- * one): SqueezeNet's 3x3/2 ceil-mode pools (55 and 27 wide), ResNet's 3x3/2
- * pad 1, stride 1 with padding (GoogleNet), asymmetric padding (a first
- * row and column of padding, the last window over the end), dilation 2,
- * stride 3, a 2x3 window of strides (1, 2), 5x5/2 pad 2, rows under a
- * vector, a single row, and a plane of 64 x 64 that keeps the split rows,
- * batch 1 and 2, against the interpreter. */
+ * stored as stride-many phase rows where each keeps a whole vector, then
+ * over its columns, both in whole vectors with an overlapping last one, or
+ * one vector overshooting into the next row for rows narrower than a
+ * vector): SqueezeNet's 3x3/2 ceil-mode pools (55 and 27 wide), ResNet's
+ * 3x3/2 pad 1, stride 1 with padding (GoogleNet), asymmetric padding (a
+ * first row and column of padding, the last window over the end),
+ * dilation 2, stride 3 narrow (one row) and wide (three phase rows), a 2x3
+ * window of strides (1, 2), 5x5/2 pad 2, rows under a vector (15, 5, 2 and
+ * 1 outputs: overshooting all but the last rows, or none), a single row,
+ * 3x3 on a plane of 64 x 64 (separable at any size) and 2x2/2 on 66 x 66
+ * (keeps the split rows), batch 1 and 2, against the interpreter. */
 START_TEST(separable_max_pools_match_the_interpreter)
 {
 	static const struct {
@@ -533,6 +537,11 @@ START_TEST(separable_max_pools_match_the_interpreter)
 		{2, 2, 7, 9, "kernel_shape=3,3 strides=2,2 pads=1,1,1,1"},
 		{1, 3, 1, 50, "kernel_shape=1,3 strides=1,2"},
 		{1, 2, 64, 64, "kernel_shape=3,3 strides=2,2 pads=1,1,1,1"},
+		{1, 2, 20, 60, "kernel_shape=3,3 strides=3,3 pads=1,1,1,1"},
+		{2, 2, 33, 31, "kernel_shape=3,3 strides=2,2"},
+		{1, 2, 40, 3, "kernel_shape=3,3 strides=2,2 pads=1,1,1,1"},
+		{2, 2, 9, 3, "kernel_shape=3,3 strides=1,1"},
+		{1, 2, 66, 66, "kernel_shape=2,2 strides=2,2"},
 	};
 	for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
 		char name[32];
