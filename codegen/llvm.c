@@ -350,23 +350,30 @@ static LLVMValueRef pow2i(fn_ctx *c, LLVMValueRef n)
 	return LLVMBuildBitCast(B, e, c->L->f32, "");
 }
 
-/* Cephes expf: n = round(x / ln 2), r = x - n ln 2 (ln 2 in two parts),
- * exp(r) by a degree-6 polynomial, times 2^n applied as two halves so
+/* Cephes expf's core on t already clamped to its range: n = round(t /
+ * ln 2) (returned as i32 in *ni), r = t - n ln 2 (ln 2 in two parts), and
+ * exp(r) by a degree-6 polynomial; exp(t) is that times 2^n. */
+static LLVMValueRef exp_core(fn_ctx *c, LLVMValueRef t, LLVMValueRef *ni)
+{
+	static const double p[] = {1.9875691500E-4, 1.3981999507E-3, 8.3334519073E-3,
+	                           4.1665795894E-2, 1.6666665459E-1, 5.0000001201E-1};
+	LLVMValueRef n = intr1(c, "llvm.floor", fmuladd(c, t, fc(c, 1.44269504088896341), fc(c, 0.5)));
+	LLVMValueRef r = fmuladd(c, n, fc(c, -0.693359375), t);
+	r = fmuladd(c, n, fc(c, 2.12194440e-4), r);
+	*ni = LLVMBuildFPToSI(c->L->b, n, c->L->i32, "");
+	return fmuladd(c, poly(c, r, p, 6), fmul(c, r, r), fadd(c, r, fc(c, 1.0)));
+}
+
+/* Cephes expf: exp_core's polynomial times 2^n applied as two halves so
  * that results near FLT_MAX and the subnormals stay exact.  Branch-free,
  * so loops over it vectorize; within 1 ulp on [-104, 88.72]. */
 static LLVMValueRef exp_f32(fn_ctx *c, LLVMValueRef x)
 {
-	static const double p[] = {1.9875691500E-4, 1.3981999507E-3, 8.3334519073E-3,
-	                           4.1665795894E-2, 1.6666665459E-1, 5.0000001201E-1};
 	LLVMBuilderRef B = c->L->b;
-	LLVMValueRef lo = fc(c, -104.0), hi = fc(c, 88.72283905206835);
+	LLVMValueRef lo = fc(c, -104.0), hi = fc(c, 88.72283905206835), ni;
 	LLVMValueRef xc = fsel(c, LLVMRealOLT, x, lo, lo, x);
 	xc = fsel(c, LLVMRealOGT, xc, hi, hi, xc);
-	LLVMValueRef n = intr1(c, "llvm.floor", fmuladd(c, xc, fc(c, 1.44269504088896341), fc(c, 0.5)));
-	LLVMValueRef r = fmuladd(c, n, fc(c, -0.693359375), xc);
-	r = fmuladd(c, n, fc(c, 2.12194440e-4), r);
-	LLVMValueRef y = fmuladd(c, poly(c, r, p, 6), fmul(c, r, r), fadd(c, r, fc(c, 1.0)));
-	LLVMValueRef ni = LLVMBuildFPToSI(B, n, c->L->i32, "");
+	LLVMValueRef y = exp_core(c, xc, &ni);
 	LLVMValueRef n1 = LLVMBuildAShr(B, ni, i32c(c->L, 1), "");
 	LLVMValueRef n2 = LLVMBuildSub(B, ni, n1, "");
 	y = fmul(c, fmul(c, y, pow2i(c, n1)), pow2i(c, n2));
@@ -375,28 +382,23 @@ static LLVMValueRef exp_f32(fn_ctx *c, LLVMValueRef x)
 	return fsel(c, LLVMRealUNO, x, x, x, y);
 }
 
-/* 1 / (1 + exp(-x)) in f32: exp_f32's polynomial on -x clamped to
- * [-87, 88], where one 2^n scale stays a normal number and exp stays
- * below FLT_MAX, so none of exp_f32's range selects are needed: past the
- * clamp the result is 1 (x >= 87) or within 6e-39 of 0.  NaN stays NaN.
- * Relative error within 1e-6 of libm's on [-12, 12] (test_codegen).  In
- * EfficientNet-B0's SiLU kernels (x * sigmoid(x), as exp and a division
- * before): about 35 -> 24 instructions per vector, their sum 2.10 -> 1.59
- * ms at batch 1, one thread (kiln bench --profile, 60 runs; Zen 4). */
+/* 1 / (1 + exp(-x)) in f32: exp_core on -x clamped to [-87, 88], where
+ * one 2^n scale stays a normal number and exp stays below FLT_MAX, so
+ * none of exp_f32's range selects are needed: past the clamp the result
+ * is 1 (x >= 87) or within 6e-39 of 0.  NaN stays NaN.  Relative error
+ * within 1e-6 of libm's on [-12, 12] (test_codegen).  In EfficientNet-B0's
+ * SiLU kernels (x * sigmoid(x), as exp and a division before): about 35
+ * -> 24 instructions per vector, their sum 2.10 -> 1.59 ms at batch 1,
+ * one thread (kiln bench --profile, 60 runs; Zen 4). */
 static LLVMValueRef sigmoid_f32(fn_ctx *c, LLVMValueRef x)
 {
-	static const double p[] = {1.9875691500E-4, 1.3981999507E-3, 8.3334519073E-3,
-	                           4.1665795894E-2, 1.6666665459E-1, 5.0000001201E-1};
 	LLVMBuilderRef B = c->L->b;
-	LLVMValueRef lo = fc(c, -87.0), hi = fc(c, 88.0);
+	LLVMValueRef lo = fc(c, -87.0), hi = fc(c, 88.0), ni;
 	LLVMValueRef t = LLVMBuildFNeg(B, x, "");
 	t = fsel(c, LLVMRealOLT, t, lo, lo, t);
 	t = fsel(c, LLVMRealOGT, t, hi, hi, t);
-	LLVMValueRef n = intr1(c, "llvm.floor", fmuladd(c, t, fc(c, 1.44269504088896341), fc(c, 0.5)));
-	LLVMValueRef r = fmuladd(c, n, fc(c, -0.693359375), t);
-	r = fmuladd(c, n, fc(c, 2.12194440e-4), r);
-	LLVMValueRef y = fmuladd(c, poly(c, r, p, 6), fmul(c, r, r), fadd(c, r, fc(c, 1.0)));
-	y = fmul(c, y, pow2i(c, LLVMBuildFPToSI(B, n, c->L->i32, "")));
+	LLVMValueRef y = exp_core(c, t, &ni);
+	y = fmul(c, y, pow2i(c, ni));
 	LLVMValueRef s = LLVMBuildFDiv(B, fc(c, 1.0), fadd(c, y, fc(c, 1.0)), "");
 	return fsel(c, LLVMRealUNO, x, x, x, s);
 }
@@ -907,25 +909,25 @@ static LLVMMetadataRef md_flag(cg_llvm *L, const char *name, bool value)
 enum { CG_OUTER = 1 << 30 };
 static void loop_hints(cg_llvm *L, LLVMValueRef br, uint32_t hints)
 {
-	LLVMMetadataRef ops[3];
-	int n = 1;
+	LLVMMetadataRef props[CG_LOOP_MD_MAX];
+	int n = 0;
 	if ((hints & CG_VECTORIZE) && (hints & CG_REDUCE))
-		ops[n++] = md_flag(L, "llvm.loop.vectorize.enable", true);
+		props[n++] = md_flag(L, "llvm.loop.vectorize.enable", true);
 	if (hints & CG_UNROLL)
-		ops[n++] = md_flag(L, "llvm.loop.unroll.enable", false);
+		props[n++] = md_flag(L, "llvm.loop.unroll.enable", false);
 	else if (hints & CG_OUTER)
-		ops[n++] = md_flag(L, "llvm.loop.unroll.disable", false);
-	if (n > 1)
-		cg_llvm_loop_md(L, br, ops + 1, n - 1);
+		props[n++] = md_flag(L, "llvm.loop.unroll.disable", false);
+	if (n)
+		cg_llvm_loop_md(L, br, props, n);
 }
 
-void cg_llvm_loop_md(cg_llvm *L, LLVMValueRef br, LLVMMetadataRef *props, int n)
+void cg_llvm_loop_md(cg_llvm *L, LLVMValueRef br, const LLVMMetadataRef *props, int n)
 {
-	LLVMMetadataRef ops[8], tmp = LLVMTemporaryMDNode(L->ctx, NULL, 0);
+	if (n < 1 || n > CG_LOOP_MD_MAX) /* a caller's bug: hints only, so none */
+		return;
+	LLVMMetadataRef ops[1 + CG_LOOP_MD_MAX], tmp = LLVMTemporaryMDNode(L->ctx, NULL, 0);
 	ops[0] = tmp;
-	for (int i = 0; i < n && i < 7; i++)
-		ops[i + 1] = props[i];
-	n = n < 7 ? n : 7;
+	memcpy(ops + 1, props, (size_t)n * sizeof *props);
 	LLVMMetadataRef node = LLVMMDNodeInContext2(L->ctx, ops, (size_t)n + 1);
 	LLVMMetadataReplaceAllUsesWith(tmp, node);
 	unsigned kind = LLVMGetMDKindIDInContext(L->ctx, "llvm.loop", 9);

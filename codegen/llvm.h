@@ -173,8 +173,10 @@ LLVMValueRef cg_llvm_loop_begin(cg_llvm *L, LLVMBuilderRef b, LLVMValueRef fn, c
                                 LLVMValueRef lo, LLVMValueRef hi, int64_t step);
 void cg_llvm_loop_end(LLVMBuilderRef b, cg_llvm_loop *l);
 /* llvm.loop metadata on a loop's back branch: a distinct node whose first
- * operand is itself, then the n (<= 7) properties */
-void cg_llvm_loop_md(cg_llvm *L, LLVMValueRef br, LLVMMetadataRef *props, int n);
+ * operand is itself, then the n properties, 1 <= n <= CG_LOOP_MD_MAX
+ * (callers build at most 2; outside that nothing is attached) */
+enum { CG_LOOP_MD_MAX = 4 };
+void cg_llvm_loop_md(cg_llvm *L, LLVMValueRef br, const LLVMMetadataRef *props, int n);
 LLVMBasicBlockRef cg_llvm_if_begin(cg_llvm *L, LLVMBuilderRef b, LLVMValueRef fn,
                                    LLVMValueRef cond);
 void cg_llvm_if_end(LLVMBuilderRef b, LLVMBasicBlockRef join);

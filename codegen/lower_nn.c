@@ -2668,6 +2668,9 @@ static bool pool_sep_ok(const cg_module *m, const ir_node *n, const geom *g, int
  * rows[0..nr) (all in x) into V's phase rows, then the horizontal max into
  * y.  oh is the loop's variable for the interior rows, a constant for each
  * edge row (whose rows outside x are left out at compile time). */
+static int64_t imin(int64_t a, int64_t b) { return a < b ? a : b; }
+static int64_t imax(int64_t a, int64_t b) { return a > b ? a : b; }
+
 typedef struct sep_geom {
 	int64_t W, Wo, s1, d1, pl;
 	int64_t P, Q;                 /* V's phase rows and their length */
@@ -2695,12 +2698,8 @@ static void sep_row(cg_module *m, cg_kernel *k, cg_stmt *rb, const int *in, int 
 		/* pass 0: the common interior, all phases; 1, 2: each phase's own
 		 * columns left and right of it (a few elements) */
 		for (int64_t p = 0; p < (pass ? P : 1); p++) {
-			int64_t lo = pass == 0 ? sg->I0 : pass == 1 ? sg->ilo[p] : sg->I1;
-			int64_t hi = pass == 0 ? sg->I1 : pass == 1 ? sg->I0 : sg->ihi[p];
-			if (hi > sg->ihi[p] && pass)
-				hi = sg->ihi[p];
-			if (lo < sg->ilo[p] && pass)
-				lo = sg->ilo[p];
+			int64_t lo = pass == 0 ? sg->I0 : pass == 1 ? sg->ilo[p] : imax(sg->I1, sg->ilo[p]);
+			int64_t hi = pass == 0 ? sg->I1 : pass == 1 ? imin(sg->I0, sg->ihi[p]) : sg->ihi[p];
 			if (hi <= lo)
 				continue;
 			int64_t ist[2] = {lo}, ilen[2] = {hi - lo};
@@ -2750,13 +2749,12 @@ static void sep_phases(sep_geom *sg, int64_t Wp, int64_t P)
 		/* i*P + p - pl in [0, W) */
 		int64_t lo = sg->pl - p <= 0 ? 0 : (sg->pl - p + P - 1) / P;
 		int64_t hi = sg->pl + sg->W - p <= 0 ? 0 : (sg->pl + sg->W - p + P - 1) / P;
-		sg->ilo[p] = lo < sg->Q ? lo : sg->Q;
-		sg->ihi[p] = hi < sg->Q ? (hi > sg->ilo[p] ? hi : sg->ilo[p]) : sg->Q;
-		sg->I0 = sg->ilo[p] > sg->I0 ? sg->ilo[p] : sg->I0;
-		sg->I1 = sg->ihi[p] < sg->I1 ? sg->ihi[p] : sg->I1;
+		sg->ilo[p] = imin(lo, sg->Q);
+		sg->ihi[p] = imax(imin(hi, sg->Q), sg->ilo[p]);
+		sg->I0 = imax(sg->I0, sg->ilo[p]);
+		sg->I1 = imin(sg->I1, sg->ihi[p]);
 	}
-	if (sg->I1 < sg->I0)
-		sg->I1 = sg->I0;
+	sg->I1 = imax(sg->I1, sg->I0);
 }
 
 /* A separable 2-D max pool (f32; pool_sep_ok says which): per output
