@@ -414,6 +414,26 @@ START_TEST(gemm_packed_for_many_rows_and_columns)
 }
 END_TEST
 
+/* The packed path's last column panel runs the micro-kernel of the fewest
+ * vectors that hold it: every width of it, with the plain epilogue (beta
+ * 0, bias per row, clip) and the full one (beta, bias per column). */
+START_TEST(gemm_packed_last_panel_each_width)
+{
+	static const int64_t n[] = {69, 84, 104, 124, 180};
+	for (size_t i = 0; i < sizeof n / sizeof *n; i++) {
+		prob p = PROB(100, n[i], 200);
+		check_layouts(p);
+		p.axis = 2;
+		p.act = 2;
+		check_layouts(p);
+		p.beta = 0.5f;
+		p.axis = 1;
+		p.act = 1;
+		check_layouts(p);
+	}
+}
+END_TEST
+
 /* ---- epilogue ---- */
 
 static void check_epilogues(int64_t M, int64_t N, int64_t K)
@@ -664,6 +684,7 @@ static Suite *gemm_suite(void)
 	tcase_add_test(tc, gemm_several_m_and_n_blocks);
 	tcase_add_test(tc, gemm_strided_operands);
 	tcase_add_test(tc, gemm_packed_for_many_rows_and_columns);
+	tcase_add_test(tc, gemm_packed_last_panel_each_width);
 	tc = jit_case(s, "tiles", setup_host);
 	tcase_add_test(tc, gemm_tiles_edges_and_strides);
 	tcase_add_test(tc, gemm_tiles_for_few_columns);
