@@ -980,34 +980,14 @@ static LLVMValueRef emit_blocked(gen *g, const packed_fns *f)
  * batch 16 0.154 -> 0.151, the MLP unchanged (its B is 1.6 MB). */
 enum { TILE_ROWS_B = 32768 };
 
-static LLVMValueRef emit_tiles(gen *g, LLVMValueRef ukr, LLVMValueRef narrow, int nnv)
+/* The direct micro-kernel's arguments for the tile of mr x nr at row ir,
+ * column jr. */
+static void tile_args(gen *g, LLVMValueRef ir, LLVMValueRef jr, LLVMValueRef mr, LLVMValueRef nr,
+                      LLVMValueRef *a)
 {
-	LLVMTypeRef t[P_COUNT + 2];
-	char name[48];
-	snprintf(name, sizeof name, "%s_tiles%s", g->fam, g->sfx);
-	LLVMValueRef fn = function(g, name, t, gemm_params(g, t, 2)), *p = g->p;
+	LLVMValueRef *p = g->p;
 	LLVMValueRef row = icmp(g, LLVMIntEQ, p[P_AXIS], LLVMConstInt(g->L->i32, 2, 0));
-	/* one loop over the tiles, row tile i and column panel j of tile t
-	 * either down the panels (i fastest: the K x NR strip of B stays in
-	 * cache for the next tile) or, when all of this call's B is small
-	 * (TILE_ROWS_B floats), along the rows (j fastest: C is written MR
-	 * rows at a time, not M rows side by side).  One call site for the
-	 * micro-kernel either way (see emit_ukr). */
-	loop lt;
-	LLVMValueRef cols = LLVMBuildSub(g->b, p[P_COUNT + 1], p[P_COUNT], "");
-	LLVMValueRef nrow = LLVMBuildSDiv(g->b, add(g, p[P_M], i64c(g, g->g.MR - 1)), i64c(g, g->g.MR), "");
-	LLVMValueRef ncol = LLVMBuildSDiv(g->b, add(g, cols, i64c(g, g->g.NR - 1)), i64c(g, g->g.NR), "");
-	LLVMValueRef rows_first = icmp(g, LLVMIntSLE, mul(g, p[P_K], cols), i64c(g, TILE_ROWS_B));
-	LLVMValueRef tn = loop_begin(g, &lt, i64c(g, 0), mul(g, nrow, ncol), 1);
-	LLVMValueRef ti = LLVMBuildSelect(g->b, rows_first, LLVMBuildSDiv(g->b, tn, ncol, ""),
-	                                  LLVMBuildSRem(g->b, tn, nrow, ""), "");
-	LLVMValueRef tj = LLVMBuildSelect(g->b, rows_first, LLVMBuildSRem(g->b, tn, ncol, ""),
-	                                  LLVMBuildSDiv(g->b, tn, nrow, ""), "");
-	LLVMValueRef jr = add(g, p[P_COUNT], mul(g, tj, i64c(g, g->g.NR)));
-	LLVMValueRef nr = smin(g, i64c(g, g->g.NR), LLVMBuildSub(g->b, p[P_COUNT + 1], jr, ""));
-	LLVMValueRef ir = mul(g, ti, i64c(g, g->g.MR));
-	LLVMValueRef mr = smin(g, i64c(g, g->g.MR), LLVMBuildSub(g->b, p[P_M], ir, ""));
-	LLVMValueRef a[U_DCOUNT] = {
+	LLVMValueRef v[U_DCOUNT] = {
 		/* kiln_sgemm_pa: A's panel at row ir (tiles are MR rows), rows 1 and
 		 * columns MR apart in it */
 		[U_AP] = at(g, p[P_A], mul(g, ir, g->pa ? p[P_K] : p[P_ARS])),
@@ -1021,9 +1001,55 @@ static LLVMValueRef emit_tiles(gen *g, LLVMValueRef ukr, LLVMValueRef narrow, in
 		[U_BRS] = p[P_BRS], [U_ALPHA] = p[P_ALPHA],
 		[U_BPS] = g->pb ? mul(g, p[P_K], i64c(g, g->P)) : i64c(g, 0),
 	};
+	memcpy(a, v, sizeof v);
+}
+
+/* rest (may be null): a one-vector kernel of MR rows.  A last panel of at
+ * most NV - 1 vectors (C 196 wide: three panels and 4 columns) then runs
+ * apart, after the full panels, one vector at a time, instead of as a
+ * whole tile of NV vectors.  Each of its vectors costs about what a full
+ * tile's does (MR multiply-adds per k), and the kernel has its own call
+ * site (the one in the tile loop stays the only one of the full kernel,
+ * which LLVM inlines). */
+static LLVMValueRef emit_tiles(gen *g, LLVMValueRef ukr, LLVMValueRef narrow, int nnv,
+                               LLVMValueRef rest)
+{
+	LLVMTypeRef t[P_COUNT + 2];
+	char name[48];
+	snprintf(name, sizeof name, "%s_tiles%s", g->fam, g->sfx);
+	LLVMValueRef fn = function(g, name, t, gemm_params(g, t, 2)), *p = g->p;
+	int W = g->g.W, NR = g->g.NR, MR = g->g.MR;
+	/* one loop over the tiles, row tile i and column panel j of tile t
+	 * either down the panels (i fastest: the K x NR strip of B stays in
+	 * cache for the next tile) or, when all of this call's B is small
+	 * (TILE_ROWS_B floats), along the rows (j fastest: C is written MR
+	 * rows at a time, not M rows side by side).  One call site for the
+	 * micro-kernel either way (see emit_ukr). */
+	loop lt;
+	LLVMValueRef cols = LLVMBuildSub(g->b, p[P_COUNT + 1], p[P_COUNT], "");
+	LLVMValueRef main = cols, rem = i64c(g, 0);
+	if (rest) { /* the last panel's columns when rest takes them, else 0 */
+		LLVMValueRef r = LLVMBuildSRem(g->b, cols, i64c(g, NR), "");
+		rem = LLVMBuildSelect(g->b, icmp(g, LLVMIntSLE, r, i64c(g, NR - W)), r, i64c(g, 0), "");
+		main = LLVMBuildSub(g->b, cols, rem, "");
+	}
+	LLVMValueRef nrow = LLVMBuildSDiv(g->b, add(g, p[P_M], i64c(g, MR - 1)), i64c(g, MR), "");
+	LLVMValueRef ncol = LLVMBuildSDiv(g->b, add(g, main, i64c(g, NR - 1)), i64c(g, NR), "");
+	LLVMValueRef rows_first = icmp(g, LLVMIntSLE, mul(g, p[P_K], cols), i64c(g, TILE_ROWS_B));
+	LLVMValueRef tn = loop_begin(g, &lt, i64c(g, 0), mul(g, nrow, ncol), 1);
+	LLVMValueRef ti = LLVMBuildSelect(g->b, rows_first, LLVMBuildSDiv(g->b, tn, ncol, ""),
+	                                  LLVMBuildSRem(g->b, tn, nrow, ""), "");
+	LLVMValueRef tj = LLVMBuildSelect(g->b, rows_first, LLVMBuildSRem(g->b, tn, ncol, ""),
+	                                  LLVMBuildSDiv(g->b, tn, nrow, ""), "");
+	LLVMValueRef jr = add(g, p[P_COUNT], mul(g, tj, i64c(g, NR)));
+	LLVMValueRef nr = smin(g, i64c(g, NR), LLVMBuildSub(g->b, add(g, p[P_COUNT], main), jr, ""));
+	LLVMValueRef ir = mul(g, ti, i64c(g, MR));
+	LLVMValueRef mr = smin(g, i64c(g, MR), LLVMBuildSub(g->b, p[P_M], ir, ""));
+	LLVMValueRef a[U_DCOUNT];
+	tile_args(g, ir, jr, mr, nr, a);
 	if (narrow) { /* a last panel of at most nnv vectors: the narrower kernel */
 		LLVMBasicBlockRef nb = block(g, "narrow"), wb = block(g, "wide"), jb = block(g, "join");
-		LLVMBuildCondBr(g->b, icmp(g, LLVMIntSLE, nr, i64c(g, (int64_t)nnv * g->g.W)), nb, wb);
+		LLVMBuildCondBr(g->b, icmp(g, LLVMIntSLE, nr, i64c(g, (int64_t)nnv * W)), nb, wb);
 		LLVMPositionBuilderAtEnd(g->b, nb);
 		call(g, narrow, a, U_DCOUNT);
 		LLVMBuildBr(g->b, jb);
@@ -1035,6 +1061,20 @@ static LLVMValueRef emit_tiles(gen *g, LLVMValueRef ukr, LLVMValueRef narrow, in
 		call(g, ukr, a, U_DCOUNT);
 	}
 	loop_end(g, &lt);
+	if (rest) { /* the last panel's vectors, each row tile in turn */
+		loop lr;
+		LLVMValueRef nvec = LLVMBuildSDiv(g->b, add(g, rem, i64c(g, W - 1)), i64c(g, W), "");
+		LLVMValueRef j0 = add(g, p[P_COUNT], main);
+		tn = loop_begin(g, &lr, i64c(g, 0), mul(g, nrow, nvec), 1);
+		ti = LLVMBuildSDiv(g->b, tn, nvec, "");
+		LLVMValueRef off = mul(g, LLVMBuildSRem(g->b, tn, nvec, ""), i64c(g, W));
+		ir = mul(g, ti, i64c(g, MR));
+		mr = smin(g, i64c(g, MR), LLVMBuildSub(g->b, p[P_M], ir, ""));
+		tile_args(g, ir, add(g, j0, off), mr, smin(g, i64c(g, W), LLVMBuildSub(g->b, rem, off, "")),
+		          a);
+		call(g, rest, a, U_DCOUNT);
+		loop_end(g, &lr);
+	}
 	LLVMBuildRetVoid(g->b);
 	return fn;
 }
@@ -1814,9 +1854,11 @@ void cg_llvm_export_helpers(cg_llvm *L)
 
 /* The direct tiles for mr x nv vectors: micro-kernel (prefetching B pf
  * rows ahead, 0: not), with narrow_last a second one of nv - 1 vectors for
- * a last panel that fits it, tiles, column and row splits, named with sfx. */
+ * a last panel that fits it, else with rest a one-vector one for a last
+ * panel of at most nv - 1 vectors (emit_tiles), tiles, column and row
+ * splits, named with sfx. */
 static tile_fns emit_tile_set(gen *g, int mr, int nv, const char *sfx, int pf, int pfa,
-                              bool narrow_last, int tail)
+                              bool narrow_last, int tail, bool rest)
 {
 	geom saved = g->g;
 	char name[48];
@@ -1828,7 +1870,8 @@ static tile_fns emit_tile_set(gen *g, int mr, int nv, const char *sfx, int pf, i
 	g->pfa = pfa;
 	tile_fns t = {.mr = mr, .nr = g->g.NR};
 	LLVMValueRef narrow = narrow_last ? emit_ukr(g, true, nv - 1, 0) : NULL;
-	t.tiles = emit_tiles(g, emit_ukr(g, true, nv, tail), narrow, nv - 1);
+	LLVMValueRef one = rest && !narrow_last && nv > 1 ? emit_ukr(g, true, 1, 0) : NULL;
+	t.tiles = emit_tiles(g, emit_ukr(g, true, nv, tail), narrow, nv - 1, one);
 	snprintf(name, sizeof name, "%s_tiles%s_range", g->fam, sfx);
 	t.range = emit_range(g, t.tiles, name, false);
 	snprintf(name, sizeof name, "%s_tiles%s_rows", g->fam, sfx);
@@ -1844,8 +1887,8 @@ static tile_fns emit_tile_set(gen *g, int mr, int nv, const char *sfx, int pf, i
  * and with it (t6p, for C at most PFA_MAX_N tiles wide). */
 static void mr_tile_sets(gen *g, entry_fns *f)
 {
-	f->t6 = emit_tile_set(g, g->g.MR, g->g.NV, "", SMALL_PF, 0, false, TAIL_COLS);
-	f->t6p = emit_tile_set(g, g->g.MR, g->g.NV, "_p", SMALL_PF, TILE_PFA, false, TAIL_COLS);
+	f->t6 = emit_tile_set(g, g->g.MR, g->g.NV, "", SMALL_PF, 0, false, TAIL_COLS, true);
+	f->t6p = emit_tile_set(g, g->g.MR, g->g.NV, "_p", SMALL_PF, TILE_PFA, false, TAIL_COLS, true);
 }
 
 /* The small-M tiles' shape for g's target: 8 x 3 vectors with 32
@@ -1887,8 +1930,8 @@ LLVMValueRef cg_llvm_sgemm(cg_llvm *L)
 	 * keep one kernel: see emit_ukr.) */
 	int snv, smr = small_tiles(&g, &snv);
 	if (smr)
-		ef.ts = emit_tile_set(&g, smr, snv, "_s", SMALL_PF, 0, snv > 2, 0);
-	ef.t1 = emit_tile_set(&g, TILE1_MR, 1, "_1", 0, TILE_PFA, false, 0);
+		ef.ts = emit_tile_set(&g, smr, snv, "_s", SMALL_PF, 0, snv > 2, 0, false);
+	ef.t1 = emit_tile_set(&g, TILE1_MR, 1, "_1", 0, TILE_PFA, false, 0, false);
 	L->sgemm = emit_entry(&g, &ef);
 	LLVMDisposeBuilder(g.b);
 	return L->sgemm;
@@ -1929,7 +1972,7 @@ LLVMValueRef cg_llvm_sgemm_pa(cg_llvm *L)
 	ef.rows = emit_range(&g, ef.blocked, "kiln_sgemm_pa_rows", true);
 	/* tiles of MR rows only: each reads one panel of A */
 	mr_tile_sets(&g, &ef);
-	ef.t1 = emit_tile_set(&g, g.g.MR, 1, "_1", 0, TILE_PFA, false, 0);
+	ef.t1 = emit_tile_set(&g, g.g.MR, 1, "_1", 0, TILE_PFA, false, 0, false);
 	L->sgemm_pa = emit_entry_pa(&g, &ef);
 	LLVMDisposeBuilder(g.b);
 	return L->sgemm_pa;
@@ -1958,8 +2001,8 @@ LLVMValueRef cg_llvm_sgemm_pb(cg_llvm *L)
 	mr_tile_sets(&g, &ef);
 	int snv, smr = small_tiles(&g, &snv);
 	if (smr)
-		ef.ts = emit_tile_set(&g, smr, snv, "_s", SMALL_PF, 0, snv > 2, 0);
-	ef.t1 = emit_tile_set(&g, TILE1_MR, 1, "_1", 0, TILE_PFA, false, 0);
+		ef.ts = emit_tile_set(&g, smr, snv, "_s", SMALL_PF, 0, snv > 2, 0, false);
+	ef.t1 = emit_tile_set(&g, TILE1_MR, 1, "_1", 0, TILE_PFA, false, 0, false);
 	L->sgemm_pb = emit_entry_pb(&g, &ef);
 	LLVMDisposeBuilder(g.b);
 	return L->sgemm_pb;

@@ -414,6 +414,26 @@ START_TEST(gemm_packed_for_many_rows_and_columns)
 }
 END_TEST
 
+/* A direct tiles' last panel of at most NV - 1 vectors runs apart, one
+ * vector at a time (llvm_gemm.c, emit_tiles' rest): with 16 lanes 196
+ * columns (three panels and 4), 169 (41: three vectors, the last part
+ * masked), 100 (a panel or two wide: the tiles that prefetch A) and 70
+ * (6); rows not a multiple of the tile's, every epilogue, a residual. */
+START_TEST(gemm_tiles_rest_one_vector_at_a_time)
+{
+	static const int64_t n[] = {196, 169, 100, 70};
+	for (size_t i = 0; i < sizeof n / sizeof *n; i++) {
+		check_layouts(PROB(37, n[i], 60));
+		check_epilogues(41, n[i], 30);
+		prob p = PROB(25, n[i], 45);
+		p.res = 1;
+		p.axis = 2;
+		p.act = 2;
+		check_layouts(p);
+	}
+}
+END_TEST
+
 /* The packed path's last column panel runs the micro-kernel of the fewest
  * vectors that hold it: every width of it, with the plain epilogue (beta
  * 0, bias per row, clip) and the full one (beta, bias per column). */
@@ -481,6 +501,7 @@ START_TEST(gemm_narrow_vectors)
 	check_layouts(PROB(37, 41, 290));
 	check_layouts(PROB(16, 40, 20)); /* small-M tiles (4 x NV below AVX-512) */
 	check_layouts(PROB(16, 5, 30));  /* one-vector tiles */
+	check_layouts(PROB(37, 196, 60)); /* a last panel's rest, one vector at a time */
 	check_epilogues(19, 23, 17);
 }
 END_TEST
@@ -684,6 +705,7 @@ static Suite *gemm_suite(void)
 	tcase_add_test(tc, gemm_several_m_and_n_blocks);
 	tcase_add_test(tc, gemm_strided_operands);
 	tcase_add_test(tc, gemm_packed_for_many_rows_and_columns);
+	tcase_add_test(tc, gemm_tiles_rest_one_vector_at_a_time);
 	tcase_add_test(tc, gemm_packed_last_panel_each_width);
 	tc = jit_case(s, "tiles", setup_host);
 	tcase_add_test(tc, gemm_tiles_edges_and_strides);
