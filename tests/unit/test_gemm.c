@@ -377,6 +377,24 @@ START_TEST(gemm_tiles_for_few_columns)
 }
 END_TEST
 
+/* The direct tiles on C n[i] columns wide: all layouts, every epilogue
+ * (depth K, then kres with a residual, alpha and beta not 1 and 0), rows
+ * not a multiple of the tile's. */
+static void check_tile_widths(const int64_t *n, size_t nn, int64_t K, int64_t kres)
+{
+	for (size_t i = 0; i < nn; i++) {
+		check_layouts(PROB(37, n[i], K));
+		check_epilogues(41, n[i], K / 4 + 1);
+		prob p = PROB(43, n[i], kres);
+		p.res = 1;
+		p.axis = 2;
+		p.act = 2;
+		p.alpha = 0.5f;
+		p.beta = 0.25f;
+		check_layouts(p);
+	}
+}
+
 /* A direct tile whose last vector would hold one or two columns runs
  * them along the rows (llvm_gemm.c, emit_ukr's tail): with 16 lanes 49 and
  * 50 columns (a 7x7 map) and 113 (a full panel, then 49), with 8 lanes 25
@@ -385,17 +403,7 @@ END_TEST
 START_TEST(gemm_tiles_tail_columns)
 {
 	static const int64_t n[] = {49, 50, 113, 25, 9, 10};
-	for (size_t i = 0; i < sizeof n / sizeof *n; i++) {
-		check_layouts(PROB(37, n[i], 300));
-		check_epilogues(41, n[i], 70);
-		prob p = PROB(43, n[i], 90);
-		p.res = 1;
-		p.axis = 2;
-		p.act = 2;
-		p.alpha = 0.5f;
-		p.beta = 0.25f;
-		check_layouts(p);
-	}
+	check_tile_widths(n, sizeof n / sizeof *n, 300, 90);
 }
 END_TEST
 
@@ -422,15 +430,7 @@ END_TEST
 START_TEST(gemm_tiles_rest_one_vector_at_a_time)
 {
 	static const int64_t n[] = {196, 169, 100, 70};
-	for (size_t i = 0; i < sizeof n / sizeof *n; i++) {
-		check_layouts(PROB(37, n[i], 60));
-		check_epilogues(41, n[i], 30);
-		prob p = PROB(25, n[i], 45);
-		p.res = 1;
-		p.axis = 2;
-		p.act = 2;
-		check_layouts(p);
-	}
+	check_tile_widths(n, sizeof n / sizeof *n, 60, 45);
 }
 END_TEST
 
