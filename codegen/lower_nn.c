@@ -1939,7 +1939,16 @@ enum { DW_CB = 16, DW_BLOCK_W = 8 };
  * 0.071, 0.044 with its reorders); 56 -> 28 lost (144 channels 3x3 0.118
  * -> 0.223, 72 channels 5x5 0.106 -> 0.114).  The 8-bit convs (f32 false)
  * keep DW_BLOCK_W: not measured there. */
-enum { DW_BLOCK_W2 = 16, DW_PARTS = 16 };
+enum { DW_BLOCK_W2 = 16 };
+/* The blocks in at most DW_PARTS parts over the threads, each part reusing
+ * one set of Q, P and T (about 115 KB for 16 channels of 28x28): with 16
+ * parts, one thread went through 1.4 MB of scratch per conv, out of L2.
+ * MobileNetV2 batch 1, one thread, kernel min over 5 alternating rounds
+ * (ms, Zen 4): 192 channels 28x28 -> 14x14 0.106 -> 0.074 (alone, its
+ * scratch in cache between runs, 0.053), 576 channels 14x14 -> 7x7 0.058
+ * -> 0.052; MNASNet's 240 channels 5x5 28x28 -> 14x14 0.174 -> 0.147.
+ * Four parts keep two threads even (as CHUNK_PARTS). */
+enum { DW_PARTS = 4 };
 static bool dw_blocked_shape(const geom *g, int64_t Mg, bool f32)
 {
 	return g->nsp == 2 && Mg == 1 &&
@@ -2264,7 +2273,7 @@ static kiln_status conv_depthwise(cg_module *m, const ir_node *n, const int *in,
  * vectors was 1-11% slower than 4 with 2.  Groups of 128 channels lost (1.97 -> 2.31 ms, 512
  * channels 14x14, 4 groups): conv_grouped_wins keeps the GEMMs there.
  * docs/PERFORMANCE.md has the rest. */
-enum { GC_FLAT = 512, GC_MB = 4, GC_TAPS = 9, GC_PARTS = 16, GC_NP = 2 };
+enum { GC_FLAT = 512, GC_MB = 4, GC_TAPS = 9, GC_PARTS = 4, GC_NP = 2 };
 
 
 /* A target that wants every nest on its grid (a GPU: cg_lower_opts.par_work
@@ -2321,7 +2330,13 @@ static kiln_status conv_grouped(cg_module *m, const ir_node *n, const int *in, i
 	 * over the threads (so at most that many threads), each part's slots
 	 * one after another through its own Q and T, which stay in cache: a Q
 	 * and T per slot were 3.6 MB of scratch per run of ResNeXt's 56x56
-	 * grouped conv (0.64 -> 0.49-0.53 ms with parts, kiln bench min) */
+	 * grouped conv (0.64 -> 0.49-0.53 ms with 16 parts, kiln bench min).
+	 * 4 parts instead of 16, RegNetX-800MF batch 1, one thread, kernel
+	 * min over 5 alternating rounds (ms, Zen 4): 64 channels 112x112
+	 * stride 2 1.26 -> 1.03, 128 channels 56x56 stride 2 0.54 -> 0.44,
+	 * 288 channels 28x28 stride 2 0.44 -> 0.35, at 14x14 0.275 -> 0.251
+	 * each, 672 channels 14x14 stride 2 0.273 -> 0.252; the model's
+	 * kernels 20.4 -> 19.3 (fewer threads than 4 can share them now) */
 	cg_expr *ns = mul(m, cg_dim(m, batch), I(m, grp * nch));
 	cg_expr *np = parts_count(m, ns, GC_PARTS);
 	int Q = cg_lower_scratch(m, KILN_F32, mul(m, np, I(m, qsz)));
