@@ -1937,8 +1937,15 @@ enum { DW_CB = 16, DW_BLOCK_W = 8 };
  * min over 5 x 200 runs, planar -> blocked (ms, Zen 4): 28x28 -> 14x14
  * 240 channels 5x5 0.147 -> 0.090, 192 channels 3x3 0.093 -> 0.063 (ORT
  * 0.071, 0.044 with its reorders); 56 -> 28 lost (144 channels 3x3 0.118
- * -> 0.223, 72 channels 5x5 0.106 -> 0.114).  The 8-bit convs (f32 false)
- * keep DW_BLOCK_W: not measured there. */
+ * -> 0.223, 72 channels 5x5 0.106 -> 0.114).  So do 25 taps or more (5x5)
+ * at stride 1, whose 25 multiply-adds per output pay for the transposes
+ * that 3x3's 9 do not (dw_flat there): one depthwise + ReLU6 at 14x14,
+ * kiln bench min over 5 x 300 runs, flat -> blocked (ms, Zen 4): 480
+ * channels 0.113 -> 0.096, 672 channels 0.159 -> 0.133 (ORT 0.133 and
+ * 0.204 with its reorders); in EfficientNet-B0 (kernel min, 7 alternating
+ * rounds) 0.113 -> 0.098, 0.159 -> 0.138, 0.157 -> 0.140; at 28x28 it
+ * stays planar.  The 8-bit convs (f32 false) keep DW_BLOCK_W: not
+ * measured there. */
 enum { DW_BLOCK_W2 = 16 };
 /* The blocks in at most DW_PARTS parts over the threads, each part reusing
  * one set of Q, P and T (about 115 KB for 16 channels of 28x28): with 16
@@ -1952,7 +1959,7 @@ enum { DW_PARTS = 4 };
 static bool dw_blocked_shape(const geom *g, int64_t Mg, bool f32)
 {
 	return g->nsp == 2 && Mg == 1 &&
-	       g->out[1] <= (f32 && g->stride[1] == 2 ? DW_BLOCK_W2 : DW_BLOCK_W);
+	       g->out[1] <= (f32 && (g->stride[1] == 2 || g->ksz >= 25) ? DW_BLOCK_W2 : DW_BLOCK_W);
 }
 
 /* Stride 1 with at most 3x3 taps stays with the flat form (dw_flat): one

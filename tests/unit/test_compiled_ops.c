@@ -627,11 +627,12 @@ START_TEST(small_plane_depthwise_matches_the_interpreter)
 }
 END_TEST
 
-/* Depthwise convs whose output rows have at most 8 columns run channel-
- * blocked (lower_nn.c, dw_blocked), but for stride 1 with 3x3 taps (the
- * flat form): blocks of 16 channels transposed in and out.  Channel
- * counts that leave a partial block (20, 37) or are below one (5), stride
- * 1 (5x5) and 2 (3x3, 5x5), asymmetric padding, dilation 2, batch 2,
+/* Depthwise convs whose output rows have at most 8 columns (16 at stride
+ * 2 or with 25 taps or more) run channel-blocked (lower_nn.c,
+ * dw_blocked), but for stride 1 with 3x3 taps (the flat form): blocks of
+ * 16 channels transposed in and out.  Channel counts that leave a
+ * partial block (20, 37) or are below one (5), stride 1 (5x5, on rows of
+ * 7 and 14) and 2 (3x3, 5x5), asymmetric padding, dilation 2, batch 2,
  * without a bias, against the interpreter; then a Relu6 that folds into
  * it and a residual Add that must not (it is applied after), and the
  * kernel IR shows the transposes, which a 3x3 stride-1 conv on the same
@@ -650,6 +651,7 @@ START_TEST(tiny_plane_depthwise_is_channel_blocked)
 		{1, 20, 28, 28, 5, true, "group=20 strides=2,2 pads=2,2,2,2"},
 		{2, 18, 23, 31, 3, true, "group=18 strides=2,2 pads=1,1,1,1"},
 		{2, 33, 6, 5, 5, true, "group=33 pads=2,1,2,3"},
+		{1, 20, 14, 14, 5, true, "group=20 pads=2,2,2,2"},
 	};
 	for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
 		char name[32];
@@ -694,7 +696,8 @@ START_TEST(tiny_plane_depthwise_is_channel_blocked)
 		opcase_free(&c);
 	}
 	/* 3x3 at stride 1 on the same plane: the flat form, no transposes;
-	 * stride 2 to rows of 14: blocked; to rows of 28: not */
+	 * stride 2 to rows of 14: blocked; to rows of 28: not; 5x5 at stride 1
+	 * on rows of 14: blocked, 3x3 there: not, 5x5 on rows of 28: not */
 	static const struct {
 		const char *text;
 		bool blocked;
@@ -707,6 +710,12 @@ START_TEST(tiny_plane_depthwise_is_channel_blocked)
 		{"graph @s28(%x: f32[1,20,56,56], %w: f32[20,1,3,3]) -> (%d: f32[1,20,28,28]) {\n"
 		 "  %d = conv %x, %w {group=20, pads=[1,1,1,1], strides=[2,2]} : f32[1,20,28,28]\n"
 		 "  ret %d\n}\n", false},
+		{"graph @k5(%x: f32[1,20,14,14], %w: f32[20,1,5,5]) -> (%d: f32[1,20,14,14]) {\n"
+		 "  %d = conv %x, %w {group=20, pads=[2,2,2,2]} : f32[1,20,14,14]\n  ret %d\n}\n", true},
+		{"graph @k3(%x: f32[1,20,14,14], %w: f32[20,1,3,3]) -> (%d: f32[1,20,14,14]) {\n"
+		 "  %d = conv %x, %w {group=20, pads=[1,1,1,1]} : f32[1,20,14,14]\n  ret %d\n}\n", false},
+		{"graph @k5w(%x: f32[1,20,28,28], %w: f32[20,1,5,5]) -> (%d: f32[1,20,28,28]) {\n"
+		 "  %d = conv %x, %w {group=20, pads=[2,2,2,2]} : f32[1,20,28,28]\n  ret %d\n}\n", false},
 	};
 	for (size_t i = 0; i < sizeof forms / sizeof *forms; i++) {
 		kiln_graph *g = NULL;
