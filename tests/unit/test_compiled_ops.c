@@ -596,7 +596,9 @@ static void depthwise_matches(const char *name, int64_t n, int64_t c, int64_t mo
  * input columns: under half a vector), as two overlapping ones (17), and
  * out in whole vectors (9, 11, 13, 14, 15 outputs; 31 with 5x5), 19
  * channels.  Wider 3x3 rows (16, 17, 18, 28 outputs) take the row form.
- * Against the interpreter. */
+ * Rows that fill whole vectors (padded to 16 or 32) go in groups of four
+ * (dw_flat_rows): 14 rows, 13 and 11 (a last group of 1 and 3), 2 (one
+ * group of two), dilated, 5x5 on 28x28.  Against the interpreter. */
 START_TEST(small_plane_depthwise_matches_the_interpreter)
 {
 	static const struct {
@@ -617,6 +619,11 @@ START_TEST(small_plane_depthwise_matches_the_interpreter)
 		{1, 19, 19, 28, 28, 3, "group=19 pads=1,1,1,1"},
 		{1, 5, 5, 1, 17, 3, "group=5 pads=1,1,1,1"},
 		{1, 3, 3, 12, 16, 3, "group=3 pads=1,1,1,1"},
+		{1, 4, 4, 13, 12, 3, "group=4 pads=1,1,1,1"},
+		{2, 3, 3, 15, 14, 3, "group=3 pads=1,1,1,1 dilations=2,2"},
+		{1, 3, 3, 28, 28, 5, "group=3 pads=2,2,2,2"},
+		{1, 2, 2, 11, 28, 5, "group=2 pads=2,2,2,2"},
+		{1, 2, 2, 4, 14, 3, "group=2 pads=0,1,0,1"},
 	};
 	for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
 		char name[32];
