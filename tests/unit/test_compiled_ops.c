@@ -598,7 +598,9 @@ static void depthwise_matches(const char *name, int64_t n, int64_t c, int64_t mo
  * channels.  Wider 3x3 rows (16, 17, 18, 28 outputs) take the row form.
  * Rows that fill whole vectors (padded to 16 or 32) go in groups of four
  * (dw_flat_rows): 14 rows, 13 and 11 (a last group of 1 and 3), 2 (one
- * group of two), dilated, 5x5 on 28x28.  Against the interpreter. */
+ * group of two), dilated, 5x5 on 28x28.  The row form's rows with every
+ * tap inside go in groups of four too (dw_cols_rows): 28 rows (26 inside),
+ * dilated, 5x5 with a last group of three.  Against the interpreter. */
 START_TEST(small_plane_depthwise_matches_the_interpreter)
 {
 	static const struct {
@@ -624,6 +626,8 @@ START_TEST(small_plane_depthwise_matches_the_interpreter)
 		{1, 3, 3, 28, 28, 5, "group=3 pads=2,2,2,2"},
 		{1, 2, 2, 11, 28, 5, "group=2 pads=2,2,2,2"},
 		{1, 2, 2, 4, 14, 3, "group=2 pads=0,1,0,1"},
+		{1, 3, 3, 20, 24, 3, "group=3 pads=2,2,2,2 dilations=2,2"},
+		{2, 2, 2, 23, 40, 5, "group=2 pads=2,2,2,2"},
 	};
 	for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
 		char name[32];
