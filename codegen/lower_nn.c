@@ -1695,6 +1695,21 @@ static cg_stmt *tap_rows(cg_module *m, cg_kernel *k, cg_stmt *blk, const geom *g
 	return tap_rows_n(m, k, blk, g, 1, &acc, tv, part);
 }
 
+/* na sums of a depthwise conv's outputs in body, each a local from the
+ * bias (or 0), their taps' loops (tap_rows_n) around the returned body;
+ * *w is the tap's weight of output channel pl[1]. */
+static cg_stmt *dw_sums(cg_module *m, cg_kernel *k, cg_stmt *body, const ir_node *n,
+                        const int *in, const geom *g, cg_expr **pl, kiln_dtype ct, int na,
+                        cg_expr **acc, cg_expr **tv, cg_expr **part, cg_expr **w)
+{
+	for (int a = 0; a < na; a++)
+		acc[a] = cg_local(m, k, body, ct, n->nin > 2 && in[2] >= 0 ? cg_ld(m, in[2], pl[1])
+		                                                           : fc(m, ct, 0));
+	cg_stmt *tb = tap_rows_n(m, k, body, g, na, acc, tv, part);
+	*w = cg_ld(m, in[1], add(m, mul(m, pl[1], I(m, g->ksz)), lin(m, 2, tv, g->k)));
+	return tb;
+}
+
 /* One span of output columns [c0, c0 + ext) of output row oh of plane bm:
  * y = bias + the sum over taps of x * w, kept in a local (taps loops of
  * constant extent, which LLVM unrolls, so the column loop is innermost and
@@ -1733,10 +1748,8 @@ static void dw_cols(cg_module *m, cg_kernel *k, cg_stmt *blk, const ir_node *n, 
 	cg_append(m, blk, cg_loop(m, k, I(m, ext), interior ? CG_VECTORIZE : 0, &v, &vb));
 	cg_expr *o[2] = {oh, add(m, I(m, c0), v)};
 	kiln_dtype ct = cg_ctype(m->buf[y].dt);
-	cg_expr *acc = cg_local(m, k, vb, ct, n->nin > 2 && in[2] >= 0 ? cg_ld(m, in[2], pl[1])
-	                                                                 : fc(m, ct, 0));
-	cg_expr *part;
-	cg_stmt *tb = tap_rows(m, k, vb, g, acc, tv, &part);
+	cg_expr *acc, *part, *wv;
+	cg_stmt *tb = dw_sums(m, k, vb, n, in, g, pl, ct, 1, &acc, tv, &part, &wv);
 	cg_expr *j[2], *valid;
 	taps(m, g, o, tv, j, &valid);
 	if (interior && row_in) { /* row and column inside: no test, no clamp */
@@ -1749,12 +1762,11 @@ static void dw_cols(cg_module *m, cg_kernel *k, cg_stmt *blk, const ir_node *n, 
 		j[1] = tap_col(m, g, o[1], tv[1]);
 	}
 	cg_expr *xi = add(m, pl[3], lin(m, 2, j, g->in));
-	cg_expr *wi = add(m, mul(m, pl[1], I(m, g->ksz)), lin(m, 2, tv, g->k));
 	cg_expr *xv = cg_select(m, valid, interior && sp->buf >= 0
 	                                      ? cg_ld(m, sp->buf, split_at(m, g, sp, sp->rows ? tv[0] : j[0],
 	                                                                   o[1], tv[1]))
 	                                      : cg_cast(m, cg_ld(m, in[0], xi), ct), fc(m, ct, 0));
-	cg_set(m, tb, part, add(m, part, mul(m, xv, cg_ld(m, in[1], wi))));
+	cg_set(m, tb, part, add(m, part, mul(m, xv, wv)));
 	cg_append(m, vb, cg_st(m, rq ? rq->q : y, add(m, mul(m, pl[0], I(m, g->osz)),
 	                                              add(m, mul(m, oh, I(m, g->out[1])), o[1])),
 	                       dw_value(m, rq, acc, pl[1])));
@@ -1773,18 +1785,15 @@ static void dw_cols_rows(cg_module *m, cg_kernel *k, cg_stmt *blk, const ir_node
 	cg_stmt *vb;
 	cg_append(m, blk, cg_loop(m, k, I(m, ext), CG_VECTORIZE, &v, &vb));
 	cg_expr *oc = add(m, I(m, c0), v);
-	kiln_dtype ct = cg_ctype(m->buf[y].dt);
-	for (int a = 0; a < DW_ROWS; a++)
-		acc[a] = cg_local(m, k, vb, ct, n->nin > 2 && in[2] >= 0 ? cg_ld(m, in[2], pl[1])
-		                                                         : fc(m, ct, 0));
-	cg_stmt *tb = tap_rows_n(m, k, vb, g, DW_ROWS, acc, tv, part);
-	cg_expr *wv = cg_ld(m, in[1], add(m, mul(m, pl[1], I(m, g->ksz)), lin(m, 2, tv, g->k)));
+	cg_expr *wv;
+	cg_stmt *tb = dw_sums(m, k, vb, n, in, g, pl, cg_ctype(m->buf[y].dt), DW_ROWS, acc, tv, part,
+	                      &wv);
 	cg_expr *j[2];
 	j[1] = tap_col(m, g, oc, tv[1]);
 	for (int a = 0; a < DW_ROWS; a++) {
 		j[0] = add(m, add(m, add(m, oh0, I(m, a)), mul(m, tv[0], I(m, g->dil[0]))),
 		           I(m, -g->pad[0]));
-		cg_expr *xv = cg_cast(m, cg_ld(m, in[0], add(m, pl[3], lin(m, 2, j, g->in))), ct);
+		cg_expr *xv = cg_cast(m, cg_ld(m, in[0], add(m, pl[3], lin(m, 2, j, g->in))), acc[a]->dt);
 		cg_set(m, tb, part[a], add(m, part[a], mul(m, xv, wv)));
 	}
 	for (int a = 0; a < DW_ROWS; a++) {
@@ -1917,7 +1926,6 @@ static void dw_flat_rows(cg_module *m, cg_kernel *k, cg_stmt *blk, const ir_node
                           cg_expr *tp, int64_t Wp)
 {
 	int64_t Ho = g->out[0];
-	kiln_dtype ct = KILN_F32;
 	for (int last = 0; last < 2; last++) {
 		int64_t nr = last ? Ho % FLAT_ROWS != 0 : Ho / FLAT_ROWS;
 		int na = last ? (int)(Ho % FLAT_ROWS) : FLAT_ROWS;
@@ -1929,12 +1937,9 @@ static void dw_flat_rows(cg_module *m, cg_kernel *k, cg_stmt *blk, const ir_node
 		cg_expr *row = last ? I(m, Ho - na) : mul(m, pr, I(m, FLAT_ROWS));
 		cg_append(m, prb, cg_loop(m, k, I(m, Wp), CG_VECTORIZE, &i, &ib));
 		cg_expr *fi = add(m, mul(m, row, I(m, Wp)), i);
-		for (int a = 0; a < na; a++)
-			acc[a] = cg_local(m, k, ib, ct, n->nin > 2 && in[2] >= 0 ? cg_ld(m, in[2], pl[1])
-			                                                           : fc(m, ct, 0));
-		cg_stmt *tb = tap_rows_n(m, k, ib, g, na, acc, tv, part);
+		cg_expr *wv;
+		cg_stmt *tb = dw_sums(m, k, ib, n, in, g, pl, KILN_F32, na, acc, tv, part, &wv);
 		cg_expr *tap = add(m, mul(m, tv[0], I(m, g->dil[0] * Wp)), mul(m, tv[1], I(m, g->dil[1])));
-		cg_expr *wv = cg_ld(m, in[1], add(m, mul(m, pl[1], I(m, g->ksz)), lin(m, 2, tv, g->k)));
 		for (int a = 0; a < na; a++) {
 			cg_expr *pi = add(m, add(m, pp, add(m, fi, I(m, a * Wp))), tap);
 			cg_set(m, tb, part[a], add(m, part[a], mul(m, cg_ld(m, P, pi), wv)));
@@ -1984,14 +1989,11 @@ static kiln_status dw_flat(cg_module *m, cg_kernel *k, cg_stmt *blk, const ir_no
 	for (int q = 0; q < ns; q++) {
 		cg_append(m, blk, cg_loop(m, k, I(m, len[q]), CG_VECTORIZE, &f, &fb));
 		cg_expr *fi = add(m, I(m, st[q]), f);
-		cg_expr *acc = cg_local(m, k, fb, ct, n->nin > 2 && in[2] >= 0 ? cg_ld(m, in[2], pl[1])
-		                                                                 : fc(m, ct, 0));
-		cg_expr *part;
-		cg_stmt *tb = tap_rows(m, k, fb, g, acc, tv, &part);
+		cg_expr *acc, *part, *wv;
+		cg_stmt *tb = dw_sums(m, k, fb, n, in, g, pl, ct, 1, &acc, tv, &part, &wv);
 		cg_expr *pi = add(m, add(m, pp, fi), add(m, mul(m, tv[0], I(m, g->dil[0] * Wp)),
 		                                         mul(m, tv[1], I(m, g->dil[1]))));
-		cg_expr *wi = add(m, mul(m, pl[1], I(m, g->ksz)), lin(m, 2, tv, g->k));
-		cg_set(m, tb, part, add(m, part, mul(m, cg_ld(m, P, pi), cg_ld(m, in[1], wi))));
+		cg_set(m, tb, part, add(m, part, mul(m, cg_ld(m, P, pi), wv)));
 		cg_append(m, fb, cg_st(m, T, add(m, tp, fi), acc));
 	}
 	/* the rows out: an activation folds into the flat loop's stores instead */
