@@ -600,7 +600,9 @@ static void depthwise_matches(const char *name, int64_t n, int64_t c, int64_t mo
  * (dw_flat_rows): 14 rows, 13 and 11 (a last group of 1 and 3), 2 (one
  * group of two), dilated, 5x5 on 28x28.  The row form's rows with every
  * tap inside go in groups of four too (dw_cols_rows): 28 rows (26 inside),
- * dilated, 5x5 with a last group of three.  Against the interpreter. */
+ * dilated, 5x5 with a last group of three.  70 and 80 planes: more than
+ * dw_plane_parts' parts, some of which take two.  Against the
+ * interpreter. */
 START_TEST(small_plane_depthwise_matches_the_interpreter)
 {
 	static const struct {
@@ -628,6 +630,10 @@ START_TEST(small_plane_depthwise_matches_the_interpreter)
 		{1, 2, 2, 4, 14, 3, "group=2 pads=0,1,0,1"},
 		{1, 3, 3, 20, 24, 3, "group=3 pads=2,2,2,2 dilations=2,2"},
 		{2, 2, 2, 23, 40, 5, "group=2 pads=2,2,2,2"},
+		/* more planes than parts (dw_plane_parts: at most 64), so parts
+		 * run two planes through one scratch copy */
+		{1, 70, 70, 7, 7, 3, "group=70 pads=1,1,1,1"},
+		{2, 40, 40, 14, 14, 3, "group=40 pads=1,1,1,1"},
 	};
 	for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
 		char name[32];
