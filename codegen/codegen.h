@@ -87,6 +87,9 @@ enum {
 	CG_VECTORIZE = 1 << 1, /* innermost, contiguous: vectorize */
 	CG_UNROLL = 1 << 2,    /* small constant extent: unroll */
 	CG_REDUCE = 1 << 3,    /* carries a reduction in a local (reassociable) */
+	CG_LANES = 1 << 4,     /* with CG_VECTORIZE, a constant extent W: one vector
+	                        * of W lanes; a backend may emit the body once on
+	                        * vectors (codegen/llvm.c, s_lanes) */
 };
 
 /* The activation a GEMM's epilogue applies (data, not code: a backend

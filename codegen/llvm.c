@@ -261,6 +261,7 @@ typedef struct fn_ctx {
 	LLVMValueRef *var;      /* per variable: loop phi, or a local's alloca */
 	const kiln_dtype *local;
 	int depth;              /* loops around the current statement */
+	struct lanes *ln;       /* the CG_LANES loop being emitted on vectors, or NULL */
 	int *npar;              /* outlined loops of this kernel so far */
 	kiln_status st;
 	kiln_error *err;
@@ -1017,6 +1018,8 @@ static void par_call(fn_ctx *c, const cg_stmt *s)
 	LLVMBuildCall2(L->b, LLVMGlobalGetValueType(L->par_for), L->par_for, args, 3, "");
 }
 
+static bool s_lanes(fn_ctx *c, const cg_stmt *s);
+
 static void s_for(fn_ctx *c, const cg_stmt *s)
 {
 	if (!s->extent || !s->body) {
@@ -1027,11 +1030,230 @@ static void s_for(fn_ctx *c, const cg_stmt *s)
 		par_call(c, s);
 		return;
 	}
+	if ((s->hints & CG_LANES) && s_lanes(c, s))
+		return;
 	LLVMValueRef hi = convert(c, expr(c, s->extent), s->extent->dt, KILN_I64);
 	bool one = s->extent && s->extent->kind == CG_CONST && s->extent->i <= 1;
 	uint32_t outer = !one && !(s->hints & CG_UNROLL) && !c->L->small && has_loop(s->body)
 	                 ? CG_OUTER : 0;
 	emit_loop(c, s->var, i64c(c->L, 0), hi, s->hints | outer, s->body);
+}
+
+/* ---- loops of lanes ---------------------------------------------------------
+ * A CG_LANES loop (CG_VECTORIZE, a constant extent W) whose body is
+ * straight-line f32 work is emitted once, on <W x float> vectors, instead
+ * of as a loop for LLVM's vectorizer.  That one runs after LICM, which
+ * hoists every load the loop does not index out of it first: a body that
+ * multiplies one vector of weights by many broadcast inputs (the lanes
+ * form of a grouped conv: 14 pixels x 36 taps) had all 504 broadcasts
+ * hoisted, live at once and spilled, 31 KB of stack (3-5x slower than the
+ * flat form).  Emitted as vectors there is no loop to hoist them out of:
+ * each broadcast is loaded where it is used.  What qualifies: assignments
+ * of f32 locals first assigned in the body, f32 stores and loads at a
+ * lane-independent index plus the loop variable, float arithmetic,
+ * min/max, comparisons and selects; anything else lane-dependent keeps
+ * the loop (lanes_ok). */
+typedef struct lanes {
+	int var;            /* the loop variable */
+	unsigned w;         /* its extent: lanes per vector */
+	uint8_t *vec;       /* per variable: assigned in the body (a vector) */
+	LLVMValueRef *val;  /* per variable: its current vector */
+} lanes;
+
+/* Whether e depends on the lanes: reads the loop variable or a local of the body. */
+static bool lane_dep(const lanes *ln, const cg_expr *e)
+{
+	if (!e)
+		return false;
+	switch (e->kind) {
+	case CG_VAR: return e->var == ln->var || ln->vec[e->var];
+	case CG_LOAD: return lane_dep(ln, e->a);
+	case CG_UN:
+	case CG_CAST: return lane_dep(ln, e->a);
+	case CG_BIN: return lane_dep(ln, e->a) || lane_dep(ln, e->b);
+	case CG_SELECT: return lane_dep(ln, e->a) || lane_dep(ln, e->b) || lane_dep(ln, e->c);
+	default: return false;
+	}
+}
+
+/* Whether index e is a lane-independent base plus the loop variable. */
+static bool lane_affine(const lanes *ln, const cg_expr *e)
+{
+	if (!e)
+		return false;
+	if (e->kind == CG_VAR)
+		return e->var == ln->var;
+	if (e->kind != CG_BIN || e->op != CG_ADD || e->dt != KILN_I64)
+		return false;
+	bool da = lane_dep(ln, e->a), db = lane_dep(ln, e->b);
+	return da != db && lane_affine(ln, da ? e->a : e->b);
+}
+
+static bool lane_f32_load(const fn_ctx *c, const cg_expr *e)
+{
+	return e->buf >= 0 && e->buf < c->L->m->nbuf && c->L->m->buf[e->buf].dt == KILN_F32;
+}
+
+/* Whether lane_expr can emit e; def: the body's locals assigned so far. */
+static bool lane_expr_ok(const fn_ctx *c, const uint8_t *def, const cg_expr *e)
+{
+	const lanes *ln = c->ln;
+	if (!e)
+		return false;
+	if (!lane_dep(ln, e))
+		return true;
+	switch (e->kind) {
+	case CG_VAR: return e->var != ln->var && def[e->var] && e->dt == KILN_F32;
+	case CG_LOAD: return e->dt == KILN_F32 && lane_f32_load(c, e) && lane_affine(ln, e->a);
+	case CG_BIN:
+		if (!e->a || !e->b || e->a->dt != KILN_F32 || e->b->dt != KILN_F32)
+			return false;
+		if (!(e->op == CG_ADD || e->op == CG_SUB || e->op == CG_MUL || e->op == CG_DIV ||
+		      e->op == CG_MIN || e->op == CG_MAX || (e->op >= CG_EQ && e->op <= CG_GE)))
+			return false;
+		return lane_expr_ok(c, def, e->a) && lane_expr_ok(c, def, e->b);
+	case CG_SELECT:
+		return e->dt == KILN_F32 && e->a && e->a->dt == KILN_BOOL && lane_expr_ok(c, def, e->a) &&
+		       lane_expr_ok(c, def, e->b) && lane_expr_ok(c, def, e->c);
+	default: return false;
+	}
+}
+
+static bool lanes_ok(const fn_ctx *c, uint8_t *def, const cg_stmt *s)
+{
+	const lanes *ln = c->ln;
+	if (!s)
+		return false;
+	switch (s->kind) {
+	case CG_BLOCK:
+		for (int i = 0; i < s->n; i++)
+			if (!lanes_ok(c, def, s->items[i]))
+				return false;
+		return true;
+	case CG_ASSIGN:
+		if (!ln->vec[s->var] || c->local[s->var] != KILN_F32 || !s->value ||
+		    s->value->dt != KILN_F32 || !lane_expr_ok(c, def, s->value))
+			return false;
+		def[s->var] = 1;
+		return true;
+	case CG_STORE:
+		return s->buf >= 0 && s->buf < c->L->m->nbuf && c->L->m->buf[s->buf].dt == KILN_F32 &&
+		       s->value && s->value->dt == KILN_F32 && lane_affine(ln, s->index) &&
+		       lane_expr_ok(c, def, s->value);
+	default: return false;
+	}
+}
+
+/* Marks the locals s assigns. */
+static void lane_locals(lanes *ln, const cg_stmt *s)
+{
+	if (s && s->kind == CG_BLOCK)
+		for (int i = 0; i < s->n; i++)
+			lane_locals(ln, s->items[i]);
+	else if (s && s->kind == CG_ASSIGN)
+		ln->vec[s->var] = 1;
+}
+
+static LLVMValueRef splat(fn_ctx *c, LLVMValueRef v)
+{
+	LLVMBuilderRef B = c->L->b;
+	unsigned w = c->ln->w;
+	LLVMValueRef one = LLVMBuildInsertElement(B, LLVMGetUndef(LLVMVectorType(LLVMTypeOf(v), w)),
+	                                          v, i32c(c->L, 0), "");
+	return LLVMBuildShuffleVector(B, one, LLVMGetUndef(LLVMTypeOf(one)),
+	                              LLVMConstNull(LLVMVectorType(c->L->i32, w)), "");
+}
+
+/* The lane-0 element index of a lane_affine index. */
+static LLVMValueRef lane_base(fn_ctx *c, const cg_expr *e)
+{
+	if (e->kind == CG_VAR)
+		return i64c(c->L, 0);
+	bool da = lane_dep(c->ln, e->a);
+	const cg_expr *o = da ? e->b : e->a;
+	LLVMValueRef base = lane_base(c, da ? e->a : e->b);
+	return LLVMBuildAdd(c->L->b, base, convert(c, expr(c, o), o->dt, KILN_I64), "");
+}
+
+static LLVMValueRef lane_ptr(fn_ctx *c, int buf, const cg_expr *index)
+{
+	LLVMValueRef idx = lane_base(c, index);
+	LLVMValueRef p = LLVMBuildInBoundsGEP2(c->L->b, c->L->f32, c->bufp[buf], &idx, 1, "");
+	return LLVMBuildBitCast(c->L->b, p,
+	                        LLVMPointerType(LLVMVectorType(c->L->f32, c->ln->w), 0), "");
+}
+
+static LLVMValueRef lane_expr(fn_ctx *c, const cg_expr *e)
+{
+	LLVMBuilderRef B = c->L->b;
+	if (!lane_dep(c->ln, e))
+		return splat(c, convert(c, expr(c, e), e->dt, e->dt == KILN_BOOL ? KILN_BOOL : KILN_F32));
+	switch (e->kind) {
+	case CG_VAR: return c->ln->val[e->var];
+	case CG_LOAD: {
+		LLVMValueRef v = LLVMBuildLoad2(B, LLVMVectorType(c->L->f32, c->ln->w),
+		                                lane_ptr(c, e->buf, e->a), "");
+		LLVMSetAlignment(v, 4);
+		return v;
+	}
+	case CG_SELECT:
+		return LLVMBuildSelect(B, lane_expr(c, e->a), lane_expr(c, e->b), lane_expr(c, e->c), "");
+	default: break;
+	}
+	if (e->op == CG_ADD && (is_fmul(e->a) || is_fmul(e->b))) {
+		const cg_expr *m = is_fmul(e->b) ? e->b : e->a, *o = m == e->b ? e->a : e->b;
+		return fmuladd(c, lane_expr(c, m->a), lane_expr(c, m->b), lane_expr(c, o));
+	}
+	LLVMValueRef a = lane_expr(c, e->a), b = lane_expr(c, e->b);
+	const struct binop_info *bi = &binop_table[e->op];
+	switch (e->op) {
+	case CG_ADD: return LLVMBuildFAdd(B, a, b, "");
+	case CG_SUB: return LLVMBuildFSub(B, a, b, "");
+	case CG_MUL: return LLVMBuildFMul(B, a, b, "");
+	case CG_DIV: return LLVMBuildFDiv(B, a, b, "");
+	case CG_MIN:
+	case CG_MAX: return minmax(c, bi, a, b, KILN_F32);
+	default: return LLVMBuildFCmp(B, bi->fp, a, b, "");
+	}
+}
+
+static void lane_stmt(fn_ctx *c, const cg_stmt *s)
+{
+	if (s->kind == CG_BLOCK) {
+		for (int i = 0; i < s->n; i++)
+			lane_stmt(c, s->items[i]);
+	} else if (s->kind == CG_ASSIGN) {
+		c->ln->val[s->var] = lane_expr(c, s->value);
+	} else { /* CG_STORE */
+		LLVMValueRef v = lane_expr(c, s->value);
+		LLVMSetAlignment(LLVMBuildStore(c->L->b, v, lane_ptr(c, s->buf, s->index)), 4);
+	}
+}
+
+/* s, a CG_LANES loop, emitted on vectors when it qualifies; false (nothing
+ * emitted) when not. */
+static bool s_lanes(fn_ctx *c, const cg_stmt *s)
+{
+	const cg_expr *x = s->extent;
+	int nv = c->k->nvar;
+	if (c->ln || !(s->hints & CG_VECTORIZE) || !x || x->kind != CG_CONST || x->i < 2 ||
+	    x->i > 64 || s->var < 0 || s->var >= nv)
+		return false;
+	lanes ln = {.var = s->var, .w = (unsigned)x->i, .vec = calloc((size_t)nv, 2),
+	            .val = calloc((size_t)nv, sizeof(LLVMValueRef))};
+	bool ok = ln.vec && ln.val;
+	if (ok) {
+		uint8_t *def = ln.vec + nv;
+		lane_locals(&ln, s->body);
+		c->ln = &ln;
+		ok = lanes_ok(c, def, s->body);
+		if (ok)
+			lane_stmt(c, s->body);
+		c->ln = NULL;
+	}
+	free(ln.vec);
+	free(ln.val);
+	return ok;
 }
 
 static void s_store(fn_ctx *c, const cg_stmt *s)

@@ -281,8 +281,11 @@ END_TEST
  * and no padding, dilation (with stride 2 too), odd sizes, planes cut into
  * row chunks (a prime 37 rows: one row per chunk), batch 1, 2 and 3, a
  * symbolic batch, and Relu, Clip or a residual Add then Relu folded into
- * the last stores.  The weights are scaled by 1/sqrt(fan-in) so outputs
- * are O(1). */
+ * the last stores; each with the filter and bias graph inputs and
+ * constants (groups of 16 output channels then take the lanes form,
+ * gl_sums: those cases are listed last).  The weights are scaled by
+ * 1/sqrt(fan-in) so outputs are O(1).  Then which convs the lanes form
+ * takes, in the kernel IR. */
 START_TEST(grouped_convs_match_the_interpreter)
 {
 	static const struct {
@@ -309,10 +312,24 @@ START_TEST(grouped_convs_match_the_interpreter)
 		{1, 512, 512, 7, 7, 3, 32, "pads=1,1,1,1", true, 3, false},
 		{2, 64, 64, 28, 28, 3, 4, "strides=2,2 pads=1,1,1,1", true, 1, true},
 		{1, 16, 16, 15, 14, 3, 4, "strides=2,2 pads=2,1,2,1 dilations=2,2", true, 1, false},
+		/* groups of 16 or 32 output channels: the lanes form with a
+		 * constant filter (gl_sums): stride 2 and dilation 2; 20 input
+		 * channels a group (passes of 4: first, middle loop, last) and two
+		 * blocks a group; 5 (passes of 1), no bias; 3 (one pass), 5x5;
+		 * rows of 17 (tiles of 9 and 8) and 31 (11, 11, 9); 40 rows in
+		 * chunks of 10 */
+		{2, 32, 32, 15, 13, 3, 2, "strides=2,2 pads=2,1,2,1 dilations=2,2", true, 1, false},
+		{1, 40, 64, 9, 11, 3, 2, "pads=1,1,1,1", true, 2, false},
+		{1, 10, 32, 8, 8, 3, 2, "pads=1,1,1,1", false, 1, false},
+		{2, 6, 32, 7, 7, 5, 2, "pads=2,2,2,2", true, 0, true},
+		{1, 32, 32, 17, 17, 3, 2, "pads=1,1,1,1", true, 3, false},
+		{1, 32, 32, 30, 31, 3, 2, "pads=1,1,1,1", true, 1, false},
+		{1, 32, 32, 40, 40, 3, 2, "pads=1,1,1,1", false, 2, false},
 	};
 	static const char *const algos[] = {NULL, "im2col", "direct"};
 	for (size_t i = 0; i < sizeof cases / sizeof *cases; i++)
-		for (int a = 0; a < 3; a++) {
+		for (int a = 0; a < 6; a++) {
+			bool konst = a >= 3; /* the filter and bias constants */
 			char name[32];
 			snprintf(name, sizeof name, "grouped%zu", i);
 			kiln_graph *g = kiln_graph_new(name);
@@ -328,10 +345,19 @@ START_TEST(grouped_convs_match_the_interpreter)
 			double ws = 1 / sqrt((double)(cg * cases[i].k * cases[i].k));
 			opcase_graph c = {name, g, {seeded(4, sx, 0), seeded_scaled(4, sw, 1, ws),
 			                            seeded(1, sb, 2)}, {0}, cases[i].bias ? 3 : 2, 1, 0};
-			uint32_t x = kiln_input(g, "x", KILN_F32, 4, dx), w = input(g, "w", KILN_F32, 4, sw);
-			uint32_t b = cases[i].bias ? input(g, "b", KILN_F32, 1, sb) : 0;
+			uint32_t x = kiln_input(g, "x", KILN_F32, 4, dx), w, b = 0;
 			if (!cases[i].bias)
 				kiln_tensor_free(c.in[2]), c.in[2] = NULL;
+			if (konst) {
+				w = kiln_constant(g, c.in[1]);
+				b = cases[i].bias ? kiln_constant(g, c.in[2]) : 0;
+				kiln_tensor_free(c.in[1]), kiln_tensor_free(c.in[2]);
+				c.in[1] = c.in[2] = NULL;
+				c.nin = 1;
+			} else {
+				w = input(g, "w", KILN_F32, 4, sw);
+				b = cases[i].bias ? input(g, "b", KILN_F32, 1, sb) : 0;
+			}
 			uint32_t y = op1(g, KILN_OP_CONV, cases[i].bias ? 3 : 2, (uint32_t[]){x, w, b}, attrs);
 			if (cases[i].tail == 1 || cases[i].tail == 3) {
 				if (cases[i].tail == 3)
@@ -339,16 +365,48 @@ START_TEST(grouped_convs_match_the_interpreter)
 				y = op1(g, KILN_OP_RELU, 1, &y, "");
 			} else if (cases[i].tail == 2)
 				y = op1(g, KILN_OP_CLIP, 1, &y, "min=-0.2 max=0.3");
+			/* y + y after the activation: it folds only into a kernel
+			 * whose result is not a graph output */
+			if (cases[i].tail)
+				y = op1(g, KILN_OP_ADD, 2, (uint32_t[]){y, y}, "");
 			ir_output_add(g, y, NULL);
 			ck_assert_msg(kiln_graph_status(g) == KILN_OK, "%s", kiln_graph_errmsg(g));
 			char why[1400] = "";
-			conv_algo = algos[a];
+			conv_algo = algos[a % 3];
 			bool ok = case_matches(&c, false, why, sizeof why);
 			conv_algo = NULL;
-			ck_assert_msg(ok, "%s (%s, --conv=%s): %s", name, attrs, algos[a] ? algos[a] : "auto",
+			ck_assert_msg(ok, "%s (%s, --conv=%s%s): %s", name, attrs,
+			              algos[a % 3] ? algos[a % 3] : "auto", konst ? ", constant filter" : "",
 			              why);
 			opcase_free(&c);
 		}
+	/* the lanes form takes groups of 16 output channels with a constant
+	 * filter: not groups of 8, nor a filter that is an input */
+	static const struct {
+		int64_t c, grp;
+		bool konst, lanes;
+	} forms[] = {{32, 2, true, true}, {32, 4, true, false}, {32, 2, false, false}};
+	for (size_t i = 0; i < sizeof forms / sizeof *forms; i++) {
+		kiln_graph *g = kiln_graph_new("lanes");
+		int64_t sx[] = {1, forms[i].c, 14, 14}, sw[] = {forms[i].c, forms[i].c / forms[i].grp, 3, 3};
+		kiln_tensor *wt = seeded(4, sw, 1);
+		uint32_t in[2] = {input(g, "x", KILN_F32, 4, sx),
+		                  forms[i].konst ? kiln_constant(g, wt) : input(g, "w", KILN_F32, 4, sw)};
+		kiln_tensor_free(wt);
+		char attrs[64];
+		snprintf(attrs, sizeof attrs, "group=%lld pads=1,1,1,1", (long long)forms[i].grp);
+		ir_output_add(g, op1(g, KILN_OP_CONV, 2, in, attrs), NULL);
+		cg_module *m = NULL;
+		kiln_error e = {0};
+		ck_assert_msg(cg_lower_ex(g, &(cg_lower_opts){.fuse = true}, &m, &e) == KILN_OK, "%s",
+		              e.msg);
+		char *kir = dump(m);
+		ck_assert_msg(!strstr(kir, "lanes]") == !forms[i].lanes, "form %zu: lanes should be %d:\n%s",
+		              i, forms[i].lanes, kir);
+		free(kir);
+		cg_module_free(m);
+		kiln_graph_free(g);
+	}
 }
 END_TEST
 
