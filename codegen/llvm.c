@@ -1089,9 +1089,10 @@ static bool lane_affine(const lanes *ln, const cg_expr *e)
 	return da != db && lane_affine(ln, da ? e->a : e->b);
 }
 
-static bool lane_f32_load(const fn_ctx *c, const cg_expr *e)
+/* Buffer b holds f32 and the kernel has its pointer. */
+static bool lane_buf(const fn_ctx *c, int b)
 {
-	return e->buf >= 0 && e->buf < c->L->m->nbuf && c->L->m->buf[e->buf].dt == KILN_F32;
+	return b >= 0 && b < c->L->m->nbuf && c->L->m->buf[b].dt == KILN_F32 && c->bufp && c->bufp[b];
 }
 
 /* Whether lane_expr can emit e; def: the body's locals assigned so far. */
@@ -1104,7 +1105,7 @@ static bool lane_expr_ok(const fn_ctx *c, const uint8_t *def, const cg_expr *e)
 		return true;
 	switch (e->kind) {
 	case CG_VAR: return e->var != ln->var && def[e->var] && e->dt == KILN_F32;
-	case CG_LOAD: return e->dt == KILN_F32 && lane_f32_load(c, e) && lane_affine(ln, e->a);
+	case CG_LOAD: return e->dt == KILN_F32 && lane_buf(c, e->buf) && lane_affine(ln, e->a);
 	case CG_BIN:
 		if (!e->a || !e->b || e->a->dt != KILN_F32 || e->b->dt != KILN_F32)
 			return false;
@@ -1137,8 +1138,8 @@ static bool lanes_ok(const fn_ctx *c, uint8_t *def, const cg_stmt *s)
 		def[s->var] = 1;
 		return true;
 	case CG_STORE:
-		return s->buf >= 0 && s->buf < c->L->m->nbuf && c->L->m->buf[s->buf].dt == KILN_F32 &&
-		       s->value && s->value->dt == KILN_F32 && lane_affine(ln, s->index) &&
+		return lane_buf(c, s->buf) && s->value && s->value->dt == KILN_F32 &&
+		       lane_affine(ln, s->index) &&
 		       lane_expr_ok(c, def, s->value);
 	default: return false;
 	}
