@@ -154,11 +154,13 @@ typedef struct cg_gemm {
 	                                 (m, k) at a_off + (m / a_panel) * K * a_panel +
 	                                 k * a_panel + m % a_panel (a_rs, a_cs, a_bs unused);
 	                                 cg_prepack, for kiln_sgemm_pa */
-	int b_panel;                  /* > 0: B is packed in column panels this wide, each K
-	                                 rows of b_panel floats, zero past N: element (k, n)
-	                                 at b_off + (n / b_panel) * K * b_panel + k * b_panel
-	                                 + n % b_panel (b_rs, b_cs, b_bs unused); cg_prepack
-	                                 makes them for the LLVM backend's kiln_sgemm_pb */
+	int b_panel;                  /* > 0: B is packed in column panels this wide, each
+	                                 CG_PANEL_ROWS(K) rows of b_panel floats (rows from K
+	                                 on and columns past N zero): element (k, n) at b_off
+	                                 + (n / b_panel) * CG_PANEL_ROWS(K) * b_panel
+	                                 + k * b_panel + n % b_panel (b_rs, b_cs, b_bs
+	                                 unused); cg_prepack makes them for the LLVM
+	                                 backend's kiln_sgemm_pb */
 	bool has_residual;            /* residual: a buffer added after act */
 	bool res_first;               /* ... or before scale and act */
 	int residual;
@@ -171,6 +173,14 @@ typedef struct cg_gemm {
  * at batch 16 reads each vector of a tile row from its own stream, 12%
  * less time than the original layout, where 64-wide panels took 5% more. */
 #define CG_SGEMM_PANEL 16
+
+/* Rows per panel of a packed B (cg_gemm.b_panel) for a K-row GEMM: K made
+ * odd.  A batch-1 GEMM streams 16 panels at once (the axpy form), row k of
+ * each; with K * 64 bytes a multiple of 4 KiB (K = 512) all 16 rows fell in
+ * one L1 set (8 ways) and missed: an odd number of lines between panels
+ * puts them in 16 different sets.  The bench MLP's 512 -> 512 layer at
+ * batch 1: 20.8 -> 10-11 us. */
+#define CG_PANEL_ROWS(K) ((K) | 1)
 
 /* The largest K of an 8-bit GEMM (A, B u8 or i8, i32 sums): the LLVM
  * backend packs a whole K x panel of B into its per-thread scratch; the

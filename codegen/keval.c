@@ -312,7 +312,7 @@ static void gemm(ev *e, const cg_gemm *g)
 						bk = (int64_t)ir_load(&e->view[g->b_rows], k);
 					int64_t bi = bo + b * bbs + bk + j * bcs;
 					if (g->b_panel > 0) /* column panels (cg_gemm.b_panel) */
-						bi = bo + j / g->b_panel * K * g->b_panel + k * g->b_panel +
+						bi = bo + j / g->b_panel * CG_PANEL_ROWS(K) * g->b_panel + k * g->b_panel +
 						     j % g->b_panel;
 					if (in_range(e, g->a, ai, "gemm A") && in_range(e, g->b, bi, "gemm B"))
 						acc += (ir_load(&e->view[g->a], ai) - az) *

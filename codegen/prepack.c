@@ -94,24 +94,25 @@ static int packed_b(ctx *c, const cg_gemm *g, int64_t *koff)
 			return c->s[i].packed;
 	if (c->n == MAX_SEEN)
 		return -1;
-	int64_t np = (N + P - 1) / P;
+	int64_t np = (N + P - 1) / P, KP = CG_PANEL_ROWS(K);
 	const float *src = (const float *)b->data->data + off;
 	kiln_tensor *t = ir_alloc(m->arena, sizeof *t);
-	float *d = ir_alloc(m->arena, (size_t)(np * K * P) * sizeof *d);
+	float *d = ir_alloc(m->arena, (size_t)(np * KP * P) * sizeof *d);
 	if (!t || !d) {
 		c->st = KILN_ENOMEM;
 		return -1;
 	}
 	for (int64_t p = 0; p < np; p++) {
 		int64_t n0 = p * P, w = N - n0 < P ? N - n0 : P;
-		float *dp = d + p * K * P;
+		float *dp = d + p * KP * P;
 		for (int64_t k = 0; k < K; k++) {
 			memcpy(dp + k * P, src + k * N + n0, (size_t)w * sizeof *d);
 			memset(dp + k * P + w, 0, (size_t)(P - w) * sizeof *d);
 		}
+		memset(dp + K * P, 0, (size_t)((KP - K) * P) * sizeof *d);
 	}
-	*t = (kiln_tensor){.dtype = KILN_F32, .rank = 3, .shape = {np, K, P}, .data = d};
-	int pb = cg_buf_new(m, CG_BUF_CONST, KILN_F32, cg_const(m, KILN_I64, (double)(np * K * P)));
+	*t = (kiln_tensor){.dtype = KILN_F32, .rank = 3, .shape = {np, KP, P}, .data = d};
+	int pb = cg_buf_new(m, CG_BUF_CONST, KILN_F32, cg_const(m, KILN_I64, (double)(np * KP * P)));
 	if (pb < 0) {
 		c->st = KILN_ENOMEM;
 		return -1;
@@ -119,7 +120,7 @@ static int packed_b(ctx *c, const cg_gemm *g, int64_t *koff)
 	cg_buf *cb = &m->buf[pb]; /* cg_buf_new may have moved m->buf */
 	cb->data = t;
 	cb->type.rank = 3;
-	cb->type.dim[0] = np, cb->type.dim[1] = K, cb->type.dim[2] = P;
+	cb->type.dim[0] = np, cb->type.dim[1] = KP, cb->type.dim[2] = P;
 	const char *wn = m->buf[g->b].name;
 	size_t len = (wn ? strlen(wn) : 1) + 8;
 	char *name = ir_alloc(m->arena, len);

@@ -6,8 +6,9 @@
  * and 513 columns wide, so whole and partial panels, a transposed weight,
  * a residual Add, K of 32, 37 and 513: more than one K block) is compiled
  * with packing (the default) and without (KILN_PREPACK=0).  The packed
- * library's kernel IR must read packed B (b_panel=) in all six GEMMs and
- * the other in none; at batches 1 to 100 (kiln_sgemm_pb's axpy form, its
+ * library's kernel IR must read packed B (b_panel=) in all seven GEMMs, in
+ * panels of an odd number of rows (an even K gets a zero row), and the
+ * other in none; at batches 1 to 100 (kiln_sgemm_pb's axpy form, its
  * direct tiles and its blocked path), on one thread and two, both must
  * give the same bits (each element is summed over k in the same order
  * either way), and x W_c must match a double-precision product within
@@ -23,7 +24,7 @@
 #include "kiln/kiln.h"
 #include "tmpdir.h"
 
-enum { K0 = 37, NOUT = 6 };
+enum { K0 = 37, NOUT = 7 };
 
 static kiln_tensor *weights(const char *name, int64_t r, int64_t c, double s)
 {
@@ -60,7 +61,7 @@ static kiln_value bias(kiln_graph *g, const char *name, int64_t n)
 }
 
 /* x: f32[N, 37] -> a [N, 32], b [N, 100], c [N, 513], d [N, 48], e [N, 32],
- * f [N, 200] */
+ * f [N, 200], h [N, 400] */
 static kiln_graph *net(void)
 {
 	kiln_graph *g = kiln_graph_new("prepack");
@@ -81,6 +82,9 @@ static kiln_graph *net(void)
 	kiln_output(g, "d", d);
 	kiln_output(g, "e", e);
 	kiln_output(g, "f", f);
+	/* an even K over 25 panels: 80000 multiply-adds a row, so batch 1 splits
+	 * its columns over two threads, and many rows take the blocked path */
+	kiln_output(g, "h", kiln_matmul(g, f, param(g, "wh", 200, 400, 0.05)));
 	ck_assert_msg(kiln_graph_status(g) == KILN_OK, "%s", kiln_graph_errmsg(g));
 	return g;
 }
@@ -144,8 +148,13 @@ START_TEST(packed_equals_unpacked)
 	compile(g, "0", "kir", "off.kir", kir0);
 	compile(g, "", "kir", "on.kir", kir1);
 	ck_assert_int_eq(count(kir0, "b_panel="), 0);
-	/* a, b (its transposed weight stored [K, N] by bnfold), c, d, e, f */
+	/* a, b (its transposed weight stored [K, N] by bnfold), c, d, e, f, h */
 	ck_assert_int_eq(count(kir1, "b_panel="), NOUT);
+	/* panels of an odd number of rows (CG_PANEL_ROWS): we's K = 32 -> 33,
+	 * wh's 200 -> 201, wc's 37 stays */
+	ck_assert_int_eq(count(kir1, "f32[2,33,16]"), 1);
+	ck_assert_int_eq(count(kir1, "f32[25,201,16]"), 1);
+	ck_assert_int_eq(count(kir1, "f32[33,37,16]"), 1);
 	compile(g, "0", NULL, "off.so", so0);
 	compile(g, "", NULL, "on.so", so1);
 	kiln_tensor *wc = weights("wc", K0, 513, 0.3);
