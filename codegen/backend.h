@@ -75,11 +75,10 @@ typedef struct cg_backend {
 	kiln_status (*write)(cg_session *s, const char *stage, const char *path, kiln_error *err);
 	void (*close)(cg_session *s);
 	/* The height of the row panels its GEMMs read a constant A in and the
-	 * width of the column panels for a constant B, packed at compile time
+	 * widths of the column panels for a constant B, packed at compile time
 	 * (cg_prepack, cg_gemm.a_panel, b_panel), for target options o; 0: it
 	 * reads none (may be NULL).  KILN_OK or the target's error. */
-	kiln_status (*gemm_panel)(const kiln_compile_opts *o, int *a_panel, int *b_panel,
-	                          kiln_error *err);
+	kiln_status (*gemm_panel)(const kiln_compile_opts *o, cg_panels *p, kiln_error *err);
 } cg_backend;
 
 extern const cg_backend cg_llvm_backend; /* llvm_emit.c */

@@ -182,6 +182,21 @@ typedef struct cg_gemm {
  * batch 1: 20.8 -> 10-11 us. */
 #define CG_PANEL_ROWS(K) ((K) | 1)
 
+/* The panels a backend's GEMM reads constant operands in (cg_prepack). */
+typedef struct cg_panels {
+	int a;      /* > 0: a constant A in row panels this tall (cg_gemm.a_panel) */
+	int b;      /* > 0: a constant B in column panels this wide (cg_gemm.b_panel) */
+	int b_wide; /* > 0: ... this wide instead when the GEMM has a fixed M of more
+	               than CG_WIDE_MIN_M rows and more than 2 * b_wide columns: the
+	               LLVM GEMM's blocked path, whose micro-kernel reads these
+	               panels in place instead of copying B's on every call */
+} cg_panels;
+
+/* The LLVM GEMM (llvm_gemm.c) takes its blocked path for more than 64 rows
+ * and more than two micro-kernel panels of columns (TILE_M = 32; 33 to 64
+ * rows only past 1024 columns). */
+#define CG_WIDE_MIN_M 64
+
 /* The largest K of an 8-bit GEMM (A, B u8 or i8, i32 sums): the LLVM
  * backend packs a whole K x panel of B into its per-thread scratch; the
  * lowering uses loop nests beyond it. */
@@ -515,7 +530,7 @@ kiln_status cg_chunk(cg_module *m, const cg_chunk_opts *o, kiln_error *err);
  * operand.  One packed copy per weight, offset (and alpha); a weight no
  * kernel reads any more keeps no data.  For a CPU library, before
  * cg_memplan.  KILN_ENOMEM or OK. */
-kiln_status cg_prepack(cg_module *m, int a_panel, int b_panel, kiln_error *err);
+kiln_status cg_prepack(cg_module *m, const cg_panels *p, kiln_error *err);
 /* The host's L2 cache per core in bytes (1 MiB when it cannot tell). */
 int64_t cg_host_l2_bytes(void);
 

@@ -1386,12 +1386,17 @@ static void s_gemm(fn_ctx *c, const cg_stmt *s)
 	/* B or A packed in panels at compile time (cg_prepack): kiln_sgemm_pb
 	 * or kiln_sgemm_pa, whose panels are this target's */
 	bool pb = g->b_panel > 0, pa = g->a_panel > 0;
-	if ((pb && g->b_panel != cg_sgemm_panel(L->t)) || (pa && g->a_panel != cg_sgemm_a_panel(L->t)) ||
-	    (pa && pb)) {
+	bool pbw = pb && g->b_panel == cg_sgemm_wide_panel(L->t);
+	if ((pb && !pbw && g->b_panel != cg_sgemm_panel(L->t)) ||
+	    (pa && g->a_panel != cg_sgemm_a_panel(L->t)) || (pa && pb)) {
 		fail(c, KILN_EINVAL, "GEMM operand packed in panels this target's GEMM does not read");
 		return;
 	}
-	LLVMValueRef f = pb ? cg_llvm_sgemm_pb(L) : pa ? cg_llvm_sgemm_pa(L) : cg_llvm_sgemm(L); /* may build it, moving the builder */
+	/* may build it, moving the builder */
+	LLVMValueRef f = pbw  ? cg_llvm_sgemm_pbw(L)
+	                 : pb ? cg_llvm_sgemm_pb(L)
+	                 : pa ? cg_llvm_sgemm_pa(L)
+	                      : cg_llvm_sgemm(L);
 	LLVMPositionBuilderAtEnd(L->b, here);
 	loop l;
 	LLVMValueRef b = loop_begin(c, &l, i64c(L, 0), g->batch ? iexpr(c, g->batch) : i64c(L, 1));
@@ -1844,23 +1849,28 @@ static bool uses_gemm(const cg_stmt *s)
 	return uses_gemm(s->body) || uses_gemm(s->then_s) || uses_gemm(s->else_s);
 }
 
-/* Whether s holds a GEMM with an operand in panels: A (a) or B. */
-static bool uses_panels(const cg_stmt *s, bool a)
+/* Whether s holds a GEMM with an operand in panels: A (what 0), B in
+ * CG_SGEMM_PANEL-wide panels (1) or in others (2: kiln_sgemm_pbw's). */
+static bool uses_panels(const cg_stmt *s, int what)
 {
 	if (!s)
 		return false;
-	if (s->kind == CG_GEMM)
-		return s->gemm && (a ? s->gemm->a_panel : s->gemm->b_panel) > 0;
+	if (s->kind == CG_GEMM && s->gemm) {
+		int bp = s->gemm->b_panel;
+		return what == 0 ? s->gemm->a_panel > 0
+		                 : bp > 0 && (bp == CG_SGEMM_PANEL) == (what == 1);
+	}
 	for (int i = 0; s->kind == CG_BLOCK && i < s->n; i++)
-		if (uses_panels(s->items[i], a))
+		if (uses_panels(s->items[i], what))
 			return true;
-	return uses_panels(s->body, a) || uses_panels(s->then_s, a) || uses_panels(s->else_s, a);
+	return uses_panels(s->body, what) || uses_panels(s->then_s, what) ||
+	       uses_panels(s->else_s, what);
 }
 
-bool cg_llvm_uses_sgemm_pb(const cg_module *m)
+bool cg_llvm_uses_sgemm_pb(const cg_module *m, bool wide)
 {
 	for (int k = 0; m && k < m->nkern; k++)
-		if (uses_panels(m->kern[k].body, false))
+		if (uses_panels(m->kern[k].body, wide ? 2 : 1))
 			return true;
 	return false;
 }
@@ -1868,7 +1878,7 @@ bool cg_llvm_uses_sgemm_pb(const cg_module *m)
 bool cg_llvm_uses_sgemm_pa(const cg_module *m)
 {
 	for (int k = 0; m && k < m->nkern; k++)
-		if (uses_panels(m->kern[k].body, true))
+		if (uses_panels(m->kern[k].body, 0))
 			return true;
 	return false;
 }

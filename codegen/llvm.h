@@ -53,6 +53,7 @@ typedef struct cg_llvm {
 	LLVMValueRef sgemm;       /* kiln_sgemm, from llvm_gemm.c */
 	LLVMValueRef transpose;   /* kiln_transpose, from llvm_gemm.c */
 	LLVMValueRef sgemm_pb;    /* kiln_sgemm_pb, from llvm_gemm.c */
+	LLVMValueRef sgemm_pbw;   /* kiln_sgemm_pbw, from llvm_gemm.c */
 	LLVMValueRef sgemm_pa;    /* kiln_sgemm_pa, from llvm_gemm.c */
 	LLVMValueRef qgemm[16];   /* kiln_qgemm_*, from llvm_qgemm.c, by cg_qgemm_spec */
 	const int *canon;         /* the kernel being emitted: root buffer -> its index in
@@ -102,9 +103,10 @@ kiln_status cg_llvm_emit_kernels(cg_llvm *const *parts, int nparts, const cg_mod
 int cg_llvm_parts_for(const cg_module *m, int max);
 /* Whether m's kernels call kiln_sgemm or kiln_transpose. */
 bool cg_llvm_uses_helpers(const cg_module *m);
-/* Whether m's kernels call kiln_sgemm_pb (a GEMM with cg_gemm.b_panel),
- * kiln_sgemm_pa (a_panel). */
-bool cg_llvm_uses_sgemm_pb(const cg_module *m);
+/* Whether m's kernels call kiln_sgemm_pb (a GEMM with cg_gemm.b_panel
+ * CG_SGEMM_PANEL; wide: kiln_sgemm_pbw, any other b_panel), kiln_sgemm_pa
+ * (a_panel). */
+bool cg_llvm_uses_sgemm_pb(const cg_module *m, bool wide);
 bool cg_llvm_uses_sgemm_pa(const cg_module *m);
 
 /* L->m's numel(sym, out) and io_dims(sym, out) functions: each buffer's
@@ -152,6 +154,12 @@ LLVMValueRef cg_llvm_sgemm_pb(cg_llvm *L);
 /* The panel width kiln_sgemm_pb wants on t (CG_SGEMM_PANEL, or 0 when
  * the target's vectors do not divide it). */
 int cg_sgemm_panel(const cg_target *t);
+/* kiln_sgemm_pbw: kiln_sgemm_pb with panels of cg_sgemm_wide_panel(L->t)
+ * columns (the micro-kernel's NR), which its blocked path reads in place. */
+LLVMValueRef cg_llvm_sgemm_pbw(cg_llvm *L);
+/* That width, or 0 when NR is no wider than cg_sgemm_panel or not a power
+ * of two. */
+int cg_sgemm_wide_panel(const cg_target *t);
 /* kiln_sgemm_pa, kiln_sgemm's arguments with A packed by cg_prepack
  * (cg_gemm.a_panel): panels of cg_sgemm_a_panel(L->t) rows, each K columns
  * of that many floats; a_rs, a_cs unused. */

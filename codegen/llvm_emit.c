@@ -485,8 +485,10 @@ static kiln_status s_library(cg_session *s, kiln_error *err)
 		cg_llvm *LH = &s->parts[s->nkparts].L;
 		cg_llvm_sgemm(LH);
 		cg_llvm_transpose(LH);
-		if (cg_llvm_uses_sgemm_pb(s->lib->m) || cg_llvm_uses_sgemm_pb(s->lib->eval))
+		if (cg_llvm_uses_sgemm_pb(s->lib->m, false) || cg_llvm_uses_sgemm_pb(s->lib->eval, false))
 			cg_llvm_sgemm_pb(LH);
+		if (cg_llvm_uses_sgemm_pb(s->lib->m, true) || cg_llvm_uses_sgemm_pb(s->lib->eval, true))
+			cg_llvm_sgemm_pbw(LH);
 		if (cg_llvm_uses_sgemm_pa(s->lib->m) || cg_llvm_uses_sgemm_pa(s->lib->eval))
 			cg_llvm_sgemm_pa(LH);
 		cg_llvm_export_helpers(LH);
@@ -564,15 +566,15 @@ static void s_close(cg_session *s)
 
 static const char *const stages[] = {"ll", "asm", "obj", NULL};
 
-static kiln_status gemm_panel(const kiln_compile_opts *o, int *a_panel, int *b_panel,
-                              kiln_error *err)
+static kiln_status gemm_panel(const kiln_compile_opts *o, cg_panels *p, kiln_error *err)
 {
 	cg_target t;
 	kiln_status st = cg_target_init(&t, o ? o->cpu : NULL, o ? o->features : NULL, err);
 	if (st != KILN_OK)
 		return st;
-	*a_panel = cg_sgemm_a_panel(&t);
-	*b_panel = cg_sgemm_panel(&t);
+	p->a = cg_sgemm_a_panel(&t);
+	p->b = cg_sgemm_panel(&t);
+	p->b_wide = cg_sgemm_wide_panel(&t);
 	cg_target_free(&t);
 	return KILN_OK;
 }

@@ -101,8 +101,10 @@ typedef struct gen {
 	int pf;                          /* its direct micro-kernel prefetches B pf rows ahead */
 	int pfa;                         /* ... and A pfa columns ahead */
 	bool pb;                         /* the family of kiln_sgemm_pb: B in column panels */
+	bool pbw;                        /* ... of kiln_sgemm_pbw: panels NR wide, which the
+	                                    blocked path reads in place */
 	bool pa;                         /* the family of kiln_sgemm_pa: A in MR-row panels */
-	int P;                           /* ... P wide (CG_SGEMM_PANEL) */
+	int P;                           /* ... P wide (CG_SGEMM_PANEL, or NR) */
 	const char *fam;                 /* its functions' name prefix */
 } gen;
 
@@ -841,7 +843,9 @@ static LLVMValueRef emit_packb_pb(gen *g)
 	cg_llvm *L = g->L;
 	int W = g->g.W;
 	LLVMTypeRef t[] = {g->fp, g->fp, L->i64, L->i64, L->i64, L->i64};
-	LLVMValueRef fn = function(g, "kiln_sgemm_pb_packb", t, 6), *p = g->p;
+	char name[48];
+	snprintf(name, sizeof name, "%s_packb", g->fam);
+	LLVMValueRef fn = function(g, name, t, 6), *p = g->p;
 	LLVMValueRef NR = i64c(g, g->g.NR);
 	LLVMValueRef nq = LLVMBuildSDiv(g->b, add(g, p[5], i64c(g, g->g.NR - 1)), NR, "");
 	loop lq, lk;
@@ -952,8 +956,9 @@ static void macro_kernel(gen *g, const packed_fns *f, LLVMValueRef Ap, LLVMValue
 	LLVMValueRef ir = mul(g, ti, i64c(g, MR));
 	LLVMValueRef mr = smin(g, i64c(g, MR), LLVMBuildSub(g->b, mc, ir, ""));
 	LLVMValueRef m = add(g, ic, ir);
+	/* B's panels: NR columns of blk[7] rows each (jr a multiple of NR) */
 	LLVMValueRef a[U_COUNT] = {
-		[U_AP] = at(g, Ap, mul(g, ir, astride)), [U_BP] = at(g, Bp, mul(g, jr, kc)),
+		[U_AP] = at(g, Ap, mul(g, ir, astride)), [U_BP] = at(g, Bp, mul(g, jr, blk[7])),
 		[U_KC] = kc, [U_C] = at(g, p[P_C], add(g, mul(g, m, p[P_CRS]), n)),
 		[U_CRS] = p[P_CRS], [U_MR] = mr, [U_NR] = nr, [U_BETA] = blk[5],
 		[U_BIAS] = at(g, p[P_BIAS], LLVMBuildSelect(g->b, row, m, n, "")),
@@ -987,16 +992,26 @@ static LLVMValueRef emit_blocked(gen *g, const packed_fns *f)
 	LLVMValueRef kc = smin(g, i64c(g, G->KC), LLVMBuildSub(g->b, p[P_K], pc, ""));
 	/* kiln_sgemm_pb's packb reads B's panels: from column jc's, row pc on
 	 * (jc is a multiple of NC, so of P), with K */
-	LLVMValueRef pb[] = {Bp, g->pb ? at(g, p[P_B], add(g, bcol(g, jc), mul(g, pc, i64c(g, g->P))))
-	                             : at(g, p[P_B], add(g, mul(g, pc, p[P_BRS]), mul(g, jc, p[P_BCS]))),
-	                     g->pb ? panel_rows(g) : p[P_BRS], p[P_BCS], kc, nc};
-	call(g, f->packb, pb, 6);
+	LLVMValueRef bpanel = g->pb ? at(g, p[P_B], add(g, bcol(g, jc), mul(g, pc, i64c(g, g->P))))
+	                            : NULL;
+	/* B's panels kc rows of NR apart as packb writes them; kiln_sgemm_pbw's,
+	 * NR wide already, are read in place, CG_PANEL_ROWS(K) rows apart */
+	LLVMValueRef bstride = g->pbw ? panel_rows(g) : kc;
+	if (g->pbw) {
+		Bp = bpanel;
+	} else {
+		LLVMValueRef pb[] = {Bp, g->pb ? bpanel
+		                               : at(g, p[P_B], add(g, mul(g, pc, p[P_BRS]),
+		                                                   mul(g, jc, p[P_BCS]))),
+		                     g->pb ? panel_rows(g) : p[P_BRS], p[P_BCS], kc, nc};
+		call(g, f->packb, pb, 6);
+	}
 	LLVMValueRef first = icmp(g, LLVMIntEQ, pc, i64c(g, 0));
 	LLVMValueRef last = icmp(g, LLVMIntEQ, add(g, pc, kc), p[P_K]);
 	LLVMValueRef beta = LLVMBuildSelect(g->b, first, p[P_BETA], f32c(g, 1), "");
 	LLVMValueRef ic = loop_begin(g, &li, i64c(g, 0), p[P_M], G->MC);
 	LLVMValueRef mc = smin(g, i64c(g, G->MC), LLVMBuildSub(g->b, p[P_M], ic, ""));
-	LLVMValueRef blk[] = {ic, jc, mc, nc, kc, beta, last};
+	LLVMValueRef blk[] = {ic, jc, mc, nc, kc, beta, last, bstride};
 	if (g->pa) { /* kiln_sgemm_pa: A's panels from row ic's (a multiple of MR), row pc on */
 		macro_kernel(g, f, at(g, p[P_A], add(g, mul(g, ic, p[P_K]), mul(g, pc, i64c(g, G->MR)))),
 		             Bp, blk);
@@ -1712,7 +1727,7 @@ static LLVMValueRef emit_entry(gen *g, const entry_fns *f)
  * transformer block at batch 16, M = 1024). */
 static LLVMValueRef emit_entry_pb(gen *g, const entry_fns *f)
 {
-	LLVMValueRef work, pool, fn = entry_begin(g, "kiln_sgemm_pb", &work, &pool), *p = g->p;
+	LLVMValueRef work, pool, fn = entry_begin(g, g->fam, &work, &pool), *p = g->p;
 	LLVMValueRef zero = i64c(g, 0);
 	/* K == 0 too: the axpy form's sums are then 0 and B is not read */
 	LLVMValueRef thin = LLVMBuildOr(g->b, icmp(g, LLVMIntSLE, p[P_M], i64c(g, THIN_M)),
@@ -1901,8 +1916,8 @@ LLVMValueRef cg_llvm_transpose(cg_llvm *L)
 
 void cg_llvm_export_helpers(cg_llvm *L)
 {
-	LLVMValueRef f[4] = {L->sgemm, L->transpose, L->sgemm_pb, L->sgemm_pa};
-	for (int i = 0; i < 4; i++)
+	LLVMValueRef f[5] = {L->sgemm, L->transpose, L->sgemm_pb, L->sgemm_pa, L->sgemm_pbw};
+	for (int i = 0; i < 5; i++)
 		if (f[i] && !LLVMIsDeclaration(f[i])) {
 			LLVMSetLinkage(f[i], LLVMExternalLinkage);
 			LLVMSetVisibility(f[i], LLVMHiddenVisibility);
@@ -2041,27 +2056,50 @@ int cg_sgemm_panel(const cg_target *t)
 	return CG_SGEMM_PANEL % g.W == 0 ? CG_SGEMM_PANEL : 0;
 }
 
-LLVMValueRef cg_llvm_sgemm_pb(cg_llvm *L)
+/* kiln_sgemm_pb (P = CG_SGEMM_PANEL) or kiln_sgemm_pbw (wide: P = NR) */
+static LLVMValueRef sgemm_pb_family(cg_llvm *L, bool wide, LLVMValueRef *fn)
 {
 	gen g;
-	if (L->sgemm_pb || family_begin(&g, L, "kiln_sgemm_pb", &L->sgemm_pb))
-		return L->sgemm_pb;
+	if (*fn || family_begin(&g, L, wide ? "kiln_sgemm_pbw" : "kiln_sgemm_pb", fn))
+		return *fn;
 	g.pb = true;
-	g.P = CG_SGEMM_PANEL;
-	packed_fns pf = {.packa = emit_packa(&g), .packb = emit_packb(&g)};
+	g.pbw = wide;
+	g.P = wide ? g.g.NR : CG_SGEMM_PANEL;
+	char n1[48], n2[48], n3[48];
+	snprintf(n1, sizeof n1, "%s_axpy_range", g.fam);
+	snprintf(n2, sizeof n2, "%s_range", g.fam);
+	snprintf(n3, sizeof n3, "%s_rows", g.fam);
+	packed_fns pf = {.packa = emit_packa(&g), .packb = wide ? NULL : emit_packb(&g)};
 	packed_ukrs(&g, &pf);
 	entry_fns ef = {.axpy = emit_axpy(&g)};
-	ef.axpy_range = emit_vec_range(&g, ef.axpy, "kiln_sgemm_pb_axpy_range");
+	ef.axpy_range = emit_vec_range(&g, ef.axpy, n1);
 	ef.blocked = emit_blocked(&g, &pf);
-	ef.range = emit_range(&g, ef.blocked, "kiln_sgemm_pb_range", false);
-	ef.rows = emit_range(&g, ef.blocked, "kiln_sgemm_pb_rows", true);
+	ef.range = emit_range(&g, ef.blocked, n2, false);
+	ef.rows = emit_range(&g, ef.blocked, n3, true);
 	mr_tile_sets(&g, &ef);
 	int snv, smr = small_tiles(&g, &snv);
 	if (smr)
 		ef.ts = emit_tile_set(&g, smr, snv, "_s", SMALL_PF, 0, snv > 2, 0, false);
 	ef.t1 = emit_tile_set(&g, TILE1_MR, 1, "_1", 0, TILE_PFA, false, 0, false);
-	L->sgemm_pb = emit_entry_pb(&g, &ef);
+	*fn = emit_entry_pb(&g, &ef);
 	LLVMDisposeBuilder(g.b);
-	return L->sgemm_pb;
+	return *fn;
+}
+
+LLVMValueRef cg_llvm_sgemm_pb(cg_llvm *L)
+{
+	return sgemm_pb_family(L, false, &L->sgemm_pb);
+}
+
+LLVMValueRef cg_llvm_sgemm_pbw(cg_llvm *L)
+{
+	return sgemm_pb_family(L, true, &L->sgemm_pbw);
+}
+
+int cg_sgemm_wide_panel(const cg_target *t)
+{
+	geom g = geometry(t);
+	int P = cg_sgemm_panel(t);
+	return P && g.NR > P && g.NR % P == 0 && !(g.NR & (g.NR - 1)) ? g.NR : 0;
 }
 

@@ -9,9 +9,14 @@
  * new page every row or two, which no hardware prefetcher follows and the
  * TLB misses.  ONNX Runtime packs such weights once, at load.  Here they
  * are packed once, at compile time, in the panels the LLVM backend's
- * micro-kernel reads (cg_sgemm_panel: NR columns, each K rows of NR
- * floats, zero past N), and the GEMM reads them instead of the weight
- * (cg_gemm.b_panel; kiln_sgemm_pb).  The weight, if no kernel reads it any
+ * GEMM reads (cg_panels.b: 16 columns, each CG_PANEL_ROWS(K) rows of 16
+ * floats, zero past N and K), and the GEMM reads them instead of the
+ * weight (cg_gemm.b_panel; kiln_sgemm_pb).  A GEMM of a fixed M of more
+ * than CG_WIDE_MIN_M rows (a transformer's Linear layers at a fixed batch
+ * and sequence), which takes the blocked path, gets panels as wide as its
+ * micro-kernel (cg_panels.b_wide, kiln_sgemm_pbw), read in place: the
+ * blocked path otherwise copies every panel of B on every call (10% of a
+ * BERT layer's time at 128 tokens).  The weight, if no kernel reads it any
  * more, keeps no bytes in the library: it becomes an empty scratch buffer.
  *
  * A GEMM qualifies when it is a plain f32 GEMM whose B is a constant
@@ -51,6 +56,7 @@ static bool const_int(const cg_expr *e, int64_t *v)
 typedef struct seen {
 	int b;
 	int64_t off;
+	int P;                 /* B: the panel width */
 	double alpha;          /* A: folded in */
 	bool a;                /* packed as an A (row panels) */
 	int packed;
@@ -59,6 +65,7 @@ typedef struct seen {
 typedef struct ctx {
 	cg_module *m;
 	int P;                 /* B's panel width (0: B is not packed) */
+	int PW;                /* ... for a GEMM of more than CG_WIDE_MIN_M rows (0: P) */
 	int PA;                /* A's panel height (0: A is not packed) */
 	seen s[MAX_SEEN];
 	int n;
@@ -68,10 +75,10 @@ typedef struct ctx {
 
 /* The packed copy of g's B (a new constant buffer, or one made for an
  * earlier GEMM), or -1 when g does not qualify; ENOMEM in c->st. */
-static int packed_b(ctx *c, const cg_gemm *g, int64_t *koff)
+static int packed_b(ctx *c, const cg_gemm *g, int64_t *koff, int *pw)
 {
 	cg_module *m = c->m;
-	int64_t N, K, off = 0, rs, cs, bs = 0, batch = 1, P = c->P;
+	int64_t N, K, M, off = 0, rs, cs, bs = 0, batch = 1, P = c->P;
 	if (!P || !cg_gemm_is_f32(g) || g->has_b_rows || g->a_panel || g->b_panel || g->b < 0 ||
 	    g->b >= m->nbuf)
 		return -1;
@@ -85,13 +92,17 @@ static int packed_b(ctx *c, const cg_gemm *g, int64_t *koff)
 		return -1;
 	if (N < MIN_N || K < 1 || cs != 1 || rs != N || off < 0 || (bs != 0 && batch != 1))
 		return -1;
+	if (c->PW > 0 && const_int(g->M, &M) && M > CG_WIDE_MIN_M && N > 2 * c->PW)
+		P = c->PW;
 	int64_t numel = kiln_tensor_numel(b->data);
 	if (K > (numel - off) / N) /* rows [0, K) of N from off must lie inside the tensor */
 		return -1;
 	*koff = off;
 	for (int i = 0; i < c->n; i++)
-		if (!c->s[i].a && c->s[i].b == g->b && c->s[i].off == off)
+		if (!c->s[i].a && c->s[i].b == g->b && c->s[i].off == off && c->s[i].P == P) {
+			*pw = (int)P;
 			return c->s[i].packed;
+		}
 	if (c->n == MAX_SEEN)
 		return -1;
 	int64_t np = (N + P - 1) / P, KP = CG_PANEL_ROWS(K);
@@ -127,7 +138,8 @@ static int packed_b(ctx *c, const cg_gemm *g, int64_t *koff)
 	if (name)
 		snprintf(name, len, "%s.packed", wn ? wn : "w");
 	cb->name = name;
-	c->s[c->n++] = (seen){.b = g->b, .off = off, .packed = pb};
+	c->s[c->n++] = (seen){.b = g->b, .off = off, .P = (int)P, .packed = pb};
+	*pw = (int)P;
 	return pb;
 }
 
@@ -211,13 +223,13 @@ static void walk(ctx *c, cg_stmt *s)
 	case CG_GEMM: {
 		cg_gemm *g = s->gemm;
 		int64_t off;
-		int pb = packed_b(c, g, &off);
+		int P = 0, pb = packed_b(c, g, &off, &P);
 		if (pb >= 0) {
 			g->b = pb;
 			g->b_off = cg_const(c->m, KILN_I64, 0);
 			g->b_bs = cg_const(c->m, KILN_I64, 0);
-			g->b_rs = cg_const(c->m, KILN_I64, c->P);
-			g->b_panel = c->P;
+			g->b_rs = cg_const(c->m, KILN_I64, P);
+			g->b_panel = P;
 			if (!g->b_off || !g->b_bs || !g->b_rs)
 				c->st = KILN_ENOMEM;
 			break;
@@ -247,17 +259,19 @@ static void mark_read(void *ctx, int buf, bool write)
 	read[buf] = true;
 }
 
-kiln_status cg_prepack(cg_module *m, int a_panel, int b_panel, kiln_error *err)
+kiln_status cg_prepack(cg_module *m, const cg_panels *pn, kiln_error *err)
 {
-	if (!m || a_panel < 0 || b_panel < 0 || (b_panel & (b_panel - 1)))
-		return ir_seterr(err, KILN_EINVAL, "cg_prepack: null module or bad panels %d, %d",
-		                 a_panel, b_panel);
+	if (!m || !pn || pn->a < 0 || pn->b < 0 || (pn->b & (pn->b - 1)) || pn->b_wide < 0 ||
+	    (pn->b_wide & (pn->b_wide - 1)))
+		return ir_seterr(err, KILN_EINVAL, "cg_prepack: null module or bad panels %d, %d, %d",
+		                 pn ? pn->a : 0, pn ? pn->b : 0, pn ? pn->b_wide : 0);
 	ctx *c = calloc(1, sizeof *c);
 	if (!c)
 		return ir_seterr(err, KILN_ENOMEM, "cg_prepack: out of memory");
 	c->m = m;
-	c->P = b_panel;
-	c->PA = a_panel;
+	c->P = pn->b;
+	c->PW = pn->b > 0 ? pn->b_wide : 0;
+	c->PA = pn->a;
 	for (int k = 0; k < m->nkern && c->st == KILN_OK; k++)
 		walk(c, m->kern[k].body);
 	/* a weight that nothing reads (any more: packed; or never: a Winograd

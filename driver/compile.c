@@ -96,10 +96,10 @@ static kiln_status to_kernels(const kiln_graph *g, const kiln_compile_opts *o, b
 	const char *pp = getenv("KILN_PREPACK");
 	const cg_backend *be = cg_backend_find(o->target);
 	if (st == KILN_OK && !train && be && be->gemm_panel && !(pp && !strcmp(pp, "0"))) {
-		int a_panel = 0, b_panel = 0;
-		st = be->gemm_panel(o, &a_panel, &b_panel, err);
-		if (st == KILN_OK && (a_panel > 0 || b_panel > 0))
-			st = cg_prepack(*m, a_panel, b_panel, err);
+		cg_panels pn = {0};
+		st = be->gemm_panel(o, &pn, err);
+		if (st == KILN_OK && (pn.a > 0 || pn.b > 0))
+			st = cg_prepack(*m, &pn, err);
 	}
 	if (st == KILN_OK)
 		st = cg_memplan(*m, err);

@@ -21,6 +21,7 @@
 
 #include "check_main.h"
 #include "codegen/codegen.h"
+#include "codegen/llvm.h"
 #include "kiln/kiln.h"
 #include "tmpdir.h"
 
@@ -277,6 +278,77 @@ START_TEST(packed_conv_weights)
 }
 END_TEST
 
+/* A fixed batch of 130 rows (more than CG_WIDE_MIN_M): x f32[130, 600] ->
+ * u = relu(x Wu + bu) [130, 1100] in the micro-kernel's wide panels where
+ * the target has them (kiln_sgemm_pbw: K = 600 in two blocks, 1100 columns
+ * in two column blocks and a last panel of 12), then v = u Wv [130, 100]
+ * (100 columns: two wide panels or fewer, so 16-wide ones). */
+static kiln_graph *widenet(void)
+{
+	kiln_graph *g = kiln_graph_new("prepack");
+	kiln_value x = kiln_input(g, "x", KILN_F32, 2, (int64_t[]){130, 600});
+	kiln_value u = kiln_relu(g, kiln_gemm(g, x, param(g, "wu", 600, 1100, 0.05),
+	                                      bias(g, "bu", 1100), 1, 1, false, false));
+	kiln_output(g, "u", u);
+	kiln_output(g, "v", kiln_matmul(g, u, param(g, "wv", 1100, 100, 0.05)));
+	ck_assert_msg(kiln_graph_status(g) == KILN_OK, "%s", kiln_graph_errmsg(g));
+	return g;
+}
+
+START_TEST(wide_panels_read_in_place)
+{
+	tmp_make("kiln_prepack_wide");
+	kiln_graph *g = widenet();
+	cg_target t;
+	kiln_error err = {0};
+	ck_assert_msg(cg_target_init(&t, NULL, NULL, &err) == KILN_OK, "%s", err.msg);
+	int wide = cg_sgemm_wide_panel(&t);
+	cg_target_free(&t);
+	char kir[256], so0[256], so1[256], what[64];
+	compile(g, "", "kir", "on.kir", kir);
+	if (wide) { /* u's B in [panels, CG_PANEL_ROWS(600), wide] */
+		snprintf(what, sizeof what, "b_panel=%d ", wide);
+		ck_assert_int_eq(count(kir, what), 1);
+		snprintf(what, sizeof what, "f32[%d,601,%d]", (1100 + wide - 1) / wide, wide);
+		ck_assert_int_eq(count(kir, what), 1);
+	}
+	ck_assert_int_eq(count(kir, "b_panel=16 "), wide ? 1 : 2);
+	compile(g, "0", NULL, "off.so", so0);
+	compile(g, "", NULL, "on.so", so1);
+	for (int th = 1; th <= 2; th++) {
+		kiln_tensor *y0[2] = {0}, *y1[2] = {0}, *x = NULL;
+		const int64_t dims[] = {130, 600};
+		run(so0, 2, dims, 0.11, th, y0, 2, NULL);
+		run(so1, 2, dims, 0.11, th, y1, 2, &x);
+		for (int o = 0; o < 2; o++)
+			ck_assert_msg(!memcmp(y0[o]->data, y1[o]->data, kiln_tensor_nbytes(y0[o])),
+			              "output %d, %d threads: packed and unpacked differ", o, th);
+		if (th == 1) { /* and both are right: the interpreter */
+			kiln_tensor *ref[2] = {0};
+			ck_assert_msg(kiln_graph_run(g, &x, 1, ref, 2, &err) == KILN_OK, "%s", err.msg);
+			for (int o = 0; o < 2; o++) {
+				const float *r = ref[o]->data, *v = y1[o]->data;
+				double worst = 0, scale = 0;
+				for (int64_t i = 0; i < kiln_tensor_numel(ref[o]); i++) {
+					worst = fmax(worst, fabs((double)r[i] - v[i]));
+					scale = fmax(scale, fabs((double)r[i]));
+				}
+				ck_assert_msg(scale > 0.1 && worst <= 1e-4 * (1 + scale),
+				              "output %d: max |diff| %g (scale %g)", o, worst, scale);
+				kiln_tensor_free(ref[o]);
+			}
+		}
+		kiln_tensor_free(x);
+		for (int o = 0; o < 2; o++) {
+			kiln_tensor_free(y0[o]);
+			kiln_tensor_free(y1[o]);
+		}
+	}
+	kiln_graph_free(g);
+	tmp_remove();
+}
+END_TEST
+
 static Suite *suite(void)
 {
 	Suite *s = suite_create("prepack");
@@ -284,6 +356,7 @@ static Suite *suite(void)
 	tcase_set_timeout(tc, 300);
 	tcase_add_test(tc, packed_equals_unpacked);
 	tcase_add_test(tc, packed_conv_weights);
+	tcase_add_test(tc, wide_panels_read_in_place);
 	suite_add_tcase(s, tc);
 	return s;
 }
