@@ -846,6 +846,47 @@ END_TEST
  * (two and three chunks, the last ones short), batch 2, then the result
  * split back unevenly and summed so every output element depends on both,
  * against the interpreter. */
+/* A Transpose whose innermost output dimension is not the input's
+ * contiguous one moves planes with CG_TRANSPOSE (W x W blocks in
+ * registers), chunks of 256 source columns over the pool: a 2-D one of
+ * 600 columns (chunks 256, 256, 88), 3-D with two dimensions merged (60 x
+ * 37), 4-D with an outer dimension (5 planes of 297 x 12), and one of 5
+ * rows (under 8: the loop nest).  Exact against the interpreter. */
+START_TEST(transposes_move_blocks_in_registers)
+{
+	static const char *text =
+		"graph @tr(%a: f32[64,600], %b: f32[3,20,37], %c: f32[5,9,33,12], %d: f32[5,40]) -> "
+		"(%p: f32[600,64], %q: f32[37,3,20], %r: f32[5,12,9,33], %s: f32[40,5]) {\n"
+		"  %p = transpose %a {perm=[1,0]} : f32[600,64]\n"
+		"  %q = transpose %b {perm=[2,0,1]} : f32[37,3,20]\n"
+		"  %r = transpose %c {perm=[0,3,1,2]} : f32[5,12,9,33]\n"
+		"  %s = transpose %d {perm=[1,0]} : f32[40,5]\n"
+		"  ret %p, %q, %r, %s\n}\n";
+	kiln_graph *g = NULL;
+	kiln_error e = {0};
+	ck_assert_msg(ir_parse(text, "tr.kir", &g, &e) == KILN_OK, "%s", e.msg);
+	int64_t sa[] = {64, 600}, sb[] = {3, 20, 37}, sc[] = {5, 9, 33, 12}, sd[] = {5, 40};
+	opcase_graph c = {"tr", g, {seeded(2, sa, 0), seeded(3, sb, 1), seeded(4, sc, 2),
+	                            seeded(2, sd, 3)}, {0}, 4, 4, 0};
+	char why[1400] = "";
+	ck_assert_msg(case_matches(&c, true, why, sizeof why), "%s", why);
+	cg_module *m = NULL;
+	ck_assert_msg(cg_lower_ex(g, &(cg_lower_opts){.fuse = true}, &m, &e) == KILN_OK, "%s", e.msg);
+	char *kir = dump(m);
+	ck_assert_msg(strstr(kir, "transpose rows=64 cols=min(256, 600 - %i0*256)"), "%s", kir);
+	ck_assert_msg(strstr(kir, "transpose rows=60 cols=min(256, 37 - "), "%s", kir);
+	ck_assert_msg(strstr(kir, "transpose rows=297 cols=min(256, 12 - "), "%s", kir);
+	const char *t = kir;
+	int n = 0;
+	while ((t = strstr(t, "transpose rows=")))
+		n++, t++;
+	ck_assert_int_eq(n, 3);
+	free(kir);
+	cg_module_free(m);
+	opcase_free(&c);
+}
+END_TEST
+
 START_TEST(concat_and_split_copy_in_chunks)
 {
 	static const char *text =
@@ -1757,6 +1798,7 @@ static Suite *compiled_ops_suite(void)
 	tcase_add_test(tc, small_plane_depthwise_epilogues_keep_their_order);
 	tcase_add_test(tc, tiny_plane_depthwise_is_channel_blocked);
 	tcase_add_test(tc, concat_and_split_copy_in_chunks);
+	tcase_add_test(tc, transposes_move_blocks_in_registers);
 	tcase_add_test(tc, batch_chosen_conv_matches_the_interpreter);
 	tcase_add_test(tc, gather_index_out_of_range_is_an_error);
 	tcase_add_test(tc, symbolic_attributes_compile_for_every_length);
