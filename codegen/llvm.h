@@ -148,8 +148,8 @@ bool cg_llvm_supports(const cg_module *m, const cg_kernel *k, char *why, size_t 
  * x->pool with rt_parallel_for. */
 LLVMValueRef cg_llvm_sgemm(cg_llvm *L);
 /* kiln_sgemm_pb, kiln_sgemm's arguments with B packed by cg_prepack
- * (cg_gemm.b_panel): column panels of cg_sgemm_panel(L->t) columns, each K
- * rows of that many floats; b_rs, b_cs unused. */
+ * (cg_gemm.b_panel): column panels of cg_sgemm_panel(L->t) columns, each
+ * CG_PANEL_ROWS(K) rows of that many floats; b_rs, b_cs unused. */
 LLVMValueRef cg_llvm_sgemm_pb(cg_llvm *L);
 /* The panel width kiln_sgemm_pb wants on t (CG_SGEMM_PANEL, or 0 when
  * the target's vectors do not divide it). */
