@@ -241,9 +241,9 @@ static LLVMValueRef hsum(gen *g, LLVMValueRef v)
 }
 
 /* Rows per panel of kiln_sgemm_pb's B: CG_PANEL_ROWS(K) */
-static LLVMValueRef panel_rows(gen *g)
+static LLVMValueRef panel_rows(gen *g, LLVMValueRef K)
 {
-	return LLVMBuildOr(g->b, g->p[P_K], i64c(g, 1), "");
+	return LLVMBuildOr(g->b, K, i64c(g, 1), "");
 }
 
 /* kiln_sgemm_pb: the offset of column n's row 0 in B's panels of P
@@ -252,7 +252,7 @@ static LLVMValueRef panel_rows(gen *g)
 static LLVMValueRef bcol(gen *g, LLVMValueRef n)
 {
 	LLVMValueRef q = LLVMBuildAShr(g->b, n, i64c(g, __builtin_ctz((unsigned)g->P)), "");
-	return add(g, mul(g, mul(g, q, i64c(g, g->P)), panel_rows(g)),
+	return add(g, mul(g, mul(g, q, i64c(g, g->P)), panel_rows(g, g->p[P_K])),
 	           LLVMBuildAnd(g->b, n, i64c(g, g->P - 1), ""));
 }
 
@@ -996,14 +996,14 @@ static LLVMValueRef emit_blocked(gen *g, const packed_fns *f)
 	                            : NULL;
 	/* B's panels kc rows of NR apart as packb writes them; kiln_sgemm_pbw's,
 	 * NR wide already, are read in place, CG_PANEL_ROWS(K) rows apart */
-	LLVMValueRef bstride = g->pbw ? panel_rows(g) : kc;
+	LLVMValueRef bstride = g->pbw ? panel_rows(g, g->p[P_K]) : kc;
 	if (g->pbw) {
 		Bp = bpanel;
 	} else {
 		LLVMValueRef pb[] = {Bp, g->pb ? bpanel
 		                               : at(g, p[P_B], add(g, mul(g, pc, p[P_BRS]),
 		                                                   mul(g, jc, p[P_BCS]))),
-		                     g->pb ? panel_rows(g) : p[P_BRS], p[P_BCS], kc, nc};
+		                     g->pb ? panel_rows(g, g->p[P_K]) : p[P_BRS], p[P_BCS], kc, nc};
 		call(g, f->packb, pb, 6);
 	}
 	LLVMValueRef first = icmp(g, LLVMIntEQ, pc, i64c(g, 0));
@@ -1065,7 +1065,7 @@ static void tile_args(gen *g, LLVMValueRef ir, LLVMValueRef jr, LLVMValueRef mr,
 		[U_RES] = nat(g, p[P_RES], add(g, mul(g, ir, p[P_RRS]), jr)),
 		[U_ARS] = g->pa ? i64c(g, 1) : p[P_ARS], [U_ACS] = g->pa ? i64c(g, g->g.MR) : p[P_ACS],
 		[U_BRS] = p[P_BRS], [U_ALPHA] = p[P_ALPHA],
-		[U_BPS] = g->pb ? mul(g, panel_rows(g), i64c(g, g->P)) : i64c(g, 0),
+		[U_BPS] = g->pb ? mul(g, panel_rows(g, g->p[P_K]), i64c(g, g->P)) : i64c(g, 0),
 	};
 	memcpy(a, v, sizeof v);
 }
@@ -1409,7 +1409,7 @@ static LLVMValueRef emit_vec_range(gen *g, LLVMValueRef callee, const char *name
 	a[P_N] = LLVMBuildSub(g->b, n1, n0, "");
 	/* kiln_sgemm_pb's (n0 on a panel's first column): CG_PANEL_ROWS(K) rows
 	 * of P per panel */
-	a[P_B] = at(g, a[P_B], g->pb ? mul(g, n0, LLVMBuildOr(g->b, a[P_K], i64c(g, 1), ""))
+	a[P_B] = at(g, a[P_B], g->pb ? mul(g, n0, panel_rows(g, a[P_K]))
 	                             : mul(g, n0, a[P_BCS]));
 	a[P_C] = at(g, a[P_C], n0);
 	a[P_BIAS] = LLVMBuildSelect(g->b, colb, at(g, a[P_BIAS], n0), a[P_BIAS], "");

@@ -713,7 +713,6 @@ static kiln_status argmax(cg_module *m, const ir_node *n, const int *in, const i
 
 /* ---- data movement --------------------------------------------------------- */
 
-/* Output dims d and d+1 merge when they are adjacent in the input too. */
 /* Columns of the source per CG_TRANSPOSE of a Transpose's plane: the
  * (outer index, chunk) pairs go over the pool. */
 enum { TRANSPOSE_CHUNK = 256 };
@@ -758,6 +757,7 @@ static bool transpose_blocks(cg_module *m, cg_kernel *k, int src, int dst, int n
 	return true;
 }
 
+/* Output dims d and d+1 merge when they are adjacent in the input too. */
 static kiln_status transpose(cg_module *m, const ir_node *n, const int *in, const int *out,
                              kiln_error *err)
 {

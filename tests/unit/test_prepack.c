@@ -141,6 +141,27 @@ static void run(const char *so, int rank, const int64_t *dims, double f, int thr
 	kiln_model_free(m);
 }
 
+/* g run by the interpreter on x: each of y's nout outputs within 1e-4
+ * (relative to its scale, which must be above 0.1) of it. */
+static void matches_interpreter(const kiln_graph *g, kiln_tensor *x, kiln_tensor **y, int nout)
+{
+	kiln_tensor *ref[8] = {0};
+	kiln_error err = {0};
+	ck_assert_int_le(nout, 8);
+	ck_assert_msg(kiln_graph_run(g, &x, 1, ref, nout, &err) == KILN_OK, "%s", err.msg);
+	for (int o = 0; o < nout; o++) {
+		const float *r = ref[o]->data, *v = y[o]->data;
+		double worst = 0, scale = 0;
+		for (int64_t i = 0; i < kiln_tensor_numel(ref[o]); i++) {
+			worst = fmax(worst, fabs((double)r[i] - v[i]));
+			scale = fmax(scale, fabs((double)r[i]));
+		}
+		ck_assert_msg(scale > 0.1 && worst <= 1e-4 * (1 + scale),
+		              "output %d: max |diff| %g (scale %g)", o, worst, scale);
+		kiln_tensor_free(ref[o]);
+	}
+}
+
 START_TEST(packed_equals_unpacked)
 {
 	tmp_make("kiln_prepack");
@@ -251,22 +272,8 @@ START_TEST(packed_conv_weights)
 				ck_assert_msg(!memcmp(y0[o]->data, y1[o]->data, kiln_tensor_nbytes(y0[o])),
 				              "output %d, batch %lld, %d threads: packed and unpacked differ",
 				              o, (long long)b, t);
-			if (t == 1 && b == 2) { /* and both are right: the interpreter */
-				kiln_tensor *ref[3] = {0};
-				kiln_error err = {0};
-				ck_assert_msg(kiln_graph_run(g, &x, 1, ref, 3, &err) == KILN_OK, "%s", err.msg);
-				for (int o = 0; o < 3; o++) {
-					const float *r = ref[o]->data, *v = y1[o]->data;
-					double worst = 0, scale = 0;
-					for (int64_t i = 0; i < kiln_tensor_numel(ref[o]); i++) {
-						worst = fmax(worst, fabs((double)r[i] - v[i]));
-						scale = fmax(scale, fabs((double)r[i]));
-					}
-					ck_assert_msg(scale > 0.1 && worst <= 1e-4 * (1 + scale),
-					              "output %d: max |diff| %g (scale %g)", o, worst, scale);
-					kiln_tensor_free(ref[o]);
-				}
-			}
+			if (t == 1 && b == 2) /* and both are right: the interpreter */
+				matches_interpreter(g, x, y1, 3);
 			kiln_tensor_free(x);
 			for (int o = 0; o < 3; o++) {
 				kiln_tensor_free(y0[o]);
@@ -323,21 +330,8 @@ START_TEST(wide_panels_read_in_place)
 		for (int o = 0; o < 2; o++)
 			ck_assert_msg(!memcmp(y0[o]->data, y1[o]->data, kiln_tensor_nbytes(y0[o])),
 			              "output %d, %d threads: packed and unpacked differ", o, th);
-		if (th == 1) { /* and both are right: the interpreter */
-			kiln_tensor *ref[2] = {0};
-			ck_assert_msg(kiln_graph_run(g, &x, 1, ref, 2, &err) == KILN_OK, "%s", err.msg);
-			for (int o = 0; o < 2; o++) {
-				const float *r = ref[o]->data, *v = y1[o]->data;
-				double worst = 0, scale = 0;
-				for (int64_t i = 0; i < kiln_tensor_numel(ref[o]); i++) {
-					worst = fmax(worst, fabs((double)r[i] - v[i]));
-					scale = fmax(scale, fabs((double)r[i]));
-				}
-				ck_assert_msg(scale > 0.1 && worst <= 1e-4 * (1 + scale),
-				              "output %d: max |diff| %g (scale %g)", o, worst, scale);
-				kiln_tensor_free(ref[o]);
-			}
-		}
+		if (th == 1) /* and both are right: the interpreter */
+			matches_interpreter(g, x, y1, 2);
 		kiln_tensor_free(x);
 		for (int o = 0; o < 2; o++) {
 			kiln_tensor_free(y0[o]);
