@@ -567,15 +567,23 @@ static void direct_setup(gen *g, LLVMValueRef *arow, LLVMValueRef *bmask)
 /* Columns a direct tile's last vector may hold for it to run them along
  * the rows instead (emit_ukr's tail form). */
 enum { TAIL_COLS = 2 }; /* at most 2: the shuffle in ukr_loop */
-/* The k loop of every micro-kernel is unrolled twice, no more.  Left to
- * itself LLVM unrolled it 8 times and scheduled the copies' loads early:
- * the tile with tail columns (a 7x7 map) spilled 46 broadcasts per pass
- * to the stack.  Kernel min over 5 rounds of 100 runs, one thread, Zen 4,
- * 1x1 conv + Relu at 7x7 (ms, LLVM's choice -> 2): 320->1280 0.425 ->
- * 0.394, 1152->192 0.226 -> 0.210, 672->672 0.571 -> 0.450, 960->160
- * 0.194 -> 0.150; 144->24 at 56x56 0.213 -> 0.210; ResNet-18 batch 1
- * 30.2 -> 26.7.  4 lost to 2 on every 7x7 shape (0.446, 0.242, 0.513,
- * 0.187), 1 matched 2. */
+/* The k loop of a micro-kernel is unrolled twice, no more, and not at
+ * all in the tiles with more live values.  Left to itself LLVM unrolled
+ * it 8 times and scheduled the copies' loads early: the tile with tail
+ * columns (a 7x7 map) spilled 46 broadcasts per pass to the stack.
+ * Kernel min over 5 rounds of 100 runs, one thread, Zen 4, 1x1 conv + Relu
+ * at 7x7 (ms, LLVM's choice -> 2): 320->1280 0.425 -> 0.394, 1152->192
+ * 0.226 -> 0.210, 672->672 0.571 -> 0.450, 960->160 0.194 -> 0.150;
+ * ResNet-18 batch 1 30.2 -> 26.7; 4 lost to 2 on every 7x7 shape and 1
+ * matched 2.  Twice still spilled 10-26 zmm to the stack per pass
+ * (objdump) in the tiles with tail columns (their sums, A's column) and
+ * in those prefetching A (the _p tiles: the prefetch addresses); once,
+ * none spills.  Sapphire Rapids, kernel time per node, min of 5
+ * alternating rounds, ResNet-18 batch 1 one thread: its 3x3 convs at 7x7
+ * (im2col, tail tiles) 2.49-2.99 -> 2.02-2.05 ms, its Winograd convs at
+ * 56x56 and 28x28 (the _p tiles) 13-17% faster, all kernels 26.1 -> 22.4
+ * ms.  Not unrolling the others either left the MLP at batch 16 slower
+ * in two runs (medians 1.04x, 1.15x; mins 0.99x, 1.02x). */
 enum { UKR_UNROLL = 2 };
 
 /* The direct tiles prefetch B (SMALL_PF) only when its rows are more than
@@ -648,7 +656,7 @@ static void ukr_loop(gen *g, bool direct, int nf, int tail, LLVMValueRef *acc, L
 	}
 	for (int c = 0; c < tail; c++)
 		LLVMBuildStore(g->b, fma3(g, acol, bt[c], LLVMBuildLoad2(g->b, g->vf, t[c], "")), t[c]);
-	loop_end_unroll(g, &lk, UKR_UNROLL);
+	loop_end_unroll(g, &lk, tail || g->pfa ? 1 : UKR_UNROLL);
 	/* row i's last vector: lane c is tail column c's row i (one shuffle of
 	 * the tail sums; the lanes past the tail are never stored, since the
 	 * epilogue's mask holds nr - nf*W <= tail lanes.  Built by inserts into
