@@ -34,6 +34,7 @@ typedef struct gemm_jit {
 	LLVMOrcLLJITRef jit;
 	kiln_sgemm_fn fn;
 	uint64_t scratch_floats; /* per thread, from cg_sgemm_scratch_floats */
+	int a_panel;             /* > 0: fn is kiln_sgemm_pm, A in panels this tall */
 	int vec_bits;
 	char err[1200];
 } gemm_jit;
@@ -132,8 +133,10 @@ static void gemm_jit_types(cg_llvm *L)
 }
 
 /* vec_bits 0: the host's width; 256 or 128 force narrower micro-kernels
- * (still run on this host).  Returns 0, or -1 with J->err set. */
-static int gemm_jit_build(gemm_jit *J, int vec_bits, void *par_for)
+ * (still run on this host).  pm: kiln_sgemm_pm instead (A in panels of
+ * J->a_panel rows, cg_sgemm_m_panel), or J->fn NULL and J->err saying why
+ * when the target has none.  Returns 0, or -1 with J->err set. */
+static int gemm_jit_build_family(gemm_jit *J, int vec_bits, void *par_for, bool pm)
 {
 	memset(J, 0, sizeof *J);
 	cg_target t;
@@ -151,8 +154,19 @@ static int gemm_jit_build(gemm_jit *J, int vec_bits, void *par_for)
 	L.mod = LLVMModuleCreateWithNameInContext("gemm", L.ctx);
 	L.b = LLVMCreateBuilderInContext(L.ctx);
 	gemm_jit_types(&L);
-	LLVMValueRef f = cg_llvm_sgemm(&L);
-	int rc = f && cg_llvm_sgemm(&L) == f ? 0 : gemm_jit_fail(J, "cg_llvm_sgemm", NULL);
+	J->a_panel = pm ? cg_sgemm_m_panel(&t, NULL, NULL) : 0;
+	if (pm && !J->a_panel) {
+		snprintf(J->err, sizeof J->err, "no kiln_sgemm_pm for %d-bit vectors", t.vec_bits);
+		LLVMDisposeBuilder(L.b);
+		LLVMDisposeModule(L.mod);
+		LLVMOrcDisposeThreadSafeContext(tsc);
+		cg_target_free(&t);
+		return -1;
+	}
+	LLVMValueRef f = pm ? cg_llvm_sgemm_pm(&L) : cg_llvm_sgemm(&L);
+	int rc = f && (pm ? cg_llvm_sgemm_pm(&L) : cg_llvm_sgemm(&L)) == f
+	             ? 0
+	             : gemm_jit_fail(J, "cg_llvm_sgemm", NULL);
 	if (rc == 0) {
 		gemm_jit_wrapper(&L, f);
 		rc = gemm_jit_optimise(J, L.mod, &t);
@@ -167,6 +181,11 @@ static int gemm_jit_build(gemm_jit *J, int vec_bits, void *par_for)
 	LLVMOrcThreadSafeModuleRef tsm = LLVMOrcCreateNewThreadSafeModule(L.mod, tsc);
 	LLVMOrcDisposeThreadSafeContext(tsc);
 	return gemm_jit_load(J, tsm, par_for);
+}
+
+static int gemm_jit_build(gemm_jit *J, int vec_bits, void *par_for)
+{
+	return gemm_jit_build_family(J, vec_bits, par_for, false);
 }
 
 static void gemm_jit_free(gemm_jit *J)

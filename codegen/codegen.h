@@ -190,6 +190,12 @@ typedef struct cg_panels {
 	               than CG_WIDE_MIN_M rows and more than 2 * b_wide columns: the
 	               LLVM GEMM's blocked path, whose micro-kernel reads these
 	               panels in place instead of copying B's on every call */
+	int a_lanes;       /* > 0: a constant A in row panels this tall instead, for the
+	                      GEMM whose micro-kernel has A's rows in its lanes, when
+	                      B's rows are contiguous, C at most a_lanes_max_n
+	                      columns wide, K at least a_lanes_min_k and M wastes at
+	                      most an eighth of the last panel (LLVM: kiln_sgemm_pm) */
+	int a_lanes_max_n, a_lanes_min_k;
 } cg_panels;
 
 /* The LLVM GEMM (llvm_gemm.c) takes its blocked path for more than 64 rows

@@ -1387,14 +1387,16 @@ static void s_gemm(fn_ctx *c, const cg_stmt *s)
 	 * or kiln_sgemm_pa, whose panels are this target's */
 	bool pb = g->b_panel > 0, pa = g->a_panel > 0;
 	bool pbw = pb && g->b_panel == cg_sgemm_wide_panel(L->t);
+	bool pm = pa && g->a_panel == cg_sgemm_m_panel(L->t, NULL, NULL);
 	if ((pb && !pbw && g->b_panel != cg_sgemm_panel(L->t)) ||
-	    (pa && g->a_panel != cg_sgemm_a_panel(L->t)) || (pa && pb)) {
+	    (pa && !pm && g->a_panel != cg_sgemm_a_panel(L->t)) || (pa && pb)) {
 		fail(c, KILN_EINVAL, "GEMM operand packed in panels this target's GEMM does not read");
 		return;
 	}
 	/* may build it, moving the builder */
 	LLVMValueRef f = pbw  ? cg_llvm_sgemm_pbw(L)
 	                 : pb ? cg_llvm_sgemm_pb(L)
+	                 : pm ? cg_llvm_sgemm_pm(L)
 	                 : pa ? cg_llvm_sgemm_pa(L)
 	                      : cg_llvm_sgemm(L);
 	LLVMPositionBuilderAtEnd(L->b, here);
@@ -1849,36 +1851,37 @@ static bool uses_gemm(const cg_stmt *s)
 	return uses_gemm(s->body) || uses_gemm(s->then_s) || uses_gemm(s->else_s);
 }
 
-/* Whether s holds a GEMM with an operand in panels: A (what 0), B in
- * CG_SGEMM_PANEL-wide panels (1) or in others (2: kiln_sgemm_pbw's). */
-static bool uses_panels(const cg_stmt *s, int what)
+/* Whether s holds a GEMM with an operand in panels: A in panels ap tall
+ * (what 0), B in CG_SGEMM_PANEL-wide panels (1) or in others (2:
+ * kiln_sgemm_pbw's). */
+static bool uses_panels(const cg_stmt *s, int what, int ap)
 {
 	if (!s)
 		return false;
 	if (s->kind == CG_GEMM && s->gemm) {
 		int bp = s->gemm->b_panel;
-		return what == 0 ? s->gemm->a_panel > 0
+		return what == 0 ? ap > 0 && s->gemm->a_panel == ap
 		                 : bp > 0 && (bp == CG_SGEMM_PANEL) == (what == 1);
 	}
 	for (int i = 0; s->kind == CG_BLOCK && i < s->n; i++)
-		if (uses_panels(s->items[i], what))
+		if (uses_panels(s->items[i], what, ap))
 			return true;
-	return uses_panels(s->body, what) || uses_panels(s->then_s, what) ||
-	       uses_panels(s->else_s, what);
+	return uses_panels(s->body, what, ap) || uses_panels(s->then_s, what, ap) ||
+	       uses_panels(s->else_s, what, ap);
 }
 
 bool cg_llvm_uses_sgemm_pb(const cg_module *m, bool wide)
 {
 	for (int k = 0; m && k < m->nkern; k++)
-		if (uses_panels(m->kern[k].body, wide ? 2 : 1))
+		if (uses_panels(m->kern[k].body, wide ? 2 : 1, 0))
 			return true;
 	return false;
 }
 
-bool cg_llvm_uses_sgemm_pa(const cg_module *m)
+bool cg_llvm_uses_a_panels(const cg_module *m, int ap)
 {
 	for (int k = 0; m && k < m->nkern; k++)
-		if (uses_panels(m->kern[k].body, 0))
+		if (uses_panels(m->kern[k].body, 0, ap))
 			return true;
 	return false;
 }

@@ -55,6 +55,7 @@ typedef struct cg_llvm {
 	LLVMValueRef sgemm_pb;    /* kiln_sgemm_pb, from llvm_gemm.c */
 	LLVMValueRef sgemm_pbw;   /* kiln_sgemm_pbw, from llvm_gemm.c */
 	LLVMValueRef sgemm_pa;    /* kiln_sgemm_pa, from llvm_gemm.c */
+	LLVMValueRef sgemm_pm;    /* kiln_sgemm_pm, from llvm_gemm.c */
 	LLVMValueRef qgemm[16];   /* kiln_qgemm_*, from llvm_qgemm.c, by cg_qgemm_spec */
 	const int *canon;         /* the kernel being emitted: root buffer -> its index in
 	                             the kernel's table (cg_kernel_key's order) */
@@ -107,7 +108,7 @@ bool cg_llvm_uses_helpers(const cg_module *m);
  * CG_SGEMM_PANEL; wide: kiln_sgemm_pbw, any other b_panel), kiln_sgemm_pa
  * (a_panel). */
 bool cg_llvm_uses_sgemm_pb(const cg_module *m, bool wide);
-bool cg_llvm_uses_sgemm_pa(const cg_module *m);
+bool cg_llvm_uses_a_panels(const cg_module *m, int ap);
 
 /* L->m's numel(sym, out) and io_dims(sym, out) functions: each buffer's
  * element count, each I/O dim, from their kernel-IR expressions. */
@@ -166,6 +167,13 @@ int cg_sgemm_wide_panel(const cg_target *t);
 LLVMValueRef cg_llvm_sgemm_pa(cg_llvm *L);
 /* The row-panel height kiln_sgemm_pa wants on t: its micro-kernel's MR. */
 int cg_sgemm_a_panel(const cg_target *t);
+/* kiln_sgemm_pm, kiln_sgemm's arguments with A packed as for kiln_sgemm_pa
+ * in panels of cg_sgemm_m_panel(L->t) rows (0: none on this target), B's
+ * rows contiguous: output channels in the micro-kernel's lanes. */
+LLVMValueRef cg_llvm_sgemm_pm(cg_llvm *L);
+/* Its panels' height on t, 0 when it has none, and (each may be NULL) the
+ * widest C and the least K it is faster than kiln_sgemm_pa for. */
+int cg_sgemm_m_panel(const cg_target *t, int *max_n, int *min_k);
 
 /* Structured control flow for the helpers' builders (b builds into fn):
  * an alloca in fn's entry block (mem2reg makes it a register), stored

@@ -489,8 +489,11 @@ static kiln_status s_library(cg_session *s, kiln_error *err)
 			cg_llvm_sgemm_pb(LH);
 		if (cg_llvm_uses_sgemm_pb(s->lib->m, true) || cg_llvm_uses_sgemm_pb(s->lib->eval, true))
 			cg_llvm_sgemm_pbw(LH);
-		if (cg_llvm_uses_sgemm_pa(s->lib->m) || cg_llvm_uses_sgemm_pa(s->lib->eval))
+		int pa = cg_sgemm_a_panel(LH->t), pm = cg_sgemm_m_panel(LH->t, NULL, NULL);
+		if (cg_llvm_uses_a_panels(s->lib->m, pa) || cg_llvm_uses_a_panels(s->lib->eval, pa))
 			cg_llvm_sgemm_pa(LH);
+		if (pm && (cg_llvm_uses_a_panels(s->lib->m, pm) || cg_llvm_uses_a_panels(s->lib->eval, pm)))
+			cg_llvm_sgemm_pm(LH);
 		cg_llvm_export_helpers(LH);
 	}
 	return cg_llvm_library(&s->parts[0].L, s->lib, s->fns, err);
@@ -573,6 +576,7 @@ static kiln_status gemm_panel(const kiln_compile_opts *o, cg_panels *p, kiln_err
 	if (st != KILN_OK)
 		return st;
 	p->a = cg_sgemm_a_panel(&t);
+	p->a_lanes = cg_sgemm_m_panel(&t, &p->a_lanes_max_n, &p->a_lanes_min_k);
 	p->b = cg_sgemm_panel(&t);
 	p->b_wide = cg_sgemm_wide_panel(&t);
 	cg_target_free(&t);

@@ -672,6 +672,19 @@ static void ukr_loop(gen *g, bool direct, int nf, int tail, LLVMValueRef *acc, L
 	}
 }
 
+/* The micro-kernels' parameter types, U_ order (U_DCOUNT of them). */
+static void ukr_types(gen *g, LLVMTypeRef *t)
+{
+	cg_llvm *L = g->L;
+	LLVMTypeRef v[U_DCOUNT] = {
+		[U_AP] = g->fp, [U_BP] = g->fp, [U_KC] = L->i64, [U_C] = g->fp, [U_CRS] = L->i64,
+		[U_MR] = L->i64, [U_NR] = L->i64, [U_BETA] = L->f32, [U_BIAS] = g->fp,
+		[U_BMODE] = L->i32, [U_LO] = L->f32, [U_HI] = L->f32, [U_RES] = g->fp, [U_RRS] = L->i64, [U_ARS] = L->i64, [U_ACS] = L->i64,
+		[U_BRS] = L->i64, [U_ALPHA] = L->f32, [U_BPS] = L->i64,
+	};
+	memcpy(t, v, sizeof v);
+}
+
 /* kiln_sgemm_ukr (packed) or kiln_sgemm_ukr_direct.  Packed: A and B are
  * the panels packa/packb wrote (alpha already in A).  Direct: A is any
  * strided matrix (a_rs, a_cs) and B row-contiguous with row stride b_rs,
@@ -692,13 +705,8 @@ static void ukr_loop(gen *g, bool direct, int nf, int tail, LLVMValueRef *acc, L
  * gemm_bench's 1x1 convs at 7x7, 94-98 -> 96-101 GFLOP/s). */
 static LLVMValueRef emit_ukr(gen *g, bool direct, int nv, int tail)
 {
-	cg_llvm *L = g->L;
-	LLVMTypeRef t[U_DCOUNT] = {
-		[U_AP] = g->fp, [U_BP] = g->fp, [U_KC] = L->i64, [U_C] = g->fp, [U_CRS] = L->i64,
-		[U_MR] = L->i64, [U_NR] = L->i64, [U_BETA] = L->f32, [U_BIAS] = g->fp,
-		[U_BMODE] = L->i32, [U_LO] = L->f32, [U_HI] = L->f32, [U_RES] = g->fp, [U_RRS] = L->i64, [U_ARS] = L->i64, [U_ACS] = L->i64,
-		[U_BRS] = L->i64, [U_ALPHA] = L->f32, [U_BPS] = L->i64,
-	};
+	LLVMTypeRef t[U_DCOUNT];
+	ukr_types(g, t);
 	char name[48];
 	char nvs[12] = "";
 	if (nv < g->g.NV)
@@ -1924,8 +1932,9 @@ LLVMValueRef cg_llvm_transpose(cg_llvm *L)
 
 void cg_llvm_export_helpers(cg_llvm *L)
 {
-	LLVMValueRef f[5] = {L->sgemm, L->transpose, L->sgemm_pb, L->sgemm_pa, L->sgemm_pbw};
-	for (int i = 0; i < 5; i++)
+	LLVMValueRef f[6] = {L->sgemm, L->transpose, L->sgemm_pb, L->sgemm_pa, L->sgemm_pbw,
+	                     L->sgemm_pm};
+	for (int i = 0; i < 6; i++)
 		if (f[i] && !LLVMIsDeclaration(f[i])) {
 			LLVMSetLinkage(f[i], LLVMExternalLinkage);
 			LLVMSetVisibility(f[i], LLVMHiddenVisibility);
@@ -2111,3 +2120,204 @@ int cg_sgemm_wide_panel(const cg_target *t)
 	return P && g.NR > P && g.NR % P == 0 && !(g.NR & (g.NR - 1)) ? g.NR : 0;
 }
 
+
+/* ---- output channels in the lanes: kiln_sgemm_pm ---------------------------- */
+
+/* kiln_sgemm_pm: kiln_sgemm with a constant A packed at compile time in
+ * panels of PM_NV vectors of rows (cg_gemm.a_panel = PM_NV * W, the
+ * layout of kiln_sgemm_pa's panels, taller) and B's rows contiguous.
+ * Its micro-kernel turns the tile around: the lanes run along A's rows (a
+ * conv's output channels), the tile is PM_NV vectors of rows by PM_COLS
+ * columns of C, and per k it loads PM_NV vectors of A's panel and
+ * broadcasts PM_COLS values of B's row.  A conv on a small map (a 7x7
+ * one: C 49 columns wide, three vectors and a column) then wastes no
+ * lanes, B's row is read as PM_COLS scalars instead of vectors that
+ * straddle cache lines, and per k it streams 2 vectors of weights instead
+ * of 4 vectors of B: the BLIS shape for AVX-512 (32 x 12).  The tile's
+ * sums are transposed in registers (transpose_regs) into rows of C, whose
+ * epilogue is the other micro-kernels' (ukr_epilogue).  K goes in blocks
+ * of PM_KC (the panel's block of A and a strip of B stay in L1/L2 across
+ * the strips), C accumulated across them as the blocked path does.
+ * Measured on Sapphire Rapids against kiln_sgemm_pa (a harness calling
+ * both on one shape, best of runs, one thread, GFLOP/s): the 1x1 convs at
+ * 7x7 (960x49x160, 320x49x960, 1152x49x192) 131-133 -> 148-157; the 3x3
+ * one at 7x7 (512x49x4608) 131 -> 141; 256x196x2304 144 -> 158;
+ * 256x196x1024 147 -> 164.  Where it
+ * loses it is not taken (cg_sgemm_m_panel's limits): C wider than
+ * PM_MAX_N (256 x N x 1152: N = 289 151 -> 155, 361 155 -> 155, 441
+ * 155 -> 142, 784 152 -> 120: B's rows pages apart, broadcast one by
+ * one), K below PM_MIN_K (the transposes and the 32 rows' stores per
+ * tile: 576x196x96 153 -> 149, 384x196x64 171 -> 127; 672x196x112
+ * 153 -> 160).  In a model the weights come from memory: without the
+ * prefetch of A PM_PFA rows ahead ResNet-50's 7x7 convs were 7-14%
+ * slower than kiln_sgemm_pa's tiles (which prefetch theirs); with it,
+ * per graph node (bench/ab.py --nodes, min of 5 alternating rounds, batch
+ * 1, one thread) the 1x1 convs at 14x14 6-11% faster, those at 7x7 up to
+ * 11%, the 3x3 convs at 7x7 unchanged; the node sums ResNet-50 59.9 ->
+ * 58.9 ms, MNASNet 5.94 -> 5.79, MobileNetV3-Small 1.53 -> 1.48,
+ * DenseNet-121 45.9 -> 45.4, EfficientNet-B0 10.56 -> 10.52. */
+enum { PM_NV = 2, PM_COLS = 12, PM_KC = 512, PM_PFA = 16, PM_MAX_N = 320, PM_MIN_K = 112 };
+
+/* kiln_sgemm_pm_ukrC: the tile of mr x cols at C (cols <= PM_COLS, a
+ * compile-time count) over kc; U_ parameters, A's panel at U_AP with rows
+ * PM_NV * W floats apart, B row-contiguous (U_BRS). */
+static LLVMValueRef emit_pm_ukr(gen *g, int cols)
+{
+	LLVMTypeRef t[U_DCOUNT];
+	ukr_types(g, t);
+	char name[48];
+	snprintf(name, sizeof name, "%s_ukr%d", g->fam, cols);
+	LLVMValueRef fn = function(g, name, t, U_DCOUNT), *p = g->p;
+	int W = g->g.W, NV = PM_NV;
+	LLVMValueRef acc[PM_COLS * PM_NV], rows[PM_NV * 64], a[PM_NV];
+	for (int i = 0; i < cols * NV; i++)
+		acc[i] = local(g, g->vf, LLVMConstNull(g->vf));
+	loop lk;
+	LLVMValueRef k = loop_begin(g, &lk, i64c(g, 0), p[U_KC], 1);
+	LLVMValueRef ak = at(g, p[U_AP], mul(g, k, i64c(g, NV * W)));
+	LLVMValueRef bk = at(g, p[U_BP], mul(g, k, p[U_BRS]));
+	for (int v = 0; v < NV; v++)
+		a[v] = vload(g, at(g, ak, i64c(g, v * W)));
+	for (int v = 0; v < NV; v++) /* A's lines PM_PFA rows ahead */
+		prefetch(g, at(g, ak, i64c(g, (int64_t)PM_PFA * NV * W + v * W)));
+	for (int j = 0; j < cols; j++) {
+		LLVMValueRef bj = splat(g, g->vf, LLVMBuildLoad2(g->b, g->L->f32, at(g, bk, i64c(g, j)), ""));
+		for (int v = 0; v < NV; v++) {
+			LLVMValueRef s = acc[j * NV + v];
+			LLVMBuildStore(g->b, fma3(g, a[v], bj, LLVMBuildLoad2(g->b, g->vf, s, "")), s);
+		}
+	}
+	loop_end_unroll(g, &lk, UKR_UNROLL);
+	/* rows of C: vector v's lane l is row v*W + l; column j of it in
+	 * the sums of column j */
+	LLVMValueRef sc = splat(g, g->vf, p[U_ALPHA]);
+	for (int v = 0; v < NV; v++) {
+		LLVMValueRef tv[64];
+		for (int j = 0; j < W; j++)
+			tv[j] = j < cols ? LLVMBuildFMul(g->b, LLVMBuildLoad2(g->b, g->vf, acc[j * NV + v], ""),
+			                                 sc, "")
+			                 : LLVMConstNull(g->vf);
+		transpose_regs(g, tv);
+		for (int l = 0; l < W; l++)
+			rows[v * W + l] = local(g, g->vf, tv[l]);
+	}
+	int saved = g->g.MR;
+	g->g.MR = NV * W;
+	g->nv = 1;
+	ukr_epilogue(g, rows);
+	g->g.MR = saved;
+	LLVMBuildRetVoid(g->b);
+	return fn;
+}
+
+/* kiln_sgemm_pm_blocked(args..., n0, n1): columns [n0, n1) of C, K in
+ * blocks of PM_KC, each panel of A's rows over the strips of PM_COLS
+ * columns, the last strip's columns by kernels of 8, 4, 2 and 1. */
+static LLVMValueRef emit_pm_blocked(gen *g, LLVMValueRef *ukr)
+{
+	LLVMTypeRef t[P_COUNT + 2];
+	char name[48];
+	snprintf(name, sizeof name, "%s_blocked", g->fam);
+	LLVMValueRef fn = function(g, name, t, gemm_params(g, t, 2)), *p = g->p;
+	int W = g->g.W, R = PM_NV * W;
+	LLVMValueRef row = icmp(g, LLVMIntEQ, p[P_AXIS], LLVMConstInt(g->L->i32, 2, 0));
+	LLVMValueRef n0 = p[P_COUNT], n1 = p[P_COUNT + 1];
+	LLVMValueRef cols = LLVMBuildSub(g->b, n1, n0, "");
+	LLVMValueRef full = LLVMBuildSDiv(g->b, cols, i64c(g, PM_COLS), "");
+	LLVMValueRef rem = LLVMBuildSRem(g->b, cols, i64c(g, PM_COLS), "");
+	loop lp, li, lj;
+	LLVMValueRef pc = loop_begin(g, &lp, i64c(g, 0), p[P_K], PM_KC);
+	LLVMValueRef kc = smin(g, i64c(g, PM_KC), LLVMBuildSub(g->b, p[P_K], pc, ""));
+	LLVMValueRef first = icmp(g, LLVMIntEQ, pc, i64c(g, 0));
+	LLVMValueRef last = icmp(g, LLVMIntEQ, add(g, pc, kc), p[P_K]);
+	LLVMValueRef beta = LLVMBuildSelect(g->b, first, p[P_BETA], f32c(g, 1), "");
+	LLVMValueRef lo = LLVMBuildSelect(g->b, last, p[P_LO], f32c(g, -INFINITY), "");
+	LLVMValueRef hi = LLVMBuildSelect(g->b, last, p[P_HI], f32c(g, INFINITY), "");
+	LLVMValueRef bmode = LLVMBuildSelect(g->b, last, p[P_AXIS], LLVMConstInt(g->L->i32, 0, 0), "");
+	LLVMValueRef ic = loop_begin(g, &li, i64c(g, 0), p[P_M], R);
+	LLVMValueRef mr = smin(g, i64c(g, R), LLVMBuildSub(g->b, p[P_M], ic, ""));
+	LLVMValueRef a[U_DCOUNT] = {
+		[U_AP] = at(g, p[P_A], add(g, mul(g, ic, p[P_K]), mul(g, pc, i64c(g, R)))),
+		[U_KC] = kc, [U_CRS] = p[P_CRS], [U_MR] = mr, [U_BETA] = beta, [U_BMODE] = bmode,
+		[U_LO] = lo, [U_HI] = hi, [U_RRS] = p[P_RRS], [U_ARS] = i64c(g, 1),
+		[U_ACS] = i64c(g, R), [U_BRS] = p[P_BRS], [U_ALPHA] = p[P_ALPHA], [U_BPS] = i64c(g, 0),
+	};
+	LLVMValueRef brow = at(g, p[P_B], mul(g, pc, p[P_BRS]));
+	/* the tile at column n, nr columns wide */
+#define PM_TILE(n, nr)                                                                            \
+	do {                                                                                      \
+		a[U_BP] = at(g, brow, (n));                                                       \
+		a[U_C] = at(g, p[P_C], add(g, mul(g, ic, p[P_CRS]), (n)));                        \
+		a[U_NR] = i64c(g, (nr));                                                          \
+		a[U_BIAS] = at(g, p[P_BIAS], LLVMBuildSelect(g->b, row, ic, (n), ""));             \
+		a[U_RES] = LLVMBuildSelect(g->b, last,                                            \
+		                           nat(g, p[P_RES], add(g, mul(g, ic, p[P_RRS]), (n))),   \
+		                           LLVMConstNull(g->fp), "");                             \
+	} while (0)
+	LLVMValueRef jt = loop_begin(g, &lj, i64c(g, 0), full, 1);
+	PM_TILE(add(g, n0, mul(g, jt, i64c(g, PM_COLS))), PM_COLS);
+	call(g, ukr[PM_COLS], a, U_DCOUNT);
+	loop_end(g, &lj);
+	LLVMValueRef n = add(g, n0, mul(g, full, i64c(g, PM_COLS)));
+	for (int w = 8; w >= 1; w /= 2) { /* rem < PM_COLS <= 15: its bits */
+		LLVMValueRef on = icmp(g, LLVMIntNE, LLVMBuildAnd(g->b, rem, i64c(g, w), ""), i64c(g, 0));
+		LLVMBasicBlockRef join = if_begin(g, on);
+		PM_TILE(n, w);
+		call(g, ukr[w], a, U_DCOUNT);
+		if_end(g, join);
+		n = LLVMBuildSelect(g->b, on, add(g, n, i64c(g, w)), n, "");
+	}
+#undef PM_TILE
+	loop_end(g, &li);
+	loop_end(g, &lp);
+	LLVMBuildRetVoid(g->b);
+	return fn;
+}
+
+/* kiln_sgemm_pm: over the pool from PAR_WORK on, by blocks of rows when A
+ * has two or more (each thread reads only its rows of A, the weights,
+ * and all of B, a small map), else by strips of columns. */
+static LLVMValueRef emit_entry_pm(gen *g, LLVMValueRef blocked)
+{
+	char name[48];
+	snprintf(name, sizeof name, "%s_range", g->fam);
+	LLVMValueRef range = emit_range(g, blocked, name, false);
+	snprintf(name, sizeof name, "%s_rows", g->fam);
+	LLVMValueRef rows = emit_range(g, blocked, name, true);
+	LLVMValueRef work, pool, fn = entry_begin(g, g->fam, &work, &pool), *p = g->p;
+	int R = PM_NV * g->g.W;
+	LLVMValueRef par = LLVMBuildAnd(g->b, LLVMBuildIsNotNull(g->b, pool, ""),
+	                                icmp(g, LLVMIntSGE, work, i64c(g, PAR_WORK)), "");
+	LLVMValueRef prows = LLVMBuildAnd(g->b, par, icmp(g, LLVMIntSGE, p[P_M],
+	                                                 i64c(g, 2 * R * ROW_BLOCK_TILES)), "");
+	LLVMValueRef pcol = LLVMBuildAnd(g->b, par, icmp(g, LLVMIntSGE, p[P_N], i64c(g, 2 * PM_COLS)), "");
+	columns(g, pcol, prows, blocked, range, rows, R, PM_COLS);
+	return fn;
+}
+
+int cg_sgemm_m_panel(const cg_target *t, int *max_n, int *min_k)
+{
+	geom g = geometry(t);
+	if (max_n)
+		*max_n = PM_MAX_N;
+	if (min_k)
+		*min_k = PM_MIN_K;
+	return g.W == 16 ? PM_NV * g.W : 0;
+}
+
+LLVMValueRef cg_llvm_sgemm_pm(cg_llvm *L)
+{
+	gen g;
+	if (L->sgemm_pm || family_begin(&g, L, "kiln_sgemm_pm", &L->sgemm_pm))
+		return L->sgemm_pm;
+	g.pa = true;
+	g.g.MR = PM_NV * g.g.W; /* the panels' rows: emit_range's row blocks */
+	g.g.NR = PM_COLS;       /* ... and its column units */
+	LLVMValueRef ukr[PM_COLS + 1] = {0};
+	ukr[PM_COLS] = emit_pm_ukr(&g, PM_COLS);
+	for (int w = 8; w >= 1; w /= 2)
+		ukr[w] = emit_pm_ukr(&g, w);
+	L->sgemm_pm = emit_entry_pm(&g, emit_pm_blocked(&g, ukr));
+	LLVMDisposeBuilder(g.b);
+	return L->sgemm_pm;
+}

@@ -29,8 +29,11 @@
  * every image (packa: 174 us of a 1654 us GEMM, M = 256, K = 2304,
  * N = 196).  Such an A (rows contiguous and K apart, M and K fixed, at
  * least MIN_M_A rows) is packed here in the micro-kernel's MR-row panels,
- * alpha folded in (cg_gemm.a_panel; kiln_sgemm_pa).  A GEMM packs one
- * operand, B first.
+ * alpha folded in (cg_gemm.a_panel; kiln_sgemm_pa), or, where the
+ * target has a GEMM with A's rows in its lanes (cg_panels.a_lanes,
+ * kiln_sgemm_pm) and the product suits it (B's rows contiguous, C narrow:
+ * a conv on a small map; K deep enough to pay for its transposes), in
+ * that GEMM's taller panels.  A GEMM packs one operand, B first.
  *
  * KILN_PREPACK=0 (read by the driver) turns it off.
  */
@@ -67,6 +70,7 @@ typedef struct ctx {
 	int P;                 /* B's panel width (0: B is not packed) */
 	int PW;                /* ... for a GEMM of more than CG_WIDE_MIN_M rows (0: P) */
 	int PA;                /* A's panel height (0: A is not packed) */
+	int PM, PM_N, PM_K;    /* ... or this one where it fits (cg_panels.a_lanes) */
 	seen s[MAX_SEEN];
 	int n;
 	kiln_status st;
@@ -143,12 +147,13 @@ static int packed_b(ctx *c, const cg_gemm *g, int64_t *koff, int *pw)
 	return pb;
 }
 
-/* The packed copy of g's A (row panels of c->PA, alpha folded in), or -1
- * when g does not qualify; ENOMEM in c->st. */
-static int packed_a(ctx *c, const cg_gemm *g)
+/* The packed copy of g's A (row panels of c->PA, or of c->PM where that
+ * fits, alpha folded in; *pp the height), or -1 when g does not qualify;
+ * ENOMEM in c->st. */
+static int packed_a(ctx *c, const cg_gemm *g, int *pp)
 {
 	cg_module *m = c->m;
-	int64_t M, K, off = 0, rs, cs, bs = 0, batch = 1, P = c->PA;
+	int64_t M, K, off = 0, rs, cs, bs = 0, batch = 1, P = c->PA, N, bcs;
 	if (!P || !cg_gemm_is_f32(g) || g->has_b_rows || g->a_panel || g->b_panel || g->a < 0 ||
 	    g->a >= m->nbuf)
 		return -1;
@@ -164,8 +169,16 @@ static int packed_a(ctx *c, const cg_gemm *g)
 		return -1;
 	if (M > (kiln_tensor_numel(a->data) - off) / K)
 		return -1;
+	/* the lanes-along-rows panels: B's rows contiguous, C narrow, K deep,
+	 * and at most an eighth of the last panel's rows padding */
+	int64_t pad = (M + c->PM - 1) / (c->PM > 0 ? c->PM : 1) * c->PM - M;
+	if (c->PM > 0 && const_int(g->N, &N) && N <= c->PM_N && K >= c->PM_K &&
+	    const_int(g->b_cs, &bcs) && bcs == 1 && pad * 8 <= M)
+		P = c->PM;
+	*pp = (int)P;
 	for (int i = 0; i < c->n; i++)
-		if (c->s[i].a && c->s[i].b == g->a && c->s[i].off == off && c->s[i].alpha == g->alpha)
+		if (c->s[i].a && c->s[i].b == g->a && c->s[i].off == off && c->s[i].alpha == g->alpha &&
+		    c->s[i].P == P)
 			return c->s[i].packed;
 	if (c->n == MAX_SEEN)
 		return -1;
@@ -200,7 +213,8 @@ static int packed_a(ctx *c, const cg_gemm *g)
 	if (name)
 		snprintf(name, len, "%s.packed", wn ? wn : "w");
 	cb->name = name;
-	c->s[c->n++] = (seen){.b = g->a, .off = off, .alpha = g->alpha, .a = true, .packed = pa};
+	c->s[c->n++] = (seen){.b = g->a, .off = off, .P = (int)P, .alpha = g->alpha, .a = true,
+	                      .packed = pa};
 	return pa;
 }
 
@@ -234,14 +248,14 @@ static void walk(ctx *c, cg_stmt *s)
 				c->st = KILN_ENOMEM;
 			break;
 		}
-		int pa = c->st == KILN_OK ? packed_a(c, g) : -1;
+		int PA = 0, pa = c->st == KILN_OK ? packed_a(c, g, &PA) : -1;
 		if (pa >= 0) {
 			g->a = pa;
 			g->a_off = cg_const(c->m, KILN_I64, 0);
 			g->a_bs = cg_const(c->m, KILN_I64, 0);
-			g->a_rs = cg_const(c->m, KILN_I64, c->PA);
+			g->a_rs = cg_const(c->m, KILN_I64, PA);
 			g->alpha = 1; /* folded in */
-			g->a_panel = c->PA;
+			g->a_panel = PA;
 			if (!g->a_off || !g->a_bs || !g->a_rs)
 				c->st = KILN_ENOMEM;
 		}
@@ -272,6 +286,9 @@ kiln_status cg_prepack(cg_module *m, const cg_panels *pn, kiln_error *err)
 	c->P = pn->b;
 	c->PW = pn->b > 0 ? pn->b_wide : 0;
 	c->PA = pn->a;
+	c->PM = pn->a > 0 ? pn->a_lanes : 0;
+	c->PM_N = pn->a_lanes_max_n;
+	c->PM_K = pn->a_lanes_min_k;
 	for (int k = 0; k < m->nkern && c->st == KILN_OK; k++)
 		walk(c, m->kern[k].body);
 	/* a weight that nothing reads (any more: packed; or never: a Winograd

@@ -6,7 +6,9 @@
  * and strided operands, every epilogue, narrower vector widths, and the
  * threaded split (the real pool, and a fake one with three uneven chunks).
  * C is surrounded by sentinels (row padding and a guard after it) that must
- * survive, and holds NaN when beta == 0, which must not be read.
+ * survive, and holds NaN when beta == 0, which must not be read.  Then
+ * kiln_sgemm_pm (A in panels, output rows in the lanes) the same way,
+ * where the host has it.
  */
 #include <check.h>
 #include <math.h>
@@ -56,6 +58,13 @@ static void build(int vec_bits)
 }
 
 static void setup_host(void) { build(0); }
+static void setup_pm(void)
+{
+	if (gemm_jit_build_family(&J, 0, (void *)par_for, true) != 0)
+		fprintf(stderr, "gemm_jit_build_family: %s\n", J.err);
+	for (int c = 0; c < 3; c++)
+		fake_scratch[c] = J.fn ? scratch_new() : NULL;
+}
 static void setup_256(void) { build(256); }
 static void setup_128(void) { build(128); }
 
@@ -76,6 +85,7 @@ typedef struct prob {
 	float alpha, beta;
 	int axis, act; /* act 0: none, 1: relu, 2: clip to [CLIP_LO, CLIP_HI] */
 	int res;       /* add a residual matrix R (row stride N + 3) */
+	int pm;        /* kiln_sgemm_pm: A passed in J.a_panel-row panels (at 0) */
 } prob;
 
 #define CLIP_LO -0.75f
@@ -157,7 +167,17 @@ static void check_prob(const prob *p, rt_pool *pool)
 	mats o;
 	mats_new(p, &o);
 	rt_exec x = {.scratch = scratch_new(), .pool = pool};
-	J.fn(&x, p->M, p->N, p->K, p->alpha, o.A, o.a_rs, o.a_cs, o.B, o.b_rs, o.b_cs, p->beta,
+	const float *A = o.A;
+	float *Ap = NULL;
+	if (p->pm) { /* panel q of P rows at q*P*K, element (i, k) at k*P + i % P, zero rows */
+		int64_t P = J.a_panel, np = (p->M + P - 1) / P;
+		Ap = calloc((size_t)(np * P * p->K + 1), sizeof *Ap);
+		for (int64_t i = 0; i < p->M; i++)
+			for (int64_t k = 0; k < p->K; k++)
+				Ap[(i / P) * P * p->K + k * P + i % P] = o.A[i * o.a_rs + k * o.a_cs];
+		A = Ap;
+	}
+	J.fn(&x, p->M, p->N, p->K, p->alpha, A, o.a_rs, o.a_cs, o.B, o.b_rs, o.b_cs, p->beta,
 	     o.C, o.c_rs, p->axis ? o.bias : NULL, p->axis,
 	     p->act == 2 ? CLIP_LO : p->act ? 0 : -INFINITY, p->act == 2 ? CLIP_HI : INFINITY,
 	     o.R, o.R ? o.r_rs : 0);
@@ -180,6 +200,7 @@ static void check_prob(const prob *p, rt_pool *pool)
 	int64_t end = p->M * o.c_rs;
 	ck_assert_msg(memcmp(o.C + end, o.C0 + end, GUARD * sizeof(float)) == 0,
 	              "%ldx%ldx%ld: wrote past C", (long)p->M, (long)p->N, (long)p->K);
+	free(Ap);
 	free(x.scratch);
 	mats_free(&o);
 }
@@ -677,6 +698,79 @@ START_TEST(gemm_scratch_holds_both_packed_blocks)
 }
 END_TEST
 
+/* ---- kiln_sgemm_pm ---- */
+
+/* false (and says so) where the host has no kiln_sgemm_pm: the test is
+ * skipped, not passed silently */
+static bool have_pm(void)
+{
+	if (!J.fn && J.a_panel == 0)
+		printf("skipped: %s\n", J.err);
+	return J.fn != NULL;
+}
+
+#define PMPROB(m, n, k) ((prob){.M = (m), .N = (n), .K = (k), .alpha = 1, .pm = 1})
+
+/* Every width of the last strip (N mod 12: the 8, 4, 2 and 1 column
+ * kernels), rows that fill a panel or not, K of one, two and three blocks. */
+START_TEST(gemm_pm_widths_rows_and_k_blocks)
+{
+	if (!have_pm())
+		return;
+	static const int64_t M[] = {32, 45, 64, 97}, K[] = {1, 7, 112, 513, 1100};
+	for (int64_t n = 1; n <= 25; n++)
+		check_prob(&PMPROB(45, n, 113), NULL);
+	for (size_t i = 0; i < sizeof M / sizeof *M; i++)
+		for (size_t k = 0; k < sizeof K / sizeof *K; k++) {
+			check_prob(&PMPROB(M[i], 49, K[k]), NULL);
+			check_prob(&PMPROB(M[i], 196, K[k]), NULL);
+		}
+}
+END_TEST
+
+/* beta, bias per row and per column, residual, relu and clip, alpha: the
+ * epilogue runs on the transposed sums, its C accumulated across K's
+ * blocks and the activation only at the last */
+START_TEST(gemm_pm_epilogues)
+{
+	if (!have_pm())
+		return;
+	for (int axis = 0; axis <= 2; axis++)
+		for (int act = 0; act <= 2; act++)
+			for (int res = 0; res <= 1; res++)
+				for (int b = 0; b <= 1; b++) {
+					prob p = PMPROB(70, 37, 600);
+					p.axis = axis, p.act = act, p.res = res;
+					p.beta = b ? 0.5f : 0;
+					p.alpha = b ? 0.75f : 1;
+					check_prob(&p, NULL);
+				}
+}
+END_TEST
+
+/* over the pool: by blocks of rows (M >= 128), by strips of columns (few
+ * rows), and three uneven chunks with their own scratch */
+START_TEST(gemm_pm_threads)
+{
+	if (!have_pm())
+		return;
+	rt_pool *pool = NULL;
+	ck_assert_int_eq(rt_pool_new(2, J.scratch_floats, &pool), KILN_OK);
+	prob rows = PMPROB(200, 49, 700), cols = PMPROB(64, 150, 900);
+	rows.axis = 2, rows.act = 1, rows.res = 1;
+	cols.axis = 1, cols.beta = 0.25f;
+	check_prob(&rows, pool);
+	check_prob(&cols, pool);
+	fake_split = 1;
+	par_calls = 0;
+	check_prob(&rows, pool);
+	check_prob(&cols, pool);
+	ck_assert_int_eq(par_calls, 2);
+	fake_split = 0;
+	rt_pool_free(pool);
+}
+END_TEST
+
 /* A TCase whose tests share one JIT of kiln_sgemm at vec_bits (0: host). */
 static TCase *jit_case(Suite *s, const char *name, void (*setup)(void))
 {
@@ -730,6 +824,10 @@ static Suite *gemm_suite(void)
 	tc = tcase_create("scratch");
 	tcase_add_test(tc, gemm_scratch_holds_both_packed_blocks);
 	suite_add_tcase(s, tc);
+	tc = jit_case(s, "pm", setup_pm);
+	tcase_add_test(tc, gemm_pm_widths_rows_and_k_blocks);
+	tcase_add_test(tc, gemm_pm_epilogues);
+	tcase_add_test(tc, gemm_pm_threads);
 	return s;
 }
 
