@@ -106,6 +106,8 @@ typedef struct gen {
 	bool pa;                         /* the family of kiln_sgemm_pa: A in MR-row panels */
 	int P;                           /* ... P wide (CG_SGEMM_PANEL, or NR) */
 	const char *fam;                 /* its functions' name prefix */
+	int row_tiles;                   /* tiles of MR rows per unit of a row split (0:
+	                                    ROW_BLOCK_TILES) */
 } gen;
 
 /* ---- small IR helpers ---------------------------------------------------- */
@@ -1363,6 +1365,12 @@ static LLVMValueRef emit_naive(gen *g)
 /* Rows per unit of a row split: a multiple of MR. */
 enum { ROW_BLOCK_TILES = 2 };
 
+/* Rows per unit of a row split of tiles mr tall. */
+static int64_t row_block(const gen *g, int mr)
+{
+	return (int64_t)mr * (g->row_tiles ? g->row_tiles : ROW_BLOCK_TILES);
+}
+
 /* rows: [begin, end) count blocks of MR * ROW_BLOCK_TILES rows of A and C
  * (all of C's columns) instead of column panels; A, C, a per-row bias and
  * the residual start at the block's first row. */
@@ -1381,7 +1389,7 @@ static LLVMValueRef emit_range(gen *g, LLVMValueRef blocked, const char *name, b
 		a[i] = LLVMBuildLoad2(g->b, LLVMStructGetTypeAtIndex(g->argty, i), fp, "");
 	}
 	if (rows) {
-		LLVMValueRef RB = i64c(g, (int64_t)g->g.MR * ROW_BLOCK_TILES);
+		LLVMValueRef RB = i64c(g, row_block(g, g->g.MR));
 		LLVMValueRef r0 = mul(g, begin, RB), r1 = smin(g, mul(g, end, RB), a[P_M]);
 		LLVMValueRef rowb = icmp(g, LLVMIntEQ, a[P_AXIS], LLVMConstInt(g->L->i32, 2, 0));
 		a[P_M] = LLVMBuildSub(g->b, r1, r0, "");
@@ -1586,7 +1594,7 @@ static void columns(gen *g, LLVMValueRef par, LLVMValueRef prows, LLVMValueRef c
 	LLVMBasicBlockRef bycol = block(g, "bycol"), serial = block(g, "serial");
 	LLVMBuildCondBr(g->b, prows, byrow, notrow);
 	LLVMPositionBuilderAtEnd(g->b, byrow);
-	parallel(g, rows, (int64_t)mr * ROW_BLOCK_TILES, P_M);
+	parallel(g, rows, row_block(g, mr), P_M);
 	LLVMBuildRetVoid(g->b);
 	LLVMPositionBuilderAtEnd(g->b, notrow);
 	LLVMBuildCondBr(g->b, par, bycol, serial);
@@ -2156,7 +2164,8 @@ int cg_sgemm_wide_panel(const cg_target *t)
  * 11%, the 3x3 convs at 7x7 unchanged; the node sums ResNet-50 59.9 ->
  * 58.9 ms, MNASNet 5.94 -> 5.79, MobileNetV3-Small 1.53 -> 1.48,
  * DenseNet-121 45.9 -> 45.4, EfficientNet-B0 10.56 -> 10.52. */
-enum { PM_NV = 2, PM_COLS = 12, PM_KC = 512, PM_PFA = 16, PM_MAX_N = 320, PM_MIN_K = 112 };
+enum { PM_NV = 2, PM_COLS = 12, PM_KC = 512, PM_NC = 192, PM_PFA = 16, PM_MAX_N = 320,
+       PM_MIN_K = 112, PM_SPLIT_STRIPS = 8 };
 
 /* kiln_sgemm_pm_ukrC: the tile of mr x cols at C (cols <= PM_COLS, a
  * compile-time count) over kc; U_ parameters, A's panel at U_AP with rows
@@ -2210,10 +2219,48 @@ static LLVMValueRef emit_pm_ukr(gen *g, int cols)
 	return fn;
 }
 
+/* kiln_sgemm_pm_packb(dst, src, b_rs, kc, nc): the kc x nc block of B at
+ * src as strips of PM_COLS columns, strip s at dst + s*kc*PM_COLS, row k
+ * of it PM_COLS floats (zeros past nc). */
+static LLVMValueRef emit_pm_packb(gen *g)
+{
+	cg_llvm *L = g->L;
+	LLVMTypeRef t[] = {g->fp, g->fp, L->i64, L->i64, L->i64};
+	char name[48];
+	snprintf(name, sizeof name, "%s_packb", g->fam);
+	LLVMValueRef fn = function(g, name, t, 5);
+	LLVMValueRef dst = LLVMGetParam(fn, 0), src = LLVMGetParam(fn, 1), brs = LLVMGetParam(fn, 2);
+	LLVMValueRef kc = LLVMGetParam(fn, 3), nc = LLVMGetParam(fn, 4);
+	LLVMValueRef keep = lanes(g, i64c(g, PM_COLS));
+	loop ls, lk;
+	LLVMValueRef j = loop_begin(g, &ls, i64c(g, 0), nc, PM_COLS);
+	LLVMValueRef m = lanes(g, smin(g, i64c(g, PM_COLS), LLVMBuildSub(g->b, nc, j, "")));
+	LLVMValueRef d = at(g, dst, mul(g, j, kc)); /* strip j / PM_COLS */
+	LLVMValueRef k = loop_begin(g, &lk, i64c(g, 0), kc, 1);
+	LLVMValueRef v = mload(g, at(g, src, add(g, mul(g, k, brs), j)), m);
+	mstore(g, v, at(g, d, mul(g, k, i64c(g, PM_COLS))), keep);
+	loop_end(g, &lk);
+	loop_end(g, &ls);
+	LLVMBuildRetVoid(g->b);
+	return fn;
+}
+
 /* kiln_sgemm_pm_blocked(args..., n0, n1): columns [n0, n1) of C, K in
  * blocks of PM_KC, each panel of A's rows over the strips of PM_COLS
- * columns, the last strip's columns by kernels of 8, 4, 2 and 1. */
-static LLVMValueRef emit_pm_blocked(gen *g, LLVMValueRef *ukr)
+ * columns, the last strip's columns by kernels of 8, 4, 2 and 1.  B is
+ * read in place, one row's PM_COLS values per k, when the call has all
+ * of C's columns.  A range of them (a thread's share of a column split)
+ * packs its columns of B first, in blocks of PM_NC columns, each
+ * kc x PM_NC block in strips (packb, into x->scratch), then the panels
+ * of A run over the strips: the previous layer wrote B from both cores,
+ * and its rows read in place, 12 values each per k, took half their
+ * lines from the other core's cache a line at a time.  MobileNetV2 batch
+ * 1, two threads, its 1x1 convs 384 -> 64 and 576 -> 96 at 14x14 (kernel
+ * time, kiln bench --profile): by rows in place 0.070 and 0.145 ms, the
+ * same as one thread; by columns in place 0.058-0.063 and 0.113; by
+ * columns packed 0.050 and 0.104 (kiln_sgemm_pa's tiles: 0.056, 0.120).
+ * One thread packing all of B lost: 0.063 -> 0.077 ms. */
+static LLVMValueRef emit_pm_blocked(gen *g, LLVMValueRef *ukr, LLVMValueRef packb)
 {
 	LLVMTypeRef t[P_COUNT + 2];
 	char name[48];
@@ -2222,10 +2269,20 @@ static LLVMValueRef emit_pm_blocked(gen *g, LLVMValueRef *ukr)
 	int W = g->g.W, R = PM_NV * W;
 	LLVMValueRef row = icmp(g, LLVMIntEQ, p[P_AXIS], LLVMConstInt(g->L->i32, 2, 0));
 	LLVMValueRef n0 = p[P_COUNT], n1 = p[P_COUNT + 1];
-	LLVMValueRef cols = LLVMBuildSub(g->b, n1, n0, "");
+	LLVMValueRef sp = LLVMBuildStructGEP2(g->b, g->xty, p[P_X], 3, "");
+	LLVMValueRef Bp = LLVMBuildLoad2(g->b, g->fp, sp, "scratch");
+	LLVMValueRef all = LLVMBuildSub(g->b, n1, n0, "");
+	LLVMValueRef pk = icmp(g, LLVMIntSLT, all, p[P_N]);
+	LLVMValueRef nblk = LLVMBuildSelect(g->b, pk, LLVMBuildSDiv(g->b, add(g, all, i64c(g, PM_NC - 1)),
+	                                                          i64c(g, PM_NC), ""),
+	                                    i64c(g, 1), "");
+	loop lb, lp, li, lj;
+	LLVMValueRef jb = loop_begin(g, &lb, i64c(g, 0), nblk, 1);
+	LLVMValueRef bn0 = add(g, n0, mul(g, jb, i64c(g, PM_NC)));
+	LLVMValueRef bn1 = LLVMBuildSelect(g->b, pk, smin(g, add(g, bn0, i64c(g, PM_NC)), n1), n1, "");
+	LLVMValueRef cols = LLVMBuildSub(g->b, bn1, bn0, "");
 	LLVMValueRef full = LLVMBuildSDiv(g->b, cols, i64c(g, PM_COLS), "");
 	LLVMValueRef rem = LLVMBuildSRem(g->b, cols, i64c(g, PM_COLS), "");
-	loop lp, li, lj;
 	LLVMValueRef pc = loop_begin(g, &lp, i64c(g, 0), p[P_K], PM_KC);
 	LLVMValueRef kc = smin(g, i64c(g, PM_KC), LLVMBuildSub(g->b, p[P_K], pc, ""));
 	LLVMValueRef first = icmp(g, LLVMIntEQ, pc, i64c(g, 0));
@@ -2234,19 +2291,30 @@ static LLVMValueRef emit_pm_blocked(gen *g, LLVMValueRef *ukr)
 	LLVMValueRef lo = LLVMBuildSelect(g->b, last, p[P_LO], f32c(g, -INFINITY), "");
 	LLVMValueRef hi = LLVMBuildSelect(g->b, last, p[P_HI], f32c(g, INFINITY), "");
 	LLVMValueRef bmode = LLVMBuildSelect(g->b, last, p[P_AXIS], LLVMConstInt(g->L->i32, 0, 0), "");
+	LLVMValueRef brow = at(g, p[P_B], mul(g, pc, p[P_BRS]));
+	LLVMBasicBlockRef join = if_begin(g, pk);
+	LLVMValueRef pa[] = {Bp, at(g, brow, bn0), p[P_BRS], kc, cols};
+	call(g, packb, pa, 5);
+	if_end(g, join);
 	LLVMValueRef ic = loop_begin(g, &li, i64c(g, 0), p[P_M], R);
 	LLVMValueRef mr = smin(g, i64c(g, R), LLVMBuildSub(g->b, p[P_M], ic, ""));
 	LLVMValueRef a[U_DCOUNT] = {
 		[U_AP] = at(g, p[P_A], add(g, mul(g, ic, p[P_K]), mul(g, pc, i64c(g, R)))),
 		[U_KC] = kc, [U_CRS] = p[P_CRS], [U_MR] = mr, [U_BETA] = beta, [U_BMODE] = bmode,
-		[U_LO] = lo, [U_HI] = hi, [U_RRS] = p[P_RRS], [U_ARS] = i64c(g, 1),
-		[U_ACS] = i64c(g, R), [U_BRS] = p[P_BRS], [U_ALPHA] = p[P_ALPHA], [U_BPS] = i64c(g, 0),
+		[U_LO] = lo, [U_HI] = hi, [U_RRS] = p[P_RRS], [U_ARS] = i64c(g, 1), [U_ACS] = i64c(g, R),
+		[U_BRS] = LLVMBuildSelect(g->b, pk, i64c(g, PM_COLS), p[P_BRS], ""),
+		[U_ALPHA] = p[P_ALPHA], [U_BPS] = i64c(g, 0),
 	};
-	LLVMValueRef brow = at(g, p[P_B], mul(g, pc, p[P_BRS]));
-	/* the tile at column n, nr columns wide */
+	/* the tile at column n (of this block), nr columns wide: B in place,
+	 * or strip (n - bn0) / PM_COLS of the packed block */
 #define PM_TILE(n, nr)                                                                            \
 	do {                                                                                      \
-		a[U_BP] = at(g, brow, (n));                                                       \
+		LLVMValueRef o_ = LLVMBuildSub(g->b, (n), bn0, "");                                \
+		LLVMValueRef s_ = LLVMBuildSDiv(g->b, o_, i64c(g, PM_COLS), "");                   \
+		LLVMValueRef c_ = LLVMBuildSRem(g->b, o_, i64c(g, PM_COLS), "");                   \
+		a[U_BP] = LLVMBuildSelect(g->b, pk,                                               \
+		                          at(g, Bp, add(g, mul(g, s_, mul(g, kc, i64c(g, PM_COLS))), c_)), \
+		                          at(g, brow, (n)), "");                                  \
 		a[U_C] = at(g, p[P_C], add(g, mul(g, ic, p[P_CRS]), (n)));                        \
 		a[U_NR] = i64c(g, (nr));                                                          \
 		a[U_BIAS] = at(g, p[P_BIAS], LLVMBuildSelect(g->b, row, ic, (n), ""));             \
@@ -2255,28 +2323,31 @@ static LLVMValueRef emit_pm_blocked(gen *g, LLVMValueRef *ukr)
 		                           LLVMConstNull(g->fp), "");                             \
 	} while (0)
 	LLVMValueRef jt = loop_begin(g, &lj, i64c(g, 0), full, 1);
-	PM_TILE(add(g, n0, mul(g, jt, i64c(g, PM_COLS))), PM_COLS);
+	PM_TILE(add(g, bn0, mul(g, jt, i64c(g, PM_COLS))), PM_COLS);
 	call(g, ukr[PM_COLS], a, U_DCOUNT);
 	loop_end(g, &lj);
-	LLVMValueRef n = add(g, n0, mul(g, full, i64c(g, PM_COLS)));
+	LLVMValueRef n = add(g, bn0, mul(g, full, i64c(g, PM_COLS)));
 	for (int w = 8; w >= 1; w /= 2) { /* rem < PM_COLS <= 15: its bits */
 		LLVMValueRef on = icmp(g, LLVMIntNE, LLVMBuildAnd(g->b, rem, i64c(g, w), ""), i64c(g, 0));
-		LLVMBasicBlockRef join = if_begin(g, on);
+		LLVMBasicBlockRef jn = if_begin(g, on);
 		PM_TILE(n, w);
 		call(g, ukr[w], a, U_DCOUNT);
-		if_end(g, join);
+		if_end(g, jn);
 		n = LLVMBuildSelect(g->b, on, add(g, n, i64c(g, w)), n, "");
 	}
 #undef PM_TILE
 	loop_end(g, &li);
 	loop_end(g, &lp);
+	loop_end(g, &lb);
 	LLVMBuildRetVoid(g->b);
 	return fn;
 }
 
-/* kiln_sgemm_pm: over the pool from PAR_WORK on, by blocks of rows when A
- * has two or more (each thread reads only its rows of A, the weights,
- * and all of B, a small map), else by strips of columns. */
+/* kiln_sgemm_pm: over the pool from PAR_WORK on: C of PM_SPLIT_STRIPS
+ * strips or more (a 14x14 map) by ranges of strips, each thread packing
+ * its columns of B (see emit_pm_blocked); narrower (a 7x7 map: five
+ * strips would split 3:2) by panels of A's rows when there are two or
+ * more, each thread reading its rows of A and all of B, else by strips. */
 static LLVMValueRef emit_entry_pm(gen *g, LLVMValueRef blocked)
 {
 	char name[48];
@@ -2288,8 +2359,9 @@ static LLVMValueRef emit_entry_pm(gen *g, LLVMValueRef blocked)
 	int R = PM_NV * g->g.W;
 	LLVMValueRef par = LLVMBuildAnd(g->b, LLVMBuildIsNotNull(g->b, pool, ""),
 	                                icmp(g, LLVMIntSGE, work, i64c(g, PAR_WORK)), "");
-	LLVMValueRef prows = LLVMBuildAnd(g->b, par, icmp(g, LLVMIntSGE, p[P_M],
-	                                                 i64c(g, 2 * R * ROW_BLOCK_TILES)), "");
+	LLVMValueRef wide = icmp(g, LLVMIntSGE, p[P_N], i64c(g, PM_SPLIT_STRIPS * PM_COLS));
+	LLVMValueRef prows = LLVMBuildAnd(g->b, par, icmp(g, LLVMIntSGE, p[P_M], i64c(g, 2 * R)), "");
+	prows = LLVMBuildAnd(g->b, prows, LLVMBuildNot(g->b, wide, ""), "");
 	LLVMValueRef pcol = LLVMBuildAnd(g->b, par, icmp(g, LLVMIntSGE, p[P_N], i64c(g, 2 * PM_COLS)), "");
 	columns(g, pcol, prows, blocked, range, rows, R, PM_COLS);
 	return fn;
@@ -2313,11 +2385,13 @@ LLVMValueRef cg_llvm_sgemm_pm(cg_llvm *L)
 	g.pa = true;
 	g.g.MR = PM_NV * g.g.W; /* the panels' rows: emit_range's row blocks */
 	g.g.NR = PM_COLS;       /* ... and its column units */
+	g.row_tiles = 1;
 	LLVMValueRef ukr[PM_COLS + 1] = {0};
 	ukr[PM_COLS] = emit_pm_ukr(&g, PM_COLS);
 	for (int w = 8; w >= 1; w /= 2)
 		ukr[w] = emit_pm_ukr(&g, w);
-	L->sgemm_pm = emit_entry_pm(&g, emit_pm_blocked(&g, ukr));
+	LLVMValueRef packb = emit_pm_packb(&g);
+	L->sgemm_pm = emit_entry_pm(&g, emit_pm_blocked(&g, ukr, packb));
 	LLVMDisposeBuilder(g.b);
 	return L->sgemm_pm;
 }

@@ -748,24 +748,29 @@ START_TEST(gemm_pm_epilogues)
 }
 END_TEST
 
-/* over the pool: by blocks of rows (M >= 128), by strips of columns (few
- * rows), and three uneven chunks with their own scratch */
+/* over the pool: by panels of rows (C a few strips wide), by ranges of
+ * strips (wider: each range packs its columns of B, in blocks of 192
+ * columns when it has more), and three uneven chunks with their own
+ * scratch */
 START_TEST(gemm_pm_threads)
 {
 	if (!have_pm())
 		return;
 	rt_pool *pool = NULL;
 	ck_assert_int_eq(rt_pool_new(2, J.scratch_floats, &pool), KILN_OK);
-	prob rows = PMPROB(200, 49, 700), cols = PMPROB(64, 150, 900);
+	prob rows = PMPROB(200, 49, 700), cols = PMPROB(64, 150, 900), wide = PMPROB(40, 700, 300);
 	rows.axis = 2, rows.act = 1, rows.res = 1;
 	cols.axis = 1, cols.beta = 0.25f;
+	wide.axis = 2, wide.res = 1, wide.act = 2;
 	check_prob(&rows, pool);
 	check_prob(&cols, pool);
+	check_prob(&wide, pool);
 	fake_split = 1;
 	par_calls = 0;
 	check_prob(&rows, pool);
 	check_prob(&cols, pool);
-	ck_assert_int_eq(par_calls, 2);
+	check_prob(&wide, pool);
+	ck_assert_int_eq(par_calls, 3);
 	fake_split = 0;
 	rt_pool_free(pool);
 }
