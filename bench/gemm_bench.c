@@ -9,7 +9,11 @@
  * (bench/gemm_jit.h) and timed on square row-major products and on shapes
  * from the benchmark models, best of several runs after a warm-up, on one
  * thread and on the runtime's pool (the shapes too: wall time on the
- * pool, against the one-thread CPU time).
+ * pool, against the one-thread CPU time).  Then the convs' shapes once
+ * more, one thread, through the two families that take a conv's weights
+ * packed at compile time as `kiln compile` packs them (cg_prepack):
+ * kiln_sgemm_pa (MR-row panels) and kiln_sgemm_pm (output channels in
+ * the lanes, where the target has it), with the one cg_prepack picks.
  *
  *   gemm_bench [threads]   (default 2; 1 skips the threaded column)
  */
@@ -99,6 +103,21 @@ static float *randf(int64_t n)
 	return p;
 }
 
+/* A (M x K, rows contiguous) in J's panels: panel q of P rows at q*P*K,
+ * element (i, k) at k*P + i % P, zero rows past M (cg_prepack's layout). */
+static float *pack_a(const gemm_jit *J, const float *A, int64_t M, int64_t K)
+{
+	int64_t P = J->a_panel, np = (M + P - 1) / P;
+	float *Ap = NULL;
+	if (posix_memalign((void **)&Ap, 64, (size_t)(np * P * K) * sizeof *Ap) != 0)
+		return NULL;
+	memset(Ap, 0, (size_t)(np * P * K) * sizeof *Ap);
+	for (int64_t i = 0; i < M; i++)
+		for (int64_t k = 0; k < K; k++)
+			Ap[(i / P) * P * K + k * P + i % P] = A[i * K + k];
+	return Ap;
+}
+
 /* Best seconds of M x N x K (B stored [K,N], or [N,K] when bt) over runs
  * after a warm-up, at least 0.3 s in all: CPU time on one thread, wall
  * time with a pool. */
@@ -106,6 +125,11 @@ static double time_gemm(const gemm_jit *J, int64_t M, int64_t N, int64_t K, int 
                         rt_pool *pool)
 {
 	float *A = randf(M * K), *B = randf(K * N), *C = randf(M * N), *S = randf(J->scratch_floats);
+	if (A && J->a_panel) { /* a family that takes A packed */
+		float *Ap = pack_a(J, A, M, K);
+		free(A);
+		A = Ap;
+	}
 	double best = 1e30, total = 0;
 	rt_exec x = {.pool = pool, .scratch = S};
 	for (int r = 0; A && B && C && S && r < 10000 && (r < 5 || total < 0.3); r++) {
@@ -146,9 +170,7 @@ static void square_table(const gemm_jit *J, double peak, rt_pool *pool, int thre
 
 /* Shapes the models have: MLP layers at batch 1 and 16 (weights [K,N] or
  * [N,K]), a conv as im2col GEMM, a transformer projection. */
-static void shape_table(const gemm_jit *J, double peak, rt_pool *pool, int threads)
-{
-	static const struct { const char *what; int64_t M, N, K; int bt; } s[] = {
+static const struct shape { const char *what; int64_t M, N, K; int bt; } s[] = {
 		{"MLP 784->128, batch 1, B [K,N]", 1, 128, 784, 0},
 		{"MLP 784->128, batch 1, B [N,K]", 1, 128, 784, 1},
 		{"MLP 128->10, batch 1", 1, 10, 128, 1},
@@ -189,7 +211,10 @@ static void shape_table(const gemm_jit *J, double peak, rt_pool *pool, int threa
 		{"transformer 128x512x512", 128, 512, 512, 1},
 		{"squeeze-excite FC 240->960 (N = 1)", 960, 1, 240, 0},
 		{"squeeze-excite FC 960->240 (N = 1)", 240, 1, 960, 0},
-	};
+};
+
+static void shape_table(const gemm_jit *J, double peak, rt_pool *pool, int threads)
+{
 	printf("\n%-34s  %10s  %9s  %8s", "one thread", "us", "GFLOP/s", "of peak");
 	if (pool)
 		printf("  %8s  %8s", "us/pool", "speedup");
@@ -208,6 +233,47 @@ static void shape_table(const gemm_jit *J, double peak, rt_pool *pool, int threa
 	(void)threads;
 }
 
+/* The convs' shapes (A: their weights, more than cg_prepack's 32 rows)
+ * through kiln_sgemm_pa and kiln_sgemm_pm, one thread; "*" marks the one
+ * cg_prepack gives the GEMM (codegen/prepack.c's rule, from
+ * cg_sgemm_m_panel's limits). */
+static void packed_table(double peak)
+{
+	gemm_jit pa, pm;
+	int min_k = 0, max_n = 0;
+	cg_target t;
+	kiln_error err;
+	if (cg_target_init(&t, NULL, NULL, &err) == KILN_OK) {
+		cg_sgemm_m_panel(&t, &max_n, &min_k);
+		cg_target_free(&t);
+	}
+	if (gemm_jit_build_family(&pa, 0, (void *)rt_parallel_for, GEMM_JIT_PA) != 0) {
+		printf("\nkiln_sgemm_pa: %s\n", pa.err);
+		return;
+	}
+	bool have_pm = gemm_jit_build_family(&pm, 0, (void *)rt_parallel_for, GEMM_JIT_PM) == 0;
+	printf("\nweights packed, one thread           pa GF/s   of peak   pm GF/s   of peak%s\n",
+	       have_pm ? "" : "  (no kiln_sgemm_pm here)");
+	for (size_t i = 0; i < sizeof s / sizeof *s; i++) {
+		if (strncmp(s[i].what, "conv", 4) || s[i].M <= 32)
+			continue;
+		int64_t P = pm.a_panel, pad = have_pm ? (s[i].M + P - 1) / P * P - s[i].M : 0;
+		bool picks = have_pm && s[i].N <= max_n && s[i].K >= min_k && pad * 8 <= s[i].M;
+		double flop = 2.0 * s[i].M * s[i].N * s[i].K;
+		double ga = flop / time_gemm(&pa, s[i].M, s[i].N, s[i].K, 0, NULL) / 1e9;
+		printf("%-34s  %7.1f%s  %7.1f%%", s[i].what, ga, picks ? " " : "*", 100 * ga / peak);
+		if (have_pm) {
+			double gm = flop / time_gemm(&pm, s[i].M, s[i].N, s[i].K, 0, NULL) / 1e9;
+			printf("  %7.1f%s  %7.1f%%", gm, picks ? "*" : " ", 100 * gm / peak);
+		}
+		printf("\n");
+		fflush(stdout);
+	}
+	if (have_pm)
+		gemm_jit_free(&pm);
+	gemm_jit_free(&pa);
+}
+
 int main(int argc, char **argv)
 {
 	int threads = argc > 1 ? atoi(argv[1]) : 2;
@@ -224,6 +290,7 @@ int main(int argc, char **argv)
 	printf("fp32 peak, one core (%d-bit FMA loop): %.1f GFLOP/s\n\n", wide ? 512 : 256, peak);
 	square_table(&J, peak, pool, threads);
 	shape_table(&J, peak, pool, threads);
+	packed_table(peak);
 	rt_pool_free(pool);
 	gemm_jit_free(&J);
 	return 0;

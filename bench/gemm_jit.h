@@ -34,7 +34,7 @@ typedef struct gemm_jit {
 	LLVMOrcLLJITRef jit;
 	kiln_sgemm_fn fn;
 	uint64_t scratch_floats; /* per thread, from cg_sgemm_scratch_floats */
-	int a_panel;             /* > 0: fn is kiln_sgemm_pm, A in panels this tall */
+	int a_panel;             /* > 0: fn is kiln_sgemm_pa or _pm, A in panels this tall */
 	int vec_bits;
 	char err[1200];
 } gemm_jit;
@@ -132,11 +132,16 @@ static void gemm_jit_types(cg_llvm *L)
 	L->ptr = LLVMPointerType(L->i8, 0);
 }
 
+/* The function a JIT holds: kiln_sgemm, or a family that takes A packed
+ * at compile time (cg_prepack's layout, J->a_panel rows per panel). */
+enum { GEMM_JIT_SGEMM, GEMM_JIT_PA, GEMM_JIT_PM };
+
 /* vec_bits 0: the host's width; 256 or 128 force narrower micro-kernels
- * (still run on this host).  pm: kiln_sgemm_pm instead (A in panels of
- * J->a_panel rows, cg_sgemm_m_panel), or J->fn NULL and J->err saying why
- * when the target has none.  Returns 0, or -1 with J->err set. */
-static int gemm_jit_build_family(gemm_jit *J, int vec_bits, void *par_for, bool pm)
+ * (still run on this host).  fam: GEMM_JIT_PA (cg_sgemm_a_panel) or
+ * GEMM_JIT_PM (cg_sgemm_m_panel; J->fn NULL and J->err saying why when
+ * the target has none) instead of kiln_sgemm.  Returns 0, or -1 with
+ * J->err set. */
+static int gemm_jit_build_family(gemm_jit *J, int vec_bits, void *par_for, int fam)
 {
 	memset(J, 0, sizeof *J);
 	cg_target t;
@@ -154,7 +159,8 @@ static int gemm_jit_build_family(gemm_jit *J, int vec_bits, void *par_for, bool 
 	L.mod = LLVMModuleCreateWithNameInContext("gemm", L.ctx);
 	L.b = LLVMCreateBuilderInContext(L.ctx);
 	gemm_jit_types(&L);
-	J->a_panel = pm ? cg_sgemm_m_panel(&t, NULL, NULL) : 0;
+	bool pm = fam == GEMM_JIT_PM;
+	J->a_panel = pm ? cg_sgemm_m_panel(&t, NULL, NULL) : fam == GEMM_JIT_PA ? cg_sgemm_a_panel(&t) : 0;
 	if (pm && !J->a_panel) {
 		snprintf(J->err, sizeof J->err, "no kiln_sgemm_pm for %d-bit vectors", t.vec_bits);
 		LLVMDisposeBuilder(L.b);
@@ -163,8 +169,11 @@ static int gemm_jit_build_family(gemm_jit *J, int vec_bits, void *par_for, bool 
 		cg_target_free(&t);
 		return -1;
 	}
-	LLVMValueRef f = pm ? cg_llvm_sgemm_pm(&L) : cg_llvm_sgemm(&L);
-	int rc = f && (pm ? cg_llvm_sgemm_pm(&L) : cg_llvm_sgemm(&L)) == f
+	LLVMValueRef (*build)(cg_llvm *) = pm                    ? cg_llvm_sgemm_pm
+	                                   : fam == GEMM_JIT_PA ? cg_llvm_sgemm_pa
+	                                                        : cg_llvm_sgemm;
+	LLVMValueRef f = build(&L);
+	int rc = f && build(&L) == f
 	             ? 0
 	             : gemm_jit_fail(J, "cg_llvm_sgemm", NULL);
 	if (rc == 0) {
@@ -185,7 +194,7 @@ static int gemm_jit_build_family(gemm_jit *J, int vec_bits, void *par_for, bool 
 
 static int gemm_jit_build(gemm_jit *J, int vec_bits, void *par_for)
 {
-	return gemm_jit_build_family(J, vec_bits, par_for, false);
+	return gemm_jit_build_family(J, vec_bits, par_for, GEMM_JIT_SGEMM);
 }
 
 static void gemm_jit_free(gemm_jit *J)

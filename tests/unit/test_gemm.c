@@ -60,7 +60,7 @@ static void build(int vec_bits)
 static void setup_host(void) { build(0); }
 static void setup_pm(void)
 {
-	if (gemm_jit_build_family(&J, 0, (void *)par_for, true) != 0)
+	if (gemm_jit_build_family(&J, 0, (void *)par_for, GEMM_JIT_PM) != 0)
 		fprintf(stderr, "gemm_jit_build_family: %s\n", J.err);
 	for (int c = 0; c < 3; c++)
 		fake_scratch[c] = J.fn ? scratch_new() : NULL;
