@@ -171,9 +171,8 @@ static int packed_a(ctx *c, const cg_gemm *g, int *pp)
 		return -1;
 	/* the lanes-along-rows panels: B's rows contiguous, C narrow, K deep,
 	 * and at most an eighth of the last panel's rows padding */
-	int64_t pad = (M + c->PM - 1) / (c->PM > 0 ? c->PM : 1) * c->PM - M;
 	if (c->PM > 0 && const_int(g->N, &N) && N <= c->PM_N && K >= c->PM_K &&
-	    const_int(g->b_cs, &bcs) && bcs == 1 && pad * 8 <= M)
+	    const_int(g->b_cs, &bcs) && bcs == 1 && ((M + c->PM - 1) / c->PM * c->PM - M) * 8 <= M)
 		P = c->PM;
 	*pp = (int)P;
 	for (int i = 0; i < c->n; i++)
