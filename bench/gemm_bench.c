@@ -235,16 +235,16 @@ static void shape_table(const gemm_jit *J, double peak, rt_pool *pool, int threa
 
 /* The convs' shapes (A: their weights, more than cg_prepack's 32 rows)
  * through kiln_sgemm_pa and kiln_sgemm_pm, one thread; "*" marks the one
- * cg_prepack gives the GEMM (codegen/prepack.c's rule, from
- * cg_sgemm_m_panel's limits). */
+ * cg_prepack gives the GEMM (cg_prepack_lanes_fit). */
 static void packed_table(double peak)
 {
 	gemm_jit pa, pm;
-	int min_k = 0, max_n = 0;
+	cg_panels pn = {0}; /* as the LLVM backend's gemm_panel fills them */
 	cg_target t;
 	kiln_error err;
 	if (cg_target_init(&t, NULL, NULL, &err) == KILN_OK) {
-		cg_sgemm_m_panel(&t, &max_n, &min_k);
+		pn.a = cg_sgemm_a_panel(&t);
+		pn.a_lanes = cg_sgemm_m_panel(&t, &pn.a_lanes_max_n, &pn.a_lanes_min_k);
 		cg_target_free(&t);
 	}
 	if (gemm_jit_build_family(&pa, 0, (void *)rt_parallel_for, GEMM_JIT_PA) != 0) {
@@ -257,8 +257,7 @@ static void packed_table(double peak)
 	for (size_t i = 0; i < sizeof s / sizeof *s; i++) {
 		if (strncmp(s[i].what, "conv", 4) || s[i].M <= 32)
 			continue;
-		int64_t P = pm.a_panel, pad = have_pm ? (s[i].M + P - 1) / P * P - s[i].M : 0;
-		bool picks = have_pm && s[i].N <= max_n && s[i].K >= min_k && pad * 8 <= s[i].M;
+		bool picks = have_pm && cg_prepack_lanes_fit(&pn, s[i].M, s[i].N, s[i].K);
 		double flop = 2.0 * s[i].M * s[i].N * s[i].K;
 		double ga = flop / time_gemm(&pa, s[i].M, s[i].N, s[i].K, 0, NULL) / 1e9;
 		printf("%-34s  %7.1f%s  %7.1f%%", s[i].what, ga, picks ? " " : "*", 100 * ga / peak);

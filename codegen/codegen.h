@@ -537,6 +537,9 @@ kiln_status cg_chunk(cg_module *m, const cg_chunk_opts *o, kiln_error *err);
  * kernel reads any more keeps no data.  For a CPU library, before
  * cg_memplan.  KILN_ENOMEM or OK. */
 kiln_status cg_prepack(cg_module *m, const cg_panels *p, kiln_error *err);
+/* Whether cg_prepack gives an M x N x K GEMM's constant A (B's rows
+ * contiguous) the a_lanes panels of p rather than its a ones. */
+bool cg_prepack_lanes_fit(const cg_panels *p, int64_t M, int64_t N, int64_t K);
 /* The host's L2 cache per core in bytes (1 MiB when it cannot tell). */
 int64_t cg_host_l2_bytes(void);
 

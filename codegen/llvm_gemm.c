@@ -2166,6 +2166,9 @@ int cg_sgemm_wide_panel(const cg_target *t)
  * DenseNet-121 45.9 -> 45.4, EfficientNet-B0 10.56 -> 10.52. */
 enum { PM_NV = 2, PM_COLS = 12, PM_KC = 512, PM_NC = 192, PM_PFA = 16, PM_MAX_N = 320,
        PM_MIN_K = 112, PM_SPLIT_STRIPS = 8 };
+/* a range's packed block of B lives in x->scratch, sized for the blocked
+ * path's KC x NC panel of B and more (cg_sgemm_scratch_floats) */
+_Static_assert(PM_KC * PM_NC <= 512 * 1024, "kiln_sgemm_pm's packed B outgrows the GEMM scratch");
 
 /* kiln_sgemm_pm_ukrC: the tile of mr x cols at C (cols <= PM_COLS, a
  * compile-time count) over kc; U_ parameters, A's panel at U_AP with rows

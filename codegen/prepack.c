@@ -70,7 +70,7 @@ typedef struct ctx {
 	int P;                 /* B's panel width (0: B is not packed) */
 	int PW;                /* ... for a GEMM of more than CG_WIDE_MIN_M rows (0: P) */
 	int PA;                /* A's panel height (0: A is not packed) */
-	int PM, PM_N, PM_K;    /* ... or this one where it fits (cg_panels.a_lanes) */
+	cg_panels pn;          /* ... or a_lanes where it fits (cg_prepack_lanes_fit) */
 	seen s[MAX_SEEN];
 	int n;
 	kiln_status st;
@@ -147,7 +147,14 @@ static int packed_b(ctx *c, const cg_gemm *g, int64_t *koff, int *pw)
 	return pb;
 }
 
-/* The packed copy of g's A (row panels of c->PA, or of c->PM where that
+bool cg_prepack_lanes_fit(const cg_panels *pn, int64_t M, int64_t N, int64_t K)
+{
+	int64_t P = pn->a_lanes;
+	return pn->a > 0 && P > 0 && N <= pn->a_lanes_max_n && K >= pn->a_lanes_min_k &&
+	       ((M + P - 1) / P * P - M) * 8 <= M;
+}
+
+/* The packed copy of g's A (row panels of c->PA, or of a_lanes where that
  * fits, alpha folded in; *pp the height), or -1 when g does not qualify;
  * ENOMEM in c->st. */
 static int packed_a(ctx *c, const cg_gemm *g, int *pp)
@@ -171,9 +178,9 @@ static int packed_a(ctx *c, const cg_gemm *g, int *pp)
 		return -1;
 	/* the lanes-along-rows panels: B's rows contiguous, C narrow, K deep,
 	 * and at most an eighth of the last panel's rows padding */
-	if (c->PM > 0 && const_int(g->N, &N) && N <= c->PM_N && K >= c->PM_K &&
-	    const_int(g->b_cs, &bcs) && bcs == 1 && ((M + c->PM - 1) / c->PM * c->PM - M) * 8 <= M)
-		P = c->PM;
+	if (const_int(g->N, &N) && const_int(g->b_cs, &bcs) && bcs == 1 &&
+	    cg_prepack_lanes_fit(&c->pn, M, N, K))
+		P = c->pn.a_lanes;
 	*pp = (int)P;
 	for (int i = 0; i < c->n; i++)
 		if (c->s[i].a && c->s[i].b == g->a && c->s[i].off == off && c->s[i].alpha == g->alpha &&
@@ -285,9 +292,7 @@ kiln_status cg_prepack(cg_module *m, const cg_panels *pn, kiln_error *err)
 	c->P = pn->b;
 	c->PW = pn->b > 0 ? pn->b_wide : 0;
 	c->PA = pn->a;
-	c->PM = pn->a > 0 ? pn->a_lanes : 0;
-	c->PM_N = pn->a_lanes_max_n;
-	c->PM_K = pn->a_lanes_min_k;
+	c->pn = *pn;
 	for (int k = 0; k < m->nkern && c->st == KILN_OK; k++)
 		walk(c, m->kern[k].body);
 	/* a weight that nothing reads (any more: packed; or never: a Winograd
