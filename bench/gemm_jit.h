@@ -137,11 +137,13 @@ static void gemm_jit_types(cg_llvm *L)
 enum { GEMM_JIT_SGEMM, GEMM_JIT_PA, GEMM_JIT_PM };
 
 /* vec_bits 0: the host's width; 256 or 128 force narrower micro-kernels
- * (still run on this host).  fam: GEMM_JIT_PA (cg_sgemm_a_panel) or
- * GEMM_JIT_PM (cg_sgemm_m_panel; J->fn NULL and J->err saying why when
- * the target has none) instead of kiln_sgemm.  Returns 0, or -1 with
- * J->err set. */
-static int gemm_jit_build_family(gemm_jit *J, int vec_bits, void *par_for, int fam)
+ * (still run on this host).  l2_bytes >= 0: the target's L2 instead of
+ * the host's (0: unknown), which sets the blocked path's groups of column
+ * panels.  fam: GEMM_JIT_PA (cg_sgemm_a_panel) or GEMM_JIT_PM
+ * (cg_sgemm_m_panel; J->fn NULL and J->err saying why when the target has
+ * none) instead of kiln_sgemm.  Returns 0, or -1 with J->err set. */
+static int gemm_jit_build_target(gemm_jit *J, int vec_bits, int64_t l2_bytes, void *par_for,
+                                 int fam)
 {
 	memset(J, 0, sizeof *J);
 	cg_target t;
@@ -152,6 +154,8 @@ static int gemm_jit_build_family(gemm_jit *J, int vec_bits, void *par_for, int f
 	}
 	if (vec_bits)
 		t.vec_bits = vec_bits;
+	if (l2_bytes >= 0)
+		t.l2_bytes = l2_bytes;
 	J->vec_bits = t.vec_bits;
 	J->scratch_floats = cg_sgemm_scratch_floats(&t);
 	LLVMOrcThreadSafeContextRef tsc = LLVMOrcCreateNewThreadSafeContext();
@@ -190,6 +194,11 @@ static int gemm_jit_build_family(gemm_jit *J, int vec_bits, void *par_for, int f
 	LLVMOrcThreadSafeModuleRef tsm = LLVMOrcCreateNewThreadSafeModule(L.mod, tsc);
 	LLVMOrcDisposeThreadSafeContext(tsc);
 	return gemm_jit_load(J, tsm, par_for);
+}
+
+static int gemm_jit_build_family(gemm_jit *J, int vec_bits, void *par_for, int fam)
+{
+	return gemm_jit_build_target(J, vec_bits, -1, par_for, fam);
 }
 
 static int gemm_jit_build(gemm_jit *J, int vec_bits, void *par_for)

@@ -29,6 +29,8 @@ typedef struct cg_target {
 	int vnni_bits;     /* widest vectors with the 8-bit dot product (vpdpbusd); 0: none */
 	bool amx;          /* AMX-INT8 tiles (tdpbusd): kiln_qgemm's AMX path, taken at run
 	                      time when the OS grants the tile state (rt_amx_ready) */
+	int64_t l2_bytes;  /* one core's L2 (GEMM blocking); the host's when compiling for
+	                      it, else 0 (unknown) */
 	LLVMTargetMachineRef tm;
 } cg_target;
 

@@ -56,6 +56,7 @@
 typedef struct geom {
 	int W, MR, NV, NR; /* lanes, tile rows, vectors per tile row, tile cols */
 	int64_t KC, MC, NC;
+	int64_t GB; /* floats of packed B per group of column panels (macro_kernel) */
 } geom;
 
 static geom geometry(const cg_target *t)
@@ -67,6 +68,9 @@ static geom geometry(const cg_target *t)
 	g.NR = g.NV * g.W;
 	g.MC = g.MR * 24;
 	g.NC = (g.NC + g.NR - 1) / g.NR * g.NR; /* whole panels: packb fills them */
+	/* half the core's L2 (1 MiB where the target's is unknown) */
+	int64_t l2 = t && t->l2_bytes > 0 ? t->l2_bytes : 1 << 20;
+	g.GB = l2 / 2 / (int64_t)sizeof(float);
 	return g;
 }
 
@@ -930,15 +934,24 @@ static void call_ukr(gen *g, const packed_fns *f, LLVMValueRef *a, int n)
 
 /* The jr/ir loops over one packed MC x KC block of A and KC x NC panel of B.
  * blk: ic, jc, mc, nc, kc, beta_eff, last (i1). */
-/* The packed path's tiles go along the rows when the packed block of B
- * is at most this many floats (as the direct tiles' TILE_ROWS_B): a 1x1
- * conv of few input channels writes a large C, and down each column
- * panel it wrote all of its rows side by side, 256 bytes each, into a
- * cold output.  MobileNetV2's 16 -> 96 expand at 112x112 (4.8 MB out;
- * kernel min, 5 alternating rounds, batch 1, one thread, Zen 4): 0.521 ->
- * 0.414 ms, 24 -> 144 at 56x56 0.224 -> 0.215; alone, with C warm,
- * gemm_bench measured no change either way. */
-enum { MACRO_ROWS_B = 32768 };
+/* The packed path's tiles in groups of column panels, each group row tile
+ * by row tile: a group is as many panels of B as fit in half the core's
+ * L2 (geom.GB), so B is read from L2 by every row tile of a group while C
+ * is written MR rows at a time, each row a run of the group's columns.
+ * Down each column panel (BLIS's order: the panel of B stays in L1) a
+ * tile wrote its MR rows' NR columns, 256 bytes each, rows apart; into a
+ * C that is not in cache (in a model, an output buffer last touched a
+ * layer or more ago) no hardware prefetcher follows that, and every line
+ * waited on its read-for-ownership.  Sapphire Rapids (2 MiB L2), a
+ * harness calling kiln_sgemm_pa with C cycling over 160 MB of outputs,
+ * one thread, GFLOP/s, down each panel -> groups: 256x3136x64 109 ->
+ * 152, with a residual 75 -> 115; 128x3136x256 134 -> 150; 128x784x1152
+ * 134 -> 144; 256x784x512 150 -> 161; 256x196x2304 144 -> 154;
+ * 1024x784x256 with a residual 147 -> 159.  Groups of a quarter of L2
+ * gained about half of that; along whole 1024-column blocks (B 2 MiB at
+ * K 512) lost 10-20% at K >= 512.  Prefetching C's lines for writing at
+ * the start of each tile gained nothing down the panels and cost 2-3% in
+ * groups. */
 
 static void macro_kernel(gen *g, const packed_fns *f, LLVMValueRef Ap, LLVMValueRef Bp,
                          LLVMValueRef *blk)
@@ -953,21 +966,20 @@ static void macro_kernel(gen *g, const packed_fns *f, LLVMValueRef Ap, LLVMValue
 	LLVMValueRef hi = LLVMBuildSelect(g->b, last, p[P_HI], f32c(g, INFINITY), "");
 	LLVMValueRef bmode = LLVMBuildSelect(g->b, last, p[P_AXIS], LLVMConstInt(g->L->i32, 0, 0), "");
 	LLVMValueRef row = icmp(g, LLVMIntEQ, p[P_AXIS], LLVMConstInt(g->L->i32, 2, 0));
-	/* one loop over the tiles: down each column panel (BLIS: the panel of
-	 * B stays in L1), or, when the whole KC x NC block of B is small
-	 * (MACRO_ROWS_B floats: K of a few dozen), along each row tile's
-	 * panels, so that C is written MR rows at a time instead of mc rows
-	 * side by side */
-	loop lt;
+	/* the tiles in groups of gw column panels, each group row tile by row
+	 * tile (see above) */
+	loop lg, lt;
 	int MR = g->g.MR, NR = g->g.NR;
 	LLVMValueRef nrow = LLVMBuildSDiv(g->b, add(g, mc, i64c(g, MR - 1)), i64c(g, MR), "");
 	LLVMValueRef ncol = LLVMBuildSDiv(g->b, add(g, nc, i64c(g, NR - 1)), i64c(g, NR), "");
-	LLVMValueRef rows_first = icmp(g, LLVMIntSLE, mul(g, kc, nc), i64c(g, MACRO_ROWS_B));
-	LLVMValueRef tn = loop_begin(g, &lt, i64c(g, 0), mul(g, nrow, ncol), 1);
-	LLVMValueRef ti = LLVMBuildSelect(g->b, rows_first, LLVMBuildSDiv(g->b, tn, ncol, ""),
-	                                  LLVMBuildSRem(g->b, tn, nrow, ""), "");
-	LLVMValueRef tj = LLVMBuildSelect(g->b, rows_first, LLVMBuildSRem(g->b, tn, ncol, ""),
-	                                  LLVMBuildSDiv(g->b, tn, nrow, ""), "");
+	LLVMValueRef gw = LLVMBuildSDiv(g->b, i64c(g, g->g.GB), mul(g, kc, i64c(g, NR)), "");
+	gw = LLVMBuildSelect(g->b, icmp(g, LLVMIntSLT, gw, i64c(g, 1)), i64c(g, 1), gw, "");
+	LLVMValueRef ng = LLVMBuildSDiv(g->b, add(g, ncol, LLVMBuildSub(g->b, gw, i64c(g, 1), "")), gw, "");
+	LLVMValueRef g0 = mul(g, loop_begin(g, &lg, i64c(g, 0), ng, 1), gw);
+	LLVMValueRef gn = smin(g, gw, LLVMBuildSub(g->b, ncol, g0, ""));
+	LLVMValueRef tn = loop_begin(g, &lt, i64c(g, 0), mul(g, nrow, gn), 1);
+	LLVMValueRef ti = LLVMBuildSDiv(g->b, tn, gn, "");
+	LLVMValueRef tj = add(g, g0, LLVMBuildSRem(g->b, tn, gn, ""));
 	LLVMValueRef jr = mul(g, tj, i64c(g, NR));
 	LLVMValueRef nr = smin(g, i64c(g, NR), LLVMBuildSub(g->b, nc, jr, ""));
 	LLVMValueRef n = add(g, jc, jr);
@@ -987,6 +999,7 @@ static void macro_kernel(gen *g, const packed_fns *f, LLVMValueRef Ap, LLVMValue
 	};
 	call_ukr(g, f, a, U_COUNT);
 	loop_end(g, &lt);
+	loop_end(g, &lg);
 }
 
 /* kiln_sgemm_blocked(args..., n0, n1): columns [n0, n1) of C with the

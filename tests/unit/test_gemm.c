@@ -65,6 +65,16 @@ static void setup_pm(void)
 	for (int c = 0; c < 3; c++)
 		fake_scratch[c] = J.fn ? scratch_new() : NULL;
 }
+/* kiln_sgemm for a core with 256 KiB of L2: the blocked path's groups
+ * of column panels hold 32768 floats of B (one 64-column panel at K 512,
+ * eight at K 64 with AVX-512) */
+static void setup_small_l2(void)
+{
+	if (gemm_jit_build_target(&J, 0, 256 << 10, (void *)par_for, GEMM_JIT_SGEMM) != 0)
+		fprintf(stderr, "gemm_jit_build_target: %s\n", J.err);
+	for (int c = 0; c < 3; c++)
+		fake_scratch[c] = J.fn ? scratch_new() : NULL;
+}
 static void setup_256(void) { build(256); }
 static void setup_128(void) { build(128); }
 
@@ -318,6 +328,27 @@ START_TEST(gemm_several_m_and_n_blocks)
 	check_prob(&p, NULL);
 	p.bt = 1;
 	check_prob(&p, NULL);
+}
+END_TEST
+
+/* The blocked path walks its tiles in groups of column panels (as many
+ * as fit in half the L2), each group row tile by row tile: several
+ * groups per block of columns and a narrower last one (900 columns: 14
+ * panels and 4 columns at 16 lanes), K blocks of different group widths,
+ * rows not a multiple of the tile's, the epilogue with a residual only at
+ * the last K block.  Run on the host's L2 and on a small one. */
+START_TEST(gemm_packed_column_groups)
+{
+	check_layouts(PROB(100, 900, 600));
+	prob p = PROB(45, 1100, 70);
+	p.res = 1;
+	p.axis = 2;
+	p.act = 1;
+	p.beta = 0.5f;
+	check_layouts(p);
+	p = PROB(70, 300, 1100);
+	p.res = 1;
+	check_layouts(p);
 }
 END_TEST
 
@@ -806,6 +837,8 @@ static Suite *gemm_suite(void)
 	tcase_add_test(tc, gemm_packed_for_many_rows_and_columns);
 	tcase_add_test(tc, gemm_tiles_rest_one_vector_at_a_time);
 	tcase_add_test(tc, gemm_packed_last_panel_each_width);
+	tcase_add_test(tc, gemm_packed_column_groups);
+	tcase_add_test(jit_case(s, "small-l2", setup_small_l2), gemm_packed_column_groups);
 	tc = jit_case(s, "tiles", setup_host);
 	tcase_add_test(tc, gemm_tiles_edges_and_strides);
 	tcase_add_test(tc, gemm_tiles_for_few_columns);
