@@ -813,16 +813,42 @@ static void im2col(cg_module *m, cg_kernel *k, cg_stmt *blk, int x, int col, cg_
 	}
 }
 
-/* Output rows per chunk of a 2-D conv's chunked im2col: at most this many
- * columns of the GEMM (at least one row), whose K x CHUNK_COLS slice of
- * columns (K = C*ksz) then stays in L2 between its im2col and its GEMM.
- * At most, not about: past TILE_N columns (llvm_gemm.c) the GEMM packs
- * its B, a second copy of the slice (ResNet's 7x7 stem: 10 rows of 112
- * columns packed, 9 rows read in place: 2.97 -> 2.83 ms at batch 1).
+/* A 2-D conv's chunked im2col: chunks of output rows, each at most
+ * CHUNK_COLS columns of the GEMM (at least one row) and, where its K x
+ * columns slice (K = C*ksz) would pass CHUNK_BYTES, fewer, down to
+ * CHUNK_MIN_COLS: the slice then stays in L2 between its im2col and its
+ * GEMM.  At most, not about: past TILE_N columns (llvm_gemm.c) the GEMM
+ * packs its B, a second copy of the slice (ResNet's 7x7 stem: 10 rows of
+ * 112 columns packed, 9 rows read in place: 2.97 -> 2.83 ms at batch 1).
  * The chunks go in CHUNK_PARTS parts, each reusing one slice: 512
  * columns (4 rows of 112) in 4 parts took the stem inside ResNet-18 from
- * 3.0 to 2.0 ms; 1024 columns in 8 parts 2.6, 256 in 4 parts 2.2. */
-enum { CHUNK_COLS = 512, CHUNK_MIN = 4, CHUNK_PARTS = 4 };
+ * 3.0 to 2.0 ms; 1024 columns in 8 parts 2.6, 256 in 4 parts 2.2.  Taken
+ * from CHUNK_MIN chunks on.  The rows per chunk divide the output's
+ * height where a divisor at least half as many does, so that every chunk
+ * is one GEMM of a constant width, which cg_prepack can match to a
+ * micro-kernel (kiln_sgemm_pm's output channels in the lanes up to 320
+ * columns).  ResNet-50's 3x3 stride-2 conv to 128 channels at 28x28 (K
+ * 1152, columns 3.6 MB per image; bench/ab.py --nodes, min of 5 rounds,
+ * batch 1, one thread, Sapphire Rapids): whole, 2.26 ms; in 7 chunks of
+ * 4 rows, 1.94; in 4 of 7 rows (slices of 900 KB), 1.98.  Narrower
+ * chunks lost: its 256-channel conv at 14x14 (K 2304) in 7 chunks of 2
+ * rows 1.93 -> 2.01 ms, in 2 chunks of 7 rows 2.08; the 512-channel one at
+ * 7x7 (K 4608) in 7 chunks of one row 2.29 -> 5.15. */
+enum { CHUNK_COLS = 512, CHUNK_MIN_COLS = 96, CHUNK_BYTES = 512 << 10, CHUNK_MIN = 4,
+       CHUNK_PARTS = 4 };
+
+/* The output rows per chunk for a slice row of row_bytes (K elements of
+ * the columns' dtype). */
+static int64_t chunk_rows(const geom *g, int64_t row_bytes)
+{
+	int64_t cols = row_bytes > 0 ? CHUNK_BYTES / row_bytes : CHUNK_COLS;
+	cols = cols < CHUNK_MIN_COLS ? CHUNK_MIN_COLS : cols > CHUNK_COLS ? CHUNK_COLS : cols;
+	int64_t R = cols / g->out[1] > 0 ? cols / g->out[1] : 1;
+	for (int64_t r = R; 2 * r >= R; r--)
+		if (g->out[0] % r == 0)
+			return r;
+	return R;
+}
 
 /* Appends to blk: P[at + c] = v for c < n (nothing when n <= 0). */
 static void fill(cg_module *m, cg_kernel *k, cg_stmt *blk, int P, cg_expr *at, int64_t n,
@@ -969,8 +995,10 @@ static kiln_status conv_im2col_chunked(cg_module *m, const ir_node *n, const int
 	body = parts_loop(m, k, k->body, ns, np, CG_PARALLEL, &pi, &bc);
 	cg_expr *b = cg_bin(m, CG_DIV, bc, I(m, nch)), *ch = cg_bin(m, CG_REM, bc, I(m, nch));
 	cg_expr *oh0 = cg_local(m, k, body, KILN_I64, mul(m, ch, I(m, R)));
-	cg_expr *rr = cg_local(m, k, body, KILN_I64,
-	                       cg_bin(m, CG_MIN, I(m, R), cg_bin(m, CG_SUB, I(m, OH), oh0)));
+	/* rows in this chunk: R, a constant where R divides OH */
+	cg_expr *rr = OH % R == 0 ? I(m, R)
+	                          : cg_local(m, k, body, KILN_I64,
+	                                     cg_bin(m, CG_MIN, I(m, R), cg_bin(m, CG_SUB, I(m, OH), oh0)));
 	cg_expr *base = mul(m, pi, I(m, rows * ld));
 	cg_append(m, body, cg_loop(m, k, I(m, C), 0, &c, &cb));
 	im2col_rows(m, k, cb, in[0], col, b, c, C, g, oh0, rr, base, ld, &sp, pad_value(m, q));
@@ -1005,7 +1033,7 @@ static kiln_status conv_im2col(cg_module *m, const ir_node *n, const int *in, in
 	int64_t C = x->dim[1], M = yt->dim[1], rows = C * g->ksz, batch = x->dim[0];
 	int64_t Cg = C / grp, Mg = M / grp, grows = Cg * g->ksz;
 	if (g->nsp == 2) {
-		int64_t R = CHUNK_COLS / g->out[1] > 0 ? CHUNK_COLS / g->out[1] : 1;
+		int64_t R = chunk_rows(g, rows * (int64_t)kiln_dtype_size(col_dt(q)));
 		if ((g->out[0] + R - 1) / R >= CHUNK_MIN)
 			return conv_im2col_chunked(m, n, in, y, g, R, q) ? nomem(m, n, err) : KILN_OK;
 	}

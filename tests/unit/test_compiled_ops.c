@@ -411,19 +411,26 @@ START_TEST(grouped_convs_match_the_interpreter)
 END_TEST
 
 /* Large 2-D output maps run im2col and GEMM per chunk of output rows
- * (lower_nn.c, CHUNK_COLS), the chunks in CHUNK_PARTS parts that each reuse
- * one column buffer: a stem-like 7x7 stride-2 conv whose last chunk is one
- * row (9 chunks: parts of 2 and 3), and a grouped 3x3 conv at batch 2 whose
- * last chunk is short (20 chunks, a part spanning both images), then Relu
- * folded into the chunks' GEMMs, against the interpreter. */
+ * (lower_nn.c, chunk_rows), the chunks in CHUNK_PARTS parts that each reuse
+ * one column buffer: stem-like 7x7 stride-2 convs, one whose 67 output
+ * rows have no divisor near the 8 rows a chunk holds (9 chunks, the last
+ * of 3 rows: a GEMM of a run-time width; parts of 2 and 3), one whose 65
+ * rows go in 13 chunks of 5 (every GEMM 320 columns); a grouped 3x3 conv
+ * at batch 2 (20 chunks, a part spanning both images); a 3x3 stride-2
+ * conv of 64 channels, whose K = 576 limits a chunk to 7 of its 28 rows
+ * (4 GEMMs of 196 columns, which cg_prepack gives kiln_sgemm_pm where the
+ * target has it); then Relu folded into the chunks' GEMMs, against the
+ * interpreter. */
 START_TEST(chunked_im2col_convs_match_the_interpreter)
 {
 	static const struct {
 		int64_t n, c, m, h, w, k, grp;
 		const char *attrs;
 	} cases[] = {
+		{1, 3, 8, 133, 128, 7, 1, "strides=2,2 pads=3,3,3,3"},
 		{1, 3, 8, 130, 128, 7, 1, "strides=2,2 pads=3,3,3,3"},
 		{2, 4, 6, 70, 66, 3, 2, "pads=1,1,1,1"},
+		{1, 64, 64, 56, 56, 3, 1, "strides=2,2 pads=1,1,1,1"},
 	};
 	for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
 		char name[32], attrs[96];
