@@ -1488,14 +1488,19 @@ static void parallel(gen *g, LLVMValueRef range, int64_t unit, int dim)
  * direct tiles) when A has at most TILE_M rows, or C at most two panels of
  * columns (A is then read once or twice), or A at most 2*TILE_M rows and C
  * at most TILE_N columns (B's rows close enough together that a panel's
- * strip spans few pages).  Measured with bench/gemm_bench.c on the models'
+ * strip spans few pages) or K at least TILE_DEEP_K (a tile's many k steps
+ * pay for B's rows being pages apart; packing B costs as much as the
+ * product at 64 rows: Sapphire Rapids, C out of cache, one thread, 64 x
+ * 3136 x K packed -> direct: K 128 163 -> 140 GFLOP/s, 256 157 -> 162,
+ * 384 140 -> 165, 576 134 -> 167, 1152 133 -> 168; at 96 and 128 rows
+ * neither won everywhere).  Measured with bench/gemm_bench.c on the models'
  * shapes (best of runs, CPU time): MLP 784->512 at batch 16 100 GFLOP/s and
  * at batch 64 110 against 104 packed, a 1x1 conv 144->24 at 56x56 108
  * against 93, a 3x3 512-channel conv at 7x7 (N = 49) 84 against 68.  With
  * 64 rows or more and thousands of columns packing wins (the 7x7 stem conv
  * of ResNet, N = 12544: 85 against 77), so it keeps those. */
 enum { PAR_WORK = 1 << 21, SMALL_WORK = 1 << 13, THIN_M = 4, TILE_M = 32,
-       TILE_N = 1024 };
+       TILE_N = 1024, TILE_DEEP_K = 256 };
 
 /* Work at or above which the direct forms (a batch-1 Linear) split their
  * columns over the threads, in vectors: they stream B once, so each thread
@@ -1682,8 +1687,10 @@ static void tiles_or_blocked(gen *g, const entry_fns *f, LLVMValueRef work, LLVM
 	                                icmp(g, LLVMIntSGE, work, i64c(g, PAR_WORK)), "");
 	LLVMValueRef few = LLVMBuildOr(g->b, icmp(g, LLVMIntSLE, p[P_M], i64c(g, TILE_M)),
 	                               icmp(g, LLVMIntSLE, p[P_N], i64c(g, 2 * g->g.NR)), "");
-	LLVMValueRef mid = LLVMBuildAnd(g->b, icmp(g, LLVMIntSLE, p[P_M], i64c(g, 2 * TILE_M)),
-	                                icmp(g, LLVMIntSLE, p[P_N], i64c(g, TILE_N)), "");
+	LLVMValueRef near = LLVMBuildOr(g->b, icmp(g, LLVMIntSLE, p[P_N], i64c(g, TILE_N)),
+	                                icmp(g, LLVMIntSGE, p[P_K], i64c(g, TILE_DEEP_K)), "");
+	LLVMValueRef mid = LLVMBuildAnd(g->b, icmp(g, LLVMIntSLE, p[P_M], i64c(g, 2 * TILE_M)), near,
+	                                "");
 	few = LLVMBuildOr(g->b, few, mid, "");
 	LLVMValueRef tiles = LLVMBuildAnd(g->b, tiles_ok, few, "");
 	LLVMBasicBlockRef then = block(g, "tiles"), next = block(g, "packed");

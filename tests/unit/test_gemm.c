@@ -418,12 +418,15 @@ END_TEST
 
 /* Many rows but at most two column panels (a 7x7 conv): tiles too, the
  * set that prefetches A; up to 64 rows with C wider than that (an MLP at
- * batch 48) the MR x NR tiles that do not, and 128 columns is the last
- * width with the prefetch (two 64-column tiles with AVX-512). */
+ * batch 48), or wider than 1024 columns with K of 256 or more (a 1x1 conv
+ * to 64 channels at 56x56), the MR x NR tiles that do not, and 128
+ * columns is the last width with the prefetch (two 64-column tiles with
+ * AVX-512). */
 START_TEST(gemm_tiles_for_few_columns)
 {
 	check_layouts(PROB(200, 49, 700));
 	check_layouts(PROB(48, 512, 97));
+	check_layouts(PROB(61, 1100, 260));
 	check_layouts(PROB(57, 128, 40));
 	check_layouts(PROB(57, 129, 40));
 }
