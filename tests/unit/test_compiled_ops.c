@@ -712,8 +712,10 @@ END_TEST
 /* Depthwise convs whose output rows have at most 8 columns (16 at stride
  * 2 or with 25 taps or more) run channel-blocked (lower_nn.c,
  * dw_blocked), but for stride 1 with 3x3 taps (the flat form): blocks of
- * 16 channels transposed in and out.  Channel counts that leave a
- * partial block (20, 37) or are below one (5), stride 1 (5x5, on rows of
+ * 16 channels transposed in and out (input rows wider than 16 one by one
+ * into the padded block: 28, 31, 30 of which 29 are read, 32 with
+ * asymmetric padding).  Channel counts that leave a
+ * partial block (20, 37, 17) or are below one (5), stride 1 (5x5, on rows of
  * 7 and 14) and 2 (3x3, 5x5), asymmetric padding, dilation 2, batch 2,
  * without a bias, against the interpreter; then a Relu6 that folds into
  * it and a residual Add that must not (it is applied after), and the
@@ -734,6 +736,8 @@ START_TEST(tiny_plane_depthwise_is_channel_blocked)
 		{2, 18, 23, 31, 3, true, "group=18 strides=2,2 pads=1,1,1,1"},
 		{2, 33, 6, 5, 5, true, "group=33 pads=2,1,2,3"},
 		{1, 20, 14, 14, 5, true, "group=20 pads=2,2,2,2"},
+		{1, 20, 30, 30, 3, true, "group=20 strides=2,2"},
+		{1, 17, 29, 32, 5, false, "group=17 strides=2,2 pads=1,2,3,0"},
 	};
 	for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
 		char name[32];
