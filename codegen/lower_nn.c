@@ -2115,16 +2115,20 @@ static bool dw_blocked_shape(const geom *g, int64_t Mg, bool f32)
 	       g->out[1] <= (f32 && (g->stride[1] == 2 || g->ksz >= 25) ? DW_BLOCK_W2 : DW_BLOCK_W);
 }
 
-/* Stride 1 with at most 3x3 taps stays with the flat form (dw_flat): one
- * 3x3 depthwise conv + ReLU6 at batch 1, one thread, kiln bench min over 5 x
- * 300 runs, blocked -> flat (ms, Zen 4): MobileNetV2's 960 channels 7x7
- * 0.057 -> 0.043, MNASNet's 1152 channels 7x7 0.062 -> 0.052 (ORT 0.075
- * with its reorders); 5x5 measured alike both ways (960 channels 0.081 /
- * 0.084) and keeps the blocked form, as does stride 2 (flat has none). */
+/* 3x3 taps at stride 1 take it too.  They stayed with the flat form
+ * (dw_flat) when it measured faster on Zen 4 (one 3x3 depthwise conv +
+ * ReLU6, batch 1, one thread, blocked -> flat: MobileNetV2's 960 channels
+ * 7x7 0.057 -> 0.043 ms, MNASNet's 1152 channels 0.062 -> 0.052), before
+ * the blocked form read its bias once per block and its weights packed at
+ * compile time (1152 channels 5x5 at 7x7 on that Zen 4: 0.094 -> 0.071).
+ * Since, on Sapphire Rapids (bench/ab.py --nodes, min of 7 rounds, batch
+ * 1, one thread), flat -> blocked: MobileNetV2's three 960-channel 3x3
+ * convs at 7x7 0.043 -> 0.033-0.035 ms, MNASNet's 1152-channel one 0.057
+ * -> 0.043, EfficientNet-B0's 0.052 -> 0.038.  (Not re-measured on Zen
+ * 4.) */
 static bool want_blocked(const cg_module *m, const geom *g, int x, int64_t Mg)
 {
-	bool flat3 = g->stride[0] == 1 && g->stride[1] == 1 && g->k[0] <= 3 && g->k[1] <= 3;
-	return dw_blocked_shape(g, Mg, true) && m->buf[x].dt == KILN_F32 && !flat3;
+	return dw_blocked_shape(g, Mg, true) && m->buf[x].dt == KILN_F32;
 }
 
 /* dw_blocked's weights and bias packed at compile time, when constant:

@@ -25,7 +25,6 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "codegen/llvm.h"
 
@@ -183,17 +182,6 @@ static const char *env(const char *name)
 	return s && *s ? s : NULL;
 }
 
-/* One core's L2 in bytes, 0 when the C library cannot tell. */
-static int64_t host_l2(void)
-{
-#ifdef _SC_LEVEL2_CACHE_SIZE
-	long v = sysconf(_SC_LEVEL2_CACHE_SIZE);
-	return v > 0 ? v : 0;
-#else
-	return 0;
-#endif
-}
-
 kiln_status cg_target_init(cg_target *t, const char *cpu, const char *features,
                            kiln_error *err)
 {
@@ -213,7 +201,7 @@ kiln_status cg_target_init(cg_target *t, const char *cpu, const char *features,
 	} else {
 		t->cpu = LLVMGetHostCPUName();
 		t->features = features ? LLVMCreateMessage(features) : LLVMGetHostCPUFeatures();
-		t->l2_bytes = host_l2();
+		t->l2_bytes = cg_host_l2_bytes();
 	}
 	kiln_status st = KILN_OK;
 	if (strncmp(t->triple, "x86_64", 6) == 0) {
