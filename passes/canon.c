@@ -4,6 +4,8 @@
  *
  *   identity(x)                         -> x
  *   dropout(x) outside training         -> x      (its mask unused)
+ *   concat(x) of one input              -> x      (DenseNet's first layer
+ *                                                  of each block)
  *   transpose(transpose(x, p), q)       -> transpose(x, p∘q), or x if that is
  *                                          the identity (any lone identity
  *                                          permutation goes too)
@@ -111,6 +113,11 @@ static bool identity(kiln_graph *g, ir_node *n)
 	return forward(g, n, n->in[0]);
 }
 
+static bool concat1(kiln_graph *g, ir_node *n)
+{
+	return n->nin == 1 && forward(g, n, n->in[0]);
+}
+
 static bool dropout(kiln_graph *g, ir_node *n)
 {
 	if (ir_attr_int(n, "training_mode", 0) || (n->nout > 1 && !unused(g, n->out[1])))
@@ -203,6 +210,7 @@ static bool view(kiln_graph *g, ir_node *n)
 static const rule_fn rule[KILN_OP_COUNT] = {
 	[KILN_OP_IDENTITY] = identity,
 	[KILN_OP_DROPOUT] = dropout,
+	[KILN_OP_CONCAT] = concat1,
 	[KILN_OP_TRANSPOSE] = transpose,
 	[KILN_OP_RESHAPE] = view,
 	[KILN_OP_FLATTEN] = view,
