@@ -944,12 +944,13 @@ static void call_ukr(gen *g, const packed_fns *f, LLVMValueRef *a, int n)
  * layer or more ago) no hardware prefetcher follows that, and every line
  * waited on its read-for-ownership.  Sapphire Rapids (2 MiB L2), a
  * harness calling kiln_sgemm_pa with C cycling over 160 MB of outputs,
- * one thread, GFLOP/s, down each panel -> groups: 256x3136x64 109 ->
- * 152, with a residual 75 -> 115; 128x3136x256 134 -> 150; 128x784x1152
- * 134 -> 144; 256x784x512 150 -> 161; 256x196x2304 144 -> 154;
- * 1024x784x256 with a residual 147 -> 159.  Groups of a quarter of L2
- * gained about half of that; along whole 1024-column blocks (B 2 MiB at
- * K 512) lost 10-20% at K >= 512.  Prefetching C's lines for writing at
+ * one thread, GFLOP/s, the two orders alternated, down each panel ->
+ * groups: 256x3136x64 108 -> 148-150, with a residual 74 -> 109-111;
+ * 128x3136x256 133 -> 146-149; 64x3136x576 106-110 -> 114; 1024x784x256
+ * with a residual 146 -> 156; 128x784x1152 133 -> 136; 256x196x2304 144
+ * -> 148; 256x784x512 150 -> 152-156.  Groups of a quarter of L2 gained
+ * less at K >= 256; along whole 1024-column blocks (B 2 MiB at K 512)
+ * lost 10-20% at K >= 512.  Prefetching C's lines for writing at
  * the start of each tile gained nothing down the panels and cost 2-3% in
  * groups. */
 
