@@ -2174,12 +2174,14 @@ static kiln_status dw_blocked(cg_module *m, const ir_node *n, const int *in, int
 		return nomem(m, n, err);
 	/* the (image, block) slots in parts (parts_loop), the scratch per part */
 	cg_expr *nq = mul(m, cg_dim(m, x->dim[0]), I(m, NB)), *np = parts_count(m, nq, DW_PARTS);
-	int Q = cg_lower_scratch(m, KILN_F32, mul(m, np, I(m, W > DW_ROW_T ? 1 : qsz)));
+	/* rows wider than DW_ROW_T go straight into P: no Q */
+	bool per_row = W > DW_ROW_T;
+	int Q = per_row ? -1 : cg_lower_scratch(m, KILN_F32, mul(m, np, I(m, qsz)));
 	int P = cg_lower_scratch(m, KILN_F32, mul(m, np, I(m, psz)));
 	int T = cg_lower_scratch(m, KILN_F32, mul(m, np, I(m, tsz)));
 	int WB = dw_packed(m, n, in, C, taps);
 	int WL = WB >= 0 ? WB : cg_lower_scratch(m, KILN_F32, mul(m, np, I(m, wsz)));
-	if (Q < 0 || P < 0 || T < 0 || WL < 0)
+	if ((Q < 0 && !per_row) || P < 0 || T < 0 || WL < 0)
 		return nomem(m, n, err);
 	cg_expr *pi, *q, *r, *c, *l, *tv[2];
 	cg_stmt *qb, *rb, *cb, *lb;
@@ -2195,7 +2197,6 @@ static kiln_status dw_blocked(cg_module *m, const ir_node *n, const int *in, int
 	 * Rows wider than DW_ROW_T: per input row a transpose into its place
 	 * inside the padding; narrower, one transpose of the rows into Q, then
 	 * Q copied into the padding (see DW_ROW_T) */
-	bool per_row = W > DW_ROW_T;
 	cg_expr *src0 = mul(m, add(m, mul(m, b, I(m, C)), c0), I(m, H * W)), *ir = NULL, *prow = NULL;
 	cg_stmt *irb = NULL;
 	if (per_row) {
