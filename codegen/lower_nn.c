@@ -525,25 +525,79 @@ static cg_expr *pad_value(cg_module *m, const conv_int *q)
 	return q ? q->pad : fc(m, KILN_F32, 0);
 }
 
-/* 1x1, stride 1, no padding: y[b] = W[M, C] x x[b][C, HW] (+ bias per row). */
+/* Whether conv g is a GEMM on x's pixels: 1x1 taps, no padding, and
+ * either stride 1 (strided false) or, strided, any stride whose every
+ * sampled pixel is inside x (conv_1x1 then gathers them first). */
+static bool pointwise_geom(const geom *g, bool strided)
+{
+	for (int d = 0; d < g->nsp; d++) {
+		if (g->k[d] != 1 || g->pad[d] != 0)
+			return false;
+		if (!strided && (g->stride[d] != 1 || g->pad_end[d] != 0 || g->in[d] != g->out[d]))
+			return false;
+		if (strided && (g->out[d] - 1) * g->stride[d] >= g->in[d])
+			return false;
+	}
+	return true;
+}
+
+/* 1x1, no padding: y[b] = W[M, C] x x[b][C, HW] (+ bias per row).  With a
+ * stride (a ResNet or RegNet block's downsampling shortcut) the pixels it
+ * samples are first gathered into a scratch x'[b][C, OH*OW], one
+ * vectorized pass over (image, channel) planes on the threads, and the
+ * GEMM reads that: im2col's stride-2 path split whole input planes into
+ * even and odd columns (rows it never reads included) and then copied
+ * rows again, 3.3x ORT's NCHWc kernel on RegNetX's 32 -> 64 conv at
+ * 112 -> 56 (0.26 against 0.079 ms). */
 static kiln_status conv_1x1(cg_module *m, const ir_node *n, const int *in, int y, const geom *g,
                             const conv_int *q, kiln_error *err)
 {
 	const ir_type *x = cg_btype(m, in[0]), *yt = cg_btype(m, y);
-	int64_t C = x->dim[1], M = yt->dim[1];
+	int64_t C = x->dim[1], M = yt->dim[1], batch = x->dim[0];
+	bool strided = !pointwise_geom(g, false);
+	int src = in[0];
+	int64_t bstride = C * g->isz, brow = g->isz;
+	if (strided) { /* cg_lower_scratch may move m->buf: x and yt are dead after this */
+		src = cg_lower_scratch(m, col_dt(q), mul(m, cg_dim(m, batch), I(m, C * g->osz)));
+		if (src < 0)
+			return nomem(m, n, err);
+		bstride = C * g->osz, brow = g->osz;
+	}
 	cg_kernel *k = cg_lower_kernel(m, n);
 	if (!k)
 		return nomem(m, n, err);
+	if (strided) {
+		cg_expr *pc, *iv[3], *ext[3];
+		uint32_t hints[3];
+		cg_stmt *pb;
+		cg_expr *planes = mul(m, cg_dim(m, batch), I(m, C));
+		cg_append(m, k->body, cg_loop(m, k, planes, cg_par(m, mul(m, planes, I(m, g->osz))),
+		                              &pc, &pb));
+		for (int d = 0; d < g->nsp; d++) {
+			ext[d] = I(m, g->out[d]);
+			hints[d] = d == g->nsp - 1 ? CG_VECTORIZE : 0;
+		}
+		cg_stmt *ib = cg_nest(m, k, pb, g->nsp, ext, hints, iv);
+		cg_expr *si = mul(m, pc, I(m, g->isz)), *di = mul(m, pc, I(m, g->osz));
+		int64_t is = 1, os = 1;
+		for (int d = g->nsp - 1; d >= 0; d--) {
+			si = add(m, si, mul(m, iv[d], I(m, g->stride[d] * is)));
+			di = add(m, di, mul(m, iv[d], I(m, os)));
+			is *= g->in[d];
+			os *= g->out[d];
+		}
+		cg_append(m, ib, cg_st(m, src, di, cg_ld(m, in[0], si)));
+	}
 	bool bias = n->nin > 2 && in[2] >= 0;
 	/* one GEMM per image, the images over the threads (a batch of one
 	 * runs inline, its GEMM then splitting its columns) */
 	cg_expr *b;
 	cg_stmt *gb;
-	cg_append(m, k->body, cg_loop(m, k, cg_dim(m, x->dim[0]), CG_PARALLEL, &b, &gb));
-	cg_gemm gm = {.a = in[1], .b = in[0], .c = y, .bias = bias ? in[2] : -1,
+	cg_append(m, k->body, cg_loop(m, k, cg_dim(m, batch), CG_PARALLEL, &b, &gb));
+	cg_gemm gm = {.a = in[1], .b = src, .c = y, .bias = bias ? in[2] : -1,
 	              .M = I(m, M), .N = I(m, g->osz), .K = I(m, C), .batch = I(m, 1),
 	              .a_off = I(m, 0), .a_bs = I(m, 0), .a_rs = I(m, C), .a_cs = I(m, 1),
-	              .b_off = mul(m, b, I(m, C * g->isz)), .b_bs = I(m, 0), .b_rs = I(m, g->isz),
+	              .b_off = mul(m, b, I(m, bstride)), .b_bs = I(m, 0), .b_rs = I(m, brow),
 	              .b_cs = I(m, 1),
 	              .c_off = mul(m, b, I(m, M * g->osz)), .c_bs = I(m, 0), .c_rs = I(m, g->osz),
 	              .bias_off = I(m, 0), .alpha = 1, .beta = 0, .bias_axis = bias ? 2 : 0};
@@ -2913,10 +2967,7 @@ kiln_status cg_lower_conv(cg_module *m, const ir_node *n, const int *in, const i
 	int64_t batch = x->dim[0];
 	if (wb == 1 || (wb > 1 && batch >= wb))
 		return cg_lower_conv_winograd(m, n, in, out[0], &g, false, err);
-	bool pointwise = true;
-	for (int d = 0; d < g.nsp; d++)
-		pointwise = pointwise && g.k[d] == 1 && g.stride[d] == 1 && g.pad[d] == 0 &&
-		            g.pad_end[d] == 0 && g.in[d] == g.out[d];
+	bool pointwise = pointwise_geom(&g, true);
 	int first = m->nkern;
 	st = pointwise ? conv_1x1(m, n, in, out[0], &g, NULL, err)
 	               : conv_im2col(m, n, in, out[0], &g, NULL, err);

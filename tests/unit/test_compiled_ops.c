@@ -456,6 +456,66 @@ START_TEST(chunked_im2col_convs_match_the_interpreter)
 }
 END_TEST
 
+/* 1x1 convs with a stride and no padding (a ResNet or RegNet block's
+ * downsampling shortcut) gather the pixels they sample and run one GEMM
+ * over them (lower_nn.c, conv_1x1): stride 2 on odd and even sizes,
+ * strides (2, 3), batch 2 and a symbolic batch, a 1-D conv, each with
+ * Relu folded into the GEMM; and one whose end padding samples a pixel
+ * past the input (not a gather: im2col), against the interpreter.  Then
+ * the kernel IR: the strided one is a single GEMM over all OH x OW
+ * columns. */
+START_TEST(strided_pointwise_convs_match_the_interpreter)
+{
+	static const struct {
+		int64_t n, c, m, h, w;
+		const char *attrs;
+		bool sym;
+	} cases[] = {
+		{1, 16, 24, 15, 13, "strides=2,2", false},
+		{2, 8, 40, 28, 28, "strides=2,2", false},
+		{3, 12, 8, 17, 20, "strides=2,3", true},
+		{1, 9, 7, 1, 41, "strides=1,3", false},
+		{1, 8, 8, 14, 14, "strides=2,2 pads=0,0,1,1", false},
+	};
+	for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+		char name[32];
+		snprintf(name, sizeof name, "pointwise%zu", i);
+		kiln_graph *g = kiln_graph_new(name);
+		int64_t sx[] = {cases[i].n, cases[i].c, cases[i].h, cases[i].w};
+		int64_t dx[] = {cases[i].sym ? kiln_sym(g, "N") : cases[i].n, cases[i].c, cases[i].h,
+		                cases[i].w};
+		int64_t sw[] = {cases[i].m, cases[i].c, 1, 1};
+		int64_t sb[] = {cases[i].m};
+		opcase_graph c = {name, g, {seeded(4, sx, 0), seeded(4, sw, 1), seeded(1, sb, 2)},
+		                  {0}, 3, 1, 0};
+		uint32_t x = kiln_input(g, "x", KILN_F32, 4, dx), w = input(g, "w", KILN_F32, 4, sw);
+		uint32_t b = input(g, "b", KILN_F32, 1, sb);
+		uint32_t y = op1(g, KILN_OP_CONV, 3, (uint32_t[]){x, w, b}, cases[i].attrs);
+		y = op1(g, KILN_OP_RELU, 1, &y, "");
+		ir_output_add(g, op1(g, KILN_OP_ADD, 2, (uint32_t[]){y, y}, ""), NULL);
+		ck_assert_msg(kiln_graph_status(g) == KILN_OK, "%s", kiln_graph_errmsg(g));
+		char why[1400] = "";
+		bool ok = case_matches(&c, false, why, sizeof why);
+		ck_assert_msg(ok, "%s (%s): %s", name, cases[i].attrs, why);
+		opcase_free(&c);
+	}
+	kiln_graph *g = kiln_graph_new("gather");
+	int64_t sx[] = {1, 16, 15, 13}, sw[] = {24, 16, 1, 1};
+	kiln_tensor *wt = seeded(4, sw, 1);
+	uint32_t in[2] = {input(g, "x", KILN_F32, 4, sx), kiln_constant(g, wt)};
+	kiln_tensor_free(wt);
+	ir_output_add(g, op1(g, KILN_OP_CONV, 2, in, "strides=2,2"), NULL);
+	cg_module *m = NULL;
+	kiln_error e = {0};
+	ck_assert_msg(cg_lower_ex(g, &(cg_lower_opts){.fuse = true}, &m, &e) == KILN_OK, "%s", e.msg);
+	char *kir = dump(m);
+	ck_assert_msg(strstr(kir, "gemm M=24 N=56 K=16 "), "one GEMM over 8 x 7 columns:\n%s", kir);
+	free(kir);
+	cg_module_free(m);
+	kiln_graph_free(g);
+}
+END_TEST
+
 /* Stride-2 window ops wide enough to split their input rows into even and
  * odd columns (lower_nn.c, want_split): max and average pools (padding
  * counted or not, ceil mode, even and odd widths), depthwise convs
@@ -1804,6 +1864,7 @@ static Suite *compiled_ops_suite(void)
 	tcase_add_test(tc, winograd_convs_match_the_interpreter);
 	tcase_add_test(tc, grouped_convs_match_the_interpreter);
 	tcase_add_test(tc, chunked_im2col_convs_match_the_interpreter);
+	tcase_add_test(tc, strided_pointwise_convs_match_the_interpreter);
 	tcase_add_test(tc, stride2_windows_match_the_interpreter);
 	tcase_add_test(tc, disjoint_window_pools_match_the_interpreter);
 	tcase_add_test(tc, separable_max_pools_match_the_interpreter);
