@@ -90,6 +90,9 @@ enum {
 	CG_LANES = 1 << 4,     /* with CG_VECTORIZE, a constant extent W: one vector
 	                        * of W lanes; a backend may emit the body once on
 	                        * vectors (codegen/llvm.c, s_lanes) */
+	CG_TAIL_MASK = 1 << 5, /* with CG_VECTORIZE, a short run (a row of a few
+	                        * vectors): the last partial vector under a mask
+	                        * rather than element by element */
 };
 
 /* The activation a GEMM's epilogue applies (data, not code: a backend

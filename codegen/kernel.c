@@ -607,9 +607,10 @@ static void indent(const printer *p, int depth)
 
 static void phints(const printer *p, uint32_t h)
 {
-	static const char *const names[] = {"parallel", "vectorize", "unroll", "reduce", "lanes"};
+	static const char *const names[] = {"parallel", "vectorize", "unroll", "reduce", "lanes",
+	                                    "tail_mask"};
 	bool any = false;
-	for (int k = 0; k < 5; k++)
+	for (int k = 0; k < (int)(sizeof names / sizeof *names); k++)
 		if (h & (1u << k)) {
 			fprintf(p->out, "%s%s", any ? ", " : " [", names[k]);
 			any = true;

@@ -285,7 +285,8 @@ END_TEST
  * constants (groups of 16 output channels then take the lanes form,
  * gl_sums: those cases are listed last).  The weights are scaled by
  * 1/sqrt(fan-in) so outputs are O(1).  Then which convs the lanes form
- * takes, in the kernel IR. */
+ * takes, in the kernel IR, and that the copy into padded planes masks
+ * its rows' last vector (CG_TAIL_MASK). */
 START_TEST(grouped_convs_match_the_interpreter)
 {
 	static const struct {
@@ -401,6 +402,9 @@ START_TEST(grouped_convs_match_the_interpreter)
 		ck_assert_msg(cg_lower_ex(g, &(cg_lower_opts){.fuse = true}, &m, &e) == KILN_OK, "%s",
 		              e.msg);
 		char *kir = dump(m);
+		/* the padded copy's rows: their last partial vector masked */
+		ck_assert_msg(strstr(kir, "[vectorize, tail_mask]"), "form %zu: no masked row copy:\n%s",
+		              i, kir);
 		ck_assert_msg(!strstr(kir, "lanes]") == !forms[i].lanes, "form %zu: lanes should be %d:\n%s",
 		              i, forms[i].lanes, kir);
 		free(kir);
