@@ -463,7 +463,7 @@ END_TEST
 /* 1x1 convs with a stride and no padding (a ResNet or RegNet block's
  * downsampling shortcut) gather the pixels they sample and run one GEMM
  * over them (lower_nn.c, conv_1x1): stride 2 on odd and even sizes,
- * strides (2, 3), batch 2 and a symbolic batch, a 1-D conv, each with
+ * strides (2, 3), batch 2 and a symbolic batch, a one-row map (1, 3), each with
  * Relu folded into the GEMM; and one whose end padding samples a pixel
  * past the input (not a gather: im2col), against the interpreter.  Then
  * the kernel IR: the strided one is a single GEMM over all OH x OW
