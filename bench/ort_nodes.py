@@ -10,7 +10,9 @@ charges every kernel to an ONNX node:
 - ORT: its own profiler (SessionOptions.enable_profiling), each fused
   node's `*_kernel_time` events, min over the runs of about 3 s; ORT names
   a fused node after its output, which is mapped back to the ONNX node
-  that produces it.
+  that produces it, or after one of the nodes it fused plus a suffix
+  (EfficientNet's SiLU, Sigmoid and Mul, becomes "<Mul>/QuickGeluFusion/"),
+  mapped to that node.
 - kiln: `kiln bench --profile --json` R times (min per kernel), each kernel
   charged to the ONNX node whose output buffer it writes (its temporaries
   to the node of the kernel that writes a named buffer), as `kiln compile
@@ -153,8 +155,19 @@ def main():
     # ORT's own nodes (layout reorders) and kiln kernels of no ONNX node
     # count under their own names
     ort_times, ort_op = ort_nodes(a.model, a.threads)
-    ort_t = by_node(ort_times, lambda n: prod.get(re.sub(r'(_nchwc)+$', '', n), by_name.get(n)),
-                    lambda n: "(ORT %s)" % ort_op.get(n, "?"))
+    def ort_lookup(n):
+        base = re.sub(r'(_nchwc)+$', '', n)
+        if base in prod or n in by_name:
+            return prod.get(base, by_name.get(n))
+        # a node ORT fused and renamed after one of the originals plus a
+        # suffix ("<Mul's name>/QuickGeluFusion/"): that original node
+        m = n.rstrip('/')
+        while '/' in m:
+            m = m.rsplit('/', 1)[0]
+            if m in by_name:
+                return by_name[m]
+        return None
+    ort_t = by_node(ort_times, ort_lookup, lambda n: "(ORT %s)" % ort_op.get(n, "?"))
     kiln_t = by_node(kiln_nodes(a.kiln, a.model, a.threads, a.rounds), prod.get,
                      lambda n: "(kiln %s)" % n)
     rows = collections.defaultdict(lambda: [0.0, 0.0, 0])
