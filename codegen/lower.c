@@ -1878,6 +1878,48 @@ static kiln_status check_scales(lowering *L, const ir_node *n)
 	return KILN_OK;
 }
 
+/* A Concat on the channels (axis 1) whose only reader is an inference
+ * BatchNormalization (DenseNet's pre-activation dense layers: concat ->
+ * BN -> Relu -> conv) is never stored: the BN reads its parts where they
+ * are (cg_lower_bn_parts), so the features are read once and written once
+ * instead of copied and then read again.  The parts' channel counts must
+ * be fixed. */
+static bool concat_into_bn(const lowering *L, const ir_node *n)
+{
+	const ir_value *y = L->g->val[n->out[0]];
+	if (!L->fuse || n->op != KILN_OP_CONCAT || y->nuse != 1 || L->out_of[n->out[0]] >= 0 ||
+	    n->nin > CG_BN_PARTS_MAX || y->type.rank < 2 || y->type.dtype != KILN_F32)
+		return false;
+	const ir_node *u = y->uses[0];
+	int64_t axis = ir_attr_int(n, "axis", 0);
+	if (u->op != KILN_OP_BATCH_NORM || ir_attr_int(u, "training_mode", 0) || u->in[0] != n->out[0] ||
+	    (axis < 0 ? axis + y->type.rank : axis) != 1)
+		return false;
+	for (uint32_t i = 1; i < u->nin; i++)
+		if (u->in[i] == n->out[0])
+			return false;
+	for (uint32_t i = 0; i < n->nin; i++)
+		if (!n->in[i] || L->vbuf[n->in[i]] < 0 || L->g->val[n->in[i]]->type.dim[1] < 0)
+			return false;
+	return true;
+}
+
+/* The parts of the Concat concat_into_bn left unmaterialized. */
+static void concat_parts(lowering *L, const ir_node *cat, cg_bn_parts *x)
+{
+	int64_t at = 0;
+	x->n = 0;
+	for (uint32_t i = 0; i < cat->nin; i++) {
+		int64_t len = L->g->val[cat->in[i]]->type.dim[1];
+		if (len > 0) {
+			x->buf[x->n] = L->vbuf[cat->in[i]], x->at[x->n] = at, x->len[x->n] = len;
+			x->n++;
+		}
+		at += len;
+	}
+	x->C = cg_int(L->m, at);
+}
+
 static kiln_status lower_node(lowering *L, const ir_node *n)
 {
 	cg_module *m = L->m;
@@ -1900,6 +1942,10 @@ static kiln_status lower_node(lowering *L, const ir_node *n)
 	kiln_status sc = check_scales(L, n);
 	if (sc)
 		return sc;
+	if (concat_into_bn(L, n)) {
+		L->defer[n->out[0]] = true;
+		return KILN_OK;
+	}
 	bool fusing = L->fuse && fusible(L->g, n);
 	if (fusing && deferrable(L, n)) {
 		L->defer[n->out[0]] = true;
@@ -1913,7 +1959,13 @@ static kiln_status lower_node(lowering *L, const ir_node *n)
 		st = out_bufs(L, n, out);
 	if (st)
 		return st;
-	st = fusing ? fused(L, n, out[0], &t) : cg_lower_rule(n->op)(m, n, in, out, L->err);
+	if (n->op == KILN_OP_BATCH_NORM && L->defer[n->in[0]]) {
+		cg_bn_parts x;
+		concat_parts(L, L->g->val[n->in[0]]->def, &x);
+		st = cg_lower_bn_parts(m, n, &x, in, out, L->err);
+	} else {
+		st = fusing ? fused(L, n, out[0], &t) : cg_lower_rule(n->op)(m, n, in, out, L->err);
+	}
 	if (st == KILN_ENOMEM && L->err && !L->err->msg[0])
 		cg_lower_fail(m, n, L->err, st, "out of memory");
 	return st;

@@ -144,6 +144,20 @@ kiln_status cg_lower_global_avg_pool(cg_module *m, const ir_node *n, const int *
                                      const int *out, kiln_error *err);
 kiln_status cg_lower_batch_norm(cg_module *m, const ir_node *n, const int *in, const int *out,
                                 kiln_error *err);
+/* An inference BatchNormalization whose input x arrives in n parts along
+ * its channels (dim 1): part p is buffer buf[p], holding channels
+ * [at[p], at[p] + len[p]) of the C (a Concat on axis 1 that lower.c leaves
+ * unmaterialized, its only reader being this BN: DenseNet's dense layers).
+ * in[0] is not read; n = 1 with buf[0] = in[0] is the plain lowering. */
+enum { CG_BN_PARTS_MAX = 64 };
+typedef struct cg_bn_parts {
+	int n;
+	int buf[CG_BN_PARTS_MAX];
+	int64_t at[CG_BN_PARTS_MAX], len[CG_BN_PARTS_MAX];
+	cg_expr *C;
+} cg_bn_parts;
+kiln_status cg_lower_bn_parts(cg_module *m, const ir_node *n, const cg_bn_parts *x,
+                              const int *in, const int *out, kiln_error *err);
 kiln_status cg_lower_layer_norm(cg_module *m, const ir_node *n, const int *in, const int *out,
                                 kiln_error *err);
 kiln_status cg_lower_softmax(cg_module *m, const ir_node *n, const int *in, const int *out,

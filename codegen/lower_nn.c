@@ -3531,19 +3531,45 @@ kiln_status cg_lower_global_avg_pool(cg_module *m, const ir_node *n, const int *
 
 /* ---- normalisation -------------------------------------------------------- */
 
-/* Inference: one fused loop, scale = gamma / sqrt(var + eps) and shift
- * computed per (image, channel) row in the kernel. */
-static kiln_status bn_infer(cg_module *m, const ir_node *n, const int *in, int y,
-                            kiln_error *err)
+/* Part lo..hi-1 of x's channels (bn_infer) chosen by channel c: a tree of
+ * ifs on c, each leaf one vector loop over the row's pixels reading its
+ * part. */
+static void bn_parts(cg_module *m, cg_kernel *k, cg_stmt *blk, const cg_bn_parts *x, int lo,
+                     int hi, cg_expr *r, cg_expr *c, cg_expr *inner, cg_expr *sc, cg_expr *sh, int y)
 {
-	const ir_type *x = cg_btype(m, in[0]);
+	if (hi - lo > 1) {
+		int mid = (lo + hi) / 2;
+		cg_stmt *a = cg_block(m), *b = cg_block(m);
+		bn_parts(m, k, a, x, lo, mid, r, c, inner, sc, sh, y);
+		bn_parts(m, k, b, x, mid, hi, r, c, inner, sc, sh, y);
+		cg_append(m, blk, cg_if(m, cg_bin(m, CG_LT, c, I(m, x->at[mid])), a, b));
+		return;
+	}
+	cg_expr *s;
+	cg_stmt *sb;
+	cg_append(m, blk, cg_loop(m, k, inner, CG_VECTORIZE, &s, &sb));
+	cg_expr *i = add(m, mul(m, r, inner), s), *xi = i;
+	if (x->n > 1) /* image r / C, channel c - at of the part's len */
+		xi = add(m, mul(m, add(m, mul(m, cg_bin(m, CG_DIV, r, x->C), I(m, x->len[lo])),
+		                       cg_bin(m, CG_SUB, c, I(m, x->at[lo]))),
+		                inner), s);
+	cg_append(m, sb, cg_st(m, y, i, add(m, mul(m, cg_ld(m, x->buf[lo], xi), sc), sh)));
+}
+
+/* Inference: one fused loop, scale = gamma / sqrt(var + eps) and shift
+ * computed per (image, channel) row in the kernel.  x may come in parts
+ * along its channels (a Concat no kernel materialized: cg_lower_bn_parts). */
+static kiln_status bn_infer(cg_module *m, const ir_node *n, const cg_bn_parts *x, const int *in,
+                            int y, kiln_error *err)
+{
+	const ir_type *t = cg_btype(m, y);
 	cg_kernel *k = cg_lower_kernel(m, n);
 	if (!k)
 		return nomem(m, n, err);
-	kiln_dtype ct = cg_ctype(x->dtype);
-	cg_expr *C = cg_dim(m, x->dim[1]), *inner = cg_prod(m, x, 2, x->rank), *r, *s;
-	cg_stmt *blk, *sb;
-	cg_append(m, k->body, cg_loop(m, k, mul(m, cg_dim(m, x->dim[0]), C),
+	kiln_dtype ct = cg_ctype(t->dtype);
+	cg_expr *C = x->C, *inner = cg_prod(m, t, 2, t->rank), *r;
+	cg_stmt *blk;
+	cg_append(m, k->body, cg_loop(m, k, mul(m, cg_dim(m, t->dim[0]), C),
 	                              cg_par(m, m->buf[y].numel), &r, &blk));
 	cg_expr *c = cg_bin(m, CG_REM, r, C);
 	double eps = ir_attr_float(n, "epsilon", 1e-5);
@@ -3551,9 +3577,7 @@ static kiln_status bn_infer(cg_module *m, const ir_node *n, const int *in, int y
 	cg_expr *sc = cg_local(m, k, blk, ct, cg_bin(m, CG_DIV, cg_ld(m, in[1], c), sd));
 	cg_expr *sh = cg_local(m, k, blk, ct, cg_bin(m, CG_SUB, cg_ld(m, in[2], c),
 	                                             mul(m, cg_ld(m, in[3], c), sc)));
-	cg_append(m, blk, cg_loop(m, k, inner, CG_VECTORIZE, &s, &sb));
-	cg_expr *i = add(m, mul(m, r, inner), s);
-	cg_append(m, sb, cg_st(m, y, i, add(m, mul(m, cg_ld(m, in[0], i), sc), sh)));
+	bn_parts(m, k, blk, x, 0, x->n, r, c, inner, sc, sh, y);
 	/* each element stored once at its own index: a Relu after the BN (a
 	 * pre-activation block: DenseNet's concat -> BN -> Relu, where bnfold
 	 * has no conv to fold the BN into) or a residual Add folds into these
@@ -3618,7 +3642,14 @@ kiln_status cg_lower_batch_norm(cg_module *m, const ir_node *n, const int *in, c
 		return cg_lower_fail(m, n, err, KILN_ESHAPE, "input needs rank >= 2");
 	if (ir_attr_int(n, "training_mode", 0))
 		return bn_train(m, n, in, out, err);
-	kiln_status st = bn_infer(m, n, in, out[0], err);
+	cg_bn_parts x = {.n = 1, .buf = {in[0]}, .C = cg_dim(m, cg_btype(m, in[0])->dim[1])};
+	return cg_lower_bn_parts(m, n, &x, in, out, err);
+}
+
+kiln_status cg_lower_bn_parts(cg_module *m, const ir_node *n, const cg_bn_parts *x,
+                              const int *in, const int *out, kiln_error *err)
+{
+	kiln_status st = bn_infer(m, n, x, in, out[0], err);
 	/* outside training the running statistics pass through unchanged */
 	for (int s = 1; !st && s < (int)n->nout; s++)
 		if (out[s] >= 0)

@@ -990,6 +990,59 @@ START_TEST(concat_and_split_copy_in_chunks)
 }
 END_TEST
 
+/* A Concat on the channels read only by an inference BatchNormalization
+ * (DenseNet's dense layers) gets no kernel: the BN reads the parts where
+ * they lie (lower.c, concat_into_bn), one part twice here, with the Relu
+ * folded into its stores.  A Concat with a second reader, or on another
+ * axis, is still copied.  Batch 1 and 3 against the interpreter. */
+START_TEST(concat_read_in_place_by_batch_norm)
+{
+	static const char *text =
+		"graph @cb(%a: f32[N,5,6,7], %b: f32[N,3,6,7], %s: f32[13], %o: f32[13], %mu: f32[13],"
+		" %v: f32[13], %s8: f32[8], %w: f32[N,8,3,7]) -> (%y: f32[N,13,6,7], %z: f32[N,8,6,7],"
+		" %t: f32[N,8,9,7]) {\n"
+		"  %c = concat %a, %b, %a {axis=1} : f32[N,13,6,7]\n"
+		"  %va = abs %v : f32[13]\n"
+		"  %n = batch_norm %c, %s, %o, %mu, %va {epsilon=0.001} : f32[N,13,6,7]\n"
+		"  %y = relu %n : f32[N,13,6,7]\n"
+		"  %d = concat %b, %a {axis=-3} : f32[N,8,6,7]\n"
+		"  %v8 = abs %s8 : f32[8]\n"
+		"  %e = batch_norm %d, %s8, %s8, %s8, %v8 : f32[N,8,6,7]\n"
+		"  %z = add %e, %d : f32[N,8,6,7]\n"
+		"  %h = concat %d, %w {axis=2} : f32[N,8,9,7]\n"
+		"  %t = batch_norm %h, %s8, %v8, %s8, %v8 : f32[N,8,9,7]\n"
+		"  ret %y, %z, %t\n}\n";
+	for (int64_t n = 1; n <= 3; n += 2) {
+		kiln_graph *g = NULL;
+		kiln_error e = {0};
+		ck_assert_msg(ir_parse(text, "cb.kir", &g, &e) == KILN_OK, "%s", e.msg);
+		int64_t sa[] = {n, 5, 6, 7}, sb[] = {n, 3, 6, 7}, s13[] = {13}, s8[] = {8};
+		int64_t sw[] = {n, 8, 3, 7};
+		opcase_graph c = {"cb", g, {seeded(4, sa, 0), seeded(4, sb, 1), seeded(1, s13, 2),
+		                            seeded(1, s13, 3), seeded(1, s13, 4), seeded(1, s13, 5),
+		                            seeded(1, s8, 6), seeded(4, sw, 7)},
+		                  {0}, 8, 3, 0};
+		char why[1400] = "";
+		ck_assert_msg(case_matches(&c, false, why, sizeof why), "batch %lld: %s", (long long)n, why);
+		cg_module *m = NULL;
+		ck_assert_msg(cg_lower_ex(g, &(cg_lower_opts){.fuse = true}, &m, &e) == KILN_OK, "%s", e.msg);
+		int ncat = 0, nbn = 0;
+		for (int k = 0; k < m->nkern; k++) {
+			ncat += strstr(m->kern[k].name, "concat") != NULL;
+			nbn += strstr(m->kern[k].name, "batch_norm") != NULL;
+		}
+		char *kir = dump(m);
+		/* %d (two readers) and %h (axis 2) are copied, %c is not */
+		ck_assert_msg(ncat == 2 && nbn == 3, "%d concat, %d batch_norm kernels:\n%s", ncat, nbn, kir);
+		ck_assert_msg(strstr(kir, "if %i0 % 13 < 5 {") && strstr(kir, "(%i0 % 13 - 8))*42"),
+		              "the BN picks its part by channel:\n%s", kir);
+		free(kir);
+		cg_module_free(m);
+		opcase_free(&c);
+	}
+}
+END_TEST
+
 /* A 7x7 map pays for Winograd only from a batch of 4 (lower_wino.c): with
  * a symbolic batch both algorithms are compiled, each kernel guarded by
  * the batch, and the Relu and the residual Add after the conv fold into
@@ -1876,6 +1929,7 @@ static Suite *compiled_ops_suite(void)
 	tcase_add_test(tc, small_plane_depthwise_epilogues_keep_their_order);
 	tcase_add_test(tc, tiny_plane_depthwise_is_channel_blocked);
 	tcase_add_test(tc, concat_and_split_copy_in_chunks);
+	tcase_add_test(tc, concat_read_in_place_by_batch_norm);
 	tcase_add_test(tc, transposes_move_blocks_in_registers);
 	tcase_add_test(tc, batch_chosen_conv_matches_the_interpreter);
 	tcase_add_test(tc, gather_index_out_of_range_is_an_error);
