@@ -2,7 +2,7 @@
 """CPU time per inference, kiln against ONNX Runtime, one thread.
 
     .venv/bin/python bench/cpu_time.py --kiln build-bench/kiln MODEL.onnx [MODEL.onnx ...]
-        [--batch B] [--runs R]
+        [--batch B] [--runs R] [--rounds N]
 
 On a shared machine (other jobs on the same cores) wall-clock medians move
 by 10-50% between runs; the CPU time a one-thread run consumes moves far
@@ -10,13 +10,17 @@ less.  For kiln: `kiln bench` is run twice, with R and 4R timed runs, and
 the difference of the two processes' user+sys time (os.wait4) divided by
 3R is the cost of one run, free of compile, load and warm-up.  For ORT: a
 session with intra_op_num_threads=1 in this process, resource.getrusage
-around 3R runs after a warm-up.  Prints kiln ms, ORT ms, their ratio and
-kiln's compile time (wall).
+around 3R runs after a warm-up.  Both are measured N times
+alternating (--rounds, default 3) and the median of each kept: single
+rounds moved a model's ratio by 10-20% here (kiln's estimate is a
+difference of two runs, so its minimum would be biased low).  Prints kiln ms, ORT
+ms, their ratio and kiln's compile time (wall).
 Numbers at two threads need a quiet machine: use bench/run.sh.
 """
 import argparse
 import os
 import resource
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -60,6 +64,7 @@ def main():
     ap.add_argument("--kiln", required=True)
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--runs", type=int, default=20)
+    ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("models", nargs="+")
     a = ap.parse_args()
     with tempfile.TemporaryDirectory() as d:
@@ -70,8 +75,11 @@ def main():
             subprocess.run([a.kiln, "compile", path, "-o", so], check=True,
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             ct = time.monotonic() - t0
-            k = kiln_cpu(a.kiln, so, a.batch, a.runs)
-            o = ort_cpu(path, a.batch, a.runs)
+            ks, os_ = [], []
+            for _ in range(max(1, a.rounds)):
+                ks.append(kiln_cpu(a.kiln, so, a.batch, a.runs))
+                os_.append(ort_cpu(path, a.batch, a.runs))
+            k, o = statistics.median(ks), statistics.median(os_)
             print(f"{name:24s} b{a.batch}  kiln {k:9.3f} ms  ORT {o:9.3f} ms  kiln/ORT {k / o:5.2f}"
                   f"  (compile {ct:.1f} s)", flush=True)
     return 0

@@ -1878,22 +1878,28 @@ static kiln_status check_scales(lowering *L, const ir_node *n)
 	return KILN_OK;
 }
 
-/* A Concat on the channels (axis 1) whose only reader is an inference
- * BatchNormalization (DenseNet's pre-activation dense layers: concat ->
- * BN -> Relu -> conv) is never stored: the BN reads its parts where they
- * are (cg_lower_bn_parts), so the features are read once and written once
- * instead of copied and then read again.  The parts' channel counts must
- * be fixed. */
-static bool concat_into_bn(const lowering *L, const ir_node *n)
+/* A Concat on the channels (axis 1) whose only reader takes its parts
+ * where they lie is never stored: an inference BatchNormalization
+ * (DenseNet's pre-activation dense layers: concat -> BN -> Relu -> conv;
+ * cg_lower_bn_parts) or a 1x1 conv (SqueezeNet's fire modules: one GEMM
+ * per part, cg_lower_conv_parts).  The features are then read once
+ * instead of copied and read again.  The parts' channel counts must be
+ * fixed. */
+static bool concat_into_reader(const lowering *L, const ir_node *n)
 {
 	const ir_value *y = L->g->val[n->out[0]];
 	if (!L->fuse || n->op != KILN_OP_CONCAT || y->nuse != 1 || L->out_of[n->out[0]] >= 0 ||
-	    n->nin > CG_BN_PARTS_MAX || y->type.rank < 2 || y->type.dtype != KILN_F32)
+	    n->nin > CG_PARTS_MAX || y->type.rank < 2 || y->type.dtype != KILN_F32)
 		return false;
 	const ir_node *u = y->uses[0];
 	int64_t axis = ir_attr_int(n, "axis", 0);
-	if (u->op != KILN_OP_BATCH_NORM || ir_attr_int(u, "training_mode", 0) || u->in[0] != n->out[0] ||
-	    (axis < 0 ? axis + y->type.rank : axis) != 1)
+	if (u->in[0] != n->out[0] || (axis < 0 ? axis + y->type.rank : axis) != 1)
+		return false;
+	int nparts = 0;
+	for (uint32_t i = 0; i < n->nin; i++)
+		nparts += n->in[i] && L->g->val[n->in[i]]->type.dim[1] != 0;
+	if (u->op == KILN_OP_BATCH_NORM ? ir_attr_int(u, "training_mode", 0) != 0
+	                                : !cg_conv_parts_ok(L->g, u, nparts))
 		return false;
 	for (uint32_t i = 1; i < u->nin; i++)
 		if (u->in[i] == n->out[0])
@@ -1904,8 +1910,8 @@ static bool concat_into_bn(const lowering *L, const ir_node *n)
 	return true;
 }
 
-/* The parts of the Concat concat_into_bn left unmaterialized. */
-static void concat_parts(lowering *L, const ir_node *cat, cg_bn_parts *x)
+/* The parts of the Concat concat_into_reader left unmaterialized. */
+static void concat_parts(lowering *L, const ir_node *cat, cg_parts *x)
 {
 	int64_t at = 0;
 	x->n = 0;
@@ -1942,7 +1948,7 @@ static kiln_status lower_node(lowering *L, const ir_node *n)
 	kiln_status sc = check_scales(L, n);
 	if (sc)
 		return sc;
-	if (concat_into_bn(L, n)) {
+	if (concat_into_reader(L, n)) {
 		L->defer[n->out[0]] = true;
 		return KILN_OK;
 	}
@@ -1959,10 +1965,11 @@ static kiln_status lower_node(lowering *L, const ir_node *n)
 		st = out_bufs(L, n, out);
 	if (st)
 		return st;
-	if (n->op == KILN_OP_BATCH_NORM && L->defer[n->in[0]]) {
-		cg_bn_parts x;
+	if ((n->op == KILN_OP_BATCH_NORM || n->op == KILN_OP_CONV) && L->defer[n->in[0]]) {
+		cg_parts x;
 		concat_parts(L, L->g->val[n->in[0]]->def, &x);
-		st = cg_lower_bn_parts(m, n, &x, in, out, L->err);
+		st = n->op == KILN_OP_CONV ? cg_lower_conv_parts(m, n, &x, in, out, L->err)
+		                           : cg_lower_bn_parts(m, n, &x, in, out, L->err);
 	} else {
 		st = fusing ? fused(L, n, out[0], &t) : cg_lower_rule(n->op)(m, n, in, out, L->err);
 	}

@@ -144,20 +144,30 @@ kiln_status cg_lower_global_avg_pool(cg_module *m, const ir_node *n, const int *
                                      const int *out, kiln_error *err);
 kiln_status cg_lower_batch_norm(cg_module *m, const ir_node *n, const int *in, const int *out,
                                 kiln_error *err);
-/* An inference BatchNormalization whose input x arrives in n parts along
- * its channels (dim 1): part p is buffer buf[p], holding channels
- * [at[p], at[p] + len[p]) of the C (a Concat on axis 1 that lower.c leaves
- * unmaterialized, its only reader being this BN: DenseNet's dense layers).
- * in[0] is not read; n = 1 with buf[0] = in[0] is the plain lowering. */
-enum { CG_BN_PARTS_MAX = 64 };
-typedef struct cg_bn_parts {
+/* A tensor in n parts along its channels (dim 1): part p is buffer buf[p],
+ * holding channels [at[p], at[p] + len[p]) of the C (a Concat on axis 1
+ * that lower.c leaves unmaterialized, its only reader taking the parts
+ * where they lie).  n = 1 with buf[0] the whole tensor is the plain case. */
+enum { CG_PARTS_MAX = 64 };
+typedef struct cg_parts {
 	int n;
-	int buf[CG_BN_PARTS_MAX];
-	int64_t at[CG_BN_PARTS_MAX], len[CG_BN_PARTS_MAX];
+	int buf[CG_PARTS_MAX];
+	int64_t at[CG_PARTS_MAX], len[CG_PARTS_MAX];
 	cg_expr *C;
-} cg_bn_parts;
-kiln_status cg_lower_bn_parts(cg_module *m, const ir_node *n, const cg_bn_parts *x,
+} cg_parts;
+/* An inference BatchNormalization of x in parts (DenseNet's dense layers:
+ * concat -> BN -> Relu).  in[0] is not read. */
+kiln_status cg_lower_bn_parts(cg_module *m, const ir_node *n, const cg_parts *x,
                               const int *in, const int *out, kiln_error *err);
+/* Whether conv n is f32, ungrouped, 1x1 at stride 1 with no padding, so
+ * that it can read x in nparts parts: y = sum over parts of W[:, part] x
+ * part, one GEMM per part accumulating into y (cg_lower_conv_parts; in[0]
+ * not read), and whether that pays (few output channels for the parts).
+ * SqueezeNet's fire modules: expand 1x1 and 3x3 -> concat -> the next
+ * squeeze 1x1. */
+bool cg_conv_parts_ok(const kiln_graph *g, const ir_node *n, int nparts);
+kiln_status cg_lower_conv_parts(cg_module *m, const ir_node *n, const cg_parts *x,
+                                const int *in, const int *out, kiln_error *err);
 kiln_status cg_lower_layer_norm(cg_module *m, const ir_node *n, const int *in, const int *out,
                                 kiln_error *err);
 kiln_status cg_lower_softmax(cg_module *m, const ir_node *n, const int *in, const int *out,

@@ -2944,6 +2944,79 @@ static bool conv_grouped_wins(const cg_module *m, int64_t Mg)
 	return Mg <= GC_MAX_MG && !grid_target(m);
 }
 
+/* Each part after the first reads and writes y once more (a GEMM with
+ * beta = 1) where the Concat's copy read and wrote x: parts pay while
+ * (nparts - 1) * M <= C / 2.  SqueezeNet 1.1, batch 1, one thread
+ * (bench/ab.py --nodes, 5 rounds): its squeeze convs (M = 16 to 64 of C =
+ * 128 to 512) gain their concat's 0.03-0.11 ms and lose 0.01; its
+ * classifier (M = 1000 of C = 512) lost 0.07 ms and gained 0.02. */
+bool cg_conv_parts_ok(const kiln_graph *g, const ir_node *n, int nparts)
+{
+	if (n->op != KILN_OP_CONV || n->nin < 2 || !n->in[0] || !n->in[1] ||
+	    ir_attr_int(n, "group", 1) != 1)
+		return false;
+	const ir_type *x = &g->val[n->in[0]]->type, *w = &g->val[n->in[1]]->type;
+	const ir_type *y = &g->val[n->out[0]]->type;
+	geom gm;
+	if (x->dtype != KILN_F32 || w->dtype != KILN_F32 || x->rank < 3 || w->rank != x->rank ||
+	    !fixed_channels(x, w, y) ||
+	    ir_conv_geom_of(n, x->rank, x->dim, y->rank, y->dim, w->dim + 2, false, &gm) != IR_GEOM_OK)
+		return false;
+	return pointwise_geom(&gm, false) && (nparts - 1) * w->dim[0] <= x->dim[1] / 2;
+}
+
+kiln_status cg_lower_conv_parts(cg_module *m, const ir_node *n, const cg_parts *x,
+                                const int *in, const int *out, kiln_error *err)
+{
+	const ir_type *yt = cg_btype(m, out[0]);
+	int64_t M = yt->dim[1], C = x->C->i, HW = cg_btype(m, out[0])->dim[2];
+	for (int d = 3; d < yt->rank; d++)
+		HW *= yt->dim[d];
+	cg_expr *batch = cg_dim(m, yt->dim[0]);
+	bool bias = n->nin > 2 && in[2] >= 0;
+	/* a constant W gets a copy of its columns per part, whose rows the
+	 * GEMM's prepacking takes whole (cg_prepack wants A's rows K apart) */
+	const kiln_tensor *wt = const_data(m, in[1]);
+	int wp[CG_PARTS_MAX];
+	for (int p = 0; p < x->n; p++) {
+		wp[p] = in[1];
+		if (!wt || x->n == 1)
+			continue;
+		kiln_tensor *t = arena_tensor(m, KILN_F32, M * x->len[p]);
+		if (!t)
+			return nomem(m, n, err);
+		float *d = t->data;
+		for (int64_t i = 0; i < M; i++)
+			for (int64_t c = 0; c < x->len[p]; c++)
+				d[i * x->len[p] + c] = (float)ir_load(wt, i * C + x->at[p] + c);
+		char sfx[16];
+		snprintf(sfx, sizeof sfx, "part%d", p);
+		if ((wp[p] = const_buf(m, t, in[1], sfx)) < 0)
+			return nomem(m, n, err);
+	}
+	cg_kernel *k = cg_lower_kernel(m, n);
+	if (!k)
+		return nomem(m, n, err);
+	cg_expr *b;
+	cg_stmt *gb;
+	cg_append(m, k->body, cg_loop(m, k, batch, CG_PARALLEL, &b, &gb));
+	for (int p = 0; p < x->n; p++) {
+		bool last = p == x->n - 1, own = wp[p] != in[1];
+		int64_t K = x->len[p];
+		cg_gemm gm = {.a = wp[p], .b = x->buf[p], .c = out[0], .bias = bias && last ? in[2] : -1,
+		              .M = I(m, M), .N = I(m, HW), .K = I(m, K), .batch = I(m, 1),
+		              .a_off = I(m, own ? 0 : x->at[p]), .a_bs = I(m, 0), .a_rs = I(m, own ? K : C),
+		              .a_cs = I(m, 1),
+		              .b_off = mul(m, b, I(m, K * HW)), .b_bs = I(m, 0), .b_rs = I(m, HW),
+		              .b_cs = I(m, 1),
+		              .c_off = mul(m, b, I(m, M * HW)), .c_bs = I(m, 0), .c_rs = I(m, HW),
+		              .bias_off = I(m, 0), .alpha = 1, .beta = p ? 1 : 0,
+		              .bias_axis = bias && last ? 2 : 0};
+		cg_append(m, gb, cg_gemm_stmt(m, &gm));
+	}
+	return gb->n == x->n ? KILN_OK : nomem(m, n, err);
+}
+
 kiln_status cg_lower_conv(cg_module *m, const ir_node *n, const int *in, const int *out,
                           kiln_error *err)
 {
@@ -3534,7 +3607,7 @@ kiln_status cg_lower_global_avg_pool(cg_module *m, const ir_node *n, const int *
 /* Part lo..hi-1 of x's channels (bn_infer) chosen by channel c: a tree of
  * ifs on c, each leaf one vector loop over the row's pixels reading its
  * part. */
-static void bn_parts(cg_module *m, cg_kernel *k, cg_stmt *blk, const cg_bn_parts *x, int lo,
+static void bn_parts(cg_module *m, cg_kernel *k, cg_stmt *blk, const cg_parts *x, int lo,
                      int hi, cg_expr *r, cg_expr *c, cg_expr *inner, cg_expr *sc, cg_expr *sh, int y)
 {
 	if (hi - lo > 1) {
@@ -3559,7 +3632,7 @@ static void bn_parts(cg_module *m, cg_kernel *k, cg_stmt *blk, const cg_bn_parts
 /* Inference: one fused loop, scale = gamma / sqrt(var + eps) and shift
  * computed per (image, channel) row in the kernel.  x may come in parts
  * along its channels (a Concat no kernel materialized: cg_lower_bn_parts). */
-static kiln_status bn_infer(cg_module *m, const ir_node *n, const cg_bn_parts *x, const int *in,
+static kiln_status bn_infer(cg_module *m, const ir_node *n, const cg_parts *x, const int *in,
                             int y, kiln_error *err)
 {
 	const ir_type *t = cg_btype(m, y);
@@ -3642,11 +3715,11 @@ kiln_status cg_lower_batch_norm(cg_module *m, const ir_node *n, const int *in, c
 		return cg_lower_fail(m, n, err, KILN_ESHAPE, "input needs rank >= 2");
 	if (ir_attr_int(n, "training_mode", 0))
 		return bn_train(m, n, in, out, err);
-	cg_bn_parts x = {.n = 1, .buf = {in[0]}, .C = cg_dim(m, cg_btype(m, in[0])->dim[1])};
+	cg_parts x = {.n = 1, .buf = {in[0]}, .C = cg_dim(m, cg_btype(m, in[0])->dim[1])};
 	return cg_lower_bn_parts(m, n, &x, in, out, err);
 }
 
-kiln_status cg_lower_bn_parts(cg_module *m, const ir_node *n, const cg_bn_parts *x,
+kiln_status cg_lower_bn_parts(cg_module *m, const ir_node *n, const cg_parts *x,
                               const int *in, const int *out, kiln_error *err)
 {
 	kiln_status st = bn_infer(m, n, x, in, out[0], err);

@@ -991,19 +991,23 @@ START_TEST(concat_and_split_copy_in_chunks)
 END_TEST
 
 /* A Concat on the channels read only by an inference BatchNormalization
- * (DenseNet's dense layers) gets no kernel: the BN reads the parts where
- * they lie (lower.c, concat_into_bn), one part twice here, with the Relu
- * folded into its stores.  A Concat with a second reader, or on another
- * axis, is still copied.  Batch 1 and 3 against the interpreter. */
-START_TEST(concat_read_in_place_by_batch_norm)
+ * (DenseNet's dense layers) or a 1x1 conv with few output channels
+ * (SqueezeNet's fire modules) gets no kernel: the BN reads the parts where
+ * they lie (lower.c, concat_into_reader), one part twice here, with the
+ * Relu folded into its stores; the conv runs one GEMM per part, the later
+ * ones accumulating (beta 1), the Relu on the last.  A Concat with a
+ * second reader, on another axis, or before a conv with many output
+ * channels, is still copied.  Batch 1 and 3 against the interpreter; a
+ * constant weight split per part, at batch 2. */
+START_TEST(concat_read_in_place_by_its_reader)
 {
 	static const char *text =
-		"graph @cb(%a: f32[N,5,6,7], %b: f32[N,3,6,7], %s: f32[13], %o: f32[13], %mu: f32[13],"
-		" %v: f32[13], %s8: f32[8], %w: f32[N,8,3,7]) -> (%y: f32[N,13,6,7], %z: f32[N,8,6,7],"
-		" %t: f32[N,8,9,7]) {\n"
+		"graph @cb(%a: f32[N,5,6,7], %b: f32[N,3,6,7], %s: f32[13], %mu: f32[13],"
+		" %s8: f32[8], %w: f32[N,8,3,7], %k2: f32[2,8,1,1], %k8: f32[8,8,1,1])"
+		" -> (%y: f32[N,13,6,7], %zq: f32[N,8,6,7], %t: f32[N,8,9,7], %u: f32[N,2,6,7]) {\n"
 		"  %c = concat %a, %b, %a {axis=1} : f32[N,13,6,7]\n"
-		"  %va = abs %v : f32[13]\n"
-		"  %n = batch_norm %c, %s, %o, %mu, %va {epsilon=0.001} : f32[N,13,6,7]\n"
+		"  %va = abs %mu : f32[13]\n"
+		"  %n = batch_norm %c, %s, %va, %mu, %va {epsilon=0.001} : f32[N,13,6,7]\n"
 		"  %y = relu %n : f32[N,13,6,7]\n"
 		"  %d = concat %b, %a {axis=-3} : f32[N,8,6,7]\n"
 		"  %v8 = abs %s8 : f32[8]\n"
@@ -1011,17 +1015,23 @@ START_TEST(concat_read_in_place_by_batch_norm)
 		"  %z = add %e, %d : f32[N,8,6,7]\n"
 		"  %h = concat %d, %w {axis=2} : f32[N,8,9,7]\n"
 		"  %t = batch_norm %h, %s8, %v8, %s8, %v8 : f32[N,8,9,7]\n"
-		"  ret %y, %z, %t\n}\n";
+		"  %f = concat %a, %b {axis=1} : f32[N,8,6,7]\n"
+		"  %fc = conv %f, %k2 : f32[N,2,6,7]\n"
+		"  %u = relu %fc : f32[N,2,6,7]\n"
+		"  %g8 = concat %b, %a {axis=1} : f32[N,8,6,7]\n"
+		"  %q = conv %g8, %k8 : f32[N,8,6,7]\n"
+		"  %zq = add %z, %q : f32[N,8,6,7]\n"
+		"  ret %y, %zq, %t, %u\n}\n";
 	for (int64_t n = 1; n <= 3; n += 2) {
 		kiln_graph *g = NULL;
 		kiln_error e = {0};
 		ck_assert_msg(ir_parse(text, "cb.kir", &g, &e) == KILN_OK, "%s", e.msg);
 		int64_t sa[] = {n, 5, 6, 7}, sb[] = {n, 3, 6, 7}, s13[] = {13}, s8[] = {8};
-		int64_t sw[] = {n, 8, 3, 7};
+		int64_t sw[] = {n, 8, 3, 7}, sk2[] = {2, 8, 1, 1}, sk8[] = {8, 8, 1, 1};
 		opcase_graph c = {"cb", g, {seeded(4, sa, 0), seeded(4, sb, 1), seeded(1, s13, 2),
-		                            seeded(1, s13, 3), seeded(1, s13, 4), seeded(1, s13, 5),
-		                            seeded(1, s8, 6), seeded(4, sw, 7)},
-		                  {0}, 8, 3, 0};
+		                            seeded(1, s13, 3), seeded(1, s8, 4), seeded(4, sw, 5),
+		                            seeded(4, sk2, 6), seeded(4, sk8, 7)},
+		                  {0}, 8, 4, 0};
 		char why[1400] = "";
 		ck_assert_msg(case_matches(&c, false, why, sizeof why), "batch %lld: %s", (long long)n, why);
 		cg_module *m = NULL;
@@ -1032,14 +1042,45 @@ START_TEST(concat_read_in_place_by_batch_norm)
 			nbn += strstr(m->kern[k].name, "batch_norm") != NULL;
 		}
 		char *kir = dump(m);
-		/* %d (two readers) and %h (axis 2) are copied, %c is not */
-		ck_assert_msg(ncat == 2 && nbn == 3, "%d concat, %d batch_norm kernels:\n%s", ncat, nbn, kir);
+		/* %d (two readers), %h (axis 2) and %g8 (8 output channels of 8)
+		 * are copied, %c and %f are not */
+		ck_assert_msg(ncat == 3 && nbn == 3, "%d concat, %d batch_norm kernels:\n%s", ncat, nbn, kir);
+		/* the second reads W's columns 5.. in place (W is an input) */
+		ck_assert_msg(strstr(kir, "gemm M=2 N=42 K=5 ") && strstr(kir, "gemm M=2 N=42 K=3 ") &&
+		              strstr(kir, "[5; 0, 8, 1]") && strstr(kir, "beta=1"),
+		              "the conv's GEMMs per part:\n%s", kir);
 		ck_assert_msg(strstr(kir, "if %i0 % 13 < 5 {") && strstr(kir, "(%i0 % 13 - 8))*42"),
 		              "the BN picks its part by channel:\n%s", kir);
 		free(kir);
 		cg_module_free(m);
 		opcase_free(&c);
 	}
+	/* a constant weight: a copy of its columns per part */
+	kiln_graph *g = kiln_graph_new("cparts");
+	int64_t sx1[] = {2, 16, 5, 9}, sx2[] = {2, 8, 5, 9}, sw[] = {3, 24, 1, 1}, sb[] = {3};
+	kiln_tensor *wt = seeded(4, sw, 2), *bt = seeded(1, sb, 3);
+	uint32_t x1 = input(g, "x1", KILN_F32, 4, sx1), x2 = input(g, "x2", KILN_F32, 4, sx2);
+	uint32_t cat = op1(g, KILN_OP_CONCAT, 2, (uint32_t[]){x2, x1}, "axis=1");
+	uint32_t y = op1(g, KILN_OP_CONV, 3, (uint32_t[]){cat, kiln_constant(g, wt), kiln_constant(g, bt)},
+	                 "");
+	y = op1(g, KILN_OP_RELU, 1, &y, ""); /* into the last GEMM's epilogue */
+	ir_output_add(g, op1(g, KILN_OP_NEG, 1, &y, ""), NULL);
+	kiln_tensor_free(wt);
+	kiln_tensor_free(bt);
+	ck_assert_msg(kiln_graph_status(g) == KILN_OK, "%s", kiln_graph_errmsg(g));
+	opcase_graph c = {"cparts", g, {seeded(4, sx1, 0), seeded(4, sx2, 1)}, {0}, 2, 1, 0};
+	char why[1400] = "";
+	ck_assert_msg(case_matches(&c, false, why, sizeof why), "%s", why);
+	cg_module *m = NULL;
+	kiln_error e = {0};
+	ck_assert_msg(cg_lower_ex(g, &(cg_lower_opts){.fuse = true}, &m, &e) == KILN_OK, "%s", e.msg);
+	char *kir = dump(m);
+	ck_assert_msg(!strstr(kir, "concat") && strstr(kir, "gemm M=3 N=45 K=8 ") &&
+	              strstr(kir, "gemm M=3 N=45 K=16 ") && strstr(kir, "beta=1 bias=") &&
+	              strstr(kir, "per row relu"), "%s", kir);
+	free(kir);
+	cg_module_free(m);
+	opcase_free(&c);
 }
 END_TEST
 
@@ -1929,7 +1970,7 @@ static Suite *compiled_ops_suite(void)
 	tcase_add_test(tc, small_plane_depthwise_epilogues_keep_their_order);
 	tcase_add_test(tc, tiny_plane_depthwise_is_channel_blocked);
 	tcase_add_test(tc, concat_and_split_copy_in_chunks);
-	tcase_add_test(tc, concat_read_in_place_by_batch_norm);
+	tcase_add_test(tc, concat_read_in_place_by_its_reader);
 	tcase_add_test(tc, transposes_move_blocks_in_registers);
 	tcase_add_test(tc, batch_chosen_conv_matches_the_interpreter);
 	tcase_add_test(tc, gather_index_out_of_range_is_an_error);
