@@ -10,11 +10,11 @@ less.  For kiln: `kiln bench` is run twice, with R and 4R timed runs, and
 the difference of the two processes' user+sys time (os.wait4) divided by
 3R is the cost of one run, free of compile, load and warm-up.  For ORT: a
 session with intra_op_num_threads=1 in this process, resource.getrusage
-around 3R runs after a warm-up.  Both are measured N times
-alternating (--rounds, default 3) and the median of each kept: single
-rounds moved a model's ratio by 10-20% here (kiln's estimate is a
-difference of two runs, so its minimum would be biased low).  Prints kiln ms, ORT
-ms, their ratio and kiln's compile time (wall).
+around 3R runs after a warm-up.  Both are measured N times alternating
+(--rounds, default 3) and the median of each kept: single rounds moved a
+model's ratio by 10-20% here (kiln's estimate is a difference of two
+runs, so its minimum would be biased low).  Prints kiln ms, ORT ms, their
+ratio and kiln's compile time (wall).
 Numbers at two threads need a quiet machine: use bench/run.sh.
 """
 import argparse
