@@ -540,6 +540,12 @@ kiln_status cg_chunk(cg_module *m, const cg_chunk_opts *o, kiln_error *err);
  * kernel reads any more keeps no data.  For a CPU library, before
  * cg_memplan.  KILN_ENOMEM or OK. */
 kiln_status cg_prepack(cg_module *m, const cg_panels *p, kiln_error *err);
+/* Empties every constant no kernel reads and nothing views (a weight
+ * prepacked, split per part by cg_lower_conv_parts, or transformed at
+ * compile time for Winograd): the library keeps one copy of each weight.
+ * cg_prepack ends with it; kiln_compile runs it where cg_prepack does not
+ * (CUDA, KILN_PREPACK=0).  Before cg_memplan.  KILN_ENOMEM or OK. */
+kiln_status cg_drop_unread(cg_module *m, kiln_error *err);
 /* Whether cg_prepack gives an M x N x K GEMM's constant A (B's rows
  * contiguous) the a_lanes panels of p rather than its a ones. */
 bool cg_prepack_lanes_fit(const cg_panels *p, int64_t M, int64_t N, int64_t K);

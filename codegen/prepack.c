@@ -279,6 +279,34 @@ static void mark_read(void *ctx, int buf, bool write)
 	read[buf] = true;
 }
 
+/* a weight that nothing reads (any more: packed or split; or never: a
+ * Winograd conv's, transformed at compile time) and nothing views keeps no
+ * bytes: an empty scratch buffer no kernel touches */
+kiln_status cg_drop_unread(cg_module *m, kiln_error *err)
+{
+	bool *read = calloc((size_t)m->nbuf + 1, sizeof *read);
+	if (!read)
+		return ir_seterr(err, KILN_ENOMEM, "cg_drop_unread: out of memory");
+	kiln_status st = KILN_OK;
+	for (int k = 0; k < m->nkern; k++)
+		cg_stmt_bufs(m->kern[k].body, mark_read, read);
+	for (int b = 0; b < m->nbuf; b++)
+		if (m->buf[b].alias >= 0)
+			read[m->buf[b].alias] = true;
+	for (int b = 0; b < m->nbuf && st == KILN_OK; b++) {
+		cg_buf *w = &m->buf[b];
+		if (read[b] || w->kind != CG_BUF_CONST || w->alias >= 0)
+			continue;
+		w->kind = CG_BUF_TEMP;
+		w->data = NULL;
+		w->numel = cg_const(m, KILN_I64, 0);
+		if (!w->numel)
+			st = ir_seterr(err, KILN_ENOMEM, "cg_drop_unread: out of memory");
+	}
+	free(read);
+	return st;
+}
+
 kiln_status cg_prepack(cg_module *m, const cg_panels *pn, kiln_error *err)
 {
 	if (!m || !pn || pn->a < 0 || pn->b < 0 || (pn->b & (pn->b - 1)) || pn->b_wide < 0 ||
@@ -295,28 +323,8 @@ kiln_status cg_prepack(cg_module *m, const cg_panels *pn, kiln_error *err)
 	c->pn = *pn;
 	for (int k = 0; k < m->nkern && c->st == KILN_OK; k++)
 		walk(c, m->kern[k].body);
-	/* a weight that nothing reads (any more: packed; or never: a Winograd
-	 * conv's, transformed at compile time) and nothing views keeps no
-	 * bytes: an empty scratch buffer no kernel touches */
-	bool *read = c->st == KILN_OK ? calloc((size_t)m->nbuf + 1, sizeof *read) : NULL;
-	if (c->st == KILN_OK && !read)
-		c->st = KILN_ENOMEM;
-	for (int k = 0; read && k < m->nkern; k++)
-		cg_stmt_bufs(m->kern[k].body, mark_read, read);
-	for (int b = 0; read && b < m->nbuf; b++)
-		if (m->buf[b].alias >= 0)
-			read[m->buf[b].alias] = true;
-	for (int b = 0; read && b < m->nbuf; b++) {
-		cg_buf *w = &m->buf[b];
-		if (read[b] || w->kind != CG_BUF_CONST || w->alias >= 0)
-			continue;
-		w->kind = CG_BUF_TEMP;
-		w->data = NULL;
-		w->numel = cg_const(m, KILN_I64, 0);
-		if (!w->numel)
-			c->st = KILN_ENOMEM;
-	}
-	free(read);
+	if (c->st == KILN_OK)
+		c->st = cg_drop_unread(m, NULL);
 	kiln_status st = c->st;
 	free(c);
 	return st == KILN_OK ? KILN_OK : ir_seterr(err, st, "cg_prepack: out of memory");

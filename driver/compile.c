@@ -95,12 +95,17 @@ static kiln_status to_kernels(const kiln_graph *g, const kiln_compile_opts *o, b
 	 * target's GEMM reads (codegen/prepack.c); KILN_PREPACK=0 turns it off */
 	const char *pp = getenv("KILN_PREPACK");
 	const cg_backend *be = cg_backend_find(o->target);
+	bool packed = false;
 	if (st == KILN_OK && !train && be && be->gemm_panel && !(pp && !strcmp(pp, "0"))) {
 		cg_panels pn = {0};
 		st = be->gemm_panel(o, &pn, err);
-		if (st == KILN_OK && (pn.a > 0 || pn.b > 0))
+		packed = st == KILN_OK && (pn.a > 0 || pn.b > 0);
+		if (packed)
 			st = cg_prepack(*m, &pn, err);
 	}
+	/* without prepacking, the weights no kernel reads still keep no bytes */
+	if (st == KILN_OK && !train && !packed)
+		st = cg_drop_unread(*m, err);
 	if (st == KILN_OK)
 		st = cg_memplan(*m, err);
 	return st;

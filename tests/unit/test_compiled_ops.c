@@ -1078,6 +1078,16 @@ START_TEST(concat_read_in_place_by_its_reader)
 	ck_assert_msg(!strstr(kir, "concat") && strstr(kir, "gemm M=3 N=45 K=8 ") &&
 	              strstr(kir, "gemm M=3 N=45 K=16 ") && strstr(kir, "beta=1 bias=") &&
 	              strstr(kir, "per row relu"), "%s", kir);
+	/* the whole W is read by no kernel: it keeps no bytes, its parts do */
+	ck_assert_int_eq(cg_drop_unread(m, &e), KILN_OK);
+	int whole = 0, parts = 0;
+	for (int b = 0; b < m->nbuf; b++) {
+		const cg_buf *cb = &m->buf[b];
+		whole += cb->kind == CG_BUF_CONST && cb->data && kiln_tensor_numel(cb->data) == 72;
+		parts += cb->kind == CG_BUF_CONST && cb->data && cb->name && strstr(cb->name, ".part");
+	}
+	ck_assert_msg(whole == 0 && parts == 2, "%d whole weights, %d parts kept:\n%s", whole, parts,
+	              kir);
 	free(kir);
 	cg_module_free(m);
 	opcase_free(&c);
