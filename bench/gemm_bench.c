@@ -257,7 +257,7 @@ static void packed_table(double peak)
 	for (size_t i = 0; i < sizeof s / sizeof *s; i++) {
 		if (strncmp(s[i].what, "conv", 4) || s[i].M <= 32)
 			continue;
-		bool picks = have_pm && cg_prepack_lanes_fit(&pn, s[i].M, s[i].N, s[i].K);
+		bool picks = have_pm && cg_prepack_lanes_fit(&pn, s[i].M, s[i].N, s[i].K, false);
 		double flop = 2.0 * s[i].M * s[i].N * s[i].K;
 		double ga = flop / time_gemm(&pa, s[i].M, s[i].N, s[i].K, 0, NULL) / 1e9;
 		printf("%-34s  %7.1f%s  %7.1f%%", s[i].what, ga, picks ? " " : "*", 100 * ga / peak);

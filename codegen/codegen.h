@@ -164,6 +164,12 @@ typedef struct cg_gemm {
 	                                 + k * b_panel + n % b_panel (b_rs, b_cs, b_bs
 	                                 unused); cg_prepack makes them for the LLVM
 	                                 backend's kiln_sgemm_pb */
+	int c_block;                  /* > 0: C's rows (a conv's channels) in blocks of this
+	                                 many, M a multiple of it: element (m, n) at c_off +
+	                                 b*c_bs + (m / c_block) * c_block * c_rs + n * c_block
+	                                 + m % c_block, c_rs = N (the buffer's cg_buf.block
+	                                 layout); no residual.  The LLVM backend writes it
+	                                 from kiln_sgemm_pm only (A in its a_lanes panels) */
 	bool has_residual;            /* residual: a buffer added after act */
 	bool res_first;               /* ... or before scale and act */
 	int residual;
@@ -199,6 +205,10 @@ typedef struct cg_panels {
 	                      columns wide, K at least a_lanes_min_k and M wastes at
 	                      most an eighth of the last panel (LLVM: kiln_sgemm_pm) */
 	int a_lanes_max_n, a_lanes_min_k;
+	int c_block;       /* > 0: that GEMM also writes C in blocks of this many rows
+	                      (cg_gemm.c_block): its vector width; at any K, C up to
+	                      c_block_max_n columns wide */
+	int c_block_max_n;
 } cg_panels;
 
 /* The LLVM GEMM (llvm_gemm.c) takes its blocked path for more than 64 rows
@@ -286,6 +296,12 @@ typedef struct cg_buf {
 	/* >= 0: internal to chunked run chunk (chunk.c): touched by no kernel
 	 * outside it, so it holds one chunk of the batch and is sized for it */
 	int chunk;
+	/* > 0: an activation [N, C, spatial...] stored with its channels in
+	 * blocks of this many, [N][C / block][spatial][block] (C a multiple
+	 * of it): a 1x1 conv's GEMM writes it (cg_gemm.c_block) for the
+	 * depthwise conv that is its only reader (cg_lower_blocked_ok), whose
+	 * kernel takes its rows with no transpose.  0: row-major. */
+	int block;
 } cg_buf;
 
 typedef struct cg_kernel {
@@ -368,6 +384,9 @@ typedef struct cg_module {
 	/* lowering choice (cg_lower_opts.par_work): the work from which a
 	 * nest's outer loop is CG_PARALLEL; 0: CG_PAR_WORK */
 	int64_t par_work;
+	/* lowering choice (cg_lower_opts.panels): the panels cg_prepack will
+	 * give constant GEMM operands; all 0 when it will not run */
+	cg_panels panels;
 } cg_module;
 
 cg_module *cg_module_new(const kiln_graph *g);
@@ -378,6 +397,9 @@ void cg_module_free(cg_module *m);
  * graph needs none of it (fixed dims, no symbols).  KILN_ENOMEM or OK. */
 kiln_status cg_module_describe(cg_module *m);
 int cg_buf_new(cg_module *m, cg_buf_kind kind, kiln_dtype dt, cg_expr *numel);
+/* Buffer b's channel blocks (cg_buf.block), its alias's for a view; 0 for
+ * none or no such buffer. */
+int cg_buf_block(const cg_module *m, int b);
 cg_kernel *cg_kernel_new(cg_module *m, const char *name, uint32_t node);
 int cg_var_new(cg_kernel *k);
 /* expression builders (arena-allocated; NULL-safe: NULL in -> NULL out) */
@@ -547,8 +569,11 @@ kiln_status cg_prepack(cg_module *m, const cg_panels *p, kiln_error *err);
  * (CUDA, KILN_PREPACK=0).  Before cg_memplan.  KILN_ENOMEM or OK. */
 kiln_status cg_drop_unread(cg_module *m, kiln_error *err);
 /* Whether cg_prepack gives an M x N x K GEMM's constant A (B's rows
- * contiguous) the a_lanes panels of p rather than its a ones. */
-bool cg_prepack_lanes_fit(const cg_panels *p, int64_t M, int64_t N, int64_t K);
+ * contiguous, A's K apart, whole) the a_lanes panels of p: rather than
+ * its a ones, or none (too few rows).  blocked: a GEMM writing C in
+ * blocks (cg_gemm.c_block), which only that GEMM does, within its limits
+ * (p->c_block_max_n). */
+bool cg_prepack_lanes_fit(const cg_panels *p, int64_t M, int64_t N, int64_t K, bool blocked);
 /* The host's L2 cache per core in bytes (1 MiB when it cannot tell). */
 int64_t cg_host_l2_bytes(void);
 

@@ -1256,6 +1256,10 @@ static bool find_gemm(const cg_module *m, const cg_stmt *s, char *why, size_t si
 			snprintf(why, size, "GEMM activation %d", (int)g->act);
 			return false;
 		}
+		if (g->c_block) {
+			snprintf(why, size, "GEMM writing C in blocks of %d rows", g->c_block);
+			return false;
+		}
 		return true;
 	}
 	default: return true;

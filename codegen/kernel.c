@@ -77,6 +77,13 @@ int cg_buf_new(cg_module *m, cg_buf_kind kind, kiln_dtype dt, cg_expr *numel)
 	return m->nbuf++;
 }
 
+int cg_buf_block(const cg_module *m, int b)
+{
+	if (b < 0 || b >= m->nbuf)
+		return 0;
+	return m->buf[m->buf[b].alias >= 0 ? m->buf[b].alias : b].block;
+}
+
 cg_kernel *cg_kernel_new(cg_module *m, const char *name, uint32_t node)
 {
 	if (!grow((void **)&m->kern, &m->capkern, m->nkern + 1, sizeof *m->kern))
@@ -673,6 +680,8 @@ static void pgemm(const printer *p, const cg_gemm *g)
 		fprintf(p->out, " a_panel=%d", g->a_panel);
 	if (g->b_panel)
 		fprintf(p->out, " b_panel=%d", g->b_panel);
+	if (g->c_block)
+		fprintf(p->out, " c_block=%d", g->c_block);
 	fprintf(p->out, " alpha=%g beta=%g", g->alpha, g->beta);
 	if (p->canon && !g->bias_axis && g->bias >= 0) { /* passed, unread */
 		fputs(" bias_buf=", p->out);

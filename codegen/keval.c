@@ -295,6 +295,10 @@ static void gemm(ev *e, const cg_gemm *g)
 		fail(e, KILN_EUNSUPPORTED, "gemm activation", g->act, 0);
 		return;
 	}
+	if (g->c_block < 0 || (g->c_block > 0 && (g->has_residual || M % g->c_block))) {
+		fail(e, KILN_EUNSUPPORTED, "gemm C in blocks of rows", g->c_block, M);
+		return;
+	}
 	int64_t res_off = ix(e, g->res_off), res_rs = ix(e, g->res_rs);
 	bool int_c = !isfl(g->c_dt);
 	for (int64_t b = 0; b < B && !e->st; b++)
@@ -319,6 +323,9 @@ static void gemm(ev *e, const cg_gemm *g)
 						       (ir_load(&e->view[g->b], bi) - bz);
 				}
 				int64_t ci = co + b * cbs + i * crs + j;
+				if (g->c_block > 0) /* rows in blocks (cg_gemm.c_block) */
+					ci = co + b * cbs + i / g->c_block * g->c_block * crs + j * g->c_block +
+					     i % g->c_block;
 				if (!in_range(e, g->c, ci, "gemm C"))
 					return;
 				acc *= g->alpha;

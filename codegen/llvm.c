@@ -1398,6 +1398,11 @@ static void s_gemm(fn_ctx *c, const cg_stmt *s)
 		fail(c, KILN_EINVAL, "GEMM operand packed in panels this target's GEMM does not read");
 		return;
 	}
+	/* C in blocks: kiln_sgemm_pm's, of its vector's rows */
+	if (g->c_block && (!pm || g->c_block != cg_sgemm_c_block(L->t, NULL) || g->has_residual)) {
+		fail(c, KILN_EINVAL, "GEMM writing C in blocks of rows without kiln_sgemm_pm's panels");
+		return;
+	}
 	/* may build it, moving the builder */
 	LLVMValueRef f = pbw  ? cg_llvm_sgemm_pbw(L)
 	                 : pb ? cg_llvm_sgemm_pb(L)
@@ -1419,7 +1424,7 @@ static void s_gemm(fn_ctx *c, const cg_stmt *s)
 		gemm_ptr(c, g->a, g->a_off, g->a_bs, b), iexpr(c, g->a_rs), iexpr(c, g->a_cs),
 		gemm_ptr(c, g->b, g->b_off, g->b_bs, b), iexpr(c, g->b_rs), iexpr(c, g->b_cs),
 		fc(c, g->beta), gemm_ptr(c, g->c, g->c_off, g->c_bs, b), iexpr(c, g->c_rs),
-		bias, i32c(L, g->bias_axis),
+		bias, i32c(L, g->bias_axis | (g->c_block ? CG_SGEMM_C_BLOCKED : 0)),
 		LLVMConstReal(L->f32, act_lo), LLVMConstReal(L->f32, act_hi),
 		res, g->has_residual ? iexpr(c, g->res_rs) : i64c(L, 0)};
 	LLVMTypeRef ft = LLVMGlobalGetValueType(f);
@@ -2084,6 +2089,13 @@ static bool int8_gemm_ok(const cg_module *m, const cg_gemm *g, char *why, size_t
 
 static bool gemm_ok(const cg_module *m, const cg_gemm *g, char *why, size_t size)
 {
+	if (g->c_block && (cg_gemm_is_int8(g) || g->has_residual || g->a_panel <= 0)) {
+		snprintf(why, size, "GEMM writing C in blocks of %d rows with%s (only f32 ones with A "
+		         "in kiln_sgemm_pm's panels and no residual)", g->c_block,
+		         cg_gemm_is_int8(g) ? " 8-bit operands" : g->has_residual ? " a residual"
+		                                                   : " A not in panels");
+		return false;
+	}
 	if (cg_gemm_is_int8(g))
 		return int8_gemm_ok(m, g, why, size);
 	int bufs[] = {g->a, g->b, g->c, g->bias, g->has_residual ? g->residual : -1};

@@ -171,11 +171,17 @@ LLVMValueRef cg_llvm_sgemm_pa(cg_llvm *L);
 int cg_sgemm_a_panel(const cg_target *t);
 /* kiln_sgemm_pm, kiln_sgemm's arguments with A packed as for kiln_sgemm_pa
  * in panels of cg_sgemm_m_panel(L->t) rows (0: none on this target), B's
- * rows contiguous: output channels in the micro-kernel's lanes. */
+ * rows contiguous: output channels in the micro-kernel's lanes.  Its bias
+ * axis argument ORed with CG_SGEMM_C_BLOCKED: C in blocks of
+ * cg_sgemm_c_block(L->t) rows (cg_gemm.c_block; c_rs = N, no residual). */
 LLVMValueRef cg_llvm_sgemm_pm(cg_llvm *L);
+#define CG_SGEMM_C_BLOCKED 4
 /* Its panels' height on t, 0 when it has none, and (each may be NULL) the
  * widest C and the least K it is faster than kiln_sgemm_pa for. */
 int cg_sgemm_m_panel(const cg_target *t, int *max_n, int *min_k);
+/* The rows per block of the C it writes blocked: its vector width (0:
+ * none); *max_n (may be NULL) the widest such C it is taken for. */
+int cg_sgemm_c_block(const cg_target *t, int *max_n);
 
 /* Structured control flow for the helpers' builders (b builds into fn):
  * an alloca in fn's entry block (mem2reg makes it a register), stored

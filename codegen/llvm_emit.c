@@ -577,6 +577,7 @@ static kiln_status gemm_panel(const kiln_compile_opts *o, cg_panels *p, kiln_err
 		return st;
 	p->a = cg_sgemm_a_panel(&t);
 	p->a_lanes = cg_sgemm_m_panel(&t, &p->a_lanes_max_n, &p->a_lanes_min_k);
+	p->c_block = p->a_lanes ? cg_sgemm_c_block(&t, &p->c_block_max_n) : 0;
 	p->b = cg_sgemm_panel(&t);
 	p->b_wide = cg_sgemm_wide_panel(&t);
 	cg_target_free(&t);

@@ -1405,7 +1405,9 @@ static LLVMValueRef emit_range(gen *g, LLVMValueRef blocked, const char *name, b
 	if (rows) {
 		LLVMValueRef RB = i64c(g, row_block(g, g->g.MR));
 		LLVMValueRef r0 = mul(g, begin, RB), r1 = smin(g, mul(g, end, RB), a[P_M]);
-		LLVMValueRef rowb = icmp(g, LLVMIntEQ, a[P_AXIS], LLVMConstInt(g->L->i32, 2, 0));
+		/* the bias axis (kiln_sgemm_pm's may have CG_SGEMM_C_BLOCKED) */
+		LLVMValueRef ax = LLVMBuildAnd(g->b, a[P_AXIS], LLVMConstInt(g->L->i32, 3, 0), "");
+		LLVMValueRef rowb = icmp(g, LLVMIntEQ, ax, LLVMConstInt(g->L->i32, 2, 0));
 		a[P_M] = LLVMBuildSub(g->b, r1, r0, "");
 		a[P_A] = at(g, a[P_A], mul(g, r0, g->pa ? a[P_K] : a[P_ARS])); /* pa: whole panels */
 		a[P_C] = at(g, a[P_C], mul(g, r0, a[P_CRS]));
@@ -2244,11 +2246,43 @@ int cg_sgemm_wide_panel(const cg_target *t)
  * 11%, the 3x3 convs at 7x7 unchanged; the node sums ResNet-50 59.9 ->
  * 58.9 ms, MNASNet 5.94 -> 5.79, MobileNetV3-Small 1.53 -> 1.48,
  * DenseNet-121 45.9 -> 45.4, EfficientNet-B0 10.56 -> 10.52. */
+/* kiln_sgemm_pm's micro-kernels take U_BPS (unused there) as the flag of
+ * C in blocks of W rows */
+#define U_CBLK U_BPS
 enum { PM_NV = 2, PM_COLS = 12, PM_KC = 512, PM_NC = 192, PM_PFA = 16, PM_MAX_N = 320,
-       PM_MIN_K = 112, PM_SPLIT_STRIPS = 8 };
+       PM_MIN_K = 112, PM_SPLIT_STRIPS = 8, PM_BLOCKED_MAX_N = 1024 };
 /* a range's packed block of B lives in x->scratch, sized for the blocked
  * path's KC x NC panel of B and more (cg_sgemm_scratch_floats) */
 _Static_assert(PM_KC * PM_NC <= 512 * 1024, "kiln_sgemm_pm's packed B outgrows the GEMM scratch");
+
+/* The pm tile's stores with C in blocks of W rows (U_CBLK): the sums of
+ * column j's vector v are the W floats at C + v*W*c_rs + j*W as they are,
+ * no transpose; rows past mr (a last panel of one block) not stored.  No
+ * residual (cg_gemm.c_block has none). */
+static void pm_blocked_stores(gen *g, LLVMValueRef *acc, int cols, LLVMValueRef sc)
+{
+	LLVMValueRef *p = g->p;
+	int W = g->g.W;
+	LLVMValueRef bnz = LLVMBuildFCmp(g->b, LLVMRealUNE, p[U_BETA], f32c(g, 0), "");
+	LLVMValueRef colb_on = icmp(g, LLVMIntEQ, p[U_BMODE], LLVMConstInt(g->L->i32, 1, 0));
+	LLVMValueRef rowb_on = icmp(g, LLVMIntEQ, p[U_BMODE], LLVMConstInt(g->L->i32, 2, 0));
+	LLVMValueRef beta = splat(g, g->vf, p[U_BETA]);
+	for (int v = 0; v < PM_NV; v++) {
+		LLVMBasicBlockRef join = if_begin(g, icmp(g, LLVMIntSLT, i64c(g, v * W), p[U_MR]));
+		LLVMValueRef rowb = vload(g, or_zeros(g, rowb_on, at(g, p[U_BIAS], i64c(g, v * W))));
+		LLVMValueRef cv = at(g, p[U_C], mul(g, i64c(g, v * W), p[U_CRS]));
+		for (int j = 0; j < cols; j++) {
+			LLVMValueRef cp = at(g, cv, i64c(g, j * W));
+			LLVMValueRef x = LLVMBuildFMul(g->b, LLVMBuildLoad2(g->b, g->vf, acc[j * PM_NV + v], ""),
+			                               sc, "");
+			x = fma3(g, beta, vload(g, or_zeros(g, bnz, cp)), LLVMBuildFAdd(g->b, x, rowb, ""));
+			x = LLVMBuildFAdd(g->b, x,
+			                  splat(g, g->vf, load_if(g, colb_on, at(g, p[U_BIAS], i64c(g, j)))), "");
+			vstore(g, clamp(g, x, p[U_LO], p[U_HI]), cp);
+		}
+		if_end(g, join);
+	}
+}
 
 /* kiln_sgemm_pm_ukrC: the tile of mr x cols at C (cols <= PM_COLS, a
  * compile-time count) over kc; U_ parameters, A's panel at U_AP with rows
@@ -2280,9 +2314,16 @@ static LLVMValueRef emit_pm_ukr(gen *g, int cols)
 		}
 	}
 	loop_end_unroll(g, &lk, UKR_UNROLL);
+	LLVMValueRef sc = splat(g, g->vf, p[U_ALPHA]);
+	LLVMBasicBlockRef rowm = block(g, "rowmajor");
+	LLVMBasicBlockRef blk = block(g, "cblocked");
+	LLVMBuildCondBr(g->b, LLVMBuildIsNotNull(g->b, p[U_CBLK], ""), blk, rowm);
+	LLVMPositionBuilderAtEnd(g->b, blk);
+	pm_blocked_stores(g, acc, cols, sc);
+	LLVMBuildRetVoid(g->b);
+	LLVMPositionBuilderAtEnd(g->b, rowm);
 	/* rows of C: vector v's lane l is row v*W + l; column j of it in
 	 * the sums of column j */
-	LLVMValueRef sc = splat(g, g->vf, p[U_ALPHA]);
 	for (int v = 0; v < NV; v++) {
 		LLVMValueRef tv[64];
 		for (int j = 0; j < W; j++)
@@ -2350,7 +2391,14 @@ static LLVMValueRef emit_pm_blocked(gen *g, LLVMValueRef *ukr, LLVMValueRef pack
 	snprintf(name, sizeof name, "%s_blocked", g->fam);
 	LLVMValueRef fn = function(g, name, t, gemm_params(g, t, 2)), *p = g->p;
 	int W = g->g.W, R = PM_NV * W;
-	LLVMValueRef row = icmp(g, LLVMIntEQ, p[P_AXIS], LLVMConstInt(g->L->i32, 2, 0));
+	/* the bias axis, and C in blocks of W rows (CG_SGEMM_C_BLOCKED) */
+	LLVMValueRef cblk = icmp(g, LLVMIntNE, LLVMBuildAnd(g->b, p[P_AXIS],
+	                                                    LLVMConstInt(g->L->i32, CG_SGEMM_C_BLOCKED, 0), ""),
+	                         LLVMConstInt(g->L->i32, 0, 0));
+	LLVMValueRef axis = LLVMBuildAnd(g->b, p[P_AXIS], LLVMConstInt(g->L->i32, 3, 0), "");
+	LLVMValueRef row = icmp(g, LLVMIntEQ, axis, LLVMConstInt(g->L->i32, 2, 0));
+	/* a column's step in C: 1, or W floats in a block */
+	LLVMValueRef cstep = LLVMBuildSelect(g->b, cblk, i64c(g, W), i64c(g, 1), "");
 	LLVMValueRef n0 = p[P_COUNT], n1 = p[P_COUNT + 1];
 	LLVMValueRef sp = LLVMBuildStructGEP2(g->b, g->xty, p[P_X], 3, "");
 	LLVMValueRef Bp = LLVMBuildLoad2(g->b, g->fp, sp, "scratch");
@@ -2373,7 +2421,7 @@ static LLVMValueRef emit_pm_blocked(gen *g, LLVMValueRef *ukr, LLVMValueRef pack
 	LLVMValueRef beta = LLVMBuildSelect(g->b, first, p[P_BETA], f32c(g, 1), "");
 	LLVMValueRef lo = LLVMBuildSelect(g->b, last, p[P_LO], f32c(g, -INFINITY), "");
 	LLVMValueRef hi = LLVMBuildSelect(g->b, last, p[P_HI], f32c(g, INFINITY), "");
-	LLVMValueRef bmode = LLVMBuildSelect(g->b, last, p[P_AXIS], LLVMConstInt(g->L->i32, 0, 0), "");
+	LLVMValueRef bmode = LLVMBuildSelect(g->b, last, axis, LLVMConstInt(g->L->i32, 0, 0), "");
 	LLVMValueRef brow = at(g, p[P_B], mul(g, pc, p[P_BRS]));
 	LLVMBasicBlockRef join = if_begin(g, pk);
 	LLVMValueRef pa[] = {Bp, at(g, brow, bn0), p[P_BRS], kc, cols};
@@ -2386,7 +2434,7 @@ static LLVMValueRef emit_pm_blocked(gen *g, LLVMValueRef *ukr, LLVMValueRef pack
 		[U_KC] = kc, [U_CRS] = p[P_CRS], [U_MR] = mr, [U_BETA] = beta, [U_BMODE] = bmode,
 		[U_LO] = lo, [U_HI] = hi, [U_RRS] = p[P_RRS], [U_ARS] = i64c(g, 1), [U_ACS] = i64c(g, R),
 		[U_BRS] = LLVMBuildSelect(g->b, pk, i64c(g, PM_COLS), p[P_BRS], ""),
-		[U_ALPHA] = p[P_ALPHA], [U_BPS] = i64c(g, 0),
+		[U_ALPHA] = p[P_ALPHA], [U_CBLK] = LLVMBuildZExt(g->b, cblk, g->L->i64, ""),
 	};
 	/* the tile at column n (of this block), nr columns wide: B in place,
 	 * or strip (n - bn0) / PM_COLS of the packed block */
@@ -2398,7 +2446,7 @@ static LLVMValueRef emit_pm_blocked(gen *g, LLVMValueRef *ukr, LLVMValueRef pack
 		a[U_BP] = LLVMBuildSelect(g->b, pk,                                               \
 		                          at(g, Bp, add(g, mul(g, s_, mul(g, kc, i64c(g, PM_COLS))), c_)), \
 		                          at(g, brow, (n)), "");                                  \
-		a[U_C] = at(g, p[P_C], add(g, mul(g, ic, p[P_CRS]), (n)));                        \
+		a[U_C] = at(g, p[P_C], add(g, mul(g, ic, p[P_CRS]), mul(g, (n), cstep)));         \
 		a[U_NR] = i64c(g, (nr));                                                          \
 		a[U_BIAS] = at(g, p[P_BIAS], LLVMBuildSelect(g->b, row, ic, (n), ""));             \
 		a[U_RES] = LLVMBuildSelect(g->b, last,                                            \
@@ -2448,6 +2496,13 @@ static LLVMValueRef emit_entry_pm(gen *g, LLVMValueRef blocked)
 	LLVMValueRef pcol = LLVMBuildAnd(g->b, par, icmp(g, LLVMIntSGE, p[P_N], i64c(g, 2 * PM_COLS)), "");
 	columns(g, pcol, prows, blocked, range, rows, R, PM_COLS);
 	return fn;
+}
+
+int cg_sgemm_c_block(const cg_target *t, int *max_n)
+{
+	if (max_n)
+		*max_n = PM_BLOCKED_MAX_N;
+	return cg_sgemm_m_panel(t, NULL, NULL) ? geometry(t).W : 0;
 }
 
 int cg_sgemm_m_panel(const cg_target *t, int *max_n, int *min_k)

@@ -1515,6 +1515,20 @@ static kiln_status fused(lowering *L, const ir_node *root, int out, tree *t)
 	if (!s)
 		return cg_lower_fail(m, root, L->err, KILN_ENOMEM, "out of memory");
 	cg_append(m, body, s);
+	/* element by element, the result keeps its leaves' channel blocks
+	 * (cg_buf.block; blocked_chain's ops): every other leaf a scalar */
+	int blk = 0;
+	for (int i = 0; i < t->n; i++)
+		blk = cg_buf_block(m, t->buf[i]) ? cg_buf_block(m, t->buf[i]) : blk;
+	for (int i = 0; blk && i < t->n; i++) {
+		bool scalar = true;
+		for (int d = 0; d < ty[i]->rank; d++)
+			scalar = scalar && ty[i]->dim[d] == 1;
+		if (cg_buf_block(m, t->buf[i]) != blk && !scalar)
+			return cg_lower_fail(m, root, L->err, KILN_EINVAL, "operand in channel blocks "
+			                     "beside one that is not (internal error)");
+	}
+	m->buf[out].block = blk;
 	return KILN_OK;
 }
 
@@ -1584,7 +1598,8 @@ static void gemm_take_act(cg_gemm *gm, const ir_node *n)
  * nothing applied after the product that the residual must precede. */
 static bool gemm_residual_ok(const cg_gemm *gm)
 {
-	return !gm->has_residual && !gm->act && gm->beta == 0 && gm->acc_dt == KILN_F32;
+	return !gm->has_residual && !gm->act && gm->beta == 0 && gm->acc_dt == KILN_F32 &&
+	       !gm->c_block;
 }
 
 /* A GEMM epilogue adds buffer rb, laid out as C, before its activation. */
@@ -1926,6 +1941,70 @@ static void concat_parts(lowering *L, const ir_node *cat, cg_parts *x)
 	x->C = cg_int(L->m, at);
 }
 
+/* Whether value v holds one element (a scalar operand broadcast alike
+ * over any layout). */
+static bool one_element(const kiln_graph *g, uint32_t v)
+{
+	const ir_type *t = &g->val[v]->type;
+	for (int d = 0; d < t->rank; d++)
+		if (t->dim[d] != 1)
+			return false;
+	return true;
+}
+
+/* Whether conv n's result y can be stored with its channels in blocks of
+ * cb (cg_buf.block) for its readers: a chain of element-wise ops (Relu,
+ * Clip, SiLU's Sigmoid and Mul, HardSwish), each of y's type and reading
+ * only the chain's values and scalars, that ends in exactly one depthwise
+ * conv taking blocks (cg_dw_blocked_ok); no value of it a graph output.
+ * An element-wise kernel computes each element where it lies, so the
+ * chain keeps the layout (fused); the GEMM's epilogue takes a Relu or
+ * Clip right after it (fuse_act) as before. */
+enum { BLOCKED_CHAIN_MAX = 8 };
+static bool blocked_chain(const lowering *L, const ir_node *n, int64_t cb)
+{
+	const kiln_graph *g = L->g;
+	uint32_t S[BLOCKED_CHAIN_MAX], ns = 0;
+	int64_t pending = 0; /* readers of the chain's values not yet seen */
+	const ir_node *dw = NULL;
+	S[ns++] = n->out[0];
+	pending += g->val[n->out[0]]->nuse;
+	if (L->out_of[n->out[0]] >= 0)
+		return false;
+	for (uint32_t i = n->idx + 1; i < g->nnode && pending > 0; i++) {
+		const ir_node *u = g->node[i];
+		int reads = 0;
+		for (uint32_t k = 0; k < u->nin; k++)
+			for (uint32_t j = 0; j < ns; j++)
+				reads += u->in[k] && u->in[k] == S[j];
+		if (!reads)
+			continue;
+		pending -= reads;
+		if (u->op == KILN_OP_CONV) {
+			bool own = false;
+			for (uint32_t j = 0; j < ns; j++)
+				own = own || u->in[0] == S[j];
+			if (dw || !own || reads != 1 || !cg_dw_blocked_ok(L->m, g, u, cb))
+				return false;
+			dw = u;
+			continue;
+		}
+		if (!fusible(g, u) || ns == BLOCKED_CHAIN_MAX || L->out_of[u->out[0]] >= 0 ||
+		    !ir_type_eq(&g->val[u->out[0]]->type, &g->val[n->out[0]]->type))
+			return false;
+		for (uint32_t k = 0; k < u->nin; k++) {
+			bool chain = false;
+			for (uint32_t j = 0; u->in[k] && j < ns; j++)
+				chain = chain || u->in[k] == S[j];
+			if (u->in[k] && !chain && !one_element(g, u->in[k]))
+				return false;
+		}
+		S[ns++] = u->out[0];
+		pending += g->val[u->out[0]]->nuse;
+	}
+	return dw && pending == 0;
+}
+
 static kiln_status lower_node(lowering *L, const ir_node *n)
 {
 	cg_module *m = L->m;
@@ -1965,6 +2044,16 @@ static kiln_status lower_node(lowering *L, const ir_node *n)
 		st = out_bufs(L, n, out);
 	if (st)
 		return st;
+	/* channels in blocks (cg_buf.block): written by a 1x1 conv for the
+	 * depthwise conv its chain of element-wise ops ends in (blocked_chain),
+	 * kept by those ops (fused), read by nothing else */
+	for (uint32_t k = 0; k < n->nin; k++)
+		if (cg_buf_block(m, in[k]) && !fusing && (k || n->op != KILN_OP_CONV))
+			return cg_lower_fail(m, n, L->err, KILN_EINVAL, "input %u stored in channel "
+			                     "blocks (internal error)", k);
+	if (n->op == KILN_OP_CONV && L->fuse && !L->defer[n->in[0]] &&
+	    cg_conv_blocked_ok(m, L->g, n, in) && blocked_chain(L, n, m->panels.c_block))
+		m->buf[out[0]].block = (int)m->panels.c_block;
 	if ((n->op == KILN_OP_BATCH_NORM || n->op == KILN_OP_CONV) && L->defer[n->in[0]]) {
 		cg_parts x;
 		concat_parts(L, L->g->val[n->in[0]]->def, &x);
@@ -2080,6 +2169,8 @@ kiln_status cg_lower_ex(const kiln_graph *g, const cg_lower_opts *o, cg_module *
 		L.m->conv = o ? o->conv : CG_CONV_AUTO;
 	if (!st)
 		L.m->par_work = o ? o->par_work : 0;
+	if (!st && o && o->panels)
+		L.m->panels = *o->panels;
 	for (uint32_t v = 0; !st && v <= g->nval; v++)
 		L.vbuf[v] = L.out_of[v] = -1;
 	if (!st)

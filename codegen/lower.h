@@ -40,6 +40,11 @@ typedef struct cg_lower_opts {
 	 * CG_PARALLEL (0: CG_PAR_WORK, threads of a CPU); a GPU target wants
 	 * every nest on its grid (1). */
 	int64_t par_work;
+	/* The panels cg_prepack will give constant GEMM operands after
+	 * lowering (the backend's gemm_panel), or NULL when it will not run:
+	 * a layout only the target's panel GEMM writes (cg_buf.block) is
+	 * chosen only where that GEMM will compute it. */
+	const cg_panels *panels;
 } cg_lower_opts;
 
 /* cg_lower with options (o may be NULL); same contract (codegen.h). */
@@ -168,6 +173,15 @@ kiln_status cg_lower_bn_parts(cg_module *m, const ir_node *n, const cg_parts *x,
 bool cg_conv_parts_ok(const kiln_graph *g, const ir_node *n, int nparts);
 kiln_status cg_lower_conv_parts(cg_module *m, const ir_node *n, const cg_parts *x,
                                 const int *in, const int *out, kiln_error *err);
+/* Whether 1x1 conv n (its input buffers in[]) can write y with the
+ * channels in blocks (cg_buf.block): f32, a constant W, and m->panels has
+ * a GEMM writing such a C (cg_panels.c_block) that cg_prepack will give
+ * these weights.  Whether its reader takes them is lower.c's question
+ * (blocked_chain). */
+bool cg_conv_blocked_ok(const cg_module *m, const kiln_graph *g, const ir_node *n, const int *in);
+/* Whether conv u is a depthwise one that reads its input in[0] in blocks
+ * of cb channels (dw_blocked), and reads it only there. */
+bool cg_dw_blocked_ok(const cg_module *m, const kiln_graph *g, const ir_node *u, int64_t cb);
 kiln_status cg_lower_layer_norm(cg_module *m, const ir_node *n, const int *in, const int *out,
                                 kiln_error *err);
 kiln_status cg_lower_softmax(cg_module *m, const ir_node *n, const int *in, const int *out,

@@ -600,7 +600,8 @@ static kiln_status conv_1x1(cg_module *m, const ir_node *n, const int *in, int y
 	              .b_off = mul(m, b, I(m, bstride)), .b_bs = I(m, 0), .b_rs = I(m, brow),
 	              .b_cs = I(m, 1),
 	              .c_off = mul(m, b, I(m, M * g->osz)), .c_bs = I(m, 0), .c_rs = I(m, g->osz),
-	              .bias_off = I(m, 0), .alpha = 1, .beta = 0, .bias_axis = bias ? 2 : 0};
+	              .bias_off = I(m, 0), .alpha = 1, .beta = 0, .bias_axis = bias ? 2 : 0,
+	              .c_block = m->buf[y].block}; /* see cg_conv_blocked_ok */
 	int_gemm(m, &gm, q, I(m, 0));
 	cg_append(m, gb, cg_gemm_stmt(m, &gm));
 	return gb && gb->n ? KILN_OK : nomem(m, n, err);
@@ -2228,14 +2229,20 @@ static kiln_status dw_blocked(cg_module *m, const ir_node *n, const int *in, int
 		return nomem(m, n, err);
 	/* the (image, block) slots in parts (parts_loop), the scratch per part */
 	cg_expr *nq = mul(m, cg_dim(m, x->dim[0]), I(m, NB)), *np = parts_count(m, nq, DW_PARTS);
+	/* x with its channels in blocks (cg_conv_blocked_ok): a block's rows
+	 * are Q's as they lie in x, copied into P's padding with no transpose */
+	bool inb = cg_buf_block(m, in[0]) != 0;
+	if (inb && (cg_buf_block(m, in[0]) != DW_CB || C % DW_CB))
+		return cg_lower_fail(m, n, err, KILN_EINVAL, "input in blocks of %d channels, of %lld "
+		                     "(internal error)", cg_buf_block(m, in[0]), (long long)C);
 	/* rows wider than DW_ROW_T go straight into P: no Q */
-	bool per_row = W > DW_ROW_T;
-	int Q = per_row ? -1 : cg_lower_scratch(m, KILN_F32, mul(m, np, I(m, qsz)));
+	bool per_row = W > DW_ROW_T && !inb;
+	int Q = per_row || inb ? -1 : cg_lower_scratch(m, KILN_F32, mul(m, np, I(m, qsz)));
 	int P = cg_lower_scratch(m, KILN_F32, mul(m, np, I(m, psz)));
 	int T = cg_lower_scratch(m, KILN_F32, mul(m, np, I(m, tsz)));
 	int WB = dw_packed(m, n, in, C, taps);
 	int WL = WB >= 0 ? WB : cg_lower_scratch(m, KILN_F32, mul(m, np, I(m, wsz)));
-	if ((Q < 0 && !per_row) || P < 0 || T < 0 || WL < 0)
+	if ((Q < 0 && !per_row && !inb) || P < 0 || T < 0 || WL < 0)
 		return nomem(m, n, err);
 	cg_expr *pi, *q, *r, *c, *l, *tv[2];
 	cg_stmt *qb, *rb, *cb, *lb;
@@ -2272,7 +2279,7 @@ static kiln_status dw_blocked(cg_module *m, const ir_node *n, const int *in, int
 		tr[0].src_off = add(m, src0, mul(m, ir, I(m, W)));
 		tr[0].dst_off = add(m, prow, I(m, pw * DW_CB));
 	}
-	for (int i = 0; i < (WB >= 0 ? 1 : 2); i++) {
+	for (int i = inb; i < (WB >= 0 ? 1 : 2); i++) {
 		cg_stmt *ts = cg_transpose_stmt(m, &tr[i]);
 		if (!ts)
 			return nomem(m, n, err);
@@ -2282,6 +2289,9 @@ static kiln_status dw_blocked(cg_module *m, const ir_node *n, const int *in, int
 		zeros(m, k, irb, P, add(m, prow, I(m, (pw + win) * DW_CB)), (Wp - pw - win) * DW_CB);
 		zeros(m, k, qb, P, add(m, pp, I(m, (pt + hin) * Wp * DW_CB)),
 		      (Hp - pt - hin) * Wp * DW_CB);
+	} else if (inb) { /* block q of x: (image, block) in order, H*W rows of DW_CB */
+		padded_plane(m, k, qb, P, pp, in[0], mul(m, q, I(m, H * W * DW_CB)), W * DW_CB, hin,
+		             win, Hp, Wp, pt, pw, DW_CB, false);
 	} else {
 		padded_plane(m, k, qb, P, pp, Q, qp, W * DW_CB, hin, win, Hp, Wp, pt, pw, DW_CB, false);
 	}
@@ -2374,6 +2384,9 @@ static kiln_status conv_depthwise(cg_module *m, const ir_node *n, const int *in,
 	int64_t C = x->dim[1], M = yt->dim[1], Mg = M / C, lo, hi;
 	if (want_blocked(m, g, in[0], Mg) && !rq && !cv)
 		return dw_blocked(m, n, in, y, g, C, err);
+	if (cg_buf_block(m, in[0])) /* cg_conv_blocked_ok promised dw_blocked */
+		return cg_lower_fail(m, n, err, KILN_EINVAL, "input in channel blocks, not the "
+		                     "blocked depthwise form (internal error)");
 	cg_kernel *k = cg_lower_kernel(m, n);
 	if (!k)
 		return nomem(m, n, err);
@@ -3017,6 +3030,39 @@ kiln_status cg_lower_conv_parts(cg_module *m, const ir_node *n, const cg_parts *
 	return gb->n == x->n ? KILN_OK : nomem(m, n, err);
 }
 
+bool cg_dw_blocked_ok(const cg_module *m, const kiln_graph *g, const ir_node *u, int64_t cb)
+{
+	if (u->op != KILN_OP_CONV || u->nin < 2 || !u->in[0] || !u->in[1] || u->in[1] == u->in[0] ||
+	    (u->nin > 2 && u->in[2] == u->in[0]) || cb != DW_CB || grid_target(m))
+		return false;
+	const ir_type *xt = &g->val[u->in[0]]->type, *wt = &g->val[u->in[1]]->type;
+	const ir_type *yt = &g->val[u->out[0]]->type;
+	geom gd;
+	return xt->dtype == KILN_F32 && xt->rank == 4 && wt->rank == 4 && fixed_channels(xt, wt, yt) &&
+	       ir_attr_int(u, "group", 1) == xt->dim[1] && yt->dim[1] == xt->dim[1] &&
+	       xt->dim[1] % cb == 0 &&
+	       ir_conv_geom_of(u, xt->rank, xt->dim, yt->rank, yt->dim, wt->dim + 2, false, &gd) ==
+	           IR_GEOM_OK &&
+	       dw_blocked_shape(&gd, 1, true);
+}
+
+bool cg_conv_blocked_ok(const cg_module *m, const kiln_graph *g, const ir_node *n, const int *in)
+{
+	int64_t cb = m->panels.c_block;
+	if (cb != DW_CB || grid_target(m) || n->op != KILN_OP_CONV || n->nin < 2 || !n->in[0] ||
+	    !n->in[1] || ir_attr_int(n, "group", 1) != 1 || !const_data(m, in[1]))
+		return false;
+	const ir_type *x = &g->val[n->in[0]]->type, *w = &g->val[n->in[1]]->type;
+	const ir_type *y = &g->val[n->out[0]]->type;
+	geom gm;
+	if (x->dtype != KILN_F32 || w->dtype != KILN_F32 || x->rank != 4 || w->rank != 4 ||
+	    !fixed_channels(x, w, y) ||
+	    ir_conv_geom_of(n, x->rank, x->dim, y->rank, y->dim, w->dim + 2, false, &gm) != IR_GEOM_OK ||
+	    !pointwise_geom(&gm, true))
+		return false;
+	return cg_prepack_lanes_fit(&m->panels, y->dim[1], gm.osz, x->dim[1], true);
+}
+
 kiln_status cg_lower_conv(cg_module *m, const ir_node *n, const int *in, const int *out,
                           kiln_error *err)
 {
@@ -3028,6 +3074,8 @@ kiln_status cg_lower_conv(cg_module *m, const ir_node *n, const int *in, const i
 	if (st)
 		return st;
 	int64_t grp = ir_attr_int(n, "group", 1);
+	if (m->buf[out[0]].block) /* cg_conv_blocked_ok's: its GEMM writes the blocks */
+		return conv_1x1(m, n, in, out[0], &g, NULL, err);
 	if (grp > 1 && grp == x->dim[1] && g.nsp == 2)
 		return conv_depthwise(m, n, in, out[0], &g, NULL, NULL, err);
 	if (x->dtype != KILN_F32) {

@@ -107,8 +107,6 @@ static int packed_b(ctx *c, const cg_gemm *g, int64_t *koff, int *pw)
 			*pw = (int)P;
 			return c->s[i].packed;
 		}
-	if (c->n == MAX_SEEN)
-		return -1;
 	int64_t np = (N + P - 1) / P, KP = CG_PANEL_ROWS(K);
 	const float *src = (const float *)b->data->data + off;
 	kiln_tensor *t = ir_alloc(m->arena, sizeof *t);
@@ -142,15 +140,20 @@ static int packed_b(ctx *c, const cg_gemm *g, int64_t *koff, int *pw)
 	if (name)
 		snprintf(name, len, "%s.packed", wn ? wn : "w");
 	cb->name = name;
-	c->s[c->n++] = (seen){.b = g->b, .off = off, .P = (int)P, .packed = pb};
+	if (c->n < MAX_SEEN) /* past it packed all the same, only not shared */
+		c->s[c->n++] = (seen){.b = g->b, .off = off, .P = (int)P, .packed = pb};
 	*pw = (int)P;
 	return pb;
 }
 
-bool cg_prepack_lanes_fit(const cg_panels *pn, int64_t M, int64_t N, int64_t K)
+bool cg_prepack_lanes_fit(const cg_panels *pn, int64_t M, int64_t N, int64_t K, bool blocked)
 {
 	int64_t P = pn->a_lanes;
-	return pn->a > 0 && P > 0 && N <= pn->a_lanes_max_n && K >= pn->a_lanes_min_k &&
+	if (blocked && (!pn->c_block || M % pn->c_block))
+		return false;
+	return pn->a > 0 && P > 0 && M >= MIN_M_A && K >= 1 &&
+	       N <= (blocked ? pn->c_block_max_n : pn->a_lanes_max_n) &&
+	       (blocked || K >= pn->a_lanes_min_k) &&
 	       ((M + P - 1) / P * P - M) * 8 <= M;
 }
 
@@ -179,15 +182,13 @@ static int packed_a(ctx *c, const cg_gemm *g, int *pp)
 	/* the lanes-along-rows panels: B's rows contiguous, C narrow, K deep,
 	 * and at most an eighth of the last panel's rows padding */
 	if (const_int(g->N, &N) && const_int(g->b_cs, &bcs) && bcs == 1 &&
-	    cg_prepack_lanes_fit(&c->pn, M, N, K))
+	    cg_prepack_lanes_fit(&c->pn, M, N, K, g->c_block > 0))
 		P = c->pn.a_lanes;
 	*pp = (int)P;
 	for (int i = 0; i < c->n; i++)
 		if (c->s[i].a && c->s[i].b == g->a && c->s[i].off == off && c->s[i].alpha == g->alpha &&
 		    c->s[i].P == P)
 			return c->s[i].packed;
-	if (c->n == MAX_SEEN)
-		return -1;
 	int64_t np = (M + P - 1) / P;
 	const float *src = (const float *)a->data->data + off;
 	kiln_tensor *t = ir_alloc(m->arena, sizeof *t);
@@ -219,8 +220,9 @@ static int packed_a(ctx *c, const cg_gemm *g, int *pp)
 	if (name)
 		snprintf(name, len, "%s.packed", wn ? wn : "w");
 	cb->name = name;
-	c->s[c->n++] = (seen){.b = g->a, .off = off, .P = (int)P, .alpha = g->alpha, .a = true,
-	                      .packed = pa};
+	if (c->n < MAX_SEEN)
+		c->s[c->n++] = (seen){.b = g->a, .off = off, .P = (int)P, .alpha = g->alpha,
+		                      .a = true, .packed = pa};
 	return pa;
 }
 

@@ -80,10 +80,21 @@ static kiln_status to_kernels(const kiln_graph *g, const kiln_compile_opts *o, b
 		st = kiln_graph_optimize(*gc, o->passes ? o->passes : PASS_INFERENCE, err);
 	if (st == KILN_OK)
 		st = kiln_graph_verify(*gc, err);
+	/* the panels the target's GEMM reads constant operands in, when they
+	 * will be packed so (below): the lowering picks layouts by them */
+	const char *pp = getenv("KILN_PREPACK");
+	const cg_backend *be = cg_backend_find(o->target);
+	cg_panels pn = {0};
+	bool pack = !train && be && be->gemm_panel && !(pp && !strcmp(pp, "0"));
+	if (st == KILN_OK && pack) {
+		st = be->gemm_panel(o, &pn, err);
+		pack = pn.a > 0 || pn.b > 0;
+	}
 	if (st == KILN_OK)
 		st = cg_lower_ex(*gc, &(cg_lower_opts){.fuse = true, .conv = conv_algo(o->conv),
 		                                        .mutable_params = train,
-		                                        .par_work = gpu_target(o) ? 1 : 0}, m,
+		                                        .par_work = gpu_target(o) ? 1 : 0,
+		                                        .panels = pack ? &pn : NULL}, m,
 		                 err);
 	/* an inference library for the CPU runs runs of per-sample kernels chunk
 	 * by chunk over the batch (codegen/chunk.c); KILN_CHUNK=0 turns it off,
@@ -91,20 +102,12 @@ static kiln_status to_kernels(const kiln_graph *g, const kiln_compile_opts *o, b
 	if (st == KILN_OK && !train && !gpu_target(o))
 		st = cg_chunk(*m, &(cg_chunk_opts){.force = chunk_env(),
 		                                   .cache_bytes = cg_host_l2_bytes()}, err);
-	/* and packs the constant B of its GEMMs once, here, in the panels the
-	 * target's GEMM reads (codegen/prepack.c); KILN_PREPACK=0 turns it off */
-	const char *pp = getenv("KILN_PREPACK");
-	const cg_backend *be = cg_backend_find(o->target);
-	bool packed = false;
-	if (st == KILN_OK && !train && be && be->gemm_panel && !(pp && !strcmp(pp, "0"))) {
-		cg_panels pn = {0};
-		st = be->gemm_panel(o, &pn, err);
-		packed = st == KILN_OK && (pn.a > 0 || pn.b > 0);
-		if (packed)
-			st = cg_prepack(*m, &pn, err);
-	}
+	/* and packs the constant operands of its GEMMs once, here, in those
+	 * panels (codegen/prepack.c); KILN_PREPACK=0 turns it off */
+	if (st == KILN_OK && pack)
+		st = cg_prepack(*m, &pn, err);
 	/* without prepacking, the weights no kernel reads still keep no bytes */
-	if (st == KILN_OK && !train && !packed)
+	if (st == KILN_OK && !train && !pack)
 		st = cg_drop_unread(*m, err);
 	if (st == KILN_OK)
 		st = cg_memplan(*m, err);
