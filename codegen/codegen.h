@@ -164,6 +164,11 @@ typedef struct cg_gemm {
 	                                 + k * b_panel + n % b_panel (b_rs, b_cs, b_bs
 	                                 unused); cg_prepack makes them for the LLVM
 	                                 backend's kiln_sgemm_pb */
+	int b_block;                  /* > 0: B's rows in blocks of this many, K a multiple of
+	                                 it: element (k, n) at b_off + b*b_bs + (k / b_block) *
+	                                 b_block * b_rs + n * b_block + k % b_block, b_rs = N
+	                                 (cg_buf.block's layout, read by a 1x1 conv); as
+	                                 c_block, kiln_sgemm_pm's only */
 	int c_block;                  /* > 0: C's rows (a conv's channels) in blocks of this
 	                                 many, M a multiple of it: element (m, n) at c_off +
 	                                 b*c_bs + (m / c_block) * c_block * c_rs + n * c_block
@@ -298,9 +303,11 @@ typedef struct cg_buf {
 	int chunk;
 	/* > 0: an activation [N, C, spatial...] stored with its channels in
 	 * blocks of this many, [N][C / block][spatial][block] (C a multiple
-	 * of it): a 1x1 conv's GEMM writes it (cg_gemm.c_block) for the
-	 * depthwise conv that is its only reader (cg_lower_blocked_ok), whose
-	 * kernel takes its rows with no transpose.  0: row-major. */
+	 * of it), between a producer and a reader that both take it with no
+	 * transpose: a 1x1 conv's GEMM (cg_gemm.c_block) for a depthwise conv
+	 * (dw_blocked), that one for a 1x1 conv's GEMM (cg_gemm.b_block),
+	 * element-wise ops between them keeping it (lower.c's blocked_chain).
+	 * 0: row-major. */
 	int block;
 } cg_buf;
 
@@ -570,9 +577,10 @@ kiln_status cg_prepack(cg_module *m, const cg_panels *p, kiln_error *err);
 kiln_status cg_drop_unread(cg_module *m, kiln_error *err);
 /* Whether cg_prepack gives an M x N x K GEMM's constant A (B's rows
  * contiguous, A's K apart, whole) the a_lanes panels of p: rather than
- * its a ones, or none (too few rows).  blocked: a GEMM writing C in
- * blocks (cg_gemm.c_block), which only that GEMM does, within its limits
- * (p->c_block_max_n). */
+ * its a ones, or none (too few rows).  blocked: a GEMM with C or B in
+ * blocks (cg_gemm.c_block, b_block), which only that GEMM computes,
+ * within its limits (p->c_block_max_n); the caller checks M or K is a
+ * multiple of p->c_block. */
 bool cg_prepack_lanes_fit(const cg_panels *p, int64_t M, int64_t N, int64_t K, bool blocked);
 /* The host's L2 cache per core in bytes (1 MiB when it cannot tell). */
 int64_t cg_host_l2_bytes(void);

@@ -1256,8 +1256,9 @@ static bool find_gemm(const cg_module *m, const cg_stmt *s, char *why, size_t si
 			snprintf(why, size, "GEMM activation %d", (int)g->act);
 			return false;
 		}
-		if (g->c_block) {
-			snprintf(why, size, "GEMM writing C in blocks of %d rows", g->c_block);
+		if (g->c_block || g->b_block) {
+			snprintf(why, size, "GEMM with %s in blocks of %d rows", g->c_block ? "C" : "B",
+			         g->c_block ? g->c_block : g->b_block);
 			return false;
 		}
 		return true;

@@ -680,6 +680,8 @@ static void pgemm(const printer *p, const cg_gemm *g)
 		fprintf(p->out, " a_panel=%d", g->a_panel);
 	if (g->b_panel)
 		fprintf(p->out, " b_panel=%d", g->b_panel);
+	if (g->b_block)
+		fprintf(p->out, " b_block=%d", g->b_block);
 	if (g->c_block)
 		fprintf(p->out, " c_block=%d", g->c_block);
 	fprintf(p->out, " alpha=%g beta=%g", g->alpha, g->beta);

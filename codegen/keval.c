@@ -299,6 +299,10 @@ static void gemm(ev *e, const cg_gemm *g)
 		fail(e, KILN_EUNSUPPORTED, "gemm C in blocks of rows", g->c_block, M);
 		return;
 	}
+	if (g->b_block < 0 || (g->b_block > 0 && (g->has_b_rows || K % g->b_block))) {
+		fail(e, KILN_EUNSUPPORTED, "gemm B in blocks of rows", g->b_block, K);
+		return;
+	}
 	int64_t res_off = ix(e, g->res_off), res_rs = ix(e, g->res_rs);
 	bool int_c = !isfl(g->c_dt);
 	for (int64_t b = 0; b < B && !e->st; b++)
@@ -315,6 +319,9 @@ static void gemm(ev *e, const cg_gemm *g)
 					if (g->has_b_rows && in_range(e, g->b_rows, k, "gemm b_rows"))
 						bk = (int64_t)ir_load(&e->view[g->b_rows], k);
 					int64_t bi = bo + b * bbs + bk + j * bcs;
+					if (g->b_block > 0) /* rows in blocks (cg_gemm.b_block) */
+						bi = bo + b * bbs + k / g->b_block * g->b_block * brs +
+						     j * g->b_block + k % g->b_block;
 					if (g->b_panel > 0) /* column panels (cg_gemm.b_panel) */
 						bi = bo + j / g->b_panel * CG_PANEL_ROWS(K) * g->b_panel + k * g->b_panel +
 						     j % g->b_panel;

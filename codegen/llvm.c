@@ -1399,8 +1399,10 @@ static void s_gemm(fn_ctx *c, const cg_stmt *s)
 		return;
 	}
 	/* C in blocks: kiln_sgemm_pm's, of its vector's rows */
-	if (g->c_block && (!pm || g->c_block != cg_sgemm_c_block(L->t, NULL) || g->has_residual)) {
-		fail(c, KILN_EINVAL, "GEMM writing C in blocks of rows without kiln_sgemm_pm's panels");
+	int blk = cg_sgemm_c_block(L->t, NULL);
+	if ((g->c_block && (!pm || g->c_block != blk || g->has_residual)) ||
+	    (g->b_block && (!pm || g->b_block != blk))) {
+		fail(c, KILN_EINVAL, "GEMM with B or C in blocks of rows without kiln_sgemm_pm's panels");
 		return;
 	}
 	/* may build it, moving the builder */
@@ -1424,7 +1426,8 @@ static void s_gemm(fn_ctx *c, const cg_stmt *s)
 		gemm_ptr(c, g->a, g->a_off, g->a_bs, b), iexpr(c, g->a_rs), iexpr(c, g->a_cs),
 		gemm_ptr(c, g->b, g->b_off, g->b_bs, b), iexpr(c, g->b_rs), iexpr(c, g->b_cs),
 		fc(c, g->beta), gemm_ptr(c, g->c, g->c_off, g->c_bs, b), iexpr(c, g->c_rs),
-		bias, i32c(L, g->bias_axis | (g->c_block ? CG_SGEMM_C_BLOCKED : 0)),
+		bias, i32c(L, g->bias_axis | (g->c_block ? CG_SGEMM_C_BLOCKED : 0) |
+		              (g->b_block ? CG_SGEMM_B_BLOCKED : 0)),
 		LLVMConstReal(L->f32, act_lo), LLVMConstReal(L->f32, act_hi),
 		res, g->has_residual ? iexpr(c, g->res_rs) : i64c(L, 0)};
 	LLVMTypeRef ft = LLVMGlobalGetValueType(f);
@@ -2089,11 +2092,12 @@ static bool int8_gemm_ok(const cg_module *m, const cg_gemm *g, char *why, size_t
 
 static bool gemm_ok(const cg_module *m, const cg_gemm *g, char *why, size_t size)
 {
-	if (g->c_block && (cg_gemm_is_int8(g) || g->has_residual || g->a_panel <= 0)) {
-		snprintf(why, size, "GEMM writing C in blocks of %d rows with%s (only f32 ones with A "
-		         "in kiln_sgemm_pm's panels and no residual)", g->c_block,
-		         cg_gemm_is_int8(g) ? " 8-bit operands" : g->has_residual ? " a residual"
-		                                                   : " A not in panels");
+	bool res = g->c_block && g->has_residual;
+	if ((g->c_block || g->b_block) && (cg_gemm_is_int8(g) || res || g->a_panel <= 0)) {
+		snprintf(why, size, "GEMM with %s in blocks of %d rows and%s (only f32 ones with A "
+		         "in kiln_sgemm_pm's panels, a blocked C with no residual)",
+		         g->c_block ? "C" : "B", g->c_block ? g->c_block : g->b_block,
+		         cg_gemm_is_int8(g) ? " 8-bit operands" : res ? " a residual" : " A not in panels");
 		return false;
 	}
 	if (cg_gemm_is_int8(g))

@@ -176,6 +176,9 @@ int cg_sgemm_a_panel(const cg_target *t);
  * cg_sgemm_c_block(L->t) rows (cg_gemm.c_block; c_rs = N, no residual). */
 LLVMValueRef cg_llvm_sgemm_pm(cg_llvm *L);
 #define CG_SGEMM_C_BLOCKED 4
+/* ... and with CG_SGEMM_B_BLOCKED: B in blocks of that many rows
+ * (cg_gemm.b_block; b_rs = N) */
+#define CG_SGEMM_B_BLOCKED 8
 /* Its panels' height on t, 0 when it has none, and (each may be NULL) the
  * widest C and the least K it is faster than kiln_sgemm_pa for. */
 int cg_sgemm_m_panel(const cg_target *t, int *max_n, int *min_k);

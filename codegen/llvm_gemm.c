@@ -2287,27 +2287,33 @@ static void pm_blocked_stores(gen *g, LLVMValueRef *acc, int cols, LLVMValueRef 
 /* kiln_sgemm_pm_ukrC: the tile of mr x cols at C (cols <= PM_COLS, a
  * compile-time count) over kc; U_ parameters, A's panel at U_AP with rows
  * PM_NV * W floats apart, B row-contiguous (U_BRS). */
-static LLVMValueRef emit_pm_ukr(gen *g, int cols)
+static LLVMValueRef emit_pm_ukr(gen *g, int cols, bool bblk)
 {
 	LLVMTypeRef t[U_DCOUNT];
 	ukr_types(g, t);
 	char name[48];
-	snprintf(name, sizeof name, "%s_ukr%d", g->fam, cols);
+	snprintf(name, sizeof name, "%s_%sukr%d", g->fam, bblk ? "b" : "", cols);
 	LLVMValueRef fn = function(g, name, t, U_DCOUNT), *p = g->p;
-	int W = g->g.W, NV = PM_NV;
+	int W = g->g.W, NV = PM_NV, cs = bblk ? W : 1;
 	LLVMValueRef acc[PM_COLS * PM_NV], rows[PM_NV * 64], a[PM_NV];
 	for (int i = 0; i < cols * NV; i++)
 		acc[i] = local(g, g->vf, LLVMConstNull(g->vf));
 	loop lk;
 	LLVMValueRef k = loop_begin(g, &lk, i64c(g, 0), p[U_KC], 1);
 	LLVMValueRef ak = at(g, p[U_AP], mul(g, k, i64c(g, NV * W)));
-	LLVMValueRef bk = at(g, p[U_BP], mul(g, k, p[U_BRS]));
+	/* B's row k: rows U_BRS apart, or in blocks of W rows (bblk: row k
+	 * of the block k / W, each of its columns W floats) */
+	LLVMValueRef bk = bblk ? at(g, p[U_BP], add(g, mul(g, LLVMBuildSDiv(g->b, k, i64c(g, W), ""),
+	                                                   mul(g, p[U_BRS], i64c(g, W))),
+	                                            LLVMBuildSRem(g->b, k, i64c(g, W), "")))
+	                       : at(g, p[U_BP], mul(g, k, p[U_BRS]));
 	for (int v = 0; v < NV; v++)
 		a[v] = vload(g, at(g, ak, i64c(g, v * W)));
 	for (int v = 0; v < NV; v++) /* A's lines PM_PFA rows ahead */
 		prefetch(g, at(g, ak, i64c(g, (int64_t)PM_PFA * NV * W + v * W)));
 	for (int j = 0; j < cols; j++) {
-		LLVMValueRef bj = splat(g, g->vf, LLVMBuildLoad2(g->b, g->L->f32, at(g, bk, i64c(g, j)), ""));
+		LLVMValueRef bj = splat(g, g->vf, LLVMBuildLoad2(g->b, g->L->f32, at(g, bk, i64c(g, j * cs)),
+		                                                 ""));
 		for (int v = 0; v < NV; v++) {
 			LLVMValueRef s = acc[j * NV + v];
 			LLVMBuildStore(g->b, fma3(g, a[v], bj, LLVMBuildLoad2(g->b, g->vf, s, "")), s);
@@ -2346,22 +2352,39 @@ static LLVMValueRef emit_pm_ukr(gen *g, int cols)
 /* kiln_sgemm_pm_packb(dst, src, b_rs, kc, nc): the kc x nc block of B at
  * src as strips of PM_COLS columns, strip s at dst + s*kc*PM_COLS, row k
  * of it PM_COLS floats (zeros past nc). */
-static LLVMValueRef emit_pm_packb(gen *g)
+static LLVMValueRef emit_pm_packb(gen *g, bool bblk)
 {
 	cg_llvm *L = g->L;
 	LLVMTypeRef t[] = {g->fp, g->fp, L->i64, L->i64, L->i64};
 	char name[48];
-	snprintf(name, sizeof name, "%s_packb", g->fam);
+	snprintf(name, sizeof name, "%s_%spackb", g->fam, bblk ? "b" : "");
 	LLVMValueRef fn = function(g, name, t, 5);
 	LLVMValueRef dst = LLVMGetParam(fn, 0), src = LLVMGetParam(fn, 1), brs = LLVMGetParam(fn, 2);
 	LLVMValueRef kc = LLVMGetParam(fn, 3), nc = LLVMGetParam(fn, 4);
 	LLVMValueRef keep = lanes(g, i64c(g, PM_COLS));
+	int W = g->g.W;
 	loop ls, lk;
 	LLVMValueRef j = loop_begin(g, &ls, i64c(g, 0), nc, PM_COLS);
-	LLVMValueRef m = lanes(g, smin(g, i64c(g, PM_COLS), LLVMBuildSub(g->b, nc, j, "")));
+	LLVMValueRef left = LLVMBuildSub(g->b, nc, j, "");
+	LLVMValueRef m = lanes(g, smin(g, i64c(g, PM_COLS), left));
 	LLVMValueRef d = at(g, dst, mul(g, j, kc)); /* strip j / PM_COLS */
 	LLVMValueRef k = loop_begin(g, &lk, i64c(g, 0), kc, 1);
-	LLVMValueRef v = mload(g, at(g, src, add(g, mul(g, k, brs), j)), m);
+	LLVMValueRef v;
+	if (bblk) { /* B in blocks of W rows (see emit_pm_ukr): the row's
+	             * columns W floats apart, one at a time */
+		LLVMValueRef bk = at(g, src, add(g, mul(g, LLVMBuildSDiv(g->b, k, i64c(g, W), ""),
+		                                        mul(g, brs, i64c(g, W))),
+		                                 add(g, LLVMBuildSRem(g->b, k, i64c(g, W), ""),
+		                                     mul(g, j, i64c(g, W)))));
+		v = LLVMConstNull(g->vf);
+		for (int c = 0; c < PM_COLS; c++) {
+			LLVMValueRef on = icmp(g, LLVMIntSLT, i64c(g, c), left);
+			LLVMValueRef x = load_if(g, on, at(g, bk, i64c(g, c * W)));
+			v = LLVMBuildInsertElement(g->b, v, x, LLVMConstInt(L->i32, c, 0), "");
+		}
+	} else {
+		v = mload(g, at(g, src, add(g, mul(g, k, brs), j)), m);
+	}
 	mstore(g, v, at(g, d, mul(g, k, i64c(g, PM_COLS))), keep);
 	loop_end(g, &lk);
 	loop_end(g, &ls);
@@ -2384,7 +2407,8 @@ static LLVMValueRef emit_pm_packb(gen *g)
  * same as one thread; by columns in place 0.058-0.063 and 0.113; by
  * columns packed 0.050 and 0.104 (kiln_sgemm_pa's tiles: 0.056, 0.120).
  * One thread packing all of B lost: 0.063 -> 0.077 ms. */
-static LLVMValueRef emit_pm_blocked(gen *g, LLVMValueRef *ukr, LLVMValueRef packb)
+static LLVMValueRef emit_pm_blocked(gen *g, LLVMValueRef *ukr, LLVMValueRef *bukr,
+                                    LLVMValueRef *packb)
 {
 	LLVMTypeRef t[P_COUNT + 2];
 	char name[48];
@@ -2397,8 +2421,13 @@ static LLVMValueRef emit_pm_blocked(gen *g, LLVMValueRef *ukr, LLVMValueRef pack
 	                         LLVMConstInt(g->L->i32, 0, 0));
 	LLVMValueRef axis = LLVMBuildAnd(g->b, p[P_AXIS], LLVMConstInt(g->L->i32, 3, 0), "");
 	LLVMValueRef row = icmp(g, LLVMIntEQ, axis, LLVMConstInt(g->L->i32, 2, 0));
-	/* a column's step in C: 1, or W floats in a block */
+	/* a column's step in C: 1, or W floats in a block; in B likewise
+	 * (CG_SGEMM_B_BLOCKED) */
 	LLVMValueRef cstep = LLVMBuildSelect(g->b, cblk, i64c(g, W), i64c(g, 1), "");
+	LLVMValueRef bblk = icmp(g, LLVMIntNE, LLVMBuildAnd(g->b, p[P_AXIS],
+	                                                    LLVMConstInt(g->L->i32, CG_SGEMM_B_BLOCKED, 0), ""),
+	                         LLVMConstInt(g->L->i32, 0, 0));
+	LLVMValueRef bstep = LLVMBuildSelect(g->b, bblk, i64c(g, W), i64c(g, 1), "");
 	LLVMValueRef n0 = p[P_COUNT], n1 = p[P_COUNT + 1];
 	LLVMValueRef sp = LLVMBuildStructGEP2(g->b, g->xty, p[P_X], 3, "");
 	LLVMValueRef Bp = LLVMBuildLoad2(g->b, g->fp, sp, "scratch");
@@ -2424,9 +2453,16 @@ static LLVMValueRef emit_pm_blocked(gen *g, LLVMValueRef *ukr, LLVMValueRef pack
 	LLVMValueRef bmode = LLVMBuildSelect(g->b, last, axis, LLVMConstInt(g->L->i32, 0, 0), "");
 	LLVMValueRef brow = at(g, p[P_B], mul(g, pc, p[P_BRS]));
 	LLVMBasicBlockRef join = if_begin(g, pk);
-	LLVMValueRef pa[] = {Bp, at(g, brow, bn0), p[P_BRS], kc, cols};
-	call(g, packb, pa, 5);
+	LLVMValueRef pa[] = {Bp, at(g, brow, mul(g, bn0, bstep)), p[P_BRS], kc, cols};
+	LLVMBasicBlockRef plain = if_begin(g, LLVMBuildNot(g->b, bblk, ""));
+	call(g, packb[0], pa, 5);
+	if_end(g, plain);
+	LLVMBasicBlockRef blocks = if_begin(g, bblk);
+	call(g, packb[1], pa, 5);
+	if_end(g, blocks);
 	if_end(g, join);
+	/* B read in place in blocks: the micro-kernels for them */
+	LLVMValueRef inb = LLVMBuildAnd(g->b, bblk, LLVMBuildNot(g->b, pk, ""), "");
 	LLVMValueRef ic = loop_begin(g, &li, i64c(g, 0), p[P_M], R);
 	LLVMValueRef mr = smin(g, i64c(g, R), LLVMBuildSub(g->b, p[P_M], ic, ""));
 	LLVMValueRef a[U_DCOUNT] = {
@@ -2445,7 +2481,7 @@ static LLVMValueRef emit_pm_blocked(gen *g, LLVMValueRef *ukr, LLVMValueRef pack
 		LLVMValueRef c_ = LLVMBuildSRem(g->b, o_, i64c(g, PM_COLS), "");                   \
 		a[U_BP] = LLVMBuildSelect(g->b, pk,                                               \
 		                          at(g, Bp, add(g, mul(g, s_, mul(g, kc, i64c(g, PM_COLS))), c_)), \
-		                          at(g, brow, (n)), "");                                  \
+		                          at(g, brow, mul(g, (n), bstep)), "");                   \
 		a[U_C] = at(g, p[P_C], add(g, mul(g, ic, p[P_CRS]), mul(g, (n), cstep)));         \
 		a[U_NR] = i64c(g, (nr));                                                          \
 		a[U_BIAS] = at(g, p[P_BIAS], LLVMBuildSelect(g->b, row, ic, (n), ""));             \
@@ -2453,20 +2489,30 @@ static LLVMValueRef emit_pm_blocked(gen *g, LLVMValueRef *ukr, LLVMValueRef pack
 		                           nat(g, p[P_RES], add(g, mul(g, ic, p[P_RRS]), (n))),   \
 		                           LLVMConstNull(g->fp), "");                             \
 	} while (0)
+#define PM_CALL(w)                                                                                \
+	do {                                                                                      \
+		LLVMBasicBlockRef r_ = if_begin(g, LLVMBuildNot(g->b, inb, ""));                   \
+		call(g, ukr[w], a, U_DCOUNT);                                                     \
+		if_end(g, r_);                                                                    \
+		LLVMBasicBlockRef b_ = if_begin(g, inb);                                          \
+		call(g, bukr[w], a, U_DCOUNT);                                                    \
+		if_end(g, b_);                                                                    \
+	} while (0)
 	LLVMValueRef jt = loop_begin(g, &lj, i64c(g, 0), full, 1);
 	PM_TILE(add(g, bn0, mul(g, jt, i64c(g, PM_COLS))), PM_COLS);
-	call(g, ukr[PM_COLS], a, U_DCOUNT);
+	PM_CALL(PM_COLS);
 	loop_end(g, &lj);
 	LLVMValueRef n = add(g, bn0, mul(g, full, i64c(g, PM_COLS)));
 	for (int w = 8; w >= 1; w /= 2) { /* rem < PM_COLS <= 15: its bits */
 		LLVMValueRef on = icmp(g, LLVMIntNE, LLVMBuildAnd(g->b, rem, i64c(g, w), ""), i64c(g, 0));
 		LLVMBasicBlockRef jn = if_begin(g, on);
 		PM_TILE(n, w);
-		call(g, ukr[w], a, U_DCOUNT);
+		PM_CALL(w);
 		if_end(g, jn);
 		n = LLVMBuildSelect(g->b, on, add(g, n, i64c(g, w)), n, "");
 	}
 #undef PM_TILE
+#undef PM_CALL
 	loop_end(g, &li);
 	loop_end(g, &lp);
 	loop_end(g, &lb);
@@ -2524,12 +2570,15 @@ LLVMValueRef cg_llvm_sgemm_pm(cg_llvm *L)
 	g.g.MR = PM_NV * g.g.W; /* the panels' rows: emit_range's row blocks */
 	g.g.NR = PM_COLS;       /* ... and its column units */
 	g.row_tiles = 1;
-	LLVMValueRef ukr[PM_COLS + 1] = {0};
-	ukr[PM_COLS] = emit_pm_ukr(&g, PM_COLS);
-	for (int w = 8; w >= 1; w /= 2)
-		ukr[w] = emit_pm_ukr(&g, w);
-	LLVMValueRef packb = emit_pm_packb(&g);
-	L->sgemm_pm = emit_entry_pm(&g, emit_pm_blocked(&g, ukr, packb));
+	LLVMValueRef ukr[PM_COLS + 1] = {0}, bukr[PM_COLS + 1] = {0};
+	ukr[PM_COLS] = emit_pm_ukr(&g, PM_COLS, false);
+	bukr[PM_COLS] = emit_pm_ukr(&g, PM_COLS, true);
+	for (int w = 8; w >= 1; w /= 2) {
+		ukr[w] = emit_pm_ukr(&g, w, false);
+		bukr[w] = emit_pm_ukr(&g, w, true);
+	}
+	LLVMValueRef packb[2] = {emit_pm_packb(&g, false), emit_pm_packb(&g, true)};
+	L->sgemm_pm = emit_entry_pm(&g, emit_pm_blocked(&g, ukr, bukr, packb));
 	LLVMDisposeBuilder(g.b);
 	return L->sgemm_pm;
 }

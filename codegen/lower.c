@@ -1955,13 +1955,16 @@ static bool one_element(const kiln_graph *g, uint32_t v)
 /* Whether conv n's result y can be stored with its channels in blocks of
  * cb (cg_buf.block) for its readers: a chain of element-wise ops (Relu,
  * Clip, SiLU's Sigmoid and Mul, HardSwish), each of y's type and reading
- * only the chain's values and scalars, that ends in exactly one depthwise
- * conv taking blocks (cg_dw_blocked_ok); no value of it a graph output.
- * An element-wise kernel computes each element where it lies, so the
- * chain keeps the layout (fused); the GEMM's epilogue takes a Relu or
- * Clip right after it (fuse_act) as before. */
+ * only the chain's values and scalars, that ends in exactly one conv
+ * taking blocks (end: cg_dw_blocked_ok after a 1x1 conv,
+ * cg_conv_reads_blocked_ok after a depthwise one); no value of it a graph
+ * output.  An element-wise kernel computes each element where it lies, so
+ * the chain keeps the layout (fused); a Relu or Clip right after the conv
+ * folds into its stores (fuse_act, fuse_store_act) as before. */
 enum { BLOCKED_CHAIN_MAX = 8 };
-static bool blocked_chain(const lowering *L, const ir_node *n, int64_t cb)
+typedef bool (*blocked_end)(const cg_module *m, const kiln_graph *g, const ir_node *u,
+                            int64_t cb);
+static bool blocked_chain(const lowering *L, const ir_node *n, int64_t cb, blocked_end end)
 {
 	const kiln_graph *g = L->g;
 	uint32_t S[BLOCKED_CHAIN_MAX], ns = 0;
@@ -1984,7 +1987,7 @@ static bool blocked_chain(const lowering *L, const ir_node *n, int64_t cb)
 			bool own = false;
 			for (uint32_t j = 0; j < ns; j++)
 				own = own || u->in[0] == S[j];
-			if (dw || !own || reads != 1 || !cg_dw_blocked_ok(L->m, g, u, cb))
+			if (dw || !own || reads != 1 || !end(L->m, g, u, cb))
 				return false;
 			dw = u;
 			continue;
@@ -2051,9 +2054,12 @@ static kiln_status lower_node(lowering *L, const ir_node *n)
 		if (cg_buf_block(m, in[k]) && !fusing && (k || n->op != KILN_OP_CONV))
 			return cg_lower_fail(m, n, L->err, KILN_EINVAL, "input %u stored in channel "
 			                     "blocks (internal error)", k);
-	if (n->op == KILN_OP_CONV && L->fuse && !L->defer[n->in[0]] &&
-	    cg_conv_blocked_ok(m, L->g, n, in) && blocked_chain(L, n, m->panels.c_block))
-		m->buf[out[0]].block = (int)m->panels.c_block;
+	int64_t cb = m->panels.c_block;
+	if (n->op == KILN_OP_CONV && L->fuse && cb && !L->defer[n->in[0]] &&
+	    ((cg_conv_blocked_ok(m, L->g, n, in) && blocked_chain(L, n, cb, cg_dw_blocked_ok)) ||
+	     (cg_dw_blocked_ok(m, L->g, n, cb) &&
+	      blocked_chain(L, n, cb, cg_conv_reads_blocked_ok))))
+		m->buf[out[0]].block = (int)cb;
 	if ((n->op == KILN_OP_BATCH_NORM || n->op == KILN_OP_CONV) && L->defer[n->in[0]]) {
 		cg_parts x;
 		concat_parts(L, L->g->val[n->in[0]]->def, &x);

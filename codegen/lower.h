@@ -180,8 +180,13 @@ kiln_status cg_lower_conv_parts(cg_module *m, const ir_node *n, const cg_parts *
  * (blocked_chain). */
 bool cg_conv_blocked_ok(const cg_module *m, const kiln_graph *g, const ir_node *n, const int *in);
 /* Whether conv u is a depthwise one that reads its input in[0] in blocks
- * of cb channels (dw_blocked), and reads it only there. */
+ * of cb channels (dw_blocked), and reads it only there; such a conv can
+ * also write its result so. */
 bool cg_dw_blocked_ok(const cg_module *m, const kiln_graph *g, const ir_node *u, int64_t cb);
+/* Whether 1x1 conv u reads its input in[0] (only there) in blocks of cb
+ * channels (cg_gemm.b_block): as cg_conv_blocked_ok, stride 1. */
+bool cg_conv_reads_blocked_ok(const cg_module *m, const kiln_graph *g, const ir_node *u,
+                              int64_t cb);
 kiln_status cg_lower_layer_norm(cg_module *m, const ir_node *n, const int *in, const int *out,
                                 kiln_error *err);
 kiln_status cg_lower_softmax(cg_module *m, const ir_node *n, const int *in, const int *out,

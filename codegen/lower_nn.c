@@ -601,7 +601,11 @@ static kiln_status conv_1x1(cg_module *m, const ir_node *n, const int *in, int y
 	              .b_cs = I(m, 1),
 	              .c_off = mul(m, b, I(m, M * g->osz)), .c_bs = I(m, 0), .c_rs = I(m, g->osz),
 	              .bias_off = I(m, 0), .alpha = 1, .beta = 0, .bias_axis = bias ? 2 : 0,
-	              .c_block = m->buf[y].block}; /* see cg_conv_blocked_ok */
+	              /* see cg_conv_blocked_ok, cg_conv_reads_blocked_ok */
+	              .b_block = cg_buf_block(m, src), .c_block = m->buf[y].block};
+	if (strided && cg_buf_block(m, in[0]))
+		return cg_lower_fail(m, n, err, KILN_EINVAL, "strided 1x1 conv of channel blocks "
+		                     "(internal error)");
 	int_gemm(m, &gm, q, I(m, 0));
 	cg_append(m, gb, cg_gemm_stmt(m, &gm));
 	return gb && gb->n ? KILN_OK : nomem(m, n, err);
@@ -2239,7 +2243,12 @@ static kiln_status dw_blocked(cg_module *m, const ir_node *n, const int *in, int
 	bool per_row = W > DW_ROW_T && !inb;
 	int Q = per_row || inb ? -1 : cg_lower_scratch(m, KILN_F32, mul(m, np, I(m, qsz)));
 	int P = cg_lower_scratch(m, KILN_F32, mul(m, np, I(m, psz)));
-	int T = cg_lower_scratch(m, KILN_F32, mul(m, np, I(m, tsz)));
+	/* y in channel blocks (lower.c's blocked_chain): T is y's block */
+	bool outb = m->buf[y].block != 0;
+	if (outb && (m->buf[y].block != DW_CB || C % DW_CB))
+		return cg_lower_fail(m, n, err, KILN_EINVAL, "output in blocks of %d channels, of %lld "
+		                     "(internal error)", m->buf[y].block, (long long)C);
+	int T = outb ? y : cg_lower_scratch(m, KILN_F32, mul(m, np, I(m, tsz)));
 	int WB = dw_packed(m, n, in, C, taps);
 	int WL = WB >= 0 ? WB : cg_lower_scratch(m, KILN_F32, mul(m, np, I(m, wsz)));
 	if ((Q < 0 && !per_row && !inb) || P < 0 || T < 0 || WL < 0)
@@ -2251,7 +2260,8 @@ static kiln_status dw_blocked(cg_module *m, const ir_node *n, const int *in, int
 	cg_expr *b = cg_bin(m, CG_DIV, q, I(m, NB)), *c0 = mul(m, cg_bin(m, CG_REM, q, I(m, NB)),
 	                                                         I(m, DW_CB));
 	cg_expr *nc = cg_bin(m, CG_MIN, I(m, DW_CB), cg_bin(m, CG_SUB, I(m, C), c0));
-	cg_expr *qp = mul(m, pi, I(m, qsz)), *pp = mul(m, pi, I(m, psz)), *tp = mul(m, pi, I(m, tsz));
+	cg_expr *qp = mul(m, pi, I(m, qsz)), *pp = mul(m, pi, I(m, psz));
+	cg_expr *tp = mul(m, outb ? q : pi, I(m, tsz));
 	cg_expr *wp = WB >= 0 ? mul(m, cg_bin(m, CG_REM, q, I(m, NB)), I(m, wsz)) : mul(m, pi, I(m, wsz));
 	/* P: the block's input rows, channels last, zero-padded; WL: its
 	 * weights, tap-major (packed so at compile time when constant: WB).
@@ -2332,10 +2342,11 @@ static kiln_status dw_blocked(cg_module *m, const ir_node *n, const int *in, int
 	                   .src_off = tp, .src_rs = I(m, DW_CB),
 	                   .dst_off = mul(m, add(m, mul(m, b, I(m, C)), c0), I(m, Ho * Wo)),
 	                   .dst_rs = I(m, Ho * Wo)};
-	cg_stmt *ts = cg_transpose_stmt(m, &to);
-	if (!ts)
+	cg_stmt *ts = outb ? NULL : cg_transpose_stmt(m, &to);
+	if (!ts && !outb)
 		return nomem(m, n, err);
-	cg_append(m, qb, ts);
+	if (ts)
+		cg_append(m, qb, ts);
 	k->final_buf = y;
 	k->act_buf = T;
 	k->final_act_only = true;
@@ -3046,11 +3057,16 @@ bool cg_dw_blocked_ok(const cg_module *m, const kiln_graph *g, const ir_node *u,
 	       dw_blocked_shape(&gd, 1, true);
 }
 
-bool cg_conv_blocked_ok(const cg_module *m, const kiln_graph *g, const ir_node *n, const int *in)
+/* Whether n is a 1x1 conv whose GEMM kiln_sgemm_pm computes with C or B
+ * in channel blocks of cb (cg_prepack gives it its panels): f32, group
+ * 1, a constant W (its buffer in[1]); strided (x gathered first) only
+ * when its input is not the blocked one (!reads). */
+static bool pointwise_blocked(const cg_module *m, const kiln_graph *g, const ir_node *n,
+                              const int *in, int64_t cb, bool reads)
 {
-	int64_t cb = m->panels.c_block;
-	if (cb != DW_CB || grid_target(m) || n->op != KILN_OP_CONV || n->nin < 2 || !n->in[0] ||
-	    !n->in[1] || ir_attr_int(n, "group", 1) != 1 || !const_data(m, in[1]))
+	if (cb != DW_CB || cb != m->panels.c_block || grid_target(m) || n->op != KILN_OP_CONV ||
+	    n->nin < 2 || !n->in[0] || !n->in[1] || n->in[1] == n->in[0] ||
+	    (n->nin > 2 && n->in[2] == n->in[0]) || ir_attr_int(n, "group", 1) != 1)
 		return false;
 	const ir_type *x = &g->val[n->in[0]]->type, *w = &g->val[n->in[1]]->type;
 	const ir_type *y = &g->val[n->out[0]]->type;
@@ -3058,9 +3074,27 @@ bool cg_conv_blocked_ok(const cg_module *m, const kiln_graph *g, const ir_node *
 	if (x->dtype != KILN_F32 || w->dtype != KILN_F32 || x->rank != 4 || w->rank != 4 ||
 	    !fixed_channels(x, w, y) ||
 	    ir_conv_geom_of(n, x->rank, x->dim, y->rank, y->dim, w->dim + 2, false, &gm) != IR_GEOM_OK ||
-	    !pointwise_geom(&gm, true))
+	    !pointwise_geom(&gm, !reads))
 		return false;
-	return cg_prepack_lanes_fit(&m->panels, y->dim[1], gm.osz, x->dim[1], true);
+	const kiln_tensor *wt = in ? const_data(m, in[1]) : NULL;
+	const ir_value *wv = g->val[n->in[1]];
+	if (!in && wv->kind == IR_V_NODE && wv->def && wv->def->op == KILN_OP_CONSTANT)
+		wt = ir_attr_get(wv->def, "value") ? ir_attr_get(wv->def, "value")->u.t : NULL;
+	else if (!in && wv->kind == IR_V_PARAM)
+		wt = wv->data;
+	return wt && (reads ? x->dim[1] : y->dim[1]) % cb == 0 &&
+	       cg_prepack_lanes_fit(&m->panels, y->dim[1], gm.osz, x->dim[1], true);
+}
+
+bool cg_conv_blocked_ok(const cg_module *m, const kiln_graph *g, const ir_node *n, const int *in)
+{
+	return pointwise_blocked(m, g, n, in, m->panels.c_block, false);
+}
+
+bool cg_conv_reads_blocked_ok(const cg_module *m, const kiln_graph *g, const ir_node *u,
+                              int64_t cb)
+{
+	return pointwise_blocked(m, g, u, NULL, cb, true);
 }
 
 kiln_status cg_lower_conv(cg_module *m, const ir_node *n, const int *in, const int *out,
@@ -3074,7 +3108,9 @@ kiln_status cg_lower_conv(cg_module *m, const ir_node *n, const int *in, const i
 	if (st)
 		return st;
 	int64_t grp = ir_attr_int(n, "group", 1);
-	if (m->buf[out[0]].block) /* cg_conv_blocked_ok's: its GEMM writes the blocks */
+	/* cg_conv_blocked_ok's, cg_conv_reads_blocked_ok's: its GEMM writes or
+	 * reads the channel blocks */
+	if (grp == 1 && (m->buf[out[0]].block || cg_buf_block(m, in[0])))
 		return conv_1x1(m, n, in, out[0], &g, NULL, err);
 	if (grp > 1 && grp == x->dim[1] && g.nsp == 2)
 		return conv_depthwise(m, n, in, out[0], &g, NULL, NULL, err);

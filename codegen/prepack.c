@@ -83,8 +83,8 @@ static int packed_b(ctx *c, const cg_gemm *g, int64_t *koff, int *pw)
 {
 	cg_module *m = c->m;
 	int64_t N, K, M, off = 0, rs, cs, bs = 0, batch = 1, P = c->P;
-	if (!P || !cg_gemm_is_f32(g) || g->has_b_rows || g->a_panel || g->b_panel || g->b < 0 ||
-	    g->b >= m->nbuf)
+	if (!P || !cg_gemm_is_f32(g) || g->has_b_rows || g->b_block || g->c_block || g->a_panel ||
+	    g->b_panel || g->b < 0 || g->b >= m->nbuf)
 		return -1;
 	const cg_buf *b = &m->buf[g->b];
 	if (b->kind != CG_BUF_CONST || b->alias >= 0 || !b->data || b->data->dtype != KILN_F32 ||
@@ -149,7 +149,7 @@ static int packed_b(ctx *c, const cg_gemm *g, int64_t *koff, int *pw)
 bool cg_prepack_lanes_fit(const cg_panels *pn, int64_t M, int64_t N, int64_t K, bool blocked)
 {
 	int64_t P = pn->a_lanes;
-	if (blocked && (!pn->c_block || M % pn->c_block))
+	if (blocked && !pn->c_block)
 		return false;
 	return pn->a > 0 && P > 0 && M >= MIN_M_A && K >= 1 &&
 	       N <= (blocked ? pn->c_block_max_n : pn->a_lanes_max_n) &&
@@ -182,7 +182,7 @@ static int packed_a(ctx *c, const cg_gemm *g, int *pp)
 	/* the lanes-along-rows panels: B's rows contiguous, C narrow, K deep,
 	 * and at most an eighth of the last panel's rows padding */
 	if (const_int(g->N, &N) && const_int(g->b_cs, &bcs) && bcs == 1 &&
-	    cg_prepack_lanes_fit(&c->pn, M, N, K, g->c_block > 0))
+	    cg_prepack_lanes_fit(&c->pn, M, N, K, g->c_block > 0 || g->b_block > 0))
 		P = c->pn.a_lanes;
 	*pp = (int)P;
 	for (int i = 0; i < c->n; i++)
