@@ -245,6 +245,7 @@ static void packed_table(double peak)
 	if (cg_target_init(&t, NULL, NULL, &err) == KILN_OK) {
 		pn.a = cg_sgemm_a_panel(&t);
 		pn.a_lanes = cg_sgemm_m_panel(&t, &pn.a_lanes_max_n, &pn.a_lanes_min_k);
+		pn.c_block = pn.a_lanes ? cg_sgemm_c_block(&t, &pn.c_block_max_n) : 0;
 		cg_target_free(&t);
 	}
 	if (gemm_jit_build_family(&pa, 0, (void *)rt_parallel_for, GEMM_JIT_PA) != 0) {

@@ -2259,7 +2259,7 @@ _Static_assert(PM_KC * PM_NC <= 512 * 1024, "kiln_sgemm_pm's packed B outgrows t
  * column j's vector v are the W floats at C + v*W*c_rs + j*W as they are,
  * no transpose; rows past mr (a last panel of one block) not stored.  No
  * residual (cg_gemm.c_block has none). */
-static void pm_blocked_stores(gen *g, LLVMValueRef *acc, int cols, LLVMValueRef sc)
+static void pm_blocked_stores(gen *g, LLVMValueRef *acc, int cols, int nv, LLVMValueRef sc)
 {
 	LLVMValueRef *p = g->p;
 	int W = g->g.W;
@@ -2267,13 +2267,13 @@ static void pm_blocked_stores(gen *g, LLVMValueRef *acc, int cols, LLVMValueRef 
 	LLVMValueRef colb_on = icmp(g, LLVMIntEQ, p[U_BMODE], LLVMConstInt(g->L->i32, 1, 0));
 	LLVMValueRef rowb_on = icmp(g, LLVMIntEQ, p[U_BMODE], LLVMConstInt(g->L->i32, 2, 0));
 	LLVMValueRef beta = splat(g, g->vf, p[U_BETA]);
-	for (int v = 0; v < PM_NV; v++) {
+	for (int v = 0; v < nv; v++) {
 		LLVMBasicBlockRef join = if_begin(g, icmp(g, LLVMIntSLT, i64c(g, v * W), p[U_MR]));
 		LLVMValueRef rowb = vload(g, or_zeros(g, rowb_on, at(g, p[U_BIAS], i64c(g, v * W))));
 		LLVMValueRef cv = at(g, p[U_C], mul(g, i64c(g, v * W), p[U_CRS]));
 		for (int j = 0; j < cols; j++) {
 			LLVMValueRef cp = at(g, cv, i64c(g, j * W));
-			LLVMValueRef x = LLVMBuildFMul(g->b, LLVMBuildLoad2(g->b, g->vf, acc[j * PM_NV + v], ""),
+			LLVMValueRef x = LLVMBuildFMul(g->b, LLVMBuildLoad2(g->b, g->vf, acc[j * nv + v], ""),
 			                               sc, "");
 			x = fma3(g, beta, vload(g, or_zeros(g, bnz, cp)), LLVMBuildFAdd(g->b, x, rowb, ""));
 			x = LLVMBuildFAdd(g->b, x,
@@ -2287,20 +2287,21 @@ static void pm_blocked_stores(gen *g, LLVMValueRef *acc, int cols, LLVMValueRef 
 /* kiln_sgemm_pm_ukrC: the tile of mr x cols at C (cols <= PM_COLS, a
  * compile-time count) over kc; U_ parameters, A's panel at U_AP with rows
  * PM_NV * W floats apart, B row-contiguous (U_BRS). */
-static LLVMValueRef emit_pm_ukr(gen *g, int cols, bool bblk)
+static LLVMValueRef emit_pm_ukr(gen *g, int cols, bool bblk, int NV)
 {
 	LLVMTypeRef t[U_DCOUNT];
 	ukr_types(g, t);
 	char name[48];
-	snprintf(name, sizeof name, "%s_%sukr%d", g->fam, bblk ? "b" : "", cols);
+	snprintf(name, sizeof name, "%s_%sukr%d%s", g->fam, bblk ? "b" : "", cols,
+	         NV < PM_NV ? "h" : "");
 	LLVMValueRef fn = function(g, name, t, U_DCOUNT), *p = g->p;
-	int W = g->g.W, NV = PM_NV, cs = bblk ? W : 1;
+	int W = g->g.W, cs = bblk ? W : 1;
 	LLVMValueRef acc[PM_COLS * PM_NV], rows[PM_NV * 64], a[PM_NV];
 	for (int i = 0; i < cols * NV; i++)
 		acc[i] = local(g, g->vf, LLVMConstNull(g->vf));
 	loop lk;
 	LLVMValueRef k = loop_begin(g, &lk, i64c(g, 0), p[U_KC], 1);
-	LLVMValueRef ak = at(g, p[U_AP], mul(g, k, i64c(g, NV * W)));
+	LLVMValueRef ak = at(g, p[U_AP], mul(g, k, i64c(g, PM_NV * W))); /* the panel's row k */
 	/* B's row k: rows U_BRS apart, or in blocks of W rows (bblk: row k
 	 * of the block k / W, each of its columns W floats) */
 	LLVMValueRef bk = bblk ? at(g, p[U_BP], add(g, mul(g, LLVMBuildSDiv(g->b, k, i64c(g, W), ""),
@@ -2310,7 +2311,7 @@ static LLVMValueRef emit_pm_ukr(gen *g, int cols, bool bblk)
 	for (int v = 0; v < NV; v++)
 		a[v] = vload(g, at(g, ak, i64c(g, v * W)));
 	for (int v = 0; v < NV; v++) /* A's lines PM_PFA rows ahead */
-		prefetch(g, at(g, ak, i64c(g, (int64_t)PM_PFA * NV * W + v * W)));
+		prefetch(g, at(g, ak, i64c(g, (int64_t)PM_PFA * PM_NV * W + v * W)));
 	for (int j = 0; j < cols; j++) {
 		LLVMValueRef bj = splat(g, g->vf, LLVMBuildLoad2(g->b, g->L->f32, at(g, bk, i64c(g, j * cs)),
 		                                                 ""));
@@ -2325,7 +2326,7 @@ static LLVMValueRef emit_pm_ukr(gen *g, int cols, bool bblk)
 	LLVMBasicBlockRef blk = block(g, "cblocked");
 	LLVMBuildCondBr(g->b, LLVMBuildIsNotNull(g->b, p[U_CBLK], ""), blk, rowm);
 	LLVMPositionBuilderAtEnd(g->b, blk);
-	pm_blocked_stores(g, acc, cols, sc);
+	pm_blocked_stores(g, acc, cols, NV, sc);
 	LLVMBuildRetVoid(g->b);
 	LLVMPositionBuilderAtEnd(g->b, rowm);
 	/* rows of C: vector v's lane l is row v*W + l; column j of it in
@@ -2407,7 +2408,7 @@ static LLVMValueRef emit_pm_packb(gen *g, bool bblk)
  * same as one thread; by columns in place 0.058-0.063 and 0.113; by
  * columns packed 0.050 and 0.104 (kiln_sgemm_pa's tiles: 0.056, 0.120).
  * One thread packing all of B lost: 0.063 -> 0.077 ms. */
-static LLVMValueRef emit_pm_blocked(gen *g, LLVMValueRef *ukr, LLVMValueRef *bukr,
+static LLVMValueRef emit_pm_blocked(gen *g, LLVMValueRef (*ukr)[PM_COLS + 1],
                                     LLVMValueRef *packb)
 {
 	LLVMTypeRef t[P_COUNT + 2];
@@ -2489,14 +2490,15 @@ static LLVMValueRef emit_pm_blocked(gen *g, LLVMValueRef *ukr, LLVMValueRef *buk
 		                           nat(g, p[P_RES], add(g, mul(g, ic, p[P_RRS]), (n))),   \
 		                           LLVMConstNull(g->fp), "");                             \
 	} while (0)
+	/* the micro-kernel: B in place in blocks or not (ukr[0..1]), a panel
+	 * of one vector of rows or two (ukr[2..3]: the last of M = 80) */
+	LLVMValueRef half = icmp(g, LLVMIntSLE, mr, i64c(g, W));
 #define PM_CALL(w)                                                                                \
 	do {                                                                                      \
-		LLVMBasicBlockRef r_ = if_begin(g, LLVMBuildNot(g->b, inb, ""));                   \
-		call(g, ukr[w], a, U_DCOUNT);                                                     \
-		if_end(g, r_);                                                                    \
-		LLVMBasicBlockRef b_ = if_begin(g, inb);                                          \
-		call(g, bukr[w], a, U_DCOUNT);                                                    \
-		if_end(g, b_);                                                                    \
+		LLVMValueRef f_ = LLVMBuildSelect(                                                 \
+		    g->b, half, LLVMBuildSelect(g->b, inb, ukr[3][w], ukr[2][w], ""),             \
+		    LLVMBuildSelect(g->b, inb, ukr[1][w], ukr[0][w], ""), "");                    \
+		LLVMBuildCall2(g->b, LLVMGlobalGetValueType(ukr[0][w]), f_, a, U_DCOUNT, "");      \
 	} while (0)
 	LLVMValueRef jt = loop_begin(g, &lj, i64c(g, 0), full, 1);
 	PM_TILE(add(g, bn0, mul(g, jt, i64c(g, PM_COLS))), PM_COLS);
@@ -2570,15 +2572,12 @@ LLVMValueRef cg_llvm_sgemm_pm(cg_llvm *L)
 	g.g.MR = PM_NV * g.g.W; /* the panels' rows: emit_range's row blocks */
 	g.g.NR = PM_COLS;       /* ... and its column units */
 	g.row_tiles = 1;
-	LLVMValueRef ukr[PM_COLS + 1] = {0}, bukr[PM_COLS + 1] = {0};
-	ukr[PM_COLS] = emit_pm_ukr(&g, PM_COLS, false);
-	bukr[PM_COLS] = emit_pm_ukr(&g, PM_COLS, true);
-	for (int w = 8; w >= 1; w /= 2) {
-		ukr[w] = emit_pm_ukr(&g, w, false);
-		bukr[w] = emit_pm_ukr(&g, w, true);
-	}
+	LLVMValueRef ukr[4][PM_COLS + 1] = {{0}}; /* [half * 2 + B blocked][columns] */
+	for (int u = 0; u < 4; u++)
+		for (int w = PM_COLS; w >= 1; w = w == PM_COLS ? 8 : w / 2)
+			ukr[u][w] = emit_pm_ukr(&g, w, u & 1, u & 2 ? 1 : PM_NV);
 	LLVMValueRef packb[2] = {emit_pm_packb(&g, false), emit_pm_packb(&g, true)};
-	L->sgemm_pm = emit_entry_pm(&g, emit_pm_blocked(&g, ukr, bukr, packb));
+	L->sgemm_pm = emit_entry_pm(&g, emit_pm_blocked(&g, ukr, packb));
 	LLVMDisposeBuilder(g.b);
 	return L->sgemm_pm;
 }

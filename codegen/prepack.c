@@ -148,13 +148,20 @@ static int packed_b(ctx *c, const cg_gemm *g, int64_t *koff, int *pw)
 
 bool cg_prepack_lanes_fit(const cg_panels *pn, int64_t M, int64_t N, int64_t K, bool blocked)
 {
-	int64_t P = pn->a_lanes;
+	/* the rows it computes in vain: past M in its last vector of rows
+	 * when two panels or more come before it (a last panel of one vector
+	 * runs a micro-kernel of one: M = 80, 112, 144), else in its last
+	 * panel.  kiln_sgemm_pm against kiln_sgemm_pa (a harness, one thread,
+	 * weights from L3, us): 80x196x480 113 -> 101, 112x196x672 211 ->
+	 * 193, 80x49x480 30.8 -> 28.5, 112x49x832 70.6 -> 67.1; but M = 48
+	 * (one panel and a half) 48x49x832 29.2 -> 31.8. */
+	int64_t P = pn->a_lanes, V = pn->c_block && M >= 2 * P ? pn->c_block : P;
 	if (blocked && !pn->c_block)
 		return false;
 	return pn->a > 0 && P > 0 && M >= MIN_M_A && K >= 1 &&
 	       N <= (blocked ? pn->c_block_max_n : pn->a_lanes_max_n) &&
 	       (blocked || K >= pn->a_lanes_min_k) &&
-	       ((M + P - 1) / P * P - M) * 8 <= M;
+	       ((M + V - 1) / V * V - M) * 8 <= M;
 }
 
 /* The packed copy of g's A (row panels of c->PA, or of a_lanes where that

@@ -810,6 +810,67 @@ START_TEST(gemm_pm_threads)
 }
 END_TEST
 
+/* B, C or both in blocks of a vector's rows (cg_gemm.b_block, c_block:
+ * element (k, n) of B at (k / W) * W * N + n * W + k % W, C alike), the
+ * layout a depthwise conv and the 1x1 convs beside it share: every
+ * element against the reference, C's blocks accumulated across K's blocks
+ * (K = 608: 512 + 96) and with beta, a last panel of one vector (M = 80),
+ * bias per row and per column, over the pool by rows (N = 49) and by
+ * packed column ranges (N = 196). */
+static void check_blocked(int64_t M, int64_t N, int64_t K, bool bb, bool cb, float beta, int axis,
+                          rt_pool *pool)
+{
+	int64_t W = J.a_panel / 2, P = J.a_panel, np = (M + P - 1) / P;
+	float *A = fill(M * K), *B = fill(K * N), *C = fill(M * N), *bias = fill(M + N);
+	float *Ap = calloc((size_t)(np * P * K + 1), sizeof *Ap);
+	float *Bs = malloc((size_t)(K * N + 1) * sizeof *Bs), *Cs = malloc((size_t)(M * N + 1) * sizeof *Cs);
+	for (int64_t i = 0; i < M; i++)
+		for (int64_t k = 0; k < K; k++)
+			Ap[(i / P) * P * K + k * P + i % P] = A[i * K + k];
+	for (int64_t k = 0; k < K; k++)
+		for (int64_t n = 0; n < N; n++)
+			Bs[bb ? (k / W) * W * N + n * W + k % W : k * N + n] = B[k * N + n];
+	for (int64_t m = 0; m < M; m++)
+		for (int64_t n = 0; n < N; n++)
+			Cs[cb ? (m / W) * W * N + n * W + m % W : m * N + n] = beta != 0 ? C[m * N + n] : NAN;
+	rt_exec x = {.scratch = scratch_new(), .pool = pool};
+	int mode = axis | (bb ? CG_SGEMM_B_BLOCKED : 0) | (cb ? CG_SGEMM_C_BLOCKED : 0);
+	J.fn(&x, M, N, K, 1, Ap, K, 1, Bs, N, 1, beta, Cs, N, axis ? bias : NULL, mode, 0, INFINITY,
+	     NULL, 0);
+	for (int64_t m = 0; m < M; m++)
+		for (int64_t n = 0; n < N; n++) {
+			double s = 0;
+			for (int64_t k = 0; k < K; k++)
+				s += (double)A[m * K + k] * B[k * N + n];
+			s += beta * (double)C[m * N + n] + (axis == 1 ? bias[n] : axis == 2 ? bias[m] : 0);
+			s = s < 0 ? 0 : s;
+			float got = Cs[cb ? (m / W) * W * N + n * W + m % W : m * N + n];
+			ck_assert_msg(fabs(got - s) <= 1e-5 * K * (1 + fabs(s)),
+			              "%ldx%ldx%ld B%s C%s: C[%ld,%ld] = %g, want %g", (long)M, (long)N,
+			              (long)K, bb ? " blocked" : "", cb ? " blocked" : "", (long)m, (long)n,
+			              got, s);
+		}
+	free(A), free(B), free(C), free(bias), free(Ap), free(Bs), free(Cs), free(x.scratch);
+}
+
+START_TEST(gemm_pm_channel_blocks)
+{
+	if (!have_pm())
+		return;
+	rt_pool *pool = NULL;
+	ck_assert_int_eq(rt_pool_new(2, J.scratch_floats, &pool), KILN_OK);
+	for (int t = 0; t < 2; t++)
+		for (int mode = 1; mode <= 3; mode++) {
+			bool bb = mode & 1, cb = mode & 2;
+			check_blocked(80, 49, 608, bb, cb, 0, 2, t ? pool : NULL);
+			check_blocked(64, 196, 48, bb, cb, 0.5f, 2, t ? pool : NULL);
+			check_blocked(96, 37, 32, bb, cb, 0, 1, t ? pool : NULL);
+			check_blocked(48, 100, 640, bb, cb, 0, 0, t ? pool : NULL);
+		}
+	rt_pool_free(pool);
+}
+END_TEST
+
 /* A TCase whose tests share one JIT of kiln_sgemm at vec_bits (0: host). */
 static TCase *jit_case(Suite *s, const char *name, void (*setup)(void))
 {
@@ -869,6 +930,7 @@ static Suite *gemm_suite(void)
 	tcase_add_test(tc, gemm_pm_widths_rows_and_k_blocks);
 	tcase_add_test(tc, gemm_pm_epilogues);
 	tcase_add_test(tc, gemm_pm_threads);
+	tcase_add_test(tc, gemm_pm_channel_blocks);
 	return s;
 }
 
