@@ -1962,8 +1962,23 @@ static bool one_element(const kiln_graph *g, uint32_t v)
  * the chain keeps the layout (fused); a Relu or Clip right after the conv
  * folds into its stores (fuse_act, fuse_store_act) as before. */
 enum { BLOCKED_CHAIN_MAX = 8 };
-typedef bool (*blocked_end)(const cg_module *m, const kiln_graph *g, const ir_node *u,
-                            int64_t cb);
+typedef bool (*blocked_end)(const lowering *L, const ir_node *u, int64_t cb);
+static bool blocked_chain(const lowering *L, const ir_node *n, int64_t cb, blocked_end end);
+
+/* The ends of blocked_chain: a 1x1 conv reading blocks; a depthwise conv
+ * reading them, of a shape that pays either way or that pays when it
+ * also writes blocks for a 1x1 conv. */
+static bool end_pointwise(const lowering *L, const ir_node *u, int64_t cb)
+{
+	return cg_conv_reads_blocked_ok(L->m, L->g, u, cb);
+}
+
+static bool end_depthwise(const lowering *L, const ir_node *u, int64_t cb)
+{
+	return cg_dw_blocked_ok(L->m, L->g, u, cb, false) ||
+	       (cg_dw_blocked_ok(L->m, L->g, u, cb, true) && blocked_chain(L, u, cb, end_pointwise));
+}
+
 static bool blocked_chain(const lowering *L, const ir_node *n, int64_t cb, blocked_end end)
 {
 	const kiln_graph *g = L->g;
@@ -1987,7 +2002,7 @@ static bool blocked_chain(const lowering *L, const ir_node *n, int64_t cb, block
 			bool own = false;
 			for (uint32_t j = 0; j < ns; j++)
 				own = own || u->in[0] == S[j];
-			if (dw || !own || reads != 1 || !end(L->m, g, u, cb))
+			if (dw || !own || reads != 1 || !end(L, u, cb))
 				return false;
 			dw = u;
 			continue;
@@ -2056,9 +2071,10 @@ static kiln_status lower_node(lowering *L, const ir_node *n)
 			                     "blocks (internal error)", k);
 	int64_t cb = m->panels.c_block;
 	if (n->op == KILN_OP_CONV && L->fuse && cb && !L->defer[n->in[0]] &&
-	    ((cg_conv_blocked_ok(m, L->g, n, in) && blocked_chain(L, n, cb, cg_dw_blocked_ok)) ||
-	     (cg_dw_blocked_ok(m, L->g, n, cb) &&
-	      blocked_chain(L, n, cb, cg_conv_reads_blocked_ok))))
+	    ((cg_conv_blocked_ok(m, L->g, n, in) && blocked_chain(L, n, cb, end_depthwise)) ||
+	     ((cg_dw_blocked_ok(m, L->g, n, cb, false) ||
+	       (cg_buf_block(m, in[0]) && cg_dw_blocked_ok(m, L->g, n, cb, true))) &&
+	      blocked_chain(L, n, cb, end_pointwise))))
 		m->buf[out[0]].block = (int)cb;
 	if ((n->op == KILN_OP_BATCH_NORM || n->op == KILN_OP_CONV) && L->defer[n->in[0]]) {
 		cg_parts x;

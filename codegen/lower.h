@@ -181,8 +181,11 @@ kiln_status cg_lower_conv_parts(cg_module *m, const ir_node *n, const cg_parts *
 bool cg_conv_blocked_ok(const cg_module *m, const kiln_graph *g, const ir_node *n, const int *in);
 /* Whether conv u is a depthwise one that reads its input in[0] in blocks
  * of cb channels (dw_blocked), and reads it only there; such a conv can
- * also write its result so. */
-bool cg_dw_blocked_ok(const cg_module *m, const kiln_graph *g, const ir_node *u, int64_t cb);
+ * also write its result so.  both: the shapes that pay only when it does
+ * both (rows up to DW_BLOCK_W2 wide: a 3x3 conv at 14x14, which the
+ * planar form computes faster when dw_blocked transposes). */
+bool cg_dw_blocked_ok(const cg_module *m, const kiln_graph *g, const ir_node *u, int64_t cb,
+                      bool both);
 /* Whether 1x1 conv u reads its input in[0] (only there) in blocks of cb
  * channels (cg_gemm.b_block): as cg_conv_blocked_ok, stride 1. */
 bool cg_conv_reads_blocked_ok(const cg_module *m, const kiln_graph *g, const ir_node *u,

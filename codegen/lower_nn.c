@@ -2393,7 +2393,9 @@ static kiln_status conv_depthwise(cg_module *m, const ir_node *n, const int *in,
 {
 	const ir_type *x = cg_btype(m, in[0]), *yt = cg_btype(m, y);
 	int64_t C = x->dim[1], M = yt->dim[1], Mg = M / C, lo, hi;
-	if (want_blocked(m, g, in[0], Mg) && !rq && !cv)
+	/* x in channel blocks: dw_blocked whatever the shape (lower.c's
+	 * blocked_chain took it for one reading and writing blocks) */
+	if ((want_blocked(m, g, in[0], Mg) || cg_buf_block(m, in[0])) && !rq && !cv)
 		return dw_blocked(m, n, in, y, g, C, err);
 	if (cg_buf_block(m, in[0])) /* cg_conv_blocked_ok promised dw_blocked */
 		return cg_lower_fail(m, n, err, KILN_EINVAL, "input in channel blocks, not the "
@@ -3041,7 +3043,8 @@ kiln_status cg_lower_conv_parts(cg_module *m, const ir_node *n, const cg_parts *
 	return gb->n == x->n ? KILN_OK : nomem(m, n, err);
 }
 
-bool cg_dw_blocked_ok(const cg_module *m, const kiln_graph *g, const ir_node *u, int64_t cb)
+bool cg_dw_blocked_ok(const cg_module *m, const kiln_graph *g, const ir_node *u, int64_t cb,
+                      bool both)
 {
 	if (u->op != KILN_OP_CONV || u->nin < 2 || !u->in[0] || !u->in[1] || u->in[1] == u->in[0] ||
 	    (u->nin > 2 && u->in[2] == u->in[0]) || cb != DW_CB || grid_target(m))
@@ -3054,7 +3057,7 @@ bool cg_dw_blocked_ok(const cg_module *m, const kiln_graph *g, const ir_node *u,
 	       xt->dim[1] % cb == 0 &&
 	       ir_conv_geom_of(u, xt->rank, xt->dim, yt->rank, yt->dim, wt->dim + 2, false, &gd) ==
 	           IR_GEOM_OK &&
-	       dw_blocked_shape(&gd, 1, true);
+	       (dw_blocked_shape(&gd, 1, true) || (both && gd.nsp == 2 && gd.out[1] <= DW_BLOCK_W2));
 }
 
 /* Whether n is a 1x1 conv whose GEMM kiln_sgemm_pm computes with C or B

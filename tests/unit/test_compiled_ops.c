@@ -1101,14 +1101,16 @@ END_TEST
  * the depthwise conv copies its rows with no transpose
  * (cg_conv_blocked_ok, blocked_chain); the depthwise conv writes its own
  * result so for a 1x1 conv that reads it (cg_conv_reads_blocked_ok).
- * Three chains on batch 1 and 3 against the interpreter: 1x1 -> Relu ->
- * 5x5 depthwise -> Relu -> 1x1 + residual (the Relus in the GEMM's
- * epilogue and the depthwise conv's stores, the residual in the second
- * GEMM's), 1x1 -> SiLU (Sigmoid, Mul) -> 3x3 stride-2 depthwise (an
- * element-wise kernel keeping the blocks), and a 1x1 conv whose result is
- * also added to the output, stored as it is.  The kernel IR shows which
- * GEMMs write or read blocks where the host has that GEMM; the module
- * evaluated by cg_eval matches too. */
+ * Chains on batch 1 and 3 against the interpreter: 1x1 -> Relu -> 5x5
+ * depthwise -> Relu -> 1x1 + residual (the Relus in the GEMM's epilogue
+ * and the depthwise conv's stores, the residual in the second GEMM's),
+ * 1x1 -> SiLU (Sigmoid, Mul) -> 3x3 stride-2 depthwise (an element-wise
+ * kernel keeping the blocks), a 1x1 conv whose result is also added to
+ * the output (stored as it is), and 1x1 -> Relu -> 3x3 depthwise at 14x14
+ * twice: read by a 1x1 conv (blocks on both sides) and not (none: that
+ * shape pays only with both).  The kernel IR shows which GEMMs write or
+ * read blocks where the host has that GEMM; the module evaluated by
+ * cg_eval matches too. */
 START_TEST(pointwise_conv_writes_channel_blocks_for_depthwise)
 {
 	const cg_backend *be = cg_backend_find("llvm");
@@ -1121,14 +1123,15 @@ START_TEST(pointwise_conv_writes_channel_blocks_for_depthwise)
 	for (int64_t n = 1; n <= 3; n += 2) {
 		kiln_graph *g = kiln_graph_new("cblk");
 		int64_t sx1[] = {n, 24, 7, 7}, sx2[] = {n, 40, 14, 14}, sx3[] = {n, 64, 7, 7};
-		int64_t sw3[] = {64, 64, 1, 1};
+		int64_t sw3[] = {64, 64, 1, 1}, sw4[] = {64, 96, 1, 1};
 		int64_t sw1[] = {64, 24, 1, 1}, sd1[] = {64, 1, 5, 5}, sb64[] = {64};
 		int64_t sw2[] = {96, 40, 1, 1}, sd2[] = {96, 1, 3, 3}, sb96[] = {96};
 		kiln_tensor *t[] = {seeded(4, sw1, 2), seeded(1, sb64, 3), seeded(4, sd1, 4),
 		                    seeded(1, sb64, 5), seeded(4, sw2, 6), seeded(1, sb96, 7),
-		                    seeded(4, sd2, 8), seeded(4, sw1, 9), seeded(4, sw3, 10)};
-		uint32_t k[9];
-		for (int i = 0; i < 9; i++)
+		                    seeded(4, sd2, 8), seeded(4, sw1, 9), seeded(4, sw3, 10),
+		                    seeded(4, sw2, 12), seeded(4, sw4, 13)};
+		uint32_t k[11];
+		for (int i = 0; i < 11; i++)
 			k[i] = kiln_constant(g, t[i]), kiln_tensor_free(t[i]);
 		uint32_t x1 = input(g, "x1", KILN_F32, 4, sx1), x2 = input(g, "x2", KILN_F32, 4, sx2);
 		uint32_t x3 = input(g, "x3", KILN_F32, 4, sx3);
@@ -1138,7 +1141,7 @@ START_TEST(pointwise_conv_writes_channel_blocks_for_depthwise)
 		a = op1(g, KILN_OP_RELU, 1, &a, "");
 		a = op1(g, KILN_OP_CONV, 2, (uint32_t[]){a, k[8]}, "");
 		a = op1(g, KILN_OP_ADD, 2, (uint32_t[]){a, x3}, ""); /* into the GEMM's epilogue */
-		ir_output_add(g, op1(g, KILN_OP_NEG, 1, &a, ""), NULL);
+		a = op1(g, KILN_OP_NEG, 1, &a, "");
 		uint32_t b = op1(g, KILN_OP_CONV, 3, (uint32_t[]){x2, k[4], k[5]}, "");
 		uint32_t sg = op1(g, KILN_OP_SIGMOID, 1, &b, "");
 		b = op1(g, KILN_OP_MUL, 2, (uint32_t[]){b, sg}, "");
@@ -1147,10 +1150,23 @@ START_TEST(pointwise_conv_writes_channel_blocks_for_depthwise)
 		uint32_t c = op1(g, KILN_OP_CONV, 2, (uint32_t[]){x1, k[7]}, "");
 		uint32_t r = op1(g, KILN_OP_RELU, 1, &c, "");
 		r = op1(g, KILN_OP_CONV, 3, (uint32_t[]){r, k[2], k[3]}, "group=64 pads=2,2,2,2");
-		ir_output_add(g, op1(g, KILN_OP_ADD, 2, (uint32_t[]){r, c}, ""), NULL);
+		r = op1(g, KILN_OP_ADD, 2, (uint32_t[]){r, c}, "");
+		ir_output_add(g, op1(g, KILN_OP_ADD, 2, (uint32_t[]){a, r}, ""), NULL);
+		/* a 3x3 at 14x14 takes blocks only to write them too: read by a
+		 * 1x1 conv, and (the last) not */
+		for (int last = 0; last < 2; last++) {
+			uint32_t d = op1(g, KILN_OP_CONV, 3, (uint32_t[]){x2, k[4 + last * 5], k[5]}, "");
+			d = op1(g, KILN_OP_RELU, 1, &d, "");
+			d = op1(g, KILN_OP_CONV, 2, (uint32_t[]){d, k[6]}, "group=96 pads=1,1,1,1");
+			if (!last) {
+				d = op1(g, KILN_OP_CONV, 2, (uint32_t[]){d, k[10]}, "");
+				d = op1(g, KILN_OP_NEG, 1, &d, "");
+			}
+			ir_output_add(g, d, NULL);
+		}
 		ck_assert_msg(kiln_graph_status(g) == KILN_OK, "%s", kiln_graph_errmsg(g));
 		opcase_graph oc = {"cblk", g, {seeded(4, sx1, 0), seeded(4, sx2, 1), seeded(4, sx3, 11)},
-		                   {0}, 3, 3, 0};
+		                   {0}, 3, 4, 0};
 		char why[1400] = "";
 		ck_assert_msg(case_matches(&oc, false, why, sizeof why), "batch %lld: %s", (long long)n,
 		              why);
@@ -1163,18 +1179,18 @@ START_TEST(pointwise_conv_writes_channel_blocks_for_depthwise)
 			blocked++;
 		for (const char *p = kir; (p = strstr(p, "b_block=16")); p++)
 			reads++;
-		ck_assert_msg(blocked == (pn.c_block == 16 ? 2 : 0) && reads == (pn.c_block == 16),
+		ck_assert_msg(blocked == (pn.c_block == 16 ? 3 : 0) && reads == (pn.c_block == 16 ? 2 : 0),
 		              "%d GEMMs write blocks, %d read them:\n%s", blocked, reads, kir);
 		ck_assert_msg(!pn.c_block || (strstr(kir, "gemm M=64 N=49 K=24 ") &&
 		                              strstr(kir, "gemm M=96 N=196 K=40 ") &&
 		                              strstr(kir, "b_block=16 alpha=1 beta=0 residual=")),
 		              "%s", kir);
 		/* the kernel IR's own evaluator reads the blocks alike */
-		kiln_tensor *want[3] = {0}, *got[3] = {0};
-		ck_assert_msg(kiln_graph_run(g, oc.in, 3, want, 3, &e) == KILN_OK, "%s", e.msg);
+		kiln_tensor *want[4] = {0}, *got[4] = {0};
+		ck_assert_msg(kiln_graph_run(g, oc.in, 3, want, 4, &e) == KILN_OK, "%s", e.msg);
 		ck_assert_int_eq(cg_memplan(m, &e), KILN_OK);
-		ck_assert_msg(cg_eval(m, oc.in, 3, got, 3, &e) == KILN_OK, "%s", e.msg);
-		for (int i = 0; i < 3; i++) {
+		ck_assert_msg(cg_eval(m, oc.in, 3, got, 4, &e) == KILN_OK, "%s", e.msg);
+		for (int i = 0; i < 4; i++) {
 			double d = 0;
 			for (int64_t j = 0; j < kiln_tensor_numel(want[i]); j++)
 				d = fmax(d, fabs(ir_load(got[i], j) - ir_load(want[i], j)));
