@@ -2395,11 +2395,12 @@ static kiln_status conv_depthwise(cg_module *m, const ir_node *n, const int *in,
 	int64_t C = x->dim[1], M = yt->dim[1], Mg = M / C, lo, hi;
 	/* x in channel blocks: dw_blocked whatever the shape (lower.c's
 	 * blocked_chain took it for one reading and writing blocks) */
-	if ((want_blocked(m, g, in[0], Mg) || cg_buf_block(m, in[0])) && !rq && !cv)
+	bool blocks = cg_buf_block(m, in[0]) || m->buf[y].block;
+	if ((want_blocked(m, g, in[0], Mg) || blocks) && !rq && !cv)
 		return dw_blocked(m, n, in, y, g, C, err);
-	if (cg_buf_block(m, in[0])) /* cg_conv_blocked_ok promised dw_blocked */
-		return cg_lower_fail(m, n, err, KILN_EINVAL, "input in channel blocks, not the "
-		                     "blocked depthwise form (internal error)");
+	if (blocks) /* blocked_chain promised dw_blocked */
+		return cg_lower_fail(m, n, err, KILN_EINVAL, "channel blocks, not the blocked "
+		                     "depthwise form (internal error)");
 	cg_kernel *k = cg_lower_kernel(m, n);
 	if (!k)
 		return nomem(m, n, err);
@@ -3113,8 +3114,13 @@ kiln_status cg_lower_conv(cg_module *m, const ir_node *n, const int *in, const i
 	int64_t grp = ir_attr_int(n, "group", 1);
 	/* cg_conv_blocked_ok's, cg_conv_reads_blocked_ok's: its GEMM writes or
 	 * reads the channel blocks */
-	if (grp == 1 && (m->buf[out[0]].block || cg_buf_block(m, in[0])))
-		return conv_1x1(m, n, in, out[0], &g, NULL, err);
+	if (m->buf[out[0]].block || cg_buf_block(m, in[0])) {
+		if (grp == 1 && pointwise_geom(&g, true))
+			return conv_1x1(m, n, in, out[0], &g, NULL, err);
+		if (!(grp > 1 && grp == x->dim[1]))
+			return cg_lower_fail(m, n, err, KILN_EINVAL, "channel blocks for a conv neither "
+			                     "1x1 nor depthwise (internal error)");
+	}
 	if (grp > 1 && grp == x->dim[1] && g.nsp == 2)
 		return conv_depthwise(m, n, in, out[0], &g, NULL, NULL, err);
 	if (x->dtype != KILN_F32) {
