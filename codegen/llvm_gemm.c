@@ -2303,10 +2303,11 @@ static LLVMValueRef emit_pm_ukr(gen *g, int cols, bool bblk, int NV)
 	LLVMValueRef k = loop_begin(g, &lk, i64c(g, 0), p[U_KC], 1);
 	LLVMValueRef ak = at(g, p[U_AP], mul(g, k, i64c(g, PM_NV * W))); /* the panel's row k */
 	/* B's row k: rows U_BRS apart, or in blocks of W rows (bblk: row k
-	 * of the block k / W, each of its columns W floats) */
-	LLVMValueRef bk = bblk ? at(g, p[U_BP], add(g, mul(g, LLVMBuildSDiv(g->b, k, i64c(g, W), ""),
+	 * of the block k / W, each of its columns W floats; W a power of 2,
+	 * k >= 0: a shift and a mask in the k loop) */
+	LLVMValueRef bk = bblk ? at(g, p[U_BP], add(g, mul(g, LLVMBuildLShr(g->b, k, i64c(g, __builtin_ctz(W)), ""),
 	                                                   mul(g, p[U_BRS], i64c(g, W))),
-	                                            LLVMBuildSRem(g->b, k, i64c(g, W), "")))
+	                                            LLVMBuildAnd(g->b, k, i64c(g, W - 1), "")))
 	                       : at(g, p[U_BP], mul(g, k, p[U_BRS]));
 	for (int v = 0; v < NV; v++)
 		a[v] = vload(g, at(g, ak, i64c(g, v * W)));
@@ -2373,9 +2374,9 @@ static LLVMValueRef emit_pm_packb(gen *g, bool bblk)
 	LLVMValueRef v;
 	if (bblk) { /* B in blocks of W rows (see emit_pm_ukr): the row's
 	             * columns W floats apart, one at a time */
-		LLVMValueRef bk = at(g, src, add(g, mul(g, LLVMBuildSDiv(g->b, k, i64c(g, W), ""),
+		LLVMValueRef bk = at(g, src, add(g, mul(g, LLVMBuildLShr(g->b, k, i64c(g, __builtin_ctz(W)), ""),
 		                                        mul(g, brs, i64c(g, W))),
-		                                 add(g, LLVMBuildSRem(g->b, k, i64c(g, W), ""),
+		                                 add(g, LLVMBuildAnd(g->b, k, i64c(g, W - 1), ""),
 		                                     mul(g, j, i64c(g, W)))));
 		v = LLVMConstNull(g->vf);
 		for (int c = 0; c < PM_COLS; c++) {

@@ -1490,6 +1490,16 @@ static kiln_status fit(lowering *L, const ir_node *root, tree *t)
 	}
 }
 
+/* Whether type t holds one element (a scalar operand, broadcast alike
+ * over any layout). */
+static bool one_element(const ir_type *t)
+{
+	for (int d = 0; d < t->rank; d++)
+		if (t->dim[d] != 1)
+			return false;
+	return true;
+}
+
 /* One kernel storing root's tree (leaves in t) into buffer out. */
 static kiln_status fused(lowering *L, const ir_node *root, int out, tree *t)
 {
@@ -1520,14 +1530,10 @@ static kiln_status fused(lowering *L, const ir_node *root, int out, tree *t)
 	int blk = 0;
 	for (int i = 0; i < t->n; i++)
 		blk = cg_buf_block(m, t->buf[i]) ? cg_buf_block(m, t->buf[i]) : blk;
-	for (int i = 0; blk && i < t->n; i++) {
-		bool scalar = true;
-		for (int d = 0; d < ty[i]->rank; d++)
-			scalar = scalar && ty[i]->dim[d] == 1;
-		if (cg_buf_block(m, t->buf[i]) != blk && !scalar)
+	for (int i = 0; blk && i < t->n; i++)
+		if (cg_buf_block(m, t->buf[i]) != blk && !one_element(ty[i]))
 			return cg_lower_fail(m, root, L->err, KILN_EINVAL, "operand in channel blocks "
 			                     "beside one that is not (internal error)");
-	}
 	m->buf[out].block = blk;
 	return KILN_OK;
 }
@@ -1941,17 +1947,6 @@ static void concat_parts(lowering *L, const ir_node *cat, cg_parts *x)
 	x->C = cg_int(L->m, at);
 }
 
-/* Whether value v holds one element (a scalar operand broadcast alike
- * over any layout). */
-static bool one_element(const kiln_graph *g, uint32_t v)
-{
-	const ir_type *t = &g->val[v]->type;
-	for (int d = 0; d < t->rank; d++)
-		if (t->dim[d] != 1)
-			return false;
-	return true;
-}
-
 /* Whether conv n's result y can be stored with its channels in blocks of
  * cb (cg_buf.block) for its readers: a chain of element-wise ops (Relu,
  * Clip, SiLU's Sigmoid and Mul, HardSwish), each of y's type and reading
@@ -1970,7 +1965,7 @@ static bool blocked_chain(const lowering *L, const ir_node *n, int64_t cb, block
  * also writes blocks for a 1x1 conv. */
 static bool end_pointwise(const lowering *L, const ir_node *u, int64_t cb)
 {
-	return cg_conv_reads_blocked_ok(L->m, L->g, u, cb);
+	return cg_conv_reads_blocked_ok(L->m, L->g, u, L->vbuf[u->in[1]], cb);
 }
 
 static bool end_depthwise(const lowering *L, const ir_node *u, int64_t cb)
@@ -2014,7 +2009,7 @@ static bool blocked_chain(const lowering *L, const ir_node *n, int64_t cb, block
 			bool chain = false;
 			for (uint32_t j = 0; u->in[k] && j < ns; j++)
 				chain = chain || u->in[k] == S[j];
-			if (u->in[k] && !chain && !one_element(g, u->in[k]))
+			if (u->in[k] && !chain && !one_element(&g->val[u->in[k]]->type))
 				return false;
 		}
 		S[ns++] = u->out[0];

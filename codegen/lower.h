@@ -187,8 +187,9 @@ bool cg_conv_blocked_ok(const cg_module *m, const kiln_graph *g, const ir_node *
 bool cg_dw_blocked_ok(const cg_module *m, const kiln_graph *g, const ir_node *u, int64_t cb,
                       bool both);
 /* Whether 1x1 conv u reads its input in[0] (only there) in blocks of cb
- * channels (cg_gemm.b_block): as cg_conv_blocked_ok, stride 1. */
-bool cg_conv_reads_blocked_ok(const cg_module *m, const kiln_graph *g, const ir_node *u,
+ * channels (cg_gemm.b_block): as cg_conv_blocked_ok, stride 1; w is its
+ * weight's buffer (-1: none yet, then not). */
+bool cg_conv_reads_blocked_ok(const cg_module *m, const kiln_graph *g, const ir_node *u, int w,
                               int64_t cb);
 kiln_status cg_lower_layer_norm(cg_module *m, const ir_node *n, const int *in, const int *out,
                                 kiln_error *err);

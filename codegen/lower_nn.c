@@ -3063,10 +3063,10 @@ bool cg_dw_blocked_ok(const cg_module *m, const kiln_graph *g, const ir_node *u,
 
 /* Whether n is a 1x1 conv whose GEMM kiln_sgemm_pm computes with C or B
  * in channel blocks of cb (cg_prepack gives it its panels): f32, group
- * 1, a constant W (its buffer in[1]); strided (x gathered first) only
- * when its input is not the blocked one (!reads). */
-static bool pointwise_blocked(const cg_module *m, const kiln_graph *g, const ir_node *n,
-                              const int *in, int64_t cb, bool reads)
+ * 1, a constant W (buffer wb); strided (x gathered first) only when its
+ * input is not the blocked one (!reads). */
+static bool pointwise_blocked(const cg_module *m, const kiln_graph *g, const ir_node *n, int wb,
+                              int64_t cb, bool reads)
 {
 	if (cb != DW_CB || cb != m->panels.c_block || grid_target(m) || n->op != KILN_OP_CONV ||
 	    n->nin < 2 || !n->in[0] || !n->in[1] || n->in[1] == n->in[0] ||
@@ -3080,25 +3080,19 @@ static bool pointwise_blocked(const cg_module *m, const kiln_graph *g, const ir_
 	    ir_conv_geom_of(n, x->rank, x->dim, y->rank, y->dim, w->dim + 2, false, &gm) != IR_GEOM_OK ||
 	    !pointwise_geom(&gm, !reads))
 		return false;
-	const kiln_tensor *wt = in ? const_data(m, in[1]) : NULL;
-	const ir_value *wv = g->val[n->in[1]];
-	if (!in && wv->kind == IR_V_NODE && wv->def && wv->def->op == KILN_OP_CONSTANT)
-		wt = ir_attr_get(wv->def, "value") ? ir_attr_get(wv->def, "value")->u.t : NULL;
-	else if (!in && wv->kind == IR_V_PARAM)
-		wt = wv->data;
-	return wt && (reads ? x->dim[1] : y->dim[1]) % cb == 0 &&
+	return wb >= 0 && const_data(m, wb) && (reads ? x->dim[1] : y->dim[1]) % cb == 0 &&
 	       cg_prepack_lanes_fit(&m->panels, y->dim[1], gm.osz, x->dim[1], true);
 }
 
 bool cg_conv_blocked_ok(const cg_module *m, const kiln_graph *g, const ir_node *n, const int *in)
 {
-	return pointwise_blocked(m, g, n, in, m->panels.c_block, false);
+	return pointwise_blocked(m, g, n, in[1], m->panels.c_block, false);
 }
 
-bool cg_conv_reads_blocked_ok(const cg_module *m, const kiln_graph *g, const ir_node *u,
+bool cg_conv_reads_blocked_ok(const cg_module *m, const kiln_graph *g, const ir_node *u, int w,
                               int64_t cb)
 {
-	return pointwise_blocked(m, g, u, NULL, cb, true);
+	return pointwise_blocked(m, g, u, w, cb, true);
 }
 
 kiln_status cg_lower_conv(cg_module *m, const ir_node *n, const int *in, const int *out,
