@@ -2067,6 +2067,7 @@ static kiln_status lower_node(lowering *L, const ir_node *n)
 	int64_t cb = m->panels.c_block;
 	if (n->op == KILN_OP_CONV && L->fuse && cb && !L->defer[n->in[0]] &&
 	    ((cg_conv_blocked_ok(m, L->g, n, in) && blocked_chain(L, n, cb, end_depthwise)) ||
+	     (cg_grouped_blocked_ok(m, L->g, n, in) && blocked_chain(L, n, cb, end_pointwise)) ||
 	     ((cg_dw_blocked_ok(m, L->g, n, cb, false) ||
 	       (cg_buf_block(m, in[0]) && cg_dw_blocked_ok(m, L->g, n, cb, true))) &&
 	      blocked_chain(L, n, cb, end_pointwise))))

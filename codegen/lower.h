@@ -179,6 +179,12 @@ kiln_status cg_lower_conv_parts(cg_module *m, const ir_node *n, const cg_parts *
  * these weights.  Whether its reader takes them is lower.c's question
  * (blocked_chain). */
 bool cg_conv_blocked_ok(const cg_module *m, const kiln_graph *g, const ir_node *n, const int *in);
+/* Whether grouped conv n (its input buffers in[]) is one conv_grouped
+ * computes with a group's output channels in the lanes (whole vectors of
+ * them, a constant W), which can then store y in channel blocks of that
+ * many (m->panels.c_block) for a 1x1 conv reading them. */
+bool cg_grouped_blocked_ok(const cg_module *m, const kiln_graph *g, const ir_node *n,
+                           const int *in);
 /* Whether conv u is a depthwise one that reads its input in[0] in blocks
  * of cb channels (dw_blocked), and reads it only there; such a conv can
  * also write its result so.  both: the shapes that pay only when it does

@@ -2627,13 +2627,19 @@ static bool grouped_shape(const cg_module *m, const ir_node *n, int x, const geo
  * other way round, as ORT's NCHWc convs do: one vector holds GL_OB output
  * channels of one output pixel, and per input channel and tap it takes one
  * vector of weights (packed at compile time, gl_packed) times one input
- * value broadcast from Q (the padded phase planes conv_grouped builds),
+ * value broadcast from Q (the padded rows conv_grouped copies),
  * for GL_RT pixels of a row at a time: GL_RT multiply-adds per weight load,
  * no lane computing a pixel past the row's end, where the flat form spends
  * a load of Q and a spilled weight per few multiply-adds and computes
  * Wq - Wo padding columns per row.  T holds the chunk's pixels, GL_OB
  * channels each; a transpose writes them into y's planes (so an activation
- * folds into TF's stores, a residual Add does not).  The vector loop is
+ * folds into TF's stores, a residual Add does not), or, where a 1x1 conv
+ * reads y in channel blocks of GL_OB (cg_grouped_blocked_ok), TF is y's
+ * block and the tiles store it as it is: RegNetX-800MF's grouped convs
+ * (batch 1, one thread, bench/ab.py --nodes, 7 rounds) 288 channels at
+ * 14x14 0.158 -> 0.142 ms, 672 at 7x7 0.112 -> 0.100, their 1x1 readers
+ * 672 -> 672 at 7x7 0.338 -> 0.320 (B in blocks, kiln_sgemm_pm's); all
+ * kernels 12.69 -> 12.30 ms.  The vector loop is
  * CG_LANES: left to LLVM's vectorizer, LICM hoisted its 504 broadcasts
  * and spilled them (3-5x slower than the flat form).  One grouped conv +
  * Relu, groups of 16, batch 1, one thread, kiln bench min of 5 x 200 runs
@@ -2680,6 +2686,8 @@ typedef struct gl_slot {
 	cg_expr *b, *gi, *r0, *qp, *tp;
 	int Q, T, TF, WB;
 	int64_t R, Wq, qpl, Cg, Mg, M, ob;
+	int64_t c0, c1; /* Q's phases a dim (1: the padded rows as they are) */
+	bool yblk;      /* y in channel blocks of ob: TF is y's block itself */
 } gl_slot;
 
 /* One tile of na pixels of a row (columns col on, row r of the chunk) of
@@ -2694,7 +2702,9 @@ static void gl_tile(cg_module *m, cg_kernel *k, cg_stmt *tb, const ir_node *n, c
 {
 	int64_t Wo = g->out[1], s0 = g->stride[0], s1 = g->stride[1], ksz = g->ksz, ob = s->ob;
 	int64_t Cg = s->Cg, CU = divisor_upto(Cg, GL_CU), nch = Cg / CU;
-	cg_expr *c0 = add(m, mul(m, r, I(m, s->Wq)), col), *px = add(m, mul(m, r, I(m, Wo)), col);
+	int64_t q0s = s->c0, q1s = s->c1, js = s1 / q1s; /* a pixel's step in Q's row */
+	cg_expr *c0 = add(m, mul(m, r, I(m, s0 / q0s * s->Wq)), mul(m, col, I(m, js)));
+	cg_expr *px = add(m, mul(m, r, I(m, Wo)), col);
 	bool bias = n->nin > 2 && in[2] >= 0;
 	for (int pass = 0; pass < 3; pass++) {
 		int64_t cnt = pass == 1 ? nch - 2 : 1, first = pass == 2 ? nch - 1 : pass;
@@ -2707,11 +2717,19 @@ static void gl_tile(cg_module *m, cg_kernel *k, cg_stmt *tb, const ir_node *n, c
 			body = ccb;
 			cc = add(m, cc, I(m, 1));
 		}
-		int dst = pass == 2 || nch == 1 ? s->TF : s->T;
+		bool fin = pass == 2 || nch == 1;
+		int dst = fin ? s->TF : s->T;
+		/* TF's pixel 0 of this block: T's, or y's (its block oc0 / ob,
+		 * row r0) */
+		cg_expr *fo = fin && s->yblk ? add(m, mul(m, add(m, mul(m, s->b, I(m, s->M)), oc0),
+		                                          I(m, g->osz)),
+		                                   mul(m, s->r0, I(m, Wo * ob)))
+		                             : s->tp;
 		cg_append(m, body, cg_loop(m, k, I(m, ob), CG_VECTORIZE | CG_LANES, &l, &lb));
-		cg_expr *acc[GL_RT], *ti[GL_RT];
+		cg_expr *acc[GL_RT], *ti[GL_RT], *di[GL_RT];
 		for (int64_t j = 0; j < na; j++) {
 			ti[j] = add(m, add(m, s->tp, mul(m, add(m, px, I(m, j)), I(m, ob))), l);
+			di[j] = add(m, add(m, fo, mul(m, add(m, px, I(m, j)), I(m, ob))), l);
 			cg_expr *init = pass ? cg_ld(m, s->T, ti[j])
 			                     : bias ? cg_ld(m, in[2], add(m, oc0, l)) : fc(m, KILN_F32, 0);
 			acc[j] = cg_local(m, k, lb, KILN_F32, init);
@@ -2720,20 +2738,20 @@ static void gl_tile(cg_module *m, cg_kernel *k, cg_stmt *tb, const ir_node *n, c
 			cg_expr *ci = add(m, mul(m, cc, I(m, CU)), I(m, u));
 			for (int64_t kh = 0; kh < g->k[0]; kh++)
 				for (int64_t kw = 0; kw < g->k[1]; kw++) {
-					int64_t ph = (kh * g->dil[0]) % s0 * s1 + (kw * g->dil[1]) % s1;
-					int64_t off = (kh * g->dil[0] / s0) * s->Wq + kw * g->dil[1] / s1;
+					int64_t ph = (kh * g->dil[0]) % q0s * q1s + (kw * g->dil[1]) % q1s;
+					int64_t off = (kh * g->dil[0] / q0s) * s->Wq + kw * g->dil[1] / q1s;
 					cg_expr *wi = add(m, mul(m, ci, I(m, ksz)), I(m, kh * g->k[1] + kw));
 					cg_expr *wv = cg_ld(m, s->WB, add(m, add(m, wb, mul(m, wi, I(m, ob))), l));
-					cg_expr *q0 = add(m, add(m, s->qp, mul(m, add(m, mul(m, ci, I(m, s0 * s1)),
+					cg_expr *q0 = add(m, add(m, s->qp, mul(m, add(m, mul(m, ci, I(m, q0s * q1s)),
 					                                               I(m, ph)), I(m, s->qpl))),
 					                  add(m, I(m, off), c0));
 					for (int64_t j = 0; j < na; j++)
-						cg_set(m, lb, acc[j], add(m, acc[j], mul(m, cg_ld(m, s->Q, add(m, q0, I(m, j))),
+						cg_set(m, lb, acc[j], add(m, acc[j], mul(m, cg_ld(m, s->Q, add(m, q0, I(m, j * js))),
 						                                         wv)));
 				}
 		}
 		for (int64_t j = 0; j < na; j++)
-			cg_append(m, lb, cg_st(m, dst, ti[j], acc[j]));
+			cg_append(m, lb, cg_st(m, dst, di[j], acc[j]));
 	}
 }
 
@@ -2741,7 +2759,7 @@ static void gl_tile(cg_module *m, cg_kernel *k, cg_stmt *tb, const ir_node *n, c
  * output rows r0 .. r0 + R), its Q at qp filled: per block of ob output
  * channels of the group, T's pixels in tiles of at most GL_RT a row (as
  * even as whole tiles allow: 17 columns are 9 + 8, not 14 + 3), then y's
- * planes by a transpose. */
+ * planes by a transpose (none when the tiles stored y's blocks). */
 static kiln_status gl_sums(cg_module *m, cg_kernel *k, cg_stmt *blk, const ir_node *n,
                            const int *in, int y, const geom *g, const gl_slot *s, kiln_error *err)
 {
@@ -2757,6 +2775,11 @@ static kiln_status gl_sums(cg_module *m, cg_kernel *k, cg_stmt *blk, const ir_no
 	gl_tile(m, k, tb, n, in, g, s, oc0, wb, r, mul(m, t, I(m, RT)), RT);
 	if (rest)
 		gl_tile(m, k, rb, n, in, g, s, oc0, wb, r, I(m, full * RT), rest);
+	k->final_buf = y;
+	k->act_buf = s->TF;
+	k->final_act_only = true;
+	if (s->yblk) /* the tiles stored y's blocks */
+		return KILN_OK;
 	cg_transpose to = {.src = s->TF, .dst = y, .rows = I(m, s->R * Wo), .cols = I(m, ob),
 	                   .src_off = s->tp, .src_rs = I(m, ob),
 	                   .dst_off = add(m, mul(m, add(m, mul(m, s->b, I(m, s->M)), oc0), I(m, g->osz)),
@@ -2766,9 +2789,6 @@ static kiln_status gl_sums(cg_module *m, cg_kernel *k, cg_stmt *blk, const ir_no
 	if (!ts)
 		return nomem(m, n, err);
 	cg_append(m, mbb, ts);
-	k->final_buf = y;
-	k->act_buf = s->TF;
-	k->final_act_only = true;
 	return KILN_OK;
 }
 
@@ -2795,8 +2815,27 @@ static kiln_status conv_grouped(cg_module *m, const ir_node *n, const int *in, i
 	/* the lanes form (gl_sums) where the group's channels fill vectors */
 	int64_t ob = gl_lanes(Mg);
 	int WB = ob && !grid_target(m) ? gl_packed(m, in, M, Cg, ksz, ob) : -1;
-	if (WB >= 0)
+	/* Q's phases a dim (qs0 x qs1 planes a channel): the flat form's
+	 * vectors need each tap's run contiguous, so s0 x s1 phase planes;
+	 * the lanes form broadcasts one value at a time, so with a stride its
+	 * Q holds the padded rows as they are (one plane, read s1 apart):
+	 * the copy is a plain one, not a split into phases (RegNetX-800MF,
+	 * batch 1, one thread, bench/ab.py --nodes, 5 rounds: its stride-2
+	 * grouped convs 64 channels at 56x56 0.76 -> 0.67 ms, 128 at 28x28
+	 * 0.336 -> 0.304, 288 at 14x14 0.26 -> 0.17, 672 at 7x7 0.18 ->
+	 * 0.12; all kernels 13.46 -> 13.12).  Stride 1 keeps the flat form's
+	 * Q (the same plane, rows padded past F) */
+	int64_t qs0 = s0, qs1 = s1;
+	if (WB >= 0) {
 		tsz = R * Wo * ob;
+		if (s0 * s1 > 1) {
+			qs0 = qs1 = 1;
+			Wq = (Wo - 1) * s1 + (k1 - 1) * d1 + 1;
+			Rq = (R - 1) * s0 + (k0 - 1) * d0 + 1;
+			qpl = Rq * Wq;
+			qsz = Cg * qpl;
+		}
+	}
 	cg_kernel *k = cg_lower_kernel(m, n);
 	if (!k)
 		return nomem(m, n, err);
@@ -2834,27 +2873,29 @@ static kiln_status conv_grouped(cg_module *m, const ir_node *n, const int *in, i
 	cg_append(m, blk, cg_loop(m, k, I(m, Cg), 0, &ci, &cb));
 	cg_expr *xpl = mul(m, add(m, mul(m, b, I(m, C)), add(m, mul(m, gi, I(m, Cg)), ci)), I(m, H * W));
 	int64_t jlo[4], jhi[4], Jlo = 0, Jhi = Wq;
-	for (int64_t p1 = 0; p1 < s1; p1++) {
+	for (int64_t p1 = 0; p1 < qs1; p1++) {
 		/* columns j of x column j*s1 + p1 - pad inside [0, W): [jlo, jhi) */
 		int64_t o = p1 - g->pad[1];
-		jlo[p1] = o >= 0 ? 0 : (-o + s1 - 1) / s1;
-		jhi[p1] = W - o <= 0 ? 0 : (W - o + s1 - 1) / s1;
+		jlo[p1] = o >= 0 ? 0 : (-o + qs1 - 1) / qs1;
+		jhi[p1] = W - o <= 0 ? 0 : (W - o + qs1 - 1) / qs1;
 		jlo[p1] = jlo[p1] > Wq ? Wq : jlo[p1];
 		jhi[p1] = jhi[p1] > Wq ? Wq : jhi[p1] < jlo[p1] ? jlo[p1] : jhi[p1];
 		Jlo = jlo[p1] > Jlo ? jlo[p1] : Jlo;
 		Jhi = jhi[p1] < Jhi ? jhi[p1] : Jhi;
 	}
 	Jhi = Jhi < Jlo ? Jlo : Jhi;
-	for (int64_t p0 = 0; p0 < s0; p0++) {
+	for (int64_t p0 = 0; p0 < qs0; p0++) {
 		cg_append(m, cb, cg_loop(m, k, I(m, Rq), 0, &i, &ib));
-		cg_expr *xr = add(m, mul(m, add(m, r0, i), I(m, s0)), I(m, p0 - g->pad[0]));
+		/* padded row r0*s0 + i*qs0 + p0 */
+		cg_expr *xr = add(m, qs0 == s0 ? mul(m, add(m, r0, i), I(m, s0)) : add(m, mul(m, r0, I(m, s0)), i),
+		                  I(m, p0 - g->pad[0]));
 		cg_expr *valid = cg_bin(m, CG_AND, cg_bin(m, CG_GE, xr, I(m, 0)),
 		                        cg_bin(m, CG_LT, xr, I(m, H)));
 		cg_expr *xrow = add(m, xpl, mul(m, xr, I(m, W)));
 		cg_expr *qrow[4];
 		cg_stmt *inb = cg_block(m), *outb = cg_block(m);
-		for (int64_t p1 = 0; p1 < s1; p1++) {
-			cg_expr *q0 = add(m, qp, mul(m, add(m, mul(m, ci, I(m, s0 * s1)), I(m, p0 * s1 + p1)),
+		for (int64_t p1 = 0; p1 < qs1; p1++) {
+			cg_expr *q0 = add(m, qp, mul(m, add(m, mul(m, ci, I(m, qs0 * qs1)), I(m, p0 * qs1 + p1)),
 			                             I(m, qpl)));
 			qrow[p1] = add(m, q0, mul(m, i, I(m, Wq)));
 			zeros(m, k, outb, Q, qrow[p1], Wq);
@@ -2867,7 +2908,7 @@ static kiln_status conv_grouped(cg_module *m, const ir_node *n, const int *in, i
 				cg_append(m, inb, cg_loop(m, k, I(m, e1[e] - e0[e]), 0, &j, &jb));
 				cg_expr *jj = add(m, I(m, e0[e]), j);
 				cg_append(m, jb, cg_st(m, Q, add(m, qrow[p1], jj),
-				                       cg_ld(m, in[0], add(m, xrow, add(m, mul(m, jj, I(m, s1)),
+				                       cg_ld(m, in[0], add(m, xrow, add(m, mul(m, jj, I(m, qs1)),
 				                                                        I(m, p1 - g->pad[1]))))));
 			}
 			zeros(m, k, inb, Q, add(m, qrow[p1], I(m, jhi[p1])), Wq - jhi[p1]);
@@ -2879,23 +2920,29 @@ static kiln_status conv_grouped(cg_module *m, const ir_node *n, const int *in, i
 		if (Jhi > Jlo) {
 			cg_append(m, inb, cg_loop(m, k, I(m, Jhi - Jlo), CG_VECTORIZE | CG_TAIL_MASK, &j, &jb));
 			cg_expr *jj = add(m, I(m, Jlo), j);
-			for (int64_t p1 = 0; p1 < s1; p1++)
+			for (int64_t p1 = 0; p1 < qs1; p1++)
 				cg_append(m, jb, cg_st(m, Q, add(m, qrow[p1], jj),
-				                       cg_ld(m, in[0], add(m, xrow, add(m, mul(m, jj, I(m, s1)),
+				                       cg_ld(m, in[0], add(m, xrow, add(m, mul(m, jj, I(m, qs1)),
 				                                                        I(m, p1 - g->pad[1]))))));
 		}
 		cg_append(m, ib, cg_if(m, valid, inb, outb));
 	}
 	/* the zeros past each plane's last row (the flat loop's last vector reads them) */
-	for (int64_t p = 0; p < s0 * s1 && qpl > Rq * Wq; p++)
-		zeros(m, k, cb, Q, add(m, add(m, qp, mul(m, add(m, mul(m, ci, I(m, s0 * s1)), I(m, p)),
+	for (int64_t p = 0; p < qs0 * qs1 && qpl > Rq * Wq; p++)
+		zeros(m, k, cb, Q, add(m, add(m, qp, mul(m, add(m, mul(m, ci, I(m, qs0 * qs1)), I(m, p)),
 		                                         I(m, qpl))), I(m, Rq * Wq)), qpl - Rq * Wq);
+	/* y in channel blocks (cg_grouped_blocked_ok): the tiles store them */
+	bool yblk = m->buf[y].block != 0;
+	if (yblk && (WB < 0 || m->buf[y].block != ob))
+		return cg_lower_fail(m, n, err, KILN_EINVAL, "output in blocks of %d channels, of "
+		                     "groups of %lld (internal error)", m->buf[y].block, (long long)Mg);
 	if (WB >= 0) {
-		int TF = cg_lower_scratch(m, KILN_F32, mul(m, np, I(m, tsz)));
+		int TF = yblk ? y : cg_lower_scratch(m, KILN_F32, mul(m, np, I(m, tsz)));
 		if (TF < 0)
 			return nomem(m, n, err);
 		gl_slot gs = {.b = b, .gi = gi, .r0 = r0, .qp = qp, .tp = tp, .Q = Q, .T = T, .TF = TF, .WB = WB,
-		              .R = R, .Wq = Wq, .qpl = qpl, .Cg = Cg, .Mg = Mg, .M = M, .ob = ob};
+		              .R = R, .Wq = Wq, .qpl = qpl, .Cg = Cg, .Mg = Mg, .M = M, .ob = ob,
+		              .c0 = qs0, .c1 = qs1, .yblk = yblk};
 		return gl_sums(m, k, blk, n, in, y, g, &gs, err);
 	}
 	/* per block of MB output channels: the flat sums into T, then y */
@@ -3084,6 +3131,29 @@ static bool pointwise_blocked(const cg_module *m, const kiln_graph *g, const ir_
 	       cg_prepack_lanes_fit(&m->panels, y->dim[1], gm.osz, x->dim[1], true);
 }
 
+bool cg_grouped_blocked_ok(const cg_module *m, const kiln_graph *g, const ir_node *n,
+                           const int *in)
+{
+	if (n->op != KILN_OP_CONV || n->nin < 2 || !n->in[0] || !n->in[1] || n->in[1] == n->in[0] ||
+	    (n->nin > 2 && n->in[2] == n->in[0]) || m->panels.c_block != GL_OB ||
+	    m->conv == CG_CONV_IM2COL || grid_target(m) || in[1] < 0)
+		return false;
+	const ir_type *x = &g->val[n->in[0]]->type, *w = &g->val[n->in[1]]->type;
+	const ir_type *y = &g->val[n->out[0]]->type;
+	geom gm;
+	if (x->dtype != KILN_F32 || w->dtype != KILN_F32 || x->rank != 4 || w->rank != 4 ||
+	    !fixed_channels(x, w, y) ||
+	    ir_conv_geom_of(n, x->rank, x->dim, y->rank, y->dim, w->dim + 2, false, &gm) != IR_GEOM_OK)
+		return false;
+	int64_t grp = ir_attr_int(n, "group", 1), M = y->dim[1];
+	if (grp <= 1 || x->dim[1] % grp || M % grp || x->dim[1] / grp <= 1 || gm.nsp != 2 ||
+	    gm.stride[0] > 4 || gm.stride[1] > 4 || !gl_lanes(M / grp) ||
+	    !(m->conv == CG_CONV_DIRECT || conv_grouped_wins(m, M / grp)))
+		return false;
+	const kiln_tensor *wt = const_data(m, in[1]);
+	return wt && kiln_tensor_numel(wt) == M * (x->dim[1] / grp) * gm.ksz;
+}
+
 bool cg_conv_blocked_ok(const cg_module *m, const kiln_graph *g, const ir_node *n, const int *in)
 {
 	return pointwise_blocked(m, g, n, in[1], m->panels.c_block, false);
@@ -3111,9 +3181,12 @@ kiln_status cg_lower_conv(cg_module *m, const ir_node *n, const int *in, const i
 	if (m->buf[out[0]].block || cg_buf_block(m, in[0])) {
 		if (grp == 1 && pointwise_geom(&g, true))
 			return conv_1x1(m, n, in, out[0], &g, NULL, err);
+		if (m->buf[out[0]].block && !cg_buf_block(m, in[0]) && grp > 1 && grp != x->dim[1] &&
+		    cg_grouped_blocked_ok(m, m->g, n, in))
+			return conv_grouped(m, n, in, out[0], &g, err);
 		if (!(grp > 1 && grp == x->dim[1]))
 			return cg_lower_fail(m, n, err, KILN_EINVAL, "channel blocks for a conv neither "
-			                     "1x1 nor depthwise (internal error)");
+			                     "1x1, depthwise nor grouped in vectors (internal error)");
 	}
 	if (grp > 1 && grp == x->dim[1] && g.nsp == 2)
 		return conv_depthwise(m, n, in, out[0], &g, NULL, NULL, err);

@@ -1204,6 +1204,88 @@ START_TEST(pointwise_conv_writes_channel_blocks_for_depthwise)
 }
 END_TEST
 
+/* A grouped conv whose groups' output channels fill vectors (conv_grouped's
+ * lanes form) writes its result in channel blocks for the 1x1 conv that
+ * reads it (cg_grouped_blocked_ok): its tiles store the blocks, no
+ * transpose, and the GEMM reads B in blocks.  On batch 1 and 2 against
+ * the interpreter: 3x3, groups of 16, Relu folded into the stores, then a
+ * 1x1 conv with a residual in its epilogue (RegNetX's block), 32x32 (rows
+ * in two chunks, each its part of y's blocks); stride 2 and
+ * three groups, its 1x1 conv's result an output; and one whose result is
+ * also an output (stored in planes, read so).  The kernel IR counts the
+ * GEMMs reading blocks where the host has that GEMM; cg_eval matches. */
+START_TEST(grouped_conv_writes_channel_blocks_for_pointwise)
+{
+	const cg_backend *be = cg_backend_find("llvm");
+	cg_panels pn = {0};
+	kiln_error e = {0};
+	ck_assert_msg(be && be->gemm_panel && be->gemm_panel(NULL, &pn, &e) == KILN_OK, "%s", e.msg);
+	if (!pn.c_block)
+		printf("grouped_conv_writes_channel_blocks_for_pointwise: no GEMM reading channel "
+		       "blocks on this host (kiln_sgemm_pm), numbers checked only\n");
+	for (int64_t n = 1; n <= 2; n++) {
+		kiln_graph *g = kiln_graph_new("gblk");
+		int64_t sx1[] = {n, 32, 32, 32}, sx2[] = {n, 48, 15, 15}, sx3[] = {n, 64, 32, 32};
+		int64_t sg1[] = {32, 16, 3, 3}, sb32[] = {32}, sp1[] = {64, 32, 1, 1}, sb64[] = {64};
+		int64_t sg2[] = {48, 16, 3, 3}, sb48[] = {48}, sp2[] = {64, 48, 1, 1};
+		kiln_tensor *t[] = {seeded(4, sg1, 2), seeded(1, sb32, 3), seeded(4, sp1, 4),
+		                    seeded(1, sb64, 5), seeded(4, sg2, 6), seeded(1, sb48, 7),
+		                    seeded(4, sp2, 8)};
+		uint32_t k[7];
+		for (int i = 0; i < 7; i++)
+			k[i] = kiln_constant(g, t[i]), kiln_tensor_free(t[i]);
+		uint32_t x1 = input(g, "x1", KILN_F32, 4, sx1), x2 = input(g, "x2", KILN_F32, 4, sx2);
+		uint32_t x3 = input(g, "x3", KILN_F32, 4, sx3);
+		uint32_t a = op1(g, KILN_OP_CONV, 3, (uint32_t[]){x1, k[0], k[1]}, "group=2 pads=1,1,1,1");
+		a = op1(g, KILN_OP_RELU, 1, &a, "");
+		a = op1(g, KILN_OP_CONV, 3, (uint32_t[]){a, k[2], k[3]}, "");
+		a = op1(g, KILN_OP_ADD, 2, (uint32_t[]){a, x3}, ""); /* into the GEMM's epilogue */
+		a = op1(g, KILN_OP_RELU, 1, &a, "");
+		ir_output_add(g, a, NULL);
+		uint32_t b = op1(g, KILN_OP_CONV, 3, (uint32_t[]){x2, k[4], k[5]},
+		                 "group=3 strides=2,2 pads=1,1,1,1");
+		b = op1(g, KILN_OP_RELU, 1, &b, "");
+		ir_output_add(g, op1(g, KILN_OP_CONV, 2, (uint32_t[]){b, k[6]}, ""), NULL);
+		/* read by a 1x1 conv and the graph's output: planes */
+		uint32_t c = op1(g, KILN_OP_CONV, 3, (uint32_t[]){x1, k[0], k[1]}, "group=2 pads=1,1,1,1");
+		ir_output_add(g, c, NULL);
+		ir_output_add(g, op1(g, KILN_OP_CONV, 2, (uint32_t[]){c, k[2]}, ""), NULL);
+		ck_assert_msg(kiln_graph_status(g) == KILN_OK, "%s", kiln_graph_errmsg(g));
+		opcase_graph oc = {"gblk", g, {seeded(4, sx1, 0), seeded(4, sx2, 1), seeded(4, sx3, 11)},
+		                   {0}, 3, 4, 0};
+		char why[1400] = "";
+		ck_assert_msg(case_matches(&oc, false, why, sizeof why), "batch %lld: %s", (long long)n,
+		              why);
+		cg_module *m = NULL;
+		ck_assert_msg(cg_lower_ex(g, &(cg_lower_opts){.fuse = true, .panels = &pn}, &m, &e) ==
+		                  KILN_OK, "%s", e.msg);
+		char *kir = dump(m);
+		int reads = 0;
+		for (const char *p = kir; (p = strstr(p, "b_block=16")); p++)
+			reads++;
+		ck_assert_msg(reads == (pn.c_block == 16 ? 2 : 0), "%d GEMMs read blocks:\n%s", reads, kir);
+		ck_assert_msg(pn.c_block != 16 || (strstr(kir, "gemm M=64 N=1024 K=32 b") &&
+		                                   strstr(kir, "b_block=16 alpha=1 beta=0 bias=") &&
+		                                   strstr(kir, "residual=")),
+		              "%s", kir);
+		kiln_tensor *want[4] = {0}, *got[4] = {0};
+		ck_assert_msg(kiln_graph_run(g, oc.in, 3, want, 4, &e) == KILN_OK, "%s", e.msg);
+		ck_assert_int_eq(cg_memplan(m, &e), KILN_OK);
+		ck_assert_msg(cg_eval(m, oc.in, 3, got, 4, &e) == KILN_OK, "%s", e.msg);
+		for (int i = 0; i < 4; i++) {
+			double d = 0;
+			for (int64_t j = 0; j < kiln_tensor_numel(want[i]); j++)
+				d = fmax(d, fabs(ir_load(got[i], j) - ir_load(want[i], j)));
+			ck_assert_msg(d < 1e-4, "cg_eval output %d: max error %g", i, d);
+			kiln_tensor_free(want[i]), kiln_tensor_free(got[i]);
+		}
+		free(kir);
+		cg_module_free(m);
+		opcase_free(&oc);
+	}
+}
+END_TEST
+
 /* A 7x7 map pays for Winograd only from a batch of 4 (lower_wino.c): with
  * a symbolic batch both algorithms are compiled, each kernel guarded by
  * the batch, and the Relu and the residual Add after the conv fold into
@@ -2092,6 +2174,7 @@ static Suite *compiled_ops_suite(void)
 	tcase_add_test(tc, concat_and_split_copy_in_chunks);
 	tcase_add_test(tc, concat_read_in_place_by_its_reader);
 	tcase_add_test(tc, pointwise_conv_writes_channel_blocks_for_depthwise);
+	tcase_add_test(tc, grouped_conv_writes_channel_blocks_for_pointwise);
 	tcase_add_test(tc, transposes_move_blocks_in_registers);
 	tcase_add_test(tc, batch_chosen_conv_matches_the_interpreter);
 	tcase_add_test(tc, gather_index_out_of_range_is_an_error);
