@@ -1970,7 +1970,7 @@ static bool end_pointwise(const lowering *L, const ir_node *u, int64_t cb)
 
 static bool end_depthwise(const lowering *L, const ir_node *u, int64_t cb)
 {
-	return cg_dw_blocked_ok(L->m, L->g, u, cb, false) ||
+	return cg_dw_blocked_ok(L->m, L->g, u, cb, false) || cg_dw_direct_ok(L->m, L->g, u, cb) ||
 	       (cg_dw_blocked_ok(L->m, L->g, u, cb, true) && blocked_chain(L, u, cb, end_pointwise));
 }
 
@@ -2069,7 +2069,8 @@ static kiln_status lower_node(lowering *L, const ir_node *n)
 	    ((cg_conv_blocked_ok(m, L->g, n, in) && blocked_chain(L, n, cb, end_depthwise)) ||
 	     (cg_grouped_blocked_ok(m, L->g, n, in) && blocked_chain(L, n, cb, end_pointwise)) ||
 	     ((cg_dw_blocked_ok(m, L->g, n, cb, false) ||
-	       (cg_buf_block(m, in[0]) && cg_dw_blocked_ok(m, L->g, n, cb, true))) &&
+	       (cg_buf_block(m, in[0]) && (cg_dw_blocked_ok(m, L->g, n, cb, true) ||
+	                                   cg_dw_direct_ok(m, L->g, n, cb)))) &&
 	      blocked_chain(L, n, cb, end_pointwise))))
 		m->buf[out[0]].block = (int)cb;
 	if ((n->op == KILN_OP_BATCH_NORM || n->op == KILN_OP_CONV) && L->defer[n->in[0]]) {

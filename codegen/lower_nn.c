@@ -2215,6 +2215,85 @@ static int dw_packed(cg_module *m, const ir_node *n, const int *in, int64_t C, i
 	return const_buf(m, t, in[1], "blk");
 }
 
+/* Where dw_blocked's sums read their block: src at base, rows of rw
+ * pixels (DW_CB floats each), tap (kh, kw) of output (r, c) at pixel
+ * (r*s0 + kh*d0 - oy, c*s1 + kw*d1 - ox); guard: that pixel may lie
+ * outside the h x w plane (x read in place: zero there). */
+typedef struct dw_src {
+	int buf;
+	cg_expr *base;
+	int64_t rw, oy, ox, h, w;
+} dw_src;
+
+/* dw_blocked's sums of the outputs [r0, r1) x [c0, c1) into T at tp,
+ * each a vector of the block's channels from the bias (at bo in WL, when
+ * bias) over the taps (weights at wp in WL) */
+static void dw_blocked_sums(cg_module *m, cg_kernel *k, cg_stmt *qb, const geom *g,
+                            const dw_src *sr, bool guard, int64_t r0, int64_t r1, int64_t c0,
+                            int64_t c1, int WL, cg_expr *wp, cg_expr *bo, bool bias, int T,
+                            cg_expr *tp)
+{
+	if (r1 <= r0 || c1 <= c0)
+		return;
+	int64_t Wo = g->out[1];
+	cg_expr *r, *c, *l, *tv[2], *part;
+	cg_stmt *rb, *cb, *lb;
+	cg_append(m, qb, cg_loop(m, k, I(m, r1 - r0), 0, &r, &rb));
+	cg_append(m, rb, cg_loop(m, k, I(m, c1 - c0), 0, &c, &cb));
+	r = add(m, r, I(m, r0)), c = add(m, c, I(m, c0));
+	cg_append(m, cb, cg_loop(m, k, I(m, DW_CB), CG_VECTORIZE, &l, &lb));
+	cg_expr *acc = cg_local(m, k, lb, KILN_F32, bias ? cg_ld(m, WL, add(m, bo, l))
+	                                               : fc(m, KILN_F32, 0));
+	cg_stmt *tb = tap_rows(m, k, lb, g, acc, tv, &part);
+	cg_expr *ih = add(m, add(m, mul(m, r, I(m, g->stride[0])), mul(m, tv[0], I(m, g->dil[0]))),
+	                  I(m, -sr->oy));
+	cg_expr *iw = add(m, add(m, mul(m, c, I(m, g->stride[1])), mul(m, tv[1], I(m, g->dil[1]))),
+	                  I(m, -sr->ox));
+	cg_expr *valid = NULL;
+	if (guard) {
+		valid = cg_bin(m, CG_AND, cg_bin(m, CG_AND, cg_bin(m, CG_GE, ih, I(m, 0)),
+		                                 cg_bin(m, CG_LT, ih, I(m, sr->h))),
+		               cg_bin(m, CG_AND, cg_bin(m, CG_GE, iw, I(m, 0)),
+		                      cg_bin(m, CG_LT, iw, I(m, sr->w))));
+		ih = cg_clamp(m, ih, I(m, sr->h)), iw = cg_clamp(m, iw, I(m, sr->w));
+	}
+	cg_expr *xi = add(m, add(m, sr->base, mul(m, add(m, mul(m, ih, I(m, sr->rw)), iw),
+	                                          I(m, DW_CB))), l);
+	cg_expr *xv = cg_ld(m, sr->buf, xi);
+	if (valid)
+		xv = cg_select(m, valid, xv, fc(m, KILN_F32, 0));
+	cg_expr *wi = add(m, add(m, wp, mul(m, lin(m, 2, tv, g->k), I(m, DW_CB))), l);
+	cg_set(m, tb, part, add(m, part, mul(m, xv, cg_ld(m, WL, wi))));
+	cg_append(m, lb, cg_st(m, T, add(m, add(m, tp, mul(m, add(m, mul(m, r, I(m, Wo)), c),
+	                                                       I(m, DW_CB))), l), acc));
+}
+
+/* The share of a blocked conv's outputs, in tenths, whose taps must all
+ * lie inside x for dw_blocked to read x in place (the rest, guarded tap
+ * by tap, cost more than the copy into P): MNASNet (bench/ab.py --nodes,
+ * min of 5 rounds, batch 1, one thread, Sapphire Rapids), in place ->
+ * copied: its 5x5 convs at 14x14 (100 of 196 inside) 0.054 -> 0.050 ms,
+ * at 7x7 (9 of 49) 0.039 -> 0.031; its 3x3 ones at 14x14 (144 of 196)
+ * copied -> in place 0.027 -> 0.020, the 5x5 stride-2 one to 14x14 (144)
+ * 0.046 -> 0.023. */
+enum { DW_DIRECT_TENTHS = 6, DW_DIRECT_W = 28 };
+/* cg_dw_direct_ok: 5x5 taps read in place take blocks up to DW_DIRECT_W
+ * wide (EfficientNet-B0's 240-channel 5x5 conv at 28x28, planar -> in
+ * place, 0.145 -> 0.128 ms, bench/ab.py --nodes as above); 3x3 ones at
+ * 28x28 stay planar (MobileNetV2's 192-channel ones 0.050 -> 0.060). */
+
+/* The outputs [lo, hi) of one dim whose every tap lies inside the input
+ * (n long, padded by pad before): lo = ceil(pad / s), hi past the last
+ * o with o*s + (k - 1)*d - pad <= n - 1; hi >= lo, both within [0, out]. */
+static void inside_span(int64_t out, int64_t n, int64_t pad, int64_t s, int64_t k, int64_t d,
+                        int64_t *lo, int64_t *hi)
+{
+	int64_t a = (pad + s - 1) / s, top = n - 1 + pad - (k - 1) * d;
+	int64_t b = top < 0 ? 0 : top / s + 1;
+	*lo = a < out ? a : out;
+	*hi = b < *lo ? *lo : b > out ? out : b;
+}
+
 static kiln_status dw_blocked(cg_module *m, const ir_node *n, const int *in, int y,
                               const geom *g, int64_t C, kiln_error *err)
 {
@@ -2234,7 +2313,8 @@ static kiln_status dw_blocked(cg_module *m, const ir_node *n, const int *in, int
 	/* the (image, block) slots in parts (parts_loop), the scratch per part */
 	cg_expr *nq = mul(m, cg_dim(m, x->dim[0]), I(m, NB)), *np = parts_count(m, nq, DW_PARTS);
 	/* x with its channels in blocks (cg_conv_blocked_ok): a block's rows
-	 * are Q's as they lie in x, copied into P's padding with no transpose */
+	 * are Q's as they lie in x, read in place (direct, below) or copied
+	 * into P's padding with no transpose */
 	bool inb = cg_buf_block(m, in[0]) != 0;
 	if (inb && (cg_buf_block(m, in[0]) != DW_CB || C % DW_CB))
 		return cg_lower_fail(m, n, err, KILN_EINVAL, "input in blocks of %d channels, of %lld "
@@ -2242,7 +2322,13 @@ static kiln_status dw_blocked(cg_module *m, const ir_node *n, const int *in, int
 	/* rows wider than DW_ROW_T go straight into P: no Q */
 	bool per_row = W > DW_ROW_T && !inb;
 	int Q = per_row || inb ? -1 : cg_lower_scratch(m, KILN_F32, mul(m, np, I(m, qsz)));
-	int P = cg_lower_scratch(m, KILN_F32, mul(m, np, I(m, psz)));
+	/* x in blocks is read in place where most outputs have every tap
+	 * inside it (direct; the others' taps guarded): no P */
+	int64_t rlo, rhi, clo, chi;
+	inside_span(Ho, H, pt, s0, g->k[0], g->dil[0], &rlo, &rhi);
+	inside_span(Wo, W, pw, s1, g->k[1], g->dil[1], &clo, &chi);
+	bool direct = inb && 10 * (rhi - rlo) * (chi - clo) >= DW_DIRECT_TENTHS * Ho * Wo;
+	int P = direct ? -1 : cg_lower_scratch(m, KILN_F32, mul(m, np, I(m, psz)));
 	/* y in channel blocks (lower.c's blocked_chain): T is y's block */
 	bool outb = m->buf[y].block != 0;
 	if (outb && (m->buf[y].block != DW_CB || C % DW_CB))
@@ -2251,10 +2337,10 @@ static kiln_status dw_blocked(cg_module *m, const ir_node *n, const int *in, int
 	int T = outb ? y : cg_lower_scratch(m, KILN_F32, mul(m, np, I(m, tsz)));
 	int WB = dw_packed(m, n, in, C, taps);
 	int WL = WB >= 0 ? WB : cg_lower_scratch(m, KILN_F32, mul(m, np, I(m, wsz)));
-	if ((Q < 0 && !per_row && !inb) || P < 0 || T < 0 || WL < 0)
+	if ((Q < 0 && !per_row && !inb) || (P < 0 && !direct) || T < 0 || WL < 0)
 		return nomem(m, n, err);
-	cg_expr *pi, *q, *r, *c, *l, *tv[2];
-	cg_stmt *qb, *rb, *cb, *lb;
+	cg_expr *pi, *q, *l;
+	cg_stmt *qb, *lb;
 	qb = parts_loop(m, k, k->body, nq, np, cg_par(m, mul(m, m->buf[y].numel, I(m, taps))), &pi,
 	                &q);
 	cg_expr *b = cg_bin(m, CG_DIV, q, I(m, NB)), *c0 = mul(m, cg_bin(m, CG_REM, q, I(m, NB)),
@@ -2299,10 +2385,10 @@ static kiln_status dw_blocked(cg_module *m, const ir_node *n, const int *in, int
 		zeros(m, k, irb, P, add(m, prow, I(m, (pw + win) * DW_CB)), (Wp - pw - win) * DW_CB);
 		zeros(m, k, qb, P, add(m, pp, I(m, (pt + hin) * Wp * DW_CB)),
 		      (Hp - pt - hin) * Wp * DW_CB);
-	} else if (inb) { /* block q of x: (image, block) in order, H*W rows of DW_CB */
+	} else if (inb && !direct) { /* block q of x: (image, block) in order, H*W rows of DW_CB */
 		padded_plane(m, k, qb, P, pp, in[0], mul(m, q, I(m, H * W * DW_CB)), W * DW_CB, hin,
 		             win, Hp, Wp, pt, pw, DW_CB, false);
-	} else {
+	} else if (!inb) {
 		padded_plane(m, k, qb, P, pp, Q, qp, W * DW_CB, hin, win, Hp, Wp, pt, pw, DW_CB, false);
 	}
 	/* the block's bias after its weights in WL, once per block: read per
@@ -2320,23 +2406,28 @@ static kiln_status dw_blocked(cg_module *m, const ir_node *n, const int *in, int
 		cg_append(m, lb, cg_st(m, WL, add(m, bo, l), bv));
 	}
 	/* T: one vector of channels per output pixel; the bias of lanes past
-	 * C is 0, not read */
-	cg_append(m, qb, cg_loop(m, k, I(m, Ho), 0, &r, &rb));
-	cg_append(m, rb, cg_loop(m, k, I(m, Wo), 0, &c, &cb));
-	cg_append(m, cb, cg_loop(m, k, I(m, DW_CB), CG_VECTORIZE, &l, &lb));
-	if (n->nin > 2 && in[2] >= 0)
-		init = cg_ld(m, WL, add(m, bo, l));
-	cg_expr *acc = cg_local(m, k, lb, KILN_F32, init);
-	cg_expr *part;
-	cg_stmt *tb = tap_rows(m, k, lb, g, acc, tv, &part);
-	cg_expr *pix = add(m, mul(m, add(m, mul(m, r, I(m, s0)), mul(m, tv[0], I(m, g->dil[0]))),
-	                          I(m, Wp)),
-	                   add(m, mul(m, c, I(m, s1)), mul(m, tv[1], I(m, g->dil[1]))));
-	cg_expr *xi = add(m, add(m, pp, mul(m, pix, I(m, DW_CB))), l);
-	cg_expr *wi = add(m, add(m, wp, mul(m, lin(m, 2, tv, g->k), I(m, DW_CB))), l);
-	cg_set(m, tb, part, add(m, part, mul(m, cg_ld(m, P, xi), cg_ld(m, WL, wi))));
-	cg_append(m, lb, cg_st(m, T, add(m, add(m, tp, mul(m, add(m, mul(m, r, I(m, Wo)), c),
-	                                                       I(m, DW_CB))), l), acc));
+	 * C is 0, not read.  From P, or from x's block in place: the outputs
+	 * whose taps all lie inside x unguarded, the rest (the borders) with
+	 * each tap's load guarded.  The copy into P's padding (memcpy per
+	 * row) was most of a blocked conv's time: EfficientNet-B0's
+	 * 240-channel 3x3 stride-2 conv at 28x28 (a 1x1 conv -> Relu -> it ->
+	 * Relu, batch 1, one thread, kiln bench --profile, Sapphire Rapids)
+	 * 0.048 -> 0.022 ms, and with a 1x1 conv reading its blocks 0.034 ->
+	 * 0.010 (ORT 0.016) */
+	bool bias = n->nin > 2 && in[2] >= 0;
+	(void)init;
+	if (direct) {
+		dw_src sr = {.buf = in[0], .base = mul(m, q, I(m, H * W * DW_CB)), .rw = W, .oy = pt,
+		             .ox = pw, .h = H, .w = W};
+		dw_blocked_sums(m, k, qb, g, &sr, true, 0, rlo, 0, Wo, WL, wp, bo, bias, T, tp);
+		dw_blocked_sums(m, k, qb, g, &sr, true, rlo, rhi, 0, clo, WL, wp, bo, bias, T, tp);
+		dw_blocked_sums(m, k, qb, g, &sr, false, rlo, rhi, clo, chi, WL, wp, bo, bias, T, tp);
+		dw_blocked_sums(m, k, qb, g, &sr, true, rlo, rhi, chi, Wo, WL, wp, bo, bias, T, tp);
+		dw_blocked_sums(m, k, qb, g, &sr, true, rhi, Ho, 0, Wo, WL, wp, bo, bias, T, tp);
+	} else {
+		dw_src sr = {.buf = P, .base = pp, .rw = Wp, .h = Hp, .w = Wp};
+		dw_blocked_sums(m, k, qb, g, &sr, false, 0, Ho, 0, Wo, WL, wp, bo, bias, T, tp);
+	}
 	/* y's planes: T transposed back */
 	cg_transpose to = {.src = T, .dst = y, .rows = I(m, Ho * Wo), .cols = nc,
 	                   .src_off = tp, .src_rs = I(m, DW_CB),
@@ -3089,6 +3180,26 @@ kiln_status cg_lower_conv_parts(cg_module *m, const ir_node *n, const cg_parts *
 		cg_append(m, gb, cg_gemm_stmt(m, &gm));
 	}
 	return gb->n == x->n ? KILN_OK : nomem(m, n, err);
+}
+
+bool cg_dw_direct_ok(const cg_module *m, const kiln_graph *g, const ir_node *u, int64_t cb)
+{
+	if (u->op != KILN_OP_CONV || u->nin < 2 || !u->in[0] || !u->in[1] || u->in[1] == u->in[0] ||
+	    (u->nin > 2 && u->in[2] == u->in[0]) || cb != DW_CB || grid_target(m))
+		return false;
+	const ir_type *xt = &g->val[u->in[0]]->type, *wt = &g->val[u->in[1]]->type;
+	const ir_type *yt = &g->val[u->out[0]]->type;
+	geom gd;
+	if (xt->dtype != KILN_F32 || xt->rank != 4 || wt->rank != 4 || !fixed_channels(xt, wt, yt) ||
+	    ir_attr_int(u, "group", 1) != xt->dim[1] || yt->dim[1] != xt->dim[1] ||
+	    xt->dim[1] % cb ||
+	    ir_conv_geom_of(u, xt->rank, xt->dim, yt->rank, yt->dim, wt->dim + 2, false, &gd) !=
+	        IR_GEOM_OK || gd.nsp != 2 || gd.out[1] > DW_DIRECT_W || gd.ksz < 25)
+		return false;
+	int64_t rlo, rhi, clo, chi;
+	inside_span(gd.out[0], gd.in[0], gd.pad[0], gd.stride[0], gd.k[0], gd.dil[0], &rlo, &rhi);
+	inside_span(gd.out[1], gd.in[1], gd.pad[1], gd.stride[1], gd.k[1], gd.dil[1], &clo, &chi);
+	return 10 * (rhi - rlo) * (chi - clo) >= DW_DIRECT_TENTHS * gd.out[0] * gd.out[1];
 }
 
 bool cg_dw_blocked_ok(const cg_module *m, const kiln_graph *g, const ir_node *u, int64_t cb,

@@ -1108,9 +1108,13 @@ END_TEST
  * kernel keeping the blocks), a 1x1 conv whose result is also added to
  * the output (stored as it is), and 1x1 -> Relu -> 3x3 depthwise at 14x14
  * twice: read by a 1x1 conv (blocks on both sides) and not (none: that
- * shape pays only with both).  The kernel IR shows which GEMMs write or
- * read blocks where the host has that GEMM; the module evaluated by
- * cg_eval matches too. */
+ * shape pays only with both).  The depthwise convs read their blocks in
+ * place where most outputs' taps lie inside them, the borders guarded
+ * (the 14x14 ones), else through a padded copy (the 5x5 at 7x7); then a
+ * 5x5 at 20x20, in place, past dw_blocked's own widths
+ * (cg_dw_direct_ok).  The kernel IR shows which GEMMs write or read
+ * blocks where the host has that GEMM; the module evaluated by cg_eval
+ * matches too. */
 START_TEST(pointwise_conv_writes_channel_blocks_for_depthwise)
 {
 	const cg_backend *be = cg_backend_find("llvm");
@@ -1129,9 +1133,9 @@ START_TEST(pointwise_conv_writes_channel_blocks_for_depthwise)
 		kiln_tensor *t[] = {seeded(4, sw1, 2), seeded(1, sb64, 3), seeded(4, sd1, 4),
 		                    seeded(1, sb64, 5), seeded(4, sw2, 6), seeded(1, sb96, 7),
 		                    seeded(4, sd2, 8), seeded(4, sw1, 9), seeded(4, sw3, 10),
-		                    seeded(4, sw2, 12), seeded(4, sw4, 13)};
-		uint32_t k[11];
-		for (int i = 0; i < 11; i++)
+		                    seeded(4, sw2, 12), seeded(4, sw4, 13), seeded(4, sw2, 14)};
+		uint32_t k[12];
+		for (int i = 0; i < 12; i++)
 			k[i] = kiln_constant(g, t[i]), kiln_tensor_free(t[i]);
 		uint32_t x1 = input(g, "x1", KILN_F32, 4, sx1), x2 = input(g, "x2", KILN_F32, 4, sx2);
 		uint32_t x3 = input(g, "x3", KILN_F32, 4, sx3);
@@ -1155,7 +1159,9 @@ START_TEST(pointwise_conv_writes_channel_blocks_for_depthwise)
 		/* a 3x3 at 14x14 takes blocks only to write them too: read by a
 		 * 1x1 conv, and (the last) not */
 		for (int last = 0; last < 2; last++) {
-			uint32_t d = op1(g, KILN_OP_CONV, 3, (uint32_t[]){x2, k[4 + last * 5], k[5]}, "");
+			/* weights of their own: the compile pipeline's CSE would merge
+			 * a conv the same as b's, and its result then has two readers */
+			uint32_t d = op1(g, KILN_OP_CONV, 3, (uint32_t[]){x2, k[last ? 9 : 11], k[5]}, "");
 			d = op1(g, KILN_OP_RELU, 1, &d, "");
 			d = op1(g, KILN_OP_CONV, 2, (uint32_t[]){d, k[6]}, "group=96 pads=1,1,1,1");
 			if (!last) {
@@ -1201,6 +1207,45 @@ START_TEST(pointwise_conv_writes_channel_blocks_for_depthwise)
 		cg_module_free(m);
 		opcase_free(&oc);
 	}
+	/* a 5x5 depthwise conv at 20x20 reads its blocks in place
+	 * (cg_dw_direct_ok: 256 of 400 outputs have every tap inside, the
+	 * rest guarded) and writes planes */
+	for (int64_t n = 1; n <= 2; n++) {
+		kiln_graph *g = kiln_graph_new("cblk5");
+		int64_t sx[] = {n, 24, 20, 20}, sw[] = {64, 24, 1, 1}, sd[] = {64, 1, 5, 5}, sb[] = {64};
+		kiln_tensor *t[] = {seeded(4, sw, 2), seeded(1, sb, 3), seeded(4, sd, 4), seeded(1, sb, 5)};
+		uint32_t k[4];
+		for (int i = 0; i < 4; i++)
+			k[i] = kiln_constant(g, t[i]), kiln_tensor_free(t[i]);
+		uint32_t x = input(g, "x", KILN_F32, 4, sx);
+		uint32_t a = op1(g, KILN_OP_CONV, 3, (uint32_t[]){x, k[0], k[1]}, "");
+		a = op1(g, KILN_OP_RELU, 1, &a, "");
+		a = op1(g, KILN_OP_CONV, 3, (uint32_t[]){a, k[2], k[3]}, "group=64 pads=2,2,2,2");
+		ir_output_add(g, op1(g, KILN_OP_RELU, 1, &a, ""), NULL);
+		ck_assert_msg(kiln_graph_status(g) == KILN_OK, "%s", kiln_graph_errmsg(g));
+		opcase_graph oc = {"cblk5", g, {seeded(4, sx, 0)}, {0}, 1, 1, 0};
+		char why[1400] = "";
+		ck_assert_msg(case_matches(&oc, false, why, sizeof why), "batch %lld: %s", (long long)n,
+		              why);
+		cg_module *m = NULL;
+		ck_assert_msg(cg_lower_ex(g, &(cg_lower_opts){.fuse = true, .panels = &pn}, &m, &e) ==
+		                  KILN_OK, "%s", e.msg);
+		char *kir = dump(m);
+		ck_assert_msg(!pn.c_block || strstr(kir, "gemm M=64 N=400 K=24 batch=1"), "%s", kir);
+		ck_assert_msg((strstr(kir, "c_block=16") != NULL) == (pn.c_block == 16), "%s", kir);
+		kiln_tensor *want[1] = {0}, *got[1] = {0};
+		ck_assert_msg(kiln_graph_run(g, oc.in, 1, want, 1, &e) == KILN_OK, "%s", e.msg);
+		ck_assert_int_eq(cg_memplan(m, &e), KILN_OK);
+		ck_assert_msg(cg_eval(m, oc.in, 1, got, 1, &e) == KILN_OK, "%s", e.msg);
+		double d = 0;
+		for (int64_t j = 0; j < kiln_tensor_numel(want[0]); j++)
+			d = fmax(d, fabs(ir_load(got[0], j) - ir_load(want[0], j)));
+		ck_assert_msg(d < 1e-4, "cg_eval: max error %g", d);
+		kiln_tensor_free(want[0]), kiln_tensor_free(got[0]);
+		free(kir);
+		cg_module_free(m);
+		opcase_free(&oc);
+	}
 }
 END_TEST
 
@@ -1230,9 +1275,9 @@ START_TEST(grouped_conv_writes_channel_blocks_for_pointwise)
 		int64_t sg2[] = {48, 16, 3, 3}, sb48[] = {48}, sp2[] = {64, 48, 1, 1};
 		kiln_tensor *t[] = {seeded(4, sg1, 2), seeded(1, sb32, 3), seeded(4, sp1, 4),
 		                    seeded(1, sb64, 5), seeded(4, sg2, 6), seeded(1, sb48, 7),
-		                    seeded(4, sp2, 8)};
-		uint32_t k[7];
-		for (int i = 0; i < 7; i++)
+		                    seeded(4, sp2, 8), seeded(4, sg1, 9)};
+		uint32_t k[8];
+		for (int i = 0; i < 8; i++)
 			k[i] = kiln_constant(g, t[i]), kiln_tensor_free(t[i]);
 		uint32_t x1 = input(g, "x1", KILN_F32, 4, sx1), x2 = input(g, "x2", KILN_F32, 4, sx2);
 		uint32_t x3 = input(g, "x3", KILN_F32, 4, sx3);
@@ -1247,7 +1292,7 @@ START_TEST(grouped_conv_writes_channel_blocks_for_pointwise)
 		b = op1(g, KILN_OP_RELU, 1, &b, "");
 		ir_output_add(g, op1(g, KILN_OP_CONV, 2, (uint32_t[]){b, k[6]}, ""), NULL);
 		/* read by a 1x1 conv and the graph's output: planes */
-		uint32_t c = op1(g, KILN_OP_CONV, 3, (uint32_t[]){x1, k[0], k[1]}, "group=2 pads=1,1,1,1");
+		uint32_t c = op1(g, KILN_OP_CONV, 3, (uint32_t[]){x1, k[7], k[1]}, "group=2 pads=1,1,1,1");
 		ir_output_add(g, c, NULL);
 		ir_output_add(g, op1(g, KILN_OP_CONV, 2, (uint32_t[]){c, k[2]}, ""), NULL);
 		ck_assert_msg(kiln_graph_status(g) == KILN_OK, "%s", kiln_graph_errmsg(g));
