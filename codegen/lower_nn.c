@@ -3865,6 +3865,31 @@ kiln_status cg_lower_global_avg_pool(cg_module *m, const ir_node *n, const int *
 	kiln_dtype ct = cg_ctype(x->dtype);
 	cg_expr *nc = cg_prod(m, x, 0, 2), *sp = cg_prod(m, x, 2, x->rank), *b, *s;
 	cg_stmt *blk, *sb;
+	int cb = cg_buf_block(m, in[0]);
+	if (cb) { /* x in channel blocks (lower.c's blocked_chain) */
+		if (x->rank < 3 || x->dim[1] % cb || ct != KILN_F32)
+			return cg_lower_fail(m, n, err, KILN_EINVAL, "input in blocks of %d channels "
+			                     "(internal error)", cb);
+		/* per (image, block): its channels' sums in y's vector of them,
+		 * one vector of x added per pixel, then scaled */
+		cg_expr *l, *y0;
+		cg_stmt *lb;
+		cg_append(m, k->body, cg_loop(m, k, cg_bin(m, CG_DIV, nc, I(m, cb)),
+		                              cg_par(m, m->buf[in[0]].numel), &b, &blk));
+		y0 = mul(m, b, I(m, cb));
+		cg_append(m, blk, cg_loop(m, k, I(m, cb), CG_VECTORIZE, &l, &lb));
+		cg_append(m, lb, cg_st(m, out[0], add(m, y0, l), fc(m, ct, 0)));
+		cg_append(m, blk, cg_loop(m, k, sp, 0, &s, &sb));
+		cg_append(m, sb, cg_loop(m, k, I(m, cb), CG_VECTORIZE, &l, &lb));
+		cg_expr *xi = add(m, mul(m, add(m, mul(m, b, sp), s), I(m, cb)), l);
+		cg_append(m, lb, cg_st(m, out[0], add(m, y0, l),
+		                       add(m, cg_ld(m, out[0], add(m, y0, l)), cg_ld(m, in[0], xi))));
+		cg_append(m, blk, cg_loop(m, k, I(m, cb), CG_VECTORIZE, &l, &lb));
+		cg_append(m, lb, cg_st(m, out[0], add(m, y0, l),
+		                       cg_bin(m, CG_DIV, cg_ld(m, out[0], add(m, y0, l)),
+		                              cg_cast(m, sp, ct))));
+		return KILN_OK;
+	}
 	cg_append(m, k->body, cg_loop(m, k, nc, cg_par(m, m->buf[in[0]].numel), &b, &blk));
 	cg_expr *acc = cg_local(m, k, blk, ct, fc(m, ct, 0));
 	cg_append(m, blk, cg_loop(m, k, sp, CG_REDUCE | CG_VECTORIZE, &s, &sb));

@@ -1249,6 +1249,79 @@ START_TEST(pointwise_conv_writes_channel_blocks_for_depthwise)
 }
 END_TEST
 
+/* A squeeze-and-excitation block keeps the depthwise conv's channel
+ * blocks (EfficientNet's, MobileNetV3's): its GlobalAveragePool reads them
+ * and the Mul by the per-channel scale [N, C, 1, 1] runs over them, so
+ * the project 1x1 conv reads its B in blocks (lower.c's blocked_chain,
+ * per_channel).  On batch 1 and 2 against the interpreter: 1x1 -> Relu ->
+ * 3x3 depthwise at 7x7 -> SiLU -> GAP -> 1x1 -> Relu -> 1x1 -> Sigmoid ->
+ * Mul -> Mul by a constant [C, 1, 1] -> 1x1; the kernel IR counts the GEMMs
+ * writing and reading blocks where the host has that GEMM; cg_eval
+ * matches. */
+START_TEST(squeeze_excitation_keeps_channel_blocks)
+{
+	const cg_backend *be = cg_backend_find("llvm");
+	cg_panels pn = {0};
+	kiln_error e = {0};
+	ck_assert_msg(be && be->gemm_panel && be->gemm_panel(NULL, &pn, &e) == KILN_OK, "%s", e.msg);
+	if (!pn.c_block)
+		printf("squeeze_excitation_keeps_channel_blocks: no GEMM with channel blocks on this "
+		       "host (kiln_sgemm_pm), numbers checked only\n");
+	for (int64_t n = 1; n <= 2; n++) {
+		kiln_graph *g = kiln_graph_new("seblk");
+		int64_t sx[] = {n, 24, 7, 7}, sw1[] = {64, 24, 1, 1}, sb64[] = {64}, sd[] = {64, 1, 3, 3};
+		int64_t ss[] = {16, 64, 1, 1}, sb16[] = {16}, se[] = {64, 16, 1, 1}, sk[] = {64, 1, 1};
+		int64_t sp[] = {64, 64, 1, 1};
+		kiln_tensor *t[] = {seeded(4, sw1, 2), seeded(1, sb64, 3), seeded(4, sd, 4),
+		                    seeded(1, sb64, 5), seeded(4, ss, 6), seeded(1, sb16, 7),
+		                    seeded(4, se, 8), seeded(1, sb64, 9), seeded(3, sk, 10),
+		                    seeded(4, sp, 12)};
+		uint32_t k[10];
+		for (int i = 0; i < 10; i++)
+			k[i] = kiln_constant(g, t[i]), kiln_tensor_free(t[i]);
+		uint32_t x = input(g, "x", KILN_F32, 4, sx);
+		uint32_t a = op1(g, KILN_OP_CONV, 3, (uint32_t[]){x, k[0], k[1]}, "");
+		a = op1(g, KILN_OP_RELU, 1, &a, "");
+		a = op1(g, KILN_OP_CONV, 3, (uint32_t[]){a, k[2], k[3]}, "group=64 pads=1,1,1,1");
+		uint32_t sg = op1(g, KILN_OP_SIGMOID, 1, &a, "");
+		a = op1(g, KILN_OP_MUL, 2, (uint32_t[]){a, sg}, "");
+		uint32_t q = op1(g, KILN_OP_GLOBAL_AVERAGE_POOL, 1, &a, "");
+		q = op1(g, KILN_OP_CONV, 3, (uint32_t[]){q, k[4], k[5]}, "");
+		q = op1(g, KILN_OP_RELU, 1, &q, "");
+		q = op1(g, KILN_OP_CONV, 3, (uint32_t[]){q, k[6], k[7]}, "");
+		q = op1(g, KILN_OP_SIGMOID, 1, &q, "");
+		a = op1(g, KILN_OP_MUL, 2, (uint32_t[]){a, q}, "");
+		a = op1(g, KILN_OP_MUL, 2, (uint32_t[]){k[8], a}, "");
+		ir_output_add(g, op1(g, KILN_OP_CONV, 2, (uint32_t[]){a, k[9]}, ""), NULL);
+		ck_assert_msg(kiln_graph_status(g) == KILN_OK, "%s", kiln_graph_errmsg(g));
+		opcase_graph oc = {"seblk", g, {seeded(4, sx, 0)}, {0}, 1, 1, 0};
+		char why[1400] = "";
+		ck_assert_msg(case_matches(&oc, false, why, sizeof why), "batch %lld: %s", (long long)n,
+		              why);
+		cg_module *m = NULL;
+		ck_assert_msg(cg_lower_ex(g, &(cg_lower_opts){.fuse = true, .panels = &pn}, &m, &e) ==
+		                  KILN_OK, "%s", e.msg);
+		char *kir = dump(m);
+		bool on = pn.c_block == 16;
+		ck_assert_msg((strstr(kir, "gemm M=64 N=49 K=24 ") && strstr(kir, "c_block=16")) == on &&
+		              (strstr(kir, "gemm M=64 N=49 K=64 ") && strstr(kir, "b_block=16")) == on,
+		              "%s", kir);
+		kiln_tensor *want[1] = {0}, *got[1] = {0};
+		ck_assert_msg(kiln_graph_run(g, oc.in, 1, want, 1, &e) == KILN_OK, "%s", e.msg);
+		ck_assert_int_eq(cg_memplan(m, &e), KILN_OK);
+		ck_assert_msg(cg_eval(m, oc.in, 1, got, 1, &e) == KILN_OK, "%s", e.msg);
+		double d = 0;
+		for (int64_t j = 0; j < kiln_tensor_numel(want[0]); j++)
+			d = fmax(d, fabs(ir_load(got[0], j) - ir_load(want[0], j)));
+		ck_assert_msg(d < 1e-4, "cg_eval: max error %g", d);
+		kiln_tensor_free(want[0]), kiln_tensor_free(got[0]);
+		free(kir);
+		cg_module_free(m);
+		opcase_free(&oc);
+	}
+}
+END_TEST
+
 /* A grouped conv whose groups' output channels fill vectors (conv_grouped's
  * lanes form) writes its result in channel blocks for the 1x1 conv that
  * reads it (cg_grouped_blocked_ok): its tiles store the blocks, no
@@ -2220,6 +2293,7 @@ static Suite *compiled_ops_suite(void)
 	tcase_add_test(tc, concat_read_in_place_by_its_reader);
 	tcase_add_test(tc, pointwise_conv_writes_channel_blocks_for_depthwise);
 	tcase_add_test(tc, grouped_conv_writes_channel_blocks_for_pointwise);
+	tcase_add_test(tc, squeeze_excitation_keeps_channel_blocks);
 	tcase_add_test(tc, transposes_move_blocks_in_registers);
 	tcase_add_test(tc, batch_chosen_conv_matches_the_interpreter);
 	tcase_add_test(tc, gather_index_out_of_range_is_an_error);
