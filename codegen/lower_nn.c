@@ -3182,19 +3182,28 @@ kiln_status cg_lower_conv_parts(cg_module *m, const ir_node *n, const cg_parts *
 	return gb->n == x->n ? KILN_OK : nomem(m, n, err);
 }
 
-bool cg_dw_direct_ok(const cg_module *m, const kiln_graph *g, const ir_node *u, int64_t cb)
+/* Whether u is an f32 2-D depthwise conv over a multiple of cb (DW_CB)
+ * channels that dw_blocked can take in blocks; *gd its geometry. */
+static bool dw_block_geom(const cg_module *m, const kiln_graph *g, const ir_node *u, int64_t cb,
+                          geom *gd)
 {
 	if (u->op != KILN_OP_CONV || u->nin < 2 || !u->in[0] || !u->in[1] || u->in[1] == u->in[0] ||
 	    (u->nin > 2 && u->in[2] == u->in[0]) || cb != DW_CB || grid_target(m))
 		return false;
 	const ir_type *xt = &g->val[u->in[0]]->type, *wt = &g->val[u->in[1]]->type;
 	const ir_type *yt = &g->val[u->out[0]]->type;
+	return xt->dtype == KILN_F32 && xt->rank == 4 && wt->rank == 4 && fixed_channels(xt, wt, yt) &&
+	       ir_attr_int(u, "group", 1) == xt->dim[1] && yt->dim[1] == xt->dim[1] &&
+	       xt->dim[1] % cb == 0 &&
+	       ir_conv_geom_of(u, xt->rank, xt->dim, yt->rank, yt->dim, wt->dim + 2, false, gd) ==
+	           IR_GEOM_OK &&
+	       gd->nsp == 2;
+}
+
+bool cg_dw_direct_ok(const cg_module *m, const kiln_graph *g, const ir_node *u, int64_t cb)
+{
 	geom gd;
-	if (xt->dtype != KILN_F32 || xt->rank != 4 || wt->rank != 4 || !fixed_channels(xt, wt, yt) ||
-	    ir_attr_int(u, "group", 1) != xt->dim[1] || yt->dim[1] != xt->dim[1] ||
-	    xt->dim[1] % cb ||
-	    ir_conv_geom_of(u, xt->rank, xt->dim, yt->rank, yt->dim, wt->dim + 2, false, &gd) !=
-	        IR_GEOM_OK || gd.nsp != 2 || gd.out[1] > DW_DIRECT_W || gd.ksz < 25)
+	if (!dw_block_geom(m, g, u, cb, &gd) || gd.out[1] > DW_DIRECT_W || gd.ksz < 25)
 		return false;
 	int64_t rlo, rhi, clo, chi;
 	inside_span(gd.out[0], gd.in[0], gd.pad[0], gd.stride[0], gd.k[0], gd.dil[0], &rlo, &rhi);
@@ -3205,18 +3214,9 @@ bool cg_dw_direct_ok(const cg_module *m, const kiln_graph *g, const ir_node *u, 
 bool cg_dw_blocked_ok(const cg_module *m, const kiln_graph *g, const ir_node *u, int64_t cb,
                       bool both)
 {
-	if (u->op != KILN_OP_CONV || u->nin < 2 || !u->in[0] || !u->in[1] || u->in[1] == u->in[0] ||
-	    (u->nin > 2 && u->in[2] == u->in[0]) || cb != DW_CB || grid_target(m))
-		return false;
-	const ir_type *xt = &g->val[u->in[0]]->type, *wt = &g->val[u->in[1]]->type;
-	const ir_type *yt = &g->val[u->out[0]]->type;
 	geom gd;
-	return xt->dtype == KILN_F32 && xt->rank == 4 && wt->rank == 4 && fixed_channels(xt, wt, yt) &&
-	       ir_attr_int(u, "group", 1) == xt->dim[1] && yt->dim[1] == xt->dim[1] &&
-	       xt->dim[1] % cb == 0 &&
-	       ir_conv_geom_of(u, xt->rank, xt->dim, yt->rank, yt->dim, wt->dim + 2, false, &gd) ==
-	           IR_GEOM_OK &&
-	       (dw_blocked_shape(&gd, 1, true) || (both && gd.nsp == 2 && gd.out[1] <= DW_BLOCK_W2));
+	return dw_block_geom(m, g, u, cb, &gd) &&
+	       (dw_blocked_shape(&gd, 1, true) || (both && gd.out[1] <= DW_BLOCK_W2));
 }
 
 /* Whether n is a 1x1 conv whose GEMM kiln_sgemm_pm computes with C or B
