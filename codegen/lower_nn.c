@@ -3182,22 +3182,33 @@ kiln_status cg_lower_conv_parts(cg_module *m, const ir_node *n, const cg_parts *
 	return gb->n == x->n ? KILN_OK : nomem(m, n, err);
 }
 
+/* Whether n is an f32 2-D conv the channel-block predicates below can
+ * look at: x (no other operand the same value) and W f32 rank 4, fixed
+ * channels, its geometry valid (*gm). */
+static bool f32_conv2d(const kiln_graph *g, const ir_node *n, geom *gm)
+{
+	if (n->op != KILN_OP_CONV || n->nin < 2 || !n->in[0] || !n->in[1] || n->in[1] == n->in[0] ||
+	    (n->nin > 2 && n->in[2] == n->in[0]))
+		return false;
+	const ir_type *x = &g->val[n->in[0]]->type, *w = &g->val[n->in[1]]->type;
+	const ir_type *y = &g->val[n->out[0]]->type;
+	return x->dtype == KILN_F32 && w->dtype == KILN_F32 && x->rank == 4 && w->rank == 4 &&
+	       fixed_channels(x, w, y) &&
+	       ir_conv_geom_of(n, x->rank, x->dim, y->rank, y->dim, w->dim + 2, false, gm) ==
+	           IR_GEOM_OK &&
+	       gm->nsp == 2;
+}
+
 /* Whether u is an f32 2-D depthwise conv over a multiple of cb (DW_CB)
  * channels that dw_blocked can take in blocks; *gd its geometry. */
 static bool dw_block_geom(const cg_module *m, const kiln_graph *g, const ir_node *u, int64_t cb,
                           geom *gd)
 {
-	if (u->op != KILN_OP_CONV || u->nin < 2 || !u->in[0] || !u->in[1] || u->in[1] == u->in[0] ||
-	    (u->nin > 2 && u->in[2] == u->in[0]) || cb != DW_CB || grid_target(m))
+	if (cb != DW_CB || grid_target(m) || !f32_conv2d(g, u, gd))
 		return false;
-	const ir_type *xt = &g->val[u->in[0]]->type, *wt = &g->val[u->in[1]]->type;
-	const ir_type *yt = &g->val[u->out[0]]->type;
-	return xt->dtype == KILN_F32 && xt->rank == 4 && wt->rank == 4 && fixed_channels(xt, wt, yt) &&
-	       ir_attr_int(u, "group", 1) == xt->dim[1] && yt->dim[1] == xt->dim[1] &&
-	       xt->dim[1] % cb == 0 &&
-	       ir_conv_geom_of(u, xt->rank, xt->dim, yt->rank, yt->dim, wt->dim + 2, false, gd) ==
-	           IR_GEOM_OK &&
-	       gd->nsp == 2;
+	const ir_type *xt = &g->val[u->in[0]]->type, *yt = &g->val[u->out[0]]->type;
+	return ir_attr_int(u, "group", 1) == xt->dim[1] && yt->dim[1] == xt->dim[1] &&
+	       xt->dim[1] % cb == 0;
 }
 
 bool cg_dw_direct_ok(const cg_module *m, const kiln_graph *g, const ir_node *u, int64_t cb)
@@ -3226,18 +3237,11 @@ bool cg_dw_blocked_ok(const cg_module *m, const kiln_graph *g, const ir_node *u,
 static bool pointwise_blocked(const cg_module *m, const kiln_graph *g, const ir_node *n, int wb,
                               int64_t cb, bool reads)
 {
-	if (cb != DW_CB || cb != m->panels.c_block || grid_target(m) || n->op != KILN_OP_CONV ||
-	    n->nin < 2 || !n->in[0] || !n->in[1] || n->in[1] == n->in[0] ||
-	    (n->nin > 2 && n->in[2] == n->in[0]) || ir_attr_int(n, "group", 1) != 1)
-		return false;
-	const ir_type *x = &g->val[n->in[0]]->type, *w = &g->val[n->in[1]]->type;
-	const ir_type *y = &g->val[n->out[0]]->type;
 	geom gm;
-	if (x->dtype != KILN_F32 || w->dtype != KILN_F32 || x->rank != 4 || w->rank != 4 ||
-	    !fixed_channels(x, w, y) ||
-	    ir_conv_geom_of(n, x->rank, x->dim, y->rank, y->dim, w->dim + 2, false, &gm) != IR_GEOM_OK ||
-	    !pointwise_geom(&gm, !reads))
+	if (cb != DW_CB || cb != m->panels.c_block || grid_target(m) ||
+	    ir_attr_int(n, "group", 1) != 1 || !f32_conv2d(g, n, &gm) || !pointwise_geom(&gm, !reads))
 		return false;
+	const ir_type *x = &g->val[n->in[0]]->type, *y = &g->val[n->out[0]]->type;
 	return wb >= 0 && const_data(m, wb) && (reads ? x->dim[1] : y->dim[1]) % cb == 0 &&
 	       cg_prepack_lanes_fit(&m->panels, y->dim[1], gm.osz, x->dim[1], true);
 }
@@ -3245,19 +3249,13 @@ static bool pointwise_blocked(const cg_module *m, const kiln_graph *g, const ir_
 bool cg_grouped_blocked_ok(const cg_module *m, const kiln_graph *g, const ir_node *n,
                            const int *in)
 {
-	if (n->op != KILN_OP_CONV || n->nin < 2 || !n->in[0] || !n->in[1] || n->in[1] == n->in[0] ||
-	    (n->nin > 2 && n->in[2] == n->in[0]) || m->panels.c_block != GL_OB ||
-	    m->conv == CG_CONV_IM2COL || grid_target(m) || in[1] < 0)
-		return false;
-	const ir_type *x = &g->val[n->in[0]]->type, *w = &g->val[n->in[1]]->type;
-	const ir_type *y = &g->val[n->out[0]]->type;
 	geom gm;
-	if (x->dtype != KILN_F32 || w->dtype != KILN_F32 || x->rank != 4 || w->rank != 4 ||
-	    !fixed_channels(x, w, y) ||
-	    ir_conv_geom_of(n, x->rank, x->dim, y->rank, y->dim, w->dim + 2, false, &gm) != IR_GEOM_OK)
+	if (m->panels.c_block != GL_OB || m->conv == CG_CONV_IM2COL || grid_target(m) || in[1] < 0 ||
+	    !f32_conv2d(g, n, &gm))
 		return false;
+	const ir_type *x = &g->val[n->in[0]]->type, *y = &g->val[n->out[0]]->type;
 	int64_t grp = ir_attr_int(n, "group", 1), M = y->dim[1];
-	if (grp <= 1 || x->dim[1] % grp || M % grp || x->dim[1] / grp <= 1 || gm.nsp != 2 ||
+	if (grp <= 1 || x->dim[1] % grp || M % grp || x->dim[1] / grp <= 1 ||
 	    gm.stride[0] > 4 || gm.stride[1] > 4 || !gl_lanes(M / grp) ||
 	    !(m->conv == CG_CONV_DIRECT || conv_grouped_wins(m, M / grp)))
 		return false;

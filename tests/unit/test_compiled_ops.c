@@ -1095,6 +1095,42 @@ START_TEST(concat_read_in_place_by_its_reader)
 }
 END_TEST
 
+/* The LLVM backend's GEMM panels for this host, as kiln_compile asks for
+ * them; says so where it has no GEMM with channel blocks (test: the
+ * caller's name), whose numbers are then checked without them. */
+static cg_panels host_panels(const char *test)
+{
+	const cg_backend *be = cg_backend_find("llvm");
+	cg_panels pn = {0};
+	kiln_error e = {0};
+	ck_assert_msg(be && be->gemm_panel && be->gemm_panel(NULL, &pn, &e) == KILN_OK, "%s", e.msg);
+	if (!pn.c_block)
+		printf("%s: no GEMM with channel blocks on this host (kiln_sgemm_pm), numbers checked "
+		       "only\n", test);
+	return pn;
+}
+
+/* The kernel IR's own evaluator (cg_eval, after cg_memplan) on module m,
+ * lowered from c's graph g, matches the interpreter within 1e-4 on every
+ * output: it reads channel blocks as the compiled code does. */
+static void eval_matches(const kiln_graph *g, cg_module *m, const opcase_graph *c)
+{
+	kiln_error e = {0};
+	kiln_tensor *want[4] = {0}, *got[4] = {0};
+	ck_assert_msg(kiln_graph_run(g, (kiln_tensor **)c->in, c->nin, want, c->nout, &e) == KILN_OK,
+	              "%s", e.msg);
+	ck_assert_int_eq(cg_memplan(m, &e), KILN_OK);
+	ck_assert_msg(cg_eval(m, (kiln_tensor **)c->in, c->nin, got, c->nout, &e) == KILN_OK, "%s",
+	              e.msg);
+	for (int i = 0; i < c->nout; i++) {
+		double d = 0;
+		for (int64_t j = 0; j < kiln_tensor_numel(want[i]); j++)
+			d = fmax(d, fabs(ir_load(got[i], j) - ir_load(want[i], j)));
+		ck_assert_msg(d < 1e-4, "cg_eval output %d: max error %g", i, d);
+		kiln_tensor_free(want[i]), kiln_tensor_free(got[i]);
+	}
+}
+
 /* A 1x1 conv whose result reaches a depthwise conv through element-wise
  * ops only writes it with the channels in blocks of the vector (the GEMM
  * with the output channels in its lanes stores its sums as they are) and
@@ -1117,13 +1153,8 @@ END_TEST
  * matches too. */
 START_TEST(pointwise_conv_writes_channel_blocks_for_depthwise)
 {
-	const cg_backend *be = cg_backend_find("llvm");
-	cg_panels pn = {0};
+	cg_panels pn = host_panels("pointwise_conv_writes_channel_blocks_for_depthwise");
 	kiln_error e = {0};
-	ck_assert_msg(be && be->gemm_panel && be->gemm_panel(NULL, &pn, &e) == KILN_OK, "%s", e.msg);
-	if (!pn.c_block)
-		printf("pointwise_conv_writes_channel_blocks_for_depthwise: no GEMM writing channel "
-		       "blocks on this host (kiln_sgemm_pm), numbers checked only\n");
 	for (int64_t n = 1; n <= 3; n += 2) {
 		kiln_graph *g = kiln_graph_new("cblk");
 		int64_t sx1[] = {n, 24, 7, 7}, sx2[] = {n, 40, 14, 14}, sx3[] = {n, 64, 7, 7};
@@ -1192,17 +1223,7 @@ START_TEST(pointwise_conv_writes_channel_blocks_for_depthwise)
 		                              strstr(kir, "b_block=16 alpha=1 beta=0 residual=")),
 		              "%s", kir);
 		/* the kernel IR's own evaluator reads the blocks alike */
-		kiln_tensor *want[4] = {0}, *got[4] = {0};
-		ck_assert_msg(kiln_graph_run(g, oc.in, 3, want, 4, &e) == KILN_OK, "%s", e.msg);
-		ck_assert_int_eq(cg_memplan(m, &e), KILN_OK);
-		ck_assert_msg(cg_eval(m, oc.in, 3, got, 4, &e) == KILN_OK, "%s", e.msg);
-		for (int i = 0; i < 4; i++) {
-			double d = 0;
-			for (int64_t j = 0; j < kiln_tensor_numel(want[i]); j++)
-				d = fmax(d, fabs(ir_load(got[i], j) - ir_load(want[i], j)));
-			ck_assert_msg(d < 1e-4, "cg_eval output %d: max error %g", i, d);
-			kiln_tensor_free(want[i]), kiln_tensor_free(got[i]);
-		}
+		eval_matches(g, m, &oc);
 		free(kir);
 		cg_module_free(m);
 		opcase_free(&oc);
@@ -1233,15 +1254,7 @@ START_TEST(pointwise_conv_writes_channel_blocks_for_depthwise)
 		char *kir = dump(m);
 		ck_assert_msg(!pn.c_block || strstr(kir, "gemm M=64 N=400 K=24 batch=1"), "%s", kir);
 		ck_assert_msg((strstr(kir, "c_block=16") != NULL) == (pn.c_block == 16), "%s", kir);
-		kiln_tensor *want[1] = {0}, *got[1] = {0};
-		ck_assert_msg(kiln_graph_run(g, oc.in, 1, want, 1, &e) == KILN_OK, "%s", e.msg);
-		ck_assert_int_eq(cg_memplan(m, &e), KILN_OK);
-		ck_assert_msg(cg_eval(m, oc.in, 1, got, 1, &e) == KILN_OK, "%s", e.msg);
-		double d = 0;
-		for (int64_t j = 0; j < kiln_tensor_numel(want[0]); j++)
-			d = fmax(d, fabs(ir_load(got[0], j) - ir_load(want[0], j)));
-		ck_assert_msg(d < 1e-4, "cg_eval: max error %g", d);
-		kiln_tensor_free(want[0]), kiln_tensor_free(got[0]);
+		eval_matches(g, m, &oc);
 		free(kir);
 		cg_module_free(m);
 		opcase_free(&oc);
@@ -1260,13 +1273,8 @@ END_TEST
  * matches. */
 START_TEST(squeeze_excitation_keeps_channel_blocks)
 {
-	const cg_backend *be = cg_backend_find("llvm");
-	cg_panels pn = {0};
+	cg_panels pn = host_panels("squeeze_excitation_keeps_channel_blocks");
 	kiln_error e = {0};
-	ck_assert_msg(be && be->gemm_panel && be->gemm_panel(NULL, &pn, &e) == KILN_OK, "%s", e.msg);
-	if (!pn.c_block)
-		printf("squeeze_excitation_keeps_channel_blocks: no GEMM with channel blocks on this "
-		       "host (kiln_sgemm_pm), numbers checked only\n");
 	for (int64_t n = 1; n <= 2; n++) {
 		kiln_graph *g = kiln_graph_new("seblk");
 		int64_t sx[] = {n, 24, 7, 7}, sw1[] = {64, 24, 1, 1}, sb64[] = {64}, sd[] = {64, 1, 3, 3};
@@ -1306,15 +1314,7 @@ START_TEST(squeeze_excitation_keeps_channel_blocks)
 		ck_assert_msg((strstr(kir, "gemm M=64 N=49 K=24 ") && strstr(kir, "c_block=16")) == on &&
 		              (strstr(kir, "gemm M=64 N=49 K=64 ") && strstr(kir, "b_block=16")) == on,
 		              "%s", kir);
-		kiln_tensor *want[1] = {0}, *got[1] = {0};
-		ck_assert_msg(kiln_graph_run(g, oc.in, 1, want, 1, &e) == KILN_OK, "%s", e.msg);
-		ck_assert_int_eq(cg_memplan(m, &e), KILN_OK);
-		ck_assert_msg(cg_eval(m, oc.in, 1, got, 1, &e) == KILN_OK, "%s", e.msg);
-		double d = 0;
-		for (int64_t j = 0; j < kiln_tensor_numel(want[0]); j++)
-			d = fmax(d, fabs(ir_load(got[0], j) - ir_load(want[0], j)));
-		ck_assert_msg(d < 1e-4, "cg_eval: max error %g", d);
-		kiln_tensor_free(want[0]), kiln_tensor_free(got[0]);
+		eval_matches(g, m, &oc);
 		free(kir);
 		cg_module_free(m);
 		opcase_free(&oc);
@@ -1334,13 +1334,8 @@ END_TEST
  * GEMMs reading blocks where the host has that GEMM; cg_eval matches. */
 START_TEST(grouped_conv_writes_channel_blocks_for_pointwise)
 {
-	const cg_backend *be = cg_backend_find("llvm");
-	cg_panels pn = {0};
+	cg_panels pn = host_panels("grouped_conv_writes_channel_blocks_for_pointwise");
 	kiln_error e = {0};
-	ck_assert_msg(be && be->gemm_panel && be->gemm_panel(NULL, &pn, &e) == KILN_OK, "%s", e.msg);
-	if (!pn.c_block)
-		printf("grouped_conv_writes_channel_blocks_for_pointwise: no GEMM reading channel "
-		       "blocks on this host (kiln_sgemm_pm), numbers checked only\n");
 	for (int64_t n = 1; n <= 2; n++) {
 		kiln_graph *g = kiln_graph_new("gblk");
 		int64_t sx1[] = {n, 32, 32, 32}, sx2[] = {n, 48, 15, 15}, sx3[] = {n, 64, 32, 32};
@@ -1386,17 +1381,7 @@ START_TEST(grouped_conv_writes_channel_blocks_for_pointwise)
 		                                   strstr(kir, "b_block=16 alpha=1 beta=0 bias=") &&
 		                                   strstr(kir, "residual=")),
 		              "%s", kir);
-		kiln_tensor *want[4] = {0}, *got[4] = {0};
-		ck_assert_msg(kiln_graph_run(g, oc.in, 3, want, 4, &e) == KILN_OK, "%s", e.msg);
-		ck_assert_int_eq(cg_memplan(m, &e), KILN_OK);
-		ck_assert_msg(cg_eval(m, oc.in, 3, got, 4, &e) == KILN_OK, "%s", e.msg);
-		for (int i = 0; i < 4; i++) {
-			double d = 0;
-			for (int64_t j = 0; j < kiln_tensor_numel(want[i]); j++)
-				d = fmax(d, fabs(ir_load(got[i], j) - ir_load(want[i], j)));
-			ck_assert_msg(d < 1e-4, "cg_eval output %d: max error %g", i, d);
-			kiln_tensor_free(want[i]), kiln_tensor_free(got[i]);
-		}
+		eval_matches(g, m, &oc);
 		free(kir);
 		cg_module_free(m);
 		opcase_free(&oc);
