@@ -2397,12 +2397,13 @@ static kiln_status dw_blocked(cg_module *m, const ir_node *n, const int *in, int
 	 * 7x7, batch 1, one thread, kiln bench min of 5 x 200 runs (ms, Zen
 	 * 4): 0.094 -> 0.080; the weights packed at compile time (dw_packed)
 	 * -> 0.071 (ORT 0.065-0.070 with its reorders) */
-	cg_expr *init = fc(m, KILN_F32, 0), *bo = add(m, wp, I(m, taps * DW_CB));
-	if (n->nin > 2 && in[2] >= 0 && WB < 0) {
+	cg_expr *bo = add(m, wp, I(m, taps * DW_CB));
+	bool bias = n->nin > 2 && in[2] >= 0;
+	if (bias && WB < 0) {
 		cg_append(m, qb, cg_loop(m, k, I(m, DW_CB), CG_VECTORIZE, &l, &lb));
 		cg_expr *ch = add(m, c0, l), *bv = cg_ld(m, in[2], cg_clamp(m, ch, I(m, C)));
 		if (C % DW_CB)
-			bv = cg_select(m, cg_bin(m, CG_LT, ch, I(m, C)), bv, init);
+			bv = cg_select(m, cg_bin(m, CG_LT, ch, I(m, C)), bv, fc(m, KILN_F32, 0));
 		cg_append(m, lb, cg_st(m, WL, add(m, bo, l), bv));
 	}
 	/* T: one vector of channels per output pixel; the bias of lanes past
@@ -2414,8 +2415,6 @@ static kiln_status dw_blocked(cg_module *m, const ir_node *n, const int *in, int
 	 * Relu, batch 1, one thread, kiln bench --profile, Sapphire Rapids)
 	 * 0.048 -> 0.022 ms, and with a 1x1 conv reading its blocks 0.034 ->
 	 * 0.010 (ORT 0.016) */
-	bool bias = n->nin > 2 && in[2] >= 0;
-	(void)init;
 	if (direct) {
 		dw_src sr = {.buf = in[0], .base = mul(m, q, I(m, H * W * DW_CB)), .rw = W, .oy = pt,
 		             .ox = pw, .h = H, .w = W};
