@@ -1501,8 +1501,15 @@ static void parallel(gen *g, LLVMValueRef range, int64_t unit, int dim)
  * at batch 64 110 against 104 packed, a 1x1 conv 144->24 at 56x56 108
  * against 93, a 3x3 512-channel conv at 7x7 (N = 49) 84 against 68.  With
  * 64 rows or more and thousands of columns packing wins (the 7x7 stem conv
- * of ResNet, N = 12544: 85 against 77), so it keeps those. */
-enum { PAR_WORK = 1 << 21, SMALL_WORK = 1 << 13, THIN_M = 4, TILE_M = 32,
+ * of ResNet, N = 12544: 85 against 77), so it keeps those.  Over the
+ * pool from PAR_WORK: the pool's workers spin between a run's loops, so a
+ * split pays from about 3 us of work on; at 2^21 SqueezeNet's squeeze
+ * convs at 13x13 (48 or 64 x 169 x 192-256, a GEMM per concat part) ran
+ * on one thread of two: at 2^19 (bench/ab.py --nodes, two threads, 5
+ * rounds) 0.067 -> 0.050, 0.057 -> 0.041, 0.041 -> 0.028 ms, their expand
+ * 1x1 convs 0.023 -> 0.015; the model 2.94 -> 2.86 ms; MobileNetV2,
+ * ResNet-18, ShuffleNetV2 unchanged. */
+enum { PAR_WORK = 1 << 19, SMALL_WORK = 1 << 13, THIN_M = 4, TILE_M = 32,
        TILE_N = 1024, TILE_DEEP_K = 256 };
 
 /* Work at or above which the direct forms (a batch-1 Linear) split their
@@ -2527,7 +2534,8 @@ static LLVMValueRef emit_pm_blocked(gen *g, LLVMValueRef (*ukr)[PM_COLS + 1],
  * strips or more (a 14x14 map) by ranges of strips, each thread packing
  * its columns of B (see emit_pm_blocked); narrower (a 7x7 map: five
  * strips would split 3:2) by panels of A's rows when there are two or
- * more, each thread reading its rows of A and all of B, else by strips. */
+ * more (or A too big for the cache: below), each thread reading its rows
+ * of A and all of B, else by strips. */
 static LLVMValueRef emit_entry_pm(gen *g, LLVMValueRef blocked)
 {
 	char name[48];
@@ -2541,7 +2549,14 @@ static LLVMValueRef emit_entry_pm(gen *g, LLVMValueRef blocked)
 	                                icmp(g, LLVMIntSGE, work, i64c(g, PAR_WORK)), "");
 	LLVMValueRef wide = icmp(g, LLVMIntSGE, p[P_N], i64c(g, PM_SPLIT_STRIPS * PM_COLS));
 	LLVMValueRef prows = LLVMBuildAnd(g->b, par, icmp(g, LLVMIntSGE, p[P_M], i64c(g, 2 * R)), "");
-	prows = LLVMBuildAnd(g->b, prows, LLVMBuildNot(g->b, wide, ""), "");
+	/* by rows also where C is wide but A is past half the L2 and twice
+	 * as tall as C is wide: each thread then streams half of A instead of
+	 * all of it (SqueezeNet's classifier conv, 1000 x 169 x 512, two
+	 * threads: 0.581 -> 0.558 ms; MobileNetV2's 576 x 196 x 96, A in L2,
+	 * lost by rows: 0.076 -> 0.086) */
+	LLVMValueRef tall = LLVMBuildAnd(g->b, icmp(g, LLVMIntSGE, mul(g, p[P_M], p[P_K]), i64c(g, g->g.GB)),
+	                                 icmp(g, LLVMIntSGE, p[P_M], mul(g, p[P_N], i64c(g, 2))), "");
+	prows = LLVMBuildAnd(g->b, prows, LLVMBuildOr(g->b, tall, LLVMBuildNot(g->b, wide, ""), ""), "");
 	LLVMValueRef pcol = LLVMBuildAnd(g->b, par, icmp(g, LLVMIntSGE, p[P_N], i64c(g, 2 * PM_COLS)), "");
 	columns(g, pcol, prows, blocked, range, rows, R, PM_COLS);
 	return fn;

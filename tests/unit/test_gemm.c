@@ -22,11 +22,13 @@ static gemm_jit J;
 /* rt_parallel_for as the JIT sees it: the runtime's, or a fake that runs
  * three uneven chunks in turn, each with its own rt_exec copy and scratch. */
 static int fake_split, par_calls;
+static int64_t par_last_n; /* the units of the last split */
 static float *fake_scratch[3];
 
 static void par_for(rt_exec *x, int64_t n, rt_range_fn fn)
 {
 	par_calls++;
+	par_last_n = n;
 	if (!fake_split) {
 		rt_parallel_for(x, n, fn);
 		return;
@@ -782,7 +784,8 @@ START_TEST(gemm_pm_epilogues)
 }
 END_TEST
 
-/* over the pool: by panels of rows (C a few strips wide), by ranges of
+/* over the pool: by panels of rows (C a few strips wide, or A too big
+ * for the cache), by ranges of
  * strips (wider: each range packs its columns of B, in blocks of 192
  * columns when it has more), and three uneven chunks with their own
  * scratch */
@@ -805,6 +808,14 @@ START_TEST(gemm_pm_threads)
 	check_prob(&cols, pool);
 	check_prob(&wide, pool);
 	ck_assert_int_eq(par_calls, 3);
+	/* C wide, but A (640 x 512: past half of any L2 the JIT assumes) tall:
+	 * by its 20 panels of rows, where cols (A small) took 13 strips */
+	check_prob(&cols, pool);
+	ck_assert_int_eq(par_last_n, (150 + 11) / 12);
+	prob tall = PMPROB(640, 120, 512);
+	tall.axis = 2, tall.act = 1;
+	check_prob(&tall, pool);
+	ck_assert_int_eq(par_last_n, 640 / J.a_panel);
 	fake_split = 0;
 	rt_pool_free(pool);
 }
