@@ -2361,39 +2361,23 @@ static LLVMValueRef emit_pm_ukr(gen *g, int cols, bool bblk, int NV)
 /* kiln_sgemm_pm_packb(dst, src, b_rs, kc, nc): the kc x nc block of B at
  * src as strips of PM_COLS columns, strip s at dst + s*kc*PM_COLS, row k
  * of it PM_COLS floats (zeros past nc). */
-static LLVMValueRef emit_pm_packb(gen *g, bool bblk)
+static LLVMValueRef emit_pm_packb(gen *g)
 {
 	cg_llvm *L = g->L;
 	LLVMTypeRef t[] = {g->fp, g->fp, L->i64, L->i64, L->i64};
 	char name[48];
-	snprintf(name, sizeof name, "%s_%spackb", g->fam, bblk ? "b" : "");
+	snprintf(name, sizeof name, "%s_packb", g->fam);
 	LLVMValueRef fn = function(g, name, t, 5);
 	LLVMValueRef dst = LLVMGetParam(fn, 0), src = LLVMGetParam(fn, 1), brs = LLVMGetParam(fn, 2);
 	LLVMValueRef kc = LLVMGetParam(fn, 3), nc = LLVMGetParam(fn, 4);
 	LLVMValueRef keep = lanes(g, i64c(g, PM_COLS));
-	int W = g->g.W;
 	loop ls, lk;
 	LLVMValueRef j = loop_begin(g, &ls, i64c(g, 0), nc, PM_COLS);
 	LLVMValueRef left = LLVMBuildSub(g->b, nc, j, "");
 	LLVMValueRef m = lanes(g, smin(g, i64c(g, PM_COLS), left));
 	LLVMValueRef d = at(g, dst, mul(g, j, kc)); /* strip j / PM_COLS */
 	LLVMValueRef k = loop_begin(g, &lk, i64c(g, 0), kc, 1);
-	LLVMValueRef v;
-	if (bblk) { /* B in blocks of W rows (see emit_pm_ukr): the row's
-	             * columns W floats apart, one at a time */
-		LLVMValueRef bk = at(g, src, add(g, mul(g, LLVMBuildLShr(g->b, k, i64c(g, __builtin_ctz(W)), ""),
-		                                        mul(g, brs, i64c(g, W))),
-		                                 add(g, LLVMBuildAnd(g->b, k, i64c(g, W - 1), ""),
-		                                     mul(g, j, i64c(g, W)))));
-		v = LLVMConstNull(g->vf);
-		for (int c = 0; c < PM_COLS; c++) {
-			LLVMValueRef on = icmp(g, LLVMIntSLT, i64c(g, c), left);
-			LLVMValueRef x = load_if(g, on, at(g, bk, i64c(g, c * W)));
-			v = LLVMBuildInsertElement(g->b, v, x, LLVMConstInt(L->i32, c, 0), "");
-		}
-	} else {
-		v = mload(g, at(g, src, add(g, mul(g, k, brs), j)), m);
-	}
+	LLVMValueRef v = mload(g, at(g, src, add(g, mul(g, k, brs), j)), m);
 	mstore(g, v, at(g, d, mul(g, k, i64c(g, PM_COLS))), keep);
 	loop_end(g, &lk);
 	loop_end(g, &ls);
@@ -2405,7 +2389,7 @@ static LLVMValueRef emit_pm_packb(gen *g, bool bblk)
  * blocks of PM_KC, each panel of A's rows over the strips of PM_COLS
  * columns, the last strip's columns by kernels of 8, 4, 2 and 1.  B is
  * read in place, one row's PM_COLS values per k, when the call has all
- * of C's columns.  A range of them (a thread's share of a column split)
+ * of C's columns or B is in blocks.  A range of them (a thread's share of a column split)
  * packs its columns of B first, in blocks of PM_NC columns, each
  * kc x PM_NC block in strips (packb, into x->scratch), then the panels
  * of A run over the strips: the previous layer wrote B from both cores,
@@ -2415,9 +2399,14 @@ static LLVMValueRef emit_pm_packb(gen *g, bool bblk)
  * time, kiln bench --profile): by rows in place 0.070 and 0.145 ms, the
  * same as one thread; by columns in place 0.058-0.063 and 0.113; by
  * columns packed 0.050 and 0.104 (kiln_sgemm_pa's tiles: 0.056, 0.120).
- * One thread packing all of B lost: 0.063 -> 0.077 ms. */
+ * One thread packing all of B lost: 0.063 -> 0.077 ms.  B in channel
+ * blocks is read in place by a range too: a column's W rows are one
+ * line, which its next W values of k reuse, while the packing gathered
+ * them one scalar at a time (MobileNetV2's project convs at two threads,
+ * bench/ab.py --nodes, 7 rounds: 576 -> 96 at 14x14 0.113 -> 0.087 ms,
+ * 384 -> 64 0.057 -> 0.039; the model 3.14 -> 3.01). */
 static LLVMValueRef emit_pm_blocked(gen *g, LLVMValueRef (*ukr)[PM_COLS + 1],
-                                    LLVMValueRef *packb)
+                                    LLVMValueRef packb)
 {
 	LLVMTypeRef t[P_COUNT + 2];
 	char name[48];
@@ -2441,7 +2430,8 @@ static LLVMValueRef emit_pm_blocked(gen *g, LLVMValueRef (*ukr)[PM_COLS + 1],
 	LLVMValueRef sp = LLVMBuildStructGEP2(g->b, g->xty, p[P_X], 3, "");
 	LLVMValueRef Bp = LLVMBuildLoad2(g->b, g->fp, sp, "scratch");
 	LLVMValueRef all = LLVMBuildSub(g->b, n1, n0, "");
-	LLVMValueRef pk = icmp(g, LLVMIntSLT, all, p[P_N]);
+	LLVMValueRef pk = LLVMBuildAnd(g->b, icmp(g, LLVMIntSLT, all, p[P_N]),
+	                               LLVMBuildNot(g->b, bblk, ""), "");
 	LLVMValueRef nblk = LLVMBuildSelect(g->b, pk, LLVMBuildSDiv(g->b, add(g, all, i64c(g, PM_NC - 1)),
 	                                                          i64c(g, PM_NC), ""),
 	                                    i64c(g, 1), "");
@@ -2462,16 +2452,11 @@ static LLVMValueRef emit_pm_blocked(gen *g, LLVMValueRef (*ukr)[PM_COLS + 1],
 	LLVMValueRef bmode = LLVMBuildSelect(g->b, last, axis, LLVMConstInt(g->L->i32, 0, 0), "");
 	LLVMValueRef brow = at(g, p[P_B], mul(g, pc, p[P_BRS]));
 	LLVMBasicBlockRef join = if_begin(g, pk);
-	LLVMValueRef pa[] = {Bp, at(g, brow, mul(g, bn0, bstep)), p[P_BRS], kc, cols};
-	LLVMBasicBlockRef plain = if_begin(g, LLVMBuildNot(g->b, bblk, ""));
-	call(g, packb[0], pa, 5);
-	if_end(g, plain);
-	LLVMBasicBlockRef blocks = if_begin(g, bblk);
-	call(g, packb[1], pa, 5);
-	if_end(g, blocks);
+	LLVMValueRef pa[] = {Bp, at(g, brow, bn0), p[P_BRS], kc, cols};
+	call(g, packb, pa, 5);
 	if_end(g, join);
 	/* B read in place in blocks: the micro-kernels for them */
-	LLVMValueRef inb = LLVMBuildAnd(g->b, bblk, LLVMBuildNot(g->b, pk, ""), "");
+	LLVMValueRef inb = bblk;
 	LLVMValueRef ic = loop_begin(g, &li, i64c(g, 0), p[P_M], R);
 	LLVMValueRef mr = smin(g, i64c(g, R), LLVMBuildSub(g->b, p[P_M], ic, ""));
 	LLVMValueRef a[U_DCOUNT] = {
@@ -2592,8 +2577,7 @@ LLVMValueRef cg_llvm_sgemm_pm(cg_llvm *L)
 	for (int u = 0; u < 4; u++)
 		for (int w = PM_COLS; w >= 1; w = w == PM_COLS ? 8 : w / 2)
 			ukr[u][w] = emit_pm_ukr(&g, w, u & 1, u & 2 ? 1 : PM_NV);
-	LLVMValueRef packb[2] = {emit_pm_packb(&g, false), emit_pm_packb(&g, true)};
-	L->sgemm_pm = emit_entry_pm(&g, emit_pm_blocked(&g, ukr, packb));
+	L->sgemm_pm = emit_entry_pm(&g, emit_pm_blocked(&g, ukr, emit_pm_packb(&g)));
 	LLVMDisposeBuilder(g.b);
 	return L->sgemm_pm;
 }

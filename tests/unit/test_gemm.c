@@ -827,7 +827,8 @@ END_TEST
  * element against the reference, C's blocks accumulated across K's blocks
  * (K = 608: 512 + 96) and with beta, a last panel of one vector (M = 80),
  * bias per row and per column, over the pool by rows (N = 49) and by
- * packed column ranges (N = 196). */
+ * column ranges (N = 196; B in blocks read in place, plain B packed),
+ * also in three uneven ranges (the fake pool). */
 static void check_blocked(int64_t M, int64_t N, int64_t K, bool bb, bool cb, float beta, int axis,
                           rt_pool *pool)
 {
@@ -878,6 +879,12 @@ START_TEST(gemm_pm_channel_blocks)
 			check_blocked(96, 37, 32, bb, cb, 0, 1, t ? pool : NULL);
 			check_blocked(48, 100, 640, bb, cb, 0, 0, t ? pool : NULL);
 		}
+	fake_split = 1;
+	par_calls = 0;
+	for (int mode = 1; mode <= 3; mode++)
+		check_blocked(64, 196, 48, mode & 1, mode & 2, 0.5f, 2, (rt_pool *)&pool);
+	ck_assert_int_eq(par_calls, 3);
+	fake_split = 0;
 	rt_pool_free(pool);
 }
 END_TEST
