@@ -212,7 +212,7 @@ typedef struct cg_panels {
 	int a_lanes_max_n, a_lanes_min_k;
 	int c_block;       /* > 0: that GEMM also writes C in blocks of this many rows
 	                      (cg_gemm.c_block): its vector width; at any K, C up to
-	                      c_block_max_n columns wide */
+	                      c_block_max_n columns wide; an A of one panel will do */
 	int c_block_max_n;
 } cg_panels;
 

@@ -192,10 +192,11 @@ bool cg_grouped_blocked_ok(const cg_module *m, const kiln_graph *g, const ir_nod
  * planar form computes faster when dw_blocked transposes). */
 bool cg_dw_blocked_ok(const cg_module *m, const kiln_graph *g, const ir_node *u, int64_t cb,
                       bool both);
-/* Whether depthwise conv u (5x5 taps or more), its input in blocks of cb
- * channels, reads them in place (most of its outputs' taps inside the
- * input) at rows up to 28 wide, past dw_blocked's own widths: it then
- * takes blocks, and writes its result so too when a 1x1 conv reads it. */
+/* Whether depthwise conv u (5x5 taps or more, or stride 2), its input in
+ * blocks of cb channels, reads them in place (most of its outputs' taps
+ * inside the input) at rows up to 28 wide, past dw_blocked's own widths:
+ * it then takes blocks, and writes its result so too when a 1x1 conv
+ * reads it. */
 bool cg_dw_direct_ok(const cg_module *m, const kiln_graph *g, const ir_node *u, int64_t cb);
 /* Whether 1x1 conv u reads its input in[0] (only there) in blocks of cb
  * channels (cg_gemm.b_block): as cg_conv_blocked_ok, stride 1; w is its

@@ -45,7 +45,11 @@
 
 /* MIN_M_A: an A of fewer rows is not packed: kiln_sgemm takes such GEMMs
  * with its 8-row tiles, which do not fit MR-row panels (the bench CNN's
- * 8- and 16-channel convs at batch 16 took 12% more time packed). */
+ * 8- and 16-channel convs at batch 16 took 12% more time packed).  With
+ * B or C in channel blocks one panel of a_lanes rows is enough: only
+ * kiln_sgemm_pm reads or writes those (MobileNetV2's 144 -> 32 project
+ * conv at 28x28 reading its depthwise conv's blocks: the conv 0.067 ->
+ * 0.041 ms without the transpose into planes, the GEMM 0.048 -> 0.051). */
 enum { MIN_N = 16, MIN_M_A = 33, MAX_SEEN = 4096 };
 
 static bool const_int(const cg_expr *e, int64_t *v)
@@ -158,7 +162,7 @@ bool cg_prepack_lanes_fit(const cg_panels *pn, int64_t M, int64_t N, int64_t K, 
 	int64_t P = pn->a_lanes, V = pn->c_block && M >= 2 * P ? pn->c_block : P;
 	if (blocked && !pn->c_block)
 		return false;
-	return pn->a > 0 && P > 0 && M >= MIN_M_A && K >= 1 &&
+	return pn->a > 0 && P > 0 && M >= (blocked ? P : MIN_M_A) && K >= 1 &&
 	       N <= (blocked ? pn->c_block_max_n : pn->a_lanes_max_n) &&
 	       (blocked || K >= pn->a_lanes_min_k) &&
 	       ((M + V - 1) / V * V - M) * 8 <= M;
@@ -182,7 +186,9 @@ static int packed_a(ctx *c, const cg_gemm *g, int *pp)
 	    !const_int(g->a_cs, &cs) || (g->a_off && !const_int(g->a_off, &off)) ||
 	    (g->a_bs && !const_int(g->a_bs, &bs)) || (g->batch && !const_int(g->batch, &batch)))
 		return -1;
-	if (M < MIN_M_A || K < 1 || cs != 1 || rs != K || off < 0 || (bs != 0 && batch != 1))
+	bool blocked = g->c_block > 0 || g->b_block > 0;
+	if (M < (blocked ? c->pn.a_lanes : MIN_M_A) || K < 1 || cs != 1 || rs != K || off < 0 ||
+	    (bs != 0 && batch != 1))
 		return -1;
 	if (M > (kiln_tensor_numel(a->data) - off) / K)
 		return -1;

@@ -1259,6 +1259,45 @@ START_TEST(pointwise_conv_writes_channel_blocks_for_depthwise)
 		cg_module_free(m);
 		opcase_free(&oc);
 	}
+	/* a 1x1 conv at 36x36 (C wider than the GEMM takes whole: in blocks
+	 * of columns) writes blocks for a 3x3 stride-2 depthwise conv, which
+	 * reads them in place (its borders guarded) and writes blocks for a
+	 * 1x1 conv of 32 channels (one panel of A) */
+	for (int64_t n = 1; n <= 2; n++) {
+		kiln_graph *g = kiln_graph_new("cblks2");
+		int64_t sx[] = {n, 24, 36, 36}, sw[] = {64, 24, 1, 1}, sd[] = {64, 1, 3, 3}, sb[] = {64};
+		int64_t sp[] = {32, 64, 1, 1};
+		kiln_tensor *t[] = {seeded(4, sw, 2), seeded(1, sb, 3), seeded(4, sd, 4), seeded(1, sb, 5),
+		                    seeded(4, sp, 6)};
+		uint32_t k[5];
+		for (int i = 0; i < 5; i++)
+			k[i] = kiln_constant(g, t[i]), kiln_tensor_free(t[i]);
+		uint32_t x = input(g, "x", KILN_F32, 4, sx);
+		uint32_t a = op1(g, KILN_OP_CONV, 3, (uint32_t[]){x, k[0], k[1]}, "");
+		a = op1(g, KILN_OP_RELU, 1, &a, "");
+		a = op1(g, KILN_OP_CONV, 3, (uint32_t[]){a, k[2], k[3]},
+		        "group=64 strides=2,2 pads=1,1,1,1");
+		a = op1(g, KILN_OP_RELU, 1, &a, "");
+		ir_output_add(g, op1(g, KILN_OP_CONV, 2, (uint32_t[]){a, k[4]}, ""), NULL);
+		ck_assert_msg(kiln_graph_status(g) == KILN_OK, "%s", kiln_graph_errmsg(g));
+		opcase_graph oc = {"cblks2", g, {seeded(4, sx, 0)}, {0}, 1, 1, 0};
+		char why[1400] = "";
+		ck_assert_msg(case_matches(&oc, false, why, sizeof why), "batch %lld: %s", (long long)n,
+		              why);
+		cg_module *m = NULL;
+		ck_assert_msg(cg_lower_ex(g, &(cg_lower_opts){.fuse = true, .panels = &pn}, &m, &e) ==
+		                  KILN_OK, "%s", e.msg);
+		char *kir = dump(m);
+		ck_assert_msg(!pn.c_block || (strstr(kir, "gemm M=64 N=1296 K=24 batch=1") &&
+		                              strstr(kir, "c_block=16") &&
+		                              strstr(kir, "gemm M=32 N=324 K=64 batch=1") &&
+		                              strstr(kir, "b_block=16")),
+		              "%s", kir);
+		eval_matches(g, m, &oc);
+		free(kir);
+		cg_module_free(m);
+		opcase_free(&oc);
+	}
 }
 END_TEST
 

@@ -878,6 +878,9 @@ START_TEST(gemm_pm_channel_blocks)
 			check_blocked(64, 196, 48, bb, cb, 0.5f, 2, t ? pool : NULL);
 			check_blocked(96, 37, 32, bb, cb, 0, 1, t ? pool : NULL);
 			check_blocked(48, 100, 640, bb, cb, 0, 0, t ? pool : NULL);
+			/* past 1024 columns: in blocks of them, plain B packed */
+			check_blocked(48, 1100, 32, bb, cb, 0, 2, t ? pool : NULL);
+			check_blocked(32, 1300, 48, bb, cb, 0.5f, 1, t ? pool : NULL);
 		}
 	fake_split = 1;
 	par_calls = 0;
