@@ -1131,6 +1131,19 @@ static void eval_matches(const kiln_graph *g, cg_module *m, const opcase_graph *
 	}
 }
 
+/* c's graph compiled matches the interpreter (batch n, for the message);
+ * then lowered with the panels pn (fused): the module in *m, its kernel
+ * IR returned (free it) */
+static char *matches_then_lowers(const opcase_graph *c, cg_panels *pn, int64_t n, cg_module **m)
+{
+	kiln_error e = {0};
+	char why[1400] = "";
+	ck_assert_msg(case_matches(c, false, why, sizeof why), "batch %lld: %s", (long long)n, why);
+	ck_assert_msg(cg_lower_ex(c->g, &(cg_lower_opts){.fuse = true, .panels = pn}, m, &e) ==
+	                  KILN_OK, "%s", e.msg);
+	return dump(*m);
+}
+
 /* A 1x1 conv whose result reaches a depthwise conv through element-wise
  * ops only writes it with the channels in blocks of the vector (the GEMM
  * with the output channels in its lanes stores its sums as they are) and
@@ -1154,7 +1167,6 @@ static void eval_matches(const kiln_graph *g, cg_module *m, const opcase_graph *
 START_TEST(pointwise_conv_writes_channel_blocks_for_depthwise)
 {
 	cg_panels pn = host_panels("pointwise_conv_writes_channel_blocks_for_depthwise");
-	kiln_error e = {0};
 	for (int64_t n = 1; n <= 3; n += 2) {
 		kiln_graph *g = kiln_graph_new("cblk");
 		int64_t sx1[] = {n, 24, 7, 7}, sx2[] = {n, 40, 14, 14}, sx3[] = {n, 64, 7, 7};
@@ -1204,13 +1216,8 @@ START_TEST(pointwise_conv_writes_channel_blocks_for_depthwise)
 		ck_assert_msg(kiln_graph_status(g) == KILN_OK, "%s", kiln_graph_errmsg(g));
 		opcase_graph oc = {"cblk", g, {seeded(4, sx1, 0), seeded(4, sx2, 1), seeded(4, sx3, 11)},
 		                   {0}, 3, 4, 0};
-		char why[1400] = "";
-		ck_assert_msg(case_matches(&oc, false, why, sizeof why), "batch %lld: %s", (long long)n,
-		              why);
 		cg_module *m = NULL;
-		ck_assert_msg(cg_lower_ex(g, &(cg_lower_opts){.fuse = true, .panels = &pn}, &m, &e) ==
-		                  KILN_OK, "%s", e.msg);
-		char *kir = dump(m);
+		char *kir = matches_then_lowers(&oc, &pn, n, &m);
 		int blocked = 0, reads = 0;
 		for (const char *p = kir; (p = strstr(p, "c_block=16")); p++)
 			blocked++;
@@ -1245,13 +1252,8 @@ START_TEST(pointwise_conv_writes_channel_blocks_for_depthwise)
 		ir_output_add(g, op1(g, KILN_OP_RELU, 1, &a, ""), NULL);
 		ck_assert_msg(kiln_graph_status(g) == KILN_OK, "%s", kiln_graph_errmsg(g));
 		opcase_graph oc = {"cblk5", g, {seeded(4, sx, 0)}, {0}, 1, 1, 0};
-		char why[1400] = "";
-		ck_assert_msg(case_matches(&oc, false, why, sizeof why), "batch %lld: %s", (long long)n,
-		              why);
 		cg_module *m = NULL;
-		ck_assert_msg(cg_lower_ex(g, &(cg_lower_opts){.fuse = true, .panels = &pn}, &m, &e) ==
-		                  KILN_OK, "%s", e.msg);
-		char *kir = dump(m);
+		char *kir = matches_then_lowers(&oc, &pn, n, &m);
 		ck_assert_msg(!pn.c_block || strstr(kir, "gemm M=64 N=400 K=24 batch=1"), "%s", kir);
 		ck_assert_msg((strstr(kir, "c_block=16") != NULL) == (pn.c_block == 16), "%s", kir);
 		eval_matches(g, m, &oc);
@@ -1281,13 +1283,8 @@ START_TEST(pointwise_conv_writes_channel_blocks_for_depthwise)
 		ir_output_add(g, op1(g, KILN_OP_CONV, 2, (uint32_t[]){a, k[4]}, ""), NULL);
 		ck_assert_msg(kiln_graph_status(g) == KILN_OK, "%s", kiln_graph_errmsg(g));
 		opcase_graph oc = {"cblks2", g, {seeded(4, sx, 0)}, {0}, 1, 1, 0};
-		char why[1400] = "";
-		ck_assert_msg(case_matches(&oc, false, why, sizeof why), "batch %lld: %s", (long long)n,
-		              why);
 		cg_module *m = NULL;
-		ck_assert_msg(cg_lower_ex(g, &(cg_lower_opts){.fuse = true, .panels = &pn}, &m, &e) ==
-		                  KILN_OK, "%s", e.msg);
-		char *kir = dump(m);
+		char *kir = matches_then_lowers(&oc, &pn, n, &m);
 		ck_assert_msg(!pn.c_block || (strstr(kir, "gemm M=64 N=1296 K=24 batch=1") &&
 		                              strstr(kir, "c_block=16") &&
 		                              strstr(kir, "gemm M=32 N=324 K=64 batch=1") &&
@@ -1313,7 +1310,6 @@ END_TEST
 START_TEST(squeeze_excitation_keeps_channel_blocks)
 {
 	cg_panels pn = host_panels("squeeze_excitation_keeps_channel_blocks");
-	kiln_error e = {0};
 	for (int64_t n = 1; n <= 2; n++) {
 		kiln_graph *g = kiln_graph_new("seblk");
 		int64_t sx[] = {n, 24, 7, 7}, sw1[] = {64, 24, 1, 1}, sb64[] = {64}, sd[] = {64, 1, 3, 3};
@@ -1342,13 +1338,8 @@ START_TEST(squeeze_excitation_keeps_channel_blocks)
 		ir_output_add(g, op1(g, KILN_OP_CONV, 2, (uint32_t[]){a, k[9]}, ""), NULL);
 		ck_assert_msg(kiln_graph_status(g) == KILN_OK, "%s", kiln_graph_errmsg(g));
 		opcase_graph oc = {"seblk", g, {seeded(4, sx, 0)}, {0}, 1, 1, 0};
-		char why[1400] = "";
-		ck_assert_msg(case_matches(&oc, false, why, sizeof why), "batch %lld: %s", (long long)n,
-		              why);
 		cg_module *m = NULL;
-		ck_assert_msg(cg_lower_ex(g, &(cg_lower_opts){.fuse = true, .panels = &pn}, &m, &e) ==
-		                  KILN_OK, "%s", e.msg);
-		char *kir = dump(m);
+		char *kir = matches_then_lowers(&oc, &pn, n, &m);
 		bool on = pn.c_block == 16;
 		ck_assert_msg((strstr(kir, "gemm M=64 N=49 K=24 ") && strstr(kir, "c_block=16")) == on &&
 		              (strstr(kir, "gemm M=64 N=49 K=64 ") && strstr(kir, "b_block=16")) == on,
@@ -1374,7 +1365,6 @@ END_TEST
 START_TEST(grouped_conv_writes_channel_blocks_for_pointwise)
 {
 	cg_panels pn = host_panels("grouped_conv_writes_channel_blocks_for_pointwise");
-	kiln_error e = {0};
 	for (int64_t n = 1; n <= 2; n++) {
 		kiln_graph *g = kiln_graph_new("gblk");
 		int64_t sx1[] = {n, 32, 32, 32}, sx2[] = {n, 48, 15, 15}, sx3[] = {n, 64, 32, 32};
@@ -1405,13 +1395,8 @@ START_TEST(grouped_conv_writes_channel_blocks_for_pointwise)
 		ck_assert_msg(kiln_graph_status(g) == KILN_OK, "%s", kiln_graph_errmsg(g));
 		opcase_graph oc = {"gblk", g, {seeded(4, sx1, 0), seeded(4, sx2, 1), seeded(4, sx3, 11)},
 		                   {0}, 3, 4, 0};
-		char why[1400] = "";
-		ck_assert_msg(case_matches(&oc, false, why, sizeof why), "batch %lld: %s", (long long)n,
-		              why);
 		cg_module *m = NULL;
-		ck_assert_msg(cg_lower_ex(g, &(cg_lower_opts){.fuse = true, .panels = &pn}, &m, &e) ==
-		                  KILN_OK, "%s", e.msg);
-		char *kir = dump(m);
+		char *kir = matches_then_lowers(&oc, &pn, n, &m);
 		int reads = 0;
 		for (const char *p = kir; (p = strstr(p, "b_block=16")); p++)
 			reads++;
