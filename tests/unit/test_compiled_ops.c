@@ -1131,6 +1131,23 @@ static void eval_matches(const kiln_graph *g, cg_module *m, const opcase_graph *
 	}
 }
 
+/* k[i] = a constant node of t[i], for i < n, each t[i] freed */
+static void constants(kiln_graph *g, kiln_tensor **t, int n, uint32_t *k)
+{
+	for (int i = 0; i < n; i++)
+		k[i] = kiln_constant(g, t[i]), kiln_tensor_free(t[i]);
+}
+
+/* eval_matches on c's graph and module m, then c, m and its kernel IR
+ * kir freed */
+static void eval_then_free(opcase_graph *c, cg_module *m, char *kir)
+{
+	eval_matches(c->g, m, c);
+	free(kir);
+	cg_module_free(m);
+	opcase_free(c);
+}
+
 /* c's graph compiled matches the interpreter (batch n, for the message);
  * then lowered with the panels pn (fused): the module in *m, its kernel
  * IR returned (free it) */
@@ -1178,8 +1195,7 @@ START_TEST(pointwise_conv_writes_channel_blocks_for_depthwise)
 		                    seeded(4, sd2, 8), seeded(4, sw1, 9), seeded(4, sw3, 10),
 		                    seeded(4, sw2, 12), seeded(4, sw4, 13), seeded(4, sw2, 14)};
 		uint32_t k[12];
-		for (int i = 0; i < 12; i++)
-			k[i] = kiln_constant(g, t[i]), kiln_tensor_free(t[i]);
+		constants(g, t, 12, k);
 		uint32_t x1 = input(g, "x1", KILN_F32, 4, sx1), x2 = input(g, "x2", KILN_F32, 4, sx2);
 		uint32_t x3 = input(g, "x3", KILN_F32, 4, sx3);
 		uint32_t a = op1(g, KILN_OP_CONV, 3, (uint32_t[]){x1, k[0], k[1]}, "");
@@ -1230,10 +1246,7 @@ START_TEST(pointwise_conv_writes_channel_blocks_for_depthwise)
 		                              strstr(kir, "b_block=16 alpha=1 beta=0 residual=")),
 		              "%s", kir);
 		/* the kernel IR's own evaluator reads the blocks alike */
-		eval_matches(g, m, &oc);
-		free(kir);
-		cg_module_free(m);
-		opcase_free(&oc);
+		eval_then_free(&oc, m, kir);
 	}
 	/* a 5x5 depthwise conv at 20x20 reads its blocks in place
 	 * (cg_dw_direct_ok: 256 of 400 outputs have every tap inside, the
@@ -1243,8 +1256,7 @@ START_TEST(pointwise_conv_writes_channel_blocks_for_depthwise)
 		int64_t sx[] = {n, 24, 20, 20}, sw[] = {64, 24, 1, 1}, sd[] = {64, 1, 5, 5}, sb[] = {64};
 		kiln_tensor *t[] = {seeded(4, sw, 2), seeded(1, sb, 3), seeded(4, sd, 4), seeded(1, sb, 5)};
 		uint32_t k[4];
-		for (int i = 0; i < 4; i++)
-			k[i] = kiln_constant(g, t[i]), kiln_tensor_free(t[i]);
+		constants(g, t, 4, k);
 		uint32_t x = input(g, "x", KILN_F32, 4, sx);
 		uint32_t a = op1(g, KILN_OP_CONV, 3, (uint32_t[]){x, k[0], k[1]}, "");
 		a = op1(g, KILN_OP_RELU, 1, &a, "");
@@ -1256,10 +1268,7 @@ START_TEST(pointwise_conv_writes_channel_blocks_for_depthwise)
 		char *kir = matches_then_lowers(&oc, &pn, n, &m);
 		ck_assert_msg(!pn.c_block || strstr(kir, "gemm M=64 N=400 K=24 batch=1"), "%s", kir);
 		ck_assert_msg((strstr(kir, "c_block=16") != NULL) == (pn.c_block == 16), "%s", kir);
-		eval_matches(g, m, &oc);
-		free(kir);
-		cg_module_free(m);
-		opcase_free(&oc);
+		eval_then_free(&oc, m, kir);
 	}
 	/* a 1x1 conv at 36x36 (C wider than the GEMM takes whole: in blocks
 	 * of columns) writes blocks for a 3x3 stride-2 depthwise conv, which
@@ -1272,8 +1281,7 @@ START_TEST(pointwise_conv_writes_channel_blocks_for_depthwise)
 		kiln_tensor *t[] = {seeded(4, sw, 2), seeded(1, sb, 3), seeded(4, sd, 4), seeded(1, sb, 5),
 		                    seeded(4, sp, 6)};
 		uint32_t k[5];
-		for (int i = 0; i < 5; i++)
-			k[i] = kiln_constant(g, t[i]), kiln_tensor_free(t[i]);
+		constants(g, t, 5, k);
 		uint32_t x = input(g, "x", KILN_F32, 4, sx);
 		uint32_t a = op1(g, KILN_OP_CONV, 3, (uint32_t[]){x, k[0], k[1]}, "");
 		a = op1(g, KILN_OP_RELU, 1, &a, "");
@@ -1290,10 +1298,7 @@ START_TEST(pointwise_conv_writes_channel_blocks_for_depthwise)
 		                              strstr(kir, "gemm M=32 N=324 K=64 batch=1") &&
 		                              strstr(kir, "b_block=16")),
 		              "%s", kir);
-		eval_matches(g, m, &oc);
-		free(kir);
-		cg_module_free(m);
-		opcase_free(&oc);
+		eval_then_free(&oc, m, kir);
 	}
 }
 END_TEST
@@ -1320,8 +1325,7 @@ START_TEST(squeeze_excitation_keeps_channel_blocks)
 		                    seeded(4, se, 8), seeded(1, sb64, 9), seeded(3, sk, 10),
 		                    seeded(4, sp, 12)};
 		uint32_t k[10];
-		for (int i = 0; i < 10; i++)
-			k[i] = kiln_constant(g, t[i]), kiln_tensor_free(t[i]);
+		constants(g, t, 10, k);
 		uint32_t x = input(g, "x", KILN_F32, 4, sx);
 		uint32_t a = op1(g, KILN_OP_CONV, 3, (uint32_t[]){x, k[0], k[1]}, "");
 		a = op1(g, KILN_OP_RELU, 1, &a, "");
@@ -1344,10 +1348,7 @@ START_TEST(squeeze_excitation_keeps_channel_blocks)
 		ck_assert_msg((strstr(kir, "gemm M=64 N=49 K=24 ") && strstr(kir, "c_block=16")) == on &&
 		              (strstr(kir, "gemm M=64 N=49 K=64 ") && strstr(kir, "b_block=16")) == on,
 		              "%s", kir);
-		eval_matches(g, m, &oc);
-		free(kir);
-		cg_module_free(m);
-		opcase_free(&oc);
+		eval_then_free(&oc, m, kir);
 	}
 }
 END_TEST
@@ -1374,8 +1375,7 @@ START_TEST(grouped_conv_writes_channel_blocks_for_pointwise)
 		                    seeded(1, sb64, 5), seeded(4, sg2, 6), seeded(1, sb48, 7),
 		                    seeded(4, sp2, 8), seeded(4, sg1, 9)};
 		uint32_t k[8];
-		for (int i = 0; i < 8; i++)
-			k[i] = kiln_constant(g, t[i]), kiln_tensor_free(t[i]);
+		constants(g, t, 8, k);
 		uint32_t x1 = input(g, "x1", KILN_F32, 4, sx1), x2 = input(g, "x2", KILN_F32, 4, sx2);
 		uint32_t x3 = input(g, "x3", KILN_F32, 4, sx3);
 		uint32_t a = op1(g, KILN_OP_CONV, 3, (uint32_t[]){x1, k[0], k[1]}, "group=2 pads=1,1,1,1");
@@ -1405,10 +1405,7 @@ START_TEST(grouped_conv_writes_channel_blocks_for_pointwise)
 		                                   strstr(kir, "b_block=16 alpha=1 beta=0 bias=") &&
 		                                   strstr(kir, "residual=")),
 		              "%s", kir);
-		eval_matches(g, m, &oc);
-		free(kir);
-		cg_module_free(m);
-		opcase_free(&oc);
+		eval_then_free(&oc, m, kir);
 	}
 }
 END_TEST
