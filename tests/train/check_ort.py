@@ -7,15 +7,21 @@ kiln's for every row, that the logits agree within 1e-4 (absolute) and,
 given the targets, prints both accuracies.  With --int8 (a QDQ model
 written by `kiln quantize`, kiln's logits from its compiled 8-bit library):
 ORT's int8 kernels round their own way, so the logits need only agree
-within 0.25 and the argmax on 99% of the rows.  Run it with the repo's .venv/bin/python (made by
+within 0.25 and the argmax on 99% of the rows; on a CPU without VNNI,
+where ORT's u8s8 kernels saturate, the reference is ORT running the Q/DQ
+nodes as written (tests/onnx/ort_int8.py).  Run it with the repo's .venv/bin/python (made by
 scripts/setup-venv.sh), which has onnxruntime; without onnxruntime it exits
 77 (skip) and says why.
 
 usage: check_ort.py [--int8] MODEL.onnx X.npy KILN_OUT.npy [Y.npy]
 """
+import os
 import sys
 
 import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "onnx"))
+import ort_int8  # noqa: E402
 
 
 def main():
@@ -33,7 +39,12 @@ def main():
     path, xpath, kpath = sys.argv[1:4]
     onnx.checker.check_model(onnx.load(path), full_check=True)
     x, want = np.load(xpath), np.load(kpath)
-    sess = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    if int8:
+        sess, what = ort_int8.reference_session(ort, path)
+        if what != "ORT int8":
+            print(f"reference: {what}")
+    else:
+        sess = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
     got = sess.run(None, {sess.get_inputs()[0].name: x})[0]
     if got.shape != want.shape:
         print(f"FAIL: ORT output {got.shape}, kiln's {want.shape}")
