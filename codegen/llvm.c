@@ -929,8 +929,10 @@ static void loop_hints(cg_llvm *L, LLVMValueRef br, uint32_t hints)
 		props[n++] = md_flag(L, "llvm.loop.vectorize.enable", true);
 	/* the vectorizer folds the tail into masked vector operations: only
 	 * for loops that ask (a short row), as every vectorized loop with
-	 * it lost 2-6% on MNASNet (node sums, 5 alternating rounds) */
-	if ((hints & CG_VECTORIZE) && (hints & CG_TAIL_MASK))
+	 * it lost 2-6% on MNASNet (node sums, 5 alternating rounds); and
+	 * only with AVX-512's mask registers: without them a masked load or
+	 * store is several plain ones' cost (see llvm_gemm.c's full_first) */
+	if ((hints & CG_VECTORIZE) && (hints & CG_TAIL_MASK) && L->t && L->t->vec_bits >= 512)
 		props[n++] = md_flag(L, "llvm.loop.vectorize.predicate.enable", true);
 	if (hints & CG_UNROLL)
 		props[n++] = md_flag(L, "llvm.loop.unroll.enable", false);

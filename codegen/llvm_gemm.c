@@ -112,6 +112,9 @@ typedef struct gen {
 	const char *fam;                 /* its functions' name prefix */
 	int row_tiles;                   /* tiles of MR rows per unit of a row split (0:
 	                                    ROW_BLOCK_TILES) */
+	bool slow_masks;                 /* masked loads and stores cost more than plain ones
+	                                    (no AVX-512): see full_mask */
+	LLVMValueRef allon;              /* the constant <W x i1> of all lanes on */
 } gen;
 
 /* ---- small IR helpers ---------------------------------------------------- */
@@ -190,9 +193,12 @@ static void vstore(gen *g, LLVMValueRef v, LLVMValueRef fptr)
 	LLVMSetAlignment(s, 4);
 }
 
-/* lanes of fptr[0..W) under mask, 0 elsewhere; masked-off lanes are not read */
+/* lanes of fptr[0..W) under mask, 0 elsewhere; masked-off lanes are not
+ * read.  g->allon: a plain load (see full_mask). */
 static LLVMValueRef mload(gen *g, LLVMValueRef fptr, LLVMValueRef mask)
 {
+	if (mask == g->allon)
+		return vload(g, fptr);
 	LLVMValueRef args[] = {LLVMBuildBitCast(g->b, fptr, g->vfp, ""),
 	                       LLVMConstInt(g->L->i32, 4, 0), mask, LLVMConstNull(g->vf)};
 	return call(g, g->mload, args, 4);
@@ -200,6 +206,10 @@ static LLVMValueRef mload(gen *g, LLVMValueRef fptr, LLVMValueRef mask)
 
 static void mstore(gen *g, LLVMValueRef v, LLVMValueRef fptr, LLVMValueRef mask)
 {
+	if (mask == g->allon) {
+		vstore(g, v, fptr);
+		return;
+	}
 	LLVMValueRef args[] = {v, LLVMBuildBitCast(g->b, fptr, g->vfp, ""),
 	                       LLVMConstInt(g->L->i32, 4, 0), mask};
 	call(g, g->mstore, args, 4);
@@ -222,6 +232,46 @@ static LLVMValueRef lanes(gen *g, LLVMValueRef rem)
 	for (int l = 0; l < g->g.W; l++)
 		iota[l] = LLVMConstInt(g->L->i32, l, 0);
 	return icmp(g, LLVMIntSLT, LLVMConstVector(iota, g->g.W), splat(g, g->vi32, rem));
+}
+
+/* Masked loads and stores cost what plain ones do with AVX-512's mask
+ * registers.  Without them (vmaskmovps) they do not: on an AMD EPYC with
+ * AVX2 (Zen), a 4 x 2-vector multiply-add loop whose B vectors were masked
+ * loads ran 6.4 GFLOP/s against 19.8 with plain ones, and a masked store
+ * cost 6x a plain one (4.0 against 0.67 ns); SSE has no masked forms at
+ * all.  There, code whose masks are all on in the common case (a whole
+ * tile, a whole panel) is emitted twice:
+ *     for (int full = full_first(g, cond, &f); full >= 0; full = full_then(g, &f, full))
+ *         BODY(full)
+ * runs BODY with full = 1 where cond holds (its masks g->allon, which
+ * mload and mstore make plain), else with full = 0; with AVX-512 BODY is
+ * emitted once, full = 0. */
+static LLVMBasicBlockRef block(gen *g, const char *name);
+
+typedef struct fullsplit {
+	LLVMBasicBlockRef part, done;
+} fullsplit;
+
+static int full_first(gen *g, LLVMValueRef cond, fullsplit *f)
+{
+	f->done = NULL;
+	if (!g->slow_masks)
+		return 0;
+	LLVMBasicBlockRef on = block(g, "full");
+	f->part = block(g, "part");
+	f->done = block(g, "fulljoin");
+	LLVMBuildCondBr(g->b, cond, on, f->part);
+	LLVMPositionBuilderAtEnd(g->b, on);
+	return 1;
+}
+
+static int full_then(gen *g, fullsplit *f, int full)
+{
+	if (!f->done)
+		return -1;
+	LLVMBuildBr(g->b, f->done);
+	LLVMPositionBuilderAtEnd(g->b, full ? f->part : f->done);
+	return full ? 0 : -1;
 }
 
 /* p if cond else the constant zero: a load that reads nothing when off */
@@ -493,14 +543,14 @@ enum { U_AP, U_BP, U_KC, U_C, U_CRS, U_MR, U_NR, U_BETA, U_BIAS, U_BMODE, U_LO, 
  * the MR x NR tile at C from packed panels; only its mr x nr corner is
  * stored.  bmode 1: bias[j] per column, 2: bias[i] per row (bias points at
  * the tile's first), 0: none. */
-static void ukr_rows(gen *g, LLVMValueRef *acc, bool res, bool plain)
+static void ukr_rows1(gen *g, LLVMValueRef *acc, bool res, bool plain, int full)
 {
 	LLVMValueRef *p = g->p;
 	LLVMValueRef colb_on = icmp(g, LLVMIntEQ, p[U_BMODE], LLVMConstInt(g->L->i32, 1, 0));
 	LLVMValueRef rowb_on = icmp(g, LLVMIntEQ, p[U_BMODE], LLVMConstInt(g->L->i32, 2, 0));
 	LLVMValueRef mask[8];
 	for (int j = 0; j < g->nv; j++)
-		mask[j] = lanes(g, LLVMBuildSub(g->b, p[U_NR], i64c(g, j * g->g.W), ""));
+		mask[j] = full ? g->allon : lanes(g, LLVMBuildSub(g->b, p[U_NR], i64c(g, j * g->g.W), ""));
 	for (int i = 0; i < g->g.MR; i++) {
 		LLVMBasicBlockRef join = if_begin(g, icmp(g, LLVMIntSLT, i64c(g, i), p[U_MR]));
 		LLVMValueRef rowb = load_if(g, rowb_on, at(g, p[U_BIAS], i64c(g, i)));
@@ -515,6 +565,16 @@ static void ukr_rows(gen *g, LLVMValueRef *acc, bool res, bool plain)
 		}
 		if_end(g, join);
 	}
+}
+
+/* ukr_rows1, and where masks are slow a copy of it for a tile of all nv
+ * vectors' columns */
+static void ukr_rows(gen *g, LLVMValueRef *acc, bool res, bool plain)
+{
+	fullsplit f;
+	LLVMValueRef whole = icmp(g, LLVMIntSGE, g->p[U_NR], i64c(g, g->nv * g->g.W));
+	for (int full = full_first(g, whole, &f); full >= 0; full = full_then(g, &f, full))
+		ukr_rows1(g, acc, res, plain, full);
 }
 
 /* Three copies of the tile's stores: with the residual; without it;
@@ -721,11 +781,18 @@ static LLVMValueRef emit_ukr(gen *g, bool direct, int nv, int tail)
 	LLVMValueRef fn = function(g, name, t, direct ? U_DCOUNT : U_COUNT), *p = g->p;
 	g->nv = nv;
 	int MR = g->g.MR, NV = nv, W = g->g.W;
-	LLVMValueRef acc[64], tacc[TAIL_COLS], arow[16], bmask[8];
+	LLVMValueRef acc[64], tacc[TAIL_COLS], arow[16], bmask[8], on[8];
 	for (int i = 0; i < MR * NV; i++)
 		acc[i] = local(g, g->vf, LLVMConstNull(g->vf));
 	if (direct)
 		direct_setup(g, arow, bmask);
+	/* where masks are slow, B's vectors plain when the tile is NV whole
+	 * vectors wide and in the tail loops (their nf = NV - 1 vectors are) */
+	for (int j = 0; j < 8; j++)
+		on[j] = g->allon;
+	LLVMValueRef *tmask = g->slow_masks ? on : bmask;
+	LLVMValueRef whole = icmp(g, LLVMIntSGE, p[U_NR], i64c(g, NV * W));
+	fullsplit fs;
 	tail = direct && NV > 1 ? tail : 0;
 	if (tail) {
 		for (int c = 0; c < tail; c++)
@@ -740,16 +807,20 @@ static LLVMValueRef emit_ukr(gen *g, bool direct, int nv, int tail)
 			LLVMBasicBlockRef cb = block(g, "tailc"), nb = block(g, "tailn");
 			LLVMBuildCondBr(g->b, icmp(g, LLVMIntEQ, over, i64c(g, c)), cb, nb);
 			LLVMPositionBuilderAtEnd(g->b, cb);
-			ukr_loop(g, direct, NV - 1, c, acc, tacc, arow, bmask);
+			ukr_loop(g, direct, NV - 1, c, acc, tacc, arow, tmask);
 			LLVMBuildBr(g->b, jb);
 			LLVMPositionBuilderAtEnd(g->b, nb);
 		}
-		ukr_loop(g, direct, NV - 1, tail, acc, tacc, arow, bmask);
+		ukr_loop(g, direct, NV - 1, tail, acc, tacc, arow, tmask);
 		LLVMBuildBr(g->b, jb);
 		LLVMPositionBuilderAtEnd(g->b, fb);
-		ukr_loop(g, direct, NV, 0, acc, NULL, arow, bmask);
+		for (int full = full_first(g, whole, &fs); full >= 0; full = full_then(g, &fs, full))
+			ukr_loop(g, direct, NV, 0, acc, NULL, arow, full ? on : bmask);
 		LLVMBuildBr(g->b, jb);
 		LLVMPositionBuilderAtEnd(g->b, jb);
+	} else if (direct) {
+		for (int full = full_first(g, whole, &fs); full >= 0; full = full_then(g, &fs, full))
+			ukr_loop(g, direct, NV, 0, acc, NULL, arow, full ? on : bmask);
 	} else {
 		ukr_loop(g, direct, NV, 0, acc, NULL, arow, bmask);
 	}
@@ -803,12 +874,12 @@ static LLVMValueRef emit_packa(gen *g)
 /* One k row of a B panel: NR columns from src (column stride cs) into dst;
  * columns at or past left are zeros. */
 static void packb_row(gen *g, LLVMValueRef dst, LLVMValueRef src, LLVMValueRef cs,
-                      LLVMValueRef left, bool contiguous)
+                      LLVMValueRef left, bool contiguous, int full)
 {
 	int W = g->g.W;
 	if (contiguous) {
 		for (int j = 0; j < g->g.NV; j++) {
-			LLVMValueRef m = lanes(g, LLVMBuildSub(g->b, left, i64c(g, j * W), ""));
+			LLVMValueRef m = full ? g->allon : lanes(g, LLVMBuildSub(g->b, left, i64c(g, j * W), ""));
 			vstore(g, mload(g, at(g, src, i64c(g, j * W)), m), at(g, dst, i64c(g, j * W)));
 		}
 		return;
@@ -844,9 +915,14 @@ static LLVMValueRef emit_packb(gen *g)
 		LLVMValueRef n0 = mul(g, q, NR), left = LLVMBuildSub(g->b, p[5], n0, "");
 		LLVMValueRef dst0 = at(g, p[0], mul(g, n0, p[4]));
 		LLVMValueRef src0 = at(g, p[1], mul(g, n0, p[3]));
-		LLVMValueRef k = loop_begin(g, &lk, i64c(g, 0), p[4], 1);
-		packb_row(g, at(g, dst0, mul(g, k, NR)), at(g, src0, mul(g, k, p[2])), p[3], left, c);
-		loop_end(g, &lk);
+		fullsplit f; /* a whole panel: plain loads where masks are slow */
+		LLVMValueRef whole = c ? icmp(g, LLVMIntSGE, left, NR) : LLVMConstInt(L->i1, 0, 0);
+		for (int full = full_first(g, whole, &f); full >= 0; full = full_then(g, &f, full)) {
+			LLVMValueRef k = loop_begin(g, &lk, i64c(g, 0), p[4], 1);
+			packb_row(g, at(g, dst0, mul(g, k, NR)), at(g, src0, mul(g, k, p[2])), p[3], left,
+			          c, full);
+			loop_end(g, &lk);
+		}
 		loop_end(g, &lq);
 		if_end(g, join);
 	}
@@ -886,11 +962,16 @@ static LLVMValueRef emit_packb_pb(gen *g)
 		src[j] = at(g, p[1], LLVMBuildSelect(g->b, icmp(g, LLVMIntSGT, lj, i64c(g, 0)), off,
 		                                     i64c(g, 0), ""));
 	}
-	LLVMValueRef k = loop_begin(g, &lk, i64c(g, 0), p[4], 1);
-	LLVMValueRef dst = at(g, dst0, mul(g, k, NR)), ko = mul(g, k, i64c(g, g->P));
-	for (int j = 0; j < g->g.NV; j++)
-		vstore(g, mload(g, at(g, src[j], ko), mask[j]), at(g, dst, i64c(g, j * W)));
-	loop_end(g, &lk);
+	fullsplit f; /* a whole panel: plain loads where masks are slow */
+	for (int full = full_first(g, icmp(g, LLVMIntSGE, left, NR), &f); full >= 0;
+	     full = full_then(g, &f, full)) {
+		LLVMValueRef k = loop_begin(g, &lk, i64c(g, 0), p[4], 1);
+		LLVMValueRef dst = at(g, dst0, mul(g, k, NR)), ko = mul(g, k, i64c(g, g->P));
+		for (int j = 0; j < g->g.NV; j++)
+			vstore(g, mload(g, at(g, src[j], ko), full ? g->allon : mask[j]),
+			       at(g, dst, i64c(g, j * W)));
+		loop_end(g, &lk);
+	}
 	loop_end(g, &lq);
 	LLVMBuildRetVoid(g->b);
 	return fn;
@@ -1841,6 +1922,11 @@ static void setup(gen *g, cg_llvm *L)
 	LLVMTypeRef mt[] = {g->vf, g->vfp};
 	g->mload = intrinsic(g, "llvm.masked.load", mt, 2);
 	g->mstore = intrinsic(g, "llvm.masked.store", mt, 2);
+	g->slow_masks = g->g.W < 16;
+	LLVMValueRef ons[64];
+	for (int l = 0; l < g->g.W; l++)
+		ons[l] = LLVMConstInt(L->i1, 1, 0);
+	g->allon = LLVMConstVector(ons, g->g.W);
 	LLVMTypeRef pt = L->ptr;
 	g->prefetch = intrinsic(g, "llvm.prefetch", &pt, 1);
 	g->zero = LLVMAddGlobal(L->mod, g->vf, "kiln_sgemm_zeros");
