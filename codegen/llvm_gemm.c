@@ -113,7 +113,7 @@ typedef struct gen {
 	int row_tiles;                   /* tiles of MR rows per unit of a row split (0:
 	                                    ROW_BLOCK_TILES) */
 	bool slow_masks;                 /* masked loads and stores cost more than plain ones
-	                                    (no AVX-512): see full_mask */
+	                                    (no AVX-512): see full_first */
 	LLVMValueRef allon;              /* the constant <W x i1> of all lanes on */
 } gen;
 
@@ -194,7 +194,7 @@ static void vstore(gen *g, LLVMValueRef v, LLVMValueRef fptr)
 }
 
 /* lanes of fptr[0..W) under mask, 0 elsewhere; masked-off lanes are not
- * read.  g->allon: a plain load (see full_mask). */
+ * read.  g->allon: a plain load (see full_first). */
 static LLVMValueRef mload(gen *g, LLVMValueRef fptr, LLVMValueRef mask)
 {
 	if (mask == g->allon)
